@@ -1,0 +1,92 @@
+/* exec-sandbox wire protocol: the one definition shared by the host (src/_execsbx) and the guest
+ * agent (guest/). Plain C, no Python.
+ *
+ * Transport: one virtio-serial port named SBX_CHANNEL_PORT_NAME, a reliable byte stream. Both
+ * directions carry frames:
+ *
+ *     offset 0  u32  payload length (bytes after the 12-byte header)
+ *     offset 4  u8   type (enum sbx_msg)
+ *     offset 5  u8   flags (must be 0; reserved)
+ *     offset 6  u16  reserved (must be 0)
+ *     offset 8  u32  request id chosen by the host; replies and stream chunks echo it
+ *     offset 12      payload
+ *
+ * All integers are little-endian. Strings and byte runs inside payloads are (u32 length, bytes),
+ * never NUL-terminated. Every length is checked against the bytes that remain AND against a hard
+ * limit below before anything is allocated: the guest is the attacker, so the host decoder
+ * accepts at most SBX_GUEST_FRAME_MAX bytes of payload per frame.
+ */
+#ifndef SBX_PROTOCOL_H
+#define SBX_PROTOCOL_H
+
+#include <stdint.h>
+
+#define SBX_PROTOCOL_VERSION 1u
+#define SBX_CHANNEL_PORT_NAME "org.execsandbox.agent.0"
+#define SBX_FRAME_HEADER_SIZE 12u
+
+/* Hard limits. Host->guest frames may carry a whole program (code <= 1 MiB plus env). */
+#define SBX_HOST_FRAME_MAX (2u * 1024u * 1024u)
+/* Guest->host frames: output chunks and small replies only. */
+#define SBX_GUEST_FRAME_MAX (64u * 1024u)
+#define SBX_OUTPUT_CHUNK_MAX (32u * 1024u)
+#define SBX_CODE_MAX (1024u * 1024u)
+#define SBX_ENV_MAX_COUNT 100u
+#define SBX_ENV_NAME_MAX 256u
+#define SBX_ENV_VALUE_MAX (32u * 1024u)
+#define SBX_ERROR_MESSAGE_MAX 1024u
+#define SBX_STDOUT_LIMIT_DEFAULT (1024u * 1024u)
+#define SBX_STDERR_LIMIT_DEFAULT (100u * 1024u)
+
+enum sbx_msg {
+	/* guest -> host */
+	SBX_MSG_READY = 1,  /* u32 protocol version, str agent version. Sent once the channel opens. */
+	SBX_MSG_STDOUT = 2, /* raw bytes, 1..SBX_OUTPUT_CHUNK_MAX */
+	SBX_MSG_STDERR = 3, /* raw bytes, 1..SBX_OUTPUT_CHUNK_MAX */
+	SBX_MSG_EXIT = 4,   /* struct sbx_exit encoded field by field, see below */
+	SBX_MSG_ERROR = 5,  /* u32 enum sbx_error, str message (<= SBX_ERROR_MESSAGE_MAX) */
+	SBX_MSG_PONG = 6,   /* empty */
+
+	/* host -> guest */
+	SBX_MSG_EXEC = 64, /* see "EXEC payload" below */
+	SBX_MSG_PING = 65, /* empty; answered by PONG with the same id */
+};
+
+/* EXEC payload (host -> guest):
+ *     u8   language (enum sbx_language)
+ *     u32  timeout in milliseconds (1 .. 300000)
+ *     u32  stdout limit in bytes
+ *     u32  stderr limit in bytes
+ *     u32  env count (<= SBX_ENV_MAX_COUNT), then per variable: str name, str value
+ *     str  code (<= SBX_CODE_MAX)
+ * The guest runs the code as uid 1000 in a new session with stdin on /dev/null, streams
+ * STDOUT/STDERR frames with the same id, and ends with exactly one EXIT (or ERROR when it could not
+ * start the code at all).
+ */
+enum sbx_language {
+	SBX_LANG_PYTHON = 1,
+	SBX_LANG_JAVASCRIPT = 2,
+	SBX_LANG_RAW = 3, /* GNU Bash */
+};
+
+/* EXIT payload (guest -> host):
+ *     i32  exit code: the process's status, 128+N when killed by signal N, -1 on timeout
+ *     u32  flags (enum sbx_exit_flag)
+ *     u64  wall time of the execution in microseconds, measured in the guest
+ */
+enum sbx_exit_flag {
+	SBX_EXIT_TIMED_OUT = 1u << 0,
+	SBX_EXIT_STDOUT_LIMIT = 1u << 1, /* stdout passed its limit: the code was killed */
+	SBX_EXIT_STDERR_LIMIT = 1u << 2,
+};
+#define SBX_EXIT_FLAGS_ALL (SBX_EXIT_TIMED_OUT | SBX_EXIT_STDOUT_LIMIT | SBX_EXIT_STDERR_LIMIT)
+#define SBX_EXIT_PAYLOAD_SIZE 16u
+
+enum sbx_error {
+	SBX_ERR_BAD_REQUEST = 1, /* malformed or over-limit frame from the host */
+	SBX_ERR_BUSY = 2,        /* an EXEC arrived while another one runs */
+	SBX_ERR_SPAWN = 3,       /* the interpreter could not be started */
+	SBX_ERR_INTERNAL = 4,
+};
+
+#endif /* SBX_PROTOCOL_H */
