@@ -1,0 +1,31 @@
+/* The QEMU command line of one sandbox VM, built in one place from a plain config struct.
+ * Pure: no I/O, no globals; the result is a heap argv for execve. */
+#ifndef SBX_QEMU_ARGV_H
+#define SBX_QEMU_ARGV_H
+
+/* Bounds enforced by sbx_qemu_argv_build (-EINVAL outside them). */
+#define SBX_VM_MEMORY_MB_MIN 16u
+#define SBX_VM_MEMORY_MB_MAX (1024u * 1024u)
+#define SBX_VM_VCPUS_MAX 255u
+/* x86 COMMAND_LINE_SIZE is 2048 including the NUL; longer lines are cut by the kernel. */
+#define SBX_KERNEL_CMDLINE_MAX 2047u
+
+struct sbx_vm_config {
+	const char *qemu_binary;          /* a path: execve does no PATH search */
+	const char *kernel;               /* absolute path, no ',' */
+	const char *rootfs;               /* absolute path, no ',' (an EROFS image) */
+	unsigned memory_mb;
+	unsigned vcpus;
+	const char *accel;                /* "kvm" or "tcg" */
+	const char *kernel_cmdline_extra; /* may be NULL or "" */
+};
+
+/* On success *argv_out is a NULL-terminated heap array of heap strings (free with
+ * sbx_argv_free) and 0 is returned. On failure: -EINVAL (invalid config; *why, if why is not
+ * NULL, points to a static explanation), -E2BIG (kernel command line too long) or -ENOMEM. */
+int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why);
+void sbx_argv_free(char **argv);
+/* Number of entries before the NULL. */
+unsigned sbx_argv_count(char *const *argv);
+
+#endif /* SBX_QEMU_ARGV_H */

@@ -1,0 +1,78 @@
+"""SchedulerConfig: validated settings of a Scheduler."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths
+from .errors import VmConfigError
+from .limits import MAX_TIMEOUT_SECONDS, MIN_MEMORY_MB, MIN_TIMEOUT_SECONDS
+
+
+def _host_memory_mb() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def derive_max_concurrent_vms(memory_mb: int, memory_ratio: float, cpu_ratio: float) -> int:
+    """VMs this host can hold at once: the smaller of the CPU budget (cores x ratio) and the
+    memory budget (host RAM x ratio / guest RAM, guests rarely touch all their RAM), at least 1."""
+    cpus = os.cpu_count() or 1
+    by_cpu = int(cpus * cpu_ratio)
+    by_memory = int(_host_memory_mb() * memory_ratio / max(memory_mb, 1))
+    return max(1, min(by_cpu, by_memory))
+
+
+@dataclass
+class SchedulerConfig:
+    """Settings of a Scheduler. Every field is checked on construction: a bad value raises
+    VmConfigError before anything starts."""
+
+    warm_pool_size: int = 0
+    default_memory_mb: int = 192
+    default_timeout_seconds: int = 30
+    session_idle_timeout_seconds: int = 300
+    max_concurrent_vms: int | None = None
+    images_dir: Path = field(default_factory=paths.images_dir)
+    memory_snapshot_cache_dir: Path = field(
+        default_factory=lambda: paths.cache_dir() / "memory-snapshots"
+    )
+    disk_snapshot_cache_dir: Path = field(default_factory=lambda: paths.cache_dir() / "disk-snapshots")
+    memory_overcommit_ratio: float = 5.0
+    cpu_overcommit_ratio: float = 2.0
+    enable_package_validation: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("warm_pool_size", self.warm_pool_size, 0, 64)
+        _check_int("default_memory_mb", self.default_memory_mb, MIN_MEMORY_MB, 64 * 1024)
+        _check_int(
+            "default_timeout_seconds",
+            self.default_timeout_seconds,
+            MIN_TIMEOUT_SECONDS,
+            MAX_TIMEOUT_SECONDS,
+        )
+        _check_int("session_idle_timeout_seconds", self.session_idle_timeout_seconds, 10, 3600)
+        for name in ("memory_overcommit_ratio", "cpu_overcommit_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise VmConfigError(f"{name} must be a positive number, got {value!r}")
+        if self.max_concurrent_vms is None:
+            self.max_concurrent_vms = derive_max_concurrent_vms(
+                self.default_memory_mb, self.memory_overcommit_ratio, self.cpu_overcommit_ratio
+            )
+        _check_int("max_concurrent_vms", self.max_concurrent_vms, 1, 4096)
+        for name in ("images_dir", "memory_snapshot_cache_dir", "disk_snapshot_cache_dir"):
+            value = getattr(self, name)
+            if not isinstance(value, (str, os.PathLike)):
+                raise VmConfigError(f"{name} must be a path, got {value!r}")
+            setattr(self, name, Path(value))
+        if not isinstance(self.enable_package_validation, bool):
+            raise VmConfigError("enable_package_validation must be a bool")
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VmConfigError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise VmConfigError(f"{name} must be between {low} and {high}, got {value}")

@@ -1,0 +1,80 @@
+"""The exception hierarchy of exec-sandbox (the contract in docs/api.md).
+
+Transient errors happened before the code was dispatched and are safe to retry; permanent errors
+will fail again with the same configuration; input validation errors are the caller's bug and
+leave a session usable.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every error this library raises."""
+
+
+class TransientError(SandboxError):
+    """A failure that may go away when retried."""
+
+
+class VmTransientError(TransientError):
+    """The VM failed before the code was dispatched: the code never ran, retrying is safe."""
+
+
+class VmTimeoutError(VmTransientError):
+    """The VM did not become ready in time."""
+
+
+class VmCapacityError(TransientError):
+    """Admission control refused the request: too many VMs for this host's budget."""
+
+
+class PermanentError(SandboxError):
+    """A failure that will repeat with the same configuration."""
+
+
+class VmPermanentError(PermanentError):
+    """The VM cannot be started on this host (missing QEMU, images, ...)."""
+
+
+class VmConfigError(PermanentError, ValueError):
+    """A configuration value is invalid."""
+
+
+class SnapshotError(PermanentError):
+    """A memory or disk snapshot could not be created or restored."""
+
+
+class InputValidationError(SandboxError, ValueError):
+    """The caller passed invalid input; nothing was sent to any VM."""
+
+
+class CodeValidationError(InputValidationError):
+    """The code (or the language) is not acceptable."""
+
+
+class EnvVarValidationError(InputValidationError):
+    """An environment variable name or value is not acceptable."""
+
+
+class PackageNotAllowedError(InputValidationError):
+    """A requested package is unpinned or not allowed."""
+
+
+class OutputLimitError(SandboxError):
+    """The code wrote more than the stdout (1 MB) or stderr (100 KB) limit."""
+
+
+class SessionClosedError(SandboxError):
+    """The session is closed; open a new one."""
+
+
+class CommunicationError(SandboxError):
+    """The channel to the guest agent failed."""
+
+
+class CommunicationOutcomeUnknownError(CommunicationError):
+    """The channel was lost after the code was dispatched: it may or may not have run."""
+
+
+class GuestAgentError(CommunicationError):
+    """The guest agent reported an error or broke the protocol."""

@@ -1,0 +1,72 @@
+"""Result and value types returned to users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Language = Literal["python", "javascript", "raw"]
+LANGUAGES: tuple[Language, ...] = ("python", "javascript", "raw")
+
+
+@dataclass(frozen=True)
+class TimingBreakdown:
+    """Where the time of one call went, in milliseconds.
+
+    setup_ms: validation, admission and QEMU spawn; boot_ms: QEMU start until the guest agent
+    answered; execute_ms: code dispatch until its exit; total_ms: the whole call.
+    """
+
+    setup_ms: int
+    boot_ms: int
+    execute_ms: int
+    total_ms: int
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    """A guest port exposed on a host port (None: chosen by the host)."""
+
+    internal: int
+    external: int | None = None
+
+
+@dataclass(frozen=True)
+class ExposedPort:
+    """A guest port reachable from the host at host:external."""
+
+    internal: int
+    external: int
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One entry of Session.list_files()."""
+
+    name: str
+    is_dir: bool
+    size: int
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """The outcome of running code once.
+
+    exit_code: 0 success, n the program's status, 128+N killed by signal N, -1 timeout.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    execution_time_ms: int | None = None
+    external_cpu_time_ms: int | None = None
+    external_memory_peak_mb: int | None = None
+    timing: TimingBreakdown = field(default_factory=lambda: TimingBreakdown(0, 0, 0, 0))
+    warm_pool_hit: bool = False
+    l1_cache_hit: bool = False
+    exposed_ports: list[ExposedPort] = field(default_factory=list)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code == -1

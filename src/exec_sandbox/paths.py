@@ -1,0 +1,22 @@
+"""Where exec-sandbox keeps its per-user files. images/lib.sh follows the same rules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$EXEC_SANDBOX_CACHE_DIR, else $XDG_CACHE_HOME/exec-sandbox, else ~/.cache/exec-sandbox."""
+    explicit = os.environ.get("EXEC_SANDBOX_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "exec-sandbox"
+
+
+def images_dir() -> Path:
+    """$EXEC_SANDBOX_IMAGES_DIR, else <cache_dir>/images."""
+    explicit = os.environ.get("EXEC_SANDBOX_IMAGES_DIR")
+    return Path(explicit) if explicit else cache_dir() / "images"

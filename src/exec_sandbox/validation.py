@@ -1,0 +1,113 @@
+"""Validation of caller input. Everything here runs before any VM is touched, and raises a
+subclass of InputValidationError (or VmConfigError for resource settings) with a message that
+names the offending value."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from . import limits
+from .errors import CodeValidationError, EnvVarValidationError, InputValidationError
+from .models import LANGUAGES, Language
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables that make an interpreter or the loader run code other than the code we were given.
+# Matched case-insensitively; any name starting with LD_ is refused too.
+_DENIED_ENV = frozenset(
+    name.upper()
+    for name in (
+        "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
+        "PYTHONWARNINGS", "PYTHONBREAKPOINT", "PYTHONINSPECT", "PYTHONSAFEPATH",
+        "NODE_OPTIONS", "NODE_PATH", "NODE_REPL_EXTERNAL_MODULE", "NODE_EXTRA_CA_CERTS",
+        "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "PS4", "IFS", "CDPATH",
+        "GLOBIGNORE", "BASH_XTRACEFD", "GCONV_PATH", "LOCPATH", "HOSTALIASES", "MALLOC_CHECK_",
+        "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "GIT_EXEC_PATH", "GIT_SSH_COMMAND",
+        "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+    )
+)  # fmt: skip
+# Control characters other than tab and newline have no business in an environment value.
+_ENV_VALUE_BAD = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def validate_code(code: object) -> bytes:
+    """Return the code as UTF-8 bytes, or raise CodeValidationError."""
+    if not isinstance(code, str):
+        raise CodeValidationError(f"code must be a str, got {type(code).__name__}")
+    if not code.strip():
+        raise CodeValidationError("code is empty")
+    if "\x00" in code:
+        raise CodeValidationError("code contains a NUL byte")
+    try:
+        data = code.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CodeValidationError(f"code is not valid UTF-8: {exc}") from None
+    if len(data) > limits.CODE_MAX_BYTES:
+        raise CodeValidationError(
+            f"code is {len(data)} bytes, more than the limit of {limits.CODE_MAX_BYTES}"
+        )
+    return data
+
+
+def validate_language(language: object) -> Language:
+    if language not in LANGUAGES:
+        raise CodeValidationError(
+            f"unknown language {language!r}: expected one of {', '.join(LANGUAGES)}"
+        )
+    return language  # type: ignore[return-value]
+
+
+def validate_timeout(timeout_seconds: object) -> int:
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
+        raise InputValidationError(f"timeout_seconds must be a number, got {timeout_seconds!r}")
+    if not limits.MIN_TIMEOUT_SECONDS <= timeout_seconds <= limits.MAX_TIMEOUT_SECONDS:
+        raise InputValidationError(
+            f"timeout_seconds must be between {limits.MIN_TIMEOUT_SECONDS} and "
+            f"{limits.MAX_TIMEOUT_SECONDS}, got {timeout_seconds}"
+        )
+    return int(timeout_seconds * 1000)
+
+
+def validate_memory(memory_mb: object) -> int:
+    if isinstance(memory_mb, bool) or not isinstance(memory_mb, int):
+        raise InputValidationError(f"memory_mb must be an integer, got {memory_mb!r}")
+    if not limits.MIN_MEMORY_MB <= memory_mb <= limits.MAX_MEMORY_MB:
+        raise InputValidationError(
+            f"memory_mb must be between {limits.MIN_MEMORY_MB} and {limits.MAX_MEMORY_MB}, "
+            f"got {memory_mb}"
+        )
+    return memory_mb
+
+
+def validate_env(env_vars: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
+    """Return the variables as (name, value) byte pairs, or raise EnvVarValidationError."""
+    if env_vars is None:
+        return []
+    if not isinstance(env_vars, Mapping):
+        raise EnvVarValidationError(f"env_vars must be a mapping, got {type(env_vars).__name__}")
+    if len(env_vars) > limits.MAX_ENV_VARS:
+        raise EnvVarValidationError(
+            f"{len(env_vars)} environment variables, more than the limit of {limits.MAX_ENV_VARS}"
+        )
+    pairs = []
+    for name, value in env_vars.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise EnvVarValidationError(f"invalid environment variable name {name!r}")
+        if len(name) > limits.ENV_NAME_MAX_BYTES:
+            raise EnvVarValidationError(f"environment variable name {name[:32]!r}... is too long")
+        upper = name.upper()
+        if upper in _DENIED_ENV or upper.startswith("LD_"):
+            raise EnvVarValidationError(
+                f"environment variable {name!r} is not allowed: it changes how programs load code"
+            )
+        if not isinstance(value, str):
+            raise EnvVarValidationError(f"value of {name!r} must be a str, got {type(value).__name__}")
+        if _ENV_VALUE_BAD.search(value):
+            raise EnvVarValidationError(f"value of {name!r} contains a control character")
+        encoded = value.encode("utf-8", "surrogatepass")
+        if len(encoded) > limits.ENV_VALUE_MAX_BYTES:
+            raise EnvVarValidationError(
+                f"value of {name!r} is {len(encoded)} bytes, more than {limits.ENV_VALUE_MAX_BYTES}"
+            )
+        pairs.append((name.encode(), encoded))
+    return pairs
