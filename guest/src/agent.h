@@ -1,0 +1,48 @@
+/* sbx-agent: declarations shared by the guest agent's modules.
+ *
+ * The agent is PID 1 of the guest. It must never exit (the kernel would panic), so every function
+ * returns 0 (or a count) on success and a negative errno on failure, and the event loop logs and
+ * carries on. Only boot-time failures that leave the VM useless end it, deliberately, by reboot
+ * (QEMU runs with -no-reboot, so that stops the VM).
+ */
+#ifndef SBX_AGENT_H
+#define SBX_AGENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "frame.h"
+
+#ifndef SBX_AGENT_VERSION
+#define SBX_AGENT_VERSION "0.1.0"
+#endif
+
+#define SBX_USER_UID 1000
+#define SBX_USER_GID 1000
+#define SBX_HOME_DIR "/home/user"
+#define SBX_RUN_DIR "/run/sbx"
+
+/* How the agent runs: as PID 1 in the VM, or as a test program on the host. */
+struct sbx_config {
+	bool test_mode;       /* --channel-fd given: no mounts, no hostname, no uid switch */
+	bool drop_privileges; /* root and not test mode: run user code as SBX_USER_UID */
+	int channel_fd;       /* test mode: the channel; otherwise -1 until the port is found */
+	char run_dir[256];    /* root-owned directory holding the code file */
+	char home_dir[256];   /* working directory and HOME of user code */
+	const char *interpreter[4]; /* indexed by enum sbx_language */
+};
+
+/* log.c: one line on the console (stderr of PID 1 is /dev/console). Never fails. */
+void sbx_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t sbx_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* mounts.c */
+int sbx_ensure_std_fds(void);
+int sbx_mount_all(void);
+
+/* net.c */
+int sbx_set_hostname(const char *name);
+int sbx_loopback_up(void);
+
+#endif /* SBX_AGENT_H */

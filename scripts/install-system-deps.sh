@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the Debian packages exec-sandbox needs to build and run (idempotent: apt-get runs only
+# when a package is missing). Needs root, or sudo.
+set -euo pipefail
+packages=(
+	qemu-system-x86            # the VMM
+	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential  # guest kernel
+	debootstrap erofs-utils    # guest root file system
+	libseccomp-dev liburing-dev pkg-config  # C extension
+	clang libclang-rt-14-dev   # fuzz targets and sanitizer builds
+	python3-dev python3-venv
+)
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+echo "installing system packages: ${missing[*]}" >&2
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,200 @@
+/* The QEMU command line: every option and the reason it is there, in one place. */
+#define _GNU_SOURCE 1
+#include "qemu_argv.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol.h"
+#include "spawn.h" /* the fds the child finds the two sockets at */
+
+struct argv_builder {
+	char **v;
+	unsigned n, cap;
+	int err; /* sticky: the first failure */
+};
+
+static void add_owned(struct argv_builder *b, char *s)
+{
+	if (b->err || !s) {
+		if (!b->err)
+			b->err = -ENOMEM;
+		free(s);
+		return;
+	}
+	if (b->n + 2 > b->cap) {
+		unsigned cap = b->cap ? b->cap * 2 : 48;
+		char **v = realloc(b->v, cap * sizeof(*v));
+		if (!v) {
+			free(s);
+			b->err = -ENOMEM;
+			return;
+		}
+		b->v = v;
+		b->cap = cap;
+	}
+	b->v[b->n++] = s;
+	b->v[b->n] = NULL;
+}
+
+static void add(struct argv_builder *b, const char *s)
+{
+	add_owned(b, strdup(s));
+}
+
+__attribute__((format(printf, 2, 3))) static void addf(struct argv_builder *b, const char *fmt, ...)
+{
+	char *s = NULL;
+	va_list ap;
+	va_start(ap, fmt);
+	int rc = vasprintf(&s, fmt, ap);
+	va_end(ap);
+	add_owned(b, rc < 0 ? NULL : s);
+}
+
+static int reject(const char **why, const char *msg)
+{
+	if (why)
+		*why = msg;
+	return -EINVAL;
+}
+
+static int has_control_chars(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
+			return 1;
+	return 0;
+}
+
+/* kernel and rootfs: absolute, because a relative "-drive file=nbd:..." or "json:{...}" would
+ * select a QEMU block protocol instead of a file (QEMU only looks for a protocol prefix before
+ * the first '/'); no ',' because QEMU's option parser would split "file=a,b" into two options
+ * (escaping by doubling would work, but no sane image path needs a comma). */
+static int check_path(const char *p, const char **why, const char *not_abs, const char *comma)
+{
+	if (!p || p[0] != '/')
+		return reject(why, not_abs);
+	if (strchr(p, ','))
+		return reject(why, comma);
+	if (has_control_chars(p))
+		return reject(why, "paths must not contain control characters");
+	return 0;
+}
+
+int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why)
+{
+	int rc;
+	const char *extra = cfg->kernel_cmdline_extra ? cfg->kernel_cmdline_extra : "";
+
+	*argv_out = NULL;
+	if (!cfg->qemu_binary || !cfg->qemu_binary[0])
+		return reject(why, "qemu_binary must not be empty");
+	rc = check_path(cfg->kernel, why, "kernel must be an absolute path",
+			"kernel path must not contain ','");
+	if (rc < 0)
+		return rc;
+	rc = check_path(cfg->rootfs, why, "rootfs must be an absolute path",
+			"rootfs path must not contain ','");
+	if (rc < 0)
+		return rc;
+	if (cfg->memory_mb < SBX_VM_MEMORY_MB_MIN || cfg->memory_mb > SBX_VM_MEMORY_MB_MAX)
+		return reject(why, "memory_mb out of range (16 .. 1048576)");
+	if (cfg->vcpus < 1 || cfg->vcpus > SBX_VM_VCPUS_MAX)
+		return reject(why, "vcpus out of range (1 .. 255)");
+	if (!cfg->accel || (strcmp(cfg->accel, "kvm") != 0 && strcmp(cfg->accel, "tcg") != 0))
+		return reject(why, "accel must be \"kvm\" or \"tcg\"");
+	if (has_control_chars(extra))
+		return reject(why, "kernel_cmdline_extra must not contain control characters");
+
+	struct argv_builder b = {0};
+	add(&b, cfg->qemu_binary);
+
+	/* microvm: no PCI, no firmware tables, no legacy devices; only virtio-mmio. No option
+	 * ROMs (nothing to boot from but -kernel), no ISA serial port (the console is virtio),
+	 * no 8259 PIC (the guest kernel uses the IOAPIC), no ACPI (virtio-mmio devices are
+	 * announced on the kernel command line by QEMU instead). */
+	add(&b, "-M");
+	add(&b, "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off");
+	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate. */
+	add(&b, "-accel");
+	add(&b, cfg->accel);
+	add(&b, "-cpu");
+	add(&b, strcmp(cfg->accel, "kvm") == 0 ? "host" : "max");
+	add(&b, "-m");
+	addf(&b, "%u", cfg->memory_mb);
+	add(&b, "-smp");
+	addf(&b, "%u", cfg->vcpus);
+	/* Only the devices listed below: no default NIC, serial, parallel, monitor or display. */
+	add(&b, "-nodefaults");
+	/* Ignore any qemu.conf in the host's /etc. */
+	add(&b, "-no-user-config");
+	add(&b, "-display");
+	add(&b, "none");
+	/* A guest reboot (including panic=-1 below) ends QEMU instead of restarting the VM. */
+	add(&b, "-no-reboot");
+
+	/* Direct kernel boot. The rootfs is a read-only EROFS image; the agent is PID 1.
+	 * panic=-1: reboot at once on panic, which -no-reboot turns into QEMU exiting.
+	 * random.trust_cpu=on: seed the CRNG from RDRAND so getrandom() does not block at boot. */
+	add(&b, "-kernel");
+	add(&b, cfg->kernel);
+	add(&b, "-append");
+	addf(&b,
+	     "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent panic=-1 "
+	     "random.trust_cpu=on%s%s",
+	     extra[0] ? " " : "", extra);
+	if (!b.err && strlen(b.v[b.n - 1]) > SBX_KERNEL_CMDLINE_MAX) {
+		sbx_argv_free(b.v);
+		if (why)
+			*why = "kernel command line too long";
+		return -E2BIG;
+	}
+
+	/* The root disk: raw image, read-only on the QEMU side too, as /dev/vda. */
+	add(&b, "-drive");
+	addf(&b, "file=%s,if=none,id=root,format=raw,readonly=on", cfg->rootfs);
+	add(&b, "-device");
+	add(&b, "virtio-blk-device,drive=root");
+
+	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel. Both
+	 * chardevs are sockets the host already holds the other end of (spawn.c puts them at
+	 * fds 3 and 4): no paths, no listening sockets, nothing another process could connect to. */
+	add(&b, "-device");
+	add(&b, "virtio-serial-device,max_ports=2");
+	add(&b, "-chardev");
+	addf(&b, "socket,id=con,fd=%d", SBX_CHILD_CONSOLE_FD);
+	add(&b, "-device");
+	add(&b, "virtconsole,chardev=con");
+	add(&b, "-chardev");
+	addf(&b, "socket,id=agent,fd=%d", SBX_CHILD_CHANNEL_FD);
+	add(&b, "-device");
+	add(&b, "virtserialport,chardev=agent,name=" SBX_CHANNEL_PORT_NAME);
+
+	if (b.err) {
+		sbx_argv_free(b.v);
+		return b.err;
+	}
+	*argv_out = b.v;
+	return 0;
+}
+
+void sbx_argv_free(char **argv)
+{
+	if (!argv)
+		return;
+	for (char **p = argv; *p; p++)
+		free(*p);
+	free(argv);
+}
+
+unsigned sbx_argv_count(char *const *argv)
+{
+	unsigned n = 0;
+	while (argv && argv[n])
+		n++;
+	return n;
+}

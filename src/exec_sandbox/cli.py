@@ -1,0 +1,135 @@
+"""`sbx`: the command line. `sbx run` runs code in a fresh microVM; its exit status is the code's
+(124 when the code timed out, 125 when the sandbox itself failed, 2 for bad arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
+from .models import ExecutionResult, Language
+from .scheduler import Scheduler
+
+EXIT_TIMEOUT = 124
+EXIT_SANDBOX_FAILURE = 125
+EXIT_USAGE = 2
+_EXTENSIONS: dict[str, Language] = {
+    ".py": "python",
+    ".js": "javascript",
+    ".cjs": "javascript",
+    ".sh": "raw",
+    ".bash": "raw",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sbx", description="Run untrusted code in a microVM.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run code in a fresh VM")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("file", nargs="?", help="file to run (language from its extension)")
+    source.add_argument("-c", "--code", help="code to run")
+    run.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
+    run.add_argument("-t", "--timeout", type=int, help="timeout in seconds (1..300)")
+    run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
+    run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="environment variable for the code")  # fmt: skip
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="sbx: %(levelname)s %(message)s",
+    )
+    try:
+        code, language = _resolve_source(args)
+        env = _parse_env(args.env)
+    except ValueError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = asyncio.run(_run(args, code, language, env))
+    except (InputValidationError, VmConfigError) as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OutputLimitError as exc:
+        print(f"sbx: output limit: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
+    except SandboxError as exc:
+        print(f"sbx: sandbox failure ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    elif result.exit_code == -1:
+        sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
+    return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+
+
+def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
+    if args.code is not None:
+        return args.code, args.language or "python"
+    path = Path(args.file)
+    language = args.language or _EXTENSIONS.get(path.suffix)
+    if language is None:
+        raise ValueError(f"cannot tell the language of {path.name}: pass -l")
+    try:
+        return path.read_text(encoding="utf-8"), language
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"-e expects KEY=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+async def _run(args: argparse.Namespace, code: str, language: Language,
+               env: dict[str, str]) -> ExecutionResult:  # fmt: skip
+    show_progress = not args.quiet and not args.json and sys.stderr.isatty()
+    stream = not args.json
+
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def err(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    async with Scheduler() as scheduler:
+        if show_progress:
+            err(f"sbx: starting a {language} VM ({scheduler.accelerator})...\r")
+        result = await scheduler.run(
+            code,
+            language=language,
+            timeout_seconds=args.timeout,
+            memory_mb=args.memory,
+            env_vars=env or None,
+            on_stdout=out if stream else None,
+            on_stderr=err if stream else None,
+            on_boot_log=err if args.debug else None,
+        )
+        if show_progress:
+            err("\033[K")
+        return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
