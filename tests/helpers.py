@@ -1,0 +1,38 @@
+"""Process and fd inspection shared by the tests (reads /proc; no VM logic here)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def qemu_processes(parent: int | None = None) -> list[int]:
+    """PIDs of live qemu-system processes, optionally only the children of `parent`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # comm is in parentheses and may contain spaces: split after the last ')'.
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        state, ppid = fields[0], int(fields[1])
+        if not comm.startswith("qemu-system") or state == "Z":
+            continue
+        if parent is None or ppid == parent:
+            found.append(int(entry.name))
+    return found
+
+
+def open_fds() -> set[str]:
+    """What this process's fds point to (socket:[..], pipe:[..], paths)."""
+    result = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            result.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return result
