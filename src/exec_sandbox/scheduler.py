@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from . import host, limits
+from . import _logging, host, limits
 from ._vm import (
     EXIT_STDERR_LIMIT,
     EXIT_STDOUT_LIMIT,
@@ -40,6 +40,7 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
+        _logging.configure_from_env()
         self.config = config if config is not None else SchedulerConfig()
         self._admission = asyncio.Semaphore(self.config.max_concurrent_vms or 1)
         self._vms: set[GuestVm] = set()
