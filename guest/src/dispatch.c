@@ -1,0 +1,50 @@
+/* Host requests: see dispatch.h. Every request gets an answer with its id: PONG, an ERROR, or (for
+ * EXEC) output frames ending in EXIT. The framing is intact here (the reader checked it), so a bad
+ * payload is answered with BAD_REQUEST and the stream goes on. */
+#include "dispatch.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "request.h"
+
+static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
+{
+	/* Points into the frame: used up before the reader is called again. */
+	struct sbx_exec_request req;
+	const char *why = NULL;
+	int rc = sbx_parse_exec(f->payload, f->payload_len, &req, &why);
+	if (rc < 0) {
+		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST, "bad EXEC: %s", why);
+		return;
+	}
+	uint32_t code = 0;
+	char msg[512];
+	rc = sbx_runner_start(&a->runner, f->id, &req, &code, msg, sizeof(msg));
+	if (rc < 0) {
+		if (code != SBX_ERR_BUSY)
+			sbx_log("EXEC %u failed to start: %s", f->id, msg);
+		sbx_channel_send_error(&a->ch, f->id, code, "%s", msg);
+	}
+}
+
+void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
+{
+	struct sbx_agent *a = ctx;
+	switch (f->type) {
+	case SBX_MSG_PING:
+		if (f->payload_len != 0)
+			sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,
+					       "PING carries no payload");
+		else
+			sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
+		break;
+	case SBX_MSG_EXEC:
+		handle_exec(a, f);
+		break;
+	default:
+		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,
+				       "unexpected message type %u", f->type);
+		break;
+	}
+}

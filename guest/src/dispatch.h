@@ -1,0 +1,18 @@
+/* Host requests: one handler per message type. */
+#ifndef SBX_DISPATCH_H
+#define SBX_DISPATCH_H
+
+#include "channel.h"
+#include "runner.h"
+
+struct sbx_agent {
+	struct sbx_config cfg;
+	struct sbx_channel ch;
+	struct sbx_runner runner;
+	int signal_fd;
+};
+
+/* sbx_frame_fn for sbx_channel_handle; ctx is the struct sbx_agent. */
+void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f);
+
+#endif /* SBX_DISPATCH_H */

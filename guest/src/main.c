@@ -1,0 +1,292 @@
+/* sbx-agent: PID 1 of the exec-sandbox guest. Boots the minimal userland (mounts, hostname,
+ * loopback), opens the host channel and then serves requests from a single poll() loop forever.
+ *
+ * Test mode (--channel-fd N, or SBX_AGENT_TEST_CHANNEL_FD=N): runs as an ordinary host process on a
+ * given fd (a socketpair end), with no mounts and no uid switch, user code under a private work
+ * directory, and exits when the peer closes the channel. Anything else must be PID 1: this program
+ * would otherwise remount the host's /proc.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "channel.h"
+#include "dispatch.h"
+#include "reaper.h"
+#include "runner.h"
+
+#define CHANNEL_WAIT_MS 10000u
+
+/* Boot cannot go on: in the VM stop it (QEMU's -no-reboot turns a reboot into an exit, which the
+ * host notices at once, unlike a hang); in test mode just exit. */
+__attribute__((noreturn)) static void fatal(const struct sbx_config *cfg, const char *what, int rc)
+{
+	sbx_log("fatal: %s: %s", what, strerror(-rc));
+	if (cfg->test_mode)
+		exit(1);
+	sync();
+	reboot(RB_AUTOBOOT);
+	for (;;) /* reboot() does not return as PID 1; if it did, PID 1 still must not exit */
+		pause();
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: sbx-agent                 (as PID 1 of the guest)\n"
+		"       sbx-agent --channel-fd N [--work-dir DIR] [--interpreter LANG=PATH]...\n"
+		"                                 (test mode; LANG is python, javascript or raw)\n");
+}
+
+static int parse_fd(const char *s)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || *s == '\0' || *end != '\0' || v < 0 || v > 65535)
+		return -1;
+	return (int)v;
+}
+
+static int set_interpreter(struct sbx_config *cfg, const char *spec)
+{
+	static const char *const names[] = {[SBX_LANG_PYTHON] = "python",
+					    [SBX_LANG_JAVASCRIPT] = "javascript",
+					    [SBX_LANG_RAW] = "raw"};
+	const char *eq = strchr(spec, '=');
+	if (!eq || eq[1] != '/')
+		return -EINVAL;
+	for (int lang = SBX_LANG_PYTHON; lang <= SBX_LANG_RAW; lang++) {
+		if (strlen(names[lang]) == (size_t)(eq - spec) &&
+		    strncmp(spec, names[lang], (size_t)(eq - spec)) == 0) {
+			cfg->interpreter[lang] = eq + 1;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char **work_dir)
+{
+	const char *env_fd = getenv("SBX_AGENT_TEST_CHANNEL_FD");
+	if (env_fd && *env_fd && (cfg->channel_fd = parse_fd(env_fd)) < 0)
+		return -EINVAL;
+	/* Every option takes one value. */
+	for (int i = 1; i < argc; i += 2) {
+		const char *arg = argv[i];
+		const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(arg, "--channel-fd") == 0 && val) {
+			if ((cfg->channel_fd = parse_fd(val)) < 0)
+				return -EINVAL;
+		} else if (strcmp(arg, "--work-dir") == 0 && val) {
+			*work_dir = val;
+		} else if (strcmp(arg, "--interpreter") == 0 && val) {
+			if (set_interpreter(cfg, val) < 0)
+				return -EINVAL;
+		} else {
+			return -EINVAL;
+		}
+	}
+	cfg->test_mode = cfg->channel_fd >= 0;
+	return 0;
+}
+
+/* Test mode: code file and home under a private directory instead of /run/sbx and /home/user. */
+static int setup_work_dir(struct sbx_config *cfg, const char *work_dir)
+{
+	char tmpl[] = "/tmp/sbx-agent.XXXXXX";
+	if (!work_dir) {
+		work_dir = mkdtemp(tmpl);
+		if (!work_dir)
+			return -errno;
+	}
+	if ((size_t)snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s/run", work_dir) >=
+		    sizeof(cfg->run_dir) ||
+	    (size_t)snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s/home", work_dir) >=
+		    sizeof(cfg->home_dir))
+		return -ENAMETOOLONG;
+	if (mkdir(work_dir, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	if (mkdir(cfg->run_dir, 0755) < 0 && errno != EEXIST)
+		return -errno;
+	if (mkdir(cfg->home_dir, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+static void boot(struct sbx_config *cfg)
+{
+	int rc;
+	umask(022);
+	/* Mount failures are logged inside and not fatal: a run that needs the missing piece fails
+	 * visibly, which beats a VM that never answers. */
+	sbx_mount_all();
+	if ((rc = sbx_ensure_std_fds()) < 0)
+		sbx_log("standard fds: %s", strerror(-rc));
+	if ((rc = sbx_set_hostname("sandbox")) < 0)
+		sbx_log("sethostname: %s", strerror(-rc));
+	if ((rc = sbx_loopback_up()) < 0)
+		sbx_log("loopback up: %s", strerror(-rc));
+	snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s", SBX_RUN_DIR);
+	snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s", SBX_HOME_DIR);
+}
+
+static void setup_signals(bool pid1)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_IGN;
+	/* A write to a closed socket must come back as EPIPE, not kill the agent. */
+	sigaction(SIGPIPE, &sa, NULL);
+	if (pid1) {
+		/* The kernel already shields init from signals it has no handler for; say it anyway. */
+		static const int ignored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
+					      SIGTSTP, SIGTTIN, SIGTTOU};
+		for (size_t i = 0; i < sizeof(ignored) / sizeof(ignored[0]); i++)
+			sigaction(ignored[i], &sa, NULL);
+	}
+}
+
+static void on_child_exit(void *ctx, pid_t pid, int status)
+{
+	struct sbx_agent *a = ctx;
+	sbx_runner_on_child_exit(&a->runner, pid, status);
+}
+
+static void shutdown_test_mode(struct sbx_agent *a)
+{
+	sbx_runner_abort(&a->runner);
+	sbx_channel_free(&a->ch);
+	exit(0);
+}
+
+/* The event loop: one poll() over the channel, the signalfd, the run's timer and its two pipes.
+ * Never returns; errors are logged and the loop goes on. */
+__attribute__((noreturn)) static void serve(struct sbx_agent *a)
+{
+	for (;;) {
+		struct pollfd p[5];
+		int n = 0, timeout = -1;
+		int ci = -1, oi = -1, ei = -1;
+		struct sbx_runner *r = &a->runner;
+
+		int cev = sbx_channel_poll_events(&a->ch, sbx_now_ns(), &timeout);
+		if (cev >= 0) {
+			ci = n;
+			p[n++] = (struct pollfd){.fd = a->ch.fd, .events = (short)cev};
+		}
+		int si = n;
+		p[n++] = (struct pollfd){.fd = a->signal_fd, .events = POLLIN};
+		int ti = n;
+		p[n++] = (struct pollfd){.fd = r->timer_fd, .events = POLLIN};
+		/* Back-pressure: while the host lags, leave output in the pipes (the writer blocks). */
+		if (sbx_channel_wants_output(&a->ch)) {
+			if (r->out.fd >= 0) {
+				oi = n;
+				p[n++] = (struct pollfd){.fd = r->out.fd, .events = POLLIN};
+			}
+			if (r->err.fd >= 0) {
+				ei = n;
+				p[n++] = (struct pollfd){.fd = r->err.fd, .events = POLLIN};
+			}
+		}
+
+		if (poll(p, (nfds_t)n, timeout) < 0) {
+			if (errno != EINTR) {
+				sbx_log("poll: %s", strerror(errno));
+				struct timespec ts = {0, 10 * 1000 * 1000}; /* never spin */
+				nanosleep(&ts, NULL);
+			}
+			continue;
+		}
+
+		/* Order matters: reap first (a child's death starts the drain), then output, then
+		 * the timer, and the channel last, since a new EXEC may reuse the pipe fd numbers. */
+		if (p[si].revents) {
+			bool sigio = false;
+			sbx_reaper_handle(a->signal_fd, on_child_exit, a, &sigio);
+			if (sigio)
+				sbx_channel_wake(&a->ch);
+		}
+		if (oi >= 0 && p[oi].revents && r->out.fd == p[oi].fd)
+			sbx_runner_on_output(r, &r->out);
+		if (ei >= 0 && p[ei].revents && r->err.fd == p[ei].fd)
+			sbx_runner_on_output(r, &r->err);
+		if (p[ti].revents)
+			sbx_runner_on_timer(r);
+		if (ci >= 0) {
+			switch (sbx_channel_handle(&a->ch, p[ci].revents, sbx_dispatch_frame, a)) {
+			case SBX_CHAN_HANGUP:
+				shutdown_test_mode(a);
+				break;
+			case SBX_CHAN_CONNECTED:
+			case SBX_CHAN_DISCONNECTED:
+				/* Whoever asked for a running execution is gone. */
+				sbx_runner_abort(r);
+				break;
+			default:
+				break;
+			}
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static struct sbx_agent agent;
+	struct sbx_config *cfg = &agent.cfg;
+	const char *work_dir = NULL;
+	int rc;
+
+	cfg->channel_fd = -1;
+	cfg->interpreter[SBX_LANG_PYTHON] = "/usr/bin/python3";
+	cfg->interpreter[SBX_LANG_JAVASCRIPT] = "/usr/bin/node";
+	cfg->interpreter[SBX_LANG_RAW] = "/bin/bash";
+	/* As PID 1, argv and the environment hold whatever kernel parameters the kernel did not
+	 * recognise: ignore them. Otherwise only test mode is allowed. */
+	if (getpid() != 1 && (parse_args(cfg, argc, argv, &work_dir) < 0 || !cfg->test_mode)) {
+		usage();
+		return 2;
+	}
+	cfg->drop_privileges = !cfg->test_mode && geteuid() == 0;
+	setup_signals(!cfg->test_mode);
+
+	if (cfg->test_mode) {
+		if ((rc = setup_work_dir(cfg, work_dir)) < 0)
+			fatal(cfg, "work directory", rc);
+		/* Stand-in for PID 1: orphans of user code are reparented to the agent. */
+		prctl(PR_SET_CHILD_SUBREAPER, 1);
+	} else {
+		boot(cfg);
+	}
+
+	/* Before any fork, so that no SIGCHLD goes unnoticed. */
+	agent.signal_fd = rc = sbx_reaper_init();
+	if (rc < 0)
+		fatal(cfg, "signalfd", rc);
+
+	int fd = cfg->channel_fd;
+	if (!cfg->test_mode) {
+		rc = sbx_channel_find_port(SBX_CHANNEL_PORT_NAME, CHANNEL_WAIT_MS, &fd);
+		if (rc < 0)
+			fatal(cfg, "virtio-serial port " SBX_CHANNEL_PORT_NAME, rc);
+	}
+	if ((rc = sbx_channel_init(&agent.ch, fd, cfg->test_mode, !cfg->test_mode)) < 0)
+		fatal(cfg, "channel", rc);
+	if ((rc = sbx_runner_init(&agent.runner, cfg, &agent.ch)) < 0)
+		fatal(cfg, "timerfd", rc);
+
+	static const char ready[] = "sbx-agent: ready\n";
+	ssize_t w = write(STDOUT_FILENO, ready, sizeof(ready) - 1);
+	(void)w;
+	serve(&agent);
+}

@@ -1,0 +1,128 @@
+/* Boot-time file systems. The root file system is a read-only EROFS image, so every place that
+ * must be writable is a size-capped tmpfs: a full disk inside the VM then hurts only the run that
+ * filled it. The image must provide the mount points (/proc /sys /dev /tmp /run /home/user), since
+ * nothing can be created on a read-only root.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+struct mount_spec {
+	const char *source;
+	const char *target;
+	const char *fstype;
+	unsigned long flags;
+	const char *data;
+};
+
+#define NOSUID_NODEV (MS_NOSUID | MS_NODEV)
+
+/* Order matters: /dev/pts and /dev/shm live on /dev. */
+static const struct mount_spec mounts[] = {
+	/* hidepid=2: uid 1000 sees only its own processes, not the agent. */
+	{"proc", "/proc", "proc", NOSUID_NODEV | MS_NOEXEC, "hidepid=2"},
+	/* Read-only: the agent only reads /sys/class/virtio-ports. */
+	{"sysfs", "/sys", "sysfs", NOSUID_NODEV | MS_NOEXEC | MS_RDONLY, NULL},
+	/* Normally mounted by the kernel already (CONFIG_DEVTMPFS_MOUNT); skipped if so. */
+	{"devtmpfs", "/dev", "devtmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755"},
+	{"devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666"},
+	{"tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777,size=64m"},
+	{"tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, "mode=1777,size=256m"},
+	{"tmpfs", "/run", "tmpfs", NOSUID_NODEV | MS_NOEXEC, "mode=0755,size=16m"},
+	/* 0700 and owned by the user: the only place besides /tmp where user code may write. */
+	{"tmpfs", SBX_HOME_DIR, "tmpfs", NOSUID_NODEV, "mode=0700,uid=1000,gid=1000,size=512m"},
+};
+
+/* A directory is a mount point when it lives on a different device than its parent. */
+static bool is_mount_point(const char *path)
+{
+	char parent[256];
+	struct stat st, pst;
+	int n = snprintf(parent, sizeof(parent), "%s/..", path);
+	if (n < 0 || (size_t)n >= sizeof(parent))
+		return false;
+	if (stat(path, &st) < 0 || stat(parent, &pst) < 0)
+		return false;
+	return st.st_dev != pst.st_dev;
+}
+
+static int mount_one(const struct mount_spec *m)
+{
+	/* Works where the parent is writable (/dev); on the read-only root the image provides it. */
+	if (mkdir(m->target, 0755) < 0 && errno != EEXIST && errno != EROFS)
+		sbx_log("mkdir %s: %s", m->target, strerror(errno));
+	if (is_mount_point(m->target))
+		return 0;
+	if (mount(m->source, m->target, m->fstype, m->flags, m->data) < 0) {
+		int err = errno;
+		sbx_log("mount %s on %s: %s", m->fstype, m->target, strerror(err));
+		return -err;
+	}
+	return 0;
+}
+
+/* Programs (bash process substitution, /dev/stdin users) expect these; devtmpfs has none. */
+static void make_dev_links(void)
+{
+	static const char *const links[][2] = {
+		{"/proc/self/fd", "/dev/fd"},
+		{"/proc/self/fd/0", "/dev/stdin"},
+		{"/proc/self/fd/1", "/dev/stdout"},
+		{"/proc/self/fd/2", "/dev/stderr"},
+	};
+	for (size_t i = 0; i < sizeof(links) / sizeof(links[0]); i++)
+		if (symlink(links[i][0], links[i][1]) < 0 && errno != EEXIST)
+			sbx_log("symlink %s: %s", links[i][1], strerror(errno));
+}
+
+/* Mount everything; a failure is logged and the others still tried, since a VM with a missing
+ * /dev/shm is still more useful than none. Returns the first error. */
+int sbx_mount_all(void)
+{
+	int first = 0;
+	for (size_t i = 0; i < sizeof(mounts) / sizeof(mounts[0]); i++) {
+		int rc = mount_one(&mounts[i]);
+		if (rc < 0 && first == 0)
+			first = rc;
+	}
+	/* Defence in depth: set-uid binaries on the image must not lift uid 1000 to root (the runner
+	 * also sets no_new_privs). A remount keeps the root read-only. */
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | NOSUID_NODEV, NULL) < 0)
+		sbx_log("remount / nosuid,nodev: %s", strerror(errno));
+	make_dev_links();
+	/* The code file directory: root-owned so that user code cannot swap the file it runs. */
+	if (mkdir(SBX_RUN_DIR, 0755) < 0 && errno != EEXIST) {
+		int err = errno;
+		sbx_log("mkdir %s: %s", SBX_RUN_DIR, strerror(err));
+		if (first == 0)
+			first = -err;
+	}
+	return first;
+}
+
+/* The kernel hands init /dev/console as fds 0-2, but if it could not, the first fds the agent opens
+ * would land on 0-2 and later be clobbered when a child dup2()s its pipes there. Fill any gap. */
+int sbx_ensure_std_fds(void)
+{
+	for (int fd = 0; fd <= 2; fd++) {
+		if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+			continue;
+		int n = open("/dev/console", O_RDWR | O_NOCTTY);
+		if (n < 0)
+			n = open("/dev/null", O_RDWR);
+		if (n < 0)
+			return -errno;
+		if (n != fd) {
+			/* Lower fds were filled first, so this only happens if fd was taken meanwhile. */
+			close(n);
+			return -EBADF;
+		}
+	}
+	return 0;
+}

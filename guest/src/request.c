@@ -1,0 +1,83 @@
+/* EXEC payload decoding: see request.h. Every field is checked; anything odd is refused rather
+ * than repaired, so that a host bug shows up as a BAD_REQUEST instead of a surprising run. */
+#include "request.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "frame.h"
+
+static bool valid_env_name(const uint8_t *s, uint32_t n)
+{
+	if (n == 0)
+		return false;
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t c = s[i];
+		bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+		if (!alpha && !(i > 0 && c >= '0' && c <= '9'))
+			return false;
+	}
+	return true;
+}
+
+int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *req,
+		   const char **why)
+{
+	struct sbx_cursor c = {payload, len};
+	int rc;
+
+	memset(req, 0, sizeof(*req));
+	if (sbx_get_u8(&c, &req->language) < 0 || sbx_get_u32(&c, &req->timeout_ms) < 0 ||
+	    sbx_get_u32(&c, &req->stdout_limit) < 0 || sbx_get_u32(&c, &req->stderr_limit) < 0 ||
+	    sbx_get_u32(&c, &req->env_count) < 0) {
+		*why = "truncated EXEC header";
+		return -EPROTO;
+	}
+	if (req->language != SBX_LANG_PYTHON && req->language != SBX_LANG_JAVASCRIPT &&
+	    req->language != SBX_LANG_RAW) {
+		*why = "unknown language";
+		return -EPROTO;
+	}
+	if (req->timeout_ms < 1 || req->timeout_ms > SBX_TIMEOUT_MS_MAX) {
+		*why = "timeout_ms out of range 1..300000";
+		return -EPROTO;
+	}
+	if (req->env_count > SBX_ENV_MAX_COUNT) {
+		*why = "too many environment variables";
+		return -EMSGSIZE;
+	}
+	for (uint32_t i = 0; i < req->env_count; i++) {
+		struct sbx_env_var *v = &req->env[i];
+		rc = sbx_get_str(&c, SBX_ENV_NAME_MAX, &v->name, &v->name_len);
+		if (rc < 0) {
+			*why = rc == -EMSGSIZE ? "environment variable name too long"
+					       : "truncated environment variable name";
+			return rc;
+		}
+		if (!valid_env_name(v->name, v->name_len)) {
+			*why = "invalid environment variable name";
+			return -EPROTO;
+		}
+		rc = sbx_get_str(&c, SBX_ENV_VALUE_MAX, &v->value, &v->value_len);
+		if (rc < 0) {
+			*why = rc == -EMSGSIZE ? "environment variable value too long"
+					       : "truncated environment variable value";
+			return rc;
+		}
+		if (v->value_len && memchr(v->value, '\0', v->value_len)) {
+			*why = "NUL byte in environment variable value";
+			return -EPROTO;
+		}
+	}
+	rc = sbx_get_str(&c, SBX_CODE_MAX, &req->code, &req->code_len);
+	if (rc < 0) {
+		*why = rc == -EMSGSIZE ? "code too long" : "truncated code";
+		return rc;
+	}
+	if (c.left != 0) {
+		*why = "trailing bytes after EXEC payload";
+		return -EPROTO;
+	}
+	return 0;
+}

@@ -1,0 +1,344 @@
+/* Execution lifecycle: see runner.h. */
+#include "runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "spawn.h"
+
+#define TERM_GRACE_MS 500u
+#define DRAIN_MS 200u
+/* Reads per pipe in the final drain: bounds the work when a survivor keeps writing. */
+#define FINAL_DRAIN_READS 64
+
+static const char *const script_names[] = {
+	[SBX_LANG_PYTHON] = "main.py",
+	[SBX_LANG_JAVASCRIPT] = "main.js",
+	[SBX_LANG_RAW] = "main.sh",
+};
+
+static void arm_timer(struct sbx_runner *r, uint64_t ms)
+{
+	struct itimerspec its;
+	memset(&its, 0, sizeof(its));
+	its.it_value.tv_sec = (time_t)(ms / 1000u);
+	its.it_value.tv_nsec = (long)(ms % 1000u) * 1000000L;
+	/* ms == 0 would disarm: that is what the callers mean by it. Setting also drops any expiry
+	 * not yet read, so a stale tick cannot act on the next phase. */
+	if (timerfd_settime(r->timer_fd, 0, &its, NULL) < 0)
+		sbx_log("timerfd_settime: %s", strerror(errno));
+}
+
+static void kill_group(struct sbx_runner *r, int sig)
+{
+	/* Process group == main child's pid (setsid). It stays reserved while the leader is unreaped;
+	 * after that the group is killed once, at once, and never again. */
+	if (r->pid > 0 && kill(-r->pid, sig) < 0 && errno != ESRCH)
+		sbx_log("kill(-%d, %d): %s", (int)r->pid, sig, strerror(errno));
+}
+
+/* Kill every process of uid 1000, whatever session it escaped to: kill(-1) from a process with that
+ * uid reaches exactly those (never PID 1). Only in the VM: on a test host it would hit real users. */
+static void kill_all_user_processes(struct sbx_runner *r)
+{
+	if (!r->cfg->drop_privileges)
+		return;
+	pid_t pid = fork();
+	if (pid < 0) {
+		sbx_log("fork for cleanup: %s", strerror(errno));
+		return;
+	}
+	if (pid == 0) {
+		/* Repeated: a process that was mid-fork during one pass can leave a child the pass
+		 * did not see. */
+		if (setgroups(0, NULL) == 0 && setgid(SBX_USER_GID) == 0 && setuid(SBX_USER_UID) == 0)
+			for (int i = 0; i < 3; i++)
+				kill(-1, SIGKILL);
+		_exit(0);
+	}
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+}
+
+static int write_code_file(const char *path, const uint8_t *code, size_t len)
+{
+	/* Unlink first: the old file is read-only, and O_EXCL|O_NOFOLLOW then guarantees a fresh
+	 * regular file even if something had been planted at the path. */
+	if (unlink(path) < 0 && errno != ENOENT)
+		return -errno;
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+	if (fd < 0)
+		return -errno;
+	while (len > 0) {
+		ssize_t n = write(fd, code, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		code += n;
+		len -= (size_t)n;
+	}
+	/* Readable by uid 1000, writable by nobody (it is root-owned, in a root-owned directory). */
+	if (fchmod(fd, 0444) < 0)
+		return -errno;
+	if (close(TAKE_FD(fd)) < 0)
+		return -errno;
+	return 0;
+}
+
+int sbx_runner_init(struct sbx_runner *r, const struct sbx_config *cfg, struct sbx_channel *ch)
+{
+	memset(r, 0, sizeof(*r));
+	r->cfg = cfg;
+	r->ch = ch;
+	r->out.fd = r->err.fd = -1;
+	r->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (r->timer_fd < 0)
+		return -errno;
+	return 0;
+}
+
+bool sbx_runner_busy(const struct sbx_runner *r)
+{
+	return r->phase != SBX_PHASE_IDLE;
+}
+
+static void stream_init(struct sbx_stream *s, int fd, uint8_t type, uint32_t flag, uint32_t limit)
+{
+	s->fd = fd;
+	s->msg_type = type;
+	s->limit_flag = flag;
+	s->limit = limit;
+	s->total = 0;
+}
+
+int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_request *req,
+		     uint32_t *code, char *msg, size_t msg_size)
+{
+	if (sbx_runner_busy(r)) {
+		*code = SBX_ERR_BUSY;
+		snprintf(msg, msg_size, "an execution is already running");
+		return -EBUSY;
+	}
+	const char *interp = r->cfg->interpreter[req->language];
+	int n = snprintf(r->code_path, sizeof(r->code_path), "%s/%s", r->cfg->run_dir,
+			 script_names[req->language]);
+	if (n < 0 || (size_t)n >= sizeof(r->code_path)) {
+		*code = SBX_ERR_INTERNAL;
+		snprintf(msg, msg_size, "code path too long");
+		return -ENAMETOOLONG;
+	}
+	*code = SBX_ERR_INTERNAL;
+	int rc = write_code_file(r->code_path, req->code, req->code_len);
+	if (rc < 0) {
+		snprintf(msg, msg_size, "writing %s: %s", r->code_path, strerror(-rc));
+		unlink(r->code_path);
+		return rc;
+	}
+	char **envp = NULL;
+	rc = sbx_env_build(req, r->cfg->home_dir, &envp);
+	if (rc < 0) {
+		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
+		unlink(r->code_path);
+		return rc;
+	}
+	int out[2], err[2];
+	if (pipe2(out, O_CLOEXEC) < 0) {
+		rc = -errno;
+		goto fail_env;
+	}
+	if (pipe2(err, O_CLOEXEC) < 0) {
+		rc = -errno;
+		close(out[0]);
+		close(out[1]);
+		goto fail_env;
+	}
+	/* Only the agent's ends are non-blocking; user code gets ordinary blocking pipes. */
+	fcntl(out[0], F_SETFL, O_NONBLOCK);
+	fcntl(err[0], F_SETFL, O_NONBLOCK);
+
+	struct sbx_spawn sp = {
+		.interpreter = interp,
+		.script = r->code_path,
+		.home = r->cfg->home_dir,
+		.envp = envp,
+		.drop_privileges = r->cfg->drop_privileges,
+		.limit_nproc = r->cfg->drop_privileges,
+		.stdout_fd = out[1],
+		.stderr_fd = err[1],
+	};
+	r->start_ns = sbx_now_ns();
+	pid_t pid;
+	rc = sbx_spawn(&sp, &pid, msg, msg_size);
+	close(out[1]);
+	close(err[1]);
+	sbx_env_free(envp);
+	if (rc < 0) {
+		close(out[0]);
+		close(err[0]);
+		unlink(r->code_path);
+		*code = SBX_ERR_SPAWN;
+		return rc;
+	}
+
+	r->phase = SBX_PHASE_RUNNING;
+	r->silent = false;
+	r->exited = false;
+	r->id = id;
+	r->pid = pid;
+	r->status = 0;
+	r->flags = 0;
+	r->end_ns = 0;
+	stream_init(&r->out, out[0], SBX_MSG_STDOUT, SBX_EXIT_STDOUT_LIMIT, req->stdout_limit);
+	stream_init(&r->err, err[0], SBX_MSG_STDERR, SBX_EXIT_STDERR_LIMIT, req->stderr_limit);
+	arm_timer(r, req->timeout_ms);
+	return 0;
+
+fail_env:
+	snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
+	sbx_env_free(envp);
+	unlink(r->code_path);
+	return rc;
+}
+
+static void finish(struct sbx_runner *r)
+{
+	sbx_close_fd(&r->out.fd);
+	sbx_close_fd(&r->err.fd);
+	arm_timer(r, 0);
+	struct sbx_exit e = {.flags = r->flags};
+	if (r->flags & SBX_EXIT_TIMED_OUT)
+		e.exit_code = -1;
+	else if (WIFEXITED(r->status))
+		e.exit_code = WEXITSTATUS(r->status);
+	else if (WIFSIGNALED(r->status))
+		e.exit_code = 128 + WTERMSIG(r->status);
+	else
+		e.exit_code = -1; /* not reachable: waitpid() without WUNTRACED reports only deaths */
+	e.duration_us = (r->end_ns - r->start_ns) / 1000u;
+	if (!r->silent) {
+		int rc = sbx_channel_send_exit(r->ch, r->id, &e);
+		if (rc < 0 && rc != -ENOTCONN)
+			sbx_log("sending EXIT: %s", strerror(-rc));
+	}
+	if (unlink(r->code_path) < 0 && errno != ENOENT)
+		sbx_log("unlink %s: %s", r->code_path, strerror(errno));
+	r->phase = SBX_PHASE_IDLE;
+	r->pid = 0;
+	r->silent = false;
+}
+
+static void maybe_finish(struct sbx_runner *r)
+{
+	if (r->phase == SBX_PHASE_DRAINING && r->out.fd < 0 && r->err.fd < 0)
+		finish(r);
+}
+
+/* Forward a chunk read from a pipe, up to the stream's limit; passing it kills the run. */
+static void deliver(struct sbx_runner *r, struct sbx_stream *s, const uint8_t *data, size_t n)
+{
+	uint64_t room = s->total < s->limit ? s->limit - s->total : 0;
+	size_t send = n < room ? n : (size_t)room;
+	if (send > 0 && !r->silent) {
+		int rc = sbx_channel_send(r->ch, s->msg_type, r->id, data, send);
+		if (rc < 0 && rc != -ENOTCONN)
+			sbx_log("sending output: %s", strerror(-rc));
+	}
+	s->total += n;
+	if (n > room && !(r->flags & s->limit_flag)) {
+		r->flags |= s->limit_flag;
+		if (!r->exited)
+			kill_group(r, SIGKILL);
+	}
+}
+
+/* One read; returns false once the stream is closed or has nothing more right now. */
+static bool read_stream(struct sbx_runner *r, struct sbx_stream *s)
+{
+	static uint8_t buf[SBX_OUTPUT_CHUNK_MAX];
+	if (s->fd < 0)
+		return false;
+	ssize_t n = read(s->fd, buf, sizeof(buf));
+	if (n > 0) {
+		deliver(r, s, buf, (size_t)n);
+		return true;
+	}
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return false;
+	if (n < 0)
+		sbx_log("reading output pipe: %s", strerror(errno));
+	sbx_close_fd(&s->fd);
+	return false;
+}
+
+void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s)
+{
+	if (r->phase == SBX_PHASE_IDLE)
+		return;
+	read_stream(r, s);
+	maybe_finish(r);
+}
+
+void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status)
+{
+	if (r->phase == SBX_PHASE_IDLE || r->exited || pid != r->pid)
+		return; /* an orphan reparented to PID 1, or a helper: nothing to report */
+	r->exited = true;
+	r->status = status;
+	r->end_ns = sbx_now_ns();
+	/* Nothing of a one-shot run survives its main process. */
+	kill_group(r, SIGKILL);
+	kill_all_user_processes(r);
+	r->phase = SBX_PHASE_DRAINING;
+	arm_timer(r, DRAIN_MS);
+	maybe_finish(r);
+}
+
+void sbx_runner_on_timer(struct sbx_runner *r)
+{
+	uint64_t ticks;
+	if (read(r->timer_fd, &ticks, sizeof(ticks)) != (ssize_t)sizeof(ticks))
+		return; /* stale readiness: the timer was re-armed or disarmed since */
+	switch (r->phase) {
+	case SBX_PHASE_RUNNING:
+		r->flags |= SBX_EXIT_TIMED_OUT;
+		kill_group(r, SIGTERM);
+		kill_group(r, SIGCONT); /* a stopped process must run to act on SIGTERM */
+		r->phase = SBX_PHASE_TERM_GRACE;
+		arm_timer(r, TERM_GRACE_MS);
+		break;
+	case SBX_PHASE_TERM_GRACE:
+		kill_group(r, SIGKILL);
+		r->phase = SBX_PHASE_KILLED;
+		break;
+	case SBX_PHASE_DRAINING:
+		/* Out of patience with whoever holds the pipes: take what is buffered, then report. */
+		for (int i = 0; i < FINAL_DRAIN_READS && read_stream(r, &r->out); i++)
+			;
+		for (int i = 0; i < FINAL_DRAIN_READS && read_stream(r, &r->err); i++)
+			;
+		finish(r);
+		break;
+	case SBX_PHASE_IDLE:
+	case SBX_PHASE_KILLED:
+		break;
+	}
+}
+
+void sbx_runner_abort(struct sbx_runner *r)
+{
+	if (r->phase == SBX_PHASE_IDLE)
+		return;
+	r->silent = true;
+	if (!r->exited)
+		kill_group(r, SIGKILL);
+}

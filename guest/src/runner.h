@@ -1,0 +1,65 @@
+/* One execution at a time: code file, child process, output streaming with limits, timeout, and
+ * the final EXIT. Driven by the event loop in main.c:
+ *
+ *   RUNNING --timeout--> TERM_GRACE (SIGTERM sent) --500 ms--> KILLED (SIGKILL sent)
+ *      |                      |                                   |
+ *      +----------------------+---- main child reaped ------------+--> DRAINING
+ *   DRAINING: the group is SIGKILLed; wait for EOF on both pipes, at most 200 ms (a process
+ *   that left the group could hold them open), then send EXIT and go back to IDLE.
+ */
+#ifndef SBX_RUNNER_H
+#define SBX_RUNNER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "agent.h"
+#include "channel.h"
+#include "request.h"
+
+enum sbx_phase {
+	SBX_PHASE_IDLE,
+	SBX_PHASE_RUNNING,
+	SBX_PHASE_TERM_GRACE,
+	SBX_PHASE_KILLED,
+	SBX_PHASE_DRAINING,
+};
+
+struct sbx_stream {
+	int fd; /* non-blocking read end, -1 once at EOF */
+	uint8_t msg_type;
+	uint32_t limit_flag;
+	uint32_t limit;
+	uint64_t total; /* bytes read, including those past the limit */
+};
+
+struct sbx_runner {
+	const struct sbx_config *cfg;
+	struct sbx_channel *ch;
+	int timer_fd;
+	enum sbx_phase phase;
+	bool silent; /* the host that asked is gone: finish without sending anything */
+	bool exited; /* the main child has been reaped */
+	uint32_t id;
+	pid_t pid; /* main child == its process group id */
+	int status;
+	uint32_t flags; /* enum sbx_exit_flag */
+	uint64_t start_ns, end_ns;
+	struct sbx_stream out, err;
+	char code_path[300];
+};
+
+int sbx_runner_init(struct sbx_runner *r, const struct sbx_config *cfg, struct sbx_channel *ch);
+bool sbx_runner_busy(const struct sbx_runner *r);
+/* Start the request. On failure nothing is left running and *code/msg describe the ERROR to send. */
+int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_request *req,
+		     uint32_t *code, char *msg, size_t msg_size);
+/* Event loop hooks. */
+void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status);
+void sbx_runner_on_timer(struct sbx_runner *r);
+void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s);
+/* The host went away: kill the run and send nothing more for it. */
+void sbx_runner_abort(struct sbx_runner *r);
+
+#endif /* SBX_RUNNER_H */

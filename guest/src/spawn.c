@@ -1,0 +1,273 @@
+/* Starting user code: see spawn.h.
+ *
+ * Exec failure is learnt through a close-on-exec pipe: the child writes {step, errno} to it when a
+ * step fails; a successful execve() closes it, so the parent reads EOF. That makes "could not start"
+ * (ERROR SPAWN) distinct from "started and exited 127".
+ */
+#include "spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "cleanup.h"
+
+enum spawn_step {
+	STEP_SETSID,
+	STEP_SIGNALS,
+	STEP_STDIN,
+	STEP_STDOUT,
+	STEP_CLOSE_FDS,
+	STEP_RLIMIT,
+	STEP_SETGROUPS,
+	STEP_SETGID,
+	STEP_SETUID,
+	STEP_UID_CHECK,
+	STEP_PRCTL,
+	STEP_CHDIR,
+	STEP_EXEC,
+};
+
+static const char *const step_names[] = {
+	[STEP_SETSID] = "setsid",         [STEP_SIGNALS] = "signal reset",
+	[STEP_STDIN] = "stdin",           [STEP_STDOUT] = "stdout/stderr",
+	[STEP_CLOSE_FDS] = "close fds",   [STEP_RLIMIT] = "setrlimit",
+	[STEP_SETGROUPS] = "setgroups",   [STEP_SETGID] = "setgid",
+	[STEP_SETUID] = "setuid",         [STEP_UID_CHECK] = "credential check",
+	[STEP_PRCTL] = "prctl",           [STEP_CHDIR] = "chdir",
+	[STEP_EXEC] = "execve",
+};
+
+struct spawn_report {
+	int32_t step;
+	int32_t err;
+};
+
+/* In the child: tell the parent which step failed, and die. Only async-signal-safe calls. */
+__attribute__((noreturn)) static void child_fail(int report_fd, enum spawn_step step, int err)
+{
+	struct spawn_report r = {(int32_t)step, err ? err : EINVAL};
+	ssize_t w = write(report_fd, &r, sizeof(r)); /* <= PIPE_BUF: atomic */
+	(void)w;
+	_exit(127);
+}
+
+static int close_fds_except(int keep)
+{
+	/* Everything the agent holds (channel, signalfd, timerfd, pipes) must not leak into user
+	 * code. close_range needs Linux 5.9; fall back to a loop for old test hosts. */
+	if ((keep == 3 || close_range(3, (unsigned)keep - 1, 0) == 0) &&
+	    close_range((unsigned)keep + 1, ~0u, 0) == 0)
+		return 0;
+	if (errno != ENOSYS)
+		return -errno;
+	for (int fd = 3; fd < 65536; fd++)
+		if (fd != keep)
+			close(fd);
+	return 0;
+}
+
+static int set_limit(__rlimit_resource_t resource, rlim_t value)
+{
+	struct rlimit rl;
+	if (getrlimit(resource, &rl) < 0)
+		return -errno;
+	/* Never try to raise the hard limit: that fails for a non-root test run. */
+	if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < value)
+		value = rl.rlim_max;
+	rl.rlim_cur = rl.rlim_max = value;
+	return setrlimit(resource, &rl) < 0 ? -errno : 0;
+}
+
+/* execve() takes char *const[] for historical reasons; it does not write to the strings. */
+static char *unconst(const char *s)
+{
+	return (char *)(uintptr_t)s;
+}
+
+__attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int report_fd)
+{
+	/* Own session and process group: the agent kills the whole group at the end, and no
+	 * controlling terminal can reach it. */
+	if (setsid() < 0)
+		child_fail(report_fd, STEP_SETSID, errno);
+
+	/* The agent blocks SIGCHLD/SIGIO and ignores SIGPIPE; both survive exec, so undo them. */
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_DFL;
+	for (int sig = 1; sig < NSIG; sig++)
+		sigaction(sig, &sa, NULL); /* fails harmlessly for SIGKILL/SIGSTOP/glibc-reserved */
+	sigset_t none;
+	sigemptyset(&none);
+	if (sigprocmask(SIG_SETMASK, &none, NULL) < 0)
+		child_fail(report_fd, STEP_SIGNALS, errno);
+
+	/* fds 0-2 of the agent are always open (sbx_ensure_std_fds), so every fd here is >= 3 and
+	 * the dup2() calls cannot clobber one another. */
+	int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0)
+		child_fail(report_fd, STEP_STDIN, errno);
+	if (dup2(s->stdout_fd, STDOUT_FILENO) < 0 || dup2(s->stderr_fd, STDERR_FILENO) < 0)
+		child_fail(report_fd, STEP_STDOUT, errno);
+	int rc = close_fds_except(report_fd);
+	if (rc < 0)
+		child_fail(report_fd, STEP_CLOSE_FDS, -rc);
+
+	if ((rc = set_limit(RLIMIT_NOFILE, 4096)) < 0 || (rc = set_limit(RLIMIT_CORE, 0)) < 0 ||
+	    (s->limit_nproc && (rc = set_limit(RLIMIT_NPROC, 512)) < 0))
+		child_fail(report_fd, STEP_RLIMIT, -rc);
+
+	if (s->drop_privileges) {
+		/* Groups first, uid last: after setuid() nothing else could be dropped. */
+		if (setgroups(0, NULL) < 0)
+			child_fail(report_fd, STEP_SETGROUPS, errno);
+		if (setgid(SBX_USER_GID) < 0)
+			child_fail(report_fd, STEP_SETGID, errno);
+		if (setuid(SBX_USER_UID) < 0)
+			child_fail(report_fd, STEP_SETUID, errno);
+		/* Belt and braces: the switch must be total and irreversible. */
+		if (getuid() != SBX_USER_UID || geteuid() != SBX_USER_UID ||
+		    getgid() != SBX_USER_GID || getegid() != SBX_USER_GID || setuid(0) == 0)
+			child_fail(report_fd, STEP_UID_CHECK, EPERM);
+	}
+	/* No set-uid binary can give privileges back; and a test-mode child dies with the agent
+	 * (set after the uid switch, which clears the parent-death signal). */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+		child_fail(report_fd, STEP_PRCTL, errno);
+	if (chdir(s->home) < 0)
+		child_fail(report_fd, STEP_CHDIR, errno);
+	umask(022);
+
+	const char *base = strrchr(s->interpreter, '/');
+	char *const argv[] = {unconst(base ? base + 1 : s->interpreter), unconst(s->script), NULL};
+	execve(s->interpreter, argv, s->envp);
+	child_fail(report_fd, STEP_EXEC, errno);
+}
+
+int sbx_spawn(const struct sbx_spawn *s, pid_t *pid_out, char *err, size_t err_size)
+{
+	int report[2];
+	if (pipe2(report, O_CLOEXEC) < 0) {
+		int e = errno;
+		snprintf(err, err_size, "pipe: %s", strerror(e));
+		return -e;
+	}
+	_cleanup_close_ int report_r = report[0];
+	_cleanup_close_ int report_w = report[1];
+
+	pid_t pid = fork();
+	if (pid < 0) {
+		int e = errno;
+		snprintf(err, err_size, "fork: %s", strerror(e));
+		return -e;
+	}
+	if (pid == 0)
+		child_main(s, report_w);
+
+	sbx_close_fd(&report_w);
+	struct spawn_report r;
+	ssize_t n;
+	do
+		n = read(report_r, &r, sizeof(r));
+	while (n < 0 && errno == EINTR);
+	if (n == 0) {
+		*pid_out = pid;
+		return 0;
+	}
+	/* The child failed before or at execve and has _exit()ed (or is about to): reap it here so
+	 * that the reaper never sees a pid it does not know. */
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	if (n != (ssize_t)sizeof(r) || r.step < 0 || r.step > STEP_EXEC || r.err <= 0) {
+		snprintf(err, err_size, "child failed before exec (bad report)");
+		return -EIO;
+	}
+	if (r.step == STEP_EXEC)
+		snprintf(err, err_size, "execve %s: %s", s->interpreter, strerror(r.err));
+	else
+		snprintf(err, err_size, "%s: %s", step_names[r.step], strerror(r.err));
+	return -r.err;
+}
+
+/* --- environment ----------------------------------------------------------------------------- */
+
+void sbx_env_free(char **envp)
+{
+	if (!envp)
+		return;
+	for (char **p = envp; *p; p++)
+		free(*p);
+	free(envp);
+}
+
+/* Put "NAME=VALUE" in place of an entry with the same name, or at the end. */
+static void env_set(char **envp, size_t *count, char *entry, size_t name_len)
+{
+	for (size_t i = 0; i < *count; i++) {
+		if (strncmp(envp[i], entry, name_len + 1) == 0) {
+			free(envp[i]);
+			envp[i] = entry;
+			return;
+		}
+	}
+	envp[(*count)++] = entry;
+}
+
+int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***envp_out)
+{
+	static const char *const base[] = {
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		NULL, /* HOME, filled in below */
+		"USER=user",
+		"LOGNAME=user",
+		"LANG=C.UTF-8",
+		"TMPDIR=/tmp",
+		"PYTHONUNBUFFERED=1",
+		"PYTHONDONTWRITEBYTECODE=1",
+	};
+	const size_t n_base = sizeof(base) / sizeof(base[0]);
+	char **envp = calloc(n_base + req->env_count + 1, sizeof(char *));
+	if (!envp)
+		return -ENOMEM;
+	size_t count = 0;
+	for (size_t i = 0; i < n_base; i++) {
+		char *e;
+		if (base[i])
+			e = strdup(base[i]);
+		else if (asprintf(&e, "HOME=%s", home) < 0)
+			e = NULL;
+		if (!e)
+			goto oom;
+		envp[count++] = e;
+	}
+	for (uint32_t i = 0; i < req->env_count; i++) {
+		const struct sbx_env_var *v = &req->env[i];
+		size_t len = (size_t)v->name_len + 1 + v->value_len;
+		char *e = malloc(len + 1);
+		if (!e)
+			goto oom;
+		memcpy(e, v->name, v->name_len);
+		e[v->name_len] = '=';
+		if (v->value_len)
+			memcpy(e + v->name_len + 1, v->value, v->value_len);
+		e[len] = '\0';
+		env_set(envp, &count, e, v->name_len);
+	}
+	*envp_out = envp;
+	return 0;
+oom:
+	sbx_env_free(envp);
+	return -ENOMEM;
+}

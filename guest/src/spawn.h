@@ -1,0 +1,33 @@
+/* Starting user code: the child side of fork() (session, signals, fds, limits, credentials) and
+ * the environment it gets. */
+#ifndef SBX_SPAWN_H
+#define SBX_SPAWN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "request.h"
+
+struct sbx_spawn {
+	const char *interpreter; /* absolute path, e.g. /usr/bin/python3 */
+	const char *script;      /* the code file, passed as the only argument */
+	const char *home;        /* working directory */
+	char *const *envp;
+	bool drop_privileges; /* become SBX_USER_UID/GID (only when the agent is root in the VM) */
+	bool limit_nproc;     /* RLIMIT_NPROC counts all of the uid's processes: VM only */
+	int stdout_fd;        /* write ends of the output pipes */
+	int stderr_fd;
+};
+
+/* Fork and exec. Returns 0 with *pid once execve() has succeeded (the child is then the leader of
+ * its own session and process group, pgid == pid), or a negative errno with a description of the
+ * failed step in err. */
+int sbx_spawn(const struct sbx_spawn *s, pid_t *pid, char *err, size_t err_size);
+
+/* The clean environment of user code plus the request's variables, which override. NULL-terminated;
+ * release with sbx_env_free. */
+int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***envp_out);
+void sbx_env_free(char **envp);
+
+#endif /* SBX_SPAWN_H */

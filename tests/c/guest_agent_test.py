@@ -1,0 +1,440 @@
+#!/usr/bin/env python3
+"""Host-side test of the guest agent (guest/build/sbx-agent) in test mode.
+
+The agent runs as an ordinary process with one end of a socketpair as its channel
+(--channel-fd), so everything but the PID-1 boot steps (mounts, hostname, loopback, uid switch)
+is exercised: framing, validation, spawning, streaming, limits, timeouts, reaping.
+
+The frame codec here is written independently of src/shared/frame.c on purpose: it checks the
+agent against protocol.h, not against itself.
+
+Usage: guest_agent_test.py [--agent PATH] [-k SUBSTRING]   (run by `make -C guest test`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+# protocol.h
+READY, STDOUT, STDERR, EXIT, ERROR, PONG = 1, 2, 3, 4, 5, 6
+EXEC, PING = 64, 65
+PYTHON, JAVASCRIPT, RAW = 1, 2, 3
+TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
+ERR_BAD_REQUEST, ERR_BUSY, ERR_SPAWN, ERR_INTERNAL = 1, 2, 3, 4
+HEADER = struct.Struct("<IBBHI")
+GUEST_FRAME_MAX = 64 * 1024
+OUTPUT_CHUNK_MAX = 32 * 1024
+CODE_MAX = 1024 * 1024
+
+AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "guest", "build", "sbx-agent")
+
+
+def frame(msg_type: int, req_id: int, payload: bytes = b"", flags: int = 0) -> bytes:
+    return HEADER.pack(len(payload), msg_type, flags, 0, req_id) + payload
+
+
+def s(data: bytes | str) -> bytes:
+    if isinstance(data, str):
+        data = data.encode()
+    return struct.pack("<I", len(data)) + data
+
+
+def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_000,
+                 stdout_limit: int = 1 << 20, stderr_limit: int = 100 << 10,
+                 env: dict[str, str] | list[tuple[bytes, bytes]] | None = None) -> bytes:
+    items = list(env.items()) if isinstance(env, dict) else (env or [])
+    out = struct.pack("<BIIII", language, timeout_ms, stdout_limit, stderr_limit, len(items))
+    for name, value in items:
+        out += s(name) + s(value)
+    return out + s(code)
+
+
+class Agent:
+    def __init__(self, *extra: str) -> None:
+        self.work = tempfile.TemporaryDirectory(prefix="sbx-agent-test.")
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        self.proc = subprocess.Popen(
+            [AGENT, "--channel-fd", str(theirs.fileno()), "--work-dir", self.work.name, *extra],
+            pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=sys.stderr)
+        theirs.close()
+        self.buf = b""
+        line = self.proc.stdout.readline()
+        assert line == b"sbx-agent: ready\n", line
+
+    def close(self, cleanup: bool = True) -> int:
+        self.sock.close()
+        try:
+            rc = self.proc.wait(timeout=5)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.stdout.close()
+            if cleanup:
+                self.work.cleanup()
+        return rc
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = 5.0) -> tuple[int, int, bytes] | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= HEADER.size:
+                length, mtype, flags, reserved, req_id = HEADER.unpack_from(self.buf)
+                assert flags == 0 and reserved == 0, "agent sent non-zero reserved bits"
+                assert length <= GUEST_FRAME_MAX, f"guest frame of {length} bytes"
+                if len(self.buf) >= HEADER.size + length:
+                    payload = self.buf[HEADER.size:HEADER.size + length]
+                    self.buf = self.buf[HEADER.size + length:]
+                    return mtype, req_id, payload
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([self.sock], [], [], left)
+            if r:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    return None
+                self.buf += chunk
+
+    def expect(self, timeout: float = 5.0) -> tuple[int, int, bytes]:
+        f = self.recv(timeout)
+        assert f is not None, "no frame from the agent"
+        return f
+
+    def run(self, req_id: int, code: str | bytes, timeout: float = 15.0, **kw) -> dict:
+        self.send(frame(EXEC, req_id, exec_payload(code, **kw)))
+        return self.collect(req_id, timeout)
+
+    def collect(self, req_id: int, timeout: float = 15.0) -> dict:
+        res = {"stdout": b"", "stderr": b"", "chunks": 0}
+        deadline = time.monotonic() + timeout
+        while True:
+            mtype, fid, payload = self.expect(max(0.0, deadline - time.monotonic()))
+            assert fid == req_id, f"frame type {mtype} for id {fid}, expected {req_id}"
+            if mtype in (STDOUT, STDERR):
+                assert 1 <= len(payload) <= OUTPUT_CHUNK_MAX, len(payload)
+                res["stdout" if mtype == STDOUT else "stderr"] += payload
+                res["chunks"] += 1
+            elif mtype == EXIT:
+                assert len(payload) == 16, len(payload)
+                res["exit"], res["flags"], res["duration_us"] = struct.unpack("<iIQ", payload)
+                return res
+            elif mtype == ERROR:
+                res["error"], res["message"] = decode_error(payload)
+                return res
+            else:
+                raise AssertionError(f"unexpected frame type {mtype}")
+
+
+def decode_error(payload: bytes) -> tuple[int, str]:
+    code, n = struct.unpack_from("<II", payload)
+    assert len(payload) == 8 + n and n <= 1024, "malformed ERROR payload"
+    return code, payload[8:].decode()
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+def test_ready_and_ping(a: Agent) -> None:
+    a.send(frame(PING, 7))
+    assert a.expect() == (PONG, 7, b"")
+    # Two frames in one write, and one frame dribbled in byte by byte.
+    a.send(frame(PING, 8) + frame(PING, 9))
+    assert a.expect() == (PONG, 8, b"")
+    assert a.expect() == (PONG, 9, b"")
+    for byte in frame(PING, 10):
+        a.send(bytes([byte]))
+        time.sleep(0.002)
+    assert a.expect() == (PONG, 10, b"")
+
+
+def test_bash_stdout_stderr_exit_code(a: Agent) -> None:
+    r = a.run(1, "echo hi; echo err >&2; exit 3")
+    assert (r["stdout"], r["stderr"], r["exit"], r["flags"]) == (b"hi\n", b"err\n", 3, 0), r
+    assert 0 < r["duration_us"] < 5_000_000
+
+
+def test_killed_by_signal_is_128_plus_n(a: Agent) -> None:
+    r = a.run(2, "kill -9 $$")
+    assert (r["exit"], r["flags"]) == (137, 0), r
+
+
+def test_timeout(a: Agent) -> None:
+    t0 = time.monotonic()
+    r = a.run(3, "echo started; sleep 10", timeout_ms=1000)
+    elapsed = time.monotonic() - t0
+    assert r["stdout"] == b"started\n", r
+    assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), r
+    assert elapsed < 2.0, elapsed
+    assert 900_000 < r["duration_us"] < 2_000_000, r["duration_us"]
+
+
+def test_timeout_ignoring_sigterm_gets_sigkill(a: Agent) -> None:
+    t0 = time.monotonic()
+    r = a.run(4, "trap '' TERM; while :; do sleep 0.05; done", timeout_ms=300)
+    assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), r
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_stdout_limit(a: Agent) -> None:
+    r = a.run(5, "yes", stdout_limit=100_000)
+    assert r["flags"] & STDOUT_LIMIT and not r["flags"] & TIMED_OUT, r
+    assert len(r["stdout"]) == 100_000, len(r["stdout"])
+    assert r["stdout"] == b"y\n" * 50_000
+    assert r["exit"] == 137, r["exit"]
+
+
+def test_stderr_limit(a: Agent) -> None:
+    r = a.run(6, "head -c 200000 /dev/zero | tr '\\0' e >&2; echo after", stderr_limit=1000)
+    assert r["flags"] == STDERR_LIMIT, r
+    assert r["stderr"] == b"e" * 1000
+
+
+def test_output_exactly_at_limit_is_whole(a: Agent) -> None:
+    r = a.run(7, "import sys; sys.stdout.write('y' * 1_000_000)", language=PYTHON,
+              stdout_limit=1_000_000)
+    assert (r["exit"], r["flags"]) == (0, 0), {k: v for k, v in r.items() if k != "stdout"}
+    assert r["stdout"] == b"y" * 1_000_000
+    assert r["chunks"] >= 1_000_000 // OUTPUT_CHUNK_MAX
+
+
+def test_python_env_and_cwd(a: Agent) -> None:
+    code = ("import os, sys\n"
+            "print(os.getcwd() == os.environ['HOME'], os.environ['GREETING'],"
+            " os.environ['LANG'], os.environ['PYTHONUNBUFFERED'], os.environ['USER'])\n"
+            "print(repr(sys.stdin.read()))\n")
+    r = a.run(8, code, language=PYTHON, env={"GREETING": "hello world", "LANG": "en_US.UTF-8"})
+    assert r["stdout"] == b"True hello world en_US.UTF-8 1 user\n''\n", r
+    assert r["exit"] == 0
+
+
+def test_clean_environment(a: Agent) -> None:
+    r = a.run(9, "env | sort", env={"A_1": "x=y", "EMPTY": ""})
+    env = dict(line.split("=", 1) for line in r["stdout"].decode().splitlines())
+    env.pop("_", None)
+    env.pop("PWD", None), env.pop("SHLVL", None)  # added by bash itself
+    assert env == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": env["HOME"], "USER": "user",
+        "LOGNAME": "user", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1", "A_1": "x=y", "EMPTY": "",
+    }, env
+
+
+def test_javascript(a: Agent) -> None:
+    r = a.run(10, "console.log([1, 2, 3].map(x => x * 2).join(','));"
+                  "console.error(typeof require); process.exit(4)", language=JAVASCRIPT)
+    assert (r["stdout"], r["stderr"], r["exit"]) == (b"2,4,6\n", b"function\n", 4), r
+
+
+def test_fds_and_session(a: Agent) -> None:
+    # Only 0-2 are inherited (plus the one bash opens for the script), stdin is /dev/null,
+    # and the code leads its own session.
+    code = ("import os\n"
+            "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
+            "print(os.readlink('/proc/self/fd/0'))\n"
+            "print(os.getsid(0) == os.getpid() == os.getpgid(0))\n")
+    r = a.run(11, code, language=PYTHON)
+    lines = r["stdout"].decode().splitlines()
+    assert lines[0] in ("[0, 1, 2]", "[0, 1, 2, 3]"), lines  # 3: listdir's own fd
+    assert lines[1:] == ["/dev/null", "True"], lines
+
+
+def test_busy(a: Agent) -> None:
+    a.send(frame(EXEC, 20, exec_payload("sleep 0.5; echo first")))
+    time.sleep(0.1)
+    a.send(frame(EXEC, 21, exec_payload("echo second")))
+    mtype, fid, payload = a.expect()
+    assert (mtype, fid) == (ERROR, 21), (mtype, fid, payload)
+    assert decode_error(payload)[0] == ERR_BUSY
+    r = a.collect(20)
+    assert (r["stdout"], r["exit"]) == (b"first\n", 0), r
+    # Ready for the next one at once.
+    assert a.run(22, "echo third")["stdout"] == b"third\n"
+
+
+def test_escaped_daemon_does_not_hold_the_exit(a: Agent) -> None:
+    # The sleep 0.1 lets setsid leave the group before the group is killed; the escaped
+    # sleep then holds stdout open, and the agent gives up waiting for EOF after ~200 ms.
+    t0 = time.monotonic()
+    r = a.run(23, "setsid sleep 3 & sleep 0.1; echo done")
+    elapsed = time.monotonic() - t0
+    assert (r["stdout"], r["exit"]) == (b"done\n", 0), r
+    assert 0.25 < elapsed < 1.0, elapsed
+
+
+def test_orphans_are_reaped(a: Agent) -> None:
+    # Escaped grandchildren outlive the run and are reparented to the agent (a subreaper in
+    # test mode, PID 1 in the VM), which must reap them.
+    r = a.run(24, "(setsid sleep 0.2 >/dev/null &); (setsid sleep 0.3 >/dev/null &); sleep 0.05")
+    assert r["exit"] == 0
+    time.sleep(0.8)
+    zombies = []
+    for task in os.listdir(f"/proc/{a.proc.pid}/task"):
+        path = f"/proc/{a.proc.pid}/task/{task}/children"
+        for child in open(path).read().split():
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    zombies.append(child)
+    assert not zombies, zombies
+
+
+def test_large_code(a: Agent) -> None:
+    code = "#" * (CODE_MAX - 20) + "\necho big"
+    assert len(code) <= CODE_MAX
+    r = a.run(25, code)
+    assert (r["stdout"], r["exit"]) == (b"big\n", 0), r
+
+
+def test_bad_requests_keep_the_stream(a: Agent) -> None:
+    hdr = lambda lang=RAW, t=1000, n=0: struct.pack("<BIIII", lang, t, 100, 100, n)  # noqa: E731
+    bad = {
+        "unknown language": hdr(lang=9) + s("true"),
+        "timeout 0": hdr(t=0) + s("true"),
+        "timeout too long": hdr(t=300_001) + s("true"),
+        "too many env vars": hdr(n=101) + (s("A") + s("b")) * 101 + s("true"),
+        "env name digit first": hdr(n=1) + s("1A") + s("b") + s("true"),
+        "env name with '='": hdr(n=1) + s("A=B") + s("b") + s("true"),
+        "env name empty": hdr(n=1) + s("") + s("b") + s("true"),
+        "env name too long": hdr(n=1) + s("A" * 257) + s("b") + s("true"),
+        "env value with NUL": hdr(n=1) + s("A") + s(b"x\0y") + s("true"),
+        "env value too long": hdr(n=1) + s("A") + s("v" * (32 * 1024 + 1)) + s("true"),
+        "code too long": hdr() + s("#" * (CODE_MAX + 1)),
+        "code length past end": hdr() + struct.pack("<I", 10) + b"true",
+        "trailing bytes": hdr() + s("true") + b"x",
+        "truncated header": hdr()[:7],
+        "empty": b"",
+    }
+    for i, (what, payload) in enumerate(bad.items()):
+        a.send(frame(EXEC, 100 + i, payload))
+        mtype, fid, err = a.expect()
+        assert (mtype, fid) == (ERROR, 100 + i), (what, mtype, fid)
+        assert decode_error(err)[0] == ERR_BAD_REQUEST, (what, decode_error(err))
+    a.send(frame(PING, 200, b"x"))
+    mtype, fid, err = a.expect()
+    assert (mtype, fid, decode_error(err)[0]) == (ERROR, 200, ERR_BAD_REQUEST)
+    a.send(frame(READY, 201))
+    mtype, fid, err = a.expect()
+    assert (mtype, fid, decode_error(err)[0]) == (ERROR, 201, ERR_BAD_REQUEST)
+    # Still in sync: the longest valid env entries work.
+    r = a.run(202, 'echo "${#' + "N" * 256 + '}"', env={"N" * 256: "v" * 32 * 1024})
+    assert r["stdout"] == b"32768\n", r
+    a.send(frame(PING, 203))
+    assert a.expect() == (PONG, 203, b"")
+
+
+def test_broken_framing_is_sticky(a: Agent) -> None:
+    a.send(frame(PING, 300, flags=1))
+    mtype, fid, err = a.expect()
+    assert (mtype, decode_error(err)[0]) == (ERROR, ERR_BAD_REQUEST), (mtype, fid, err)
+    a.send(frame(PING, 301))
+    assert a.recv(timeout=0.5) is None, "agent kept reading after a framing error"
+
+
+def test_oversized_frame_is_refused(a: Agent) -> None:
+    a.send(HEADER.pack(2 * 1024 * 1024 + 1, EXEC, 0, 0, 400))
+    mtype, _, err = a.expect()
+    assert (mtype, decode_error(err)[0]) == (ERROR, ERR_BAD_REQUEST)
+
+
+def test_spawn_failure() -> None:
+    a = Agent("--interpreter", "raw=/nonexistent/bash")
+    try:
+        assert a.expect()[0] == READY
+        r = a.run(500, "echo hi")
+        assert r.get("error") == ERR_SPAWN and "execve" in r["message"], r
+        a.send(frame(PING, 501))
+        assert a.expect() == (PONG, 501, b"")
+    finally:
+        assert a.close() == 0
+
+
+def test_hangup_kills_the_run_and_exits() -> None:
+    a = Agent()
+    assert a.expect()[0] == READY
+    marker = os.path.join(a.work.name, "home", "alive")
+    a.send(frame(EXEC, 600, exec_payload(f"sleep 0.5; touch {marker}")))
+    time.sleep(0.1)
+    try:
+        assert a.close(cleanup=False) == 0  # the agent exits when the host end closes
+        time.sleep(0.8)
+        assert not os.path.exists(marker), "the run outlived the agent"
+    finally:
+        a.work.cleanup()
+
+
+SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
+          test_killed_by_signal_is_128_plus_n, test_timeout, test_timeout_ignoring_sigterm_gets_sigkill,
+          test_stdout_limit, test_stderr_limit, test_output_exactly_at_limit_is_whole,
+          test_python_env_and_cwd, test_clean_environment, test_javascript, test_fds_and_session,
+          test_busy, test_escaped_daemon_does_not_hold_the_exit, test_orphans_are_reaped,
+          test_large_code, test_bad_requests_keep_the_stream]
+# Each of these leaves the agent unable to read: one fresh agent per test.
+STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
+STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]
+
+
+def main() -> int:
+    global AGENT
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--agent", default=AGENT)
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    AGENT = os.path.abspath(args.agent)
+    failed = 0
+
+    def report(name: str, fn) -> None:
+        nonlocal failed
+        if args.k not in name:
+            return
+        t0 = time.monotonic()
+        try:
+            fn()
+            print(f"ok    {name} ({time.monotonic() - t0:.2f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL  {name}", flush=True)
+            traceback.print_exc()
+
+    a = Agent()
+    try:
+        mtype, fid, payload = a.expect()
+        assert (mtype, fid) == (READY, 0) and payload[:4] == struct.pack("<I", 1), payload
+        version = payload[8:].decode()
+        assert version.startswith("sbx-agent "), version
+        assert len(payload) == 8 + struct.unpack_from("<I", payload, 4)[0]
+        for fn in SHARED:
+            report(fn.__name__, lambda fn=fn: fn(a))
+    finally:
+        rc = a.close()
+    if rc != 0:
+        failed += 1
+        print(f"FAIL  agent exit status {rc}")
+
+    def fresh(fn):
+        b = Agent()
+        try:
+            assert b.expect()[0] == READY
+            fn(b)
+        finally:
+            assert b.close() == 0
+
+    for fn in STICKY:
+        report(fn.__name__, lambda fn=fn: fresh(fn))
+    for fn in STANDALONE:
+        report(fn.__name__, fn)
+    print("FAILED" if failed else "all passed", f"({failed} failures)" if failed else "")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
