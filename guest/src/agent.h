@@ -25,8 +25,12 @@
 
 /* How the agent runs: as PID 1 in the VM, or as a test program on the host. */
 struct sbx_config {
-	bool test_mode;       /* --channel-fd given: no mounts, no hostname, no uid switch */
-	bool drop_privileges; /* root and not test mode: run user code as SBX_USER_UID */
+	bool test_mode; /* --channel-fd given: channel from the fd, exit when the peer closes it */
+	bool boot;      /* mounts, hostname, loopback, /run/sbx and /home/user: always as the VM's
+			 * PID 1; in test mode only with --boot, inside fresh namespaces */
+	bool drop_privileges; /* boot and root: run user code as SBX_USER_UID, and kill all of that
+			       * uid's processes after each run (safe only as PID 1 of the guest or
+			       * of a PID namespace, which boot implies) */
 	int channel_fd;       /* test mode: the channel; otherwise -1 until the port is found */
 	char run_dir[256];    /* root-owned directory holding the code file */
 	char home_dir[256];   /* working directory and HOME of user code */

@@ -5,6 +5,10 @@
  * given fd (a socketpair end), with no mounts and no uid switch, user code under a private work
  * directory, and exits when the peer closes the channel. Anything else must be PID 1: this program
  * would otherwise remount the host's /proc.
+ *
+ * Test mode with --boot: also the boot steps and the uid switch, as in the VM. Only as PID 1 of a
+ * PID namespace, and meant for `unshare --pid --mount --uts --net --fork` plus a chroot: the mounts
+ * would otherwise land on the host.
  */
 #include <errno.h>
 #include <poll.h>
@@ -44,7 +48,9 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: sbx-agent                 (as PID 1 of the guest)\n"
 		"       sbx-agent --channel-fd N [--work-dir DIR] [--interpreter LANG=PATH]...\n"
-		"                                 (test mode; LANG is python, javascript or raw)\n");
+		"                                 (test mode; LANG is python, javascript or raw)\n"
+		"       sbx-agent --channel-fd N --boot [--interpreter LANG=PATH]...\n"
+		"                                 (test mode as PID 1 of fresh namespaces)\n");
 }
 
 static int parse_fd(const char *s)
@@ -77,6 +83,7 @@ static int set_interpreter(struct sbx_config *cfg, const char *spec)
 
 static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char **work_dir)
 {
+	bool boot = false;
 	const char *env_fd = getenv("SBX_AGENT_TEST_CHANNEL_FD");
 	if (env_fd && *env_fd && (cfg->channel_fd = parse_fd(env_fd)) < 0)
 		return -EINVAL;
@@ -87,6 +94,9 @@ static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char 
 		if (strcmp(arg, "--channel-fd") == 0 && val) {
 			if ((cfg->channel_fd = parse_fd(val)) < 0)
 				return -EINVAL;
+		} else if (strcmp(arg, "--boot") == 0) {
+			boot = true;
+			i--; /* takes no value */
 		} else if (strcmp(arg, "--work-dir") == 0 && val) {
 			*work_dir = val;
 		} else if (strcmp(arg, "--interpreter") == 0 && val) {
@@ -97,6 +107,9 @@ static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char 
 		}
 	}
 	cfg->test_mode = cfg->channel_fd >= 0;
+	if (!cfg->test_mode || (boot && (getpid() != 1 || *work_dir)))
+		return -EINVAL;
+	cfg->boot = boot;
 	return 0;
 }
 
@@ -123,7 +136,7 @@ static int setup_work_dir(struct sbx_config *cfg, const char *work_dir)
 	return 0;
 }
 
-static void boot(struct sbx_config *cfg)
+static void boot_steps(struct sbx_config *cfg)
 {
 	int rc;
 	umask(022);
@@ -251,22 +264,27 @@ int main(int argc, char **argv)
 	cfg->interpreter[SBX_LANG_PYTHON] = "/usr/bin/python3";
 	cfg->interpreter[SBX_LANG_JAVASCRIPT] = "/usr/bin/node";
 	cfg->interpreter[SBX_LANG_RAW] = "/bin/bash";
-	/* As PID 1, argv and the environment hold whatever kernel parameters the kernel did not
-	 * recognise: ignore them. Otherwise only test mode is allowed. */
-	if (getpid() != 1 && (parse_args(cfg, argc, argv, &work_dir) < 0 || !cfg->test_mode)) {
-		usage();
-		return 2;
+	/* As the VM's PID 1, argv and the environment hold whatever kernel parameters the kernel did
+	 * not recognise: ignore them, unless this is a namespace test (first argument --channel-fd).
+	 * Not as PID 1, only test mode is allowed. */
+	bool pid1 = getpid() == 1;
+	if (!pid1 || (argc > 1 && strcmp(argv[1], "--channel-fd") == 0)) {
+		if (parse_args(cfg, argc, argv, &work_dir) < 0) {
+			usage();
+			return 2;
+		}
 	}
-	cfg->drop_privileges = !cfg->test_mode && geteuid() == 0;
-	setup_signals(!cfg->test_mode);
+	cfg->boot = cfg->boot || !cfg->test_mode;
+	cfg->drop_privileges = cfg->boot && geteuid() == 0;
+	setup_signals(pid1);
 
-	if (cfg->test_mode) {
+	if (cfg->boot) {
+		boot_steps(cfg);
+	} else {
 		if ((rc = setup_work_dir(cfg, work_dir)) < 0)
 			fatal(cfg, "work directory", rc);
 		/* Stand-in for PID 1: orphans of user code are reparented to the agent. */
 		prctl(PR_SET_CHILD_SUBREAPER, 1);
-	} else {
-		boot(cfg);
 	}
 
 	/* Before any fork, so that no SIGCHLD goes unnoticed. */

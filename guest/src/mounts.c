@@ -67,10 +67,13 @@ static int mount_one(const struct mount_spec *m)
 	return 0;
 }
 
-/* Programs (bash process substitution, /dev/stdin users) expect these; devtmpfs has none. */
+/* Programs (bash process substitution, /dev/stdin users) expect these; devtmpfs has none. The
+ * ptmx link only matters where /dev/ptmx is missing (devtmpfs normally has the device node, which
+ * reaches the same devpts instance); ptmxmode=0666 above makes either usable by uid 1000. */
 static void make_dev_links(void)
 {
 	static const char *const links[][2] = {
+		{"pts/ptmx", "/dev/ptmx"},
 		{"/proc/self/fd", "/dev/fd"},
 		{"/proc/self/fd/0", "/dev/stdin"},
 		{"/proc/self/fd/1", "/dev/stdout"},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -36,6 +37,36 @@ OUTPUT_CHUNK_MAX = 32 * 1024
 CODE_MAX = 1024 * 1024
 
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "guest", "build", "sbx-agent")
+
+
+# Builds a root like the guest's (read-only, with empty mount points) out of the host's /usr
+# and /etc, inside the new mount namespace, and makes the agent its PID 1.
+BOOT_SCRIPT = r"""
+set -eu
+root=$1 agent=$2 fd=$3
+shift 3
+mount --make-rprivate /
+mount -t tmpfs -o size=8m,mode=0755 tmpfs "$root"
+mkdir -p "$root/usr" "$root/etc" "$root/proc" "$root/sys" "$root/dev" "$root/tmp" "$root/run" \
+	"$root/home/user"
+for d in bin sbin lib lib64; do
+	if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$root/$d"; fi
+done
+for d in usr etc; do
+	mount --rbind "/$d" "$root/$d"
+	mount -o remount,bind,ro "$root/$d"
+done
+# A /dev that is already a mount point: the agent then leaves it alone, as with the kernel's
+# devtmpfs in the VM, instead of mounting the host's devtmpfs.
+mount -t tmpfs -o size=1m,mode=0755 tmpfs "$root/dev"
+for n in null zero full random urandom tty; do
+	touch "$root/dev/$n"
+	mount --bind "/dev/$n" "$root/dev/$n"
+done
+cp "$agent" "$root/sbx-agent"
+mount -o remount,ro "$root"
+exec chroot "$root" /sbx-agent --channel-fd "$fd" --boot "$@"
+"""
 
 
 def frame(msg_type: int, req_id: int, payload: bytes = b"", flags: int = 0) -> bytes:
@@ -59,13 +90,20 @@ def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_00
 
 
 class Agent:
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, boot: bool = False) -> None:
         self.work = tempfile.TemporaryDirectory(prefix="sbx-agent-test.")
         ours, theirs = socket.socketpair()
         self.sock = ours
-        self.proc = subprocess.Popen(
-            [AGENT, "--channel-fd", str(theirs.fileno()), "--work-dir", self.work.name, *extra],
-            pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, stderr=sys.stderr)
+        fd = str(theirs.fileno())
+        if boot:
+            # PID 1 of fresh namespaces, chrooted into a read-only root: the VM's boot path.
+            cmd = ["unshare", "--pid", "--mount", "--uts", "--net", "--ipc", "--fork",
+                   "--kill-child", "sh", "-c", BOOT_SCRIPT, "boot", self.work.name, AGENT, fd,
+                   *extra]
+        else:
+            cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
+        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE,
+                                     stderr=sys.stderr)
         theirs.close()
         self.buf = b""
         line = self.proc.stdout.readline()
@@ -206,6 +244,27 @@ def test_output_exactly_at_limit_is_whole(a: Agent) -> None:
     assert (r["exit"], r["flags"]) == (0, 0), {k: v for k, v in r.items() if k != "stdout"}
     assert r["stdout"] == b"y" * 1_000_000
     assert r["chunks"] >= 1_000_000 // OUTPUT_CHUNK_MAX
+
+
+def test_timeout_enforced_while_host_not_reading(a: Agent) -> None:
+    # The agent's writes queue up (and stop at a high-water mark) instead of blocking its loop.
+    a.send(frame(EXEC, 30, exec_payload("yes", timeout_ms=500, stdout_limit=0xFFFFFFFF)))
+    time.sleep(2.0)
+    r = a.collect(30)
+    assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), {k: r[k] for k in ("exit", "flags")}
+    assert 400_000 < r["duration_us"] < 1_500_000, r["duration_us"]
+    assert len(r["stdout"]) < 4 << 20, len(r["stdout"])
+
+
+def test_output_complete_when_host_lags_at_exit(a: Agent) -> None:
+    # The process exits while its last output sits in the pipe and the queue is full: the drain
+    # deadline must not cut that tail off.
+    a.send(frame(EXEC, 31, exec_payload("import sys; sys.stdout.write('z' * 600_000)",
+                                        language=PYTHON)))
+    time.sleep(1.5)
+    r = a.collect(31)
+    assert (r["exit"], r["flags"]) == (0, 0), {k: r[k] for k in ("exit", "flags")}
+    assert r["stdout"] == b"z" * 600_000, len(r["stdout"])
 
 
 def test_python_env_and_cwd(a: Agent) -> None:
@@ -372,9 +431,66 @@ def test_hangup_kills_the_run_and_exits() -> None:
         a.work.cleanup()
 
 
+# --- boot path: PID 1 of fresh namespaces (root only) ----------------------------------------
+
+def test_boot_in_namespaces() -> None:
+    a = Agent(boot=True)
+    try:
+        assert a.expect()[0] == READY
+
+        def sh(code: str, **kw) -> str:
+            r = a.run(sh.n, code, **kw)
+            sh.n += 1
+            assert r.get("exit") == 0 and r["stderr"] == b"", r
+            return r["stdout"].decode()
+        sh.n = 1
+
+        out = sh('id -u; id -g; id -G; pwd; echo "$HOME"; cat /proc/sys/kernel/hostname;'
+                 ' stat -c "%u:%g %a" /home/user /tmp /run/sbx /dev/shm "$0"; echo "$0"')
+        assert out.splitlines() == [
+            "1000", "1000", "1000", "/home/user", "/home/user", "sandbox",
+            "1000:1000 700", "0:0 1777", "0:0 755", "0:0 1777", "0:0 444", "/run/sbx/main.sh",
+        ], out
+        out = sh('for t in "echo x >> $0" "touch /run/sbx/x" "touch /x" "touch /usr/x"; do'
+                 ' (eval "$t") 2>/dev/null && echo "$t: allowed" || echo denied; done;'
+                 ' echo ok > ~/f && cat ~/f; echo ok > /tmp/f && cat /tmp/f;'
+                 ' echo ok > /dev/shm/f && cat /dev/shm/f')
+        assert out == "denied\n" * 4 + "ok\n" * 3, out
+        # hidepid=2: the agent (PID 1) is invisible; no new privileges; limits.
+        out = sh('test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;'
+                 ' ulimit -n; ulimit -c; ulimit -u')
+        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n512\n", out
+        out = sh("awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
+                 " {print $2, $3, $4}' /proc/mounts | sort")
+        mounts = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
+        assert set(mounts) == {"/tmp", "/run", "/home/user", "/dev/shm", "/dev/pts", "/proc",
+                               "/sys"}, out
+        for path, (fstype, opts) in mounts.items():
+            opts = opts.split(",")
+            assert "nosuid" in opts, (path, opts)
+        assert "hidepid=invisible" in mounts["/proc"][1] or "hidepid=2" in mounts["/proc"][1]
+        assert mounts["/sys"][1].startswith("ro,")
+        assert "size=262144k" in mounts["/tmp"][1] and "size=524288k" in mounts["/home/user"][1]
+        # Loopback is up; a pty can be had.
+        out = sh("import socket, os\n"
+                 "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                 "c = socket.create_connection(s.getsockname()); c.sendall(b'ping')\n"
+                 "print(s.accept()[0].recv(4).decode())\n"
+                 "m, t = os.openpty(); print(os.ttyname(t))\n", language=PYTHON)
+        assert out == "ping\n/dev/pts/0\n", out
+        # A daemon that escaped the process group does not outlive its run.
+        out = sh("setsid sleep 100 </dev/null >/dev/null 2>&1 & sleep 0.2; echo started")
+        assert out == "started\n"
+        out = sh("cat /proc/[0-9]*/comm | sort | tr '\\n' ' '; ls /run/sbx")
+        assert "sleep" not in out and out.endswith("main.sh\n"), out
+    finally:
+        assert a.close() == 0
+
+
 SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
           test_killed_by_signal_is_128_plus_n, test_timeout, test_timeout_ignoring_sigterm_gets_sigkill,
           test_stdout_limit, test_stderr_limit, test_output_exactly_at_limit_is_whole,
+          test_timeout_enforced_while_host_not_reading, test_output_complete_when_host_lags_at_exit,
           test_python_env_and_cwd, test_clean_environment, test_javascript, test_fds_and_session,
           test_busy, test_escaped_daemon_does_not_hold_the_exit, test_orphans_are_reaped,
           test_large_code, test_bad_requests_keep_the_stream]
@@ -432,6 +548,10 @@ def main() -> int:
         report(fn.__name__, lambda fn=fn: fresh(fn))
     for fn in STANDALONE:
         report(fn.__name__, fn)
+    if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
+        report("test_boot_in_namespaces", test_boot_in_namespaces)
+    else:
+        print("skip  test_boot_in_namespaces (needs root, unshare and chroot)")
     print("FAILED" if failed else "all passed", f"({failed} failures)" if failed else "")
     return 1 if failed else 0
 
