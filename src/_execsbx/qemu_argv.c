@@ -70,14 +70,13 @@ static int has_control_chars(const char *s)
 	return 0;
 }
 
-/* kernel and rootfs: absolute, because a relative "-drive file=nbd:..." or "json:{...}" would
- * select a QEMU block protocol instead of a file (QEMU only looks for a protocol prefix before
- * the first '/'); no ',' because QEMU's option parser would split "file=a,b" into two options
- * (escaping by doubling would work, but no sane image path needs a comma). */
-static int check_path(const char *p, const char **why, const char *not_abs, const char *comma)
+/* kernel and rootfs: no ',' because QEMU's option parser would split "file=a,b" into two options
+ * (escaping by doubling would work, but no sane image path needs a comma); no control characters
+ * (they only ever come from a bug). Relative paths are fine: see the -drive line. */
+static int check_path(const char *p, const char **why, const char *empty, const char *comma)
 {
-	if (!p || p[0] != '/')
-		return reject(why, not_abs);
+	if (!p || !p[0])
+		return reject(why, empty);
 	if (strchr(p, ','))
 		return reject(why, comma);
 	if (has_control_chars(p))
@@ -93,11 +92,11 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	*argv_out = NULL;
 	if (!cfg->qemu_binary || !cfg->qemu_binary[0])
 		return reject(why, "qemu_binary must not be empty");
-	rc = check_path(cfg->kernel, why, "kernel must be an absolute path",
+	rc = check_path(cfg->kernel, why, "kernel must not be empty",
 			"kernel path must not contain ','");
 	if (rc < 0)
 		return rc;
-	rc = check_path(cfg->rootfs, why, "rootfs must be an absolute path",
+	rc = check_path(cfg->rootfs, why, "rootfs must not be empty",
 			"rootfs path must not contain ','");
 	if (rc < 0)
 		return rc;
@@ -154,9 +153,12 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 		return -E2BIG;
 	}
 
-	/* The root disk: raw image, read-only on the QEMU side too, as /dev/vda. */
+	/* The root disk: raw image, read-only on the QEMU side too, as /dev/vda. A relative path
+	 * gets "./" in front: QEMU reads "name:" before the first '/' as a block protocol prefix
+	 * ("nbd:...", "json:{...}"), and "./" makes it a plain file name in every case. */
 	add(&b, "-drive");
-	addf(&b, "file=%s,if=none,id=root,format=raw,readonly=on", cfg->rootfs);
+	addf(&b, "file=%s%s,if=none,id=root,format=raw,readonly=on",
+	     cfg->rootfs[0] == '/' ? "" : "./", cfg->rootfs);
 	add(&b, "-device");
 	add(&b, "virtio-blk-device,drive=root");
 

@@ -12,8 +12,8 @@
 
 struct sbx_vm_config {
 	const char *qemu_binary;          /* a path: execve does no PATH search */
-	const char *kernel;               /* absolute path, no ',' */
-	const char *rootfs;               /* absolute path, no ',' (an EROFS image) */
+	const char *kernel;               /* path, no ',' */
+	const char *rootfs;               /* path, no ',' (an EROFS image) */
 	unsigned memory_mb;
 	unsigned vcpus;
 	const char *accel;                /* "kvm" or "tcg" */

@@ -1,0 +1,165 @@
+/* Host end of the agent channel: see channel.h. */
+#define _GNU_SOURCE 1
+#include "channel.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+void sbx_channel_init(struct sbx_channel *ch, int fd)
+{
+	ch->fd = fd;
+	ch->eof = 0;
+	ch->error = 0;
+	ch->error_frame_type = -1;
+	sbx_reader_init(&ch->in, SBX_GUEST_FRAME_MAX);
+	memset(&ch->out, 0, sizeof(ch->out));
+	ch->out_off = 0;
+}
+
+void sbx_channel_destroy(struct sbx_channel *ch)
+{
+	int fd = ch->fd;
+	ch->fd = -1;
+	if (fd >= 0)
+		close(fd);
+	sbx_reader_free(&ch->in);
+	sbx_buf_free(&ch->out);
+	ch->out_off = 0;
+}
+
+int sbx_channel_take_fd(struct sbx_channel *ch)
+{
+	int fd = ch->fd;
+	ch->fd = -1;
+	return fd;
+}
+
+int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n)
+{
+	if (ch->error)
+		return ch->error;
+	int rc = sbx_reader_feed(&ch->in, data, n);
+	if (rc == -EPROTO || rc == -EMSGSIZE)
+		ch->error = rc;
+	return rc;
+}
+
+ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max)
+{
+	if (ch->error)
+		return ch->error;
+	if (ch->fd < 0)
+		return -EBADF;
+	if (ch->eof)
+		return 0;
+	if (max > sizeof(ch->scratch))
+		max = sizeof(ch->scratch);
+	if (max == 0)
+		return 0;
+	ssize_t n;
+	do
+		n = recv(ch->fd, ch->scratch, max, MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		if (errno == ECONNRESET) {
+			ch->eof = 1;
+			return 0;
+		}
+		return -errno;
+	}
+	if (n == 0) {
+		ch->eof = 1;
+		return 0;
+	}
+	int rc = sbx_channel_ingest(ch, ch->scratch, (size_t)n);
+	return rc < 0 ? rc : n;
+}
+
+int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev)
+{
+	struct sbx_frame f;
+	if (ch->error)
+		return ch->error;
+	int rc = sbx_reader_next(&ch->in, &f);
+	if (rc <= 0) {
+		if (rc < 0)
+			ch->error = rc;
+		return rc;
+	}
+	rc = sbx_event_decode(&f, ev);
+	if (rc < 0) {
+		ch->error_frame_type = f.type;
+		return ch->error = (rc == -EMSGSIZE ? -EMSGSIZE : -EPROTO);
+	}
+	return 1;
+}
+
+size_t sbx_channel_pending(const struct sbx_channel *ch)
+{
+	return ch->out.len - ch->out_off;
+}
+
+int sbx_channel_flush(struct sbx_channel *ch)
+{
+	while (ch->out_off < ch->out.len) {
+		if (ch->fd < 0)
+			return -EBADF;
+		ssize_t n = send(ch->fd, ch->out.data + ch->out_off, ch->out.len - ch->out_off,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return 0;
+			return -errno;
+		}
+		ch->out_off += (size_t)n;
+	}
+	/* Everything written: reuse the buffer from the start. */
+	ch->out.len = 0;
+	ch->out_off = 0;
+	return 0;
+}
+
+/* Make room at the end of the queue: drop what was written before appending more. */
+static void compact(struct sbx_channel *ch)
+{
+	if (ch->out_off) {
+		sbx_buf_consume(&ch->out, ch->out_off);
+		ch->out_off = 0;
+	}
+}
+
+int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why)
+{
+	compact(ch);
+	size_t before = ch->out.len;
+	int rc = sbx_encode_exec(&ch->out, r, why);
+	if (rc < 0)
+		return rc;
+	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
+		ch->out.len = before;
+		if (why)
+			*why = "too many bytes queued for the guest";
+		return -ENOBUFS;
+	}
+	return sbx_channel_flush(ch);
+}
+
+int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id)
+{
+	compact(ch);
+	size_t before = ch->out.len;
+	int rc = sbx_encode_ping(&ch->out, id);
+	if (rc < 0)
+		return rc;
+	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
+		ch->out.len = before;
+		return -ENOBUFS;
+	}
+	return sbx_channel_flush(ch);
+}

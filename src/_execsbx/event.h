@@ -1,0 +1,40 @@
+/* Guest -> host frames turned into events: the one place that validates a frame's payload.
+ * The Python binding turns a struct sbx_event into a tuple; the fuzzer runs the same code. */
+#ifndef SBX_EVENT_H
+#define SBX_EVENT_H
+
+#include <stdint.h>
+
+#include "frame.h"
+
+/* Longest agent version string accepted in READY. */
+#define SBX_AGENT_VERSION_MAX 256u
+
+enum sbx_event_kind {
+	SBX_EV_READY = SBX_MSG_READY,
+	SBX_EV_STDOUT = SBX_MSG_STDOUT,
+	SBX_EV_STDERR = SBX_MSG_STDERR,
+	SBX_EV_EXIT = SBX_MSG_EXIT,
+	SBX_EV_ERROR = SBX_MSG_ERROR,
+	SBX_EV_PONG = SBX_MSG_PONG,
+};
+
+/* data/len point into the frame's payload (valid as long as the frame is). */
+struct sbx_event {
+	enum sbx_event_kind kind;
+	uint32_t id;
+	uint32_t protocol_version; /* READY */
+	uint32_t error_code;       /* ERROR: enum sbx_error */
+	struct sbx_exit exit;      /* EXIT */
+	const uint8_t *data;       /* READY: agent version; STDOUT/STDERR: bytes; ERROR: message */
+	uint32_t len;
+};
+
+/* 0 and *ev filled, or -EPROTO (unknown or host->guest type, wrong payload length, trailing
+ * bytes, invalid field) / -EMSGSIZE (a string over its limit). Never allocates. */
+int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev);
+
+/* The event's tag in the Python tuple: "ready", "stdout", ... */
+const char *sbx_event_kind_name(enum sbx_event_kind kind);
+
+#endif /* SBX_EVENT_H */

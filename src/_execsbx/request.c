@@ -1,0 +1,85 @@
+/* Encoding of host -> guest frames. The guest re-validates everything; checking here too turns a
+ * caller's mistake into a clear error instead of an ERROR(BAD_REQUEST) from the guest. */
+#include "request.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int fail(const char **why, const char *msg, int err)
+{
+	if (why)
+		*why = msg;
+	return err;
+}
+
+static int validate(const struct sbx_exec_req *r, const char **why)
+{
+	if (r->language < SBX_LANG_PYTHON || r->language > SBX_LANG_RAW)
+		return fail(why, "unknown language", -EINVAL);
+	if (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX)
+		return fail(why, "timeout_ms out of range (1 .. 300000)", -EINVAL);
+	if (r->code_len > SBX_CODE_MAX)
+		return fail(why, "code longer than CODE_MAX", -EMSGSIZE);
+	if (r->env_count > SBX_ENV_MAX_COUNT)
+		return fail(why, "more than 100 environment variables", -EMSGSIZE);
+	for (size_t i = 0; i < r->env_count; i++) {
+		const struct sbx_env_var *e = &r->env[i];
+		if (e->name_len == 0)
+			return fail(why, "empty environment variable name", -EINVAL);
+		if (e->name_len > SBX_ENV_NAME_MAX)
+			return fail(why, "environment variable name too long", -EMSGSIZE);
+		if (e->value_len > SBX_ENV_VALUE_MAX)
+			return fail(why, "environment variable value too long", -EMSGSIZE);
+		if (memchr(e->name, '=', e->name_len) || memchr(e->name, 0, e->name_len))
+			return fail(why, "environment variable name contains '=' or NUL", -EINVAL);
+		if (e->value_len && memchr(e->value, 0, e->value_len))
+			return fail(why, "environment variable value contains NUL", -EINVAL);
+	}
+	return 0;
+}
+
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why)
+{
+	size_t start;
+	int rc = validate(r, why);
+	if (rc < 0)
+		return rc;
+	size_t before = b->len;
+	rc = sbx_frame_begin(b, SBX_MSG_EXEC, r->id, &start);
+	if (rc == 0)
+		rc = sbx_put_u8(b, (uint8_t)r->language);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->timeout_ms);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->stdout_limit);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->stderr_limit);
+	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->env_count);
+	for (size_t i = 0; rc == 0 && i < r->env_count; i++) {
+		rc = sbx_put_str(b, r->env[i].name, r->env[i].name_len);
+		if (rc == 0)
+			rc = sbx_put_str(b, r->env[i].value, r->env[i].value_len);
+	}
+	if (rc == 0)
+		rc = sbx_put_str(b, r->code, r->code_len);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(why, rc == -EMSGSIZE ? "EXEC frame larger than HOST_FRAME_MAX" : "out of memory", rc);
+	}
+	return 0;
+}
+
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id)
+{
+	size_t start;
+	size_t before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_PING, id, &start);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, 0);
+	if (rc < 0)
+		b->len = before;
+	return rc;
+}

@@ -1,0 +1,39 @@
+/* Host -> guest frames (EXEC, PING), validated against protocol.h's limits before encoding. */
+#ifndef SBX_REQUEST_H
+#define SBX_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+
+#define SBX_TIMEOUT_MS_MIN 1u
+#define SBX_TIMEOUT_MS_MAX 300000u
+
+struct sbx_env_var {
+	const uint8_t *name;
+	size_t name_len;
+	const uint8_t *value;
+	size_t value_len;
+};
+
+struct sbx_exec_req {
+	uint32_t id;
+	uint32_t language; /* enum sbx_language */
+	uint32_t timeout_ms;
+	uint32_t stdout_limit;
+	uint32_t stderr_limit;
+	const struct sbx_env_var *env;
+	size_t env_count;
+	const uint8_t *code;
+	size_t code_len;
+};
+
+/* Append one EXEC frame to b. Returns 0, or -EINVAL (bad language/timeout/env name: *why says
+ * which), -EMSGSIZE (a field or the whole frame over its limit: *why says which) or -ENOMEM.
+ * On failure b is left as it was. */
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why);
+/* Append one PING frame. */
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
+
+#endif /* SBX_REQUEST_H */

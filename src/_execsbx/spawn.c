@@ -1,0 +1,353 @@
+/* fork+exec of QEMU: see spawn.h. The child half (child_exec) runs between fork() and execve()
+ * in a copy of a possibly multi-threaded process: it may only make async-signal-safe calls and
+ * touch memory prepared before fork() (no malloc, no stdio, no locks). */
+#define _GNU_SOURCE 1
+#include "spawn.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+
+/* glibc < 2.36 has no P_PIDFD in idtype_t; the kernel's value is 3 (linux/wait.h). */
+#define SBX_P_PIDFD ((idtype_t)3)
+
+/* Which call failed in the child, reported through the error pipe. */
+enum child_step {
+	STEP_SIGMASK,
+	STEP_PDEATHSIG,
+	STEP_SETPGID,
+	STEP_DUP,
+	STEP_DUP2,
+	STEP_CLOSE,
+	STEP_NO_NEW_PRIVS,
+	STEP_EXECVE,
+	STEP__COUNT,
+};
+
+static const char *const step_names[STEP__COUNT] = {
+	[STEP_SIGMASK] = "sigprocmask",
+	[STEP_PDEATHSIG] = "prctl(PR_SET_PDEATHSIG)",
+	[STEP_SETPGID] = "setpgid",
+	[STEP_DUP] = "fcntl(F_DUPFD_CLOEXEC)",
+	[STEP_DUP2] = "dup2",
+	[STEP_CLOSE] = "close_range",
+	[STEP_NO_NEW_PRIVS] = "prctl(PR_SET_NO_NEW_PRIVS)",
+	[STEP_EXECVE] = "execve",
+};
+
+struct child_report {
+	int32_t err;
+	int32_t step;
+};
+
+/* Everything the child uses, computed before fork(). */
+struct child_plan {
+	const struct sbx_spawn_req *req;
+	int devnull;
+	int err_w;
+	pid_t parent;
+	unsigned max_fd; /* upper bound for the close loop when close_range is unavailable */
+	struct sigaction dfl;
+	sigset_t empty;
+};
+
+static void kill_and_reap(pid_t *pid)
+{
+	if (*pid > 0) {
+		int saved = errno;
+		kill(*pid, SIGKILL);
+		while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
+			;
+		errno = saved;
+		*pid = -1;
+	}
+}
+/* A child that must not outlive an error path: SIGKILL and reap it at scope exit. */
+#define _cleanup_child_ __attribute__((cleanup(kill_and_reap)))
+
+__attribute__((noreturn)) static void child_fail(int fd, enum child_step step, int err)
+{
+	struct child_report r = {.err = err, .step = (int32_t)step};
+	ssize_t w;
+	do
+		w = write(fd, &r, sizeof(r));
+	while (w < 0 && errno == EINTR);
+	_exit(127);
+}
+
+static int close_from(unsigned lo, unsigned hi, unsigned max_fd)
+{
+	if (lo > hi)
+		return 0;
+#ifdef SYS_close_range
+	if (syscall(SYS_close_range, lo, hi, 0) == 0)
+		return 0;
+	if (errno != ENOSYS && errno != EINVAL)
+		return -1;
+#endif
+	/* Kernel < 5.9: close one by one up to the fd limit taken before fork(). */
+	for (unsigned fd = lo; fd <= hi && fd <= max_fd; fd++)
+		close((int)fd);
+	return 0;
+}
+
+/* glibc's sigaction refuses its reserved signals (32 and 33); the kernel does not, and an
+ * inherited SIG_IGN on them would otherwise survive execve. The kernel's struct sigaction. */
+static void reset_reserved_signal(int sig)
+{
+#if defined(SYS_rt_sigaction) && (defined(__x86_64__) || defined(__aarch64__))
+	struct {
+		void *handler; /* SIG_DFL */
+		unsigned long flags;
+		void *restorer;
+		uint64_t mask;
+	} k = {0};
+	syscall(SYS_rt_sigaction, sig, &k, NULL, sizeof(k.mask));
+#else
+	(void)sig;
+#endif
+}
+
+__attribute__((noreturn)) static void child_exec(const struct child_plan *p)
+{
+	const struct sbx_spawn_req *req = p->req;
+	int err_fd = p->err_w;
+
+	/* The parent blocked every signal around fork(), so no inherited handler can have run
+	 * here. Reset every disposition (SIG_IGN survives execve; Python ignores SIGPIPE), then
+	 * unblock. sigaction fails harmlessly for SIGKILL/SIGSTOP. */
+	for (int sig = 1; sig < NSIG; sig++)
+		if (sigaction(sig, &p->dfl, NULL) < 0 && sig != SIGKILL && sig != SIGSTOP)
+			reset_reserved_signal(sig);
+	if (sigprocmask(SIG_SETMASK, &p->empty, NULL) < 0)
+		child_fail(err_fd, STEP_SIGMASK, errno);
+
+	/* Die with the parent. If it already died, PDEATHSIG will never fire: give up. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+		child_fail(err_fd, STEP_PDEATHSIG, errno);
+	if (getppid() != p->parent)
+		_exit(127);
+
+	/* Own process group: a signal to the parent's group (Ctrl-C) does not reach QEMU. */
+	if (setpgid(0, 0) < 0)
+		child_fail(err_fd, STEP_SETPGID, errno);
+
+	/* Move every source fd above the target range first, so that no dup2 below can
+	 * overwrite a source that is still needed (a source may itself be 0..4, e.g. when the
+	 * parent runs with stdin closed). */
+	int hi_err = fcntl(err_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
+	if (hi_err < 0)
+		child_fail(err_fd, STEP_DUP, errno);
+	err_fd = hi_err;
+	int hi_null = fcntl(p->devnull, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
+	int hi_chan = fcntl(req->channel_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
+	int hi_con = fcntl(req->console_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
+	if (hi_null < 0 || hi_chan < 0 || hi_con < 0)
+		child_fail(err_fd, STEP_DUP, errno);
+	/* dup2 clears FD_CLOEXEC on the target: these five survive execve. */
+	if (dup2(hi_null, 0) < 0 || dup2(hi_con, 1) < 0 || dup2(hi_con, 2) < 0 ||
+	    dup2(hi_chan, SBX_CHILD_CHANNEL_FD) < 0 || dup2(hi_con, SBX_CHILD_CONSOLE_FD) < 0)
+		child_fail(err_fd, STEP_DUP2, errno);
+
+	/* Close everything else except the error pipe (CLOEXEC: execve closes it). */
+	if (close_from(SBX_CHILD_FIRST_CLOSED_FD, (unsigned)hi_err - 1, p->max_fd) < 0 ||
+	    close_from((unsigned)hi_err + 1, ~0U, p->max_fd) < 0)
+		child_fail(err_fd, STEP_CLOSE, errno);
+
+	/* No setuid/file-capability gains through execve, for QEMU and anything it runs. */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(err_fd, STEP_NO_NEW_PRIVS, errno);
+
+	execve(req->path, req->argv, req->envp);
+	child_fail(err_fd, STEP_EXECVE, errno);
+}
+
+int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
+{
+	struct child_plan plan = {.req = req};
+	int pipefd[2];
+	const char *dummy;
+
+	if (!where)
+		where = &dummy;
+	*where = NULL;
+	out->pid = -1;
+	out->pidfd = -1;
+	if (req->channel_fd < 0 || req->console_fd < 0 || !req->path || !req->argv || !req->envp) {
+		*where = "spawn";
+		return -EBADF;
+	}
+
+	_cleanup_close_ int devnull = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOCTTY);
+	if (devnull < 0) {
+		*where = "open(/dev/null)";
+		return -errno;
+	}
+	if (pipe2(pipefd, O_CLOEXEC) < 0) {
+		*where = "pipe2";
+		return -errno;
+	}
+	_cleanup_close_ int err_r = pipefd[0];
+	_cleanup_close_ int err_w = pipefd[1];
+
+	struct rlimit rl;
+	plan.max_fd = 65535;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		plan.max_fd = rl.rlim_cur > (1u << 20) ? (1u << 20) : (unsigned)rl.rlim_cur;
+	plan.devnull = devnull;
+	plan.err_w = err_w;
+	plan.parent = getpid();
+	memset(&plan.dfl, 0, sizeof(plan.dfl));
+	plan.dfl.sa_handler = SIG_DFL;
+	sigemptyset(&plan.dfl.sa_mask);
+	sigemptyset(&plan.empty);
+
+	/* Block every signal across fork() so that no handler of this process (e.g. Python's,
+	 * which writes to the asyncio wakeup fd) runs in the child before it resets them. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pid_t pid = fork();
+	if (pid == 0)
+		child_exec(&plan);
+	int fork_errno = errno;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (pid < 0) {
+		*where = "fork";
+		return -fork_errno;
+	}
+	_cleanup_child_ pid_t child = pid;
+
+	/* Until execve the child holds the only write end: EOF means exec succeeded. */
+	sbx_close_fd(&err_w);
+	struct child_report rep;
+	size_t got = 0;
+	while (got < sizeof(rep)) {
+		ssize_t n = read(err_r, (char *)&rep + got, sizeof(rep) - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			*where = "read(error pipe)";
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got == sizeof(rep)) {
+		while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
+			;
+		child = -1;
+		*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
+		return rep.err > 0 ? -rep.err : -EIO;
+	}
+	if (got != 0) {
+		*where = "read(error pipe)";
+		return -EIO;
+	}
+
+	int pidfd = sbx_pidfd_open(child);
+	if (pidfd < 0 && pidfd != -ENOSYS) {
+		*where = "pidfd_open";
+		return pidfd;
+	}
+	out->pidfd = pidfd < 0 ? -1 : pidfd;
+	out->pid = child;
+	child = -1;
+	return 0;
+}
+
+int sbx_pidfd_open(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+	long fd = syscall(SYS_pidfd_open, pid, 0);
+	if (fd < 0)
+		return -errno;
+	/* pidfds are always close-on-exec. */
+	return (int)fd;
+#else
+	(void)pid;
+	return -ENOSYS;
+#endif
+}
+
+int sbx_child_signal(const struct sbx_child *c, int sig)
+{
+	if (c->pid <= 0)
+		return -ESRCH;
+#ifdef SYS_pidfd_send_signal
+	if (c->pidfd >= 0) {
+		if (syscall(SYS_pidfd_send_signal, c->pidfd, sig, NULL, 0) == 0)
+			return 0;
+		if (errno != ENOSYS)
+			return -errno;
+	}
+#endif
+	return kill(c->pid, sig) == 0 ? 0 : -errno;
+}
+
+static int siginfo_to_status(const siginfo_t *si)
+{
+	switch (si->si_code) {
+	case CLD_EXITED:
+		return (si->si_status & 0xff) << 8;
+	case CLD_KILLED:
+		return si->si_status & 0x7f;
+	case CLD_DUMPED:
+		return (si->si_status & 0x7f) | 0x80;
+	default:
+		return 0;
+	}
+}
+
+int sbx_child_wait(const struct sbx_child *c, int blocking, int *status)
+{
+	if (c->pid <= 0)
+		return -ECHILD;
+	if (c->pidfd >= 0) {
+		siginfo_t si;
+		memset(&si, 0, sizeof(si));
+		int rc;
+		while ((rc = waitid(SBX_P_PIDFD, (id_t)c->pidfd, &si, WEXITED | (blocking ? 0 : WNOHANG))) <
+			       0 &&
+		       errno == EINTR)
+			;
+		if (rc == 0) {
+			if (si.si_pid == 0)
+				return 0;
+			*status = siginfo_to_status(&si);
+			return 1;
+		}
+		if (errno != EINVAL) /* EINVAL: kernel < 5.4 has no P_PIDFD */
+			return -errno;
+	}
+	int st = 0;
+	pid_t r;
+	while ((r = waitpid(c->pid, &st, blocking ? 0 : WNOHANG)) < 0 && errno == EINTR)
+		;
+	if (r < 0)
+		return -errno;
+	if (r == 0)
+		return 0;
+	*status = st;
+	return 1;
+}
+
+int sbx_status_to_returncode(int status)
+{
+	if (WIFSIGNALED(status))
+		return -WTERMSIG(status);
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	return 0;
+}

@@ -1,0 +1,177 @@
+/* QEMU process lifecycle without Python: see vm.h. */
+#define _GNU_SOURCE 1
+#include "vm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+
+/* QEMU gets a fixed, minimal environment: nothing of the host's (tokens, proxies, LD_*)
+ * leaks into it. */
+static char *const qemu_envp[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	NULL,
+};
+
+void sbx_vm_init(struct sbx_vm *vm)
+{
+	vm->child.pid = -1;
+	vm->child.pidfd = -1;
+	vm->console_fd = -1;
+	vm->reaped = 0;
+	vm->wait_status = 0;
+	vm->closed = 1;
+	sbx_channel_init(&vm->ch, -1);
+}
+
+static int set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
+{
+	int chan[2], con[2];
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
+		*where = "socketpair";
+		return -errno;
+	}
+	_cleanup_close_ int chan_host = chan[0];
+	_cleanup_close_ int chan_qemu = chan[1];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con) < 0) {
+		*where = "socketpair";
+		return -errno;
+	}
+	_cleanup_close_ int con_host = con[0];
+	_cleanup_close_ int con_qemu = con[1];
+	/* Only the host ends: O_NONBLOCK is per open file, QEMU's ends stay as QEMU wants. */
+	int rc = set_nonblock(chan_host);
+	if (rc == 0)
+		rc = set_nonblock(con_host);
+	if (rc < 0) {
+		*where = "fcntl(O_NONBLOCK)";
+		return rc;
+	}
+
+	struct sbx_spawn_req req = {
+		.path = argv[0],
+		.argv = argv,
+		.envp = qemu_envp,
+		.channel_fd = chan_qemu,
+		.console_fd = con_qemu,
+	};
+	struct sbx_child child;
+	rc = sbx_spawn(&req, &child, where);
+	if (rc < 0)
+		return rc;
+
+	vm->child = child;
+	vm->console_fd = TAKE_FD(con_host);
+	vm->reaped = 0;
+	vm->wait_status = 0;
+	vm->closed = 0;
+	sbx_channel_destroy(&vm->ch);
+	sbx_channel_init(&vm->ch, TAKE_FD(chan_host));
+	return 0; /* the QEMU ends are closed here: QEMU holds the only copies */
+}
+
+int sbx_vm_kill(struct sbx_vm *vm)
+{
+	if (vm->reaped || vm->child.pid <= 0)
+		return 0;
+	int rc = sbx_child_signal(&vm->child, SIGKILL);
+	return rc == -ESRCH ? 0 : rc; /* already gone (a zombie waiting to be reaped) */
+}
+
+int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode)
+{
+	if (!vm->reaped) {
+		if (vm->child.pid <= 0)
+			return 0; /* closing in another thread: not reaped yet */
+		int status;
+		int rc = sbx_child_wait(&vm->child, 0, &status);
+		if (rc <= 0)
+			return rc;
+		vm->reaped = 1;
+		vm->wait_status = status;
+	}
+	*returncode = sbx_status_to_returncode(vm->wait_status);
+	return 1;
+}
+
+ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
+{
+	size_t got = 0;
+	if (vm->console_fd < 0)
+		return -EBADF;
+	while (got < n) {
+		ssize_t r = recv(vm->console_fd, (char *)buf + got, n - got, MSG_DONTWAIT);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNRESET)
+				break;
+			if (got)
+				break;
+			return -errno;
+		}
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	return (ssize_t)got;
+}
+
+void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
+{
+	sbx_vm_kill(vm);
+	r->child = vm->child;
+	r->reaped = vm->reaped;
+	r->fds[0] = sbx_channel_take_fd(&vm->ch);
+	r->fds[1] = vm->console_fd;
+	vm->console_fd = -1;
+	vm->child.pid = -1;
+	vm->child.pidfd = -1;
+	vm->closed = 1;
+	sbx_channel_destroy(&vm->ch); /* fd already taken: frees the buffers only */
+}
+
+int sbx_vm_finish_close(struct sbx_vm_remains *r)
+{
+	int status = -1;
+	if (!r->reaped && r->child.pid > 0) {
+		int st;
+		if (sbx_child_wait(&r->child, 1, &st) == 1)
+			status = st;
+	}
+	sbx_close_fd(&r->child.pidfd);
+	r->child.pid = -1;
+	sbx_close_fd(&r->fds[0]);
+	sbx_close_fd(&r->fds[1]);
+	return status;
+}
+
+void sbx_vm_set_final_status(struct sbx_vm *vm, int status)
+{
+	if (!vm->reaped && status >= 0) {
+		vm->reaped = 1;
+		vm->wait_status = status;
+	}
+}
+
+void sbx_vm_close(struct sbx_vm *vm)
+{
+	struct sbx_vm_remains r;
+	if (vm->closed && vm->child.pid <= 0 && vm->console_fd < 0 && vm->ch.fd < 0)
+		return;
+	sbx_vm_begin_close(vm, &r);
+	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));
+}

@@ -1,0 +1,536 @@
+/* exec_sandbox._execsbx.Vm: a heap type wrapping struct sbx_vm (vm.h). Every method is
+ * non-blocking except the constructor (fork + wait for exec, GIL released) and close()/dealloc
+ * (reaping a SIGKILLed QEMU, GIL released). Nothing here calls back into Python code. */
+#include "binding.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "channel.h"
+#include "event.h"
+#include "protocol.h"
+#include "request.h"
+#include "vm.h"
+
+/* Per read_events() call: at most this many bytes are read, so one call stays short even if the
+ * guest floods; the fd stays readable and the next call goes on. */
+#define SBX_READ_EVENTS_BUDGET (1024u * 1024u)
+/* Per read_console() call. */
+#define SBX_READ_CONSOLE_MAX (64u * 1024u)
+
+typedef struct {
+	PyObject_HEAD
+	struct sbx_vm vm;
+} VmObject;
+
+static sbx_module_state *vm_state(VmObject *self)
+{
+	/* The type is not subclassable, so Py_TYPE(self) is the heap type made from module. */
+	return PyType_GetModuleState(Py_TYPE(self));
+}
+
+static int check_open(VmObject *self)
+{
+	if (self->vm.closed) {
+		PyErr_SetString(PyExc_ValueError, "I/O operation on closed Vm");
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	struct sbx_parsed_config pc;
+	if (sbx_parse_vm_config(args, kwds, "Vm", 1, &pc) < 0)
+		return NULL;
+	char **argv = sbx_build_argv_or_raise(&pc.cfg);
+	if (!argv) {
+		sbx_parsed_config_release(&pc);
+		return NULL;
+	}
+	VmObject *self = (VmObject *)type->tp_alloc(type, 0);
+	if (!self) {
+		sbx_argv_free(argv);
+		sbx_parsed_config_release(&pc);
+		return NULL;
+	}
+	sbx_vm_init(&self->vm);
+
+	const char *where = "spawn";
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = sbx_vm_spawn(&self->vm, argv, &where);
+	Py_END_ALLOW_THREADS
+	sbx_argv_free(argv);
+	if (rc < 0) {
+		PyObject *filename = NULL;
+		if (where && strcmp(where, "execve") == 0)
+			filename = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(pc.qemu_binary),
+								    PyBytes_GET_SIZE(pc.qemu_binary));
+		if (!PyErr_Occurred())
+			sbx_raise_os_error(-rc, where ? where : "spawn", filename);
+		Py_XDECREF(filename);
+		sbx_parsed_config_release(&pc);
+		Py_DECREF(self);
+		return NULL;
+	}
+	sbx_parsed_config_release(&pc);
+	return (PyObject *)self;
+}
+
+/* kill + reap + close, with the GIL released for the blocking reap. */
+static void vm_do_close(VmObject *self)
+{
+	struct sbx_vm_remains r;
+	int status;
+	sbx_vm_begin_close(&self->vm, &r);
+	Py_BEGIN_ALLOW_THREADS
+	status = sbx_vm_finish_close(&r);
+	Py_END_ALLOW_THREADS
+	sbx_vm_set_final_status(&self->vm, status);
+}
+
+static void vm_dealloc(VmObject *self)
+{
+	PyTypeObject *tp = Py_TYPE(self);
+	vm_do_close(self);
+	tp->tp_free((PyObject *)self);
+	Py_DECREF(tp);
+}
+
+/* Raise ProtocolError(errno, message); its .events holds the events decoded before the
+ * violation in the same read_events() call (a list; new reference stolen, may be NULL). */
+static PyObject *protocol_error(VmObject *self, PyObject *events)
+{
+	const struct sbx_channel *ch = &self->vm.ch;
+	PyObject *msg;
+	if (ch->error_frame_type < 0)
+		msg = PyUnicode_FromString(ch->error == -EMSGSIZE
+						   ? "guest sent a frame larger than GUEST_FRAME_MAX"
+						   : "guest sent a malformed frame header");
+	else if (ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_PONG)
+		msg = PyUnicode_FromFormat(
+			"guest sent a malformed %s frame%s",
+			sbx_event_kind_name((enum sbx_event_kind)ch->error_frame_type),
+			ch->error == -EMSGSIZE ? " (a string over its limit)" : "");
+	else
+		msg = PyUnicode_FromFormat("guest sent a frame of unexpected type %d",
+					   ch->error_frame_type);
+	if (!msg) {
+		Py_XDECREF(events);
+		return NULL;
+	}
+	PyObject *exc = PyObject_CallFunction(vm_state(self)->protocol_error, "iN", -ch->error, msg);
+	if (!events)
+		events = PyList_New(0);
+	if (exc && events && PyObject_SetAttrString(exc, "events", events) == 0)
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+	Py_XDECREF(exc);
+	Py_XDECREF(events);
+	return NULL;
+}
+
+static PyObject *decode_text(const struct sbx_event *ev)
+{
+	return PyUnicode_DecodeUTF8((const char *)ev->data, (Py_ssize_t)ev->len, "replace");
+}
+
+static PyObject *event_to_tuple(const struct sbx_event *ev)
+{
+	switch (ev->kind) {
+	case SBX_EV_READY:
+		return Py_BuildValue("(skkN)", "ready", (unsigned long)ev->id,
+				     (unsigned long)ev->protocol_version, decode_text(ev));
+	case SBX_EV_STDOUT:
+	case SBX_EV_STDERR:
+		return Py_BuildValue("(sky#)", sbx_event_kind_name(ev->kind), (unsigned long)ev->id,
+				     (const char *)ev->data, (Py_ssize_t)ev->len);
+	case SBX_EV_EXIT:
+		return Py_BuildValue("(skikK)", "exit", (unsigned long)ev->id, (int)ev->exit.exit_code,
+				     (unsigned long)ev->exit.flags,
+				     (unsigned long long)ev->exit.duration_us);
+	case SBX_EV_ERROR:
+		return Py_BuildValue("(skkN)", "error", (unsigned long)ev->id,
+				     (unsigned long)ev->error_code, decode_text(ev));
+	case SBX_EV_PONG:
+		return Py_BuildValue("(sk)", "pong", (unsigned long)ev->id);
+	}
+	PyErr_SetString(PyExc_SystemError, "unknown event kind");
+	return NULL;
+}
+
+static int append_new(PyObject *list, PyObject *item)
+{
+	if (!item)
+		return -1;
+	int rc = PyList_Append(list, item);
+	Py_DECREF(item);
+	return rc;
+}
+
+PyDoc_STRVAR(read_events_doc,
+	     "read_events() -> list[tuple]\n\n"
+	     "Non-blocking: read what the channel has now (at most 1 MiB per call) and return\n"
+	     "every complete frame as an event tuple:\n"
+	     "  ('ready', id, protocol_version, agent_version)\n"
+	     "  ('stdout', id, data) / ('stderr', id, data)\n"
+	     "  ('exit', id, exit_code, flags, duration_us)\n"
+	     "  ('error', id, code, message)\n"
+	     "  ('pong', id)\n"
+	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
+	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
+	     "lists the events decoded before the violation in the same call. Sticky: every\n"
+	     "later call raises it again.");
+
+static PyObject *vm_read_events(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	struct sbx_channel *ch = &self->vm.ch;
+	if (check_open(self) < 0)
+		return NULL;
+	if (ch->error)
+		return protocol_error(self, NULL);
+	PyObject *list = PyList_New(0);
+	if (!list)
+		return NULL;
+	size_t budget = SBX_READ_EVENTS_BUDGET;
+	for (;;) {
+		struct sbx_event ev;
+		int rc;
+		/* Drain before every read: the decoder holds at most two maximal frames. */
+		while ((rc = sbx_channel_next_event(ch, &ev)) == 1)
+			if (append_new(list, event_to_tuple(&ev)) < 0)
+				goto fail;
+		if (rc < 0) /* raise now: the fd may never be readable again to report it later */
+			return protocol_error(self, list);
+		if (ch->eof) {
+			if (append_new(list, Py_BuildValue("(s)", "eof")) < 0)
+				goto fail;
+			break;
+		}
+		if (budget == 0)
+			break;
+		ssize_t n = sbx_channel_read(ch, budget);
+		if (n < 0) {
+			if (ch->error)
+				continue; /* reported by sbx_channel_next_event above */
+			if (n == -ENOMEM) {
+				PyErr_NoMemory();
+				goto fail;
+			}
+			sbx_raise_os_error((int)-n, "recv", NULL);
+			goto fail;
+		}
+		if (n == 0 && !ch->eof)
+			break; /* nothing more now */
+		budget -= (size_t)n;
+	}
+	return list;
+fail:
+	Py_DECREF(list);
+	return NULL;
+}
+
+/* A Python int in 0 .. 2**32-1; ValueError otherwise. */
+static int to_u32(PyObject *o, const char *name, uint32_t *out)
+{
+	if (!PyLong_Check(o)) {
+		PyErr_Format(PyExc_TypeError, "%s must be an int", name);
+		return -1;
+	}
+	int overflow;
+	long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+	if (v == -1 && PyErr_Occurred())
+		return -1;
+	if (overflow || v < 0 || v > (long long)UINT32_MAX) {
+		PyErr_Format(PyExc_ValueError, "%s must be in 0 .. 2**32-1", name);
+		return -1;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* Turn a queueing/flush result into the return value (bytes still pending) or an exception. */
+static PyObject *pending_or_raise(VmObject *self, int rc, const char *why, const char *where)
+{
+	if (rc == -EINVAL || rc == -EMSGSIZE) {
+		PyErr_SetString(PyExc_ValueError, why ? why : "invalid request");
+		return NULL;
+	}
+	if (rc == -ENOMEM)
+		return PyErr_NoMemory();
+	if (rc < 0)
+		return sbx_raise_os_error(-rc, where, NULL);
+	return PyLong_FromSize_t(sbx_channel_pending(&self->vm.ch));
+}
+
+PyDoc_STRVAR(send_exec_doc,
+	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code) -> int\n\n"
+	     "Queue an EXEC frame and write what the socket takes now; returns the bytes still\n"
+	     "pending (call flush() when fileno() is writable until it returns 0).\n"
+	     "env: list of (name: bytes, value: bytes); code: bytes-like.\n"
+	     "ValueError for a request over the protocol limits; OSError for a write error\n"
+	     "(e.g. BrokenPipeError once QEMU is gone; the frame stays queued).");
+
+static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"id", "language", "timeout_ms", "stdout_limit", "stderr_limit",
+				 "env", "code", NULL};
+	PyObject *o_id, *o_lang, *o_timeout, *o_out, *o_err, *o_env;
+	Py_buffer code;
+	struct sbx_exec_req req = {0};
+	struct sbx_env_var *vars = NULL;
+	PyObject *seq = NULL, *result = NULL;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*:send_exec", kwlist, &o_id, &o_lang,
+					 &o_timeout, &o_out, &o_err, &o_env, &code))
+		return NULL;
+	if (check_open(self) < 0)
+		goto out;
+	if (to_u32(o_id, "id", &req.id) < 0 || to_u32(o_lang, "language", &req.language) < 0 ||
+	    to_u32(o_timeout, "timeout_ms", &req.timeout_ms) < 0 ||
+	    to_u32(o_out, "stdout_limit", &req.stdout_limit) < 0 ||
+	    to_u32(o_err, "stderr_limit", &req.stderr_limit) < 0)
+		goto out;
+	seq = PySequence_Fast(o_env, "env must be a sequence of (bytes, bytes) pairs");
+	if (!seq)
+		goto out;
+	Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+	if (count > (Py_ssize_t)SBX_ENV_MAX_COUNT) {
+		PyErr_SetString(PyExc_ValueError, "more than 100 environment variables");
+		goto out;
+	}
+	vars = PyMem_Calloc(count ? (size_t)count : 1, sizeof(*vars));
+	if (!vars) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	/* Borrowed references: seq owns the items, the items own their bytes, and the GIL is held
+	 * until encoding is done. */
+	for (Py_ssize_t i = 0; i < count; i++) {
+		PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+		if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 0)) ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+			PyErr_SetString(PyExc_TypeError, "env items must be (bytes, bytes) tuples");
+			goto out;
+		}
+		PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+		vars[i].name = (const uint8_t *)PyBytes_AS_STRING(name);
+		vars[i].name_len = (size_t)PyBytes_GET_SIZE(name);
+		vars[i].value = (const uint8_t *)PyBytes_AS_STRING(value);
+		vars[i].value_len = (size_t)PyBytes_GET_SIZE(value);
+	}
+	req.env = vars;
+	req.env_count = (size_t)count;
+	req.code = code.buf;
+	req.code_len = (size_t)code.len;
+	const char *why = NULL;
+	int rc = sbx_channel_queue_exec(&self->vm.ch, &req, &why);
+	result = pending_or_raise(self, rc, why, rc == -ENOBUFS ? "send_exec" : "send");
+out:
+	PyMem_Free(vars);
+	Py_XDECREF(seq);
+	PyBuffer_Release(&code);
+	return result;
+}
+
+PyDoc_STRVAR(send_ping_doc, "send_ping(id) -> int\n\nQueue a PING frame and try to write; "
+			    "returns the bytes still pending.");
+
+static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
+{
+	uint32_t id;
+	if (check_open(self) < 0 || to_u32(o_id, "id", &id) < 0)
+		return NULL;
+	int rc = sbx_channel_queue_ping(&self->vm.ch, id);
+	return pending_or_raise(self, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
+}
+
+PyDoc_STRVAR(flush_doc, "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
+			"now; returns the bytes still pending.");
+
+static PyObject *vm_flush(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	return pending_or_raise(self, sbx_channel_flush(&self->vm.ch), NULL, "send");
+}
+
+PyDoc_STRVAR(read_console_doc, "read_console() -> bytes\n\nNon-blocking: what the console "
+			       "socket has now (at most 64 KiB); b'' if nothing or at EOF.");
+
+static PyObject *vm_read_console(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	PyObject *buf = PyBytes_FromStringAndSize(NULL, SBX_READ_CONSOLE_MAX);
+	if (!buf)
+		return NULL;
+	ssize_t n = sbx_vm_read_console(&self->vm, PyBytes_AS_STRING(buf), SBX_READ_CONSOLE_MAX);
+	if (n < 0) {
+		Py_DECREF(buf);
+		return sbx_raise_os_error((int)-n, "recv", NULL);
+	}
+	if (_PyBytes_Resize(&buf, n) < 0)
+		return NULL;
+	return buf;
+}
+
+PyDoc_STRVAR(poll_exit_doc,
+	     "poll_exit() -> int | None\n\n"
+	     "Non-blocking: None while QEMU runs, else its status like subprocess's returncode\n"
+	     "(exit code, or -signal). Keeps returning it once reaped, also after close().");
+
+static PyObject *vm_poll_exit(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int code;
+	int rc = sbx_vm_poll_exit(&self->vm, &code);
+	if (rc < 0)
+		return sbx_raise_os_error(-rc, "waitid", NULL);
+	if (rc == 0)
+		Py_RETURN_NONE;
+	return PyLong_FromLong(code);
+}
+
+PyDoc_STRVAR(kill_doc, "kill() -> None\n\nSIGKILL QEMU. Idempotent; a no-op once reaped or closed.");
+
+static PyObject *vm_kill(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int rc = sbx_vm_kill(&self->vm);
+	if (rc < 0)
+		return sbx_raise_os_error(-rc, "pidfd_send_signal", NULL);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(close_doc, "close() -> None\n\nSIGKILL QEMU, reap it (blocking, briefly; the GIL is "
+			"released) and close every fd. Idempotent.");
+
+static PyObject *vm_close(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	vm_do_close(self);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(fileno_doc, "fileno() -> int\n\nThe channel socket (for add_reader/add_writer).");
+
+static PyObject *vm_fileno(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	return PyLong_FromLong(self->vm.ch.fd);
+}
+
+static PyObject *vm_enter(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *vm_exit(VmObject *self, PyObject *args)
+{
+	(void)args;
+	vm_do_close(self);
+	Py_RETURN_FALSE;
+}
+
+static PyObject *get_pid(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong((long)self->vm.child.pid);
+}
+
+static PyObject *get_pidfd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.child.pidfd);
+}
+
+static PyObject *get_channel_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.ch.fd);
+}
+
+static PyObject *get_console_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.console_fd);
+}
+
+static PyObject *get_closed(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(self->vm.closed);
+}
+
+static PyGetSetDef vm_getset[] = {
+	{"pid", (getter)get_pid, NULL, "QEMU's pid; -1 once closed", NULL},
+	{"pidfd", (getter)get_pidfd, NULL, "a pidfd for QEMU; -1 once closed (or no pidfd support)",
+	 NULL},
+	{"channel_fd", (getter)get_channel_fd, NULL, "host end of the agent channel; -1 once closed",
+	 NULL},
+	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
+	{"closed", (getter)get_closed, NULL, "True once close() ran", NULL},
+	{NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef vm_methods[] = {
+	{"read_events", (PyCFunction)vm_read_events, METH_NOARGS, read_events_doc},
+	{"send_exec", (PyCFunction)(void (*)(void))vm_send_exec, METH_VARARGS | METH_KEYWORDS,
+	 send_exec_doc},
+	{"send_ping", (PyCFunction)vm_send_ping, METH_O, send_ping_doc},
+	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
+	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
+	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},
+	{"kill", (PyCFunction)vm_kill, METH_NOARGS, kill_doc},
+	{"close", (PyCFunction)vm_close, METH_NOARGS, close_doc},
+	{"fileno", (PyCFunction)vm_fileno, METH_NOARGS, fileno_doc},
+	{"__enter__", (PyCFunction)vm_enter, METH_NOARGS, NULL},
+	{"__exit__", (PyCFunction)vm_exit, METH_VARARGS, NULL},
+	{NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(vm_doc,
+	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
+	     "   kernel_cmdline_extra='')\n\n"
+	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
+	     "console at fds 1, 2 and 4. OSError(errno, '... (from <syscall>)') if it cannot be\n"
+	     "started, ValueError for an invalid configuration.\n\n"
+	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
+	     "a thread that lives as long as the Vm (e.g. the event loop's).");
+
+static PyType_Slot vm_slots[] = {
+	{Py_tp_new, (void *)vm_new},
+	{Py_tp_dealloc, (void *)vm_dealloc},
+	{Py_tp_methods, vm_methods},
+	{Py_tp_getset, vm_getset},
+	{Py_tp_doc, (void *)vm_doc},
+	{0, NULL},
+};
+
+static PyType_Spec vm_spec = {
+	.name = "exec_sandbox._execsbx.Vm",
+	.basicsize = sizeof(VmObject),
+	.itemsize = 0,
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+#else
+	.flags = Py_TPFLAGS_DEFAULT,
+#endif
+	.slots = vm_slots,
+};
+
+int sbx_vm_type_add(PyObject *module, sbx_module_state *st)
+{
+	st->vm_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &vm_spec, NULL);
+	if (!st->vm_type)
+		return -1;
+	return PyModule_AddType(module, st->vm_type);
+}

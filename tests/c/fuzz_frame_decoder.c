@@ -1,0 +1,92 @@
+/* libFuzzer target: arbitrary guest bytes through exactly the path Vm.read_events() uses
+ * (sbx_channel_ingest = what sbx_channel_read feeds after recv, then sbx_channel_next_event =
+ * sbx_reader_next + sbx_event_decode), split at pseudo-random points.
+ *
+ * Input layout: 2 bytes seed for the split points, then the byte stream. */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "channel.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static struct sbx_channel CH;
+
+#define REQUIRE(c)                        \
+	do {                              \
+		if (!(c))                 \
+			__builtin_trap(); \
+	} while (0)
+
+static volatile uint32_t sink;
+
+static void check_event(const struct sbx_event *ev)
+{
+	uint32_t sum = 0;
+	/* Touch every byte the event points at: ASan checks it lies in the decoder's buffer. */
+	for (uint32_t i = 0; i < ev->len; i++)
+		sum += ev->data[i];
+	sink = sum;
+	switch (ev->kind) {
+	case SBX_EV_READY:
+		REQUIRE(ev->len <= SBX_AGENT_VERSION_MAX);
+		break;
+	case SBX_EV_STDOUT:
+	case SBX_EV_STDERR:
+		REQUIRE(ev->len >= 1 && ev->len <= SBX_OUTPUT_CHUNK_MAX);
+		break;
+	case SBX_EV_EXIT:
+		REQUIRE(ev->len == 0);
+		REQUIRE((ev->exit.flags & ~SBX_EXIT_FLAGS_ALL) == 0);
+		REQUIRE(ev->exit.exit_code >= -1 && ev->exit.exit_code <= 255);
+		break;
+	case SBX_EV_ERROR:
+		REQUIRE(ev->error_code >= SBX_ERR_BAD_REQUEST && ev->error_code <= SBX_ERR_INTERNAL);
+		REQUIRE(ev->len <= SBX_ERROR_MESSAGE_MAX);
+		break;
+	case SBX_EV_PONG:
+		REQUIRE(ev->len == 0);
+		break;
+	default:
+		__builtin_trap();
+	}
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 2)
+		return 0;
+	uint32_t seed = (uint32_t)data[0] | (uint32_t)data[1] << 8;
+	data += 2;
+	size -= 2;
+
+	sbx_channel_init(&CH, -1);
+	size_t off = 0;
+	int rc = 0;
+	while (off < size) {
+		seed = seed * 1103515245u + 12345u;
+		/* Mostly short reads (1..16 bytes), sometimes up to one full read chunk. */
+		size_t chunk = (seed >> 16) & 1 ? 1 + ((seed >> 8) & 15)
+						: 1 + (seed >> 4) % SBX_CHANNEL_READ_CHUNK;
+		if (chunk > size - off)
+			chunk = size - off;
+		rc = sbx_channel_ingest(&CH, data + off, chunk);
+		off += chunk;
+		if (rc < 0)
+			break;
+		struct sbx_event ev;
+		while ((rc = sbx_channel_next_event(&CH, &ev)) == 1)
+			check_event(&ev);
+		if (rc < 0)
+			break;
+	}
+	if (rc < 0 && rc != -ENOMEM) {
+		/* Sticky: every later call reports the same error. */
+		struct sbx_event ev;
+		REQUIRE(CH.error == rc);
+		REQUIRE(sbx_channel_next_event(&CH, &ev) == rc);
+		REQUIRE(sbx_channel_ingest(&CH, "x", 1) == rc);
+	}
+	sbx_channel_destroy(&CH);
+	return 0;
+}

@@ -1,0 +1,123 @@
+/* Writes the seed corpus for fuzz_frame_decoder into the directory given as argv[1]:
+ * valid frames of every guest type, a few streams, and typical violations. Each file starts
+ * with the fuzzer's 2-byte split seed. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+
+static const char *dir;
+
+static void emit(const char *name, const struct sbx_buf *b, uint16_t seed)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/seed_%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	if (!f) {
+		perror(path);
+		exit(1);
+	}
+	uint8_t s[2] = {(uint8_t)seed, (uint8_t)(seed >> 8)};
+	fwrite(s, 1, 2, f);
+	fwrite(b->data, 1, b->len, f);
+	fclose(f);
+}
+
+static void frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *p, size_t n)
+{
+	size_t start;
+	sbx_frame_begin(b, type, id, &start);
+	sbx_buf_append(b, p, n);
+	sbx_frame_end(b, start, UINT32_MAX);
+}
+
+static void ready(struct sbx_buf *b, uint32_t version, const char *agent)
+{
+	size_t start;
+	sbx_frame_begin(b, SBX_MSG_READY, 0, &start);
+	sbx_put_u32(b, version);
+	sbx_put_str(b, agent, strlen(agent));
+	sbx_frame_end(b, start, UINT32_MAX);
+}
+
+static void error(struct sbx_buf *b, uint32_t id, uint32_t code, const char *msg)
+{
+	size_t start;
+	sbx_frame_begin(b, SBX_MSG_ERROR, id, &start);
+	sbx_put_u32(b, code);
+	sbx_put_str(b, msg, strlen(msg));
+	sbx_frame_end(b, start, UINT32_MAX);
+}
+
+int main(int argc, char **argv)
+{
+	struct sbx_buf b = {0};
+	struct sbx_exit ex = {.exit_code = 0, .flags = 0, .duration_us = 1500};
+	if (argc != 2)
+		return 2;
+	dir = argv[1];
+
+	ready(&b, SBX_PROTOCOL_VERSION, "sbx-agent 0.1.0");
+	emit("ready", &b, 1);
+	b.len = 0;
+	frame(&b, SBX_MSG_STDOUT, 1, "hello\n", 6);
+	emit("stdout", &b, 2);
+	b.len = 0;
+	frame(&b, SBX_MSG_STDERR, 1, "Traceback\n", 10);
+	emit("stderr", &b, 3);
+	b.len = 0;
+	sbx_encode_exit(&b, 1, &ex);
+	emit("exit", &b, 4);
+	b.len = 0;
+	error(&b, 1, SBX_ERR_SPAWN, "python3: not found");
+	emit("error", &b, 5);
+	b.len = 0;
+	frame(&b, SBX_MSG_PONG, 42, NULL, 0);
+	emit("pong", &b, 6);
+
+	/* A whole session. */
+	b.len = 0;
+	ready(&b, SBX_PROTOCOL_VERSION, "sbx-agent 0.1.0");
+	frame(&b, SBX_MSG_PONG, 1, NULL, 0);
+	for (int i = 0; i < 5; i++)
+		frame(&b, i & 1 ? SBX_MSG_STDERR : SBX_MSG_STDOUT, 2, "line of output\n", 15);
+	ex = (struct sbx_exit){.exit_code = -1, .flags = SBX_EXIT_TIMED_OUT, .duration_us = 30000000};
+	sbx_encode_exit(&b, 2, &ex);
+	error(&b, 3, SBX_ERR_BUSY, "busy");
+	emit("session", &b, 7);
+
+	/* A maximal output chunk. */
+	b.len = 0;
+	char *big = malloc(SBX_OUTPUT_CHUNK_MAX);
+	memset(big, 'A', SBX_OUTPUT_CHUNK_MAX);
+	frame(&b, SBX_MSG_STDOUT, 9, big, SBX_OUTPUT_CHUNK_MAX);
+	frame(&b, SBX_MSG_STDOUT, 9, big, 100);
+	emit("max_chunk", &b, 8);
+	free(big);
+
+	/* Violations. */
+	b.len = 0;
+	frame(&b, SBX_MSG_PONG, 1, NULL, 0);
+	b.data[5] = 1;
+	emit("bad_flags", &b, 9);
+	b.len = 0;
+	frame(&b, SBX_MSG_STDOUT, 1, "x", 1);
+	b.data[0] = 0xff;
+	b.data[1] = 0xff;
+	b.data[2] = 0x01;
+	emit("oversize", &b, 10);
+	b.len = 0;
+	frame(&b, SBX_MSG_EXEC, 1, NULL, 0);
+	emit("host_type", &b, 11);
+	b.len = 0;
+	ex = (struct sbx_exit){.exit_code = 300, .flags = 8, .duration_us = 1};
+	sbx_encode_exit(&b, 1, &ex);
+	emit("bad_exit", &b, 12);
+	b.len = 0;
+	frame(&b, SBX_MSG_READY, 0, "\x01\x00\x00\x00\x10\x00\x00\x00short", 13);
+	emit("bad_ready", &b, 13);
+	sbx_buf_free(&b);
+	return 0;
+}

@@ -1,0 +1,58 @@
+/* A minimal test harness: TEST functions run by RUN; CHECK* record failures without stopping;
+ * TEST_MAIN_END prints "<name>: N passed, M failed" (tests, not checks) and sets the exit code. */
+#ifndef SBX_TEST_H
+#define SBX_TEST_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+static int t_tests_passed, t_tests_failed, t_checks_failed_here;
+
+#define CHECK(cond)                                                                       \
+	do {                                                                              \
+		if (!(cond)) {                                                            \
+			t_checks_failed_here++;                                           \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+		}                                                                         \
+	} while (0)
+
+#define CHECK_EQ(a, b)                                                                       \
+	do {                                                                                 \
+		long long _a = (long long)(a), _b = (long long)(b);                           \
+		if (_a != _b) {                                                              \
+			t_checks_failed_here++;                                              \
+			fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %lld, %s == %lld\n",  \
+				__FILE__, __LINE__, #a, _a, #b, _b);                         \
+		}                                                                            \
+	} while (0)
+
+#define CHECK_STR(a, b)                                                                       \
+	do {                                                                                  \
+		const char *_a = (a), *_b = (b);                                              \
+		if (!_a || !_b || strcmp(_a, _b) != 0) {                                      \
+			t_checks_failed_here++;                                               \
+			fprintf(stderr, "%s:%d: CHECK_STR failed: %s == \"%s\", expected \"%s\"\n", \
+				__FILE__, __LINE__, #a, _a ? _a : "(null)", _b ? _b : "(null)"); \
+		}                                                                             \
+	} while (0)
+
+#define RUN(fn)                                                              \
+	do {                                                                 \
+		t_checks_failed_here = 0;                                    \
+		fn();                                                        \
+		if (t_checks_failed_here) {                                  \
+			t_tests_failed++;                                    \
+			fprintf(stderr, "FAIL %s\n", #fn);                   \
+		} else {                                                     \
+			t_tests_passed++;                                    \
+		}                                                            \
+	} while (0)
+
+#define TEST_MAIN_END(name)                                                                  \
+	do {                                                                                 \
+		printf("%s: %d passed, %d failed\n", name, t_tests_passed, t_tests_failed); \
+		return t_tests_failed ? 1 : 0;                                               \
+	} while (0)
+
+#endif /* SBX_TEST_H */

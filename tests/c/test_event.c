@@ -1,0 +1,287 @@
+/* Unit tests of guest->host payload validation (event.c) and host->guest encoding (request.c). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "event.h"
+#include "request.h"
+#include "test.h"
+
+struct payload {
+	uint8_t b[SBX_GUEST_FRAME_MAX];
+	size_t n;
+};
+
+static void p_u32(struct payload *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p->b[p->n++] = (uint8_t)(v >> (8 * i));
+}
+
+static void p_bytes(struct payload *p, const void *d, size_t n)
+{
+	memcpy(p->b + p->n, d, n);
+	p->n += n;
+}
+
+static int decode(uint8_t type, const struct payload *p, struct sbx_event *ev)
+{
+	struct sbx_frame f = {.type = type, .id = 99, .payload = p->b, .payload_len = (uint32_t)p->n};
+	return sbx_event_decode(&f, ev);
+}
+
+static struct payload P; /* large: not on the stack */
+
+static void test_ready(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_u32(&P, 1);
+	p_u32(&P, 5);
+	p_bytes(&P, "0.1.0", 5);
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_READY);
+	CHECK_EQ(ev.id, 99);
+	CHECK_EQ(ev.protocol_version, 1);
+	CHECK_EQ(ev.len, 5);
+	CHECK(memcmp(ev.data, "0.1.0", 5) == 0);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "ready");
+	/* Trailing byte, short string, missing version, over-long version. */
+	P.b[P.n++] = 0;
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), -EPROTO);
+	P.n -= 2;
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), -EPROTO);
+	P.n = 2;
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), -EPROTO);
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, 1);
+	p_u32(&P, SBX_AGENT_VERSION_MAX + 1);
+	memset(P.b + P.n, 'v', SBX_AGENT_VERSION_MAX + 1);
+	P.n += SBX_AGENT_VERSION_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_READY, &P, &ev), -EMSGSIZE);
+}
+
+static void test_output(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_bytes(&P, "hi\n", 3);
+	CHECK_EQ(decode(SBX_MSG_STDOUT, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_STDOUT);
+	CHECK_EQ(ev.len, 3);
+	CHECK_EQ(decode(SBX_MSG_STDERR, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_STDERR);
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_STDOUT, &P, &ev), -EPROTO); /* empty chunk */
+	P.n = SBX_OUTPUT_CHUNK_MAX;
+	CHECK_EQ(decode(SBX_MSG_STDOUT, &P, &ev), 0);
+	P.n = SBX_OUTPUT_CHUNK_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_STDERR, &P, &ev), -EPROTO);
+}
+
+static void test_exit(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_u32(&P, (uint32_t)-1);
+	p_u32(&P, SBX_EXIT_TIMED_OUT);
+	p_u32(&P, 10);
+	p_u32(&P, 1);
+	CHECK_EQ(decode(SBX_MSG_EXIT, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_EXIT);
+	CHECK_EQ(ev.exit.exit_code, -1);
+	CHECK_EQ(ev.exit.flags, SBX_EXIT_TIMED_OUT);
+	CHECK(ev.exit.duration_us == ((1ull << 32) | 10));
+	P.b[4] = 8; /* unknown flag */
+	CHECK_EQ(decode(SBX_MSG_EXIT, &P, &ev), -EPROTO);
+	P.b[4] = 0;
+	P.n = 17;
+	CHECK_EQ(decode(SBX_MSG_EXIT, &P, &ev), -EPROTO);
+}
+
+static void test_error(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_u32(&P, SBX_ERR_BUSY);
+	p_u32(&P, 4);
+	p_bytes(&P, "busy", 4);
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_ERROR);
+	CHECK_EQ(ev.error_code, SBX_ERR_BUSY);
+	CHECK_EQ(ev.len, 4);
+	P.b[0] = 0;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
+	P.b[0] = SBX_ERR_INTERNAL + 1;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
+	P.b[0] = SBX_ERR_SPAWN;
+	P.n--;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, SBX_ERR_INTERNAL);
+	p_u32(&P, SBX_ERROR_MESSAGE_MAX + 1);
+	P.n += SBX_ERROR_MESSAGE_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EMSGSIZE);
+	P.n = 0;
+	p_u32(&P, SBX_ERR_INTERNAL);
+	p_u32(&P, 0);
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), 0);
+	CHECK_EQ(ev.len, 0);
+}
+
+static void test_pong_and_bad_types(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_PONG, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_PONG);
+	P.n = 1;
+	CHECK_EQ(decode(SBX_MSG_PONG, &P, &ev), -EPROTO);
+	P.n = 0;
+	static const uint8_t bad[] = {0, 7, 63, SBX_MSG_EXEC, SBX_MSG_PING, 66, 255};
+	for (size_t i = 0; i < sizeof(bad); i++)
+		CHECK_EQ(decode(bad[i], &P, &ev), -EPROTO);
+}
+
+/* Decode an EXEC frame back (what the guest will do) and compare. */
+static void test_exec_roundtrip(void)
+{
+	struct sbx_env_var env[2] = {
+		{(const uint8_t *)"A", 1, (const uint8_t *)"1", 1},
+		{(const uint8_t *)"EMPTY", 5, NULL, 0},
+	};
+	struct sbx_exec_req r = {
+		.id = 7, .language = SBX_LANG_PYTHON, .timeout_ms = 5000, .stdout_limit = 100,
+		.stderr_limit = 200, .env = env, .env_count = 2,
+		.code = (const uint8_t *)"print(1)", .code_len = 8,
+	};
+	struct sbx_buf b = {0};
+	CHECK_EQ(sbx_encode_exec(&b, &r, NULL), 0);
+	struct sbx_reader rd;
+	struct sbx_frame f;
+	sbx_reader_init(&rd, SBX_HOST_FRAME_MAX);
+	CHECK_EQ(sbx_reader_feed(&rd, b.data, b.len), 0);
+	CHECK_EQ(sbx_reader_next(&rd, &f), 1);
+	CHECK_EQ(f.type, SBX_MSG_EXEC);
+	CHECK_EQ(f.id, 7);
+	struct sbx_cursor c = {f.payload, f.payload_len};
+	uint8_t lang;
+	uint32_t v, n;
+	const uint8_t *s;
+	CHECK_EQ(sbx_get_u8(&c, &lang), 0);
+	CHECK_EQ(lang, SBX_LANG_PYTHON);
+	CHECK_EQ(sbx_get_u32(&c, &v), 0);
+	CHECK_EQ(v, 5000);
+	CHECK_EQ(sbx_get_u32(&c, &v), 0);
+	CHECK_EQ(v, 100);
+	CHECK_EQ(sbx_get_u32(&c, &v), 0);
+	CHECK_EQ(v, 200);
+	CHECK_EQ(sbx_get_u32(&c, &v), 0);
+	CHECK_EQ(v, 2);
+	CHECK_EQ(sbx_get_str(&c, SBX_ENV_NAME_MAX, &s, &n), 0);
+	CHECK(n == 1 && s[0] == 'A');
+	CHECK_EQ(sbx_get_str(&c, SBX_ENV_VALUE_MAX, &s, &n), 0);
+	CHECK(n == 1 && s[0] == '1');
+	CHECK_EQ(sbx_get_str(&c, SBX_ENV_NAME_MAX, &s, &n), 0);
+	CHECK(n == 5 && memcmp(s, "EMPTY", 5) == 0);
+	CHECK_EQ(sbx_get_str(&c, SBX_ENV_VALUE_MAX, &s, &n), 0);
+	CHECK_EQ(n, 0);
+	CHECK_EQ(sbx_get_str(&c, SBX_CODE_MAX, &s, &n), 0);
+	CHECK(n == 8 && memcmp(s, "print(1)", 8) == 0);
+	CHECK_EQ(c.left, 0);
+
+	/* PING. */
+	size_t before = b.len;
+	CHECK_EQ(sbx_encode_ping(&b, 0xffffffffu), 0);
+	CHECK_EQ(b.len, before + 12);
+	CHECK_EQ(b.data[before + 4], SBX_MSG_PING);
+	sbx_reader_free(&rd);
+	sbx_buf_free(&b);
+}
+
+static void test_exec_validation(void)
+{
+	struct sbx_env_var env = {(const uint8_t *)"A", 1, (const uint8_t *)"1", 1};
+	const struct sbx_exec_req ok = {
+		.id = 1, .language = SBX_LANG_RAW, .timeout_ms = 1, .env = &env, .env_count = 1,
+		.code = (const uint8_t *)"true", .code_len = 4,
+	};
+	struct sbx_buf b = {0};
+	const char *why;
+	CHECK_EQ(sbx_encode_exec(&b, &ok, NULL), 0);
+	size_t len = b.len;
+
+	struct sbx_exec_req r = ok;
+	r.language = 0;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r.language = 4;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r = ok;
+	r.timeout_ms = 0;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r.timeout_ms = SBX_TIMEOUT_MS_MAX + 1;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r.timeout_ms = SBX_TIMEOUT_MS_MAX;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), 0);
+	len = b.len;
+
+	struct sbx_env_var bad = env;
+	r = ok;
+	r.env = &bad;
+	bad.name = (const uint8_t *)"A=B";
+	bad.name_len = 3;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	bad.name_len = 0;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	bad = env;
+	bad.value = (const uint8_t *)"a\0b";
+	bad.value_len = 3;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+
+	uint8_t *big = calloc(1, SBX_CODE_MAX + 1);
+	memset(big, 'x', SBX_CODE_MAX + 1);
+	bad = env;
+	bad.name = big;
+	bad.name_len = SBX_ENV_NAME_MAX + 1;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
+	bad = env;
+	bad.value = big;
+	bad.value_len = SBX_ENV_VALUE_MAX + 1;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
+	r = ok;
+	r.code = big;
+	r.code_len = SBX_CODE_MAX + 1;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
+	r.code_len = SBX_CODE_MAX;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), 0);
+	b.len = len;
+
+	/* 100 variables at 32 KiB each plus 1 MiB code: each within limits, the frame over. */
+	struct sbx_env_var many[SBX_ENV_MAX_COUNT + 1];
+	for (size_t i = 0; i < SBX_ENV_MAX_COUNT + 1; i++)
+		many[i] = (struct sbx_env_var){(const uint8_t *)"V", 1, big, SBX_ENV_VALUE_MAX};
+	r = ok;
+	r.env = many;
+	r.env_count = SBX_ENV_MAX_COUNT + 1;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
+	r.env_count = SBX_ENV_MAX_COUNT;
+	why = NULL;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
+	CHECK(why && strstr(why, "HOST_FRAME_MAX"));
+	CHECK_EQ(b.len, len); /* every failure left the buffer as it was */
+	free(big);
+	sbx_buf_free(&b);
+}
+
+int main(void)
+{
+	RUN(test_ready);
+	RUN(test_output);
+	RUN(test_exit);
+	RUN(test_error);
+	RUN(test_pong_and_bad_types);
+	RUN(test_exec_roundtrip);
+	RUN(test_exec_validation);
+	TEST_MAIN_END("test_event");
+}

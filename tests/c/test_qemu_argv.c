@@ -1,0 +1,248 @@
+/* Unit tests of the QEMU command line builder (src/_execsbx/qemu_argv.c). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "protocol.h"
+#include "qemu_argv.h"
+#include "test.h"
+
+static struct sbx_vm_config base(void)
+{
+	return (struct sbx_vm_config){
+		.qemu_binary = "/usr/bin/qemu-system-x86_64",
+		.kernel = "/images/vmlinux",
+		.rootfs = "/images/rootfs.erofs",
+		.memory_mb = 256,
+		.vcpus = 1,
+		.accel = "tcg",
+		.kernel_cmdline_extra = "",
+	};
+}
+
+/* Index of the first argv entry equal to s, or -1. */
+static int find(char **argv, const char *s)
+{
+	for (int i = 0; argv[i]; i++)
+		if (strcmp(argv[i], s) == 0)
+			return i;
+	return -1;
+}
+
+/* The value following option opt. */
+static const char *opt_value(char **argv, const char *opt)
+{
+	int i = find(argv, opt);
+	return i < 0 ? NULL : argv[i + 1];
+}
+
+static void test_full_tcg_command_line(void)
+{
+	static const char *const expected[] = {
+		"/usr/bin/qemu-system-x86_64",
+		"-M", "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off",
+		"-accel", "tcg", "-cpu", "max",
+		"-m", "256", "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-kernel", "/images/vmlinux",
+		"-append",
+		"console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent "
+		"panic=-1 random.trust_cpu=on",
+		"-drive", "file=/images/rootfs.erofs,if=none,id=root,format=raw,readonly=on",
+		"-device", "virtio-blk-device,drive=root",
+		"-device", "virtio-serial-device,max_ports=2",
+		"-chardev", "socket,id=con,fd=4", "-device", "virtconsole,chardev=con",
+		"-chardev", "socket,id=agent,fd=3",
+		"-device", "virtserialport,chardev=agent,name=org.execsandbox.agent.0",
+		NULL,
+	};
+	struct sbx_vm_config c = base();
+	char **argv = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(argv != NULL);
+	if (!argv)
+		return;
+	unsigned n = sbx_argv_count(argv);
+	CHECK_EQ(n, sizeof(expected) / sizeof(expected[0]) - 1);
+	for (unsigned i = 0; i < n && expected[i]; i++)
+		CHECK_STR(argv[i], expected[i]);
+	CHECK(argv[n] == NULL);
+	sbx_argv_free(argv);
+}
+
+static void test_accel_kvm_vs_tcg(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	c.accel = "kvm";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-accel"), "kvm");
+	CHECK_STR(opt_value(argv, "-cpu"), "host");
+	sbx_argv_free(argv);
+	c.accel = "tcg";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-accel"), "tcg");
+	CHECK_STR(opt_value(argv, "-cpu"), "max");
+	sbx_argv_free(argv);
+
+	const char *why = NULL;
+	c.accel = "hvf";
+	argv = (char **)1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK(argv == NULL);
+	CHECK(why != NULL);
+	c.accel = "KVM";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.accel = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+}
+
+static void test_memory_and_vcpus(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	c.memory_mb = 4096;
+	c.vcpus = 4;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-m"), "4096");
+	CHECK_STR(opt_value(argv, "-smp"), "4");
+	sbx_argv_free(argv);
+
+	c = base();
+	c.memory_mb = SBX_VM_MEMORY_MB_MIN - 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.memory_mb = SBX_VM_MEMORY_MB_MAX + 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.memory_mb = SBX_VM_MEMORY_MB_MIN;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	sbx_argv_free(argv);
+	c = base();
+	c.vcpus = 0;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.vcpus = SBX_VM_VCPUS_MAX + 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+}
+
+static void test_append_line(void)
+{
+	const char *fixed = "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro "
+			    "init=/usr/sbin/sbx-agent panic=-1 random.trust_cpu=on";
+	struct sbx_vm_config c = base();
+	char **argv;
+	c.kernel_cmdline_extra = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-append"), fixed);
+	sbx_argv_free(argv);
+
+	c.kernel_cmdline_extra = "tsc=reliable tsc_khz=2600000";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	char want[512];
+	snprintf(want, sizeof(want), "%s %s", fixed, c.kernel_cmdline_extra);
+	CHECK_STR(opt_value(argv, "-append"), want);
+	sbx_argv_free(argv);
+
+	const char *why = NULL;
+	c.kernel_cmdline_extra = "a\nb";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK(why && strstr(why, "control"));
+
+	/* The kernel truncates at 2047 bytes: too long is refused, not silently cut. */
+	char *lng = malloc(SBX_KERNEL_CMDLINE_MAX + 1);
+	size_t room = SBX_KERNEL_CMDLINE_MAX - strlen(fixed) - 1;
+	memset(lng, 'x', room);
+	lng[room] = 0;
+	c.kernel_cmdline_extra = lng;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(strlen(opt_value(argv, "-append")), SBX_KERNEL_CMDLINE_MAX);
+	sbx_argv_free(argv);
+	lng[room] = 'x';
+	lng[room + 1] = 0;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -E2BIG);
+	free(lng);
+}
+
+static void test_comma_rejection(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	const char *why = NULL;
+	c.rootfs = "/images/root,file=/etc/shadow";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK(why && strstr(why, "','"));
+	c.rootfs = "/images/root,";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c = base();
+	c.kernel = "/a,b/vmlinux";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	/* A comma in the QEMU binary path is fine: it is only execve's path and argv[0]. */
+	c = base();
+	c.qemu_binary = "/opt/q,emu/qemu-system-x86_64";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(argv[0], "/opt/q,emu/qemu-system-x86_64");
+	sbx_argv_free(argv);
+}
+
+static void test_relative_and_empty_paths(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	const char *why = NULL;
+	/* A relative rootfs must never be read as a block protocol ("nbd:...", "json:{...}"). */
+	c.rootfs = "json:{\"driver\":\"nbd\"}";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-drive"),
+		  "file=./json:{\"driver\":\"nbd\"},if=none,id=root,format=raw,readonly=on");
+	sbx_argv_free(argv);
+	c.rootfs = "images/rootfs.erofs";
+	c.kernel = "vmlinux";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-drive"),
+		  "file=./images/rootfs.erofs,if=none,id=root,format=raw,readonly=on");
+	CHECK_STR(opt_value(argv, "-kernel"), "vmlinux");
+	sbx_argv_free(argv);
+	c.rootfs = "";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK(why && strstr(why, "empty"));
+	c.rootfs = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c = base();
+	c.kernel = "";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.kernel = "/boot/vm\tlinux";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c = base();
+	c.qemu_binary = "";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	c.qemu_binary = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+}
+
+static void test_drive_and_channel(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-drive"),
+		  "file=/images/rootfs.erofs,if=none,id=root,format=raw,readonly=on");
+	CHECK_STR(opt_value(argv, "-kernel"), "/images/vmlinux");
+	CHECK(find(argv, "virtserialport,chardev=agent,name=" SBX_CHANNEL_PORT_NAME) > 0);
+	CHECK(find(argv, "socket,id=agent,fd=3") > 0);
+	CHECK(find(argv, "socket,id=con,fd=4") > 0);
+	CHECK(find(argv, "-sandbox") < 0);
+	CHECK(find(argv, "-nodefaults") > 0);
+	CHECK(find(argv, "-no-reboot") > 0);
+	sbx_argv_free(argv);
+	sbx_argv_free(NULL);
+	CHECK_EQ(sbx_argv_count(NULL), 0);
+}
+
+int main(void)
+{
+	RUN(test_full_tcg_command_line);
+	RUN(test_accel_kvm_vs_tcg);
+	RUN(test_memory_and_vcpus);
+	RUN(test_append_line);
+	RUN(test_comma_rejection);
+	RUN(test_relative_and_empty_paths);
+	RUN(test_drive_and_channel);
+	TEST_MAIN_END("test_qemu_argv");
+}

@@ -1,0 +1,161 @@
+/* Tests of the QEMU lifecycle layer (vm.c) with /bin/sh standing in for QEMU: it writes frames
+ * to fd 3 with printf, as the guest agent would through virtio-serial. */
+#define _GNU_SOURCE 1
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "vm.h"
+#include "test.h"
+
+static struct sbx_vm VM;
+
+/* READY(id 0, version 1, "test") and STDOUT(id 5, "hi") as octal printf escapes. */
+#define READY_FRAME "\\014\\000\\000\\000\\001\\000\\000\\000\\000\\000\\000\\000" \
+		    "\\001\\000\\000\\000\\004\\000\\000\\000test"
+#define STDOUT_FRAME "\\002\\000\\000\\000\\002\\000\\000\\000\\005\\000\\000\\000hi"
+
+/* Collect events for up to timeout_ms until one of kind `want` (or eof if want == 0). */
+static int wait_event(int want, int timeout_ms, struct sbx_event *out)
+{
+	for (int waited = 0; waited <= timeout_ms; waited += 10) {
+		struct sbx_event ev;
+		int rc;
+		for (;;) {
+			while ((rc = sbx_channel_next_event(&VM.ch, &ev)) == 1)
+				if ((int)ev.kind == want) {
+					if (out)
+						*out = ev;
+					return 1;
+				}
+			if (rc < 0)
+				return rc;
+			if (VM.ch.eof)
+				return want == 0 ? 1 : -EPIPE;
+			ssize_t n = sbx_channel_read(&VM.ch, 1 << 20);
+			if (n < 0)
+				return (int)n;
+			if (n == 0 && !VM.ch.eof)
+				break;
+		}
+		struct pollfd p = {VM.ch.fd, POLLIN, 0};
+		poll(&p, 1, 10);
+	}
+	return 0;
+}
+
+static int wait_exit(int timeout_ms, int *code)
+{
+	for (int waited = 0; waited <= timeout_ms; waited += 5) {
+		int rc = sbx_vm_poll_exit(&VM, code);
+		if (rc != 0)
+			return rc;
+		usleep(5000);
+	}
+	return 0;
+}
+
+static void test_lifecycle_kill(void)
+{
+	char *const argv[] = {"/bin/sh", "-c",
+			      "printf '" READY_FRAME "' >&3; echo hello-console; exec sleep 30", NULL};
+	sbx_vm_init(&VM);
+	CHECK_EQ(VM.closed, 1);
+	const char *where = NULL;
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), 0);
+	CHECK_EQ(VM.closed, 0);
+	CHECK(VM.child.pid > 0 && VM.child.pidfd >= 0 && VM.console_fd >= 0 && VM.ch.fd >= 0);
+	struct sbx_event ev;
+	CHECK_EQ(wait_event(SBX_EV_READY, 5000, &ev), 1);
+	CHECK_EQ(ev.protocol_version, 1);
+	CHECK(ev.len == 4 && memcmp(ev.data, "test", 4) == 0);
+
+	char buf[256];
+	ssize_t n = 0;
+	for (int i = 0; i < 500 && n == 0; i++) {
+		n = sbx_vm_read_console(&VM, buf, sizeof(buf) - 1);
+		if (n == 0)
+			usleep(2000);
+	}
+	CHECK_EQ(n, 14);
+	buf[n > 0 ? n : 0] = 0;
+	CHECK_STR(buf, "hello-console\n");
+	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf)), 0); /* nothing more: no blocking */
+
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1), 0);
+	CHECK_EQ(sbx_channel_pending(&VM.ch), 0);
+	int code = 12345;
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
+	CHECK_EQ(sbx_vm_kill(&VM), 0);
+	CHECK_EQ(wait_exit(5000, &code), 1);
+	CHECK_EQ(code, -SIGKILL);
+	CHECK_EQ(sbx_vm_kill(&VM), 0); /* reaped: no-op */
+	sbx_vm_close(&VM);
+	CHECK_EQ(VM.closed, 1);
+	CHECK(VM.child.pid == -1 && VM.child.pidfd == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
+	sbx_vm_close(&VM); /* idempotent */
+	code = 0;
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(code, -SIGKILL);
+}
+
+static void test_exit_and_eof(void)
+{
+	char *const argv[] = {"/bin/sh", "-c", "printf '" STDOUT_FRAME "' >&3; exit 3", NULL};
+	sbx_vm_init(&VM);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	struct sbx_event ev;
+	CHECK_EQ(wait_event(SBX_EV_STDOUT, 5000, &ev), 1);
+	CHECK_EQ(ev.id, 5);
+	CHECK(ev.len == 2 && memcmp(ev.data, "hi", 2) == 0);
+	CHECK_EQ(wait_event(0, 5000, NULL), 1);
+	CHECK_EQ(VM.ch.eof, 1);
+	int code;
+	CHECK_EQ(wait_exit(5000, &code), 1);
+	CHECK_EQ(code, 3);
+	/* Writing to a dead peer: an error, not SIGPIPE. */
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2), -EPIPE);
+	sbx_vm_close(&VM);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(code, 3);
+}
+
+static void test_close_running(void)
+{
+	/* close() on a live child: SIGKILL + blocking reap, no zombie left. */
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	sbx_vm_init(&VM);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	pid_t pid = VM.child.pid;
+	sbx_vm_close(&VM);
+	CHECK_EQ(kill(pid, 0), -1);
+	CHECK_EQ(errno, ESRCH);
+	int code;
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(code, -SIGKILL);
+}
+
+static void test_spawn_failure_leaves_closed(void)
+{
+	char *const argv[] = {"/nonexistent/qemu", NULL};
+	sbx_vm_init(&VM);
+	const char *where = NULL;
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), -ENOENT);
+	CHECK_STR(where, "execve");
+	CHECK_EQ(VM.closed, 1);
+	CHECK(VM.child.pid == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
+	sbx_vm_close(&VM);
+	int code;
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
+}
+
+int main(void)
+{
+	RUN(test_lifecycle_kill);
+	RUN(test_exit_and_eof);
+	RUN(test_close_running);
+	RUN(test_spawn_failure_leaves_closed);
+	TEST_MAIN_END("test_vm");
+}

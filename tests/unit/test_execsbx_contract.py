@@ -1,0 +1,393 @@
+"""Contract of the C extension exec_sandbox._execsbx, without a VM.
+
+A small /bin/sh script stands in for QEMU (it ignores the QEMU arguments and speaks frames on
+fd 3 with printf); that exercises spawn, the fd layout, the channel codec, poll_exit, kill and
+close exactly as exec_sandbox._vm uses them. Real VMs are tested in tests/integration.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import platform
+import select
+import stat
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import _execsbx
+
+KERNEL = "/nonexistent/vmlinux"
+ROOTFS = "/nonexistent/rootfs.erofs"
+
+
+def frame(kind: int, req_id: int, payload: bytes = b"", *, flags: int = 0) -> bytes:
+    return struct.pack("<IBBHI", len(payload), kind, flags, 0, req_id) + payload
+
+
+def sstr(data: bytes) -> bytes:
+    return struct.pack("<I", len(data)) + data
+
+
+def ready(version: int = 1, agent: bytes = b"sbx-agent test") -> bytes:
+    return frame(1, 0, struct.pack("<I", version) + sstr(agent))
+
+
+def octal(data: bytes) -> str:
+    return "".join(f"\\{b:03o}" for b in data)
+
+
+def fake_qemu(tmp_path: Path, guest_bytes: bytes, then: str = "exec sleep 60") -> str:
+    """A 'QEMU' that writes guest_bytes to the channel, 'console' to the console, then `then`."""
+    script = tmp_path / "fake-qemu"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"printf '{octal(guest_bytes)}' >&3\n"
+        "echo console\n"
+        f"{then}\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
+def make_vm(qemu: str, **kw: object) -> _execsbx.Vm:
+    args: dict[str, object] = dict(qemu_binary=qemu, kernel=KERNEL, rootfs=ROOTFS, memory_mb=128)
+    args.update(kw)
+    return _execsbx.Vm(**args)
+
+
+def collect(vm: _execsbx.Vm, until: Callable[[list[tuple]], bool], timeout: float = 10.0) -> list:
+    events: list[tuple] = []
+    deadline = time.monotonic() + timeout
+    while not until(events):
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out; events so far: {events}"
+        select.select([vm.fileno()], [], [], left)
+        events += vm.read_events()
+    return events
+
+
+def wait_exit(vm: _execsbx.Vm, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while (status := vm.poll_exit()) is None:
+        assert time.monotonic() < deadline
+        select.select([vm.pidfd], [], [], 0.5)
+    return status
+
+
+def fd_is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        assert exc.errno == errno.EBADF
+        return False
+    return True
+
+
+# --- constants and the command line ---
+
+
+def test_constants() -> None:
+    x = _execsbx
+    assert x.PROTOCOL_VERSION == 1
+    assert x.CHANNEL_PORT_NAME == "org.execsandbox.agent.0"
+    assert (x.LANG_PYTHON, x.LANG_JAVASCRIPT, x.LANG_RAW) == (1, 2, 3)
+    assert (x.EXIT_TIMED_OUT, x.EXIT_STDOUT_LIMIT, x.EXIT_STDERR_LIMIT) == (1, 2, 4)
+    assert (x.ERR_BAD_REQUEST, x.ERR_BUSY, x.ERR_SPAWN, x.ERR_INTERNAL) == (1, 2, 3, 4)
+    assert x.CODE_MAX == 1 << 20
+    assert x.HOST_FRAME_MAX == 2 << 20
+    assert x.GUEST_FRAME_MAX == 64 << 10
+    assert issubclass(x.ProtocolError, OSError)
+
+
+def argv(**kw: object) -> list[str]:
+    args: dict[str, object] = dict(qemu_binary="/usr/bin/qemu-system-x86_64", kernel="/k/vmlinux",
+                                   rootfs="/r/rootfs.erofs", memory_mb=256, vcpus=2, accel="kvm")  # fmt: skip
+    args.update(kw)
+    return _execsbx.build_qemu_argv(**args)
+
+
+def value(args: list[str], opt: str) -> str:
+    return args[args.index(opt) + 1]
+
+
+def test_build_qemu_argv() -> None:
+    a = argv(kernel_cmdline_extra="tsc=reliable")
+    assert a[0] == "/usr/bin/qemu-system-x86_64"
+    assert value(a, "-M") == "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off"
+    assert (value(a, "-accel"), value(a, "-cpu")) == ("kvm", "host")
+    assert (value(a, "-m"), value(a, "-smp")) == ("256", "2")
+    assert value(a, "-kernel") == "/k/vmlinux"
+    assert value(a, "-append") == (
+        "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent panic=-1"
+        " random.trust_cpu=on tsc=reliable"
+    )
+    assert value(a, "-drive") == "file=/r/rootfs.erofs,if=none,id=root,format=raw,readonly=on"
+    assert "socket,id=agent,fd=3" in a and "socket,id=con,fd=4" in a
+    assert "virtserialport,chardev=agent,name=org.execsandbox.agent.0" in a
+    for flag in ("-nodefaults", "-no-user-config", "-no-reboot"):
+        assert flag in a
+    assert "-sandbox" not in a
+    t = argv(accel="tcg", rootfs=Path("rel/root.img"))
+    assert (value(t, "-accel"), value(t, "-cpu")) == ("tcg", "max")
+    assert value(t, "-drive").startswith("file=./rel/root.img,")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rootfs": "/a,b/rootfs"},
+        {"kernel": "/a,b"},
+        {"accel": "hvf"},
+        {"memory_mb": 0},
+        {"memory_mb": -1},
+        {"vcpus": 0},
+        {"kernel_cmdline_extra": "a\nb"},
+        {"kernel_cmdline_extra": "x" * 3000},
+    ],
+)
+def test_build_qemu_argv_rejects(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        argv(**bad)
+
+
+def test_build_qemu_argv_signature() -> None:
+    with pytest.raises(TypeError):
+        _execsbx.build_qemu_argv("/q", "/k", "/r", 1, 1, "tcg")  # type: ignore[misc]
+    with pytest.raises(TypeError, match="accel"):
+        _execsbx.build_qemu_argv(qemu_binary="q", kernel="/k", rootfs="/r", memory_mb=128, vcpus=1)
+    with pytest.raises(ValueError):
+        argv(rootfs="/a\0b")
+
+
+def test_tsc_khz() -> None:
+    khz = _execsbx.tsc_khz()
+    assert isinstance(khz, int)
+    if platform.machine() == "x86_64":
+        assert 500_000 < khz < 10_000_000
+    else:
+        assert khz == 0
+
+
+# --- Vm ---
+
+
+def test_vm_missing_binary() -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        make_vm("/nonexistent/qemu-system-x86_64")
+    assert info.value.errno == errno.ENOENT
+    assert "(from execve)" in str(info.value)
+    assert info.value.filename == "/nonexistent/qemu-system-x86_64"
+
+
+def test_vm_not_executable(tmp_path: Path) -> None:
+    f = tmp_path / "qemu"
+    f.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        make_vm(str(f))
+
+
+def test_vm_invalid_config_is_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        make_vm("/bin/true", accel="whpx")
+    with pytest.raises(TypeError):
+        _execsbx.Vm("/bin/true")  # type: ignore[call-arg]
+
+
+def test_vm_lifecycle(tmp_path: Path) -> None:
+    out = tmp_path / "host-to-guest.bin"
+    qemu = fake_qemu(tmp_path, ready(), then=f"exec cat <&3 >'{out}'")
+    vm = make_vm(qemu, vcpus=1, accel="tcg")
+    fds = (vm.channel_fd, vm.console_fd, vm.pidfd)
+    assert vm.pid > 0 and all(fd >= 0 for fd in fds) and not vm.closed
+    assert vm.fileno() == vm.channel_fd
+    for fd in fds:
+        assert os.get_blocking(fd) is False or fd == vm.pidfd
+    assert stat.S_ISSOCK(os.fstat(vm.channel_fd).st_mode)
+
+    events = collect(vm, lambda ev: any(e[0] == "ready" for e in ev))
+    assert ("ready", 0, 1, "sbx-agent test") in events
+
+    console = b""
+    deadline = time.monotonic() + 10
+    while b"console\n" not in console and time.monotonic() < deadline:
+        select.select([vm.console_fd], [], [], 1)
+        console += vm.read_console()
+    assert console == b"console\n"
+    assert vm.read_console() == b""  # nothing more: does not block
+
+    assert vm.send_ping(7) == 0
+    pending = vm.send_exec(9, _execsbx.LANG_RAW, 1000, 100, 200, [(b"A", b"1")], b"echo hi")
+    while pending:
+        select.select([], [vm.fileno()], [], 1)
+        pending = vm.flush()
+    expected = frame(65, 7) + frame(
+        64, 9,
+        bytes([3]) + struct.pack("<IIII", 1000, 100, 200, 1) + sstr(b"A") + sstr(b"1")
+        + sstr(b"echo hi"),
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while (not out.exists() or out.stat().st_size < len(expected)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert out.read_bytes() == expected
+
+    assert vm.poll_exit() is None
+    vm.kill()
+    vm.kill()
+    assert wait_exit(vm) == -9
+    vm.kill()  # reaped: no-op
+    vm.close()
+    assert vm.closed
+    assert (vm.pid, vm.channel_fd, vm.console_fd, vm.pidfd) == (-1, -1, -1, -1)
+    assert not any(fd_is_open(fd) for fd in fds)
+    assert vm.poll_exit() == -9
+    vm.close()
+    with pytest.raises(ValueError):
+        vm.read_events()
+    with pytest.raises(ValueError):
+        vm.send_ping(1)
+    with pytest.raises(ValueError):
+        vm.read_console()
+    with pytest.raises(ValueError):
+        vm.fileno()
+
+
+def test_vm_events_eof_and_exit_status(tmp_path: Path) -> None:
+    guest = (
+        ready()
+        + frame(2, 5, b"out")
+        + frame(3, 5, b"err")
+        + frame(4, 5, struct.pack("<iIQ", 137, 2, 12345))
+        + frame(5, 6, struct.pack("<I", 2) + sstr(b"busy \xff"))
+        + frame(6, 7)
+    )
+    vm = make_vm(fake_qemu(tmp_path, guest, then="exit 3"))
+    events = collect(vm, lambda ev: bool(ev) and ev[-1] == ("eof",))
+    assert events == [
+        ("ready", 0, 1, "sbx-agent test"),
+        ("stdout", 5, b"out"),
+        ("stderr", 5, b"err"),
+        ("exit", 5, 137, 2, 12345),
+        ("error", 6, 2, "busy \ufffd"),
+        ("pong", 7),
+        ("eof",),
+    ]
+    assert vm.read_events() == [("eof",)]
+    assert wait_exit(vm) == 3
+    with pytest.raises(BrokenPipeError):
+        vm.send_ping(1)
+    vm.close()
+    assert vm.poll_exit() == 3
+
+
+@pytest.mark.parametrize(
+    ("bad", "err"),
+    [
+        (frame(2, 1, b"x", flags=1), errno.EPROTO),  # nonzero reserved byte
+        (struct.pack("<IBBHI", 64 * 1024 + 1, 2, 0, 0, 1), errno.EMSGSIZE),  # oversize
+        (frame(64, 1), errno.EPROTO),  # host -> guest type
+        (frame(99, 1), errno.EPROTO),  # unknown type
+        (frame(4, 1, struct.pack("<iIQ", 256, 0, 0)), errno.EPROTO),  # exit code out of range
+        (frame(4, 1, struct.pack("<iIQ", 0, 8, 0)), errno.EPROTO),  # unknown exit flag
+        (frame(4, 1, b"\0" * 15), errno.EPROTO),  # short exit payload
+        (frame(1, 0, struct.pack("<I", 1) + struct.pack("<I", 9) + b"short"), errno.EPROTO),
+        (frame(2, 1, b""), errno.EPROTO),  # empty output chunk
+    ],
+)
+def test_vm_protocol_error_is_sticky(tmp_path: Path, bad: bytes, err: int) -> None:
+    vm = make_vm(fake_qemu(tmp_path, frame(6, 1) + bad + frame(6, 2)))
+    try:
+        events: list[tuple] = []
+        with pytest.raises(_execsbx.ProtocolError) as info:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                select.select([vm.fileno()], [], [], 1)
+                events += vm.read_events()
+        # The good frame before the violation is delivered (returned by an earlier call, or
+        # attached to the exception), the one after it never is.
+        assert events + info.value.events == [("pong", 1)]
+        assert info.value.errno == err
+        assert isinstance(info.value, OSError)
+        with pytest.raises(_execsbx.ProtocolError):
+            vm.read_events()
+    finally:
+        vm.close()
+
+
+def test_send_exec_validation(tmp_path: Path) -> None:
+    vm = make_vm(fake_qemu(tmp_path, b""))
+    ok: dict[str, object] = dict(id=1, language=1, timeout_ms=1000, stdout_limit=10,
+                                 stderr_limit=10, env=[], code=b"print(1)")  # fmt: skip
+    try:
+        for change, exc in [
+            ({"language": 4}, ValueError),
+            ({"timeout_ms": 0}, ValueError),
+            ({"timeout_ms": 300_001}, ValueError),
+            ({"id": -1}, ValueError),
+            ({"id": 1 << 32}, ValueError),
+            ({"code": b"x" * ((1 << 20) + 1)}, ValueError),
+            ({"env": [(b"A=B", b"1")]}, ValueError),
+            ({"env": [(b"", b"1")]}, ValueError),
+            ({"env": [(b"A", b"\0")]}, ValueError),
+            ({"env": [(b"V%d" % i, b"") for i in range(101)]}, ValueError),
+            ({"env": [("A", "1")]}, TypeError),
+            ({"env": [(b"A",)]}, TypeError),
+            ({"env": None}, TypeError),
+            ({"code": "print(1)"}, TypeError),
+            ({"language": 1.0}, TypeError),
+        ]:
+            with pytest.raises(exc):
+                vm.send_exec(**{**ok, **change})
+        assert vm.send_exec(**ok) >= 0
+        assert vm.send_exec(**{**ok, "code": bytearray(b"x")}) >= 0
+    finally:
+        vm.close()
+
+
+def test_context_manager_and_dealloc(tmp_path: Path) -> None:
+    qemu = fake_qemu(tmp_path, b"")
+    with make_vm(qemu) as vm:
+        pid = vm.pid
+        fds = (vm.channel_fd, vm.console_fd, vm.pidfd)
+    assert vm.closed
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not any(fd_is_open(fd) for fd in fds)
+
+    vm = make_vm(qemu)
+    pid, fds = vm.pid, (vm.channel_fd, vm.console_fd, vm.pidfd)
+    del vm
+    gc.collect()
+    with pytest.raises(ProcessLookupError):  # killed and reaped: no zombie either
+        os.kill(pid, 0)
+    assert not any(fd_is_open(fd) for fd in fds)
+
+
+def test_qemu_gets_only_its_fds(tmp_path: Path) -> None:
+    qemu = fake_qemu(tmp_path, b"", then="exec sleep 60")
+    leaked = os.open("/dev/null", os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+    try:
+        vm = make_vm(qemu)
+    finally:
+        os.close(leaked)
+    try:
+        # Wait for sleep to be exec'd and settled (the shell and ld.so open files meanwhile).
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{vm.pid}/fd"))
+            comm = Path(f"/proc/{vm.pid}/comm").read_text().strip()
+            if comm == "sleep" and fds == [0, 1, 2, 3, 4]:
+                break
+            time.sleep(0.01)
+        assert (comm, fds) == ("sleep", [0, 1, 2, 3, 4])
+        with open(f"/proc/{vm.pid}/status") as f:
+            assert "NoNewPrivs:\t1\n" in f.read()
+        assert os.getpgid(vm.pid) == vm.pid
+    finally:
+        vm.close()
