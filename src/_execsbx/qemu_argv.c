@@ -114,10 +114,11 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 
 	/* microvm: no PCI, no firmware tables, no legacy devices; only virtio-mmio. No option
 	 * ROMs (nothing to boot from but -kernel), no ISA serial port (the console is virtio),
-	 * no 8259 PIC (the guest kernel uses the IOAPIC), no ACPI (virtio-mmio devices are
-	 * announced on the kernel command line by QEMU instead). */
+	 * no ACPI (virtio-mmio devices are announced on the kernel command line by QEMU instead).
+	 * The 8259 PIC stays: without it the kernel cannot register the PIT's interrupt, then
+	 * fails to verify the local APIC timer against it, and every sleep in the guest hangs. */
 	add(&b, "-M");
-	add(&b, "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off");
+	add(&b, "microvm,x-option-roms=off,isa-serial=off,acpi=off");
 	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate. */
 	add(&b, "-accel");
 	add(&b, cfg->accel);

@@ -348,6 +348,7 @@ class GuestVm:
                     if not isinstance(error, VmTransientError)
                     else CommunicationOutcomeUnknownError(str(error))
                 )
+                run.done.exception()  # retrieved here: execute() may have stopped waiting
 
     def _console_hint(self) -> str:
         tail = self.console_tail.strip().splitlines()[-10:]

@@ -39,7 +39,7 @@ static void test_full_tcg_command_line(void)
 {
 	static const char *const expected[] = {
 		"/usr/bin/qemu-system-x86_64",
-		"-M", "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off",
+		"-M", "microvm,x-option-roms=off,isa-serial=off,acpi=off",
 		"-accel", "tcg", "-cpu", "max",
 		"-m", "256", "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",

@@ -119,7 +119,7 @@ def value(args: list[str], opt: str) -> str:
 def test_build_qemu_argv() -> None:
     a = argv(kernel_cmdline_extra="tsc=reliable")
     assert a[0] == "/usr/bin/qemu-system-x86_64"
-    assert value(a, "-M") == "microvm,x-option-roms=off,isa-serial=off,pic=off,acpi=off"
+    assert value(a, "-M") == "microvm,x-option-roms=off,isa-serial=off,acpi=off"
     assert (value(a, "-accel"), value(a, "-cpu")) == ("kvm", "host")
     assert (value(a, "-m"), value(a, "-smp")) == ("256", "2")
     assert value(a, "-kernel") == "/k/vmlinux"
