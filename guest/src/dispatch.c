@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "request.h"
+#include "reseed.h"
 
 static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 {
@@ -42,6 +43,17 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 	case SBX_MSG_EXEC:
 		handle_exec(a, f);
 		break;
+	case SBX_MSG_RESEED: {
+		const char *why = "?";
+		int rc = sbx_reseed_kernel_rng(f->payload, f->payload_len, &why);
+		if (rc < 0)
+			sbx_channel_send_error(&a->ch, f->id, rc == -EINVAL ? SBX_ERR_BAD_REQUEST
+									  : SBX_ERR_INTERNAL,
+					       "RESEED: %s: %s", why, strerror(-rc));
+		else
+			sbx_channel_send(&a->ch, SBX_MSG_RESEEDED, f->id, NULL, 0);
+		break;
+	}
 	default:
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,
 				       "unexpected message type %u", f->type);

@@ -21,6 +21,7 @@ struct sbx_parsed_config {
 	PyObject *qemu_binary; /* bytes (os.fsencode'd) */
 	PyObject *kernel;
 	PyObject *rootfs;
+	PyObject *mem_path; /* bytes or NULL */
 };
 
 /* Parse the keyword-only VM arguments shared by build_qemu_argv and Vm. With defaults != 0,

@@ -50,7 +50,8 @@ int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev)
 		rc = decode_error(&c, ev);
 		break;
 	case SBX_MSG_PONG:
-		break;
+	case SBX_MSG_RESEEDED:
+		break; /* empty: c.left must be 0 */
 	default:
 		/* Unknown, or a host -> guest type. */
 		return -EPROTO;
@@ -78,6 +79,8 @@ const char *sbx_event_kind_name(enum sbx_event_kind kind)
 		return "error";
 	case SBX_EV_PONG:
 		return "pong";
+	case SBX_EV_RESEEDED:
+		return "reseeded";
 	}
 	return "?";
 }

@@ -17,6 +17,7 @@ enum sbx_event_kind {
 	SBX_EV_EXIT = SBX_MSG_EXIT,
 	SBX_EV_ERROR = SBX_MSG_ERROR,
 	SBX_EV_PONG = SBX_MSG_PONG,
+	SBX_EV_RESEEDED = SBX_MSG_RESEEDED,
 };
 
 /* data/len point into the frame's payload (valid as long as the frame is). */

@@ -31,25 +31,29 @@ void sbx_parsed_config_release(struct sbx_parsed_config *pc)
 	Py_CLEAR(pc->qemu_binary);
 	Py_CLEAR(pc->kernel);
 	Py_CLEAR(pc->rootfs);
+	Py_CLEAR(pc->mem_path);
 }
 
 int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int defaults,
 			struct sbx_parsed_config *pc)
 {
 	static char *kwlist[] = {"qemu_binary", "kernel", "rootfs", "memory_mb", "vcpus",
-				 "accel", "kernel_cmdline_extra", NULL};
+				 "accel", "kernel_cmdline_extra", "qmp", "mem_path", "mem_shared",
+				 "incoming", NULL};
 	int memory_mb = INT_MIN, vcpus = defaults ? 1 : INT_MIN;
 	const char *accel = defaults ? "tcg" : NULL;
 	const char *extra = "";
+	int qmp = 0, mem_shared = 0, incoming = 0;
 	char fmt[64];
 
 	memset(pc, 0, sizeof(*pc));
 	/* All keyword-only ("$" needs "|", so required ones are checked by hand below). */
-	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iiss:%s", fname);
+	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iissppO&pp:%s", fname);
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, PyUnicode_FSConverter,
 					 &pc->qemu_binary, PyUnicode_FSConverter, &pc->kernel,
 					 PyUnicode_FSConverter, &pc->rootfs, &memory_mb, &vcpus, &accel,
-					 &extra))
+					 &extra, &qmp, PyUnicode_FSConverter, &pc->mem_path,
+					 &mem_shared, &incoming))
 		goto fail;
 	const char *missing = !pc->qemu_binary      ? "qemu_binary"
 			      : !pc->kernel         ? "kernel"
@@ -75,6 +79,10 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 	pc->cfg.vcpus = (unsigned)vcpus;
 	pc->cfg.accel = accel; /* UTF-8 owned by the str argument, alive for the call */
 	pc->cfg.kernel_cmdline_extra = extra;
+	pc->cfg.qmp = qmp;
+	pc->cfg.mem_path = pc->mem_path ? PyBytes_AS_STRING(pc->mem_path) : NULL;
+	pc->cfg.mem_shared = mem_shared;
+	pc->cfg.incoming = incoming;
 	return 0;
 fail:
 	sbx_parsed_config_release(pc);
@@ -99,7 +107,8 @@ char **sbx_build_argv_or_raise(const struct sbx_vm_config *cfg)
 
 PyDoc_STRVAR(build_qemu_argv_doc,
 	     "build_qemu_argv(*, qemu_binary, kernel, rootfs, memory_mb, vcpus, accel,\n"
-	     "                kernel_cmdline_extra='') -> list[str]\n\n"
+	     "                kernel_cmdline_extra='', qmp=False, mem_path=None,\n"
+	     "                mem_shared=False, incoming=False) -> list[str]\n\n"
 	     "The QEMU command line Vm() would run. ValueError on an invalid configuration\n"
 	     "(',' in a kernel/rootfs path, accel not 'kvm'/'tcg', memory_mb out of range, ...).");
 
@@ -178,6 +187,7 @@ static int add_constants(PyObject *m)
 		{"STDERR_LIMIT_DEFAULT", SBX_STDERR_LIMIT_DEFAULT},
 		{"TIMEOUT_MS_MIN", SBX_TIMEOUT_MS_MIN},
 		{"TIMEOUT_MS_MAX", SBX_TIMEOUT_MS_MAX},
+		{"RESEED_BYTES", SBX_RESEED_BYTES},
 	};
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
 		if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)

@@ -108,6 +108,15 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 		return reject(why, "accel must be \"kvm\" or \"tcg\"");
 	if (has_control_chars(extra))
 		return reject(why, "kernel_cmdline_extra must not contain control characters");
+	const char *mem_path = cfg->mem_path && cfg->mem_path[0] ? cfg->mem_path : NULL;
+	if (mem_path) {
+		rc = check_path(mem_path, why, "mem_path must not be empty",
+				"mem_path must not contain ','");
+		if (rc < 0)
+			return rc;
+	}
+	if (cfg->incoming && !cfg->qmp)
+		return reject(why, "incoming needs qmp (the migration is started over QMP)");
 
 	struct argv_builder b = {0};
 	add(&b, cfg->qemu_binary);
@@ -118,7 +127,17 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	 * The 8259 PIC stays: without it the kernel cannot register the PIT's interrupt, then
 	 * fails to verify the local APIC timer against it, and every sleep in the guest hangs. */
 	add(&b, "-M");
-	add(&b, "microvm,x-option-roms=off,isa-serial=off,acpi=off");
+	addf(&b, "microvm,x-option-roms=off,isa-serial=off,acpi=off%s",
+	     mem_path ? ",memory-backend=ram0" : "");
+	/* Memory snapshots: RAM in a file. The VM that makes a template maps it shared, so the file
+	 * holds its RAM and migration only has to write the device state (x-ignore-shared); a
+	 * clone maps the same file private, so it reads the template's pages copy-on-write and
+	 * many clones share the unchanged ones. */
+	if (mem_path) {
+		add(&b, "-object");
+		addf(&b, "memory-backend-file,id=ram0,size=%uM,mem-path=%s%s,share=%s", cfg->memory_mb,
+		     mem_path[0] == '/' ? "" : "./", mem_path, cfg->mem_shared ? "on" : "off");
+	}
 	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate. */
 	add(&b, "-accel");
 	add(&b, cfg->accel);
@@ -176,6 +195,19 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	addf(&b, "socket,id=agent,fd=%d", SBX_CHILD_CHANNEL_FD);
 	add(&b, "-device");
 	add(&b, "virtserialport,chardev=agent,name=" SBX_CHANNEL_PORT_NAME);
+
+	/* QMP for snapshots: on a socket the host holds the other end of, like the chardevs above. */
+	if (cfg->qmp) {
+		add(&b, "-chardev");
+		addf(&b, "socket,id=qmp,fd=%d", SBX_CHILD_QMP_FD);
+		add(&b, "-mon");
+		add(&b, "chardev=qmp,mode=control");
+	}
+	/* A clone starts paused; the host feeds it the template's device state over QMP. */
+	if (cfg->incoming) {
+		add(&b, "-incoming");
+		add(&b, "defer");
+	}
 
 	if (b.err) {
 		sbx_argv_free(b.v);

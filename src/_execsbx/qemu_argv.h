@@ -18,6 +18,12 @@ struct sbx_vm_config {
 	unsigned vcpus;
 	const char *accel;                /* "kvm" or "tcg" */
 	const char *kernel_cmdline_extra; /* may be NULL or "" */
+	/* Memory snapshots (all zero/NULL: a plain VM). */
+	int qmp;              /* add a QMP monitor on the socket at fd SBX_CHILD_QMP_FD */
+	const char *mem_path; /* guest RAM in this file (memory-backend-file); NULL/"": anonymous */
+	int mem_shared;       /* mem_path mapped shared (a template being written) or private (a
+	                       * copy-on-write clone of a template) */
+	int incoming;         /* start paused, waiting for migrate-incoming over QMP (needs qmp) */
 };
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with

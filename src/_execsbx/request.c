@@ -83,3 +83,19 @@ int sbx_encode_ping(struct sbx_buf *b, uint32_t id)
 		b->len = before;
 	return rc;
 }
+
+int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n)
+{
+	size_t start;
+	size_t before = b->len;
+	if (n != SBX_RESEED_BYTES)
+		return -EINVAL;
+	int rc = sbx_frame_begin(b, SBX_MSG_RESEED, id, &start);
+	if (rc == 0)
+		rc = sbx_buf_append(b, seed, n);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_RESEED_BYTES);
+	if (rc < 0)
+		b->len = before;
+	return rc;
+}

@@ -152,15 +152,21 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	int hi_null = fcntl(p->devnull, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
 	int hi_chan = fcntl(req->channel_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
 	int hi_con = fcntl(req->console_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
-	if (hi_null < 0 || hi_chan < 0 || hi_con < 0)
+	int hi_qmp = req->with_qmp
+			     ? fcntl(req->qmp_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD)
+			     : -1;
+	if (hi_null < 0 || hi_chan < 0 || hi_con < 0 || (req->with_qmp && hi_qmp < 0))
 		child_fail(err_fd, STEP_DUP, errno);
 	/* dup2 clears FD_CLOEXEC on the target: these five survive execve. */
 	if (dup2(hi_null, 0) < 0 || dup2(hi_con, 1) < 0 || dup2(hi_con, 2) < 0 ||
-	    dup2(hi_chan, SBX_CHILD_CHANNEL_FD) < 0 || dup2(hi_con, SBX_CHILD_CONSOLE_FD) < 0)
+	    dup2(hi_chan, SBX_CHILD_CHANNEL_FD) < 0 || dup2(hi_con, SBX_CHILD_CONSOLE_FD) < 0 ||
+	    (hi_qmp >= 0 && dup2(hi_qmp, SBX_CHILD_QMP_FD) < 0))
 		child_fail(err_fd, STEP_DUP2, errno);
 
-	/* Close everything else except the error pipe (CLOEXEC: execve closes it). */
-	if (close_from(SBX_CHILD_FIRST_CLOSED_FD, (unsigned)hi_err - 1, p->max_fd) < 0 ||
+	/* Close everything else except the error pipe (CLOEXEC: execve closes it). Without a QMP
+	 * socket, fd 5 is closed too. */
+	if ((hi_qmp < 0 && close_from(SBX_CHILD_QMP_FD, SBX_CHILD_QMP_FD, p->max_fd) < 0) ||
+	    close_from(SBX_CHILD_FIRST_CLOSED_FD, (unsigned)hi_err - 1, p->max_fd) < 0 ||
 	    close_from((unsigned)hi_err + 1, ~0U, p->max_fd) < 0)
 		child_fail(err_fd, STEP_CLOSE, errno);
 
@@ -183,7 +189,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 	*where = NULL;
 	out->pid = -1;
 	out->pidfd = -1;
-	if (req->channel_fd < 0 || req->console_fd < 0 || !req->path || !req->argv || !req->envp) {
+	if (req->channel_fd < 0 || req->console_fd < 0 || (req->with_qmp && req->qmp_fd < 0) ||
+	    !req->path || !req->argv || !req->envp) {
 		*where = "spawn";
 		return -EBADF;
 	}

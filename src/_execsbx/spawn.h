@@ -2,6 +2,7 @@
  *     0  /dev/null
  *     1  console socket        2  console socket
  *     3  channel socket        4  console socket
+ *     5  QMP socket (only when requested)
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *
@@ -14,7 +15,8 @@
 
 #define SBX_CHILD_CHANNEL_FD 3
 #define SBX_CHILD_CONSOLE_FD 4
-#define SBX_CHILD_FIRST_CLOSED_FD 5
+#define SBX_CHILD_QMP_FD 5
+#define SBX_CHILD_FIRST_CLOSED_FD 6
 
 struct sbx_spawn_req {
 	const char *path;   /* execve path: no PATH search */
@@ -22,6 +24,8 @@ struct sbx_spawn_req {
 	char *const *envp;  /* NULL-terminated */
 	int channel_fd;     /* becomes fd 3 in the child; any fd number, need not be inheritable */
 	int console_fd;     /* becomes fds 1, 2 and 4 */
+	int with_qmp;       /* 0 (a zero-initialised request): no QMP socket, fd 5 stays closed */
+	int qmp_fd;         /* with_qmp: becomes fd 5 */
 };
 
 struct sbx_child {

@@ -22,6 +22,7 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->child.pid = -1;
 	vm->child.pidfd = -1;
 	vm->console_fd = -1;
+	vm->qmp_fd = -1;
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 1;
@@ -38,7 +39,12 @@ static int set_nonblock(int fd)
 
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 {
-	int chan[2], con[2];
+	return sbx_vm_spawn_ex(vm, argv, 0, where);
+}
+
+int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, const char **where)
+{
+	int chan[2], con[2], qmp[2] = {-1, -1};
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
 		*where = "socketpair";
@@ -52,10 +58,18 @@ int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 	}
 	_cleanup_close_ int con_host = con[0];
 	_cleanup_close_ int con_qemu = con[1];
+	if (with_qmp && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0) {
+		*where = "socketpair";
+		return -errno;
+	}
+	_cleanup_close_ int qmp_host = qmp[0];
+	_cleanup_close_ int qmp_qemu = qmp[1];
 	/* Only the host ends: O_NONBLOCK is per open file, QEMU's ends stay as QEMU wants. */
 	int rc = set_nonblock(chan_host);
 	if (rc == 0)
 		rc = set_nonblock(con_host);
+	if (rc == 0 && with_qmp)
+		rc = set_nonblock(qmp_host);
 	if (rc < 0) {
 		*where = "fcntl(O_NONBLOCK)";
 		return rc;
@@ -67,6 +81,8 @@ int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 		.envp = qemu_envp,
 		.channel_fd = chan_qemu,
 		.console_fd = con_qemu,
+		.with_qmp = with_qmp,
+		.qmp_fd = qmp_qemu,
 	};
 	struct sbx_child child;
 	rc = sbx_spawn(&req, &child, where);
@@ -75,6 +91,7 @@ int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 
 	vm->child = child;
 	vm->console_fd = TAKE_FD(con_host);
+	vm->qmp_fd = with_qmp ? TAKE_FD(qmp_host) : -1;
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 0;
@@ -137,7 +154,9 @@ void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 	r->reaped = vm->reaped;
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);
 	r->fds[1] = vm->console_fd;
+	r->fds[2] = vm->qmp_fd;
 	vm->console_fd = -1;
+	vm->qmp_fd = -1;
 	vm->child.pid = -1;
 	vm->child.pidfd = -1;
 	vm->closed = 1;
@@ -156,6 +175,7 @@ int sbx_vm_finish_close(struct sbx_vm_remains *r)
 	r->child.pid = -1;
 	sbx_close_fd(&r->fds[0]);
 	sbx_close_fd(&r->fds[1]);
+	sbx_close_fd(&r->fds[2]);
 	return status;
 }
 
@@ -170,7 +190,8 @@ void sbx_vm_set_final_status(struct sbx_vm *vm, int status)
 void sbx_vm_close(struct sbx_vm *vm)
 {
 	struct sbx_vm_remains r;
-	if (vm->closed && vm->child.pid <= 0 && vm->console_fd < 0 && vm->ch.fd < 0)
+	if (vm->closed && vm->child.pid <= 0 && vm->console_fd < 0 && vm->qmp_fd < 0 &&
+	    vm->ch.fd < 0)
 		return;
 	sbx_vm_begin_close(vm, &r);
 	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));

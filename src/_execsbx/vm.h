@@ -12,6 +12,7 @@
 struct sbx_vm {
 	struct sbx_child child; /* pid/pidfd: -1 once closed */
 	int console_fd;         /* host end of the console socket, O_NONBLOCK; -1 once closed */
+	int qmp_fd;             /* host end of the QMP socket, O_NONBLOCK; -1 if none or closed */
 	int reaped;             /* wait_status is valid */
 	int wait_status;        /* waitpid-style status word */
 	int closed;
@@ -23,7 +24,7 @@ struct sbx_vm {
 struct sbx_vm_remains {
 	struct sbx_child child;
 	int reaped;
-	int fds[2];
+	int fds[3];
 };
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
@@ -32,6 +33,9 @@ void sbx_vm_init(struct sbx_vm *vm);
  * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where);
+/* The same, plus (with_qmp != 0) a third socketpair whose QEMU end is fd 5 in the child, for
+ * `-chardev socket,id=qmp,fd=5 -mon chardev=qmp,mode=control` (qemu_argv.h: cfg.qmp). */
+int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, const char **where);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
 int sbx_vm_kill(struct sbx_vm *vm);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;

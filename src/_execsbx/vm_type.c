@@ -59,7 +59,7 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	const char *where = "spawn";
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
-	rc = sbx_vm_spawn(&self->vm, argv, &where);
+	rc = sbx_vm_spawn_ex(&self->vm, argv, pc.cfg.qmp, &where);
 	Py_END_ALLOW_THREADS
 	sbx_argv_free(argv);
 	if (rc < 0) {
@@ -108,7 +108,8 @@ static PyObject *protocol_error(VmObject *self, PyObject *events)
 		msg = PyUnicode_FromString(ch->error == -EMSGSIZE
 						   ? "guest sent a frame larger than GUEST_FRAME_MAX"
 						   : "guest sent a malformed frame header");
-	else if (ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_PONG)
+	else if ((ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_PONG) ||
+		 ch->error_frame_type == SBX_MSG_RESEEDED)
 		msg = PyUnicode_FromFormat(
 			"guest sent a malformed %s frame%s",
 			sbx_event_kind_name((enum sbx_event_kind)ch->error_frame_type),
@@ -153,7 +154,8 @@ static PyObject *event_to_tuple(const struct sbx_event *ev)
 		return Py_BuildValue("(skkN)", "error", (unsigned long)ev->id,
 				     (unsigned long)ev->error_code, decode_text(ev));
 	case SBX_EV_PONG:
-		return Py_BuildValue("(sk)", "pong", (unsigned long)ev->id);
+	case SBX_EV_RESEEDED:
+		return Py_BuildValue("(sk)", sbx_event_kind_name(ev->kind), (unsigned long)ev->id);
 	}
 	PyErr_SetString(PyExc_SystemError, "unknown event kind");
 	return NULL;
@@ -177,6 +179,7 @@ PyDoc_STRVAR(read_events_doc,
 	     "  ('exit', id, exit_code, flags, duration_us)\n"
 	     "  ('error', id, code, message)\n"
 	     "  ('pong', id)\n"
+	     "  ('reseeded', id)\n"
 	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
 	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
 	     "lists the events decoded before the violation in the same call. Sticky: every\n"
@@ -347,6 +350,32 @@ static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
 	return pending_or_raise(self, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
 }
 
+PyDoc_STRVAR(send_reseed_doc,
+	     "send_reseed(id, seed) -> int\n\n"
+	     "Queue a RESEED frame carrying seed (exactly RESEED_BYTES bytes from the host's CSPRNG)\n"
+	     "and try to write; returns the bytes still pending. The guest answers ('reseeded', id).");
+
+static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
+{
+	PyObject *o_id;
+	Py_buffer seed;
+	uint32_t id;
+	if (!PyArg_ParseTuple(args, "Oy*:send_reseed", &o_id, &seed))
+		return NULL;
+	PyObject *result = NULL;
+	if (check_open(self) < 0 || to_u32(o_id, "id", &id) < 0)
+		goto out;
+	if (seed.len != (Py_ssize_t)SBX_RESEED_BYTES) {
+		PyErr_Format(PyExc_ValueError, "seed must be %u bytes", SBX_RESEED_BYTES);
+		goto out;
+	}
+	int rc = sbx_channel_queue_reseed(&self->vm.ch, id, seed.buf, (size_t)seed.len);
+	result = pending_or_raise(self, rc, "RESEED frame", rc == -ENOBUFS ? "send_reseed" : "send");
+out:
+	PyBuffer_Release(&seed);
+	return result;
+}
+
 PyDoc_STRVAR(flush_doc, "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
 			"now; returns the bytes still pending.");
 
@@ -464,6 +493,12 @@ static PyObject *get_console_fd(VmObject *self, void *closure)
 	return PyLong_FromLong(self->vm.console_fd);
 }
 
+static PyObject *get_qmp_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.qmp_fd);
+}
+
 static PyObject *get_closed(VmObject *self, void *closure)
 {
 	(void)closure;
@@ -477,6 +512,8 @@ static PyGetSetDef vm_getset[] = {
 	{"channel_fd", (getter)get_channel_fd, NULL, "host end of the agent channel; -1 once closed",
 	 NULL},
 	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
+	{"qmp_fd", (getter)get_qmp_fd, NULL,
+	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
 	{"closed", (getter)get_closed, NULL, "True once close() ran", NULL},
 	{NULL, NULL, NULL, NULL, NULL},
 };
@@ -486,6 +523,7 @@ static PyMethodDef vm_methods[] = {
 	{"send_exec", (PyCFunction)(void (*)(void))vm_send_exec, METH_VARARGS | METH_KEYWORDS,
 	 send_exec_doc},
 	{"send_ping", (PyCFunction)vm_send_ping, METH_O, send_ping_doc},
+	{"send_reseed", (PyCFunction)vm_send_reseed, METH_VARARGS, send_reseed_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},
@@ -499,9 +537,11 @@ static PyMethodDef vm_methods[] = {
 
 PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
-	     "   kernel_cmdline_extra='')\n\n"
+	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
+	     "   incoming=False)\n\n"
 	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
-	     "console at fds 1, 2 and 4. OSError(errno, '... (from <syscall>)') if it cannot be\n"
+	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
+	     "host end in .qmp_fd). OSError(errno, '... (from <syscall>)') if it cannot be\n"
 	     "started, ValueError for an invalid configuration.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
 	     "a thread that lives as long as the Vm (e.g. the event loop's).");

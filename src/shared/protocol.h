@@ -46,11 +46,21 @@ enum sbx_msg {
 	SBX_MSG_EXIT = 4,   /* struct sbx_exit encoded field by field, see below */
 	SBX_MSG_ERROR = 5,  /* u32 enum sbx_error, str message (<= SBX_ERROR_MESSAGE_MAX) */
 	SBX_MSG_PONG = 6,   /* empty */
+	/* issue 5 range (32..39): speed tiers */
+	SBX_MSG_RESEEDED = 32, /* empty; answers RESEED once the kernel's CRNG is reseeded */
 
 	/* host -> guest */
 	SBX_MSG_EXEC = 64, /* see "EXEC payload" below */
 	SBX_MSG_PING = 65, /* empty; answered by PONG with the same id */
+	/* issue 5 range (96..103): speed tiers */
+	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
 };
+
+/* RESEED payload (host -> guest): exactly SBX_RESEED_BYTES bytes from the host's CSPRNG. Sent to a
+ * VM restored from a memory snapshot before anything else runs: every clone of one snapshot starts
+ * with the same kernel RNG state, so the agent credits these bytes to the input pool
+ * (RNDADDENTROPY) and forces a CRNG reseed (RNDRESEEDCRNG) before it answers RESEEDED. */
+#define SBX_RESEED_BYTES 64u
 
 /* EXEC payload (host -> guest):
  *     u8   language (enum sbx_language)

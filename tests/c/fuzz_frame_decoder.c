@@ -45,6 +45,7 @@ static void check_event(const struct sbx_event *ev)
 		REQUIRE(ev->len <= SBX_ERROR_MESSAGE_MAX);
 		break;
 	case SBX_EV_PONG:
+	case SBX_EV_RESEEDED:
 		REQUIRE(ev->len == 0);
 		break;
 	default:

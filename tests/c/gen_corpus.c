@@ -77,6 +77,10 @@ int main(int argc, char **argv)
 	frame(&b, SBX_MSG_PONG, 42, NULL, 0);
 	emit("pong", &b, 6);
 
+	b.len = 0;
+	frame(&b, SBX_MSG_RESEEDED, 43, NULL, 0);
+	emit("reseeded", &b, 6);
+
 	/* A whole session. */
 	b.len = 0;
 	ready(&b, SBX_PROTOCOL_VERSION, "sbx-agent 0.1.0");

@@ -144,6 +144,44 @@ static void test_pong_and_bad_types(void)
 		CHECK_EQ(decode(bad[i], &P, &ev), -EPROTO);
 }
 
+static void test_reseeded(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_RESEEDED, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_RESEEDED);
+	CHECK_EQ(ev.id, 99);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "reseeded");
+	P.n = 1; /* RESEEDED is empty: a payload is a violation */
+	CHECK_EQ(decode(SBX_MSG_RESEEDED, &P, &ev), -EPROTO);
+	P.n = 0;
+	/* The host -> guest RESEED is never accepted from the guest. */
+	CHECK_EQ(decode(SBX_MSG_RESEED, &P, &ev), -EPROTO);
+}
+
+static void test_reseed_encoding(void)
+{
+	struct sbx_buf b = {0};
+	uint8_t seed[SBX_RESEED_BYTES];
+	for (size_t i = 0; i < sizeof(seed); i++)
+		seed[i] = (uint8_t)(i * 7 + 1);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1), -EINVAL);
+	CHECK_EQ(b.len, 0);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed)), 0);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + SBX_RESEED_BYTES);
+	struct sbx_reader r;
+	struct sbx_frame f;
+	sbx_reader_init(&r, SBX_HOST_FRAME_MAX);
+	CHECK_EQ(sbx_reader_feed(&r, b.data, b.len), 0);
+	CHECK_EQ(sbx_reader_next(&r, &f), 1);
+	CHECK_EQ(f.type, SBX_MSG_RESEED);
+	CHECK_EQ(f.id, 5);
+	CHECK_EQ(f.payload_len, SBX_RESEED_BYTES);
+	CHECK(memcmp(f.payload, seed, sizeof(seed)) == 0);
+	sbx_reader_free(&r);
+	sbx_buf_free(&b);
+}
+
 /* Decode an EXEC frame back (what the guest will do) and compare. */
 static void test_exec_roundtrip(void)
 {
@@ -281,6 +319,8 @@ int main(void)
 	RUN(test_exit);
 	RUN(test_error);
 	RUN(test_pong_and_bad_types);
+	RUN(test_reseeded);
+	RUN(test_reseed_encoding);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
 	TEST_MAIN_END("test_event");

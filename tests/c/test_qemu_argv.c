@@ -235,6 +235,51 @@ static void test_drive_and_channel(void)
 	CHECK_EQ(sbx_argv_count(NULL), 0);
 }
 
+static void test_snapshot_template_and_clone(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	/* Without snapshot options: no QMP, no file-backed RAM, no -incoming. */
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(find(argv, "-mon") < 0);
+	CHECK(find(argv, "-object") < 0);
+	CHECK(find(argv, "-incoming") < 0);
+	sbx_argv_free(argv);
+
+	/* A template: RAM in a shared file, QMP on fd 5. */
+	c.qmp = 1;
+	c.mem_path = "/cache/snap/ram";
+	c.mem_shared = 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-M"),
+		  "microvm,x-option-roms=off,isa-serial=off,acpi=off,memory-backend=ram0");
+	CHECK_STR(opt_value(argv, "-object"),
+		  "memory-backend-file,id=ram0,size=256M,mem-path=/cache/snap/ram,share=on");
+	CHECK(find(argv, "socket,id=qmp,fd=5") > 0);
+	CHECK_STR(opt_value(argv, "-mon"), "chardev=qmp,mode=control");
+	CHECK(find(argv, "-incoming") < 0);
+	sbx_argv_free(argv);
+
+	/* A clone: the same file mapped private, waiting for the migration stream. */
+	c.mem_shared = 0;
+	c.incoming = 1;
+	c.mem_path = "snap/ram";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_STR(opt_value(argv, "-object"),
+		  "memory-backend-file,id=ram0,size=256M,mem-path=./snap/ram,share=off");
+	CHECK_STR(opt_value(argv, "-incoming"), "defer");
+	sbx_argv_free(argv);
+
+	const char *why = NULL;
+	c.mem_path = "/a,b";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why, "mem_path must not contain ','");
+	c.mem_path = "/cache/ram";
+	c.qmp = 0;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK(strstr(why, "incoming needs qmp") != NULL);
+}
+
 int main(void)
 {
 	RUN(test_full_tcg_command_line);
@@ -244,5 +289,6 @@ int main(void)
 	RUN(test_comma_rejection);
 	RUN(test_relative_and_empty_paths);
 	RUN(test_drive_and_channel);
+	RUN(test_snapshot_template_and_clone);
 	TEST_MAIN_END("test_qemu_argv");
 }

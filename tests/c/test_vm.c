@@ -151,11 +151,45 @@ static void test_spawn_failure_leaves_closed(void)
 	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
 }
 
+static void test_qmp_socket(void)
+{
+	/* The child finds the QMP socket at fd 5: it echoes one line back on it. Without QMP,
+	 * fd 5 is closed in the child. */
+	char *const argv[] = {"/bin/sh", "-c", "read line <&5; echo \"got $line\" >&5; exec sleep 30",
+			      NULL};
+	sbx_vm_init(&VM);
+	CHECK_EQ(VM.qmp_fd, -1);
+	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, NULL), 0);
+	CHECK(VM.qmp_fd >= 0);
+	CHECK_EQ(write(VM.qmp_fd, "hello\n", 6), 6);
+	char buf[64] = {0};
+	ssize_t n = 0;
+	for (int i = 0; i < 1000 && n <= 0; i++) {
+		n = read(VM.qmp_fd, buf, sizeof(buf) - 1);
+		if (n < 0 && errno == EAGAIN) /* O_NONBLOCK on the host end */
+			usleep(2000);
+	}
+	CHECK_EQ(n, 10);
+	CHECK_STR(buf, "got hello\n");
+	sbx_vm_close(&VM);
+	CHECK_EQ(VM.qmp_fd, -1);
+
+	char *const argv2[] = {"/bin/sh", "-c", "if [ -e /proc/self/fd/5 ]; then exit 1; else exit 0; fi", NULL};
+	sbx_vm_init(&VM);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv2, NULL), 0);
+	CHECK_EQ(VM.qmp_fd, -1);
+	int code;
+	CHECK_EQ(wait_exit(5000, &code), 1);
+	CHECK_EQ(code, 0);
+	sbx_vm_close(&VM);
+}
+
 int main(void)
 {
 	RUN(test_lifecycle_kill);
 	RUN(test_exit_and_eof);
 	RUN(test_close_running);
 	RUN(test_spawn_failure_leaves_closed);
+	RUN(test_qmp_socket);
 	TEST_MAIN_END("test_vm");
 }

@@ -1,0 +1,44 @@
+/* RESEED: see reseed.h. */
+#include "reseed.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/random.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "protocol.h"
+
+int sbx_reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why)
+{
+	/* struct rand_pool_info ends in a flexible array: a buffer of the right size and alignment. */
+	union {
+		struct rand_pool_info info;
+		uint8_t raw[sizeof(struct rand_pool_info) + SBX_RESEED_BYTES];
+	} req;
+
+	if (n != SBX_RESEED_BYTES) {
+		*why = "seed length";
+		return -EINVAL;
+	}
+	_cleanup_close_ int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0) {
+		*why = "open /dev/urandom";
+		return -errno;
+	}
+	memset(&req, 0, sizeof(req));
+	req.info.entropy_count = (int)(n * 8);
+	req.info.buf_size = (int)n;
+	memcpy(req.info.buf, seed, n);
+	if (ioctl(fd, RNDADDENTROPY, &req.info) < 0) {
+		*why = "RNDADDENTROPY";
+		return -errno;
+	}
+	if (ioctl(fd, RNDRESEEDCRNG) < 0) {
+		*why = "RNDRESEEDCRNG";
+		return -errno;
+	}
+	return 0;
+}
