@@ -34,6 +34,14 @@ void sbx_parsed_config_release(struct sbx_parsed_config *pc)
 	Py_CLEAR(pc->mem_path);
 }
 
+/* PyUnicode_FSConverter that leaves *addr NULL for None (an optional path). */
+static int fs_converter_or_none(PyObject *arg, void *addr)
+{
+	if (arg == Py_None)
+		return 1;
+	return PyUnicode_FSConverter(arg, addr);
+}
+
 int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int defaults,
 			struct sbx_parsed_config *pc)
 {
@@ -48,11 +56,11 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 
 	memset(pc, 0, sizeof(*pc));
 	/* All keyword-only ("$" needs "|", so required ones are checked by hand below). */
-	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iissppO&pp:%s", fname);
+	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iisspO&pp:%s", fname);
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, PyUnicode_FSConverter,
 					 &pc->qemu_binary, PyUnicode_FSConverter, &pc->kernel,
 					 PyUnicode_FSConverter, &pc->rootfs, &memory_mb, &vcpus, &accel,
-					 &extra, &qmp, PyUnicode_FSConverter, &pc->mem_path,
+					 &extra, &qmp, fs_converter_or_none, &pc->mem_path,
 					 &mem_shared, &incoming))
 		goto fail;
 	const char *missing = !pc->qemu_binary      ? "qemu_binary"

@@ -2,7 +2,8 @@
 
 The C `Vm` owns the QEMU process and three file descriptors: the agent channel (a socket whose
 bytes are decoded into events in C), the guest console (boot log, QEMU's own errors) and a pidfd
-that becomes readable when QEMU exits. This module registers those fds with the running loop
+that becomes readable when QEMU exits; VMs made for memory snapshots have a fourth, the QMP
+socket (`qmp.py`). This module registers those fds with the running loop
 (`add_reader`), so that nothing here ever blocks the loop, and turns events into futures.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from .errors import (
 )
 from .images import GuestImages
 from .models import Language
+from .qmp import QmpClient, QmpError
 
 log = logging.getLogger("exec_sandbox")
 
@@ -41,6 +44,16 @@ EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
 _CONSOLE_TAIL_BYTES = 16 * 1024
 
 OutputCallback = Callable[[str], None]
+
+# x-ignore-shared: migration skips RAM in a shared memory-backend-file (the template's RAM file is
+# the snapshot's memory; the stream holds only device state).
+_IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
+# Trivial programs that page an interpreter in (warm_up).
+_WARM_UP_CODE: dict[Language, bytes] = {
+    "python": b"pass\n",
+    "javascript": b"0;\n",
+    "raw": b"true\n",
+}
 
 
 def measure_tsc_khz() -> int:
@@ -57,6 +70,11 @@ class VmSpec:
     memory_mb: int
     vcpus: int = 1
     kernel_cmdline_extra: str = ""
+    # Memory snapshots: guest RAM in this file, mapped shared (making a template) or private
+    # (a copy-on-write clone of one); a QMP monitor to drive the migration.
+    mem_path: str | None = None
+    mem_shared: bool = False
+    qmp: bool = False
 
 
 @dataclass
@@ -137,6 +155,8 @@ class GuestVm:
         self._next_id = 1
         self._broken: BaseException | None = None
         self._writing = False
+        self._acks: dict[int, asyncio.Future[None]] = {}
+        self.qmp: QmpClient | None = None
         self.pid: int = vm.pid
         loop.add_reader(vm.channel_fd, self._on_channel)
         loop.add_reader(vm.console_fd, self._on_console)
@@ -147,23 +167,10 @@ class GuestVm:
                    on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
         """Start QEMU and wait until the guest agent is ready. Raises VmTimeoutError or
         VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
-        loop = asyncio.get_running_loop()
+        guest = cls._spawn(spec, incoming=False, on_boot_log=on_boot_log)
         try:
-            vm = _execsbx.Vm(
-                qemu_binary=spec.qemu_binary,
-                kernel=str(spec.images.kernel),
-                rootfs=str(spec.images.rootfs),
-                memory_mb=spec.memory_mb,
-                vcpus=spec.vcpus,
-                accel=spec.accel,
-                kernel_cmdline_extra=spec.kernel_cmdline_extra,
-            )
-        except FileNotFoundError as exc:
-            raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
-        except OSError as exc:
-            raise VmTransientError(f"cannot start QEMU: {exc}") from exc
-        guest = cls(vm, loop, on_boot_log)
-        try:
+            if spec.qmp:
+                guest.qmp = await QmpClient.connect(guest._vm.qmp_fd, boot_timeout)
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
         except asyncio.TimeoutError:
             guest.close()
@@ -174,6 +181,148 @@ class GuestVm:
             guest.close()
             raise
         return guest
+
+    @classmethod
+    def _spawn(cls, spec: VmSpec, *, incoming: bool,
+               on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+        loop = asyncio.get_running_loop()
+        try:
+            vm = _execsbx.Vm(
+                qemu_binary=spec.qemu_binary,
+                kernel=str(spec.images.kernel),
+                rootfs=str(spec.images.rootfs),
+                memory_mb=spec.memory_mb,
+                vcpus=spec.vcpus,
+                accel=spec.accel,
+                kernel_cmdline_extra=spec.kernel_cmdline_extra,
+                qmp=spec.qmp or incoming,
+                mem_path=spec.mem_path,
+                mem_shared=spec.mem_shared,
+                incoming=incoming,
+            )
+        except FileNotFoundError as exc:
+            raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
+        except OSError as exc:
+            raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        return cls(vm, loop, on_boot_log)
+
+    @classmethod
+    async def restore(cls, spec: VmSpec, state_path: str, *, timeout: float,
+                      on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
+        """Start a clone of a memory snapshot: QEMU maps spec.mem_path (the template's RAM)
+        privately, loads the device state from state_path over QMP and resumes. The guest's
+        RNG is reseeded before this returns, so nothing runs on the template's RNG state.
+
+        Raises VmTransientError (or QmpError, VmTimeoutError) if the clone does not come up;
+        the VM is gone then."""
+        guest = cls._spawn(spec, incoming=True, on_boot_log=on_boot_log)
+        try:
+            await asyncio.wait_for(guest._restore(state_path, timeout), timeout)
+        except asyncio.TimeoutError:
+            guest.close()
+            raise VmTimeoutError(
+                f"snapshot restore did not finish within {timeout:.0f} s{guest._console_hint()}"
+            ) from None
+        except BaseException:
+            guest.close()
+            raise
+        return guest
+
+    async def _restore(self, state_path: str, timeout: float) -> None:
+        self.qmp = await QmpClient.connect(self._vm.qmp_fd, timeout)
+        await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
+        fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            await self.qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+        finally:
+            os.close(fd)  # QEMU holds its own copy now
+        await self.qmp.execute("migrate-incoming", {"uri": "fd:state"})
+        await self._wait_migration()
+        await self.qmp.execute("cont")
+        # The guest never sends READY again: it was sent before the snapshot.
+        if not self._ready.done():
+            self._ready.set_result(None)
+        await self.reseed()
+
+    async def save_snapshot(self, state_path: str) -> None:
+        """Stop this VM and write its device state to state_path. Its RAM must be in a shared
+        mem_path file (VmSpec.mem_shared): with x-ignore-shared the stream skips it, so saving
+        costs milliseconds. The VM stays stopped; the caller destroys it."""
+        if self.qmp is None:
+            raise QmpError("this VM has no QMP monitor")
+        await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
+        await self.qmp.execute("stop")
+        fd = os.open(state_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            await self.qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+        finally:
+            os.close(fd)
+        await self.qmp.execute("migrate", {"uri": "fd:state"})
+        await self._wait_migration()
+
+    async def _wait_migration(self) -> None:
+        assert self.qmp is not None
+        while True:
+            info = await self.qmp.execute("query-migrate")
+            status = info.get("status") if isinstance(info, dict) else None
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled", None):
+                detail = info.get("error-desc", "") if isinstance(info, dict) else ""
+                raise QmpError(f"migration {status}: {str(detail)[:300]}")
+            await asyncio.sleep(0.002)
+
+    async def reseed(self, timeout: float = 10.0) -> None:
+        """Give the guest kernel fresh entropy from the host and wait until its CRNG is
+        reseeded (every clone of one snapshot starts from the same RNG state)."""
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done
+        try:
+            self._want_write(self._vm.send_reseed(req_id, os.urandom(_execsbx.RESEED_BYTES)))
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not acknowledge RESEED in time") from None
+        finally:
+            self._acks.pop(req_id, None)
+
+    async def warm_up(self, language: Language) -> None:
+        """Make this VM ready to serve `language` fast: run a trivial program once, so the
+        interpreter's files are in the guest page cache. The hook where a persistent REPL
+        (issue 3) gets started."""
+        outcome = await self.execute(
+            ExecRequest(
+                language=language,
+                code=_WARM_UP_CODE[language],
+                timeout_ms=60_000,
+                env=[],
+                stdout_limit=4096,
+                stderr_limit=4096,
+            )
+        )
+        if outcome.exit_code != 0:
+            raise VmTransientError(
+                f"warm-up of {language} exited with {outcome.exit_code}: {outcome.stderr[:300]}"
+            )
+
+    async def ping(self, timeout: float = 5.0) -> None:
+        """One channel round trip to the agent (PING/PONG)."""
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done  # PONG completes it like RESEEDED
+        try:
+            self._want_write(self._vm.send_ping(req_id))
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not answer PING in time") from None
+        finally:
+            self._acks.pop(req_id, None)
 
     @property
     def alive(self) -> bool:
@@ -241,6 +390,8 @@ class GuestVm:
         if self._writing:
             self._loop.remove_writer(self._vm.channel_fd)
             self._writing = False
+        if self.qmp is not None:
+            self.qmp.close()
         self._vm.close()
         self._fail(VmTransientError("the VM was closed"))
 
@@ -268,7 +419,10 @@ class GuestVm:
             if not self._ready.done():
                 self._ready.set_result(None)
             return
-        if kind == "pong":
+        if kind in ("pong", "reseeded"):
+            waiter = self._acks.get(exec_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
             return
         run = self._runs.get(exec_id)
         if run is None:
@@ -341,6 +495,10 @@ class GuestVm:
         if not self._ready.done():
             self._ready.set_exception(error)
             self._ready.exception()  # mark retrieved: boot() may already have given up
+        for waiter in list(self._acks.values()):
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()
         for run in list(self._runs.values()):
             if not run.done.done():
                 run.done.set_exception(
