@@ -157,6 +157,9 @@ class GuestVm:
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
         self.qmp: QmpClient | None = None
+        # Filled in by restore(): QEMU start -> guest running, and the RESEED round trip.
+        self.restore_seconds = 0.0
+        self.connect_seconds = 0.0
         self.pid: int = vm.pid
         loop.add_reader(vm.channel_fd, self._on_channel)
         loop.add_reader(vm.console_fd, self._on_console)
@@ -229,6 +232,7 @@ class GuestVm:
         return guest
 
     async def _restore(self, state_path: str, timeout: float) -> None:
+        started = time.monotonic()
         self.qmp = await QmpClient.connect(self._vm.qmp_fd, timeout)
         await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
         fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
@@ -242,7 +246,10 @@ class GuestVm:
         # The guest never sends READY again: it was sent before the snapshot.
         if not self._ready.done():
             self._ready.set_result(None)
+        running = time.monotonic()
+        self.restore_seconds = running - started
         await self.reseed()
+        self.connect_seconds = time.monotonic() - running
 
     async def save_snapshot(self, state_path: str) -> None:
         """Stop this VM and write its device state to state_path. Its RAM must be in a shared

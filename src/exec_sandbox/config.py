@@ -8,7 +8,12 @@ from pathlib import Path
 
 from . import paths
 from .errors import VmConfigError
-from .limits import MAX_TIMEOUT_SECONDS, MIN_MEMORY_MB, MIN_TIMEOUT_SECONDS
+from .limits import (
+    ADMISSION_TIMEOUT_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    MIN_MEMORY_MB,
+    MIN_TIMEOUT_SECONDS,
+)
 
 
 def _host_memory_mb() -> int:
@@ -42,6 +47,10 @@ class SchedulerConfig:
     memory_overcommit_ratio: float = 5.0
     cpu_overcommit_ratio: float = 2.0
     enable_package_validation: bool = True
+    # Beyond the contract (API.md): speed tiers and admission control.
+    memory_snapshots: bool = True  # L1: restore fresh VMs from memory snapshots
+    admission_queue_size: int | None = None  # requests that may wait; None: 4 x max VMs
+    admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         _check_int("warm_pool_size", self.warm_pool_size, 0, 64)
@@ -67,8 +76,16 @@ class SchedulerConfig:
             if not isinstance(value, (str, os.PathLike)):
                 raise VmConfigError(f"{name} must be a path, got {value!r}")
             setattr(self, name, Path(value))
-        if not isinstance(self.enable_package_validation, bool):
-            raise VmConfigError("enable_package_validation must be a bool")
+        for name in ("enable_package_validation", "memory_snapshots"):
+            if not isinstance(getattr(self, name), bool):
+                raise VmConfigError(f"{name} must be a bool")
+        if self.admission_queue_size is not None:
+            _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
+        value = self.admission_timeout_seconds
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
+            raise VmConfigError(
+                f"admission_timeout_seconds must be a number in (0, 3600], got {value!r}"
+            )
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

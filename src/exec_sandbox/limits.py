@@ -18,3 +18,8 @@ BOOT_TIMEOUT_SECONDS = 60.0
 # After the guest's own timeout the host waits this long for the guest's EXIT before it kills
 # the VM itself (a guest that stalls must not hold the caller).
 HOST_TIMEOUT_GRACE_SECONDS = 5.0
+# A snapshot restore (QEMU start, device state load, RNG reseed) that takes longer than this is
+# abandoned for a cold boot. It normally takes 0.05-0.2 s under TCG.
+RESTORE_TIMEOUT_SECONDS = 20.0
+# How long a request waits for admission by default before VmCapacityError.
+ADMISSION_TIMEOUT_SECONDS = 120.0

@@ -13,14 +13,21 @@ LANGUAGES: tuple[Language, ...] = ("python", "javascript", "raw")
 class TimingBreakdown:
     """Where the time of one call went, in milliseconds.
 
-    setup_ms: validation, admission and QEMU spawn; boot_ms: QEMU start until the guest agent
-    answered; execute_ms: code dispatch until its exit; total_ms: the whole call.
+    setup_ms: everything before the VM starts (validation, admission, taking a pooled VM);
+    boot_ms: cold boot, QEMU start until the guest agent said READY (0 when not booted);
+    execute_ms: code dispatch until its exit; total_ms: the whole call.
+    admission_ms: waiting for capacity (part of setup_ms);
+    restore_ms: starting a clone of an L1 memory snapshot until the guest runs (0 when not
+    restored); connect_ms: the first round trip with the restored guest (its RNG reseed).
     """
 
     setup_ms: int
     boot_ms: int
     execute_ms: int
     total_ms: int
+    admission_ms: int = 0
+    restore_ms: int = 0
+    connect_ms: int = 0
 
 
 @dataclass(frozen=True)

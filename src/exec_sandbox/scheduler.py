@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 from . import _logging, host, limits
@@ -17,10 +18,14 @@ from ._vm import (
     OutputCallback,
     VmSpec,
 )
+from .admission import Admission, Budget
 from .config import SchedulerConfig
 from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmConfigError
 from .images import GuestImages, load_images
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
+from .pool import WarmPool
+from .qmp import QmpError
+from .snapshots import Snapshot, SnapshotCache, qemu_version, snapshot_key
 from .validation import (
     validate_code,
     validate_env,
@@ -36,18 +41,40 @@ class Scheduler:
     """Runs code in disposable microVMs.
 
     Use as `async with Scheduler(config) as scheduler:`; leaving the block kills every VM the
-    scheduler still owns. At most `config.max_concurrent_vms` VMs run at once; further calls wait.
+    scheduler still owns. Admission control (`admission.py`) bounds the VMs, guest RAM and
+    vCPUs in use; further calls wait in a bounded queue, then raise VmCapacityError.
+
+    A call is served by the fastest path that matches its configuration: an idle VM of the warm
+    pool (`warm_pool_size`), else a clone of an L1 memory snapshot, else a cold boot (which also
+    schedules the snapshot for that configuration in the background).
     """
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         _logging.configure_from_env()
         self.config = config if config is not None else SchedulerConfig()
-        self._admission = asyncio.Semaphore(self.config.max_concurrent_vms or 1)
+        max_vms = self.config.max_concurrent_vms or 1
+        self._admission = Admission(
+            Budget.for_host(
+                max_vms, self.config.memory_overcommit_ratio, self.config.cpu_overcommit_ratio
+            ),
+            max_waiters=self.config.admission_queue_size or 4 * max_vms,
+            wait_timeout=self.config.admission_timeout_seconds,
+        )
         self._vms: set[GuestVm] = set()
         self._images: GuestImages | None = None
         self._accel = ""
         self._started = False
         self._closed = False
+        self._snapshots = (
+            SnapshotCache(self.config.memory_snapshot_cache_dir)
+            if self.config.memory_snapshots
+            else None
+        )
+        self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
+        self._snapshot_failed: set[str] = set()
+        self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, _VCPUS,
+                              self._admission, self._start_pool_vm)  # fmt: skip
+        self._admission.set_reclaim(self._pool.reclaim_one)
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -58,21 +85,37 @@ class Scheduler:
         await self.close()
 
     async def start(self) -> None:
-        """Find QEMU, the accelerator and the images; raises VmPermanentError if one is missing."""
+        """Find QEMU, the accelerator and the images; raises VmPermanentError if one is missing.
+        Starts filling the warm pool in the background."""
         if self._started:
             return
         self._images = load_images(self.config.images_dir)
         loop = asyncio.get_running_loop()
         # The KVM probe starts QEMU once and the TSC measurement sleeps: keep both off the loop.
-        await loop.run_in_executor(None, host.qemu_binary)
+        qemu = await loop.run_in_executor(None, host.qemu_binary)
         self._accel = await loop.run_in_executor(None, host.accelerator)
         await loop.run_in_executor(None, host.tsc_khz)
+        if self._snapshots is not None:
+            await loop.run_in_executor(None, qemu_version, qemu)
         self._started = True
         log.debug("scheduler ready: accel=%s images=%s", self._accel, self._images)
+        if not self._closed:
+            self._pool.start()
 
     async def close(self) -> None:
-        """Kill every VM this scheduler still owns. Idempotent."""
+        """Stop the pool and snapshot builds and kill every VM this scheduler owns. Idempotent."""
         self._closed = True
+        self._admission.close()
+        await self._pool.close()
+        builds = list(self._snapshot_builds.values())
+        for task in builds:
+            task.cancel()
+        for task in builds:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._snapshot_builds.clear()
         for vm in list(self._vms):
             vm.close()
         self._vms.clear()
@@ -80,6 +123,29 @@ class Scheduler:
     @property
     def accelerator(self) -> str:
         return self._accel
+
+    async def wait_pool_ready(self, timeout: float | None = None) -> None:
+        """Wait until the warm pool holds `warm_pool_size` ready VMs for every language (at once
+        when the pool is off). asyncio.TimeoutError after `timeout` seconds."""
+        await self.start()
+        await self._pool.wait_ready(timeout)
+
+    async def prepare_snapshot(self, language: Language = "python",
+                               memory_mb: int | None = None) -> bool:  # fmt: skip
+        """Make sure the L1 memory snapshot for this configuration exists (building it now if
+        needed), so that the next fresh VM of it is restored instead of booted. False when
+        snapshots are off or could not be built (the reason is logged)."""
+        language = validate_language(language)
+        memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
+        await self.start()
+        if self._snapshots is None:
+            return False
+        spec = self._spec(memory)
+        key = snapshot_key(spec, language)
+        if self._snapshots.lookup(key, memory) is not None:
+            return True
+        task = self._schedule_snapshot(spec, language, key, force=True)
+        return task is not None and await asyncio.shield(task) is not None
 
     async def run(
         self,
@@ -101,8 +167,9 @@ class Scheduler:
 
         Returns the result for any exit of the code (0, n, 128+signal, -1 on timeout). Raises
         InputValidationError for bad input (before any VM starts), OutputLimitError when the
-        code printed more than the limits, and TransientError/PermanentError/CommunicationError
-        for infrastructure failures.
+        code printed more than the limits, VmCapacityError when the host has no room within
+        the admission timeout, and TransientError/PermanentError/CommunicationError for
+        infrastructure failures.
         """
         started = time.monotonic()
         language = validate_language(language)
@@ -115,39 +182,44 @@ class Scheduler:
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
-        assert self._images is not None
 
-        async with self._admission:
-            spec = VmSpec(
-                qemu_binary=host.qemu_binary(),
-                images=self._images,
-                accel=self._accel,
-                memory_mb=memory,
-                kernel_cmdline_extra=_kernel_cmdline_extra(),
-            )
-            spawn_at = time.monotonic()
-            vm = await GuestVm.boot(
-                spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS, on_boot_log=on_boot_log
-            )
+        phases = _Phases()
+        pooled = self._pool.take(language) if self._pool.matches(memory, allow_network) else None
+        if pooled is not None:
+            vm, ticket = pooled.vm, pooled.ticket
             self._vms.add(vm)
+            phases.pool_hit = True
+            phases.l1_hit = pooled.restored
+        else:
+            admit_at = time.monotonic()
+            ticket = await self._admission.acquire(memory, _VCPUS)
+            phases.admission_ms = _ms(time.monotonic() - admit_at)
             try:
-                ready_at = time.monotonic()
-                outcome = await vm.execute(
-                    ExecRequest(
-                        language=language,
-                        code=code_bytes,
-                        timeout_ms=timeout_ms,
-                        env=env,
-                        stdout_limit=limits.STDOUT_LIMIT_BYTES,
-                        stderr_limit=limits.STDERR_LIMIT_BYTES,
-                        on_stdout=on_stdout,
-                        on_stderr=on_stderr,
-                    )
+                vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
+            except BaseException:
+                ticket.release()
+                raise
+            self._vms.add(vm)
+        setup_ms = _ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
+        try:
+            ready_at = time.monotonic()
+            outcome = await vm.execute(
+                ExecRequest(
+                    language=language,
+                    code=code_bytes,
+                    timeout_ms=timeout_ms,
+                    env=env,
+                    stdout_limit=limits.STDOUT_LIMIT_BYTES,
+                    stderr_limit=limits.STDERR_LIMIT_BYTES,
+                    on_stdout=on_stdout,
+                    on_stderr=on_stderr,
                 )
-                done_at = time.monotonic()
-            finally:
-                vm.close()
-                self._vms.discard(vm)
+            )
+            done_at = time.monotonic()
+        finally:
+            vm.close()
+            self._vms.discard(vm)
+            ticket.release()
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
             raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
@@ -162,12 +234,132 @@ class Scheduler:
             exit_code=outcome.exit_code,
             execution_time_ms=outcome.duration_us // 1000,
             timing=TimingBreakdown(
-                setup_ms=_ms(spawn_at - started),
-                boot_ms=_ms(ready_at - spawn_at),
+                setup_ms=max(0, setup_ms),
+                boot_ms=phases.boot_ms,
                 execute_ms=_ms(done_at - ready_at),
                 total_ms=_ms(time.monotonic() - started),
+                admission_ms=phases.admission_ms,
+                restore_ms=phases.restore_ms,
+                connect_ms=phases.connect_ms,
             ),
+            warm_pool_hit=phases.pool_hit,
+            l1_cache_hit=phases.l1_hit,
         )
+
+    # --- starting VMs ---
+
+    def _spec(self, memory_mb: int) -> VmSpec:
+        assert self._images is not None
+        return VmSpec(
+            qemu_binary=host.qemu_binary(),
+            images=self._images,
+            accel=self._accel,
+            memory_mb=memory_mb,
+            vcpus=_VCPUS,
+            kernel_cmdline_extra=_kernel_cmdline_extra(),
+        )
+
+    async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases, *,
+                        on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
+        """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot)."""
+        spec = self._spec(memory_mb)
+        if self._snapshots is not None:
+            key = snapshot_key(spec, language)
+            snapshot = self._snapshots.lookup(key, memory_mb)
+            if snapshot is None:
+                self._schedule_snapshot(spec, language, key)
+            else:
+                at = time.monotonic()
+                try:
+                    vm = await GuestVm.restore(
+                        replace(spec, mem_path=str(snapshot.ram), mem_shared=False),
+                        str(snapshot.state),
+                        timeout=limits.RESTORE_TIMEOUT_SECONDS,
+                        on_boot_log=on_boot_log,
+                    )
+                except (SandboxError, QmpError, OSError) as exc:
+                    log.warning("restoring memory snapshot %s failed (%s): cold boot instead; "
+                                "the snapshot is discarded", key, exc)  # fmt: skip
+                    self._snapshots.invalidate(key)
+                else:
+                    phases.restore_ms = _ms(vm.restore_seconds)
+                    phases.connect_ms = _ms(vm.connect_seconds)
+                    phases.l1_hit = True
+                    log.debug("restored %s in %.0f ms", key, (time.monotonic() - at) * 1000)
+                    return vm
+        at = time.monotonic()
+        vm = await GuestVm.boot(
+            spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS, on_boot_log=on_boot_log
+        )
+        phases.boot_ms = _ms(time.monotonic() - at)
+        return vm
+
+    async def _start_pool_vm(self, language: Language) -> tuple[GuestVm, bool]:
+        phases = _Phases()
+        vm = await self._start_vm(language, self.config.default_memory_mb, phases)
+        try:
+            # Cold-booted: page the interpreter in. Restored: the guest is warm, but QEMU's
+            # translated code (TCG) is per process; one run warms it too.
+            await vm.warm_up(language)
+        except BaseException:
+            vm.close()
+            raise
+        return vm, phases.l1_hit
+
+    def _schedule_snapshot(self, spec: VmSpec, language: Language, key: str, *,
+                           force: bool = False) -> asyncio.Task[Snapshot | None] | None:  # fmt: skip
+        """Build the snapshot for key in the background (once at a time per key; a key that
+        failed is not retried by this scheduler unless forced)."""
+        if self._snapshots is None or self._closed:
+            return None
+        task = self._snapshot_builds.get(key)
+        if task is not None:
+            return task
+        if key in self._snapshot_failed and not force:
+            return None
+        task = asyncio.create_task(self._build_snapshot(spec, language, key),
+                                   name=f"snapshot-{key}")  # fmt: skip
+        self._snapshot_builds[key] = task
+        task.add_done_callback(lambda _t: self._snapshot_builds.pop(key, None))
+        return task
+
+    async def _build_snapshot(self, spec: VmSpec, language: Language, key: str) -> Snapshot | None:
+        assert self._snapshots is not None
+        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus, background=True)
+        try:
+            at = time.monotonic()
+            snapshot = await self._snapshots.build(
+                spec, language, key, boot_timeout=limits.BOOT_TIMEOUT_SECONDS
+            )
+            log.info("memory snapshot %s built in %.1f s", key, time.monotonic() - at)
+            self._snapshot_failed.discard(key)
+            return snapshot
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("building memory snapshot %s failed (%s): fresh VMs of this "
+                        "configuration cold boot", key, exc)  # fmt: skip
+            self._snapshot_failed.add(key)
+            return None
+        finally:
+            ticket.release()
+
+
+@dataclass
+class _Phases:
+    """What one run() went through (filled in as it goes)."""
+
+    admission_ms: int = 0
+    boot_ms: int = 0
+    restore_ms: int = 0
+    connect_ms: int = 0
+    pool_hit: bool = False
+    l1_hit: bool = False
+
+
+# Every VM has one vCPU: the guest runs one program at a time, and under TCG a second vCPU
+# costs a host thread without making a single-threaded interpreter faster.
+_VCPUS = 1
 
 
 def _ms(seconds: float) -> int:

@@ -1,0 +1,176 @@
+"""L1 memory snapshots: start a VM by cloning a booted, warmed-up template instead of booting.
+
+A template is made once per configuration by a VM whose RAM lives in a shared file: after the
+guest agent is READY and the language has been warmed up, QMP stops it and migrates its device
+state (x-ignore-shared: the RAM file already is the memory) into `state`. A clone maps that
+RAM file privately (copy-on-write: idle clones share the template's pages), loads `state` with
+`-incoming defer` + `migrate-incoming`, resumes, and gets its RNG reseeded before it runs code.
+
+Both migrations go through an fd passed over QMP (`getfd` + `fd:NAME`), not `exec:`: QEMU
+spawns no shell, so it works under `-sandbox on,spawn=deny`.
+
+Cache layout, one directory per key under `memory_snapshot_cache_dir`:
+    <key>/ram         the template's RAM (sparse; never rewritten once published)
+    <key>/state       QEMU's device state stream
+    <key>/meta.json   the key's inputs, the state's SHA-256 and the RAM size
+A directory is built under a temporary name and published by rename, so readers see complete
+snapshots only. An invalid one (missing file, other size, other hash, unreadable meta) is moved
+aside and deleted: clones that still map its RAM file keep their pages (unlinked, not
+truncated), and the next request cold-boots and rebuilds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ._vm import GuestVm, VmSpec
+from .models import Language
+
+log = logging.getLogger("exec_sandbox")
+
+# Bump when the layout or the way templates are made changes: old snapshots then miss.
+SNAPSHOT_FORMAT = 1
+# A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
+_STATE_MAX_BYTES = 64 * 1024 * 1024
+_META_MAX_BYTES = 64 * 1024
+
+
+@functools.cache
+def qemu_version(qemu_binary: str) -> str:
+    """`qemu --version`'s first line: a QEMU upgrade makes every snapshot stale."""
+    out = subprocess.run([qemu_binary, "--version"], capture_output=True, text=True, timeout=30,
+                         check=False)  # fmt: skip
+    return (out.stdout.strip().splitlines() or ["unknown"])[0]
+
+
+def snapshot_key(spec: VmSpec, language: Language) -> str:
+    """Everything that changes what a restored VM would be: images, QEMU, accelerator, RAM,
+    vCPUs, kernel command line, language (the warmed-up interpreter), the format."""
+    inputs = {
+        "format": SNAPSHOT_FORMAT,
+        "kernel": spec.images.kernel_hash,
+        "rootfs": spec.images.rootfs_hash,
+        "qemu": qemu_version(spec.qemu_binary),
+        "accel": spec.accel,
+        "memory_mb": spec.memory_mb,
+        "vcpus": spec.vcpus,
+        "cmdline": spec.kernel_cmdline_extra,
+        "language": language,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return f"{language}-{spec.memory_mb}m-{digest[:24]}"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    key: str
+    ram: Path
+    state: Path
+
+
+class SnapshotCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def lookup(self, key: str, memory_mb: int) -> Snapshot | None:
+        """The published snapshot for key if it is complete and intact, else None (an invalid
+        one is logged and removed)."""
+        directory = self.root / key
+        if not directory.is_dir():
+            return None
+        problem = _check(directory, key, memory_mb)
+        if problem:
+            log.warning("memory snapshot %s is unusable (%s): removing it; cold boot instead",
+                        directory, problem)  # fmt: skip
+            self.invalidate(key)
+            return None
+        return Snapshot(key, directory / "ram", directory / "state")
+
+    def invalidate(self, key: str) -> None:
+        directory = self.root / key
+        try:
+            trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=self.root))
+            os.rename(directory, trash / "old")
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    async def build(self, spec: VmSpec, language: Language, key: str, *,
+                    boot_timeout: float) -> Snapshot:  # fmt: skip
+        """Boot a template VM of spec, warm `language` up, save it, publish it under key."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=self.root))
+        try:
+            template_spec = replace(spec, mem_path=str(work / "ram"), mem_shared=True, qmp=True)
+            vm = await GuestVm.boot(template_spec, boot_timeout=boot_timeout)
+            try:
+                await vm.warm_up(language)
+                await vm.save_snapshot(str(work / "state"))
+            finally:
+                vm.close()  # the RAM file must not change after the state was saved
+            state_hash = await asyncio.get_running_loop().run_in_executor(
+                None, _sha256, work / "state"
+            )
+            meta = {
+                "format": SNAPSHOT_FORMAT,
+                "key": key,
+                "state_sha256": state_hash,
+                "ram_bytes": spec.memory_mb * 1024 * 1024,
+            }
+            (work / "meta.json").write_text(json.dumps(meta))
+            try:
+                os.rename(work, self.root / key)
+            except OSError:
+                # Somebody else published this key first: theirs is as good as ours.
+                shutil.rmtree(work, ignore_errors=True)
+            work = None
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+        snapshot = self.lookup(key, spec.memory_mb)
+        if snapshot is None:
+            raise RuntimeError(f"memory snapshot {key} vanished after it was built")
+        return snapshot
+
+
+def _check(directory: Path, key: str, memory_mb: int) -> str | None:
+    try:
+        with open(directory / "meta.json", "rb") as f:
+            raw = f.read(_META_MAX_BYTES + 1)
+        if len(raw) > _META_MAX_BYTES:
+            return "meta.json too large"
+        meta = json.loads(raw)
+        if not isinstance(meta, dict):
+            return "meta.json is not an object"
+        if meta.get("format") != SNAPSHOT_FORMAT or meta.get("key") != key:
+            return "meta.json is for another format or key"
+        ram_size = (directory / "ram").stat().st_size
+        if ram_size != memory_mb * 1024 * 1024 or meta.get("ram_bytes") != ram_size:
+            return f"RAM file has {ram_size} bytes"
+        state = directory / "state"
+        size = state.stat().st_size
+        if size == 0 or size > _STATE_MAX_BYTES:
+            return f"state file has {size} bytes"
+        if _sha256(state) != meta.get("state_sha256"):
+            return "state file does not match its hash"
+    except (OSError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
