@@ -45,7 +45,7 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 		break;
 	case SBX_MSG_RESEED: {
 		const char *why = "?";
-		int rc = sbx_reseed_kernel_rng(f->payload, f->payload_len, &why);
+		int rc = sbx_handle_reseed(f->payload, f->payload_len, &why);
 		if (rc < 0)
 			sbx_channel_send_error(&a->ch, f->id, rc == -EINVAL ? SBX_ERR_BAD_REQUEST
 									  : SBX_ERR_INTERNAL,

@@ -6,12 +6,13 @@
 #include <linux/random.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cleanup.h"
 #include "protocol.h"
 
-int sbx_reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why)
+static int reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why)
 {
 	/* struct rand_pool_info ends in a flexible array: a buffer of the right size and alignment. */
 	union {
@@ -19,10 +20,6 @@ int sbx_reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why)
 		uint8_t raw[sizeof(struct rand_pool_info) + SBX_RESEED_BYTES];
 	} req;
 
-	if (n != SBX_RESEED_BYTES) {
-		*why = "seed length";
-		return -EINVAL;
-	}
 	_cleanup_close_ int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0) {
 		*why = "open /dev/urandom";
@@ -39,6 +36,29 @@ int sbx_reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why)
 	if (ioctl(fd, RNDRESEEDCRNG) < 0) {
 		*why = "RNDRESEEDCRNG";
 		return -errno;
+	}
+	return 0;
+}
+
+int sbx_handle_reseed(const uint8_t *payload, size_t n, const char **why)
+{
+	if (n != SBX_RESEED_PAYLOAD_SIZE) {
+		*why = "payload length";
+		return -EINVAL;
+	}
+	int rc = reseed_kernel_rng(payload, SBX_RESEED_BYTES, why);
+	if (rc < 0)
+		return rc;
+	uint64_t ns = 0;
+	for (unsigned i = 0; i < 8; i++)
+		ns |= (uint64_t)payload[SBX_RESEED_BYTES + i] << (8 * i);
+	if (ns != 0) {
+		struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000u),
+				      .tv_nsec = (long)(ns % 1000000000u)};
+		if (clock_settime(CLOCK_REALTIME, &ts) < 0) {
+			*why = "clock_settime";
+			return -errno;
+		}
 	}
 	return 0;
 }

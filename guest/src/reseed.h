@@ -6,9 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Credit seed to the kernel's input pool (RNDADDENTROPY on /dev/urandom) and force a CRNG
- * reseed (RNDRESEEDCRNG), so that every later getrandom()/urandom read of every process depends
- * on the seed. 0 or -errno; *why names the failing step. */
-int sbx_reseed_kernel_rng(const uint8_t *seed, size_t n, const char **why);
+/* Handle a RESEED payload (protocol.h): credit the seed to the kernel's input pool
+ * (RNDADDENTROPY on /dev/urandom) and force a CRNG reseed (RNDRESEEDCRNG), so that every later
+ * getrandom()/urandom read of every process depends on it; then set CLOCK_REALTIME to the host's
+ * time (the snapshot's clock is stale). 0 or -errno (-EINVAL: malformed payload); *why names
+ * the failing step. */
+int sbx_handle_reseed(const uint8_t *payload, size_t n, const char **why);
 
 #endif /* SBX_RESEED_H */

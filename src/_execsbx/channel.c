@@ -164,11 +164,12 @@ int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id)
 	return sbx_channel_flush(ch);
 }
 
-int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n)
+int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
+			     uint64_t realtime_ns)
 {
 	compact(ch);
 	size_t before = ch->out.len;
-	int rc = sbx_encode_reseed(&ch->out, id, seed, n);
+	int rc = sbx_encode_reseed(&ch->out, id, seed, n, realtime_ns);
 	if (rc < 0)
 		return rc;
 	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {

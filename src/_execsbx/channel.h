@@ -52,7 +52,8 @@ int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev);
 int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why);
 int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id);
 /* n must be SBX_RESEED_BYTES. */
-int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n);
+int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
+			     uint64_t realtime_ns);
 /* Write as much of the queue as the socket takes now. 0 or -errno (EAGAIN is not an error). */
 int sbx_channel_flush(struct sbx_channel *ch);
 /* Bytes queued and not yet written. */

@@ -84,7 +84,8 @@ int sbx_encode_ping(struct sbx_buf *b, uint32_t id)
 	return rc;
 }
 
-int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n)
+int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
+		      uint64_t realtime_ns)
 {
 	size_t start;
 	size_t before = b->len;
@@ -94,7 +95,9 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
 	if (rc == 0)
 		rc = sbx_buf_append(b, seed, n);
 	if (rc == 0)
-		rc = sbx_frame_end(b, start, SBX_RESEED_BYTES);
+		rc = sbx_put_u64(b, realtime_ns);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_RESEED_PAYLOAD_SIZE);
 	if (rc < 0)
 		b->len = before;
 	return rc;

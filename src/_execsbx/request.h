@@ -36,6 +36,7 @@ int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char 
 /* Append one PING frame. */
 int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
 /* Append one RESEED frame; n must be SBX_RESEED_BYTES (-EINVAL otherwise). */
-int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n);
+int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
+		      uint64_t realtime_ns);
 
 #endif /* SBX_REQUEST_H */

@@ -351,16 +351,18 @@ static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
 }
 
 PyDoc_STRVAR(send_reseed_doc,
-	     "send_reseed(id, seed) -> int\n\n"
+	     "send_reseed(id, seed, realtime_ns=0) -> int\n\n"
 	     "Queue a RESEED frame carrying seed (exactly RESEED_BYTES bytes from the host's CSPRNG)\n"
-	     "and try to write; returns the bytes still pending. The guest answers ('reseeded', id).");
+	     "and the host's wall clock in ns (0: leave the guest clock alone), and try to write;\n"
+	     "returns the bytes still pending. The guest answers ('reseeded', id).");
 
 static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
 {
 	PyObject *o_id;
 	Py_buffer seed;
 	uint32_t id;
-	if (!PyArg_ParseTuple(args, "Oy*:send_reseed", &o_id, &seed))
+	unsigned long long realtime_ns = 0;
+	if (!PyArg_ParseTuple(args, "Oy*|K:send_reseed", &o_id, &seed, &realtime_ns))
 		return NULL;
 	PyObject *result = NULL;
 	if (check_open(self) < 0 || to_u32(o_id, "id", &id) < 0)
@@ -369,7 +371,8 @@ static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
 		PyErr_Format(PyExc_ValueError, "seed must be %u bytes", SBX_RESEED_BYTES);
 		goto out;
 	}
-	int rc = sbx_channel_queue_reseed(&self->vm.ch, id, seed.buf, (size_t)seed.len);
+	int rc = sbx_channel_queue_reseed(&self->vm.ch, id, seed.buf, (size_t)seed.len,
+					  (uint64_t)realtime_ns);
 	result = pending_or_raise(self, rc, "RESEED frame", rc == -ENOBUFS ? "send_reseed" : "send");
 out:
 	PyBuffer_Release(&seed);

@@ -280,8 +280,9 @@ class GuestVm:
             await asyncio.sleep(0.002)
 
     async def reseed(self, timeout: float = 10.0) -> None:
-        """Give the guest kernel fresh entropy from the host and wait until its CRNG is
-        reseeded (every clone of one snapshot starts from the same RNG state)."""
+        """Give the guest kernel fresh entropy from the host and the host's clock, and wait
+        until its CRNG is reseeded (every clone of one snapshot starts from the same RNG state
+        and the clock of the moment the snapshot was taken)."""
         if self._broken is not None:
             raise self._broken
         req_id = self._next_id
@@ -289,7 +290,9 @@ class GuestVm:
         done: asyncio.Future[None] = self._loop.create_future()
         self._acks[req_id] = done
         try:
-            self._want_write(self._vm.send_reseed(req_id, os.urandom(_execsbx.RESEED_BYTES)))
+            self._want_write(
+                self._vm.send_reseed(req_id, os.urandom(_execsbx.RESEED_BYTES), time.time_ns())
+            )
             await asyncio.wait_for(asyncio.shield(done), timeout)
         except asyncio.TimeoutError:
             raise VmTimeoutError("the guest did not acknowledge RESEED in time") from None

@@ -46,8 +46,9 @@ VmFactory = Callable[[Language], Awaitable[tuple[GuestVm, bool]]]
 
 class WarmPool:
     def __init__(self, size: int, memory_mb: int, vcpus: int, admission: Admission,
-                 factory: VmFactory) -> None:  # fmt: skip
+                 factory: VmFactory, wait_quiet: Callable[[], Awaitable[None]]) -> None:  # fmt: skip
         self.size = size
+        self._wait_quiet = wait_quiet
         self.memory_mb = memory_mb
         self.vcpus = vcpus
         self._admission = admission
@@ -135,6 +136,7 @@ class WarmPool:
                 await self._changed.wait()
                 continue
             async with self._refill_slot:
+                await self._wait_quiet()
                 ticket = await self._admission.acquire(self.memory_mb, self.vcpus,
                                                        background=True)  # fmt: skip
                 try:

@@ -73,7 +73,11 @@ class Scheduler:
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
         self._snapshot_failed: set[str] = set()
         self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, _VCPUS,
-                              self._admission, self._start_pool_vm)  # fmt: skip
+                              self._admission, self._start_pool_vm,
+                              self._wait_foreground_quiet)  # fmt: skip
+        # Foreground requests between admission and a running VM: background work (pool
+        # refills, snapshot builds) waits for this to drop to 0 before it starts a VM.
+        self._foreground_starting = 0
         self._admission.set_reclaim(self._pool.reclaim_one)
 
     async def __aenter__(self) -> Scheduler:
@@ -192,13 +196,17 @@ class Scheduler:
             phases.l1_hit = pooled.restored
         else:
             admit_at = time.monotonic()
-            ticket = await self._admission.acquire(memory, _VCPUS)
-            phases.admission_ms = _ms(time.monotonic() - admit_at)
+            self._foreground_starting += 1
             try:
-                vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
-            except BaseException:
-                ticket.release()
-                raise
+                ticket = await self._admission.acquire(memory, _VCPUS)
+                phases.admission_ms = _ms(time.monotonic() - admit_at)
+                try:
+                    vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
+                except BaseException:
+                    ticket.release()
+                    raise
+            finally:
+                self._foreground_starting -= 1
             self._vms.add(vm)
         setup_ms = _ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
         try:
@@ -323,8 +331,15 @@ class Scheduler:
         task.add_done_callback(lambda _t: self._snapshot_builds.pop(key, None))
         return task
 
+    async def _wait_foreground_quiet(self) -> None:
+        """Return once no foreground request is waiting for admission or starting its VM: on a
+        2-core host, a background boot next to a foreground one makes both slower."""
+        while self._foreground_starting > 0:
+            await asyncio.sleep(_QUIET_POLL_SECONDS)
+
     async def _build_snapshot(self, spec: VmSpec, language: Language, key: str) -> Snapshot | None:
         assert self._snapshots is not None
+        await self._wait_foreground_quiet()
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus, background=True)
         try:
             at = time.monotonic()
@@ -360,6 +375,7 @@ class _Phases:
 # Every VM has one vCPU: the guest runs one program at a time, and under TCG a second vCPU
 # costs a host thread without making a single-threaded interpreter faster.
 _VCPUS = 1
+_QUIET_POLL_SECONDS = 0.05
 
 
 def _ms(seconds: float) -> int:

@@ -56,11 +56,15 @@ enum sbx_msg {
 	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
 };
 
-/* RESEED payload (host -> guest): exactly SBX_RESEED_BYTES bytes from the host's CSPRNG. Sent to a
- * VM restored from a memory snapshot before anything else runs: every clone of one snapshot starts
- * with the same kernel RNG state, so the agent credits these bytes to the input pool
- * (RNDADDENTROPY) and forces a CRNG reseed (RNDRESEEDCRNG) before it answers RESEEDED. */
+/* RESEED payload (host -> guest), exactly SBX_RESEED_PAYLOAD_SIZE bytes:
+ *     SBX_RESEED_BYTES bytes  from the host's CSPRNG
+ *     u64                     the host's CLOCK_REALTIME in ns (0: leave the guest clock alone)
+ * Sent to a VM restored from a memory snapshot before anything else runs: every clone of one
+ * snapshot starts with the same kernel RNG state and the clock of the moment the snapshot was
+ * taken. The agent credits the bytes to the input pool (RNDADDENTROPY), forces a CRNG reseed
+ * (RNDRESEEDCRNG), sets the clock, and only then answers RESEEDED. */
 #define SBX_RESEED_BYTES 64u
+#define SBX_RESEED_PAYLOAD_SIZE (SBX_RESEED_BYTES + 8u)
 
 /* EXEC payload (host -> guest):
  *     u8   language (enum sbx_language)

@@ -165,10 +165,10 @@ static void test_reseed_encoding(void)
 	uint8_t seed[SBX_RESEED_BYTES];
 	for (size_t i = 0; i < sizeof(seed); i++)
 		seed[i] = (uint8_t)(i * 7 + 1);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1), -EINVAL);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1, 0), -EINVAL);
 	CHECK_EQ(b.len, 0);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed)), 0);
-	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + SBX_RESEED_BYTES);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed), 0x0102030405060708ull), 0);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + SBX_RESEED_PAYLOAD_SIZE);
 	struct sbx_reader r;
 	struct sbx_frame f;
 	sbx_reader_init(&r, SBX_HOST_FRAME_MAX);
@@ -176,8 +176,12 @@ static void test_reseed_encoding(void)
 	CHECK_EQ(sbx_reader_next(&r, &f), 1);
 	CHECK_EQ(f.type, SBX_MSG_RESEED);
 	CHECK_EQ(f.id, 5);
-	CHECK_EQ(f.payload_len, SBX_RESEED_BYTES);
+	CHECK_EQ(f.payload_len, SBX_RESEED_PAYLOAD_SIZE);
 	CHECK(memcmp(f.payload, seed, sizeof(seed)) == 0);
+	struct sbx_cursor c = {f.payload + SBX_RESEED_BYTES, 8};
+	uint64_t ns = 0;
+	CHECK_EQ(sbx_get_u64(&c, &ns), 0);
+	CHECK(ns == 0x0102030405060708ull);
 	sbx_reader_free(&r);
 	sbx_buf_free(&b);
 }

@@ -1,0 +1,45 @@
+"""The RESEED message in a real guest: the agent reseeds the kernel RNG, sets the clock from the
+host's value and acknowledges. (Restored clones get it before any code runs: see
+tests/integration/security/test_snapshot_rng.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from exec_sandbox import host
+from exec_sandbox._vm import ExecRequest, GuestVm, VmSpec
+from exec_sandbox.images import load_images
+from exec_sandbox.paths import images_dir
+
+pytestmark = pytest.mark.vm
+
+# 2033-05-18T03:33:20Z
+FUTURE_NS = 2_000_000_000 * 1_000_000_000
+
+
+def _raw(code: bytes) -> ExecRequest:
+    return ExecRequest("raw", code, 10_000, [], 4096, 4096)
+
+
+async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: None) -> None:
+    spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
+                  accel=host.accelerator(), memory_mb=192,
+                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
+    vm = await GuestVm.boot(spec, boot_timeout=60)
+    try:
+        with pytest.raises(ValueError, match="seed must be"):
+            vm._vm.send_reseed(99, b"short")  # refused before it reaches the guest
+        done = asyncio.get_running_loop().create_future()
+        vm._acks[7] = done
+        vm._want_write(vm._vm.send_reseed(7, os.urandom(64), FUTURE_NS))
+        await asyncio.wait_for(done, 10)  # RESEEDED came back with id 7
+        assert (await vm.execute(_raw(b"date -u +%Y-%m-%d"))).stdout == "2033-05-18\n"
+        await vm.reseed()  # the path restore() takes: the host's clock and fresh bytes
+        guest_now = int((await vm.execute(_raw(b"date -u +%s"))).stdout)
+        assert abs(guest_now - time.time()) < 30
+    finally:
+        vm.close()

@@ -1,0 +1,136 @@
+"""Speed tiers in real microVMs: the warm pool, L1 memory snapshots (with fallback when a
+snapshot is stale or corrupt) and admission control under a burst."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exec_sandbox import Scheduler, SchedulerConfig, VmCapacityError
+from tests.helpers import open_fds, qemu_processes
+
+pytestmark = pytest.mark.vm
+
+ManagedScheduler = Callable[..., Any]
+
+
+@pytest.fixture
+def managed(images_ready: None, tmp_path: Path) -> ManagedScheduler:
+    """`async with managed(**config) as scheduler`: a Scheduler with its own snapshot cache,
+    checked at exit like the `scheduler` fixture (no QEMU process, no fd outlives it)."""
+
+    @asynccontextmanager
+    async def factory(**config: Any) -> AsyncIterator[Scheduler]:
+        config.setdefault("memory_snapshot_cache_dir", tmp_path / "snapshots")
+        config.setdefault("max_concurrent_vms", 4)
+        fds_before = open_fds()
+        async with Scheduler(SchedulerConfig(**config)) as sched:
+            yield sched
+        assert qemu_processes(parent=os.getpid()) == [], "a QEMU process outlived its Scheduler"
+        leaked = {fd for fd in open_fds() - fds_before if not fd.startswith("anon_inode:[event")}
+        assert not leaked, f"fds outlived the Scheduler: {leaked}"
+
+    return factory
+
+
+async def test_warm_pool_serves_matching_requests_once_each(managed: ManagedScheduler) -> None:
+    async with managed(warm_pool_size=1, memory_snapshots=False) as sched:
+        await sched.wait_pool_ready(timeout=240)
+        first = await sched.run("touch /tmp/used-before; echo hi", language="raw")
+        assert (first.stdout, first.warm_pool_hit, first.l1_cache_hit) == ("hi\n", True, False)
+        assert first.timing.boot_ms == 0 and first.timing.restore_ms == 0
+        # The used VM is gone; the refill brings a fresh one that never saw the file.
+        await sched.wait_pool_ready(timeout=240)
+        second = await sched.run("test -e /tmp/used-before && echo reused || echo fresh",
+                                 language="raw")  # fmt: skip
+        assert (second.stdout, second.warm_pool_hit) == ("fresh\n", True)
+        # Another configuration (memory) is not served from the pool: it boots its own VM.
+        other = await sched.run("print(7)", memory_mb=256)
+        assert (other.stdout, other.warm_pool_hit) == ("7\n", False)
+        assert other.timing.boot_ms > 0
+
+
+async def test_pool_vms_count_against_capacity_and_yield_to_requests(
+    managed: ManagedScheduler,
+) -> None:
+    # Three pooled VMs (one per language) fill all three slots; a request of another
+    # configuration must not wait for the admission timeout: an idle pooled VM is reclaimed.
+    async with managed(warm_pool_size=1, memory_snapshots=False, max_concurrent_vms=3,
+                       admission_timeout_seconds=60) as sched:  # fmt: skip
+        await sched.wait_pool_ready(timeout=300)
+        result = await asyncio.wait_for(sched.run("print(5)", memory_mb=160), 60)
+        assert (result.stdout, result.warm_pool_hit) == ("5\n", False)
+
+
+async def test_l1_snapshot_restores_fresh_vms(managed: ManagedScheduler) -> None:
+    async with managed() as sched:
+        assert await sched.prepare_snapshot("python")
+        a = await sched.run("import time; print(round(time.time()))")
+        b = await sched.run("print(6 * 7)")
+        assert a.l1_cache_hit and b.l1_cache_hit and not a.warm_pool_hit
+        assert b.stdout == "42\n" and a.exit_code == 0
+        assert a.timing.restore_ms > 0 and a.timing.boot_ms == 0
+        # The restored guest's clock was set from the host's, not left at the snapshot's.
+        import time
+
+        assert abs(int(a.stdout) - time.time()) < 30
+        # A language without a snapshot yet cold boots.
+        c = await sched.run("echo ok", language="raw")
+        assert (c.stdout, c.l1_cache_hit) == ("ok\n", False) and c.timing.boot_ms > 0
+
+
+async def test_corrupt_snapshot_falls_back_to_cold_boot(managed: ManagedScheduler,
+                                                       tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    async with managed(memory_snapshots=True) as sched:
+        assert await sched.prepare_snapshot("python")
+        (snap_dir,) = [p for p in (tmp_path / "snapshots").iterdir() if p.name.startswith("py")]
+        # 1. A state file that does not match its recorded hash: rejected before QEMU sees it.
+        (snap_dir / "state").write_bytes(b"garbage")
+        with caplog.at_level(logging.WARNING, logger="exec_sandbox"):
+            r = await sched.run("print(1)")
+        assert (r.stdout, r.l1_cache_hit) == ("1\n", False) and r.timing.boot_ms > 0
+        assert "unusable" in caplog.text
+        assert not snap_dir.exists()
+
+        # 2. A state stream that passes the cache's checks but that QEMU refuses (what a
+        # snapshot from another QEMU build looks like): restore fails, the call cold boots.
+        assert await sched.prepare_snapshot("python")
+        (snap_dir,) = [p for p in (tmp_path / "snapshots").iterdir() if p.name.startswith("py")]
+        import hashlib
+        import json
+
+        bogus = b"QEVM" + os.urandom(4096)
+        (snap_dir / "state").write_bytes(bogus)
+        meta = json.loads((snap_dir / "meta.json").read_text())
+        meta["state_sha256"] = hashlib.sha256(bogus).hexdigest()
+        (snap_dir / "meta.json").write_text(json.dumps(meta))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="exec_sandbox"):
+            r = await sched.run("print(2)")
+        assert (r.stdout, r.l1_cache_hit) == ("2\n", False)
+        assert "restoring memory snapshot" in caplog.text and "cold boot" in caplog.text
+
+
+async def test_burst_beyond_capacity_gets_results_or_capacity_errors(
+    managed: ManagedScheduler,
+) -> None:
+    async with managed(max_concurrent_vms=1, admission_queue_size=2,
+                       memory_snapshots=False) as sched:  # fmt: skip
+        calls = [sched.run(f"sleep 0.5; echo {i}", language="raw") for i in range(6)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    results = [o for o in outcomes if not isinstance(o, BaseException)]
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    # One runs, two wait in the queue, three are refused at once; nothing else happens.
+    assert len(results) == 3 and len(errors) == 3
+    assert all(isinstance(e, VmCapacityError) for e in errors)
+    assert sorted(r.stdout for r in results) == sorted({r.stdout for r in results})
+    assert all(r.exit_code == 0 for r in results)
+    assert any(r.timing.admission_ms > 300 for r in results)  # somebody did wait

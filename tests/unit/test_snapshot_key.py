@@ -1,0 +1,31 @@
+"""The L1 snapshot cache key covers everything that changes a restored VM."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from exec_sandbox import host
+from exec_sandbox._vm import VmSpec
+from exec_sandbox.images import GuestImages
+from exec_sandbox.snapshots import snapshot_key
+
+
+def test_every_input_changes_the_key() -> None:
+    images = GuestImages(Path("/k"), Path("/r"), kernel_hash="k1", rootfs_hash="r1")
+    spec = VmSpec(qemu_binary=host.qemu_binary(), images=images, accel="tcg", memory_mb=192)
+    base = snapshot_key(spec, "python")
+    assert snapshot_key(spec, "python") == base
+    variants = [
+        snapshot_key(spec, "javascript"),
+        snapshot_key(replace(spec, memory_mb=256), "python"),
+        snapshot_key(replace(spec, vcpus=2), "python"),
+        snapshot_key(replace(spec, accel="kvm"), "python"),
+        snapshot_key(replace(spec, kernel_cmdline_extra="tsc_early_khz=1"), "python"),
+        snapshot_key(replace(spec, images=replace(images, kernel_hash="k2")), "python"),
+        snapshot_key(replace(spec, images=replace(images, rootfs_hash="r2")), "python"),
+    ]
+    assert len(set(variants)) == len(variants) and base not in variants
+    # The paths of the images do not matter, their content hashes do.
+    moved = replace(images, kernel=Path("/elsewhere/k"))
+    assert snapshot_key(replace(spec, images=moved), "python") == base
