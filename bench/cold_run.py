@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
-from exec_sandbox import Scheduler  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),
@@ -25,7 +25,8 @@ CASES = {
 
 
 async def main(runs: int) -> None:
-    async with Scheduler() as scheduler:
+    # Snapshots off: every call boots (bench/speed_tiers.py measures the faster paths).
+    async with Scheduler(SchedulerConfig(memory_snapshots=False)) as scheduler:
         print(f"accelerator: {scheduler.accelerator}; {runs} sequential runs per language\n")
         for language, (code, host_argv) in CASES.items():
             totals, boots, executes, hosts = [], [], [], []

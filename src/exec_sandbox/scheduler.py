@@ -75,9 +75,10 @@ class Scheduler:
         self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, _VCPUS,
                               self._admission, self._start_pool_vm,
                               self._wait_foreground_quiet)  # fmt: skip
-        # Foreground requests between admission and a running VM: background work (pool
-        # refills, snapshot builds) waits for this to drop to 0 before it starts a VM.
-        self._foreground_starting = 0
+        # run() calls in progress: background work (pool refills, snapshot builds) waits for
+        # this to drop to 0 before it starts a VM, so that on a small host it never competes
+        # with a request for CPU.
+        self._foreground_active = 0
         self._admission.set_reclaim(self._pool.reclaim_one)
 
     async def __aenter__(self) -> Scheduler:
@@ -187,6 +188,18 @@ class Scheduler:
             raise SandboxError("the scheduler is closed")
         await self.start()
 
+        self._foreground_active += 1
+        try:
+            return await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
+                                   allow_network, started, on_stdout, on_stderr, on_boot_log)
+        finally:
+            self._foreground_active -= 1
+
+    async def _run(self, code_bytes: bytes, language: Language, timeout: int, timeout_ms: int,
+                   memory: int, env: list[tuple[bytes, bytes]], allow_network: bool,
+                   started: float, on_stdout: OutputCallback | None,
+                   on_stderr: OutputCallback | None,
+                   on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
         phases = _Phases()
         pooled = self._pool.take(language) if self._pool.matches(memory, allow_network) else None
         if pooled is not None:
@@ -196,17 +209,13 @@ class Scheduler:
             phases.l1_hit = pooled.restored
         else:
             admit_at = time.monotonic()
-            self._foreground_starting += 1
+            ticket = await self._admission.acquire(memory, _VCPUS)
+            phases.admission_ms = _ms(time.monotonic() - admit_at)
             try:
-                ticket = await self._admission.acquire(memory, _VCPUS)
-                phases.admission_ms = _ms(time.monotonic() - admit_at)
-                try:
-                    vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
-                except BaseException:
-                    ticket.release()
-                    raise
-            finally:
-                self._foreground_starting -= 1
+                vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
+            except BaseException:
+                ticket.release()
+                raise
             self._vms.add(vm)
         setup_ms = _ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
         try:
@@ -332,9 +341,9 @@ class Scheduler:
         return task
 
     async def _wait_foreground_quiet(self) -> None:
-        """Return once no foreground request is waiting for admission or starting its VM: on a
-        2-core host, a background boot next to a foreground one makes both slower."""
-        while self._foreground_starting > 0:
+        """Return once no run() is in progress: on a 2-core host, a background boot next to a
+        request makes the request slower."""
+        while self._foreground_active > 0:
             await asyncio.sleep(_QUIET_POLL_SECONDS)
 
     async def _build_snapshot(self, spec: VmSpec, language: Language, key: str) -> Snapshot | None:

@@ -1,0 +1,180 @@
+"""Speed tiers, all in one run on this machine:
+
+1. latency of run() per language for each path (warm pool hit, L1 snapshot restore, cold
+   boot) against spawning the same interpreter on the host, interleaved so both see the same
+   load; plus the channel round trip (PING) to a booted guest;
+2. sustained throughput of fresh-VM run() calls, with and without snapshots;
+3. host memory (PSS, RSS) and CPU of idle pool VMs (snapshot clones, and cold-booted VMs) for
+   1, 5 and 10 VMs.
+
+    .venv/bin/python bench/speed_tiers.py --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
+
+from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox._vm import GuestVm  # noqa: E402
+
+CASES = {
+    "python": ("print(1)", ["python3", "-c", "print(1)"]),
+    "javascript": ("console.log(1)", ["node", "-e", "console.log(1)"]),
+    "raw": ("echo 1", ["bash", "-c", "echo 1"]),
+}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def config(cache: Path, **overrides: object) -> SchedulerConfig:
+    values: dict[str, object] = {"memory_snapshot_cache_dir": cache, "max_concurrent_vms": 12,
+                                 "cpu_overcommit_ratio": 8.0}  # fmt: skip
+    values.update(overrides)
+    return SchedulerConfig(**values)  # type: ignore[arg-type]
+
+
+async def latency(cache: Path, runs: int) -> None:
+    print("== 1. run() latency per path (ms) ==")
+    paths = {
+        "warm pool hit": config(cache, warm_pool_size=1),
+        "L1 restore": config(cache, warm_pool_size=0),
+        "cold boot": config(cache, warm_pool_size=0, memory_snapshots=False),
+    }
+    for language, (code, host_argv) in CASES.items():
+        print(f"\n{language}")
+        hosts: list[float] = []
+        medians: dict[str, float] = {}
+        for path, cfg in paths.items():
+            async with Scheduler(cfg) as sched:
+                if path != "cold boot":
+                    assert await sched.prepare_snapshot(language)  # type: ignore[arg-type]
+                totals: list[float] = []
+                for _ in range(runs):
+                    if path == "warm pool hit":
+                        await sched.wait_pool_ready(timeout=300)
+                        await asyncio.sleep(0.5)  # let the refilled VM settle to idle
+                    hosts.append(await host_spawn_ms(host_argv))
+                    ms, result = await timed(lambda: sched.run(code, language=language))  # type: ignore[arg-type]  # noqa: B023
+                    assert result.stdout == "1\n", result  # type: ignore[attr-defined]
+                    hit = {"warm pool hit": result.warm_pool_hit,  # type: ignore[attr-defined]
+                           "L1 restore": result.l1_cache_hit and not result.warm_pool_hit,  # type: ignore[attr-defined]
+                           "cold boot": not result.l1_cache_hit}[path]  # type: ignore[attr-defined]  # fmt: skip
+                    assert hit, f"{path} run was not served by that path: {result}"
+                    totals.append(ms)
+                medians[path] = percentile(totals, 50)
+                print(f"  {path:<14} {summary(totals)}")
+        host_p50 = percentile(hosts, 50)
+        print(f"  host {host_argv[0]:<9} {summary(hosts)}")
+        for path, p50 in medians.items():
+            print(f"  ratio {path} / host spawn (p50): {p50 / host_p50:.2f}x")
+
+
+async def channel_round_trip(cache: Path) -> None:
+    async with Scheduler(config(cache)) as sched:
+        vm, _ = await sched._start_pool_vm("python")
+        try:
+            times = []
+            for _ in range(300):
+                ms, _ = await timed(vm.ping)
+                times.append(ms)
+        finally:
+            vm.close()
+    print(f"\nchannel round trip (PING/PONG) {summary(times)}")
+
+
+async def throughput(cache: Path, calls: int) -> None:
+    print(f"\n== 2. sustained throughput: {calls} fresh-VM run('print(1)'), 2 at a time ==")
+    for label, cfg in (("with snapshots", config(cache)),
+                       ("without snapshots", config(cache, memory_snapshots=False))):  # fmt: skip
+        async with Scheduler(cfg) as sched:
+            if cfg.memory_snapshots:
+                assert await sched.prepare_snapshot("python")
+            slots = asyncio.Semaphore(2)
+
+            async def one() -> None:
+                async with slots:  # noqa: B023
+                    result = await sched.run("print(1)")  # noqa: B023
+                    assert result.stdout == "1\n"
+
+            started = time.perf_counter()
+            await asyncio.gather(*(one() for _ in range(calls)))
+            elapsed = time.perf_counter() - started
+        print(f"  {label:<18} {calls / elapsed:5.2f} runs/s  ({elapsed:.1f} s)")
+
+
+def pss_rss_kb(pid: int) -> tuple[int, int]:
+    pss = rss = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1])
+            elif line.startswith("Rss:"):
+                rss = int(line.split()[1])
+    return pss, rss
+
+
+def cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
+    print(f"\n== 3. idle pool VMs: host memory and CPU (CPU over {window:.0f} s) ==")
+    for label, snapshots in (("snapshot clones", True), ("cold-booted", False)):
+        async with Scheduler(config(cache, memory_snapshots=snapshots)) as sched:
+            if snapshots:
+                assert await sched.prepare_snapshot("python")
+            vms: list[GuestVm] = []
+            try:
+                for count in counts:
+                    while len(vms) < count:
+                        vm, restored = await sched._start_pool_vm("python")
+                        assert restored == snapshots
+                        vms.append(vm)
+                    await asyncio.sleep(2.0)  # settle after the last start
+                    before = {vm.pid: cpu_ticks(vm.pid) for vm in vms}
+                    await asyncio.sleep(window)
+                    cpu = [(cpu_ticks(vm.pid) - before[vm.pid]) / CLK_TCK / window * 100
+                           for vm in vms]  # fmt: skip
+                    mem = [pss_rss_kb(vm.pid) for vm in vms]
+                    pss_total = sum(p for p, _ in mem) / 1024
+                    rss_total = sum(r for _, r in mem) / 1024
+                    print(f"  {label:<16} {count:2d} VMs: PSS total {pss_total:7.1f} MB "
+                          f"({pss_total / count:6.1f}/VM), RSS total {rss_total:7.1f} MB, "
+                          f"CPU per VM mean {sum(cpu) / count:4.2f} % max {max(cpu):4.2f} % "
+                          "of a core")  # fmt: skip
+            finally:
+                for vm in vms:
+                    vm.close()
+
+
+async def main(runs: int, calls: int, counts: list[int], window: float) -> None:
+    from exec_sandbox import host
+
+    print(f"accelerator: {host.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n")
+    with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
+        cache = Path(tmp)
+        await latency(cache, runs)
+        await channel_round_trip(cache)
+        await throughput(cache, calls)
+        await idle_cost(cache, counts, window)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=16)
+    parser.add_argument("--vms", type=int, nargs="+", default=[1, 5, 10])
+    parser.add_argument("--window", type=float, default=5.0)
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.calls, args.vms, args.window))
