@@ -26,6 +26,7 @@ from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 from exec_sandbox._vm import GuestVm  # noqa: E402
+from exec_sandbox.scheduler import _Phases  # noqa: E402
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),
@@ -58,6 +59,8 @@ async def latency(cache: Path, runs: int) -> None:
                 if path != "cold boot":
                     assert await sched.prepare_snapshot(language)  # type: ignore[arg-type]
                 totals: list[float] = []
+                phases: dict[str, list[float]] = {"restore": [], "connect": [], "boot": [],
+                                                  "execute": []}  # fmt: skip
                 for _ in range(runs):
                     if path == "warm pool hit":
                         await sched.wait_pool_ready(timeout=300)
@@ -70,8 +73,16 @@ async def latency(cache: Path, runs: int) -> None:
                            "cold boot": not result.l1_cache_hit}[path]  # type: ignore[attr-defined]  # fmt: skip
                     assert hit, f"{path} run was not served by that path: {result}"
                     totals.append(ms)
+                    timing = result.timing  # type: ignore[attr-defined]
+                    phases["restore"].append(timing.restore_ms)
+                    phases["connect"].append(timing.connect_ms)
+                    phases["boot"].append(timing.boot_ms)
+                    phases["execute"].append(timing.execute_ms)
                 medians[path] = percentile(totals, 50)
                 print(f"  {path:<14} {summary(totals)}")
+                split = ", ".join(f"{name} {percentile(values, 50):.0f}"
+                                  for name, values in phases.items() if any(values))  # fmt: skip
+                print(f"  {'':<14} p50 of phases: {split} ms")
         host_p50 = percentile(hosts, 50)
         print(f"  host {host_argv[0]:<9} {summary(hosts)}")
         for path, p50 in medians.items():
@@ -111,6 +122,10 @@ async def throughput(cache: Path, calls: int) -> None:
         print(f"  {label:<18} {calls / elapsed:5.2f} runs/s  ({elapsed:.1f} s)")
 
 
+def cfg_memory(sched: Scheduler) -> int:
+    return sched.config.default_memory_mb
+
+
 def pss_rss_kb(pid: int) -> tuple[int, int]:
     pss = rss = 0
     with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -130,7 +145,14 @@ def cpu_ticks(pid: int) -> int:
 
 async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
     print(f"\n== 3. idle pool VMs: host memory and CPU (CPU over {window:.0f} s) ==")
-    for label, snapshots in (("snapshot clones", True), ("cold-booted", False)):
+    variants = (
+        # label, snapshots, warm_up: pool VMs are warmed up (one run of the interpreter, which
+        # also fills QEMU's translation cache); "not warmed" shows what that run costs in memory.
+        ("snapshot clones", True, True),
+        ("clones, not warmed", True, False),
+        ("cold-booted", False, True),
+    )
+    for label, snapshots, warm in variants:
         async with Scheduler(config(cache, memory_snapshots=snapshots)) as sched:
             if snapshots:
                 assert await sched.prepare_snapshot("python")
@@ -138,7 +160,12 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
             try:
                 for count in counts:
                     while len(vms) < count:
-                        vm, restored = await sched._start_pool_vm("python")
+                        if warm:
+                            vm, restored = await sched._start_pool_vm("python")
+                        else:
+                            phases = _Phases()
+                            vm = await sched._start_vm("python", cfg_memory(sched), phases)
+                            restored = phases.l1_hit
                         assert restored == snapshots
                         vms.append(vm)
                     await asyncio.sleep(2.0)  # settle after the last start
@@ -149,7 +176,7 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
                     mem = [pss_rss_kb(vm.pid) for vm in vms]
                     pss_total = sum(p for p, _ in mem) / 1024
                     rss_total = sum(r for _, r in mem) / 1024
-                    print(f"  {label:<16} {count:2d} VMs: PSS total {pss_total:7.1f} MB "
+                    print(f"  {label:<18} {count:2d} VMs: PSS total {pss_total:7.1f} MB "
                           f"({pss_total / count:6.1f}/VM), RSS total {rss_total:7.1f} MB, "
                           f"CPU per VM mean {sum(cpu) / count:4.2f} % max {max(cpu):4.2f} % "
                           "of a core")  # fmt: skip
@@ -158,16 +185,20 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
                     vm.close()
 
 
-async def main(runs: int, calls: int, counts: list[int], window: float) -> None:
+async def main(runs: int, calls: int, counts: list[int], window: float,
+               sections: set[str]) -> None:  # fmt: skip
     from exec_sandbox import host
 
     print(f"accelerator: {host.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n")
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
         cache = Path(tmp)
-        await latency(cache, runs)
-        await channel_round_trip(cache)
-        await throughput(cache, calls)
-        await idle_cost(cache, counts, window)
+        if "latency" in sections:
+            await latency(cache, runs)
+            await channel_round_trip(cache)
+        if "throughput" in sections:
+            await throughput(cache, calls)
+        if "idle" in sections:
+            await idle_cost(cache, counts, window)
 
 
 if __name__ == "__main__":
@@ -176,5 +207,7 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--vms", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--only", nargs="+", choices=["latency", "throughput", "idle"],
+                        default=["latency", "throughput", "idle"])  # fmt: skip
     args = parser.parse_args()
-    asyncio.run(main(args.runs, args.calls, args.vms, args.window))
+    asyncio.run(main(args.runs, args.calls, args.vms, args.window, set(args.only)))

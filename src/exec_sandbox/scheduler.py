@@ -217,7 +217,8 @@ class Scheduler:
                 ticket.release()
                 raise
             self._vms.add(vm)
-        setup_ms = _ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
+        setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
+                    - phases.connect_ms)  # fmt: skip
         try:
             ready_at = time.monotonic()
             outcome = await vm.execute(
@@ -298,6 +299,9 @@ class Scheduler:
                     log.warning("restoring memory snapshot %s failed (%s): cold boot instead; "
                                 "the snapshot is discarded", key, exc)  # fmt: skip
                     self._snapshots.invalidate(key)
+                    # Not rebuilt automatically: a snapshot this QEMU cannot load would fail
+                    # again (prepare_snapshot() still rebuilds it on request).
+                    self._snapshot_failed.add(key)
                 else:
                     phases.restore_ms = _ms(vm.restore_seconds)
                     phases.connect_ms = _ms(vm.connect_seconds)

@@ -391,3 +391,83 @@ def test_qemu_gets_only_its_fds(tmp_path: Path) -> None:
         assert os.getpgid(vm.pid) == vm.pid
     finally:
         vm.close()
+
+
+# --- speed tiers (issue 5): QMP socket, file-backed RAM, RESEED ---
+
+
+def test_build_qemu_argv_snapshot_options() -> None:
+    plain = argv()
+    assert "-mon" not in plain and "-incoming" not in plain and "-object" not in plain
+    clone = argv(qmp=True, mem_path="/c/ram", mem_shared=False, incoming=True)
+    assert value(clone, "-object") == (
+        "memory-backend-file,id=ram0,size=256M,mem-path=/c/ram,share=off"
+    )
+    assert value(clone, "-M").endswith(",memory-backend=ram0")
+    assert value(clone, "-mon") == "chardev=qmp,mode=control"
+    assert "socket,id=qmp,fd=5" in clone
+    assert value(clone, "-incoming") == "defer"
+    assert value(argv(qmp=True, mem_path="/c/ram", mem_shared=True), "-object").endswith(
+        "share=on"
+    )
+    with pytest.raises(ValueError, match="incoming needs qmp"):
+        argv(incoming=True)
+    with pytest.raises(ValueError, match="mem_path"):
+        argv(mem_path="/a,b")
+
+
+def test_vm_qmp_socket_is_fd_5_of_the_child(tmp_path: Path) -> None:
+    qemu = fake_qemu(tmp_path, b"", then='read line <&5; echo "qmp:$line" >&5; exec sleep 60')
+    vm = make_vm(qemu, qmp=True)
+    try:
+        assert vm.qmp_fd >= 0 and vm.qmp_fd not in (vm.channel_fd, vm.console_fd)
+        os.write(vm.qmp_fd, b"hello\n")
+        select.select([vm.qmp_fd], [], [], 10)
+        assert os.read(vm.qmp_fd, 100) == b"qmp:hello\n"
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{vm.pid}/comm").read_text().strip() != "sleep":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{vm.pid}/fd")) == [0, 1, 2, 3, 4, 5]
+    finally:
+        qmp_fd = vm.qmp_fd
+        vm.close()
+    assert vm.qmp_fd == -1 and not fd_is_open(qmp_fd)
+    assert make_vm(qemu).qmp_fd == -1
+
+
+def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
+    # The stand-in echoes the 84-byte RESEED frame it receives back to stdout (the console) and
+    # answers RESEEDED (type 32) with the same id.
+    qemu = fake_qemu(tmp_path, b"", then=(
+        "head -c 84 <&3 | od -An -tx1 | tr -d ' \\n'; echo; "
+        f"printf '{octal(frame(32, 9))}' >&3; exec sleep 60"
+    ))  # fmt: skip
+    vm = make_vm(qemu)
+    try:
+        assert _execsbx.RESEED_BYTES == 64
+        with pytest.raises(ValueError, match="seed must be 64 bytes"):
+            vm.send_reseed(9, b"x" * 63)
+        seed = bytes(range(64))
+        assert vm.send_reseed(9, seed, 0x1122334455667788) == 0
+        events = collect(vm, lambda ev: bool(ev))
+        assert events == [("reseeded", 9)]
+        deadline = time.monotonic() + 10
+        console = b""
+        while console.count(b"\n") < 2:
+            assert time.monotonic() < deadline
+            select.select([vm.console_fd], [], [], 1)
+            console += vm.read_console()
+        sent = bytes.fromhex(console.decode().splitlines()[1])
+        assert sent == frame(96, 9, seed + struct.pack("<Q", 0x1122334455667788))
+    finally:
+        vm.close()
+
+
+def test_reseeded_with_a_payload_is_a_protocol_error(tmp_path: Path) -> None:
+    vm = make_vm(fake_qemu(tmp_path, frame(32, 1, b"x")))
+    try:
+        with pytest.raises(_execsbx.ProtocolError, match="malformed reseeded"):
+            collect(vm, lambda ev: False)
+    finally:
+        vm.close()
