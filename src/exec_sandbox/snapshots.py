@@ -115,6 +115,11 @@ class SnapshotCache:
             vm = await GuestVm.boot(template_spec, boot_timeout=boot_timeout)
             try:
                 await vm.warm_up(language)
+                # Reseed right before saving: the template's CRNG is then young, so the guest
+                # kernel would not reseed it on its own for a while after a restore, and every
+                # clone depends on the RESEED it gets (the security test relies on this to
+                # notice a clone that was not reseeded). It also stamps the clock.
+                await vm.reseed()
                 await vm.save_snapshot(str(work / "state"))
             finally:
                 vm.close()  # the RAM file must not change after the state was saved
