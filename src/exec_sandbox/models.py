@@ -18,7 +18,8 @@ class TimingBreakdown:
     execute_ms: code dispatch until its exit; total_ms: the whole call.
     admission_ms: waiting for capacity (part of setup_ms);
     restore_ms: starting a clone of an L1 memory snapshot until the guest runs (0 when not
-    restored); connect_ms: the first round trip with the restored guest (its RNG reseed).
+    restored); connect_ms: the first round trip with the guest before the code is sent (a
+    restored guest's RNG reseed, a pooled VM's health check).
     """
 
     setup_ms: int

@@ -203,6 +203,19 @@ class Scheduler:
         phases = _Phases()
         pooled = self._pool.take(language) if self._pool.matches(memory, allow_network) else None
         if pooled is not None:
+            # Health check: one round trip proves the agent still answers (~0.2 ms); a pooled
+            # VM that does not is dropped and the request takes the next path.
+            at = time.monotonic()
+            try:
+                await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
+            except SandboxError as exc:
+                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
+                pooled.vm.close()
+                pooled.ticket.release()
+                pooled = None
+            else:
+                phases.connect_ms = _ms(time.monotonic() - at)
+        if pooled is not None:
             vm, ticket = pooled.vm, pooled.ticket
             self._vms.add(vm)
             phases.pool_hit = True
@@ -389,6 +402,7 @@ class _Phases:
 # costs a host thread without making a single-threaded interpreter faster.
 _VCPUS = 1
 _QUIET_POLL_SECONDS = 0.05
+_POOL_PING_TIMEOUT_SECONDS = 2.0
 
 
 def _ms(seconds: float) -> int:
