@@ -3,6 +3,7 @@ clone's kernel CRNG (RESEED) before any code runs. Checked from inside the guest
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,12 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
     config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4)
     async with Scheduler(config) as sched:
         assert await sched.prepare_snapshot(language)  # type: ignore[arg-type]
-        results = [await sched.run(PROGRAMS[language], language=language) for _ in range(2)]  # type: ignore[arg-type]
+        results = [
+            await sched.run(PROGRAMS[language], language=language)  # type: ignore[arg-type]
+            for _ in range(2)
+        ]
     assert all(r.l1_cache_hit for r in results), "both runs must come from the snapshot"
     a, b = (r.stdout.strip() for r in results)
     assert len(a) == 32 and len(b) == 32, (a, b)
     assert a != b
-    assert qemu_processes(parent=__import__("os").getpid()) == []
+    assert qemu_processes(parent=os.getpid()) == []
