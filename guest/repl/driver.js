@@ -47,8 +47,12 @@ function statusOf(err) {
   if (!err) return 0;
   if (err instanceof ExitRequest) return err.exitCode & 0xff;
   const shown = err.name === 'Recoverable' && err.err ? err.err : err;
+  // The user's frames only: those of the REPL machinery are noise.
+  const text = shown && shown.stack
+    ? shown.stack.split('\n').filter((l) => !/^\s+at .*\(node:/.test(l)).join('\n')
+    : util.inspect(shown);
   try {
-    process.stderr.write(`${shown && shown.stack ? shown.stack : util.inspect(shown)}\n`);
+    process.stderr.write(`${text}\n`);
   } catch (e) { /* stderr closed by the user: the status still goes out */ }
   return 1;
 }

@@ -238,6 +238,11 @@ class Scheduler:
             boot_ms=_ms(time.monotonic() - spawn_at),
         )
         self._sessions.add(session)
+        try:
+            await session.start_repl()
+        except BaseException:
+            await session.close()
+            raise
         return session
 
 

@@ -35,6 +35,7 @@ _T = TypeVar("_T")
 # The exit status of a process killed by SIGKILL: the guest ran out of memory or the code killed
 # its own REPL for good. API.md: the session ends.
 _EXIT_SIGKILL = 128 + 9
+_NOOP: dict[Language, bytes] = {"python": b"pass", "javascript": b"undefined", "raw": b":"}
 
 
 class Session:
@@ -75,6 +76,26 @@ class Session:
         self._close_reason = ""
         self.exec_count = 0
         self._touch()
+
+    async def start_repl(self) -> None:
+        """Start the guest REPL now, so that the interpreter's start-up (seconds for node under
+        TCG) is part of opening the session and not of the first exec()'s timeout."""
+        outcome = await self._vm.execute(
+            ExecRequest(
+                language=self.language,
+                code=_NOOP[self.language],
+                timeout_ms=int(limits.BOOT_TIMEOUT_SECONDS * 1000),
+                env=[],
+                stdout_limit=limits.STDOUT_LIMIT_BYTES,
+                stderr_limit=limits.STDERR_LIMIT_BYTES,
+                session=True,
+            )
+        )
+        if outcome.exit_code != 0:
+            raise VmTransientError(
+                f"the {self.language} REPL did not start (exit {outcome.exit_code}): "
+                f"{outcome.stderr[-500:]}"
+            )
 
     # --- public API ---
 
