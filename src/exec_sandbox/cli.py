@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                      help="environment variable for the code")  # fmt: skip
+    run.add_argument("--upload", action="append", default=[], metavar="LOCAL:GUEST",
+                     help="copy a host file into the guest home before the code runs")
+    run.add_argument("--download", action="append", default=[], metavar="GUEST[:LOCAL]",
+                     help="copy a guest file to the host after the code ran "
+                          "(default: its name, in the current directory)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
@@ -54,14 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code, language = _resolve_source(args)
         env = _parse_env(args.env)
+        uploads = [_parse_upload(spec) for spec in args.upload]
+        downloads = [_parse_download(spec) for spec in args.download]
     except ValueError as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = asyncio.run(_run(args, code, language, env))
+        result = asyncio.run(_run(args, code, language, env, uploads, downloads))
     except (InputValidationError, VmConfigError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except FileNotFoundError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
     except OutputLimitError as exc:
         print(f"sbx: output limit: {exc}", file=sys.stderr)
         return EXIT_SANDBOX_FAILURE
@@ -90,6 +100,22 @@ def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
+def _parse_upload(spec: str) -> tuple[Path, str]:
+    local, sep, guest = spec.partition(":")
+    if not sep or not local or not guest:
+        raise ValueError(f"--upload expects LOCAL:GUEST, got {spec!r}")
+    if not Path(local).is_file():
+        raise ValueError(f"--upload: {local} is not a file")
+    return Path(local), guest
+
+
+def _parse_download(spec: str) -> tuple[str, Path]:
+    guest, _, local = spec.partition(":")
+    if not guest:
+        raise ValueError(f"--download expects GUEST[:LOCAL], got {spec!r}")
+    return guest, Path(local) if local else Path(Path(guest).name)
+
+
 def _parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -100,8 +126,9 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-async def _run(args: argparse.Namespace, code: str, language: Language,
-               env: dict[str, str]) -> ExecutionResult:  # fmt: skip
+async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
+               uploads: list[tuple[Path, str]],
+               downloads: list[tuple[str, Path]]) -> ExecutionResult:  # fmt: skip
     show_progress = not args.quiet and not args.json and sys.stderr.isatty()
     stream = not args.json
 
@@ -116,8 +143,7 @@ async def _run(args: argparse.Namespace, code: str, language: Language,
     async with Scheduler() as scheduler:
         if show_progress:
             err(f"sbx: starting a {language} VM ({scheduler.accelerator})...\r")
-        result = await scheduler.run(
-            code,
+        options = dict(
             language=language,
             timeout_seconds=args.timeout,
             memory_mb=args.memory,
@@ -126,6 +152,16 @@ async def _run(args: argparse.Namespace, code: str, language: Language,
             on_stderr=err if stream else None,
             on_boot_log=err if args.debug else None,
         )
+        if not uploads and not downloads:
+            result = await scheduler.run(code, **options)  # type: ignore[arg-type]
+        else:
+            # Files need a VM that outlives the code: a session of one exec().
+            async with await scheduler.session(**options) as session:  # type: ignore[arg-type]
+                for local, guest in uploads:
+                    await session.write_file(guest, local)
+                result = await session.exec(code)
+                for guest, local in downloads:
+                    await session.read_file(guest, destination=local)
         if show_progress:
             err("\033[K")
         return result
