@@ -36,7 +36,7 @@ fuzz: deps
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
 test-py: install images
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
 
 test: test-c test-guest fuzz test-py
 
