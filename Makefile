@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps install images run test test-c test-guest test-py fuzz clean
+.PHONY: all deps install images run test test-c test-guest test-py fuzz lint clean
 
 all: install images
 
@@ -35,10 +35,13 @@ test-guest: deps
 fuzz: deps
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
-test-py: install images
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+lint: install
+	$(PY) -m mypy
 
-test: test-c test-guest fuzz test-py
+test-py: install images
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+
+test: test-c test-guest fuzz lint test-py
 
 clean:
 	rm -rf build $(VENV) guest/build tests/c/build src/*.egg-info

@@ -129,42 +129,72 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
                uploads: list[tuple[Path, str]],
                downloads: list[tuple[str, Path]]) -> ExecutionResult:  # fmt: skip
-    show_progress = not args.quiet and not args.json and sys.stderr.isatty()
+    progress = _Progress(enabled=not args.quiet and not args.json and sys.stderr.isatty())
     stream = not args.json
 
     def out(text: str) -> None:
+        progress.clear()
         sys.stdout.write(text)
         sys.stdout.flush()
 
     def err(text: str) -> None:
+        progress.clear()
         sys.stderr.write(text)
         sys.stderr.flush()
 
     async with Scheduler() as scheduler:
-        if show_progress:
-            err(f"sbx: starting a {language} VM ({scheduler.accelerator})...\r")
-        options = dict(
-            language=language,
-            timeout_seconds=args.timeout,
-            memory_mb=args.memory,
-            env_vars=env or None,
-            on_stdout=out if stream else None,
-            on_stderr=err if stream else None,
-            on_boot_log=err if args.debug else None,
-        )
-        if not uploads and not downloads:
-            result = await scheduler.run(code, **options)  # type: ignore[arg-type]
-        else:
+        progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
+        try:
+            if not uploads and not downloads:
+                return await scheduler.run(
+                    code,
+                    language=language,
+                    timeout_seconds=args.timeout,
+                    memory_mb=args.memory,
+                    env_vars=env or None,
+                    on_stdout=out if stream else None,
+                    on_stderr=err if stream else None,
+                    on_boot_log=err if args.debug else None,
+                )
             # Files need a VM that outlives the code: a session of one exec().
-            async with await scheduler.session(**options) as session:  # type: ignore[arg-type]
+            session = await scheduler.session(
+                language=language,
+                timeout_seconds=args.timeout,
+                memory_mb=args.memory,
+                env_vars=env or None,
+                on_stdout=out if stream else None,
+                on_stderr=err if stream else None,
+                on_boot_log=err if args.debug else None,
+            )
+            async with session:
                 for local, guest in uploads:
                     await session.write_file(guest, local)
                 result = await session.exec(code)
-                for guest, local in downloads:
-                    await session.read_file(guest, destination=local)
-        if show_progress:
-            err("\033[K")
-        return result
+                for guest_path, local_path in downloads:
+                    await session.read_file(guest_path, destination=local_path)
+                return result
+        finally:
+            progress.clear()
+
+
+class _Progress:
+    """A one-line status on a terminal's stderr, erased before any output of the code."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self._enabled:
+            sys.stderr.write(f"\r\033[K{text}")
+            sys.stderr.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._shown = False
 
 
 if __name__ == "__main__":

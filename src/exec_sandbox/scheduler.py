@@ -111,7 +111,9 @@ class Scheduler:
         started = time.monotonic()
         language = validate_language(language)
         code_bytes = validate_code(code)
-        timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        timeout = (
+            self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        )
         timeout_ms = validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         env = validate_env(env_vars)
