@@ -459,7 +459,7 @@ def test_boot_in_namespaces() -> None:
         # hidepid=2: the agent (PID 1) is invisible; no new privileges; limits.
         out = sh('test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;'
                  ' ulimit -n; ulimit -c; ulimit -u')
-        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n512\n", out
+        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n256\n", out
         out = sh("awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
                  " {print $2, $3, $4}' /proc/mounts | sort")
         mounts = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
