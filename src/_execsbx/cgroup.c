@@ -146,14 +146,16 @@ static int make_dir(char *dst, const char *mount, const char *own, const char *n
 
 static void rmdir_retry(const char *dir)
 {
-	/* A killed task leaves its cgroup asynchronously; give it a moment. */
-	for (int i = 0; i < 50; i++) {
-		if (rmdir(dir) == 0 || errno == ENOENT)
+	/* A reaped task may still be leaving its cgroup (a large address space being torn down
+	 * under load): back off from 1 ms up to 2 s in all. The first try succeeds normally. */
+	long wait_us = 1000, waited_us = 0;
+	for (;;) {
+		if (rmdir(dir) == 0 || errno == ENOENT || errno != EBUSY || waited_us >= 2000000)
 			return;
-		if (errno != EBUSY)
-			return;
-		struct timespec ts = {0, 2 * 1000 * 1000};
+		struct timespec ts = {0, wait_us * 1000};
 		nanosleep(&ts, NULL);
+		waited_us += wait_us;
+		wait_us = wait_us * 2 > 200000 ? 200000 : wait_us * 2;
 	}
 }
 

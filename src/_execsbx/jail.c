@@ -71,7 +71,10 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	char cwhy[sizeof(j->status[0].detail) - 32] = "";
 	if (!name || !name[0] || strchr(name, '/'))
 		return -EINVAL;
-	rc = sbx_cgroup_create(&j->cg, name, &lim, cwhy, sizeof(cwhy));
+	if (!lim.memory_bytes && !lim.cpu_percent && !lim.pids_max)
+		rc = -EINVAL, snprintf(cwhy, sizeof(cwhy), "no limits requested by the caller");
+	else
+		rc = sbx_cgroup_create(&j->cg, name, &lim, cwhy, sizeof(cwhy));
 	if (rc < 0)
 		set_status(j, SBX_LAYER_CGROUP, 0, "%s", cwhy);
 	else
@@ -123,7 +126,7 @@ void sbx_jail_place(struct sbx_jail *j, pid_t pid)
 	}
 }
 
-int sbx_jail_enter(const struct sbx_jail *j, const char **what)
+int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
 {
 	int rc;
 	if (!j->enabled)
@@ -138,25 +141,32 @@ int sbx_jail_enter(const struct sbx_jail *j, const char **what)
 		if (setrlimit(j->rlimits[i].resource, &j->rlimits[i].limit) < 0)
 			return -errno;
 	}
-	if (j->uid >= 0) {
-		gid_t gid = (gid_t)(j->gid >= 0 ? j->gid : j->uid);
-		*what = "setgroups";
-		if (setgroups(0, NULL) < 0)
-			return -errno;
-		*what = "setresgid";
-		if (setresgid(gid, gid, gid) < 0)
-			return -errno;
-		*what = "setresuid";
-		if (setresuid((uid_t)j->uid, (uid_t)j->uid, (uid_t)j->uid) < 0)
-			return -errno;
-	}
+	if (j->uid < 0)
+		return 0;
+	gid_t gid = (gid_t)(j->gid >= 0 ? j->gid : j->uid);
+	*what = "setgroups";
+	if (setgroups(0, NULL) < 0)
+		return -errno;
+	*what = "setresgid";
+	if (setresgid(gid, gid, gid) < 0)
+		return -errno;
+	*what = "setresuid";
+	if (setresuid((uid_t)j->uid, (uid_t)j->uid, (uid_t)j->uid) < 0)
+		return -errno;
+	return 1;
+}
+
+int sbx_jail_enter_final(const struct sbx_jail *j, const char **what)
+{
+	if (!j->enabled)
+		return 0;
 	/* no_new_privs is also what lets an unprivileged process install a filter. */
 	*what = "prctl(PR_SET_NO_NEW_PRIVS)";
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		return -errno;
 	if (j->bpf.len) {
 		*what = "prctl(PR_SET_SECCOMP)";
-		rc = sbx_seccomp_load(&j->bpf);
+		int rc = sbx_seccomp_load(&j->bpf);
 		if (rc < 0)
 			return rc;
 	}

@@ -1,7 +1,7 @@
 /* The host jail around one QEMU process: seccomp, namespaces, a cgroup, rlimits and an optional
  * unprivileged user. Prepared in the parent (sbx_jail_prepare), the child is placed in its cgroup
- * between fork and exec (sbx_jail_place), enters the rest itself (sbx_jail_enter, async-signal-
- * safe), and the cgroup's figures are read and the cgroup removed after QEMU is reaped
+ * between fork and exec (sbx_jail_place), enters the rest itself (sbx_jail_enter_*, async-
+ * signal-safe), and the cgroup's figures are read and the cgroup removed after QEMU is reaped
  * (sbx_jail_finish). A layer the host cannot provide is switched off with its reason recorded in
  * status[], never silently; the caller logs it. */
 #ifndef SBX_JAIL_H
@@ -33,7 +33,7 @@ struct sbx_jail_config {
 	int network;           /* the VM has a network: keep the host's network namespace */
 	uint64_t memory_bytes; /* cgroup memory limit; 0: none */
 	unsigned cpu_percent;  /* cgroup CPU quota, 100 = one core; 0: none */
-	unsigned pids_max;     /* cgroup pids limit (QEMU's threads); 0: none */
+	unsigned pids_max;     /* cgroup pids limit (QEMU's threads); 0: none. All three 0: no cgroup */
 	long uid, gid;         /* run QEMU as this user/group; -1: unchanged */
 };
 
@@ -65,9 +65,13 @@ void sbx_jail_namespaces_refused(struct sbx_jail *j, int err);
 /* Parent, after fork and before letting the child go on: move it into the cgroup. A failure
  * switches the cgroup layer off (recorded). */
 void sbx_jail_place(struct sbx_jail *j, pid_t pid);
-/* Child, after its fds are in place, right before execve: namespaces' mounts, rlimits, user,
- * no_new_privs, seccomp. 0 or -errno with *what naming the step. Async-signal-safe. */
-int sbx_jail_enter(const struct sbx_jail *j, const char **what);
+/* Child, in two phases, both async-signal-safe; 0 or -errno with *what naming the step.
+ * Privileged phase, right after the child was placed in its cgroup: namespaces' mounts (they need
+ * root), rlimits, then the user switch. A credential change clears PR_SET_PDEATHSIG: the caller
+ * must re-arm it when this returns 1 (it switched user), else 0.
+ * Final phase, after the fds are in place, right before execve: no_new_privs, seccomp. */
+int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what);
+int sbx_jail_enter_final(const struct sbx_jail *j, const char **what);
 /* After QEMU was reaped: read the cgroup's usage, remove it. Idempotent. */
 void sbx_jail_finish(struct sbx_jail *j);
 /* Release memory; removes the cgroup if still there. Idempotent. */

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -166,6 +167,24 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	while (gr < 0 && errno == EINTR);
 	if (gr != 1)
 		_exit(127);
+
+	/* The jail's privileged steps (mounts, rlimits, user) while still root. */
+	if (req->jail && req->jail->enabled) {
+		const char *what = "jail";
+		int jrc = sbx_jail_enter_privileged(req->jail, &what);
+		if (jrc < 0)
+			child_fail_what(err_fd, STEP_JAIL, -jrc, what);
+		if (jrc == 1) {
+			/* The user switch cleared PDEATHSIG: re-arm it, then make sure the parent did
+			 * not die in between. It holds the go pipe's write end until this child has
+			 * exec'd, so a hang-up here means it is gone. */
+			if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+				child_fail(err_fd, STEP_PDEATHSIG, errno);
+			struct pollfd pfd = {.fd = p->go_r, .events = POLLIN};
+			if (poll(&pfd, 1, 0) < 0 || (pfd.revents & (POLLHUP | POLLERR)))
+				_exit(127);
+		}
+	}
 	close(p->go_r);
 
 	/* Own process group: a signal to the parent's group (Ctrl-C) does not reach QEMU. */
@@ -194,11 +213,11 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	    close_from((unsigned)hi_err + 1, ~0U, p->max_fd) < 0)
 		child_fail(err_fd, STEP_CLOSE, errno);
 
-	/* The jail's own steps (mounts, rlimits, user, no_new_privs, seccomp): seccomp last, so
-	 * that nothing after it but execve needs a call the filter denies. */
+	/* The jail's last steps (no_new_privs, seccomp): seccomp last, so that nothing after it
+	 * but execve needs a call the filter denies. */
 	if (req->jail && req->jail->enabled) {
 		const char *what = "jail";
-		int jrc = sbx_jail_enter(req->jail, &what);
+		int jrc = sbx_jail_enter_final(req->jail, &what);
 		if (jrc < 0)
 			child_fail_what(err_fd, STEP_JAIL, -jrc, what);
 	}
@@ -314,7 +333,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 		*where = "write(go pipe)";
 		return gw < 0 ? -errno : -EIO;
 	}
-	sbx_close_fd(&go_w);
+	/* go_w stays open until the child has exec'd (closed at return): see the child's check
+	 * after a user switch. */
 
 	/* Until execve the child holds the only write end: EOF means exec succeeded. */
 	sbx_close_fd(&err_w);

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -179,6 +180,48 @@ static void test_unprivileged_user(void)
 	sbx_jail_destroy(&j);
 }
 
+/* The user switch clears PR_SET_PDEATHSIG; the child re-arms it. A middle process spawns a jailed
+ * `sleep` as nobody and exits: as subreaper we inherit the orphan and must see it die of SIGKILL. */
+static void test_parent_death_kills_child_after_user_switch(void)
+{
+	CHECK_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+	int p[2];
+	CHECK_EQ(pipe(p), 0);
+	pid_t middle = fork();
+	if (middle == 0) {
+		/* No limits: no cgroup, which this process could not remove after its exit. */
+		struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
+		struct sbx_jail j;
+		if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-6") < 0)
+			_exit(2);
+		char *const argv[] = {"/bin/sleep", "30", NULL};
+		int chan[2], con[2];
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j};
+		struct sbx_child c;
+		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
+			_exit(2);
+		_exit(0);
+	}
+	close(p[1]);
+	pid_t grandchild = -1;
+	CHECK_EQ(read(p[0], &grandchild, sizeof(grandchild)), (ssize_t)sizeof(grandchild));
+	close(p[0]);
+	CHECK(grandchild > 0);
+	int st;
+	CHECK_EQ(waitpid(middle, &st, 0), middle);
+	if (grandchild > 0) {
+		alarm(10);
+		pid_t r = waitpid(grandchild, &st, 0);
+		alarm(0);
+		CHECK_EQ(r, grandchild);
+		CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	}
+	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+}
+
 static void test_sockdir_private_and_peer_check(void)
 {
 	struct sbx_sockdir d;
@@ -219,6 +262,7 @@ int main(void)
 	RUN(test_namespaces_refused_is_recorded);
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
+	RUN(test_parent_death_kills_child_after_user_switch);
 	RUN(test_sockdir_private_and_peer_check);
 	TEST_MAIN_END("test_jail");
 }
