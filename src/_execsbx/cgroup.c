@@ -3,7 +3,9 @@
 #define _GNU_SOURCE 1
 #include "cgroup.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -159,6 +161,37 @@ static void rmdir_retry(const char *dir)
 	}
 }
 
+/* A caller that was SIGKILLed could not remove its VMs' cgroups (QEMU died with it through
+ * PDEATHSIG, so they are empty). Remove the siblings named by jail.c's scheme "sbx-<pid>-<n>"
+ * whose pid no longer exists; a populated one refuses (EBUSY) and stays. */
+static void sweep_stale(const char *dir)
+{
+	char parent[PATH_MAX];
+	snprintf(parent, sizeof(parent), "%s", dir);
+	char *slash = strrchr(parent, '/');
+	if (!slash || slash == parent)
+		return;
+	*slash = 0;
+	DIR *d = opendir(parent);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		int pid;
+		unsigned long n;
+		char tail;
+		if (sscanf(e->d_name, "sbx-%d-%lu%c", &pid, &n, &tail) != 2 || pid <= 0 ||
+		    pid == (int)getpid())
+			continue;
+		if (kill(pid, 0) == 0 || errno != ESRCH)
+			continue; /* alive (or not ours to judge) */
+		char path[2 * PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
+		rmdir(path);
+	}
+	closedir(d);
+}
+
 static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
 		     char *why, size_t len)
 {
@@ -187,6 +220,7 @@ static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_c
 		return fail(why, len, "cgroup v2: mkdir under %s: %s", own, strerror(-rc));
 	cg->ndirs = 1;
 	cg->version = 2;
+	sweep_stale(cg->dirs[0]);
 	cg->has_memory = cg->has_cpu = cg->has_cpuacct = cg->has_pids = 1;
 	char buf[64];
 	if (lim->memory_bytes) {
@@ -251,6 +285,7 @@ static int create_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_c
 			return fail(why, len, "cgroup v1: mkdir %s: %s", dir, strerror(e));
 		}
 		memcpy(cg->dirs[cg->ndirs++], dir, sizeof(dir));
+		sweep_stale(dir);
 	}
 	char buf[64];
 	int rc = 0;

@@ -2,7 +2,9 @@
  * cgroup v2 where this process's cgroup is on a cgroup2 file system with the controllers
  * enabled for children; otherwise the v1 controllers memory, cpu, cpuacct and pids. The VM's
  * cgroup is created below the caller's own (so every limit of the caller still applies, and no
- * write outside the caller's subtree is needed), and removed when the VM is closed. */
+ * write outside the caller's subtree is needed), and removed when the VM is closed. Leftovers of a
+ * caller that was SIGKILLed (named sbx-<dead pid>-<n>, empty) are removed when the next one is
+ * created. */
 #ifndef SBX_CGROUP_H
 #define SBX_CGROUP_H
 

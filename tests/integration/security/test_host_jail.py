@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,3 +164,35 @@ async def test_memory_heavy_guest_is_counted_against_qemus_cgroup(scheduler: Sch
     assert small.external_memory_peak_mb is not None and big.external_memory_peak_mb is not None
     assert big.external_memory_peak_mb >= small.external_memory_peak_mb + 60
     assert big.external_memory_peak_mb <= MEMORY_MB + QEMU_MEMORY_OVERHEAD_MB
+
+
+async def test_cgroups_left_by_a_killed_caller_are_swept(scheduler: Scheduler) -> None:
+    """A SIGKILLed caller cannot remove its VMs' cgroups (QEMU dies with it, they are empty):
+    the next VM on the host removes siblings named after a pid that no longer exists."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    probe = await scheduler.run("print(1)")  # find where this host puts VM cgroups
+    assert probe.external_cpu_time_ms is not None
+    parents = _vm_cgroup_parents()
+    stale = [p / f"sbx-{dead.pid}-0" for p in parents]
+    for d in stale:
+        d.mkdir()
+    await scheduler.run("print(2)")
+    assert [d for d in stale if d.exists()] == []
+
+
+def _vm_cgroup_parents() -> list[Path]:
+    """The directories VM cgroups are made in: this process's own cgroup in each hierarchy."""
+    root = Path("/sys/fs/cgroup")
+    parents = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",")
+        if {"memory", "cpu", "cpuacct", "pids"} & set(names):
+            base = root / names[0] if (root / names[0]).is_dir() else None
+            if base is not None:
+                parents.append(base / path.lstrip("/"))
+    if not parents:
+        _, _, path = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)
+        parents.append(root / path.lstrip("/"))
+    return parents
