@@ -47,15 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
+    doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING,
+        level=logging.DEBUG if getattr(args, "debug", False) else logging.WARNING,
         format="sbx: %(levelname)s %(message)s",
     )
+    if args.command == "doctor":
+        return _doctor(args.json)
     try:
         code, language = _resolve_source(args)
         env = _parse_env(args.env)
@@ -85,6 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     elif result.exit_code == -1:
         sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
     return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+
+
+def _doctor(as_json: bool) -> int:
+    """Exit 0 when everything needed to run code is there, 1 otherwise."""
+    from . import doctor
+
+    checks = doctor.run_checks()
+    if as_json:
+        print(json.dumps(doctor.as_dicts(checks), indent=2))
+    else:
+        print(doctor.render(checks))
+    return 0 if doctor.healthy(checks) else 1
 
 
 def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:

@@ -463,7 +463,7 @@ def test_boot_in_namespaces() -> None:
         # hidepid=2: the agent (PID 1) is invisible; no new privileges; limits.
         out = sh('test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;'
                  ' ulimit -n; ulimit -c; ulimit -u')
-        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n512\n", out
+        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n256\n", out
         out = sh("awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
                  " {print $2, $3, $4}' /proc/mounts | sort")
         mounts = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
@@ -474,7 +474,14 @@ def test_boot_in_namespaces() -> None:
             assert "nosuid" in opts, (path, opts)
         assert "hidepid=invisible" in mounts["/proc"][1] or "hidepid=2" in mounts["/proc"][1]
         assert mounts["/sys"][1].startswith("ro,")
-        assert "size=262144k" in mounts["/tmp"][1] and "size=524288k" in mounts["/home/user"][1]
+        # tmpfs sizes are shares of RAM (25% /tmp, 40% /home/user), so a full disk is ENOSPC.
+        ram_pages = os.sysconf("SC_PHYS_PAGES")
+        page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+        for path, share in (("/tmp", 25), ("/home/user", 40)):
+            size_kib = int(next(o for o in mounts[path][1].split(",")
+                                if o.startswith("size="))[5:-1])
+            expected = ram_pages * share // 100 * page_kib
+            assert abs(size_kib - expected) <= 4 * page_kib, (path, size_kib, expected)
         # Loopback is up; a pty can be had.
         out = sh("import socket, os\n"
                  "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
