@@ -85,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		int rc;
 		while ((rc = sbx_reader_next(&rd, &f)) == 1) {
 			REQUIRE(f.payload_len <= SBX_HOST_FRAME_MAX);
-			if (f.type != SBX_MSG_EXEC)
+			if (f.type != SBX_MSG_EXEC && f.type != SBX_MSG_SESSION_EXEC)
 				continue;
 			/* What the agent's dispatcher does with an EXEC frame; the request struct is
 			 * large (env array), so it lives on the heap like a real call frame would. */
