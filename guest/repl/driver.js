@@ -2,8 +2,8 @@
 // guest/src/repl.h). fd 3: one line per request, the directory holding session-code and
 // session-env; fd 4: "<status>\n" back once the code has finished. The code runs through node's own
 // REPL evaluator in the global context, so const/let/function/class declarations persist between
-// requests and top-level await works. The user's stdout/stderr are the real pipes (synchronous on
-// Linux), so the output is complete when the status is written.
+// requests and top-level await works. The user's stdout/stderr are the real pipes; node queues
+// writes to a full pipe, so the status waits until those queues are empty.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -85,6 +85,12 @@ function applyEnv(file) {
   }
 }
 
+async function flushed(stream) {
+  while (stream.writableLength > 0 && !stream.destroyed) {
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+}
+
 async function main() {
   for (;;) {
     const dir = await nextLine();
@@ -96,6 +102,10 @@ async function main() {
     } catch (err) {
       status = statusOf(err);
     }
+    // A pipe that was full leaves writes queued in node: report only once they reached it, so
+    // that the result holds all of the output and none of it leaks into the next request.
+    await flushed(process.stdout);
+    await flushed(process.stderr);
     fs.writeSync(controlOut, `${status}\n`);
   }
 }

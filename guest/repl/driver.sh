@@ -4,6 +4,9 @@
 # variables, the working directory and functions persist. `exit` ends the shell: its status is
 # reported and the next request starts a fresh one.
 exec {__sbx_control_in}<&3 {__sbx_control_out}>&4 3<&- 4>&-
+# The agent sends SIGINT when the output passes its limit: end the sourced code (status 130),
+# keep the shell and its state.
+trap 'return 130 2>/dev/null' INT
 while IFS= read -r -u "$__sbx_control_in" __sbx_dir; do
 	while IFS= read -r -d '' __sbx_var; do
 		export "$__sbx_var"

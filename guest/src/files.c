@@ -277,10 +277,9 @@ static void write_end(struct sbx_files *f, const struct sbx_frame *fr)
 static void read_begin(struct sbx_files *f, const struct sbx_frame *fr)
 {
 	static struct path_parts p;
-	if (f->read_fd >= 0) {
-		send_error(f, fr->id, SBX_FILE_ERR_PROTOCOL, "a read is already in progress", 0);
-		return;
-	}
+	/* The host serialises its requests: a read still in progress is one it gave up on (its
+	 * destination failed, say). Drop it; the host ignores frames of a forgotten id. */
+	sbx_close_fd(&f->read_fd);
 	int rc = parse_path(fr, false, false, &p, NULL);
 	if (rc < 0) {
 		send_error(f, fr->id, rc == -EPROTO ? SBX_FILE_ERR_PROTOCOL : SBX_FILE_ERR_PATH,

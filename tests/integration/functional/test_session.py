@@ -247,3 +247,29 @@ async def test_env_vars_reach_exec_and_session_defaults_apply(scheduler: Schedul
 async def test_run_rejects_denied_env_vars_before_any_vm(scheduler: Scheduler) -> None:
     with pytest.raises(InputValidationError):
         await scheduler.run("print(1)", env_vars={"pythonpath": "/tmp"})
+
+
+async def test_output_limit_keeps_javascript_and_bash_sessions(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="javascript") as js:
+        await js.exec("const kept = 'js'")
+        with pytest.raises(OutputLimitError):
+            await js.exec("for (let i = 0; i < 40000; i++) console.log('y'.repeat(100))")
+        assert (await js.exec("console.log(kept)")).stdout == "js\n"
+    async with await scheduler.session(language="raw") as sh:
+        await sh.exec("kept=sh")
+        with pytest.raises(OutputLimitError):
+            await sh.exec("for i in $(seq 1 40000); do printf '%0100d\\n' 0; done")
+        assert (await sh.exec("echo $kept")).stdout == "sh\n"
+
+
+async def test_javascript_output_is_complete_when_the_pipe_fills(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="javascript") as session:
+        chunks: list[str] = []
+        result = await session.exec(
+            "for (let i = 0; i < 8000; i++) console.log(String(i).padStart(99, '.'))",
+            on_stdout=chunks.append,
+        )
+        lines = result.stdout.splitlines()
+        assert len(lines) == 8000 and lines[-1].endswith("7999")
+        assert "".join(chunks) == result.stdout
+        assert (await session.exec("console.log('next')")).stdout == "next\n"
