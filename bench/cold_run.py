@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
+from common import host_spawn_ms, percentile, summary, timed
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 
@@ -33,7 +33,9 @@ async def main(runs: int) -> None:
             for _ in range(runs):
                 # Interleave the baseline with the VM runs so both see the same machine load.
                 hosts.append(await host_spawn_ms(host_argv))
-                total, result = await timed(lambda: scheduler.run(code, language=language))
+                total, result = await timed(
+                    lambda c=code, lang=language: scheduler.run(c, language=lang)
+                )
                 assert result.exit_code == 0 and result.stdout == "1\n", result  # type: ignore[attr-defined]
                 totals.append(total)
                 boots.append(result.timing.boot_ms)  # type: ignore[attr-defined]

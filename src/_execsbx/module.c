@@ -1,6 +1,7 @@
 /* exec_sandbox._execsbx: module definition (multi-phase init, per-module state), functions and
  * constants. Modelled on CPython's Modules/selectmodule.c. */
 #include "binding.h"
+#include "seccomp_policy.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -47,21 +48,23 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 {
 	static char *kwlist[] = {"qemu_binary", "kernel", "rootfs", "memory_mb", "vcpus",
 				 "accel", "kernel_cmdline_extra", "qmp", "mem_path", "mem_shared",
-				 "incoming", NULL};
+				 "incoming", "qemu_sandbox", "mem_fd", NULL};
 	int memory_mb = INT_MIN, vcpus = defaults ? 1 : INT_MIN;
 	const char *accel = defaults ? "tcg" : NULL;
 	const char *extra = "";
 	int qmp = 0, mem_shared = 0, incoming = 0;
+	int qemu_sandbox = 0;
+	int mem_fd = -1;
 	char fmt[64];
 
 	memset(pc, 0, sizeof(*pc));
 	/* All keyword-only ("$" needs "|", so required ones are checked by hand below). */
-	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iisspO&pp:%s", fname);
+	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iisspO&pppi:%s", fname);
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, PyUnicode_FSConverter,
 					 &pc->qemu_binary, PyUnicode_FSConverter, &pc->kernel,
 					 PyUnicode_FSConverter, &pc->rootfs, &memory_mb, &vcpus, &accel,
 					 &extra, &qmp, fs_converter_or_none, &pc->mem_path,
-					 &mem_shared, &incoming))
+					 &mem_shared, &incoming, &qemu_sandbox, &mem_fd))
 		goto fail;
 	const char *missing = !pc->qemu_binary      ? "qemu_binary"
 			      : !pc->kernel         ? "kernel"
@@ -91,6 +94,13 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 	pc->cfg.mem_path = pc->mem_path ? PyBytes_AS_STRING(pc->mem_path) : NULL;
 	pc->cfg.mem_shared = mem_shared;
 	pc->cfg.incoming = incoming;
+	pc->cfg.qemu_sandbox = qemu_sandbox;
+	if (mem_fd < -1) {
+		PyErr_SetString(PyExc_ValueError, "mem_fd must be a file descriptor or -1");
+		goto fail;
+	}
+	pc->mem_fd = mem_fd;
+	pc->cfg.mem_fd = mem_fd >= 0;
 	return 0;
 fail:
 	sbx_parsed_config_release(pc);
@@ -116,7 +126,9 @@ char **sbx_build_argv_or_raise(const struct sbx_vm_config *cfg)
 PyDoc_STRVAR(build_qemu_argv_doc,
 	     "build_qemu_argv(*, qemu_binary, kernel, rootfs, memory_mb, vcpus, accel,\n"
 	     "                kernel_cmdline_extra='', qmp=False, mem_path=None,\n"
-	     "                mem_shared=False, incoming=False) -> list[str]\n\n"
+	     "                mem_shared=False, incoming=False, qemu_sandbox=False,\n"
+	     "                mem_fd=-1)\n"
+	     "                -> list[str]\n\n"
 	     "The QEMU command line Vm() would run. ValueError on an invalid configuration\n"
 	     "(',' in a kernel/rootfs path, accel not 'kvm'/'tcg', memory_mb out of range, ...).");
 
@@ -159,7 +171,30 @@ static PyObject *tsc_khz(PyObject *module, PyObject *unused)
 	return PyLong_FromUnsignedLongLong(khz);
 }
 
+PyDoc_STRVAR(seccomp_rules_doc,
+	     "seccomp_rules() -> list[tuple[str, str, str]]\n\n"
+	     "The host seccomp deny-list applied to QEMU: (syscall, errno name, reason).");
+
+static PyObject *seccomp_rules(PyObject *module, PyObject *unused)
+{
+	(void)module;
+	(void)unused;
+	PyObject *list = PyList_New((Py_ssize_t)sbx_seccomp_rule_count);
+	for (size_t i = 0; list && i < sbx_seccomp_rule_count; i++) {
+		const struct sbx_seccomp_rule *r = &sbx_seccomp_rules[i];
+		PyObject *t = Py_BuildValue("(sss)", r->syscall,
+					    r->error == ENOSYS ? "ENOSYS" : "EPERM", r->reason);
+		if (!t) {
+			Py_CLEAR(list);
+			break;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+	}
+	return list;
+}
+
 static PyMethodDef module_methods[] = {
+	{"seccomp_rules", seccomp_rules, METH_NOARGS, seccomp_rules_doc},
 	{"build_qemu_argv", (PyCFunction)(void (*)(void))build_qemu_argv,
 	 METH_VARARGS | METH_KEYWORDS, build_qemu_argv_doc},
 	{"tsc_khz", tsc_khz, METH_NOARGS, tsc_khz_doc},
@@ -196,6 +231,21 @@ static int add_constants(PyObject *m)
 		{"TIMEOUT_MS_MIN", SBX_TIMEOUT_MS_MIN},
 		{"TIMEOUT_MS_MAX", SBX_TIMEOUT_MS_MAX},
 		{"RESEED_BYTES", SBX_RESEED_BYTES},
+		{"MSG_FILE_WRITE_BEGIN", SBX_MSG_FILE_WRITE_BEGIN},
+		{"MSG_FILE_WRITE_DATA", SBX_MSG_FILE_WRITE_DATA},
+		{"MSG_FILE_WRITE_END", SBX_MSG_FILE_WRITE_END},
+		{"MSG_FILE_READ", SBX_MSG_FILE_READ},
+		{"MSG_FILE_LIST", SBX_MSG_FILE_LIST},
+		{"FILE_EXECUTABLE", SBX_FILE_EXECUTABLE},
+		{"FILE_ERR_PATH", SBX_FILE_ERR_PATH},
+		{"FILE_ERR_NOT_FOUND", SBX_FILE_ERR_NOT_FOUND},
+		{"FILE_ERR_IO", SBX_FILE_ERR_IO},
+		{"FILE_ERR_TOO_LARGE", SBX_FILE_ERR_TOO_LARGE},
+		{"FILE_ERR_PROTOCOL", SBX_FILE_ERR_PROTOCOL},
+		{"FILE_SIZE_MAX", (long)SBX_FILE_SIZE_MAX},
+		{"FILE_CHUNK_MAX", SBX_FILE_CHUNK_MAX},
+		{"PATH_MAX", SBX_PATH_MAX},
+		{"PATH_COMPONENT_MAX", SBX_PATH_COMPONENT_MAX},
 	};
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
 		if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)

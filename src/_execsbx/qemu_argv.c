@@ -109,7 +109,11 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	if (has_control_chars(extra))
 		return reject(why, "kernel_cmdline_extra must not contain control characters");
 	const char *mem_path = cfg->mem_path && cfg->mem_path[0] ? cfg->mem_path : NULL;
-	if (mem_path) {
+	if (mem_path && cfg->mem_fd)
+		return reject(why, "mem_path and mem_fd exclude each other");
+	if (cfg->mem_fd)
+		mem_path = SBX_CHILD_MEM_FD_PATH;
+	else if (mem_path) {
 		rc = check_path(mem_path, why, "mem_path must not be empty",
 				"mem_path must not contain ','");
 		if (rc < 0)
@@ -155,6 +159,13 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	add(&b, "none");
 	/* A guest reboot (including panic=-1 below) ends QEMU instead of restarting the VM. */
 	add(&b, "-no-reboot");
+	/* QEMU's own seccomp allow-list on top of the host jail's deny-list (both stay in force:
+	 * stacked filters all apply). Deny obsolete calls, setuid/setgid and friends, fork/exec,
+	 * and scheduler/affinity/priority changes. */
+	if (cfg->qemu_sandbox) {
+		add(&b, "-sandbox");
+		add(&b, "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+	}
 
 	/* Direct kernel boot. The rootfs is a read-only EROFS image; the agent is PID 1.
 	 * panic=-1: reboot at once on panic, which -no-reboot turns into QEMU exiting.

@@ -24,6 +24,9 @@ struct sbx_vm_config {
 	int mem_shared;       /* mem_path mapped shared (a template being written) or private (a
 	                       * copy-on-write clone of a template) */
 	int incoming;         /* start paused, waiting for migrate-incoming over QMP (needs qmp) */
+	int mem_fd;           /* guest RAM in the file at fd SBX_CHILD_MEM_FD (opened by the host:
+	                       * the jail's mount tree is read-only); excludes mem_path */
+	int qemu_sandbox;                 /* QEMU's own seccomp filter (-sandbox on,...) */
 };
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with

@@ -13,10 +13,16 @@
 
 #include <sys/types.h>
 
+struct sbx_jail;
+
 #define SBX_CHILD_CHANNEL_FD 3
 #define SBX_CHILD_CONSOLE_FD 4
 #define SBX_CHILD_QMP_FD 5
-#define SBX_CHILD_FIRST_CLOSED_FD 6
+#define SBX_CHILD_MEM_FD 6
+/* How QEMU opens it: a magic link to the host's open file, so it works inside the jail's
+ * read-only mount tree and QEMU gets that one file, not a writable directory. */
+#define SBX_CHILD_MEM_FD_PATH "/proc/self/fd/6"
+#define SBX_CHILD_FIRST_CLOSED_FD 7
 
 struct sbx_spawn_req {
 	const char *path;   /* execve path: no PATH search */
@@ -24,8 +30,12 @@ struct sbx_spawn_req {
 	char *const *envp;  /* NULL-terminated */
 	int channel_fd;     /* becomes fd 3 in the child; any fd number, need not be inheritable */
 	int console_fd;     /* becomes fds 1, 2 and 4 */
+	struct sbx_jail *jail; /* NULL: no jail (jail.h); else prepared, and its status may change
+				* (a layer the kernel refuses at clone/placement time) */
 	int with_qmp;       /* 0 (a zero-initialised request): no QMP socket, fd 5 stays closed */
 	int qmp_fd;         /* with_qmp: becomes fd 5 */
+	int with_mem;       /* 0: no guest RAM file, fd 6 stays closed */
+	int mem_fd;         /* with_mem: the guest RAM's backing file, becomes fd 6 */
 };
 
 struct sbx_child {

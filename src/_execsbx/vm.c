@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "jail.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 /* QEMU gets a fixed, minimal environment: nothing of the host's (tokens, proxies, LD_*)
  * leaks into it. */
@@ -26,6 +30,7 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 1;
+	vm->jail = NULL;
 	sbx_channel_init(&vm->ch, -1);
 }
 
@@ -37,12 +42,56 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
+static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		    struct sbx_jail *jail, const char **where);
+
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 {
-	return sbx_vm_spawn_ex(vm, argv, 0, where);
+	return spawn_in(vm, argv, 0, -1, NULL, where);
 }
 
-int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, const char **where)
+int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		    const char **where)
+{
+	return spawn_in(vm, argv, with_qmp, mem_fd, NULL, where);
+}
+
+int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+			const struct sbx_jail_config *cfg, const char **where)
+{
+	static unsigned long counter;
+	char name[64];
+	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
+		 __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+	struct sbx_jail *jail = calloc(1, sizeof(*jail));
+	if (!jail) {
+		*where = "malloc";
+		return -ENOMEM;
+	}
+	int rc = sbx_jail_prepare(jail, cfg, name);
+	if (rc < 0) {
+		sbx_jail_destroy(jail);
+		free(jail);
+		*where = "jail";
+		return rc;
+	}
+	rc = spawn_in(vm, argv, with_qmp, mem_fd, jail, where);
+	if (rc < 0) {
+		sbx_jail_destroy(jail);
+		free(jail);
+		return rc;
+	}
+	sbx_bpf_free(&jail->bpf); /* loaded in the child; not needed any more */
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+	}
+	vm->jail = jail;
+	return 0;
+}
+
+static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		    struct sbx_jail *jail, const char **where)
 {
 	int chan[2], con[2], qmp[2] = {-1, -1};
 
@@ -83,6 +132,9 @@ int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, const ch
 		.console_fd = con_qemu,
 		.with_qmp = with_qmp,
 		.qmp_fd = qmp_qemu,
+		.jail = jail,
+		.with_mem = mem_fd >= 0,
+		.mem_fd = mem_fd,
 	};
 	struct sbx_child child;
 	rc = sbx_spawn(&req, &child, where);
@@ -155,6 +207,8 @@ void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);
 	r->fds[1] = vm->console_fd;
 	r->fds[2] = vm->qmp_fd;
+	r->jail = vm->jail;
+	vm->jail = NULL;
 	vm->console_fd = -1;
 	vm->qmp_fd = -1;
 	vm->child.pid = -1;
@@ -176,6 +230,8 @@ int sbx_vm_finish_close(struct sbx_vm_remains *r)
 	sbx_close_fd(&r->fds[0]);
 	sbx_close_fd(&r->fds[1]);
 	sbx_close_fd(&r->fds[2]);
+	if (r->jail)
+		sbx_jail_finish(r->jail); /* QEMU is reaped: its cgroup is empty */
 	return status;
 }
 
@@ -187,6 +243,18 @@ void sbx_vm_set_final_status(struct sbx_vm *vm, int status)
 	}
 }
 
+void sbx_vm_keep_jail(struct sbx_vm *vm, struct sbx_vm_remains *r)
+{
+	if (!r->jail)
+		return;
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+	}
+	vm->jail = r->jail;
+	r->jail = NULL;
+}
+
 void sbx_vm_close(struct sbx_vm *vm)
 {
 	struct sbx_vm_remains r;
@@ -195,4 +263,15 @@ void sbx_vm_close(struct sbx_vm *vm)
 		return;
 	sbx_vm_begin_close(vm, &r);
 	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));
+	sbx_vm_keep_jail(vm, &r);
+}
+
+void sbx_vm_destroy(struct sbx_vm *vm)
+{
+	sbx_vm_close(vm);
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+		vm->jail = NULL;
+	}
 }

@@ -8,6 +8,7 @@
 
 #include "channel.h"
 #include "event.h"
+#include "jail.h"
 #include "protocol.h"
 #include "request.h"
 #include "vm.h"
@@ -38,11 +39,93 @@ static int check_open(VmObject *self)
 	return 0;
 }
 
+/* One optional int item of the jail dict; 0 or -1 with an exception set. */
+static int jail_int(PyObject *dict, const char *key, long long lo, long long hi, long long *out)
+{
+	PyObject *v = PyDict_GetItemString(dict, key); /* borrowed */
+	if (!v)
+		return 0;
+	if (!PyLong_Check(v)) {
+		PyErr_Format(PyExc_TypeError, "jail['%s'] must be an int", key);
+		return -1;
+	}
+	long long x = PyLong_AsLongLong(v);
+	if (x == -1 && PyErr_Occurred())
+		return -1;
+	if (x < lo || x > hi) {
+		PyErr_Format(PyExc_ValueError, "jail['%s'] out of range (%lld .. %lld)", key, lo, hi);
+		return -1;
+	}
+	*out = x;
+	return 0;
+}
+
+static const char *const jail_keys[] = {"network", "memory_mb", "cpu_percent", "pids_max", "uid",
+					"gid", NULL};
+
+/* The jail keyword of Vm(): None (no jail) or a dict with the keys above, all optional. */
+static int parse_jail(PyObject *o, struct sbx_jail_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->uid = cfg->gid = -1;
+	if (!o || o == Py_None)
+		return 0;
+	if (!PyDict_Check(o)) {
+		PyErr_SetString(PyExc_TypeError, "jail must be a dict or None");
+		return -1;
+	}
+	PyObject *key;
+	Py_ssize_t pos = 0;
+	while (PyDict_Next(o, &pos, &key, NULL)) {
+		int known = 0;
+		for (const char *const *k = jail_keys; *k; k++)
+			if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, *k) == 0)
+				known = 1;
+		if (!known) {
+			PyErr_Format(PyExc_TypeError, "unknown jail option %R", key);
+			return -1;
+		}
+	}
+	long long network = 0, mem = 0, cpu = 0, pids = 0, uid = -1, gid = -1;
+	if (jail_int(o, "network", 0, 1, &network) < 0 ||
+	    jail_int(o, "memory_mb", 0, 1 << 24, &mem) < 0 ||
+	    jail_int(o, "cpu_percent", 0, 100000, &cpu) < 0 ||
+	    jail_int(o, "pids_max", 0, 1 << 22, &pids) < 0 ||
+	    jail_int(o, "uid", -1, 0x7fffffff, &uid) < 0 ||
+	    jail_int(o, "gid", -1, 0x7fffffff, &gid) < 0)
+		return -1;
+	cfg->enabled = 1;
+	cfg->network = (int)network;
+	cfg->memory_bytes = (uint64_t)mem << 20;
+	cfg->cpu_percent = (unsigned)cpu;
+	cfg->pids_max = (unsigned)pids;
+	cfg->uid = (long)uid;
+	cfg->gid = (long)gid;
+	return 0;
+}
+
 static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
 	struct sbx_parsed_config pc;
-	if (sbx_parse_vm_config(args, kwds, "Vm", 1, &pc) < 0)
+	struct sbx_jail_config jcfg;
+	/* "jail" is Vm's own; the rest is shared with build_qemu_argv. */
+	PyObject *rest = kwds ? PyDict_Copy(kwds) : PyDict_New();
+	if (!rest)
 		return NULL;
+	PyObject *o_jail = PyDict_GetItemString(rest, "jail"); /* borrowed */
+	Py_XINCREF(o_jail);
+	if (o_jail && PyDict_DelItemString(rest, "jail") < 0) {
+		Py_DECREF(o_jail);
+		Py_DECREF(rest);
+		return NULL;
+	}
+	int prc = parse_jail(o_jail, &jcfg);
+	Py_XDECREF(o_jail);
+	if (prc < 0 || sbx_parse_vm_config(args, rest, "Vm", 1, &pc) < 0) {
+		Py_DECREF(rest);
+		return NULL;
+	}
+	Py_DECREF(rest);
 	char **argv = sbx_build_argv_or_raise(&pc.cfg);
 	if (!argv) {
 		sbx_parsed_config_release(&pc);
@@ -59,7 +142,9 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	const char *where = "spawn";
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
-	rc = sbx_vm_spawn_ex(&self->vm, argv, pc.cfg.qmp, &where);
+	rc = jcfg.enabled ? sbx_vm_spawn_jailed(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, &jcfg,
+						    &where)
+			  : sbx_vm_spawn_ex(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, &where);
 	Py_END_ALLOW_THREADS
 	sbx_argv_free(argv);
 	if (rc < 0) {
@@ -88,12 +173,14 @@ static void vm_do_close(VmObject *self)
 	status = sbx_vm_finish_close(&r);
 	Py_END_ALLOW_THREADS
 	sbx_vm_set_final_status(&self->vm, status);
+	sbx_vm_keep_jail(&self->vm, &r);
 }
 
 static void vm_dealloc(VmObject *self)
 {
 	PyTypeObject *tp = Py_TYPE(self);
 	vm_do_close(self);
+	sbx_vm_destroy(&self->vm);
 	tp->tp_free((PyObject *)self);
 	Py_DECREF(tp);
 }
@@ -108,7 +195,8 @@ static PyObject *protocol_error(VmObject *self, PyObject *events)
 		msg = PyUnicode_FromString(ch->error == -EMSGSIZE
 						   ? "guest sent a frame larger than GUEST_FRAME_MAX"
 						   : "guest sent a malformed frame header");
-	else if ((ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_PONG) ||
+	else if ((ch->error_frame_type >= SBX_MSG_READY &&
+		  ch->error_frame_type <= SBX_MSG_FILE_ERROR) ||
 		 ch->error_frame_type == SBX_MSG_RESEEDED)
 		msg = PyUnicode_FromFormat(
 			"guest sent a malformed %s frame%s",
@@ -136,6 +224,32 @@ static PyObject *decode_text(const struct sbx_event *ev)
 	return PyUnicode_DecodeUTF8((const char *)ev->data, (Py_ssize_t)ev->len, "replace");
 }
 
+/* ('file_entries', id, [(name: bytes, is_dir: bool, size: int), ...]); the decoder validated
+ * every entry. */
+static PyObject *entries_to_tuple(const struct sbx_event *ev)
+{
+	PyObject *list = PyList_New((Py_ssize_t)ev->count);
+	if (!list)
+		return NULL;
+	struct sbx_cursor c = {ev->data, ev->len};
+	for (uint32_t i = 0; i < ev->count; i++) {
+		struct sbx_dir_entry e;
+		if (sbx_dir_entry_next(&c, &e) < 0) {
+			Py_DECREF(list);
+			PyErr_SetString(PyExc_SystemError, "undecodable entry after validation");
+			return NULL;
+		}
+		PyObject *item = Py_BuildValue("(y#NK)", (const char *)e.name, (Py_ssize_t)e.name_len,
+					       PyBool_FromLong(e.is_dir), (unsigned long long)e.size);
+		if (!item) {
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+	}
+	return Py_BuildValue("(skN)", "file_entries", (unsigned long)ev->id, list);
+}
+
 static PyObject *event_to_tuple(const struct sbx_event *ev)
 {
 	switch (ev->kind) {
@@ -154,8 +268,20 @@ static PyObject *event_to_tuple(const struct sbx_event *ev)
 		return Py_BuildValue("(skkN)", "error", (unsigned long)ev->id,
 				     (unsigned long)ev->error_code, decode_text(ev));
 	case SBX_EV_PONG:
+		return Py_BuildValue("(sk)", "pong", (unsigned long)ev->id);
+	case SBX_EV_FILE_DATA:
+		return Py_BuildValue("(sky#)", "file_data", (unsigned long)ev->id,
+				     (const char *)ev->data, (Py_ssize_t)ev->len);
+	case SBX_EV_FILE_ENTRIES:
+		return entries_to_tuple(ev);
+	case SBX_EV_FILE_DONE:
+		return Py_BuildValue("(skK)", "file_done", (unsigned long)ev->id,
+				     (unsigned long long)ev->value);
+	case SBX_EV_FILE_ERROR:
+		return Py_BuildValue("(skkN)", "file_error", (unsigned long)ev->id,
+				     (unsigned long)ev->error_code, decode_text(ev));
 	case SBX_EV_RESEEDED:
-		return Py_BuildValue("(sk)", sbx_event_kind_name(ev->kind), (unsigned long)ev->id);
+		return Py_BuildValue("(sk)", "reseeded", (unsigned long)ev->id);
 	}
 	PyErr_SetString(PyExc_SystemError, "unknown event kind");
 	return NULL;
@@ -179,6 +305,8 @@ PyDoc_STRVAR(read_events_doc,
 	     "  ('exit', id, exit_code, flags, duration_us)\n"
 	     "  ('error', id, code, message)\n"
 	     "  ('pong', id)\n"
+	     "  ('file_data', id, data) / ('file_done', id, n) / ('file_error', id, code, message)\n"
+	     "  ('file_entries', id, [(name: bytes, is_dir, size), ...])\n"
 	     "  ('reseeded', id)\n"
 	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
 	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
@@ -268,7 +396,9 @@ static PyObject *pending_or_raise(VmObject *self, int rc, const char *why, const
 }
 
 PyDoc_STRVAR(send_exec_doc,
-	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code) -> int\n\n"
+	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code,\n"
+	     "          session=False) -> int\n\n"
+	     "session=True sends SESSION_EXEC: the code runs in the VM's persistent REPL.\n"
 	     "Queue an EXEC frame and write what the socket takes now; returns the bytes still\n"
 	     "pending (call flush() when fileno() is writable until it returns 0).\n"
 	     "env: list of (name: bytes, value: bytes); code: bytes-like.\n"
@@ -278,15 +408,16 @@ PyDoc_STRVAR(send_exec_doc,
 static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"id", "language", "timeout_ms", "stdout_limit", "stderr_limit",
-				 "env", "code", NULL};
+				 "env", "code", "session", NULL};
 	PyObject *o_id, *o_lang, *o_timeout, *o_out, *o_err, *o_env;
 	Py_buffer code;
 	struct sbx_exec_req req = {0};
 	struct sbx_env_var *vars = NULL;
 	PyObject *seq = NULL, *result = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*:send_exec", kwlist, &o_id, &o_lang,
-					 &o_timeout, &o_out, &o_err, &o_env, &code))
+	int session = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*|p:send_exec", kwlist, &o_id, &o_lang,
+					 &o_timeout, &o_out, &o_err, &o_env, &code, &session))
 		return NULL;
 	if (check_open(self) < 0)
 		goto out;
@@ -328,6 +459,7 @@ static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
 	req.env_count = (size_t)count;
 	req.code = code.buf;
 	req.code_len = (size_t)code.len;
+	req.session = session;
 	const char *why = NULL;
 	int rc = sbx_channel_queue_exec(&self->vm.ch, &req, &why);
 	result = pending_or_raise(self, rc, why, rc == -ENOBUFS ? "send_exec" : "send");
@@ -376,6 +508,38 @@ static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
 	result = pending_or_raise(self, rc, "RESEED frame", rc == -ENOBUFS ? "send_reseed" : "send");
 out:
 	PyBuffer_Release(&seed);
+	return result;
+}
+
+PyDoc_STRVAR(send_file_frame_doc,
+	     "send_file_frame(type, id, payload) -> int\n\n"
+	     "Queue one file-transfer frame (MSG_FILE_WRITE_BEGIN .. MSG_FILE_LIST) with a payload\n"
+	     "built by the caller; returns the bytes still pending. ValueError for another type\n"
+	     "or a payload over HOST_FRAME_MAX; BufferError (ENOBUFS as OSError) when the queue\n"
+	     "is full: wait for flush() to return 0 before sending more.");
+
+static PyObject *vm_send_file_frame(VmObject *self, PyObject *args)
+{
+	PyObject *o_type, *o_id;
+	Py_buffer payload;
+	uint32_t type, id;
+	if (!PyArg_ParseTuple(args, "OOy*:send_file_frame", &o_type, &o_id, &payload))
+		return NULL;
+	PyObject *result = NULL;
+	if (check_open(self) < 0 || to_u32(o_type, "type", &type) < 0 || to_u32(o_id, "id", &id) < 0)
+		goto out;
+	if (type > 255) {
+		PyErr_SetString(PyExc_ValueError, "not a file-transfer message type");
+		goto out;
+	}
+	int rc = sbx_channel_queue_file_frame(&self->vm.ch, (uint8_t)type, id, payload.buf,
+					      (size_t)payload.len);
+	result = pending_or_raise(self, rc,
+				  rc == -EINVAL ? "not a file-transfer message type"
+						: "payload larger than HOST_FRAME_MAX",
+				  rc == -ENOBUFS ? "send_file_frame" : "send");
+out:
+	PyBuffer_Release(&payload);
 	return result;
 }
 
@@ -459,6 +623,70 @@ static PyObject *vm_fileno(VmObject *self, PyObject *unused)
 	return PyLong_FromLong(self->vm.ch.fd);
 }
 
+PyDoc_STRVAR(jail_status_doc,
+	     "jail_status() -> list[tuple[str, bool, str]]\n\n"
+	     "(layer, active, detail) for each host jail layer: seccomp, namespaces, cgroup,\n"
+	     "rlimits, user. detail says what is in force or why the layer is off. Empty when\n"
+	     "the Vm was made with jail=None.");
+
+static PyObject *vm_jail_status(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	PyObject *list = PyList_New(0);
+	if (!list || !j)
+		return list;
+	for (int l = 0; l < SBX_LAYER__COUNT; l++)
+		if (append_new(list, Py_BuildValue("(sNs)", sbx_layer_names[l],
+						   PyBool_FromLong(j->status[l].active),
+						   j->status[l].detail)) < 0) {
+			Py_DECREF(list);
+			return NULL;
+		}
+	return list;
+}
+
+PyDoc_STRVAR(resource_usage_doc,
+	     "resource_usage() -> tuple[int | None, int | None] | None\n\n"
+	     "(cpu_ns, memory_peak_bytes) of QEMU as its cgroup counted them, read when the Vm\n"
+	     "was closed (just before the cgroup was removed). None before close() or without a\n"
+	     "cgroup; an item is None when the cgroup had no such counter.");
+
+static PyObject *u64_or_none(uint64_t v)
+{
+	if (v == UINT64_MAX)
+		Py_RETURN_NONE;
+	return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *vm_resource_usage(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	if (!j || !j->usage_valid)
+		Py_RETURN_NONE;
+	return Py_BuildValue("(NN)", u64_or_none(j->cpu_ns), u64_or_none(j->memory_peak));
+}
+
+PyDoc_STRVAR(cgroup_dirs_doc,
+	     "cgroup_dirs() -> list[str]\n\nThe directories of QEMU's cgroup while it runs\n"
+	     "(one for v2; memory, cpu, cpuacct, pids for v1); [] without one or once closed.");
+
+static PyObject *vm_cgroup_dirs(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	PyObject *list = PyList_New(0);
+	if (!list || !j)
+		return list;
+	for (unsigned i = 0; i < j->cg.ndirs; i++)
+		if (append_new(list, PyUnicode_DecodeFSDefault(j->cg.dirs[i])) < 0) {
+			Py_DECREF(list);
+			return NULL;
+		}
+	return list;
+}
+
 static PyObject *vm_enter(VmObject *self, PyObject *unused)
 {
 	(void)unused;
@@ -527,12 +755,16 @@ static PyMethodDef vm_methods[] = {
 	 send_exec_doc},
 	{"send_ping", (PyCFunction)vm_send_ping, METH_O, send_ping_doc},
 	{"send_reseed", (PyCFunction)vm_send_reseed, METH_VARARGS, send_reseed_doc},
+	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS, send_file_frame_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},
 	{"kill", (PyCFunction)vm_kill, METH_NOARGS, kill_doc},
 	{"close", (PyCFunction)vm_close, METH_NOARGS, close_doc},
 	{"fileno", (PyCFunction)vm_fileno, METH_NOARGS, fileno_doc},
+	{"jail_status", (PyCFunction)vm_jail_status, METH_NOARGS, jail_status_doc},
+	{"resource_usage", (PyCFunction)vm_resource_usage, METH_NOARGS, resource_usage_doc},
+	{"cgroup_dirs", (PyCFunction)vm_cgroup_dirs, METH_NOARGS, cgroup_dirs_doc},
 	{"__enter__", (PyCFunction)vm_enter, METH_NOARGS, NULL},
 	{"__exit__", (PyCFunction)vm_exit, METH_VARARGS, NULL},
 	{NULL, NULL, 0, NULL},
@@ -541,11 +773,16 @@ static PyMethodDef vm_methods[] = {
 PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
 	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
-	     "   incoming=False)\n\n"
+	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, jail=None)\n\n"
 	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
-	     "host end in .qmp_fd). OSError(errno, '... (from <syscall>)') if it cannot be\n"
+	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"
+	     "guest RAM's backing file). OSError(errno, '... (from <syscall>)') if it cannot be\n"
 	     "started, ValueError for an invalid configuration.\n\n"
+	     "jail: None, or a dict (every key optional) {'network': 0|1, 'memory_mb',\n"
+	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep)}:\n"
+	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"
+	     "see jail_status() for what the host allowed.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
 	     "a thread that lives as long as the Vm (e.g. the event loop's).");
 

@@ -28,6 +28,7 @@ from .errors import (
     VmTransientError,
 )
 from .images import GuestImages
+from .jail import report_layers
 from .models import Language
 from .qmp import QmpClient, QmpError
 
@@ -47,6 +48,9 @@ OutputCallback = Callable[[str], None]
 
 # x-ignore-shared: migration skips RAM in a shared memory-backend-file (the template's RAM file is
 # the snapshot's memory; the stream holds only device state).
+# A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
+_STATE_MAX_BYTES = 64 * 1024 * 1024
+_STATE_DRAIN_TIMEOUT_SECONDS = 30.0
 _IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 # Trivial programs that page an interpreter in (warm_up).
 _WARM_UP_CODE: dict[Language, bytes] = {
@@ -73,8 +77,12 @@ class VmSpec:
     # Memory snapshots: guest RAM in this file, mapped shared (making a template) or private
     # (a copy-on-write clone of one); a QMP monitor to drive the migration.
     mem_path: str | None = None
+    mem_fd: int | None = None  # instead of mem_path: this fd (kept by the caller) is the RAM
     mem_shared: bool = False
     qmp: bool = False
+    # The host jail (jail.py, src/_execsbx/jail.c): None runs QEMU without it.
+    jail: dict[str, int] | None = None
+    qemu_sandbox: bool = False
 
 
 @dataclass
@@ -87,6 +95,7 @@ class ExecRequest:
     stderr_limit: int
     on_stdout: OutputCallback | None = None
     on_stderr: OutputCallback | None = None
+    session: bool = False  # run in the VM's persistent REPL (SESSION_EXEC)
 
 
 @dataclass
@@ -131,6 +140,25 @@ class _OutputStream:
         return "".join(self._parts)
 
 
+class GuestFileError(Exception):
+    """The guest refused or failed a file transfer (FILE_ERROR); `kind` is a FILE_ERR_* code."""
+
+    def __init__(self, kind: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class FileTransfer:
+    """One file request in flight: FILE_DATA / FILE_ENTRIES go to the callbacks, FILE_DONE or
+    FILE_ERROR settles `done` (with the count, or a GuestFileError)."""
+
+    id: int
+    done: asyncio.Future[int]
+    on_data: Callable[[bytes], None] | None = None
+    on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
+
+
 @dataclass
 class _Execution:
     stdout: _OutputStream
@@ -152,6 +180,8 @@ class GuestVm:
         self._ready: asyncio.Future[None] = loop.create_future()
         self._exited: asyncio.Future[int] = loop.create_future()
         self._runs: dict[int, _Execution] = {}
+        self._transfers: dict[int, FileTransfer] = {}
+        self._flushed: list[asyncio.Future[None]] = []
         self._next_id = 1
         self._broken: BaseException | None = None
         self._writing = False
@@ -200,13 +230,17 @@ class GuestVm:
                 kernel_cmdline_extra=spec.kernel_cmdline_extra,
                 qmp=spec.qmp or incoming,
                 mem_path=spec.mem_path,
+                mem_fd=-1 if spec.mem_fd is None else spec.mem_fd,
                 mem_shared=spec.mem_shared,
                 incoming=incoming,
+                qemu_sandbox=spec.qemu_sandbox,
+                jail=spec.jail,
             )
         except FileNotFoundError as exc:
             raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        report_layers(vm.jail_status())
         return cls(vm, loop, on_boot_log)
 
     @classmethod
@@ -259,13 +293,25 @@ class GuestVm:
             raise QmpError("this VM has no QMP monitor")
         await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
         await self.qmp.execute("stop")
-        fd = os.open(state_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # Through a pipe the host drains into the file: a jailed QEMU may not write files
+        # (RLIMIT_FSIZE 0) and cannot open one by path (read-only mounts).
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        copier = asyncio.get_running_loop().run_in_executor(
+            None, _drain_to_file, read_end, state_path, _STATE_MAX_BYTES
+        )
         try:
-            await self.qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
-        finally:
-            os.close(fd)
-        await self.qmp.execute("migrate", {"uri": "fd:state"})
-        await self._wait_migration()
+            try:
+                await self.qmp.execute("getfd", {"fdname": "state"}, fds=[write_end])
+            finally:
+                os.close(write_end)  # QEMU holds its own copy; EOF once it closes that
+            await self.qmp.execute("migrate", {"uri": "fd:state"})
+            await self._wait_migration()
+        except BaseException:
+            # The copier thread ends at EOF, at the latest once the caller closes the VM.
+            copier.add_done_callback(_retrieve)
+            raise
+        # QEMU closes its copy of the pipe when the migration has completed: EOF.
+        await asyncio.wait_for(copier, _STATE_DRAIN_TIMEOUT_SECONDS)
 
     async def _wait_migration(self) -> None:
         assert self.qmp is not None
@@ -339,6 +385,16 @@ class GuestVm:
         return self._broken is None and not self._vm.closed
 
     @property
+    def jail_status(self) -> list[tuple[str, bool, str]]:
+        """(layer, active, detail) of the host jail around this VM's QEMU."""
+        return list(self._vm.jail_status())
+
+    def resource_usage(self) -> tuple[int | None, int | None] | None:
+        """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup, once closed; else None."""
+        usage = self._vm.resource_usage()
+        return None if usage is None else (usage[0], usage[1])
+
+    @property
     def console_tail(self) -> str:
         return self._console_tail.decode(errors="replace")
 
@@ -364,6 +420,7 @@ class GuestVm:
                 request.stderr_limit,
                 request.env,
                 request.code,
+                session=request.session,
             )
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
@@ -389,6 +446,43 @@ class GuestVm:
             )
         finally:
             self._runs.pop(exec_id, None)
+
+    # --- file transfers (sessions) ---
+
+    def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
+                      on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None,
+                      ) -> FileTransfer:  # fmt: skip
+        """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
+        release it with close_transfer()."""
+        if self._broken is not None:
+            raise self._broken
+        transfer = FileTransfer(self._next_id, self._loop.create_future(), on_data, on_entries)
+        self._next_id += 1
+        self._transfers[transfer.id] = transfer
+        return transfer
+
+    def close_transfer(self, transfer: FileTransfer) -> None:
+        self._transfers.pop(transfer.id, None)
+        if transfer.done.done() and not transfer.done.cancelled():
+            transfer.done.exception()  # retrieved: nobody may be waiting any more
+
+    def send_file_frame(self, msg_type: int, transfer_id: int, payload: bytes | memoryview) -> int:
+        """Queue one FILE_* frame; returns the bytes still queued for the guest."""
+        if self._broken is not None:
+            raise self._broken
+        pending = int(self._vm.send_file_frame(msg_type, transfer_id, payload))
+        self._want_write(pending)
+        return pending
+
+    async def wait_flushed(self) -> None:
+        """Wait until every queued byte went to the guest (flow control for big writes)."""
+        if self._broken is not None:
+            raise self._broken
+        if not self._writing:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._flushed.append(waiter)
+        await waiter
 
     def close(self) -> None:
         """Kill QEMU, reap it and close every fd. Idempotent."""
@@ -434,6 +528,9 @@ class GuestVm:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
+        if kind.startswith("file_"):
+            self._dispatch_file(kind, exec_id, event)
+            return
         run = self._runs.get(exec_id)
         if run is None:
             log.debug("event %s for unknown execution %d ignored", kind, exec_id)
@@ -451,6 +548,27 @@ class GuestVm:
             self._complete(run, (event[2], event[3], event[4]))
         elif kind == "error":
             self._complete(run, GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+
+    def _dispatch_file(self, kind: str, transfer_id: int, event: tuple[Any, ...]) -> None:
+        transfer = self._transfers.get(transfer_id)
+        if transfer is None or transfer.done.done():
+            log.debug("event %s for unknown transfer %d ignored", kind, transfer_id)
+            return
+        if kind == "file_done":
+            transfer.done.set_result(event[2])
+        elif kind == "file_error":
+            transfer.done.set_exception(GuestFileError(event[2], event[3]))
+        else:
+            sink = transfer.on_data if kind == "file_data" else transfer.on_entries
+            if sink is None:
+                # The guest answered a request with the wrong kind of data: a lie costs the VM.
+                self._fail(GuestAgentError(f"guest sent {kind} for a request that expects none"))
+                self.close()
+                return
+            try:
+                sink(event[2])
+            except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
+                transfer.done.set_exception(exc)
 
     def _complete(self, run: _Execution, outcome: tuple[int, int, int] | BaseException) -> None:
         if run.done.done():
@@ -494,9 +612,20 @@ class GuestVm:
             self._loop.add_writer(self._vm.channel_fd, self._on_writable)
 
     def _on_writable(self) -> None:
-        if self._vm.flush() == 0:
+        try:
+            pending = self._vm.flush()
+        except OSError as exc:
             self._loop.remove_writer(self._vm.channel_fd)
             self._writing = False
+            self._fail(CommunicationOutcomeUnknownError(f"writing to the guest failed: {exc}"))
+            return
+        if pending == 0:
+            self._loop.remove_writer(self._vm.channel_fd)
+            self._writing = False
+            waiters, self._flushed = self._flushed, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         """The VM can no longer run anything: fail whoever waits on it."""
@@ -517,6 +646,15 @@ class GuestVm:
                     else CommunicationOutcomeUnknownError(str(error))
                 )
                 run.done.exception()  # retrieved here: execute() may have stopped waiting
+        for transfer in list(self._transfers.values()):
+            if not transfer.done.done():
+                transfer.done.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                transfer.done.exception()
+        waiters, self._flushed = self._flushed, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                waiter.exception()
 
     def _console_hint(self) -> str:
         tail = self.console_tail.strip().splitlines()[-10:]
@@ -525,3 +663,25 @@ class GuestVm:
 
 def monotonic_ms() -> float:
     return time.monotonic() * 1000
+
+
+def _drain_to_file(read_end: int, path: str, limit: int) -> None:
+    """Copy a pipe into a new file until EOF (blocking; owns read_end). OSError over limit."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            total = 0
+            while chunk := os.read(read_end, 1 << 16):
+                total += len(chunk)
+                if total > limit:
+                    raise OSError(f"device state stream over {limit} bytes")
+                os.write(fd, chunk)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(read_end)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

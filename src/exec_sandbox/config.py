@@ -43,7 +43,9 @@ class SchedulerConfig:
     memory_snapshot_cache_dir: Path = field(
         default_factory=lambda: paths.cache_dir() / "memory-snapshots"
     )
-    disk_snapshot_cache_dir: Path = field(default_factory=lambda: paths.cache_dir() / "disk-snapshots")
+    disk_snapshot_cache_dir: Path = field(
+        default_factory=lambda: paths.cache_dir() / "disk-snapshots"
+    )
     memory_overcommit_ratio: float = 5.0
     cpu_overcommit_ratio: float = 2.0
     enable_package_validation: bool = True

@@ -18,14 +18,16 @@ from ._vm import (
     OutputCallback,
     VmSpec,
 )
-from .admission import Admission, Budget
+from .admission import Admission, Budget, Ticket
 from .config import SchedulerConfig
 from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmConfigError
 from .images import GuestImages, load_images
+from .jail import jail_options, usage_figures
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
 from .pool import WarmPool
 from .qmp import QmpError
 from .snapshots import Snapshot, SnapshotCache, qemu_version, snapshot_key
+from .session import Session
 from .validation import (
     validate_code,
     validate_env,
@@ -61,6 +63,7 @@ class Scheduler:
             wait_timeout=self.config.admission_timeout_seconds,
         )
         self._vms: set[GuestVm] = set()
+        self._sessions: set[Session] = set()
         self._images: GuestImages | None = None
         self._accel = ""
         self._started = False
@@ -110,6 +113,8 @@ class Scheduler:
     async def close(self) -> None:
         """Stop the pool and snapshot builds and kill every VM this scheduler owns. Idempotent."""
         self._closed = True
+        for session in list(self._sessions):
+            await session.close()
         self._admission.close()
         await self._pool.close()
         builds = list(self._snapshot_builds.values())
@@ -124,6 +129,8 @@ class Scheduler:
         for vm in list(self._vms):
             vm.close()
         self._vms.clear()
+        if self._snapshots is not None:
+            self._snapshots.close()
 
     @property
     def accelerator(self) -> str:
@@ -179,7 +186,9 @@ class Scheduler:
         started = time.monotonic()
         language = validate_language(language)
         code_bytes = validate_code(code)
-        timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        timeout = (
+            self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        )
         timeout_ms = validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         env = validate_env(env_vars)
@@ -251,6 +260,7 @@ class Scheduler:
             vm.close()
             self._vms.discard(vm)
             ticket.release()
+        cpu_ms, peak_mb = usage_figures(vm.resource_usage())
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
             raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
@@ -264,6 +274,8 @@ class Scheduler:
             stderr=stderr,
             exit_code=outcome.exit_code,
             execution_time_ms=outcome.duration_us // 1000,
+            external_cpu_time_ms=cpu_ms,
+            external_memory_peak_mb=peak_mb,
             timing=TimingBreakdown(
                 setup_ms=max(0, setup_ms),
                 boot_ms=phases.boot_ms,
@@ -277,6 +289,92 @@ class Scheduler:
             l1_cache_hit=phases.l1_hit,
         )
 
+    async def session(
+        self,
+        *,
+        language: Language = "python",
+        packages: Sequence[str] | None = None,
+        timeout_seconds: int | None = None,
+        memory_mb: int | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        expose_ports: Sequence[int | PortMapping] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_boot_log: OutputCallback | None = None,
+    ) -> Session:
+        """Start a VM for a stateful session (see session.py): an idle warm-pool VM, a clone
+        of the L1 snapshot or a cold boot, like run(). The session holds its admission ticket
+        until it is closed; timeout_seconds, env_vars and the callbacks are defaults for each
+        exec(). The REPL starts only after the restore and its RESEED (never in a snapshot)."""
+        language = validate_language(language)
+        timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        validate_timeout(timeout)
+        memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
+        validate_env(env_vars)
+        _refuse_unsupported(packages, allow_network, allowed_domains, expose_ports)
+        if self._closed:
+            raise SandboxError("the scheduler is closed")
+        await self.start()
+
+        self._foreground_active += 1
+        try:
+            vm, ticket, phases = await self._vm_for_session(language, memory, on_boot_log)
+        finally:
+            self._foreground_active -= 1
+        self._vms.add(vm)
+
+        def on_close(session: Session) -> None:
+            self._sessions.discard(session)
+            self._vms.discard(vm)
+            ticket.release()
+
+        session = Session(
+            vm,
+            language=language,
+            default_timeout_seconds=timeout,
+            default_env=env_vars,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            idle_timeout_seconds=self.config.session_idle_timeout_seconds,
+            on_close=on_close,
+            boot_ms=phases.boot_ms + phases.restore_ms,
+        )
+        self._sessions.add(session)
+        try:
+            await session.start_repl()
+        except BaseException:
+            await session.close()
+            raise
+        return session
+
+    async def _vm_for_session(self, language: Language, memory: int,
+                              on_boot_log: OutputCallback | None
+                              ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
+        """A VM and its ticket for one session: the pool first, else admission + start."""
+        phases = _Phases()
+        pooled = self._pool.take(language) if self._pool.matches(memory, False) else None
+        if pooled is not None:
+            try:
+                await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
+            except SandboxError as exc:
+                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
+                pooled.vm.close()
+                pooled.ticket.release()
+            else:
+                phases.pool_hit = True
+                return pooled.vm, pooled.ticket, phases
+        admit_at = time.monotonic()
+        ticket = await self._admission.acquire(memory, _VCPUS)
+        phases.admission_ms = _ms(time.monotonic() - admit_at)
+        try:
+            vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
+        except BaseException:
+            ticket.release()
+            raise
+        return vm, ticket, phases
+
     # --- starting VMs ---
 
     def _spec(self, memory_mb: int) -> VmSpec:
@@ -288,6 +386,8 @@ class Scheduler:
             memory_mb=memory_mb,
             vcpus=_VCPUS,
             kernel_cmdline_extra=_kernel_cmdline_extra(),
+            jail=jail_options(memory_mb, _VCPUS),
+            qemu_sandbox=True,
         )
 
     async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases, *,
@@ -302,8 +402,12 @@ class Scheduler:
             else:
                 at = time.monotonic()
                 try:
+                    # A sealed memfd copy of the RAM file, not the file (snapshots.RamFiles).
+                    ram_fd = await asyncio.get_running_loop().run_in_executor(
+                        None, self._snapshots.ram_files.fd_for, snapshot
+                    )
                     vm = await GuestVm.restore(
-                        replace(spec, mem_path=str(snapshot.ram), mem_shared=False),
+                        replace(spec, mem_fd=ram_fd, mem_shared=False),
                         str(snapshot.state),
                         timeout=limits.RESTORE_TIMEOUT_SECONDS,
                         on_boot_log=on_boot_log,

@@ -9,6 +9,13 @@ RAM file privately (copy-on-write: idle clones share the template's pages), load
 Both migrations go through an fd passed over QMP (`getfd` + `fd:NAME`), not `exec:`: QEMU
 spawns no shell, so it works under `-sandbox on,spawn=deny`.
 
+Under the host jail QEMU sees a read-only mount tree and may not grow files (RLIMIT_FSIZE 0), so
+it never opens a snapshot file by path: the host opens the RAM file and hands it over as fd 6
+(`mem-path=/proc/self/fd/6`), saves the state through a pipe it copies to `state` itself, and
+gives clones the RAM not as the cache file but as a sealed memfd copy of it (`RamFiles`): a clone
+QEMU can map it privately (copy-on-write) but can never write to it, so a compromised clone
+cannot change the template every other clone reads (docs/security.md).
+
 Cache layout, one directory per key under `memory_snapshot_cache_dir`:
     <key>/ram         the template's RAM (sparse; never rewritten once published)
     <key>/state       QEMU's device state stream
@@ -22,6 +29,7 @@ truncated), and the next request cold-boots and rebuilds.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import hashlib
 import json
@@ -30,6 +38,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,6 +90,10 @@ class Snapshot:
 class SnapshotCache:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.ram_files = RamFiles()
+
+    def close(self) -> None:
+        self.ram_files.close()
 
     def lookup(self, key: str, memory_mb: int) -> Snapshot | None:
         """The published snapshot for key if it is complete and intact, else None (an invalid
@@ -110,9 +123,17 @@ class SnapshotCache:
         """Boot a template VM of spec, warm `language` up, save it, publish it under key."""
         self.root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=self.root))
+        published = False
         try:
-            template_spec = replace(spec, mem_path=str(work / "ram"), mem_shared=True, qmp=True)
-            vm = await GuestVm.boot(template_spec, boot_timeout=boot_timeout)
+            # Opened and sized here: the jailed QEMU could neither open it by path (read-only
+            # mounts) nor grow it (RLIMIT_FSIZE 0); it writes the RAM through its shared mapping.
+            ram_fd = os.open(work / "ram", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(ram_fd, spec.memory_mb * 1024 * 1024)
+                template_spec = replace(spec, mem_fd=ram_fd, mem_shared=True, qmp=True)
+                vm = await GuestVm.boot(template_spec, boot_timeout=boot_timeout)
+            finally:
+                os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
                 await vm.warm_up(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest
@@ -138,9 +159,9 @@ class SnapshotCache:
             except OSError:
                 # Somebody else published this key first: theirs is as good as ours.
                 shutil.rmtree(work, ignore_errors=True)
-            work = None
+            published = True
         finally:
-            if work is not None:
+            if not published:
                 shutil.rmtree(work, ignore_errors=True)
         snapshot = self.lookup(key, spec.memory_mb)
         if snapshot is None:
@@ -171,6 +192,68 @@ def _check(directory: Path, key: str, memory_mb: int) -> str | None:
     except (OSError, ValueError) as exc:
         return str(exc)
     return None
+
+
+class RamFiles:
+    """Sealed memfd copies of snapshot RAM files, one per published file, for clones.
+
+    A clone's QEMU (share=off) opens its RAM read-write (QEMU 7.2 has no read-only backing file
+    with a writable private mapping). Given the cache file, a compromised clone could write to
+    the template every later clone maps. A memfd sealed against writes, growth and shrinking
+    can still be mapped privately and copy-on-write, but write(2) and shared writable mappings of
+    it fail for everybody. Holes in the RAM file stay holes: only data ranges are copied."""
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[str, int, int], int] = {}
+        self._lock = threading.Lock()  # fd_for runs in executor threads
+
+    def fd_for(self, snapshot: Snapshot) -> int:
+        """The sealed memfd for this snapshot's RAM file (made on first use; blocking: call it
+        from an executor). Valid until close()."""
+        with self._lock:
+            st = os.stat(snapshot.ram)
+            ident = (str(snapshot.ram), st.st_ino, st.st_mtime_ns)
+            fd = self._fds.get(ident)
+            if fd is None:
+                fd = _sealed_copy(snapshot.ram, st.st_size)
+                for old in [k for k in self._fds if k[0] == ident[0]]:
+                    os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
+                self._fds[ident] = fd
+            return fd
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _sealed_copy(path: Path, size: int) -> int:
+    memfd = os.memfd_create("sbx-snapshot-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(memfd, size)
+        with open(path, "rb", buffering=0) as f:
+            src = f.fileno()
+            offset = 0
+            while offset < size:
+                try:
+                    start = os.lseek(src, offset, os.SEEK_DATA)
+                except OSError:
+                    break  # only a hole is left
+                end = os.lseek(src, start, os.SEEK_HOLE)
+                os.lseek(memfd, start, os.SEEK_SET)  # sendfile writes at memfd's position
+                while start < end:
+                    n = os.sendfile(memfd, src, start, min(end - start, 1 << 24))
+                    if n <= 0:
+                        raise OSError(f"short copy of {path}")
+                    start += n
+                offset = end
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
+                    | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)  # fmt: skip
+    except BaseException:
+        os.close(memfd)
+        raise
+    return memfd
 
 
 def _sha256(path: Path) -> str:

@@ -54,7 +54,7 @@ def validate_language(language: object) -> Language:
         raise CodeValidationError(
             f"unknown language {language!r}: expected one of {', '.join(LANGUAGES)}"
         )
-    return language  # type: ignore[return-value]
+    return language
 
 
 def validate_timeout(timeout_seconds: object) -> int:
@@ -101,7 +101,9 @@ def validate_env(env_vars: Mapping[str, str] | None) -> list[tuple[bytes, bytes]
                 f"environment variable {name!r} is not allowed: it changes how programs load code"
             )
         if not isinstance(value, str):
-            raise EnvVarValidationError(f"value of {name!r} must be a str, got {type(value).__name__}")
+            raise EnvVarValidationError(
+                f"value of {name!r} must be a str, got {type(value).__name__}"
+            )
         if _ENV_VALUE_BAD.search(value):
             raise EnvVarValidationError(f"value of {name!r} contains a control character")
         encoded = value.encode("utf-8", "surrogatepass")

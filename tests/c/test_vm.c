@@ -159,7 +159,7 @@ static void test_qmp_socket(void)
 			      NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.qmp_fd, -1);
-	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, NULL), 0);
 	CHECK(VM.qmp_fd >= 0);
 	CHECK_EQ(write(VM.qmp_fd, "hello\n", 6), 6);
 	char buf[64] = {0};
