@@ -340,6 +340,8 @@ class Scheduler:
             idle_timeout_seconds=self.config.session_idle_timeout_seconds,
             on_close=on_close,
             boot_ms=phases.boot_ms + phases.restore_ms,
+            warm_pool_hit=phases.pool_hit,
+            l1_cache_hit=phases.l1_hit,
         )
         self._sessions.add(session)
         try:
@@ -364,6 +366,7 @@ class Scheduler:
                 pooled.ticket.release()
             else:
                 phases.pool_hit = True
+                phases.l1_hit = pooled.restored
                 return pooled.vm, pooled.ticket, phases
         admit_at = time.monotonic()
         ticket = await self._admission.acquire(memory, _VCPUS)

@@ -57,8 +57,13 @@ class Session:
         idle_timeout_seconds: float,
         on_close: Callable[[Session], None],
         boot_ms: int = 0,
+        warm_pool_hit: bool = False,
+        l1_cache_hit: bool = False,
     ) -> None:
         self.session_id = uuid.uuid4().hex
+        # Which speed tier gave this session its VM (like ExecutionResult's fields for run()).
+        self.warm_pool_hit = warm_pool_hit
+        self.l1_cache_hit = l1_cache_hit
         self.language = language
         self._vm = vm
         self._default_timeout = default_timeout_seconds

@@ -414,6 +414,14 @@ def test_build_qemu_argv_snapshot_options() -> None:
         argv(incoming=True)
     with pytest.raises(ValueError, match="mem_path"):
         argv(mem_path="/a,b")
+    # The RAM file as an fd the host opened (fd 6 in QEMU): what the jailed scheduler uses.
+    assert value(argv(mem_fd=9, mem_shared=False), "-object") == (
+        "memory-backend-file,id=ram0,size=256M,mem-path=/proc/self/fd/6,share=off"
+    )
+    with pytest.raises(ValueError, match="exclude each other"):
+        argv(mem_fd=9, mem_path="/c/ram")
+    with pytest.raises(ValueError, match="mem_fd"):
+        argv(mem_fd=-2)
 
 
 def test_vm_qmp_socket_is_fd_5_of_the_child(tmp_path: Path) -> None:
@@ -438,6 +446,30 @@ def test_vm_qmp_socket_is_fd_5_of_the_child(tmp_path: Path) -> None:
         vm.close()
     assert vm.qmp_fd == -1 and not fd_is_open(qmp_fd)
     assert make_vm(qemu).qmp_fd == -1
+
+
+def test_vm_mem_fd_is_fd_6_of_the_child(tmp_path: Path) -> None:
+    ram = tmp_path / "ram"
+    ram.write_bytes(b"")
+    qemu = fake_qemu(tmp_path, b"")
+    fd = os.open(ram, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        vm = make_vm(qemu, qmp=True, mem_fd=fd)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                comm = Path(f"/proc/{vm.pid}/comm").read_text().strip()
+                fds = sorted(int(n) for n in os.listdir(f"/proc/{vm.pid}/fd"))
+                if comm == "sleep" and fds == [0, 1, 2, 3, 4, 5, 6]:
+                    break
+                time.sleep(0.01)
+            assert (comm, fds) == ("sleep", [0, 1, 2, 3, 4, 5, 6])
+            assert os.readlink(f"/proc/{vm.pid}/fd/6") == str(ram)
+        finally:
+            vm.close()
+        os.fstat(fd)  # the caller keeps its fd
+    finally:
+        os.close(fd)
 
 
 def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
