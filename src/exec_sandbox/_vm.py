@@ -347,8 +347,9 @@ class GuestVm:
 
     async def warm_up(self, language: Language) -> None:
         """Make this VM ready to serve `language` fast: run a trivial program once, so the
-        interpreter's files are in the guest page cache. The hook where a persistent REPL
-        (issue 3) gets started."""
+        interpreter's files are in the guest page cache. A one-shot process, never the
+        session REPL: templates are made after this, and a REPL cloned into many VMs would share
+        its user-space RNG state (docs/design.md, "Speed tiers")."""
         outcome = await self.execute(
             ExecRequest(
                 language=language,
