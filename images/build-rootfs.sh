@@ -3,7 +3,7 @@
 # minbase + rootfs/packages.txt), trimmed, with the guest agent installed as /usr/sbin/sbx-agent,
 # packed as a read-only EROFS image. Two cache levels, both keyed by content hash:
 #   rootfs-tree-<H1>/      the unpacked package tree (H1: package list, this script, mirror)
-#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary)
+#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary + the session REPL drivers)
 # so that rebuilding the agent only re-runs mkfs.erofs. Usage: build-rootfs.sh AGENT_BINARY.
 # Prints the image path.
 source "$(dirname "$0")/lib.sh"
@@ -18,7 +18,9 @@ HASH_EXTRA="$mirror $suite"
 tree_key=$(inputs_hash "$images_src_dir/rootfs/packages.txt" "$0")
 tree="$images_dir/rootfs-tree-$tree_key"
 HASH_EXTRA="$tree_key"
-image_key=$(inputs_hash "$agent")
+# The session REPL drivers (guest/repl/) go to /usr/lib/sbx beside the agent.
+drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh)
+image_key=$(inputs_hash "$agent" "${drivers[@]}")
 image="$images_dir/rootfs-$image_key.erofs"
 if [ -f "$image" ]; then step "rootfs $image_key: cached"; echo "$image"; exit 0; fi
 
@@ -50,6 +52,8 @@ trap 'rm -rf "$stage"' EXIT
 cp -al "$tree" "$stage/root"
 rm -f "$stage/root/usr/sbin/sbx-agent"
 install -m 0755 "$agent" "$stage/root/usr/sbin/sbx-agent"
+install -d -m 0755 "$stage/root/usr/lib/sbx"
+install -m 0644 "${drivers[@]}" "$stage/root/usr/lib/sbx/"
 run_logged "$stage/mkfs.log" mkfs.erofs -T0 "$stage/image.erofs" "$stage/root"
 mv "$stage/image.erofs" "$image"
 step "rootfs $image_key: done ($(du -h "$image" | cut -f1))"

@@ -35,6 +35,7 @@ struct sbx_config {
 	char run_dir[256];    /* root-owned directory holding the code file */
 	char home_dir[256];   /* working directory and HOME of user code */
 	const char *interpreter[4]; /* indexed by enum sbx_language */
+	char driver_dir[256];       /* session REPL drivers; empty: SBX_REPL_DIR */
 };
 
 /* log.c: one line on the console (stderr of PID 1 is /dev/console). Never fails. */

@@ -4,12 +4,14 @@
 #include "dispatch.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "request.h"
 
 static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 {
+	bool session = f->type == SBX_MSG_SESSION_EXEC;
 	/* Points into the frame: used up before the reader is called again. */
 	struct sbx_exec_request req;
 	const char *why = NULL;
@@ -20,7 +22,15 @@ static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 	}
 	uint32_t code = 0;
 	char msg[512];
-	rc = sbx_runner_start(&a->runner, f->id, &req, &code, msg, sizeof(msg));
+	/* A VM serves one-shot runs or one session, never both at once. */
+	if (sbx_runner_busy(&a->runner) || sbx_repl_busy(&a->repl)) {
+		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BUSY, "an execution is already running");
+		return;
+	}
+	if (session)
+		rc = sbx_repl_start(&a->repl, f->id, &req, &code, msg, sizeof(msg));
+	else
+		rc = sbx_runner_start(&a->runner, f->id, &req, &code, msg, sizeof(msg));
 	if (rc < 0) {
 		if (code != SBX_ERR_BUSY)
 			sbx_log("EXEC %u failed to start: %s", f->id, msg);
@@ -40,7 +50,15 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 			sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
 		break;
 	case SBX_MSG_EXEC:
+	case SBX_MSG_SESSION_EXEC:
 		handle_exec(a, f);
+		break;
+	case SBX_MSG_FILE_WRITE_BEGIN:
+	case SBX_MSG_FILE_WRITE_DATA:
+	case SBX_MSG_FILE_WRITE_END:
+	case SBX_MSG_FILE_READ:
+	case SBX_MSG_FILE_LIST:
+		sbx_files_handle(&a->files, f);
 		break;
 	default:
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,

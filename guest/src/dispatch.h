@@ -3,12 +3,16 @@
 #define SBX_DISPATCH_H
 
 #include "channel.h"
+#include "files.h"
+#include "repl.h"
 #include "runner.h"
 
 struct sbx_agent {
 	struct sbx_config cfg;
 	struct sbx_channel ch;
 	struct sbx_runner runner;
+	struct sbx_repl repl;   /* session REPL (SESSION_EXEC) */
+	struct sbx_files files; /* FILE_* transfers */
 	int signal_fd;
 };
 

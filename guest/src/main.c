@@ -48,6 +48,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: sbx-agent                 (as PID 1 of the guest)\n"
 		"       sbx-agent --channel-fd N [--work-dir DIR] [--interpreter LANG=PATH]...\n"
+		"                 [--driver-dir DIR]\n"
 		"                                 (test mode; LANG is python, javascript or raw)\n"
 		"       sbx-agent --channel-fd N --boot [--interpreter LANG=PATH]...\n"
 		"                                 (test mode as PID 1 of fresh namespaces)\n");
@@ -99,6 +100,10 @@ static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char 
 			i--; /* takes no value */
 		} else if (strcmp(arg, "--work-dir") == 0 && val) {
 			*work_dir = val;
+		} else if (strcmp(arg, "--driver-dir") == 0 && val) {
+			if ((size_t)snprintf(cfg->driver_dir, sizeof(cfg->driver_dir), "%s", val) >=
+			    sizeof(cfg->driver_dir))
+				return -EINVAL;
 		} else if (strcmp(arg, "--interpreter") == 0 && val) {
 			if (set_interpreter(cfg, val) < 0)
 				return -EINVAL;
@@ -173,11 +178,14 @@ static void on_child_exit(void *ctx, pid_t pid, int status)
 {
 	struct sbx_agent *a = ctx;
 	sbx_runner_on_child_exit(&a->runner, pid, status);
+	sbx_repl_on_child_exit(&a->repl, pid, status);
 }
 
 static void shutdown_test_mode(struct sbx_agent *a)
 {
 	sbx_runner_abort(&a->runner);
+	sbx_repl_abort(&a->repl);
+	sbx_files_abort(&a->files);
 	sbx_channel_free(&a->ch);
 	exit(0);
 }
@@ -187,12 +195,16 @@ static void shutdown_test_mode(struct sbx_agent *a)
 __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 {
 	for (;;) {
-		struct pollfd p[5];
+		struct pollfd p[9];
 		int n = 0, timeout = -1;
-		int ci = -1, oi = -1, ei = -1;
+		int ci = -1, oi = -1, ei = -1, roi = -1, rei = -1, rci = -1;
 		struct sbx_runner *r = &a->runner;
+		struct sbx_repl *s = &a->repl;
 
 		int cev = sbx_channel_poll_events(&a->ch, sbx_now_ns(), &timeout);
+		/* A file read in progress goes on as soon as the channel has room. */
+		if (sbx_files_pumping(&a->files) && sbx_channel_wants_output(&a->ch))
+			timeout = 0;
 		if (cev >= 0) {
 			ci = n;
 			p[n++] = (struct pollfd){.fd = a->ch.fd, .events = (short)cev};
@@ -211,6 +223,20 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 				ei = n;
 				p[n++] = (struct pollfd){.fd = r->err.fd, .events = POLLIN};
 			}
+			if (s->out.fd >= 0) {
+				roi = n;
+				p[n++] = (struct pollfd){.fd = s->out.fd, .events = POLLIN};
+			}
+			if (s->err.fd >= 0) {
+				rei = n;
+				p[n++] = (struct pollfd){.fd = s->err.fd, .events = POLLIN};
+			}
+		}
+		int sti = n;
+		p[n++] = (struct pollfd){.fd = s->timer_fd, .events = POLLIN};
+		if (s->control_r >= 0) {
+			rci = n;
+			p[n++] = (struct pollfd){.fd = s->control_r, .events = POLLIN};
 		}
 
 		if (poll(p, (nfds_t)n, timeout) < 0) {
@@ -236,6 +262,17 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			sbx_runner_on_output(r, &r->err);
 		if (p[ti].revents)
 			sbx_runner_on_timer(r);
+		/* Session REPL: output before the completion report, so that the report's drain
+		 * finds only what is left. */
+		if (roi >= 0 && p[roi].revents && s->out.fd == p[roi].fd)
+			sbx_repl_on_output(s, &s->out);
+		if (rei >= 0 && p[rei].revents && s->err.fd == p[rei].fd)
+			sbx_repl_on_output(s, &s->err);
+		if (rci >= 0 && p[rci].revents && s->control_r == p[rci].fd)
+			sbx_repl_on_control(s);
+		if (p[sti].revents)
+			sbx_repl_on_timer(s);
+		sbx_files_pump(&a->files);
 		if (ci >= 0) {
 			switch (sbx_channel_handle(&a->ch, p[ci].revents, sbx_dispatch_frame, a)) {
 			case SBX_CHAN_HANGUP:
@@ -245,6 +282,8 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			case SBX_CHAN_DISCONNECTED:
 				/* Whoever asked for a running execution is gone. */
 				sbx_runner_abort(r);
+				sbx_repl_abort(s);
+				sbx_files_abort(&a->files);
 				break;
 			default:
 				break;
@@ -302,6 +341,9 @@ int main(int argc, char **argv)
 		fatal(cfg, "channel", rc);
 	if ((rc = sbx_runner_init(&agent.runner, cfg, &agent.ch)) < 0)
 		fatal(cfg, "timerfd", rc);
+	if ((rc = sbx_repl_init(&agent.repl, cfg, &agent.ch)) < 0)
+		fatal(cfg, "timerfd", rc);
+	sbx_files_init(&agent.files, cfg, &agent.ch);
 
 	static const char ready[] = "sbx-agent: ready\n";
 	ssize_t w = write(STDOUT_FILENO, ready, sizeof(ready) - 1);

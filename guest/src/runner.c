@@ -48,9 +48,9 @@ static void kill_group(struct sbx_runner *r, int sig)
 
 /* Kill every process of uid 1000, whatever session it escaped to: kill(-1) from a process with that
  * uid reaches exactly those (never PID 1). Only in the VM: on a test host it would hit real users. */
-static void kill_all_user_processes(struct sbx_runner *r)
+void sbx_kill_user_processes(const struct sbx_config *cfg)
 {
-	if (!r->cfg->drop_privileges)
+	if (!cfg->drop_privileges)
 		return;
 	pid_t pid = fork();
 	if (pid < 0) {
@@ -69,7 +69,7 @@ static void kill_all_user_processes(struct sbx_runner *r)
 		;
 }
 
-static int write_code_file(const char *path, const uint8_t *code, size_t len)
+int sbx_write_code_file(const char *path, const uint8_t *code, size_t len)
 {
 	/* Unlink first: the old file is read-only, and O_EXCL|O_NOFOLLOW then guarantees a fresh
 	 * regular file even if something had been planted at the path. */
@@ -138,7 +138,7 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		return -ENAMETOOLONG;
 	}
 	*code = SBX_ERR_INTERNAL;
-	int rc = write_code_file(r->code_path, req->code, req->code_len);
+	int rc = sbx_write_code_file(r->code_path, req->code, req->code_len);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "writing %s: %s", r->code_path, strerror(-rc));
 		unlink(r->code_path);
@@ -297,7 +297,7 @@ void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status)
 	r->end_ns = sbx_now_ns();
 	/* Nothing of a one-shot run survives its main process. */
 	kill_group(r, SIGKILL);
-	kill_all_user_processes(r);
+	sbx_kill_user_processes(r->cfg);
 	r->phase = SBX_PHASE_DRAINING;
 	arm_timer(r, DRAIN_MS);
 	maybe_finish(r);

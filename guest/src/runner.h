@@ -62,4 +62,10 @@ void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s);
 /* The host went away: kill the run and send nothing more for it. */
 void sbx_runner_abort(struct sbx_runner *r);
 
+/* Shared with the session REPL (repl.c). */
+/* Kill every process of the sandbox uid, whatever session it escaped to (VM only). */
+void sbx_kill_user_processes(const struct sbx_config *cfg);
+/* Replace path by a fresh root-owned, read-only regular file holding the bytes. */
+int sbx_write_code_file(const char *path, const uint8_t *code, size_t len);
+
 #endif /* SBX_RUNNER_H */

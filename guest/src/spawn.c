@@ -28,6 +28,7 @@ enum spawn_step {
 	STEP_SIGNALS,
 	STEP_STDIN,
 	STEP_STDOUT,
+	STEP_CONTROL,
 	STEP_CLOSE_FDS,
 	STEP_RLIMIT,
 	STEP_SETGROUPS,
@@ -42,6 +43,7 @@ enum spawn_step {
 static const char *const step_names[] = {
 	[STEP_SETSID] = "setsid",         [STEP_SIGNALS] = "signal reset",
 	[STEP_STDIN] = "stdin",           [STEP_STDOUT] = "stdout/stderr",
+	[STEP_CONTROL] = "control fds",
 	[STEP_CLOSE_FDS] = "close fds",   [STEP_RLIMIT] = "setrlimit",
 	[STEP_SETGROUPS] = "setgroups",   [STEP_SETGID] = "setgid",
 	[STEP_SETUID] = "setuid",         [STEP_UID_CHECK] = "credential check",
@@ -63,19 +65,34 @@ __attribute__((noreturn)) static void child_fail(int report_fd, enum spawn_step 
 	_exit(127);
 }
 
-static int close_fds_except(int keep)
+/* Close every fd from `first` on except `keep` (>= first). */
+static int close_fds_except(int first, int keep)
 {
 	/* Everything the agent holds (channel, signalfd, timerfd, pipes) must not leak into user
 	 * code. close_range needs Linux 5.9; fall back to a loop for old test hosts. */
-	if ((keep == 3 || close_range(3, (unsigned)keep - 1, 0) == 0) &&
+	if ((keep == first || close_range((unsigned)first, (unsigned)keep - 1, 0) == 0) &&
 	    close_range((unsigned)keep + 1, ~0u, 0) == 0)
 		return 0;
 	if (errno != ENOSYS)
 		return -errno;
-	for (int fd = 3; fd < 65536; fd++)
+	for (int fd = first; fd < 65536; fd++)
 		if (fd != keep)
 			close(fd);
 	return 0;
+}
+
+/* A REPL driver's control pipes go to fds 3 and 4. Everything is first moved above them (the
+ * report pipe too), so that no dup2() clobbers an fd still needed. Returns the new report fd. */
+static int place_control_fds(const struct sbx_spawn *s, int report_fd)
+{
+	int hi_report = fcntl(report_fd, F_DUPFD_CLOEXEC, 64);
+	if (hi_report < 0)
+		child_fail(report_fd, STEP_CONTROL, errno);
+	int hi_in = fcntl(s->control_in_fd, F_DUPFD_CLOEXEC, 64);
+	int hi_out = fcntl(s->control_out_fd, F_DUPFD_CLOEXEC, 64);
+	if (hi_in < 0 || hi_out < 0 || dup2(hi_in, 3) < 0 || dup2(hi_out, 4) < 0)
+		child_fail(hi_report, STEP_CONTROL, errno);
+	return hi_report;
 }
 
 static int set_limit(__rlimit_resource_t resource, rlim_t value)
@@ -121,7 +138,12 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 		child_fail(report_fd, STEP_STDIN, errno);
 	if (dup2(s->stdout_fd, STDOUT_FILENO) < 0 || dup2(s->stderr_fd, STDERR_FILENO) < 0)
 		child_fail(report_fd, STEP_STDOUT, errno);
-	int rc = close_fds_except(report_fd);
+	int first_closed = 3;
+	if (s->with_control) {
+		report_fd = place_control_fds(s, report_fd);
+		first_closed = 5;
+	}
+	int rc = close_fds_except(first_closed, report_fd);
 	if (rc < 0)
 		child_fail(report_fd, STEP_CLOSE_FDS, -rc);
 

@@ -18,6 +18,9 @@ struct sbx_spawn {
 	bool limit_nproc;     /* RLIMIT_NPROC counts all of the uid's processes: VM only */
 	int stdout_fd;        /* write ends of the output pipes */
 	int stderr_fd;
+	bool with_control;    /* a REPL driver: control_in_fd becomes fd 3, control_out_fd fd 4 */
+	int control_in_fd;    /* read end: requests from the agent */
+	int control_out_fd;   /* write end: completions to the agent */
 };
 
 /* Fork and exec. Returns 0 with *pid once execve() has succeeded (the child is then the leader of

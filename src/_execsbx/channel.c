@@ -163,3 +163,18 @@ int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id)
 	}
 	return sbx_channel_flush(ch);
 }
+
+int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
+				 const void *payload, size_t len)
+{
+	compact(ch);
+	size_t before = ch->out.len;
+	int rc = sbx_encode_file_frame(&ch->out, type, id, payload, len);
+	if (rc < 0)
+		return rc;
+	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
+		ch->out.len = before;
+		return -ENOBUFS;
+	}
+	return sbx_channel_flush(ch);
+}

@@ -51,6 +51,8 @@ int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev);
  * a write error. */
 int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why);
 int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id);
+int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
+				 const void *payload, size_t len);
 /* Write as much of the queue as the socket takes now. 0 or -errno (EAGAIN is not an error). */
 int sbx_channel_flush(struct sbx_channel *ch);
 /* Bytes queued and not yet written. */

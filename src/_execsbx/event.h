@@ -17,6 +17,10 @@ enum sbx_event_kind {
 	SBX_EV_EXIT = SBX_MSG_EXIT,
 	SBX_EV_ERROR = SBX_MSG_ERROR,
 	SBX_EV_PONG = SBX_MSG_PONG,
+	SBX_EV_FILE_DATA = SBX_MSG_FILE_DATA,
+	SBX_EV_FILE_ENTRIES = SBX_MSG_FILE_ENTRIES,
+	SBX_EV_FILE_DONE = SBX_MSG_FILE_DONE,
+	SBX_EV_FILE_ERROR = SBX_MSG_FILE_ERROR,
 };
 
 /* data/len point into the frame's payload (valid as long as the frame is). */
@@ -24,15 +28,30 @@ struct sbx_event {
 	enum sbx_event_kind kind;
 	uint32_t id;
 	uint32_t protocol_version; /* READY */
-	uint32_t error_code;       /* ERROR: enum sbx_error */
+	uint32_t error_code;       /* ERROR: enum sbx_error; FILE_ERROR: enum sbx_file_error */
+	uint32_t count;            /* FILE_ENTRIES: number of entries (all validated) */
+	uint64_t value;            /* FILE_DONE */
 	struct sbx_exit exit;      /* EXIT */
-	const uint8_t *data;       /* READY: agent version; STDOUT/STDERR: bytes; ERROR: message */
+	const uint8_t *data;       /* READY: agent version; STDOUT/STDERR/FILE_DATA: bytes;
+				    * ERROR/FILE_ERROR: message; FILE_ENTRIES: the encoded entries */
 	uint32_t len;
 };
 
 /* 0 and *ev filled, or -EPROTO (unknown or host->guest type, wrong payload length, trailing
  * bytes, invalid field) / -EMSGSIZE (a string over its limit). Never allocates. */
 int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev);
+
+/* One directory entry of a FILE_ENTRIES event. */
+struct sbx_dir_entry {
+	uint8_t is_dir;
+	uint64_t size;
+	const uint8_t *name;
+	uint32_t name_len;
+};
+
+/* Walk the entries of a decoded FILE_ENTRIES event: start with c = {ev->data, ev->len} and call
+ * ev->count times. The decoder has validated them all, so this cannot fail on a decoded event. */
+int sbx_dir_entry_next(struct sbx_cursor *c, struct sbx_dir_entry *e);
 
 /* The event's tag in the Python tuple: "ready", "stdout", ... */
 const char *sbx_event_kind_name(enum sbx_event_kind kind);

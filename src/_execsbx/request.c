@@ -45,7 +45,7 @@ int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char 
 	if (rc < 0)
 		return rc;
 	size_t before = b->len;
-	rc = sbx_frame_begin(b, SBX_MSG_EXEC, r->id, &start);
+	rc = sbx_frame_begin(b, r->session ? SBX_MSG_SESSION_EXEC : SBX_MSG_EXEC, r->id, &start);
 	if (rc == 0)
 		rc = sbx_put_u8(b, (uint8_t)r->language);
 	if (rc == 0)
@@ -82,4 +82,22 @@ int sbx_encode_ping(struct sbx_buf *b, uint32_t id)
 	if (rc < 0)
 		b->len = before;
 	return rc;
+}
+
+int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
+			  size_t len)
+{
+	if (type < SBX_MSG_FILE_WRITE_BEGIN || type > SBX_MSG_FILE_LIST)
+		return -EINVAL;
+	if (len > SBX_HOST_FRAME_MAX)
+		return -EMSGSIZE;
+	size_t start;
+	int rc = sbx_frame_begin(b, type, id, &start);
+	if (rc < 0)
+		return rc;
+	if (len > 0 && (rc = sbx_buf_append(b, payload, len)) < 0) {
+		b->len = start;
+		return rc;
+	}
+	return sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
 }

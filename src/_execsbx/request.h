@@ -27,12 +27,17 @@ struct sbx_exec_req {
 	size_t env_count;
 	const uint8_t *code;
 	size_t code_len;
+	int session; /* nonzero: SESSION_EXEC (run in the session's REPL) instead of EXEC */
 };
 
 /* Append one EXEC frame to b. Returns 0, or -EINVAL (bad language/timeout/env name: *why says
  * which), -EMSGSIZE (a field or the whole frame over its limit: *why says which) or -ENOMEM.
  * On failure b is left as it was. */
 int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why);
+/* Append one file-transfer frame (FILE_WRITE_BEGIN .. FILE_LIST) whose payload the caller built.
+ * -EINVAL for any other type, -EMSGSIZE over SBX_HOST_FRAME_MAX. */
+int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
+			  size_t len);
 /* Append one PING frame. */
 int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
 

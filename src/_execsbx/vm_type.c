@@ -108,7 +108,7 @@ static PyObject *protocol_error(VmObject *self, PyObject *events)
 		msg = PyUnicode_FromString(ch->error == -EMSGSIZE
 						   ? "guest sent a frame larger than GUEST_FRAME_MAX"
 						   : "guest sent a malformed frame header");
-	else if (ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_PONG)
+	else if (ch->error_frame_type >= SBX_MSG_READY && ch->error_frame_type <= SBX_MSG_FILE_ERROR)
 		msg = PyUnicode_FromFormat(
 			"guest sent a malformed %s frame%s",
 			sbx_event_kind_name((enum sbx_event_kind)ch->error_frame_type),
@@ -135,6 +135,32 @@ static PyObject *decode_text(const struct sbx_event *ev)
 	return PyUnicode_DecodeUTF8((const char *)ev->data, (Py_ssize_t)ev->len, "replace");
 }
 
+/* ('file_entries', id, [(name: bytes, is_dir: bool, size: int), ...]); the decoder validated
+ * every entry. */
+static PyObject *entries_to_tuple(const struct sbx_event *ev)
+{
+	PyObject *list = PyList_New((Py_ssize_t)ev->count);
+	if (!list)
+		return NULL;
+	struct sbx_cursor c = {ev->data, ev->len};
+	for (uint32_t i = 0; i < ev->count; i++) {
+		struct sbx_dir_entry e;
+		if (sbx_dir_entry_next(&c, &e) < 0) {
+			Py_DECREF(list);
+			PyErr_SetString(PyExc_SystemError, "undecodable entry after validation");
+			return NULL;
+		}
+		PyObject *item = Py_BuildValue("(y#NK)", (const char *)e.name, (Py_ssize_t)e.name_len,
+					       PyBool_FromLong(e.is_dir), (unsigned long long)e.size);
+		if (!item) {
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+	}
+	return Py_BuildValue("(skN)", "file_entries", (unsigned long)ev->id, list);
+}
+
 static PyObject *event_to_tuple(const struct sbx_event *ev)
 {
 	switch (ev->kind) {
@@ -154,6 +180,17 @@ static PyObject *event_to_tuple(const struct sbx_event *ev)
 				     (unsigned long)ev->error_code, decode_text(ev));
 	case SBX_EV_PONG:
 		return Py_BuildValue("(sk)", "pong", (unsigned long)ev->id);
+	case SBX_EV_FILE_DATA:
+		return Py_BuildValue("(sky#)", "file_data", (unsigned long)ev->id,
+				     (const char *)ev->data, (Py_ssize_t)ev->len);
+	case SBX_EV_FILE_ENTRIES:
+		return entries_to_tuple(ev);
+	case SBX_EV_FILE_DONE:
+		return Py_BuildValue("(skK)", "file_done", (unsigned long)ev->id,
+				     (unsigned long long)ev->value);
+	case SBX_EV_FILE_ERROR:
+		return Py_BuildValue("(skkN)", "file_error", (unsigned long)ev->id,
+				     (unsigned long)ev->error_code, decode_text(ev));
 	}
 	PyErr_SetString(PyExc_SystemError, "unknown event kind");
 	return NULL;
@@ -177,6 +214,8 @@ PyDoc_STRVAR(read_events_doc,
 	     "  ('exit', id, exit_code, flags, duration_us)\n"
 	     "  ('error', id, code, message)\n"
 	     "  ('pong', id)\n"
+	     "  ('file_data', id, data) / ('file_done', id, n) / ('file_error', id, code, message)\n"
+	     "  ('file_entries', id, [(name: bytes, is_dir, size), ...])\n"
 	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
 	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
 	     "lists the events decoded before the violation in the same call. Sticky: every\n"
@@ -265,7 +304,9 @@ static PyObject *pending_or_raise(VmObject *self, int rc, const char *why, const
 }
 
 PyDoc_STRVAR(send_exec_doc,
-	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code) -> int\n\n"
+	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code,\n"
+	     "          session=False) -> int\n\n"
+	     "session=True sends SESSION_EXEC: the code runs in the VM's persistent REPL.\n"
 	     "Queue an EXEC frame and write what the socket takes now; returns the bytes still\n"
 	     "pending (call flush() when fileno() is writable until it returns 0).\n"
 	     "env: list of (name: bytes, value: bytes); code: bytes-like.\n"
@@ -275,15 +316,16 @@ PyDoc_STRVAR(send_exec_doc,
 static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"id", "language", "timeout_ms", "stdout_limit", "stderr_limit",
-				 "env", "code", NULL};
+				 "env", "code", "session", NULL};
 	PyObject *o_id, *o_lang, *o_timeout, *o_out, *o_err, *o_env;
 	Py_buffer code;
 	struct sbx_exec_req req = {0};
 	struct sbx_env_var *vars = NULL;
 	PyObject *seq = NULL, *result = NULL;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*:send_exec", kwlist, &o_id, &o_lang,
-					 &o_timeout, &o_out, &o_err, &o_env, &code))
+	int session = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*|p:send_exec", kwlist, &o_id, &o_lang,
+					 &o_timeout, &o_out, &o_err, &o_env, &code, &session))
 		return NULL;
 	if (check_open(self) < 0)
 		goto out;
@@ -325,6 +367,7 @@ static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
 	req.env_count = (size_t)count;
 	req.code = code.buf;
 	req.code_len = (size_t)code.len;
+	req.session = session;
 	const char *why = NULL;
 	int rc = sbx_channel_queue_exec(&self->vm.ch, &req, &why);
 	result = pending_or_raise(self, rc, why, rc == -ENOBUFS ? "send_exec" : "send");
@@ -345,6 +388,38 @@ static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
 		return NULL;
 	int rc = sbx_channel_queue_ping(&self->vm.ch, id);
 	return pending_or_raise(self, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
+}
+
+PyDoc_STRVAR(send_file_frame_doc,
+	     "send_file_frame(type, id, payload) -> int\n\n"
+	     "Queue one file-transfer frame (MSG_FILE_WRITE_BEGIN .. MSG_FILE_LIST) with a payload\n"
+	     "built by the caller; returns the bytes still pending. ValueError for another type\n"
+	     "or a payload over HOST_FRAME_MAX; BufferError (ENOBUFS as OSError) when the queue\n"
+	     "is full: wait for flush() to return 0 before sending more.");
+
+static PyObject *vm_send_file_frame(VmObject *self, PyObject *args)
+{
+	PyObject *o_type, *o_id;
+	Py_buffer payload;
+	uint32_t type, id;
+	if (!PyArg_ParseTuple(args, "OOy*:send_file_frame", &o_type, &o_id, &payload))
+		return NULL;
+	PyObject *result = NULL;
+	if (check_open(self) < 0 || to_u32(o_type, "type", &type) < 0 || to_u32(o_id, "id", &id) < 0)
+		goto out;
+	if (type > 255) {
+		PyErr_SetString(PyExc_ValueError, "not a file-transfer message type");
+		goto out;
+	}
+	int rc = sbx_channel_queue_file_frame(&self->vm.ch, (uint8_t)type, id, payload.buf,
+					      (size_t)payload.len);
+	result = pending_or_raise(self, rc,
+				  rc == -EINVAL ? "not a file-transfer message type"
+						: "payload larger than HOST_FRAME_MAX",
+				  rc == -ENOBUFS ? "send_file_frame" : "send");
+out:
+	PyBuffer_Release(&payload);
+	return result;
 }
 
 PyDoc_STRVAR(flush_doc, "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
@@ -486,6 +561,7 @@ static PyMethodDef vm_methods[] = {
 	{"send_exec", (PyCFunction)(void (*)(void))vm_send_exec, METH_VARARGS | METH_KEYWORDS,
 	 send_exec_doc},
 	{"send_ping", (PyCFunction)vm_send_ping, METH_O, send_ping_doc},
+	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS, send_file_frame_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},

@@ -69,6 +69,7 @@ class ExecRequest:
     stderr_limit: int
     on_stdout: OutputCallback | None = None
     on_stderr: OutputCallback | None = None
+    session: bool = False  # run in the VM's persistent REPL (SESSION_EXEC)
 
 
 @dataclass
@@ -113,6 +114,25 @@ class _OutputStream:
         return "".join(self._parts)
 
 
+class GuestFileError(Exception):
+    """The guest refused or failed a file transfer (FILE_ERROR); `kind` is a FILE_ERR_* code."""
+
+    def __init__(self, kind: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class FileTransfer:
+    """One file request in flight: FILE_DATA / FILE_ENTRIES go to the callbacks, FILE_DONE or
+    FILE_ERROR settles `done` (with the count, or a GuestFileError)."""
+
+    id: int
+    done: asyncio.Future[int]
+    on_data: Callable[[bytes], None] | None = None
+    on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
+
+
 @dataclass
 class _Execution:
     stdout: _OutputStream
@@ -134,6 +154,8 @@ class GuestVm:
         self._ready: asyncio.Future[None] = loop.create_future()
         self._exited: asyncio.Future[int] = loop.create_future()
         self._runs: dict[int, _Execution] = {}
+        self._transfers: dict[int, FileTransfer] = {}
+        self._flushed: list[asyncio.Future[None]] = []
         self._next_id = 1
         self._broken: BaseException | None = None
         self._writing = False
@@ -205,6 +227,7 @@ class GuestVm:
                 request.stderr_limit,
                 request.env,
                 request.code,
+                session=request.session,
             )
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
@@ -230,6 +253,43 @@ class GuestVm:
             )
         finally:
             self._runs.pop(exec_id, None)
+
+    # --- file transfers (sessions) ---
+
+    def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
+                      on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None,
+                      ) -> FileTransfer:  # fmt: skip
+        """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
+        release it with close_transfer()."""
+        if self._broken is not None:
+            raise self._broken
+        transfer = FileTransfer(self._next_id, self._loop.create_future(), on_data, on_entries)
+        self._next_id += 1
+        self._transfers[transfer.id] = transfer
+        return transfer
+
+    def close_transfer(self, transfer: FileTransfer) -> None:
+        self._transfers.pop(transfer.id, None)
+        if transfer.done.done() and not transfer.done.cancelled():
+            transfer.done.exception()  # retrieved: nobody may be waiting any more
+
+    def send_file_frame(self, msg_type: int, transfer_id: int, payload: bytes | memoryview) -> int:
+        """Queue one FILE_* frame; returns the bytes still queued for the guest."""
+        if self._broken is not None:
+            raise self._broken
+        pending = int(self._vm.send_file_frame(msg_type, transfer_id, payload))
+        self._want_write(pending)
+        return pending
+
+    async def wait_flushed(self) -> None:
+        """Wait until every queued byte went to the guest (flow control for big writes)."""
+        if self._broken is not None:
+            raise self._broken
+        if not self._writing:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._flushed.append(waiter)
+        await waiter
 
     def close(self) -> None:
         """Kill QEMU, reap it and close every fd. Idempotent."""
@@ -270,6 +330,9 @@ class GuestVm:
             return
         if kind == "pong":
             return
+        if kind.startswith("file_"):
+            self._dispatch_file(kind, exec_id, event)
+            return
         run = self._runs.get(exec_id)
         if run is None:
             log.debug("event %s for unknown execution %d ignored", kind, exec_id)
@@ -287,6 +350,27 @@ class GuestVm:
             self._complete(run, (event[2], event[3], event[4]))
         elif kind == "error":
             self._complete(run, GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+
+    def _dispatch_file(self, kind: str, transfer_id: int, event: tuple[Any, ...]) -> None:
+        transfer = self._transfers.get(transfer_id)
+        if transfer is None or transfer.done.done():
+            log.debug("event %s for unknown transfer %d ignored", kind, transfer_id)
+            return
+        if kind == "file_done":
+            transfer.done.set_result(event[2])
+        elif kind == "file_error":
+            transfer.done.set_exception(GuestFileError(event[2], event[3]))
+        else:
+            sink = transfer.on_data if kind == "file_data" else transfer.on_entries
+            if sink is None:
+                # The guest answered a request with the wrong kind of data: a lie costs the VM.
+                self._fail(GuestAgentError(f"guest sent {kind} for a request that expects none"))
+                self.close()
+                return
+            try:
+                sink(event[2])
+            except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
+                transfer.done.set_exception(exc)
 
     def _complete(self, run: _Execution, outcome: tuple[int, int, int] | BaseException) -> None:
         if run.done.done():
@@ -330,9 +414,20 @@ class GuestVm:
             self._loop.add_writer(self._vm.channel_fd, self._on_writable)
 
     def _on_writable(self) -> None:
-        if self._vm.flush() == 0:
+        try:
+            pending = self._vm.flush()
+        except OSError as exc:
             self._loop.remove_writer(self._vm.channel_fd)
             self._writing = False
+            self._fail(CommunicationOutcomeUnknownError(f"writing to the guest failed: {exc}"))
+            return
+        if pending == 0:
+            self._loop.remove_writer(self._vm.channel_fd)
+            self._writing = False
+            waiters, self._flushed = self._flushed, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         """The VM can no longer run anything: fail whoever waits on it."""
@@ -349,6 +444,15 @@ class GuestVm:
                     else CommunicationOutcomeUnknownError(str(error))
                 )
                 run.done.exception()  # retrieved here: execute() may have stopped waiting
+        for transfer in list(self._transfers.values()):
+            if not transfer.done.done():
+                transfer.done.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                transfer.done.exception()
+        waiters, self._flushed = self._flushed, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                waiter.exception()
 
     def _console_hint(self) -> str:
         tail = self.console_tail.strip().splitlines()[-10:]

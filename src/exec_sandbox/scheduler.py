@@ -21,6 +21,7 @@ from .config import SchedulerConfig
 from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmConfigError
 from .images import GuestImages, load_images
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
+from .session import Session
 from .validation import (
     validate_code,
     validate_env,
@@ -44,6 +45,7 @@ class Scheduler:
         self.config = config if config is not None else SchedulerConfig()
         self._admission = asyncio.Semaphore(self.config.max_concurrent_vms or 1)
         self._vms: set[GuestVm] = set()
+        self._sessions: set[Session] = set()
         self._images: GuestImages | None = None
         self._accel = ""
         self._started = False
@@ -73,6 +75,8 @@ class Scheduler:
     async def close(self) -> None:
         """Kill every VM this scheduler still owns. Idempotent."""
         self._closed = True
+        for session in list(self._sessions):
+            await session.close()
         for vm in list(self._vms):
             vm.close()
         self._vms.clear()
@@ -170,6 +174,78 @@ class Scheduler:
                 total_ms=_ms(time.monotonic() - started),
             ),
         )
+
+
+    async def session(
+        self,
+        *,
+        language: Language = "python",
+        packages: Sequence[str] | None = None,
+        timeout_seconds: int | None = None,
+        memory_mb: int | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        expose_ports: Sequence[int | PortMapping] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_boot_log: OutputCallback | None = None,
+    ) -> Session:
+        """Boot a VM for a stateful session (see session.py). The session holds one admission
+        slot until it is closed; timeout_seconds, env_vars and the callbacks are defaults for
+        each exec()."""
+        language = validate_language(language)
+        timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
+        validate_timeout(timeout)
+        memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
+        validate_env(env_vars)
+        _refuse_unsupported(packages, allow_network, allowed_domains, expose_ports)
+        if self._closed:
+            raise SandboxError("the scheduler is closed")
+        await self.start()
+        assert self._images is not None
+
+        await self._admission.acquire()
+        try:
+            spec = VmSpec(
+                qemu_binary=host.qemu_binary(),
+                images=self._images,
+                accel=self._accel,
+                memory_mb=memory,
+                kernel_cmdline_extra=_kernel_cmdline_extra(),
+            )
+            spawn_at = time.monotonic()
+            vm = await GuestVm.boot(
+                spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS, on_boot_log=on_boot_log
+            )
+        except BaseException:
+            self._admission.release()
+            raise
+        self._vms.add(vm)
+
+        def on_close(session: Session) -> None:
+            self._sessions.discard(session)
+            self._vms.discard(vm)
+            self._admission.release()
+
+        session = Session(
+            vm,
+            language=language,
+            default_timeout_seconds=timeout,
+            default_env=env_vars,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            idle_timeout_seconds=self.config.session_idle_timeout_seconds,
+            on_close=on_close,
+            boot_ms=_ms(time.monotonic() - spawn_at),
+        )
+        self._sessions.add(session)
+        try:
+            await session.start_repl()
+        except BaseException:
+            await session.close()
+            raise
+        return session
 
 
 def _ms(seconds: float) -> int:

@@ -46,10 +46,24 @@ enum sbx_msg {
 	SBX_MSG_EXIT = 4,   /* struct sbx_exit encoded field by field, see below */
 	SBX_MSG_ERROR = 5,  /* u32 enum sbx_error, str message (<= SBX_ERROR_MESSAGE_MAX) */
 	SBX_MSG_PONG = 6,   /* empty */
+	/* Sessions and files (7..31). */
+	SBX_MSG_FILE_DATA = 7,    /* raw bytes of a file being read, 1..SBX_FILE_CHUNK_MAX */
+	SBX_MSG_FILE_ENTRIES = 8, /* u32 count (1..SBX_LIST_BATCH_MAX), then per entry:
+				   * u8 is_dir (0/1), u64 size, str name (1..255 bytes, no '/' or NUL,
+				   * never "." or "..") */
+	SBX_MSG_FILE_DONE = 9,    /* u64: bytes written (write), sent (read) or entries (list) */
+	SBX_MSG_FILE_ERROR = 10,  /* u32 enum sbx_file_error, str message (<= SBX_ERROR_MESSAGE_MAX) */
 
 	/* host -> guest */
 	SBX_MSG_EXEC = 64, /* see "EXEC payload" below */
 	SBX_MSG_PING = 65, /* empty; answered by PONG with the same id */
+	/* Sessions and files (66..95). */
+	SBX_MSG_SESSION_EXEC = 66,     /* EXEC payload, run in the session's persistent REPL */
+	SBX_MSG_FILE_WRITE_BEGIN = 67, /* str path (relative, <= SBX_PATH_MAX), u8 mode flags */
+	SBX_MSG_FILE_WRITE_DATA = 68,  /* raw bytes, 0..SBX_HOST_FRAME_MAX, same id as BEGIN */
+	SBX_MSG_FILE_WRITE_END = 69,   /* u8 1 = commit (rename into place), 0 = abort */
+	SBX_MSG_FILE_READ = 70,        /* str path: answered by FILE_DATA* then FILE_DONE */
+	SBX_MSG_FILE_LIST = 71,        /* str path ("" = home): FILE_ENTRIES* then FILE_DONE */
 };
 
 /* EXEC payload (host -> guest):
@@ -88,5 +102,35 @@ enum sbx_error {
 	SBX_ERR_SPAWN = 3,       /* the interpreter could not be started */
 	SBX_ERR_INTERNAL = 4,
 };
+
+/* Sessions (SESSION_EXEC): the guest keeps one REPL per VM alive between requests. Replies are
+ * those of EXEC. A timeout (-1) or the REPL's death (any other exit of the interpreter process)
+ * resets the REPL: the next SESSION_EXEC starts a fresh one. */
+
+/* Files. Paths are relative to the guest home, components separated by '/', none empty, "." or
+ * "..", none over SBX_PATH_COMPONENT_MAX bytes, no NUL. The guest resolves them one component at a
+ * time without following symlinks, so nothing outside the home is ever reached. A write goes to a
+ * temporary file in the target directory, renamed over the target on commit: an aborted write
+ * leaves nothing. Every file request ends in FILE_DONE or FILE_ERROR (an aborted write gets no
+ * reply). */
+#define SBX_PATH_MAX 4096u
+#define SBX_PATH_COMPONENT_MAX 255u
+#define SBX_FILE_SIZE_MAX (500ull * 1024u * 1024u)
+#define SBX_FILE_CHUNK_MAX (60u * 1024u)
+#define SBX_LIST_BATCH_MAX 200u
+#define SBX_LIST_ENTRIES_MAX 10000u
+
+enum sbx_file_mode {
+	SBX_FILE_EXECUTABLE = 1u << 0, /* mode 0755 instead of 0644 */
+};
+
+enum sbx_file_error {
+	SBX_FILE_ERR_PATH = 1,      /* invalid path, escapes the home, or a symlink on the way */
+	SBX_FILE_ERR_NOT_FOUND = 2, /* no such file or directory */
+	SBX_FILE_ERR_IO = 3,        /* the guest could not read or write */
+	SBX_FILE_ERR_TOO_LARGE = 4, /* over SBX_FILE_SIZE_MAX, or too many entries */
+	SBX_FILE_ERR_PROTOCOL = 5,  /* request out of sequence or malformed */
+};
+#define SBX_FILE_ERR_MAX SBX_FILE_ERR_PROTOCOL
 
 #endif /* SBX_PROTOCOL_H */

@@ -1,0 +1,96 @@
+# Session REPL driver for Python, started by sbx-agent as the sandbox user (see guest/src/repl.h).
+# fd 3: one line per request from the agent, the directory holding session-code and session-env;
+# fd 4: "<status>\n" back once the code has finished and its output is flushed. The user's stdout
+# and stderr are the real pipes the agent streams, so nothing printed can pass for a completion.
+import os
+import sys
+
+
+def _main() -> None:
+    import ast
+    import io
+    import signal
+    import traceback
+
+    control_in = os.fdopen(os.dup(3), "rb", buffering=0)
+    control_out = os.dup(4)
+    for fd in (3, 4):
+        os.close(fd)
+    os.set_inheritable(control_in.fileno(), False)
+    os.set_inheritable(control_out, False)
+    # Unbuffered below the text layer: a fork() in user code cannot duplicate pending output.
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                  errors="backslashreplace", write_through=True)
+    # Like the interactive interpreter: the working directory, not this file's, is importable.
+    sys.path[0] = ""
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    me = os.getpid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def run(source: bytes) -> int:
+        # The agent sends SIGINT when the output passes its limit: it interrupts the user's code
+        # (KeyboardInterrupt), never the driver between requests.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            tree = ast.parse(source, "<session>", "exec")
+            # Like the REPL: a final expression statement shows its value.
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Interactive([tree.body.pop()])
+            exec(compile(tree, "<session>", "exec"), namespace)
+            if last is not None:
+                exec(compile(last, "<session>", "single"), namespace)
+            return 0
+        except SystemExit as exc:
+            if exc.code is None:
+                return 0
+            if isinstance(exc.code, int):
+                return exc.code & 0xFF
+            print(exc.code, file=sys.stderr)
+            return 1
+        except BaseException:
+            # The user's own frames only: the driver's frame is noise.
+            etype, value, tb = sys.exc_info()
+            if isinstance(value, SyntaxError):
+                tb = None  # where in the compiler it was found is of no interest
+            elif tb is not None and tb.tb_frame.f_code is run.__code__:
+                tb = tb.tb_next
+            traceback.print_exception(etype, value, tb)
+            return 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    while True:
+        line = control_in.readline()
+        if not line:
+            os._exit(0)
+        run_dir = os.fsdecode(line.rstrip(b"\n"))
+        code_path = os.path.join(run_dir, "session-code")
+        env_path = os.path.join(run_dir, "session-env")
+        try:
+            with open(env_path, "rb") as f:
+                for record in f.read().split(b"\0"):
+                    name, sep, value = record.partition(b"=")
+                    if sep:
+                        os.environb[name] = value
+            with open(code_path, "rb") as f:
+                source = f.read()
+        except OSError as exc:
+            print(f"session driver: {exc}", file=sys.stderr)
+            os.write(control_out, b"1\n")
+            continue
+        status = run(source)
+        if os.getpid() != me:
+            # A fork() of the user's code came back here: it must not act as the REPL.
+            os._exit(status)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        os.write(control_out, b"%d\n" % status)
+
+
+_main()

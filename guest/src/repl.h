@@ -1,0 +1,73 @@
+/* The session REPL: one long-lived interpreter per VM, driven by a small driver script
+ * (/usr/lib/sbx/driver.{py,js,sh}) that keeps the user's state between SESSION_EXEC requests.
+ *
+ * The driver runs as uid 1000 in its own session, like one-shot code, with two extra fds:
+ *   fd 3  control in:  the agent writes one line per request: the directory holding the
+ *                      root-owned files session-code (the code) and session-env (NAME=VALUE\0...)
+ *   fd 4  control out: the driver answers "<status>\n" once the code has finished and its output
+ *                      is flushed (status 0..255)
+ * stdout and stderr are pipes that live as long as the REPL. User output never shares a channel
+ * with completion reports, so nothing the code prints can end or forge a result.
+ *
+ *   IDLE --SESSION_EXEC--> RUNNING --status line--> drain pipes, EXIT --> IDLE
+ *                             |--timeout--> SIGKILL all user processes --reaped--> EXIT(-1)
+ *                             '--REPL died--> kill the rest, drain, EXIT(status) --> IDLE
+ * A REPL that died or timed out is gone: the next request starts a fresh one (state lost).
+ * Output over a limit is dropped and the driver gets SIGINT (python and javascript turn that into
+ * an exception of the user's code and keep their state); the EXIT carries the limit flag.
+ */
+#ifndef SBX_REPL_H
+#define SBX_REPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "agent.h"
+#include "channel.h"
+#include "request.h"
+#include "runner.h"
+
+#define SBX_REPL_DIR "/usr/lib/sbx"
+
+enum sbx_repl_phase {
+	SBX_REPL_IDLE,
+	SBX_REPL_RUNNING,
+	SBX_REPL_KILLING, /* timed out: waiting for the driver to be reaped */
+};
+
+struct sbx_repl {
+	const struct sbx_config *cfg;
+	struct sbx_channel *ch;
+	int timer_fd;
+	const char *driver_dir; /* where driver.{py,js,sh} live */
+	/* The REPL process; pid 0 when none is running. */
+	pid_t pid;
+	uint8_t language;
+	int control_w, control_r; /* the agent's ends, -1 when closed */
+	struct sbx_stream out, err;
+	char line[16];
+	size_t line_len;
+	/* The current request. */
+	enum sbx_repl_phase phase;
+	bool silent;
+	bool interrupted; /* SIGINT sent for an output limit */
+	uint32_t id;
+	uint32_t flags;
+	uint64_t start_ns;
+	char code_path[300], env_path[300];
+};
+
+int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_channel *ch);
+bool sbx_repl_busy(const struct sbx_repl *r);
+/* Start a request; on failure *code/msg describe the ERROR to send and nothing runs. */
+int sbx_repl_start(struct sbx_repl *r, uint32_t id, const struct sbx_exec_request *req,
+		   uint32_t *code, char *msg, size_t msg_size);
+void sbx_repl_on_control(struct sbx_repl *r);
+void sbx_repl_on_output(struct sbx_repl *r, struct sbx_stream *s);
+void sbx_repl_on_timer(struct sbx_repl *r);
+void sbx_repl_on_child_exit(struct sbx_repl *r, pid_t pid, int status);
+/* The host went away: stop the REPL (the next host gets a fresh one). */
+void sbx_repl_abort(struct sbx_repl *r);
+
+#endif /* SBX_REPL_H */

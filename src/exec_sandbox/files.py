@@ -1,0 +1,221 @@
+"""File transfer between the host and a session's guest home (/home/user).
+
+Paths are checked lexically here, before anything is sent (InputValidationError), and resolved
+again by the guest agent without following symlinks. Content moves in chunks in both directions,
+with flow control on the way in, so that a file of hundreds of MB never sits whole in host memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Union
+
+from . import _execsbx
+from ._vm import FileTransfer, GuestFileError, GuestVm
+from .errors import GuestAgentError, InputValidationError, SandboxError
+from .models import FileInfo
+
+GUEST_HOME = "/home/user"
+FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
+PATH_MAX = int(_execsbx.PATH_MAX)
+PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
+# Host -> guest chunk size, and how much may wait in the channel's queue before the next chunk.
+WRITE_CHUNK = 256 * 1024
+_QUEUE_HIGH_WATER = 1024 * 1024
+# A transfer with no progress for this long means the guest stalled.
+_STALL_SECONDS = 120.0
+
+Content = Union[bytes, bytearray, memoryview, Path, IO[bytes]]
+Destination = Union[Path, IO[bytes]]
+
+
+def guest_path(path: object, *, allow_empty: bool = False) -> bytes:
+    """The path relative to the guest home, as the agent expects it; or InputValidationError."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise InputValidationError(f"path must be a str, got {type(path).__name__}")
+    if "\x00" in path:
+        raise InputValidationError("path contains a NUL byte")
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputValidationError(f"path {path!r} is not valid UTF-8") from None
+    if len(encoded) > PATH_MAX:
+        raise InputValidationError(f"path is {len(encoded)} bytes, more than {PATH_MAX}")
+    relative = path
+    if path.startswith("/"):
+        if path != GUEST_HOME and not path.startswith(GUEST_HOME + "/"):
+            raise InputValidationError(f"path {path!r} is outside {GUEST_HOME}")
+        relative = path[len(GUEST_HOME) :]
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    for part in parts:
+        if part == "..":
+            raise InputValidationError(f"path {path!r} contains '..'")
+        if len(part.encode("utf-8")) > PATH_COMPONENT_MAX:
+            raise InputValidationError(
+                f"path component {part[:32]!r}... is longer than {PATH_COMPONENT_MAX} bytes"
+            )
+    if not parts and not allow_empty:
+        raise InputValidationError(f"path {path!r} names the home directory, not a file")
+    return "/".join(parts).encode("utf-8")
+
+
+def _str_payload(data: bytes, extra: bytes = b"") -> bytes:
+    return struct.pack("<I", len(data)) + data + extra
+
+
+def _raise_for(exc: GuestFileError, path: bytes) -> None:
+    shown = path.decode("utf-8", "replace") or "."
+    if exc.kind == _execsbx.FILE_ERR_PATH:
+        raise InputValidationError(f"{shown}: {exc}") from None
+    if exc.kind == _execsbx.FILE_ERR_NOT_FOUND:
+        raise FileNotFoundError(f"{shown} in the guest home: {exc}") from None
+    if exc.kind == _execsbx.FILE_ERR_TOO_LARGE:
+        raise InputValidationError(f"{shown}: {exc}") from None
+    if exc.kind == _execsbx.FILE_ERR_PROTOCOL:
+        raise GuestAgentError(f"file transfer out of sequence: {exc}") from None
+    raise SandboxError(f"{shown}: {exc}") from None
+
+
+async def _settle(vm: GuestVm, transfer: FileTransfer, progress: Callable[[], int]) -> int:
+    """Wait for FILE_DONE/FILE_ERROR, as long as the transfer keeps moving."""
+    last = -1
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(transfer.done), _STALL_SECONDS)
+        except asyncio.TimeoutError:
+            now = progress()
+            if now == last:
+                vm.close()
+                raise GuestAgentError("the guest stalled during a file transfer") from None
+            last = now
+
+
+async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable: bool) -> int:
+    """Stream content to path (atomically replaced in the guest). Returns the bytes written."""
+    if isinstance(content, Path):
+        with content.open("rb") as source:
+            return await write_file(vm, path, source, make_executable)
+    mode = _execsbx.FILE_EXECUTABLE if make_executable else 0
+    transfer = vm.open_transfer()
+    sent = 0
+    committed = False
+    try:
+        vm.send_file_frame(_execsbx.MSG_FILE_WRITE_BEGIN, transfer.id,
+                           _str_payload(path, bytes([mode])))  # fmt: skip
+        for chunk in _chunks(content):
+            sent += len(chunk)
+            if sent > FILE_SIZE_MAX:
+                raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
+            if transfer.done.done():
+                break  # the guest refused: stop sending, the error is raised below
+            if vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, transfer.id, chunk) > (
+                _QUEUE_HIGH_WATER
+            ):
+                await vm.wait_flushed()
+        committed = not transfer.done.done()
+        vm.send_file_frame(_execsbx.MSG_FILE_WRITE_END, transfer.id,
+                           b"\x01" if committed else b"\x00")  # fmt: skip
+        if not committed:
+            await transfer.done  # raises the guest's error
+        return await _settle(vm, transfer, lambda: sent)
+    except GuestFileError as exc:
+        _raise_for(exc, path)
+        raise  # not reached
+    except BaseException:
+        if not committed and vm.alive:
+            # Reading the source failed (or the caller gave up): the guest drops the temp file.
+            vm.send_file_frame(_execsbx.MSG_FILE_WRITE_END, transfer.id, b"\x00")
+        raise
+    finally:
+        vm.close_transfer(transfer)
+
+
+def _chunks(content: bytes | bytearray | memoryview | IO[bytes]):  # type: ignore[no-untyped-def]
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        view = memoryview(content).cast("B")
+        if len(view) > FILE_SIZE_MAX:
+            raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
+        for start in range(0, len(view), WRITE_CHUNK):
+            yield view[start : start + WRITE_CHUNK]
+        return
+    read = getattr(content, "read", None)
+    if read is None:
+        raise InputValidationError(
+            f"content must be bytes, a Path or a binary file object, got {type(content).__name__}"
+        )
+    while True:
+        chunk = read(WRITE_CHUNK)
+        if not chunk:
+            return
+        if not isinstance(chunk, (bytes, bytearray, memoryview)):
+            raise InputValidationError("content.read() must return bytes (open the file in 'rb')")
+        yield chunk
+
+
+async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -> bytes | None:
+    """Stream path from the guest into destination, or into the returned bytes."""
+    if isinstance(destination, Path):
+        # Written beside the target and renamed: a failed read leaves no partial file.
+        partial = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
+        try:
+            with partial.open("wb") as sink:
+                await read_file(vm, path, sink)
+            partial.replace(destination)
+        finally:
+            partial.unlink(missing_ok=True)
+        return None
+    parts: list[bytes] = []
+    received = 0
+
+    def on_data(data: bytes) -> None:
+        nonlocal received
+        received += len(data)
+        if received > FILE_SIZE_MAX:
+            vm.close()
+            raise GuestAgentError(f"guest sent more than {FILE_SIZE_MAX} bytes for one file")
+        if destination is None:
+            parts.append(data)
+        else:
+            destination.write(data)
+
+    transfer = vm.open_transfer(on_data=on_data)
+    try:
+        vm.send_file_frame(_execsbx.MSG_FILE_READ, transfer.id, _str_payload(path))
+        total = await _settle(vm, transfer, lambda: received)
+    except GuestFileError as exc:
+        _raise_for(exc, path)
+        raise
+    finally:
+        vm.close_transfer(transfer)
+    if total != received:
+        vm.close()
+        raise GuestAgentError(f"guest announced {total} bytes but sent {received}")
+    return b"".join(parts) if destination is None else None
+
+
+async def list_files(vm: GuestVm, path: bytes) -> list[FileInfo]:
+    entries: list[FileInfo] = []
+
+    def on_entries(batch: list[tuple[bytes, bool, int]]) -> None:
+        for name, is_dir, size in batch:
+            entries.append(FileInfo(name.decode("utf-8", "replace"), bool(is_dir), int(size)))
+
+    transfer = vm.open_transfer(on_entries=on_entries)
+    try:
+        vm.send_file_frame(_execsbx.MSG_FILE_LIST, transfer.id, _str_payload(path))
+        total = await _settle(vm, transfer, lambda: len(entries))
+    except GuestFileError as exc:
+        _raise_for(exc, path)
+        raise
+    finally:
+        vm.close_transfer(transfer)
+    if total != len(entries):
+        vm.close()
+        raise GuestAgentError(f"guest announced {total} entries but sent {len(entries)}")
+    return sorted(entries, key=lambda e: e.name)
