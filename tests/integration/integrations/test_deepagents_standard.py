@@ -20,6 +20,8 @@ from langchain_tests.integration_tests import SandboxIntegrationTests  # noqa: E
 
 from exec_sandbox.integrations.deepagents import ExecSandboxBackend  # noqa: E402
 
+from .conftest import assert_no_vm_left  # noqa: E402
+
 pytestmark = [pytest.mark.vm, pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")]
 
 _GLOB_SKEW = pytest.mark.xfail(
@@ -42,6 +44,7 @@ class TestExecSandboxBackendStandard(SandboxIntegrationTests):
             yield backend
         finally:
             backend.close()
+            assert_no_vm_left()
 
     test_glob = _GLOB_SKEW(SandboxIntegrationTests.test_glob)
     test_glob_basic_pattern = _GLOB_SKEW(SandboxIntegrationTests.test_glob_basic_pattern)
