@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 30
 
-.PHONY: all deps install images run test test-c test-guest test-py fuzz lint clean
+.PHONY: all deps install images run test test-c test-guest test-sanitize test-py fuzz lint doctor clean
 
 all: install images
 
@@ -38,6 +38,12 @@ test-c: deps
 test-guest: deps
 	$(MAKE) -C guest test
 
+# The CI step under ASan and UBSan: the host C tests (always built with both) and the guest
+# agent's tests against its sanitizer build.
+test-sanitize: deps
+	$(MAKE) -C tests/c test
+	$(MAKE) -C guest test-sanitize
+
 fuzz: deps
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
@@ -47,7 +53,11 @@ lint: install
 test-py: install images
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
 
-test: test-c test-guest fuzz lint test-py
+test: test-sanitize test-guest fuzz lint doctor test-py
+
+# What this host provides: accelerator, QEMU, images, each host jail layer.
+doctor: install
+	$(VENV)/bin/sbx doctor
 
 clean:
 	rm -rf build $(VENV) guest/build tests/c/build src/*.egg-info

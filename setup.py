@@ -26,6 +26,7 @@ setup(
             sources=sorted(glob("src/_execsbx/*.c")) + ["src/shared/frame.c"],
             include_dirs=["src/shared", "src/_execsbx"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *WARNINGS],
+            libraries=["seccomp"],
         )
     ]
 )

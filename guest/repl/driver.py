@@ -7,7 +7,6 @@ import sys
 
 
 def _main() -> None:
-    import ast
     import io
     import signal
     import traceback
@@ -34,14 +33,8 @@ def _main() -> None:
         # (KeyboardInterrupt), never the driver between requests.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            tree = ast.parse(source, "<session>", "exec")
-            # Like the REPL: a final expression statement shows its value.
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Interactive([tree.body.pop()])
-            exec(compile(tree, "<session>", "exec"), namespace)
-            if last is not None:
-                exec(compile(last, "<session>", "single"), namespace)
+            # Output is what the code prints, as in run(): no echo of a final expression.
+            exec(compile(source, "<session>", "exec"), namespace)
             return 0
         except SystemExit as exc:
             if exc.code is None:

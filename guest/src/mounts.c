@@ -32,11 +32,13 @@ static const struct mount_spec mounts[] = {
 	/* Normally mounted by the kernel already (CONFIG_DEVTMPFS_MOUNT); skipped if so. */
 	{"devtmpfs", "/dev", "devtmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755"},
 	{"devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666"},
-	{"tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777,size=64m"},
-	{"tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, "mode=1777,size=256m"},
+	/* tmpfs pages are RAM: sizes are shares of the guest's memory, so that filling one file
+	 * system ends in ENOSPC, not in the OOM killer (a fixed 512m on a 192 MiB guest did). */
+	{"tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777,size=10%"},
+	{"tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, "mode=1777,size=25%"},
 	{"tmpfs", "/run", "tmpfs", NOSUID_NODEV | MS_NOEXEC, "mode=0755,size=16m"},
 	/* 0700 and owned by the user: the only place besides /tmp where user code may write. */
-	{"tmpfs", SBX_HOME_DIR, "tmpfs", NOSUID_NODEV, "mode=0700,uid=1000,gid=1000,size=512m"},
+	{"tmpfs", SBX_HOME_DIR, "tmpfs", NOSUID_NODEV, "mode=0700,uid=1000,gid=1000,size=40%"},
 };
 
 /* A directory is a mount point when it lives on a different device than its parent. */

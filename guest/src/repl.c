@@ -349,7 +349,12 @@ void sbx_repl_on_child_exit(struct sbx_repl *r, pid_t pid, int status)
 	/* The REPL is gone: whatever it started goes with it, and the next request starts afresh. */
 	kill_repl(r);
 	r->pid = 0;
+	bool restart = false;
 	if (r->phase != SBX_REPL_IDLE) {
+		/* Died during a request the host still waits for: start the next REPL now, so that
+		 * the interpreter's start-up overlaps the host's turn instead of the next request's
+		 * timeout. Never for a death while idle: a driver that cannot start would loop. */
+		restart = !r->silent;
 		drain(r);
 		int code = WIFEXITED(status)   ? WEXITSTATUS(status)
 			   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
@@ -357,6 +362,9 @@ void sbx_repl_on_child_exit(struct sbx_repl *r, pid_t pid, int status)
 		finish(r, code);
 	}
 	close_fds(r);
+	char msg[256];
+	if (restart && spawn_driver(r, r->language, msg, sizeof(msg)) < 0)
+		sbx_log("restarting the session REPL: %s", msg);
 }
 
 void sbx_repl_abort(struct sbx_repl *r)

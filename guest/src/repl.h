@@ -12,7 +12,8 @@
  *   IDLE --SESSION_EXEC--> RUNNING --status line--> drain pipes, EXIT --> IDLE
  *                             |--timeout--> SIGKILL all user processes --reaped--> EXIT(-1)
  *                             '--REPL died--> kill the rest, drain, EXIT(status) --> IDLE
- * A REPL that died or timed out is gone: the next request starts a fresh one (state lost).
+ * A REPL that died or timed out is gone (state lost); a fresh one is started at once, while the
+ * host reads the result, or by the next request if that failed.
  * Output over a limit is dropped and the driver gets SIGINT (python and javascript turn that into
  * an exception of the user's code and keep their state); the EXIT carries the limit flag.
  */

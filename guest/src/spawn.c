@@ -148,7 +148,7 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 		child_fail(report_fd, STEP_CLOSE_FDS, -rc);
 
 	if ((rc = set_limit(RLIMIT_NOFILE, 4096)) < 0 || (rc = set_limit(RLIMIT_CORE, 0)) < 0 ||
-	    (s->limit_nproc && (rc = set_limit(RLIMIT_NPROC, 512)) < 0))
+	    (s->limit_nproc && (rc = set_limit(RLIMIT_NPROC, 256)) < 0))
 		child_fail(report_fd, STEP_RLIMIT, -rc);
 
 	if (s->drop_privileges) {

@@ -1,6 +1,7 @@
 /* exec_sandbox._execsbx: module definition (multi-phase init, per-module state), functions and
  * constants. Modelled on CPython's Modules/selectmodule.c. */
 #include "binding.h"
+#include "seccomp_policy.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -37,19 +38,20 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 			struct sbx_parsed_config *pc)
 {
 	static char *kwlist[] = {"qemu_binary", "kernel", "rootfs", "memory_mb", "vcpus",
-				 "accel", "kernel_cmdline_extra", NULL};
+				 "accel", "kernel_cmdline_extra", "qemu_sandbox", NULL};
 	int memory_mb = INT_MIN, vcpus = defaults ? 1 : INT_MIN;
 	const char *accel = defaults ? "tcg" : NULL;
 	const char *extra = "";
+	int qemu_sandbox = 0;
 	char fmt[64];
 
 	memset(pc, 0, sizeof(*pc));
 	/* All keyword-only ("$" needs "|", so required ones are checked by hand below). */
-	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iiss:%s", fname);
+	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iissp:%s", fname);
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, PyUnicode_FSConverter,
 					 &pc->qemu_binary, PyUnicode_FSConverter, &pc->kernel,
 					 PyUnicode_FSConverter, &pc->rootfs, &memory_mb, &vcpus, &accel,
-					 &extra))
+					 &extra, &qemu_sandbox))
 		goto fail;
 	const char *missing = !pc->qemu_binary      ? "qemu_binary"
 			      : !pc->kernel         ? "kernel"
@@ -75,6 +77,7 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 	pc->cfg.vcpus = (unsigned)vcpus;
 	pc->cfg.accel = accel; /* UTF-8 owned by the str argument, alive for the call */
 	pc->cfg.kernel_cmdline_extra = extra;
+	pc->cfg.qemu_sandbox = qemu_sandbox;
 	return 0;
 fail:
 	sbx_parsed_config_release(pc);
@@ -99,7 +102,7 @@ char **sbx_build_argv_or_raise(const struct sbx_vm_config *cfg)
 
 PyDoc_STRVAR(build_qemu_argv_doc,
 	     "build_qemu_argv(*, qemu_binary, kernel, rootfs, memory_mb, vcpus, accel,\n"
-	     "                kernel_cmdline_extra='') -> list[str]\n\n"
+	     "                kernel_cmdline_extra='', qemu_sandbox=False) -> list[str]\n\n"
 	     "The QEMU command line Vm() would run. ValueError on an invalid configuration\n"
 	     "(',' in a kernel/rootfs path, accel not 'kvm'/'tcg', memory_mb out of range, ...).");
 
@@ -142,7 +145,30 @@ static PyObject *tsc_khz(PyObject *module, PyObject *unused)
 	return PyLong_FromUnsignedLongLong(khz);
 }
 
+PyDoc_STRVAR(seccomp_rules_doc,
+	     "seccomp_rules() -> list[tuple[str, str, str]]\n\n"
+	     "The host seccomp deny-list applied to QEMU: (syscall, errno name, reason).");
+
+static PyObject *seccomp_rules(PyObject *module, PyObject *unused)
+{
+	(void)module;
+	(void)unused;
+	PyObject *list = PyList_New((Py_ssize_t)sbx_seccomp_rule_count);
+	for (size_t i = 0; list && i < sbx_seccomp_rule_count; i++) {
+		const struct sbx_seccomp_rule *r = &sbx_seccomp_rules[i];
+		PyObject *t = Py_BuildValue("(sss)", r->syscall,
+					    r->error == ENOSYS ? "ENOSYS" : "EPERM", r->reason);
+		if (!t) {
+			Py_CLEAR(list);
+			break;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+	}
+	return list;
+}
+
 static PyMethodDef module_methods[] = {
+	{"seccomp_rules", seccomp_rules, METH_NOARGS, seccomp_rules_doc},
 	{"build_qemu_argv", (PyCFunction)(void (*)(void))build_qemu_argv,
 	 METH_VARARGS | METH_KEYWORDS, build_qemu_argv_doc},
 	{"tsc_khz", tsc_khz, METH_NOARGS, tsc_khz_doc},

@@ -136,6 +136,13 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	add(&b, "none");
 	/* A guest reboot (including panic=-1 below) ends QEMU instead of restarting the VM. */
 	add(&b, "-no-reboot");
+	/* QEMU's own seccomp allow-list on top of the host jail's deny-list (both stay in force:
+	 * stacked filters all apply). Deny obsolete calls, setuid/setgid and friends, fork/exec,
+	 * and scheduler/affinity/priority changes. */
+	if (cfg->qemu_sandbox) {
+		add(&b, "-sandbox");
+		add(&b, "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+	}
 
 	/* Direct kernel boot. The rootfs is a read-only EROFS image; the agent is PID 1.
 	 * panic=-1: reboot at once on panic, which -no-reboot turns into QEMU exiting.

@@ -18,6 +18,7 @@ struct sbx_vm_config {
 	unsigned vcpus;
 	const char *accel;                /* "kvm" or "tcg" */
 	const char *kernel_cmdline_extra; /* may be NULL or "" */
+	int qemu_sandbox;                 /* QEMU's own seccomp filter (-sandbox on,...) */
 };
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with

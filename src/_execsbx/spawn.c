@@ -10,6 +10,8 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "jail.h"
 
 /* glibc < 2.36 has no P_PIDFD in idtype_t; the kernel's value is 3 (linux/wait.h). */
 #define SBX_P_PIDFD ((idtype_t)3)
@@ -31,6 +34,8 @@ enum child_step {
 	STEP_CLOSE,
 	STEP_NO_NEW_PRIVS,
 	STEP_EXECVE,
+	STEP_GO,
+	STEP_JAIL,
 	STEP__COUNT,
 };
 
@@ -43,11 +48,16 @@ static const char *const step_names[STEP__COUNT] = {
 	[STEP_CLOSE] = "close_range",
 	[STEP_NO_NEW_PRIVS] = "prctl(PR_SET_NO_NEW_PRIVS)",
 	[STEP_EXECVE] = "execve",
+	[STEP_GO] = "read(go pipe)",
+	[STEP_JAIL] = "jail",
 };
 
 struct child_report {
 	int32_t err;
 	int32_t step;
+	/* STEP_JAIL: the jail step's name, a pointer to a string literal, valid in the parent too
+	 * (fork copies the mapping). */
+	const char *what;
 };
 
 /* Everything the child uses, computed before fork(). */
@@ -55,6 +65,8 @@ struct child_plan {
 	const struct sbx_spawn_req *req;
 	int devnull;
 	int err_w;
+	int go_r, go_w; /* the parent writes one byte once the child is in its cgroup */
+	int new_pid_ns; /* getppid() is 0 in a new PID namespace */
 	pid_t parent;
 	unsigned max_fd; /* upper bound for the close loop when close_range is unavailable */
 	struct sigaction dfl;
@@ -75,14 +87,20 @@ static void kill_and_reap(pid_t *pid)
 /* A child that must not outlive an error path: SIGKILL and reap it at scope exit. */
 #define _cleanup_child_ __attribute__((cleanup(kill_and_reap)))
 
-__attribute__((noreturn)) static void child_fail(int fd, enum child_step step, int err)
+__attribute__((noreturn)) static void child_fail_what(int fd, enum child_step step, int err,
+						       const char *what)
 {
-	struct child_report r = {.err = err, .step = (int32_t)step};
+	struct child_report r = {.err = err, .step = (int32_t)step, .what = what};
 	ssize_t w;
 	do
 		w = write(fd, &r, sizeof(r));
 	while (w < 0 && errno == EINTR);
 	_exit(127);
+}
+
+__attribute__((noreturn)) static void child_fail(int fd, enum child_step step, int err)
+{
+	child_fail_what(fd, step, err, NULL);
 }
 
 static int close_from(unsigned lo, unsigned hi, unsigned max_fd)
@@ -135,8 +153,39 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	/* Die with the parent. If it already died, PDEATHSIG will never fire: give up. */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
 		child_fail(err_fd, STEP_PDEATHSIG, errno);
-	if (getppid() != p->parent)
+	if (!p->new_pid_ns && getppid() != p->parent)
 		_exit(127);
+	/* Wait until the parent has put this process into its cgroup, so that QEMU never runs a
+	 * single instruction outside it. EOF instead of the byte: the parent died (possibly before
+	 * PDEATHSIG was armed, which getppid() cannot tell from inside a new PID namespace) or
+	 * gave up on this child. */
+	close(p->go_w);
+	char go;
+	ssize_t gr;
+	do
+		gr = read(p->go_r, &go, 1);
+	while (gr < 0 && errno == EINTR);
+	if (gr != 1)
+		_exit(127);
+
+	/* The jail's privileged steps (mounts, rlimits, user) while still root. */
+	if (req->jail && req->jail->enabled) {
+		const char *what = "jail";
+		int jrc = sbx_jail_enter_privileged(req->jail, &what);
+		if (jrc < 0)
+			child_fail_what(err_fd, STEP_JAIL, -jrc, what);
+		if (jrc == 1) {
+			/* The user switch cleared PDEATHSIG: re-arm it, then make sure the parent did
+			 * not die in between. It holds the go pipe's write end until this child has
+			 * exec'd, so a hang-up here means it is gone. */
+			if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+				child_fail(err_fd, STEP_PDEATHSIG, errno);
+			struct pollfd pfd = {.fd = p->go_r, .events = POLLIN};
+			if (poll(&pfd, 1, 0) < 0 || (pfd.revents & (POLLHUP | POLLERR)))
+				_exit(127);
+		}
+	}
+	close(p->go_r);
 
 	/* Own process group: a signal to the parent's group (Ctrl-C) does not reach QEMU. */
 	if (setpgid(0, 0) < 0)
@@ -164,12 +213,50 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	    close_from((unsigned)hi_err + 1, ~0U, p->max_fd) < 0)
 		child_fail(err_fd, STEP_CLOSE, errno);
 
+	/* The jail's last steps (no_new_privs, seccomp): seccomp last, so that nothing after it
+	 * but execve needs a call the filter denies. */
+	if (req->jail && req->jail->enabled) {
+		const char *what = "jail";
+		int jrc = sbx_jail_enter_final(req->jail, &what);
+		if (jrc < 0)
+			child_fail_what(err_fd, STEP_JAIL, -jrc, what);
+	}
 	/* No setuid/file-capability gains through execve, for QEMU and anything it runs. */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		child_fail(err_fd, STEP_NO_NEW_PRIVS, errno);
 
 	execve(req->path, req->argv, req->envp);
 	child_fail(err_fd, STEP_EXECVE, errno);
+}
+
+/* fork(), or clone() into new namespaces when the jail asks for them: then the child is PID 1 of
+ * its own PID namespace, which a later unshare could not give it without a second fork (and the
+ * parent would then hold the wrong pid). A kernel or host that refuses the namespaces (no
+ * privilege, no user namespaces, a seccomp'd container) gets a plain fork and a recorded reason.
+ * Returns like fork(); the child never returns. */
+static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
+{
+	if (jail && jail->enabled && jail->clone_flags) {
+		plan->new_pid_ns = (jail->clone_flags & CLONE_NEWPID) != 0;
+		/* No stack argument: the child continues on a copy of this stack, like fork().
+		 * glibc's atfork handlers do not run, which is fine: the child only makes raw
+		 * async-signal-safe calls before execve. */
+		long pid = syscall(SYS_clone, (unsigned long)jail->clone_flags | SIGCHLD, NULL, NULL,
+				   NULL, 0);
+		if (pid == 0)
+			child_exec(plan);
+		if (pid > 0)
+			return (pid_t)pid;
+		if (errno != EPERM && errno != EINVAL && errno != EUSERS && errno != ENOSPC &&
+		    errno != EACCES)
+			return -1;
+		sbx_jail_namespaces_refused(jail, errno);
+		plan->new_pid_ns = 0;
+	}
+	pid_t pid = fork();
+	if (pid == 0)
+		child_exec(plan);
+	return pid;
 }
 
 int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
@@ -199,6 +286,12 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 	}
 	_cleanup_close_ int err_r = pipefd[0];
 	_cleanup_close_ int err_w = pipefd[1];
+	if (pipe2(pipefd, O_CLOEXEC) < 0) {
+		*where = "pipe2";
+		return -errno;
+	}
+	_cleanup_close_ int go_r = pipefd[0];
+	_cleanup_close_ int go_w = pipefd[1];
 
 	struct rlimit rl;
 	plan.max_fd = 65535;
@@ -206,6 +299,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 		plan.max_fd = rl.rlim_cur > (1u << 20) ? (1u << 20) : (unsigned)rl.rlim_cur;
 	plan.devnull = devnull;
 	plan.err_w = err_w;
+	plan.go_r = go_r;
+	plan.go_w = go_w;
 	plan.parent = getpid();
 	memset(&plan.dfl, 0, sizeof(plan.dfl));
 	plan.dfl.sa_handler = SIG_DFL;
@@ -217,9 +312,7 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pid_t pid = fork();
-	if (pid == 0)
-		child_exec(&plan);
+	pid_t pid = spawn_fork(req->jail, &plan);
 	int fork_errno = errno;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (pid < 0) {
@@ -227,6 +320,21 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 		return -fork_errno;
 	}
 	_cleanup_child_ pid_t child = pid;
+
+	/* Into its cgroup, then let it go on. If this fails the child reads EOF and exits. */
+	sbx_close_fd(&go_r);
+	if (req->jail)
+		sbx_jail_place(req->jail, child);
+	ssize_t gw;
+	do
+		gw = write(go_w, "g", 1);
+	while (gw < 0 && errno == EINTR);
+	if (gw != 1) {
+		*where = "write(go pipe)";
+		return gw < 0 ? -errno : -EIO;
+	}
+	/* go_w stays open until the child has exec'd (closed at return): see the child's check
+	 * after a user switch. */
 
 	/* Until execve the child holds the only write end: EOF means exec succeeded. */
 	sbx_close_fd(&err_w);
@@ -249,6 +357,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 			;
 		child = -1;
 		*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
+		if (rep.step == STEP_JAIL && rep.what)
+			*where = rep.what;
 		return rep.err > 0 ? -rep.err : -EIO;
 	}
 	if (got != 0) {

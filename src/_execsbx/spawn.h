@@ -12,6 +12,8 @@
 
 #include <sys/types.h>
 
+struct sbx_jail;
+
 #define SBX_CHILD_CHANNEL_FD 3
 #define SBX_CHILD_CONSOLE_FD 4
 #define SBX_CHILD_FIRST_CLOSED_FD 5
@@ -22,6 +24,8 @@ struct sbx_spawn_req {
 	char *const *envp;  /* NULL-terminated */
 	int channel_fd;     /* becomes fd 3 in the child; any fd number, need not be inheritable */
 	int console_fd;     /* becomes fds 1, 2 and 4 */
+	struct sbx_jail *jail; /* NULL: no jail (jail.h); else prepared, and its status may change
+				* (a layer the kernel refuses at clone/placement time) */
 };
 
 struct sbx_child {

@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "jail.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 /* QEMU gets a fixed, minimal environment: nothing of the host's (tokens, proxies, LD_*)
  * leaks into it. */
@@ -25,6 +29,7 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 1;
+	vm->jail = NULL;
 	sbx_channel_init(&vm->ch, -1);
 }
 
@@ -36,7 +41,50 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
+static int spawn_in(struct sbx_vm *vm, char *const *argv, struct sbx_jail *jail,
+		    const char **where);
+
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
+{
+	return spawn_in(vm, argv, NULL, where);
+}
+
+int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, const struct sbx_jail_config *cfg,
+			const char **where)
+{
+	static unsigned long counter;
+	char name[64];
+	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
+		 __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+	struct sbx_jail *jail = calloc(1, sizeof(*jail));
+	if (!jail) {
+		*where = "malloc";
+		return -ENOMEM;
+	}
+	int rc = sbx_jail_prepare(jail, cfg, name);
+	if (rc < 0) {
+		sbx_jail_destroy(jail);
+		free(jail);
+		*where = "jail";
+		return rc;
+	}
+	rc = spawn_in(vm, argv, jail, where);
+	if (rc < 0) {
+		sbx_jail_destroy(jail);
+		free(jail);
+		return rc;
+	}
+	sbx_bpf_free(&jail->bpf); /* loaded in the child; not needed any more */
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+	}
+	vm->jail = jail;
+	return 0;
+}
+
+static int spawn_in(struct sbx_vm *vm, char *const *argv, struct sbx_jail *jail,
+		    const char **where)
 {
 	int chan[2], con[2];
 
@@ -67,6 +115,7 @@ int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
 		.envp = qemu_envp,
 		.channel_fd = chan_qemu,
 		.console_fd = con_qemu,
+		.jail = jail,
 	};
 	struct sbx_child child;
 	rc = sbx_spawn(&req, &child, where);
@@ -137,6 +186,8 @@ void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 	r->reaped = vm->reaped;
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);
 	r->fds[1] = vm->console_fd;
+	r->jail = vm->jail;
+	vm->jail = NULL;
 	vm->console_fd = -1;
 	vm->child.pid = -1;
 	vm->child.pidfd = -1;
@@ -156,6 +207,8 @@ int sbx_vm_finish_close(struct sbx_vm_remains *r)
 	r->child.pid = -1;
 	sbx_close_fd(&r->fds[0]);
 	sbx_close_fd(&r->fds[1]);
+	if (r->jail)
+		sbx_jail_finish(r->jail); /* QEMU is reaped: its cgroup is empty */
 	return status;
 }
 
@@ -167,6 +220,18 @@ void sbx_vm_set_final_status(struct sbx_vm *vm, int status)
 	}
 }
 
+void sbx_vm_keep_jail(struct sbx_vm *vm, struct sbx_vm_remains *r)
+{
+	if (!r->jail)
+		return;
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+	}
+	vm->jail = r->jail;
+	r->jail = NULL;
+}
+
 void sbx_vm_close(struct sbx_vm *vm)
 {
 	struct sbx_vm_remains r;
@@ -174,4 +239,15 @@ void sbx_vm_close(struct sbx_vm *vm)
 		return;
 	sbx_vm_begin_close(vm, &r);
 	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));
+	sbx_vm_keep_jail(vm, &r);
+}
+
+void sbx_vm_destroy(struct sbx_vm *vm)
+{
+	sbx_vm_close(vm);
+	if (vm->jail) {
+		sbx_jail_destroy(vm->jail);
+		free(vm->jail);
+		vm->jail = NULL;
+	}
 }

@@ -16,6 +16,8 @@ struct sbx_vm {
 	int wait_status;        /* waitpid-style status word */
 	int closed;
 	struct sbx_channel ch;  /* host end of the agent channel */
+	struct sbx_jail *jail;  /* heap, owned; NULL when spawned without a jail. Kept after close
+				 * for its status and the cgroup's usage figures. */
 };
 
 /* What sbx_vm_begin_close leaves to release outside of any lock: a SIGKILLed child to reap and
@@ -24,6 +26,7 @@ struct sbx_vm_remains {
 	struct sbx_child child;
 	int reaped;
 	int fds[2];
+	struct sbx_jail *jail; /* finished (usage read, cgroup removed) after the reap */
 };
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
@@ -32,6 +35,11 @@ void sbx_vm_init(struct sbx_vm *vm);
  * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where);
+/* The same inside the host jail (jail.h) configured by cfg. Layers the host cannot provide are
+ * off with a reason in vm->jail->status. */
+struct sbx_jail_config;
+int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, const struct sbx_jail_config *cfg,
+			const char **where);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
 int sbx_vm_kill(struct sbx_vm *vm);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;
@@ -48,6 +56,10 @@ ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n);
 void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r);
 int sbx_vm_finish_close(struct sbx_vm_remains *r);
 void sbx_vm_set_final_status(struct sbx_vm *vm, int status);
+/* Hand the (finished) jail back to vm after finish_close, for its status and usage. */
+void sbx_vm_keep_jail(struct sbx_vm *vm, struct sbx_vm_remains *r);
+/* Free everything, including the jail. Call once, after close. */
+void sbx_vm_destroy(struct sbx_vm *vm);
 /* All three in one. Idempotent. */
 void sbx_vm_close(struct sbx_vm *vm);
 

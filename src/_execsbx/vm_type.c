@@ -8,6 +8,7 @@
 
 #include "channel.h"
 #include "event.h"
+#include "jail.h"
 #include "protocol.h"
 #include "request.h"
 #include "vm.h"
@@ -38,11 +39,93 @@ static int check_open(VmObject *self)
 	return 0;
 }
 
+/* One optional int item of the jail dict; 0 or -1 with an exception set. */
+static int jail_int(PyObject *dict, const char *key, long long lo, long long hi, long long *out)
+{
+	PyObject *v = PyDict_GetItemString(dict, key); /* borrowed */
+	if (!v)
+		return 0;
+	if (!PyLong_Check(v)) {
+		PyErr_Format(PyExc_TypeError, "jail['%s'] must be an int", key);
+		return -1;
+	}
+	long long x = PyLong_AsLongLong(v);
+	if (x == -1 && PyErr_Occurred())
+		return -1;
+	if (x < lo || x > hi) {
+		PyErr_Format(PyExc_ValueError, "jail['%s'] out of range (%lld .. %lld)", key, lo, hi);
+		return -1;
+	}
+	*out = x;
+	return 0;
+}
+
+static const char *const jail_keys[] = {"network", "memory_mb", "cpu_percent", "pids_max", "uid",
+					"gid", NULL};
+
+/* The jail keyword of Vm(): None (no jail) or a dict with the keys above, all optional. */
+static int parse_jail(PyObject *o, struct sbx_jail_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->uid = cfg->gid = -1;
+	if (!o || o == Py_None)
+		return 0;
+	if (!PyDict_Check(o)) {
+		PyErr_SetString(PyExc_TypeError, "jail must be a dict or None");
+		return -1;
+	}
+	PyObject *key;
+	Py_ssize_t pos = 0;
+	while (PyDict_Next(o, &pos, &key, NULL)) {
+		int known = 0;
+		for (const char *const *k = jail_keys; *k; k++)
+			if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, *k) == 0)
+				known = 1;
+		if (!known) {
+			PyErr_Format(PyExc_TypeError, "unknown jail option %R", key);
+			return -1;
+		}
+	}
+	long long network = 0, mem = 0, cpu = 0, pids = 0, uid = -1, gid = -1;
+	if (jail_int(o, "network", 0, 1, &network) < 0 ||
+	    jail_int(o, "memory_mb", 0, 1 << 24, &mem) < 0 ||
+	    jail_int(o, "cpu_percent", 0, 100000, &cpu) < 0 ||
+	    jail_int(o, "pids_max", 0, 1 << 22, &pids) < 0 ||
+	    jail_int(o, "uid", -1, 0x7fffffff, &uid) < 0 ||
+	    jail_int(o, "gid", -1, 0x7fffffff, &gid) < 0)
+		return -1;
+	cfg->enabled = 1;
+	cfg->network = (int)network;
+	cfg->memory_bytes = (uint64_t)mem << 20;
+	cfg->cpu_percent = (unsigned)cpu;
+	cfg->pids_max = (unsigned)pids;
+	cfg->uid = (long)uid;
+	cfg->gid = (long)gid;
+	return 0;
+}
+
 static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
 	struct sbx_parsed_config pc;
-	if (sbx_parse_vm_config(args, kwds, "Vm", 1, &pc) < 0)
+	struct sbx_jail_config jcfg;
+	/* "jail" is Vm's own; the rest is shared with build_qemu_argv. */
+	PyObject *rest = kwds ? PyDict_Copy(kwds) : PyDict_New();
+	if (!rest)
 		return NULL;
+	PyObject *o_jail = PyDict_GetItemString(rest, "jail"); /* borrowed */
+	Py_XINCREF(o_jail);
+	if (o_jail && PyDict_DelItemString(rest, "jail") < 0) {
+		Py_DECREF(o_jail);
+		Py_DECREF(rest);
+		return NULL;
+	}
+	int prc = parse_jail(o_jail, &jcfg);
+	Py_XDECREF(o_jail);
+	if (prc < 0 || sbx_parse_vm_config(args, rest, "Vm", 1, &pc) < 0) {
+		Py_DECREF(rest);
+		return NULL;
+	}
+	Py_DECREF(rest);
 	char **argv = sbx_build_argv_or_raise(&pc.cfg);
 	if (!argv) {
 		sbx_parsed_config_release(&pc);
@@ -59,7 +142,8 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	const char *where = "spawn";
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
-	rc = sbx_vm_spawn(&self->vm, argv, &where);
+	rc = jcfg.enabled ? sbx_vm_spawn_jailed(&self->vm, argv, &jcfg, &where)
+			  : sbx_vm_spawn(&self->vm, argv, &where);
 	Py_END_ALLOW_THREADS
 	sbx_argv_free(argv);
 	if (rc < 0) {
@@ -88,12 +172,14 @@ static void vm_do_close(VmObject *self)
 	status = sbx_vm_finish_close(&r);
 	Py_END_ALLOW_THREADS
 	sbx_vm_set_final_status(&self->vm, status);
+	sbx_vm_keep_jail(&self->vm, &r);
 }
 
 static void vm_dealloc(VmObject *self)
 {
 	PyTypeObject *tp = Py_TYPE(self);
 	vm_do_close(self);
+	sbx_vm_destroy(&self->vm);
 	tp->tp_free((PyObject *)self);
 	Py_DECREF(tp);
 }
@@ -502,6 +588,70 @@ static PyObject *vm_fileno(VmObject *self, PyObject *unused)
 	return PyLong_FromLong(self->vm.ch.fd);
 }
 
+PyDoc_STRVAR(jail_status_doc,
+	     "jail_status() -> list[tuple[str, bool, str]]\n\n"
+	     "(layer, active, detail) for each host jail layer: seccomp, namespaces, cgroup,\n"
+	     "rlimits, user. detail says what is in force or why the layer is off. Empty when\n"
+	     "the Vm was made with jail=None.");
+
+static PyObject *vm_jail_status(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	PyObject *list = PyList_New(0);
+	if (!list || !j)
+		return list;
+	for (int l = 0; l < SBX_LAYER__COUNT; l++)
+		if (append_new(list, Py_BuildValue("(sNs)", sbx_layer_names[l],
+						   PyBool_FromLong(j->status[l].active),
+						   j->status[l].detail)) < 0) {
+			Py_DECREF(list);
+			return NULL;
+		}
+	return list;
+}
+
+PyDoc_STRVAR(resource_usage_doc,
+	     "resource_usage() -> tuple[int | None, int | None] | None\n\n"
+	     "(cpu_ns, memory_peak_bytes) of QEMU as its cgroup counted them, read when the Vm\n"
+	     "was closed (just before the cgroup was removed). None before close() or without a\n"
+	     "cgroup; an item is None when the cgroup had no such counter.");
+
+static PyObject *u64_or_none(uint64_t v)
+{
+	if (v == UINT64_MAX)
+		Py_RETURN_NONE;
+	return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *vm_resource_usage(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	if (!j || !j->usage_valid)
+		Py_RETURN_NONE;
+	return Py_BuildValue("(NN)", u64_or_none(j->cpu_ns), u64_or_none(j->memory_peak));
+}
+
+PyDoc_STRVAR(cgroup_dirs_doc,
+	     "cgroup_dirs() -> list[str]\n\nThe directories of QEMU's cgroup while it runs\n"
+	     "(one for v2; memory, cpu, cpuacct, pids for v1); [] without one or once closed.");
+
+static PyObject *vm_cgroup_dirs(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	const struct sbx_jail *j = self->vm.jail;
+	PyObject *list = PyList_New(0);
+	if (!list || !j)
+		return list;
+	for (unsigned i = 0; i < j->cg.ndirs; i++)
+		if (append_new(list, PyUnicode_DecodeFSDefault(j->cg.dirs[i])) < 0) {
+			Py_DECREF(list);
+			return NULL;
+		}
+	return list;
+}
+
 static PyObject *vm_enter(VmObject *self, PyObject *unused)
 {
 	(void)unused;
@@ -568,6 +718,9 @@ static PyMethodDef vm_methods[] = {
 	{"kill", (PyCFunction)vm_kill, METH_NOARGS, kill_doc},
 	{"close", (PyCFunction)vm_close, METH_NOARGS, close_doc},
 	{"fileno", (PyCFunction)vm_fileno, METH_NOARGS, fileno_doc},
+	{"jail_status", (PyCFunction)vm_jail_status, METH_NOARGS, jail_status_doc},
+	{"resource_usage", (PyCFunction)vm_resource_usage, METH_NOARGS, resource_usage_doc},
+	{"cgroup_dirs", (PyCFunction)vm_cgroup_dirs, METH_NOARGS, cgroup_dirs_doc},
 	{"__enter__", (PyCFunction)vm_enter, METH_NOARGS, NULL},
 	{"__exit__", (PyCFunction)vm_exit, METH_VARARGS, NULL},
 	{NULL, NULL, 0, NULL},
@@ -575,10 +728,14 @@ static PyMethodDef vm_methods[] = {
 
 PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
-	     "   kernel_cmdline_extra='')\n\n"
+	     "   kernel_cmdline_extra='', qemu_sandbox=False, jail=None)\n\n"
 	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4. OSError(errno, '... (from <syscall>)') if it cannot be\n"
 	     "started, ValueError for an invalid configuration.\n\n"
+	     "jail: None, or a dict (every key optional) {'network': 0|1, 'memory_mb',\n"
+	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep)}:\n"
+	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"
+	     "see jail_status() for what the host allowed.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
 	     "a thread that lives as long as the Vm (e.g. the event loop's).");
 

@@ -30,6 +30,21 @@ STDOUT_LIMIT_DEFAULT: int
 STDERR_LIMIT_DEFAULT: int
 TIMEOUT_MS_MIN: int
 TIMEOUT_MS_MAX: int
+MSG_FILE_WRITE_BEGIN: int
+MSG_FILE_WRITE_DATA: int
+MSG_FILE_WRITE_END: int
+MSG_FILE_READ: int
+MSG_FILE_LIST: int
+FILE_EXECUTABLE: int
+FILE_ERR_PATH: int
+FILE_ERR_NOT_FOUND: int
+FILE_ERR_IO: int
+FILE_ERR_TOO_LARGE: int
+FILE_ERR_PROTOCOL: int
+FILE_SIZE_MAX: int
+FILE_CHUNK_MAX: int
+PATH_MAX: int
+PATH_COMPONENT_MAX: int
 
 class ProtocolError(OSError):
     events: list[tuple[Any, ...]]
@@ -43,7 +58,9 @@ def build_qemu_argv(
     vcpus: int,
     accel: str,
     kernel_cmdline_extra: str = ...,
+    qemu_sandbox: bool = ...,
 ) -> list[str]: ...
+def seccomp_rules() -> list[tuple[str, str, str]]: ...
 def tsc_khz() -> int: ...
 
 class Vm:
@@ -62,7 +79,12 @@ class Vm:
         vcpus: int = ...,
         accel: str = ...,
         kernel_cmdline_extra: str = ...,
+        jail: dict[str, int | bool] | None = ...,
+        qemu_sandbox: bool = ...,
     ) -> None: ...
+    def jail_status(self) -> list[tuple[str, bool, str]]: ...
+    def resource_usage(self) -> tuple[int | None, int | None] | None: ...
+    def cgroup_dirs(self) -> list[str]: ...
     def read_events(self) -> list[tuple[Any, ...]]: ...
     def send_exec(
         self,
@@ -73,8 +95,10 @@ class Vm:
         stderr_limit: int,
         env: Sequence[tuple[bytes, bytes]],
         code: bytes,
+        session: bool = ...,
     ) -> int: ...
     def send_ping(self, id: int) -> int: ...
+    def send_file_frame(self, type: int, id: int, payload: bytes | memoryview, /) -> int: ...
     def flush(self) -> int: ...
     def read_console(self) -> bytes: ...
     def poll_exit(self) -> int | None: ...

@@ -26,6 +26,7 @@ from .errors import (
     VmTransientError,
 )
 from .images import GuestImages
+from .jail import report_layers
 from .models import Language
 
 log = logging.getLogger("exec_sandbox")
@@ -57,6 +58,9 @@ class VmSpec:
     memory_mb: int
     vcpus: int = 1
     kernel_cmdline_extra: str = ""
+    # The host jail (jail.py, src/_execsbx/jail.c): None runs QEMU without it.
+    jail: dict[str, int] | None = None
+    qemu_sandbox: bool = False
 
 
 @dataclass
@@ -179,11 +183,14 @@ class GuestVm:
                 vcpus=spec.vcpus,
                 accel=spec.accel,
                 kernel_cmdline_extra=spec.kernel_cmdline_extra,
+                qemu_sandbox=spec.qemu_sandbox,
+                jail=spec.jail,
             )
         except FileNotFoundError as exc:
             raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        report_layers(vm.jail_status())
         guest = cls(vm, loop, on_boot_log)
         try:
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
@@ -200,6 +207,16 @@ class GuestVm:
     @property
     def alive(self) -> bool:
         return self._broken is None and not self._vm.closed
+
+    @property
+    def jail_status(self) -> list[tuple[str, bool, str]]:
+        """(layer, active, detail) of the host jail around this VM's QEMU."""
+        return list(self._vm.jail_status())
+
+    def resource_usage(self) -> tuple[int | None, int | None] | None:
+        """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup, once closed; else None."""
+        usage = self._vm.resource_usage()
+        return None if usage is None else (usage[0], usage[1])
 
     @property
     def console_tail(self) -> str:

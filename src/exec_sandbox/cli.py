@@ -39,29 +39,43 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                      help="environment variable for the code")  # fmt: skip
+    run.add_argument("--upload", action="append", default=[], metavar="LOCAL:GUEST",
+                     help="copy a host file into the guest home before the code runs")
+    run.add_argument("--download", action="append", default=[], metavar="GUEST[:LOCAL]",
+                     help="copy a guest file to the host after the code ran "
+                          "(default: its name, in the current directory)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
+    doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING,
+        level=logging.DEBUG if getattr(args, "debug", False) else logging.WARNING,
         format="sbx: %(levelname)s %(message)s",
     )
+    if args.command == "doctor":
+        return _doctor(args.json)
     try:
         code, language = _resolve_source(args)
         env = _parse_env(args.env)
+        uploads = [_parse_upload(spec) for spec in args.upload]
+        downloads = [_parse_download(spec) for spec in args.download]
     except ValueError as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = asyncio.run(_run(args, code, language, env))
+        result = asyncio.run(_run(args, code, language, env, uploads, downloads))
     except (InputValidationError, VmConfigError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except FileNotFoundError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
     except OutputLimitError as exc:
         print(f"sbx: output limit: {exc}", file=sys.stderr)
         return EXIT_SANDBOX_FAILURE
@@ -77,6 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
 
 
+def _doctor(as_json: bool) -> int:
+    """Exit 0 when everything needed to run code is there, 1 otherwise."""
+    from . import doctor
+
+    checks = doctor.run_checks()
+    if as_json:
+        print(json.dumps(doctor.as_dicts(checks), indent=2))
+    else:
+        print(doctor.render(checks))
+    return 0 if doctor.healthy(checks) else 1
+
+
 def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
     if args.code is not None:
         return args.code, args.language or "python"
@@ -90,6 +116,22 @@ def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
+def _parse_upload(spec: str) -> tuple[Path, str]:
+    local, sep, guest = spec.partition(":")
+    if not sep or not local or not guest:
+        raise ValueError(f"--upload expects LOCAL:GUEST, got {spec!r}")
+    if not Path(local).is_file():
+        raise ValueError(f"--upload: {local} is not a file")
+    return Path(local), guest
+
+
+def _parse_download(spec: str) -> tuple[str, Path]:
+    guest, _, local = spec.partition(":")
+    if not guest:
+        raise ValueError(f"--download expects GUEST[:LOCAL], got {spec!r}")
+    return guest, Path(local) if local else Path(Path(guest).name)
+
+
 def _parse_env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -100,8 +142,9 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-async def _run(args: argparse.Namespace, code: str, language: Language,
-               env: dict[str, str]) -> ExecutionResult:  # fmt: skip
+async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
+               uploads: list[tuple[Path, str]],
+               downloads: list[tuple[str, Path]]) -> ExecutionResult:  # fmt: skip
     progress = _Progress(enabled=not args.quiet and not args.json and sys.stderr.isatty())
     stream = not args.json
 
@@ -118,8 +161,19 @@ async def _run(args: argparse.Namespace, code: str, language: Language,
     async with Scheduler() as scheduler:
         progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
         try:
-            return await scheduler.run(
-                code,
+            if not uploads and not downloads:
+                return await scheduler.run(
+                    code,
+                    language=language,
+                    timeout_seconds=args.timeout,
+                    memory_mb=args.memory,
+                    env_vars=env or None,
+                    on_stdout=out if stream else None,
+                    on_stderr=err if stream else None,
+                    on_boot_log=err if args.debug else None,
+                )
+            # Files need a VM that outlives the code: a session of one exec().
+            session = await scheduler.session(
                 language=language,
                 timeout_seconds=args.timeout,
                 memory_mb=args.memory,
@@ -128,6 +182,13 @@ async def _run(args: argparse.Namespace, code: str, language: Language,
                 on_stderr=err if stream else None,
                 on_boot_log=err if args.debug else None,
             )
+            async with session:
+                for local, guest in uploads:
+                    await session.write_file(guest, local)
+                result = await session.exec(code)
+                for guest_path, local_path in downloads:
+                    await session.read_file(guest_path, destination=local_path)
+                return result
         finally:
             progress.clear()
 

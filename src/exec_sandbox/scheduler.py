@@ -20,6 +20,7 @@ from ._vm import (
 from .config import SchedulerConfig
 from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmConfigError
 from .images import GuestImages, load_images
+from .jail import jail_options, usage_figures
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
 from .session import Session
 from .validation import (
@@ -130,6 +131,8 @@ class Scheduler:
                 accel=self._accel,
                 memory_mb=memory,
                 kernel_cmdline_extra=_kernel_cmdline_extra(),
+                jail=jail_options(memory),
+                qemu_sandbox=True,
             )
             spawn_at = time.monotonic()
             vm = await GuestVm.boot(
@@ -154,6 +157,7 @@ class Scheduler:
             finally:
                 vm.close()
                 self._vms.discard(vm)
+            cpu_ms, peak_mb = usage_figures(vm.resource_usage())
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
             raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
@@ -167,6 +171,8 @@ class Scheduler:
             stderr=stderr,
             exit_code=outcome.exit_code,
             execution_time_ms=outcome.duration_us // 1000,
+            external_cpu_time_ms=cpu_ms,
+            external_memory_peak_mb=peak_mb,
             timing=TimingBreakdown(
                 setup_ms=_ms(spawn_at - started),
                 boot_ms=_ms(ready_at - spawn_at),
@@ -213,6 +219,8 @@ class Scheduler:
                 accel=self._accel,
                 memory_mb=memory,
                 kernel_cmdline_extra=_kernel_cmdline_extra(),
+                jail=jail_options(memory),
+                qemu_sandbox=True,
             )
             spawn_at = time.monotonic()
             vm = await GuestVm.boot(

@@ -5,6 +5,7 @@
  * Input layout: 2 bytes seed for the split points, then the byte stream. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "channel.h"
 
@@ -47,6 +48,29 @@ static void check_event(const struct sbx_event *ev)
 	case SBX_EV_PONG:
 		REQUIRE(ev->len == 0);
 		break;
+	case SBX_EV_FILE_DATA:
+		REQUIRE(ev->len >= 1 && ev->len <= SBX_FILE_CHUNK_MAX);
+		break;
+	case SBX_EV_FILE_DONE:
+		REQUIRE(ev->len == 0);
+		break;
+	case SBX_EV_FILE_ERROR:
+		REQUIRE(ev->error_code >= SBX_FILE_ERR_PATH && ev->error_code <= SBX_FILE_ERR_MAX);
+		REQUIRE(ev->len <= SBX_ERROR_MESSAGE_MAX);
+		break;
+	case SBX_EV_FILE_ENTRIES: {
+		/* What the binding does: walk every entry; each must decode and be a safe name. */
+		REQUIRE(ev->count >= 1 && ev->count <= SBX_LIST_BATCH_MAX);
+		struct sbx_cursor c = {ev->data, ev->len};
+		for (uint32_t i = 0; i < ev->count; i++) {
+			struct sbx_dir_entry e;
+			REQUIRE(sbx_dir_entry_next(&c, &e) == 0);
+			REQUIRE(e.name_len >= 1 && e.name_len <= SBX_PATH_COMPONENT_MAX);
+			REQUIRE(!memchr(e.name, '/', e.name_len) && e.is_dir <= 1);
+		}
+		REQUIRE(c.left == 0);
+		break;
+	}
 	default:
 		__builtin_trap();
 	}

@@ -118,6 +118,25 @@ int main(int argc, char **argv)
 	b.len = 0;
 	frame(&b, SBX_MSG_READY, 0, "\x01\x00\x00\x00\x10\x00\x00\x00short", 13);
 	emit("bad_ready", &b, 13);
+
+	/* File transfers: a read (data + done), a listing, an error; then violations. */
+	b.len = 0;
+	frame(&b, SBX_MSG_FILE_DATA, 20, "file bytes", 10);
+	frame(&b, SBX_MSG_FILE_DONE, 20, "\x0a\0\0\0\0\0\0\0", 8);
+	frame(&b, SBX_MSG_FILE_ENTRIES, 21,
+	      "\x02\0\0\0"
+	      "\x01\x00\x10\0\0\0\0\0\0\x03\0\0\0dir"
+	      "\x00\x05\0\0\0\0\0\0\0\x05\0\0\0a.txt",
+	      4 + 16 + 18);
+	frame(&b, SBX_MSG_FILE_DONE, 21, "\x02\0\0\0\0\0\0\0", 8);
+	frame(&b, SBX_MSG_FILE_ERROR, 22, "\x02\0\0\0\x04\0\0\0gone", 12);
+	emit("files", &b, 14);
+	b.len = 0;
+	frame(&b, SBX_MSG_FILE_ENTRIES, 23, "\x01\0\0\0\x00\x01\0\0\0\0\0\0\0\x02\0\0\0..", 4 + 15);
+	emit("bad_entry", &b, 15);
+	b.len = 0;
+	frame(&b, SBX_MSG_FILE_ERROR, 24, "\x09\0\0\0\0\0\0\0", 8);
+	emit("bad_file_error", &b, 16);
 	sbx_buf_free(&b);
 	return 0;
 }

@@ -28,6 +28,9 @@ import traceback
 # protocol.h
 READY, STDOUT, STDERR, EXIT, ERROR, PONG = 1, 2, 3, 4, 5, 6
 EXEC, PING = 64, 65
+FILE_DATA, FILE_ENTRIES, FILE_DONE, FILE_ERROR = 7, 8, 9, 10
+SESSION_EXEC, WRITE_BEGIN, WRITE_DATA, WRITE_END, FILE_READ, FILE_LIST = 66, 67, 68, 69, 70, 71
+FILE_ERR_PATH, FILE_ERR_NOT_FOUND, FILE_ERR_PROTOCOL = 1, 2, 5
 PYTHON, JAVASCRIPT, RAW = 1, 2, 3
 TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
 ERR_BAD_REQUEST, ERR_BUSY, ERR_SPAWN, ERR_INTERNAL = 1, 2, 3, 4
@@ -37,6 +40,7 @@ OUTPUT_CHUNK_MAX = 32 * 1024
 CODE_MAX = 1024 * 1024
 
 AGENT = os.path.join(os.path.dirname(__file__), "..", "..", "guest", "build", "sbx-agent")
+DRIVERS = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "guest", "repl"))
 
 
 # Builds a root like the guest's (read-only, with empty mount points) out of the host's /usr
@@ -459,7 +463,7 @@ def test_boot_in_namespaces() -> None:
         # hidepid=2: the agent (PID 1) is invisible; no new privileges; limits.
         out = sh('test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;'
                  ' ulimit -n; ulimit -c; ulimit -u')
-        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n512\n", out
+        assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n256\n", out
         out = sh("awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
                  " {print $2, $3, $4}' /proc/mounts | sort")
         mounts = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
@@ -470,7 +474,14 @@ def test_boot_in_namespaces() -> None:
             assert "nosuid" in opts, (path, opts)
         assert "hidepid=invisible" in mounts["/proc"][1] or "hidepid=2" in mounts["/proc"][1]
         assert mounts["/sys"][1].startswith("ro,")
-        assert "size=262144k" in mounts["/tmp"][1] and "size=524288k" in mounts["/home/user"][1]
+        # tmpfs sizes are shares of RAM (25% /tmp, 40% /home/user), so a full disk is ENOSPC.
+        ram_pages = os.sysconf("SC_PHYS_PAGES")
+        page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+        for path, share in (("/tmp", 25), ("/home/user", 40)):
+            size_kib = int(next(o for o in mounts[path][1].split(",")
+                                if o.startswith("size="))[5:-1])
+            expected = ram_pages * share // 100 * page_kib
+            assert abs(size_kib - expected) <= 4 * page_kib, (path, size_kib, expected)
         # Loopback is up; a pty can be had.
         out = sh("import socket, os\n"
                  "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
@@ -497,6 +508,121 @@ SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
 STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]
+
+
+# --- sessions and files (standalone: each gets an agent with the REPL drivers) ------------------
+
+def session_agent() -> Agent:
+    a = Agent("--driver-dir", DRIVERS)
+    assert a.expect()[0] == READY
+    return a
+
+
+def session_run(a: Agent, req_id: int, code: str, **kw) -> dict:
+    a.send(frame(SESSION_EXEC, req_id, exec_payload(code, **kw)))
+    return a.collect(req_id, 60)
+
+
+def file_reply(a: Agent, req_id: int) -> tuple[int, bytes, list]:
+    """(FILE_DONE value or -error kind, data, entries) for one request."""
+    data, entries = b"", []
+    while True:
+        mtype, fid, payload = a.expect(10)
+        assert fid == req_id, (mtype, fid)
+        if mtype == FILE_DATA:
+            data += payload
+        elif mtype == FILE_ENTRIES:
+            (count,), off = struct.unpack_from("<I", payload), 4
+            for _ in range(count):
+                is_dir, size, n = struct.unpack_from("<BQI", payload, off)
+                off += 13
+                entries.append((payload[off:off + n].decode(), is_dir, size))
+                off += n
+        elif mtype == FILE_DONE:
+            return struct.unpack("<Q", payload)[0], data, entries
+        elif mtype == FILE_ERROR:
+            return -struct.unpack_from("<I", payload)[0], data, entries
+        else:
+            raise AssertionError(f"unexpected frame {mtype}")
+
+
+def test_session_state_survives_errors_and_timeout_resets_it() -> None:
+    a = session_agent()
+    try:
+        r = session_run(a, 1, "x = 41", language=PYTHON, timeout_ms=60_000)
+        assert r["exit"] == 0, r
+        r = session_run(a, 2, "raise KeyError('k')", language=PYTHON)
+        assert r["exit"] == 1 and b"KeyError" in r["stderr"], r
+        r = session_run(a, 3, "import sys; print(x + 1); sys.exit(4)", language=PYTHON)
+        assert (r["exit"], r["stdout"]) == (4, b"42\n"), r
+        r = session_run(a, 4, "while True: pass", language=PYTHON, timeout_ms=500)
+        assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), r
+        r = session_run(a, 5, "print('x' in globals())", language=PYTHON, timeout_ms=60_000)
+        assert r["stdout"] == b"False\n", r
+        # Another language while the REPL lives is refused, the REPL stays.
+        r = session_run(a, 6, "echo no", language=RAW)
+        assert r.get("error") == ERR_BAD_REQUEST, r
+        r = session_run(a, 7, "import os; os.write(1, b'\\x04\\x00' * 8); print()", language=PYTHON)
+        assert (r["exit"], r["stdout"]) == (0, b"\x04\x00" * 8 + b"\n"), r
+    finally:
+        assert a.close() == 0
+
+
+def test_session_output_limit_interrupts_but_keeps_state() -> None:
+    a = session_agent()
+    try:
+        assert session_run(a, 1, "y = 5", language=PYTHON, timeout_ms=60_000)["exit"] == 0
+        r = session_run(a, 2, "while True: print('z' * 1000)", language=PYTHON,
+                        stdout_limit=10_000, timeout_ms=20_000)
+        assert r["flags"] == STDOUT_LIMIT and len(r["stdout"]) == 10_000, r["flags"]
+        r = session_run(a, 3, "print(y)", language=PYTHON)
+        assert r["stdout"] == b"5\n", r
+    finally:
+        assert a.close() == 0
+
+
+def test_files_write_read_list_and_refusals() -> None:
+    a = session_agent()
+    home = os.path.join(a.work.name, "home")
+    try:
+        data = bytes(range(256)) * 1000
+        a.send(frame(WRITE_BEGIN, 1, s("d/e/f.bin") + b"\x01"))
+        for i in range(0, len(data), 70_000):
+            a.send(frame(WRITE_DATA, 1, data[i:i + 70_000]))
+        a.send(frame(WRITE_END, 1, b"\x01"))
+        assert file_reply(a, 1)[0] == len(data)
+        assert os.access(os.path.join(home, "d/e/f.bin"), os.X_OK)
+        a.send(frame(FILE_READ, 2, s("d/e/f.bin")))
+        n, back, _ = file_reply(a, 2)
+        assert n == len(data) and back == data
+        a.send(frame(FILE_LIST, 3, s("d/e")))
+        assert file_reply(a, 3) == (1, b"", [("f.bin", 0, len(data))])
+        # An aborted write leaves nothing, not even its temporary file.
+        a.send(frame(WRITE_BEGIN, 4, s("d/gone.txt") + b"\x00") + frame(WRITE_DATA, 4, b"x"))
+        a.send(frame(WRITE_END, 4, b"\x00"))
+        a.send(frame(FILE_LIST, 5, s("d")))
+        assert [e[0] for e in file_reply(a, 5)[2]] == ["e"]
+        # The guest refuses what the host should have: '..', absolute, empty components.
+        for i, bad in enumerate(["../x", "/etc/passwd", "a//b", ".", "a/.."]):
+            a.send(frame(FILE_READ, 10 + i, s(bad)))
+            assert file_reply(a, 10 + i)[0] == -FILE_ERR_PATH, bad
+        # Symlinks are never followed, wherever they are on the path.
+        os.symlink("/etc", os.path.join(home, "etc"))
+        os.symlink("/etc/hostname", os.path.join(home, "hostname"))
+        for i, path in enumerate(["etc/hostname", "hostname"]):
+            a.send(frame(FILE_READ, 20 + i, s(path)))
+            assert file_reply(a, 20 + i)[0] == -FILE_ERR_PATH, path
+        a.send(frame(WRITE_BEGIN, 22, s("etc/planted") + b"\x00"))
+        assert file_reply(a, 22)[0] == -FILE_ERR_PATH
+        a.send(frame(WRITE_END, 22, b"\x01"))  # clears the failed write; no reply
+        a.send(frame(FILE_READ, 23, s("missing")))
+        assert file_reply(a, 23)[0] == -FILE_ERR_NOT_FOUND
+        a.send(frame(WRITE_DATA, 24, b"orphan"))
+        assert file_reply(a, 24)[0] == -FILE_ERR_PROTOCOL
+        a.send(frame(PING, 25))
+        assert a.expect() == (PONG, 25, b"")
+    finally:
+        assert a.close() == 0
 
 
 def main() -> int:
@@ -547,6 +673,10 @@ def main() -> int:
     for fn in STICKY:
         report(fn.__name__, lambda fn=fn: fresh(fn))
     for fn in STANDALONE:
+        report(fn.__name__, fn)
+    for fn in (test_session_state_survives_errors_and_timeout_resets_it,
+               test_session_output_limit_interrupts_but_keeps_state,
+               test_files_write_read_list_and_refusals):
         report(fn.__name__, fn)
     if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
         report("test_boot_in_namespaces", test_boot_in_namespaces)

@@ -139,9 +139,131 @@ static void test_pong_and_bad_types(void)
 	P.n = 1;
 	CHECK_EQ(decode(SBX_MSG_PONG, &P, &ev), -EPROTO);
 	P.n = 0;
-	static const uint8_t bad[] = {0, 7, 63, SBX_MSG_EXEC, SBX_MSG_PING, 66, 255};
+	static const uint8_t bad[] = {0, 11, 31, 63, SBX_MSG_EXEC, SBX_MSG_PING, SBX_MSG_SESSION_EXEC,
+					   SBX_MSG_FILE_READ, 255};
 	for (size_t i = 0; i < sizeof(bad); i++)
 		CHECK_EQ(decode(bad[i], &P, &ev), -EPROTO);
+}
+
+static void p_entry(struct payload *p, uint8_t is_dir, uint64_t size, const char *name)
+{
+	p->b[p->n++] = is_dir;
+	p_u32(p, (uint32_t)size);
+	p_u32(p, (uint32_t)(size >> 32));
+	p_u32(p, (uint32_t)strlen(name));
+	p_bytes(p, name, strlen(name));
+}
+
+static void test_file_data_and_done(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_FILE_DATA, &P, &ev), -EPROTO); /* empty */
+	P.n = SBX_FILE_CHUNK_MAX;
+	CHECK_EQ(decode(SBX_MSG_FILE_DATA, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_FILE_DATA);
+	CHECK_EQ(ev.len, SBX_FILE_CHUNK_MAX);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "file_data");
+	P.n = SBX_FILE_CHUNK_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_FILE_DATA, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, 7);
+	p_u32(&P, 1);
+	CHECK_EQ(decode(SBX_MSG_FILE_DONE, &P, &ev), 0);
+	CHECK_EQ(ev.value, (1ull << 32) + 7);
+	P.n = 7;
+	CHECK_EQ(decode(SBX_MSG_FILE_DONE, &P, &ev), -EPROTO);
+	P.n = 9;
+	CHECK_EQ(decode(SBX_MSG_FILE_DONE, &P, &ev), -EPROTO);
+	/* FILE_ERROR: kind in range, message bounded. */
+	P.n = 0;
+	p_u32(&P, SBX_FILE_ERR_NOT_FOUND);
+	p_u32(&P, 4);
+	p_bytes(&P, "gone", 4);
+	CHECK_EQ(decode(SBX_MSG_FILE_ERROR, &P, &ev), 0);
+	CHECK_EQ(ev.error_code, SBX_FILE_ERR_NOT_FOUND);
+	CHECK_EQ(ev.len, 4);
+	P.b[0] = 0;
+	CHECK_EQ(decode(SBX_MSG_FILE_ERROR, &P, &ev), -EPROTO);
+	P.b[0] = SBX_FILE_ERR_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_FILE_ERROR, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, SBX_FILE_ERR_IO);
+	p_u32(&P, SBX_ERROR_MESSAGE_MAX + 1);
+	P.n += SBX_ERROR_MESSAGE_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_FILE_ERROR, &P, &ev), -EMSGSIZE);
+}
+
+static void test_file_entries(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_u32(&P, 2);
+	p_entry(&P, 1, 4096, "dir");
+	p_entry(&P, 0, 5000000000ull, "big.bin");
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_FILE_ENTRIES);
+	CHECK_EQ(ev.count, 2);
+	struct sbx_cursor c = {ev.data, ev.len};
+	struct sbx_dir_entry e;
+	CHECK_EQ(sbx_dir_entry_next(&c, &e), 0);
+	CHECK(e.is_dir == 1 && e.size == 4096 && e.name_len == 3 && memcmp(e.name, "dir", 3) == 0);
+	CHECK_EQ(sbx_dir_entry_next(&c, &e), 0);
+	CHECK(e.is_dir == 0 && e.size == 5000000000ull && e.name_len == 7);
+	CHECK_EQ(c.left, 0);
+	/* The count must match the entries exactly. */
+	P.b[0] = 3;
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
+	P.b[0] = 1;
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO); /* trailing entry */
+	P.b[0] = 0;
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO); /* empty batch */
+	/* Bad names and flags. */
+	static const char *const bad_names[] = {"", ".", "..", "a/b", "nul\0x"};
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+		P.n = 0;
+		p_u32(&P, 1);
+		size_t len = i == 4 ? 5 : strlen(bad_names[i]);
+		P.b[P.n++] = 0;
+		p_u32(&P, 1);
+		p_u32(&P, 0);
+		p_u32(&P, (uint32_t)len);
+		p_bytes(&P, bad_names[i], len);
+		CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
+	}
+	P.n = 0;
+	p_u32(&P, 1);
+	p_entry(&P, 2, 1, "x");
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, 1);
+	P.b[P.n++] = 0;
+	p_u32(&P, 1);
+	p_u32(&P, 0);
+	p_u32(&P, SBX_PATH_COMPONENT_MAX + 1);
+	memset(P.b + P.n, 'n', SBX_PATH_COMPONENT_MAX + 1);
+	P.n += SBX_PATH_COMPONENT_MAX + 1;
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EMSGSIZE);
+	/* More entries than a batch may hold. */
+	P.n = 0;
+	p_u32(&P, SBX_LIST_BATCH_MAX + 1);
+	for (uint32_t i = 0; i < SBX_LIST_BATCH_MAX + 1; i++)
+		p_entry(&P, 0, 1, "f");
+	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
+}
+
+static void test_file_frame_encoding(void)
+{
+	struct sbx_buf b = {0};
+	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_READ, 5, "\1\0\0\0x", 5), 0);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
+	CHECK_EQ(b.data[4], SBX_MSG_FILE_READ);
+	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_EXEC, 5, NULL, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_SESSION_EXEC, 5, NULL, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_WRITE_DATA, 5, NULL, SBX_HOST_FRAME_MAX + 1),
+		 -EMSGSIZE);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
+	sbx_buf_free(&b);
 }
 
 /* Decode an EXEC frame back (what the guest will do) and compare. */
@@ -281,6 +403,9 @@ int main(void)
 	RUN(test_exit);
 	RUN(test_error);
 	RUN(test_pong_and_bad_types);
+	RUN(test_file_data_and_done);
+	RUN(test_file_entries);
+	RUN(test_file_frame_encoding);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
 	TEST_MAIN_END("test_event");

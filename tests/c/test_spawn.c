@@ -48,7 +48,7 @@ static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan
 {
 	*chan = mkpair();
 	*con = mkpair();
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL};
 	int rc = sbx_spawn(&req, c, where);
 	close(chan->child);
 	close(con->child);
@@ -177,7 +177,7 @@ static void test_exec_failure_eacces(void)
 static void test_bad_request(void)
 {
 	char *const argv[] = {"/bin/true", NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, NULL), -EBADF);
 }
@@ -217,7 +217,7 @@ static void test_fd_layout_and_privs(void)
 	chan = mkpair();
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL};
 	CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
 	close(chan.child);
 	close(con.child);
@@ -283,7 +283,7 @@ static void test_overlapping_fds(void)
 		close(con.child);
 		char *const argv[] = {"/bin/sh", "-c",
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
 		close(chan_at);
@@ -358,7 +358,7 @@ static void test_parent_death_kills_child(void)
 	if (middle == 0) {
 		char *const argv[] = {"/bin/sleep", "30", NULL};
 		struct pair chan = mkpair(), con = mkpair();
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))

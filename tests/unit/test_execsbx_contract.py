@@ -391,3 +391,67 @@ def test_qemu_gets_only_its_fds(tmp_path: Path) -> None:
         assert os.getpgid(vm.pid) == vm.pid
     finally:
         vm.close()
+
+
+def test_file_events_decode_to_tuples(tmp_path: Path) -> None:
+    entries = (struct.pack("<I", 2) + b"\x01" + struct.pack("<Q", 4096) + sstr(b"dir")
+               + b"\x00" + struct.pack("<Q", 5) + sstr(b"a\xff.txt"))  # fmt: skip
+    guest = (
+        ready()
+        + frame(7, 9, b"file bytes")
+        + frame(9, 9, struct.pack("<Q", 10))
+        + frame(8, 10, entries)
+        + frame(10, 11, struct.pack("<I", 2) + sstr(b"gone"))
+    )
+    vm = make_vm(fake_qemu(tmp_path, guest, then="exit 0"))
+    try:
+        events = collect(vm, lambda ev: bool(ev) and ev[-1] == ("eof",))
+        assert events[1:] == [
+            ("file_data", 9, b"file bytes"),
+            ("file_done", 9, 10),
+            ("file_entries", 10, [(b"dir", True, 4096), (b"a\xff.txt", False, 5)]),
+            ("file_error", 11, 2, "gone"),
+            ("eof",),
+        ]
+    finally:
+        vm.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame(7, 1, b""),  # empty file chunk
+        frame(7, 1, b"x" * (60 * 1024 + 1)),  # file chunk over FILE_CHUNK_MAX
+        frame(8, 1, struct.pack("<I", 1) + b"\x00" + struct.pack("<Q", 1) + sstr(b"..")),
+        frame(8, 1, struct.pack("<I", 1) + b"\x00" + struct.pack("<Q", 1) + sstr(b"a/b")),
+        frame(8, 1, struct.pack("<I", 2) + b"\x00" + struct.pack("<Q", 1) + sstr(b"a")),
+        frame(9, 1, b"\0" * 7),  # short FILE_DONE
+        frame(10, 1, struct.pack("<I", 9) + sstr(b"x")),  # unknown file error kind
+        frame(66, 1),  # host -> guest session type
+    ],
+)
+def test_malformed_file_events_are_protocol_errors(tmp_path: Path, bad: bytes) -> None:
+    vm = make_vm(fake_qemu(tmp_path, frame(6, 1) + bad))
+    try:
+        with pytest.raises(_execsbx.ProtocolError):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                select.select([vm.fileno()], [], [], 1)
+                vm.read_events()
+    finally:
+        vm.close()
+
+
+def test_send_file_frame_and_session_exec(tmp_path: Path) -> None:
+    vm = make_vm(fake_qemu(tmp_path, b""))
+    try:
+        assert vm.send_file_frame(_execsbx.MSG_FILE_READ, 3, sstr(b"a.txt")) >= 0
+        assert vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, memoryview(b"xyz")) >= 0
+        for msg_type in (64, 65, 66, 72, 300):
+            with pytest.raises(ValueError):
+                vm.send_file_frame(msg_type, 3, b"")
+        with pytest.raises(ValueError):
+            vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, b"x" * (2 * 1024 * 1024 + 1))
+        assert vm.send_exec(1, 1, 1000, 10, 10, [], b"pass", session=True) >= 0
+    finally:
+        vm.close()

@@ -1,0 +1,391 @@
+/* See cgroup.h. Only the parent touches cgroup files: the child is moved in while it waits on the
+ * spawn's go pipe, before it execs QEMU. */
+#define _GNU_SOURCE 1
+#include "cgroup.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+
+#define CGROUP_ROOT "/sys/fs/cgroup"
+#ifndef CGROUP_SUPER_MAGIC
+#define CGROUP_SUPER_MAGIC 0x27e0eb
+#endif
+#ifndef CGROUP2_SUPER_MAGIC
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#endif
+
+__attribute__((format(printf, 3, 4))) static int fail(char *why, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, len, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int write_file(const char *dir, const char *file, const char *text)
+{
+	char path[PATH_MAX + 64];
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path))
+		return -ENAMETOOLONG;
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	size_t n = strlen(text);
+	ssize_t w = write(fd, text, n);
+	if (w < 0)
+		return -errno;
+	return (size_t)w == n ? 0 : -EIO;
+}
+
+int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out)
+{
+	char path[PATH_MAX + 64], buf[64];
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path))
+		return -ENAMETOOLONG;
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return n < 0 ? -errno : -EIO;
+	buf[n] = 0;
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(buf, &end, 10);
+	if (errno || end == buf)
+		return -EIO;
+	*out = v;
+	return 0;
+}
+
+/* "usage_usec 1234" in cgroup v2's cpu.stat. */
+static int read_v2_cpu_usec(const char *dir, uint64_t *out)
+{
+	char path[PATH_MAX + 64];
+	snprintf(path, sizeof(path), "%s/cpu.stat", dir);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -errno;
+	char key[64];
+	unsigned long long v;
+	int rc = -ENOENT;
+	while (fscanf(f, "%63s %llu", key, &v) == 2)
+		if (strcmp(key, "usage_usec") == 0) {
+			*out = v;
+			rc = 0;
+			break;
+		}
+	fclose(f);
+	return rc;
+}
+
+static int is_fs(const char *path, long magic)
+{
+	struct statfs sf;
+	return statfs(path, &sf) == 0 && (long)sf.f_type == magic;
+}
+
+/* This process's cgroup path for a v1 controller (or "" for the v2 line "0::") from
+ * /proc/self/cgroup. 0 or -ENOENT. */
+static int own_cgroup(const char *controller, char *out, size_t len)
+{
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	if (!f)
+		return -errno;
+	char line[PATH_MAX + 128];
+	int rc = -ENOENT;
+	while (fgets(line, sizeof(line), f)) {
+		char *c1 = strchr(line, ':');
+		char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (!c2)
+			continue;
+		*c2 = 0;
+		char *list = c1 + 1, *path = c2 + 1;
+		path[strcspn(path, "\n")] = 0;
+		int match = 0;
+		if (!controller[0]) {
+			match = list[0] == 0;
+		} else {
+			char *save = NULL;
+			for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+				if (strcmp(tok, controller) == 0)
+					match = 1;
+		}
+		if (match) {
+			snprintf(out, len, "%s", path);
+			rc = 0;
+			break;
+		}
+	}
+	fclose(f);
+	return rc;
+}
+
+static int make_dir(char *dst, const char *mount, const char *own, const char *name)
+{
+	int n = snprintf(dst, PATH_MAX, "%s%s%s/%s", mount, own[0] == '/' ? "" : "/",
+			 strcmp(own, "/") == 0 ? "" : own, name);
+	if (n < 0 || n >= PATH_MAX)
+		return -ENAMETOOLONG;
+	if (mkdir(dst, 0700) < 0)
+		return -errno;
+	return 0;
+}
+
+static void rmdir_retry(const char *dir)
+{
+	/* A reaped task may still be leaving its cgroup (a large address space being torn down
+	 * under load): back off from 1 ms up to 2 s in all. The first try succeeds normally. */
+	long wait_us = 1000, waited_us = 0;
+	for (;;) {
+		if (rmdir(dir) == 0 || errno == ENOENT || errno != EBUSY || waited_us >= 2000000)
+			return;
+		struct timespec ts = {0, wait_us * 1000};
+		nanosleep(&ts, NULL);
+		waited_us += wait_us;
+		wait_us = wait_us * 2 > 200000 ? 200000 : wait_us * 2;
+	}
+}
+
+/* A caller that was SIGKILLed could not remove its VMs' cgroups (QEMU died with it through
+ * PDEATHSIG, so they are empty). Remove the siblings named by jail.c's scheme "sbx-<pid>-<n>"
+ * whose pid no longer exists; a populated one refuses (EBUSY) and stays. */
+static void sweep_stale(const char *dir)
+{
+	char parent[PATH_MAX];
+	snprintf(parent, sizeof(parent), "%s", dir);
+	char *slash = strrchr(parent, '/');
+	if (!slash || slash == parent)
+		return;
+	*slash = 0;
+	DIR *d = opendir(parent);
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		int pid;
+		unsigned long n;
+		char tail;
+		if (sscanf(e->d_name, "sbx-%d-%lu%c", &pid, &n, &tail) != 2 || pid <= 0 ||
+		    pid == (int)getpid())
+			continue;
+		if (kill(pid, 0) == 0 || errno != ESRCH)
+			continue; /* alive (or not ours to judge) */
+		char path[2 * PATH_MAX];
+		snprintf(path, sizeof(path), "%s/%s", parent, e->d_name);
+		rmdir(path);
+	}
+	closedir(d);
+}
+
+static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		     char *why, size_t len)
+{
+	char own[PATH_MAX], mount[2 * PATH_MAX];
+	const char *m = NULL;
+	if (is_fs(CGROUP_ROOT, CGROUP2_SUPER_MAGIC))
+		m = CGROUP_ROOT;
+	else if (is_fs(CGROUP_ROOT "/unified", CGROUP2_SUPER_MAGIC))
+		m = CGROUP_ROOT "/unified";
+	if (!m || own_cgroup("", own, sizeof(own)) < 0)
+		return fail(why, len, "no cgroup2 hierarchy");
+	snprintf(mount, sizeof(mount), "%s%s/cgroup.subtree_control", m,
+		 strcmp(own, "/") == 0 ? "" : own);
+	char ctl[256] = "";
+	FILE *f = fopen(mount, "re");
+	if (f) {
+		if (!fgets(ctl, sizeof(ctl), f))
+			ctl[0] = 0;
+		fclose(f);
+	}
+	/* Delegated: the controllers are enabled for this cgroup's children. */
+	if (!strstr(ctl, "memory") || !strstr(ctl, "cpu") || !strstr(ctl, "pids"))
+		return fail(why, len, "cgroup v2 at %s: memory/cpu/pids not delegated to %s", m, own);
+	int rc = make_dir(cg->dirs[0], m, own, name);
+	if (rc < 0)
+		return fail(why, len, "cgroup v2: mkdir under %s: %s", own, strerror(-rc));
+	cg->ndirs = 1;
+	cg->version = 2;
+	sweep_stale(cg->dirs[0]);
+	cg->has_memory = cg->has_cpu = cg->has_cpuacct = cg->has_pids = 1;
+	char buf[64];
+	if (lim->memory_bytes) {
+		snprintf(buf, sizeof(buf), "%" PRIu64, lim->memory_bytes);
+		if ((rc = write_file(cg->dirs[0], "memory.max", buf)) < 0 ||
+		    (rc = write_file(cg->dirs[0], "memory.swap.max", "0")) < 0)
+			goto undo;
+	}
+	if (lim->cpu_percent) {
+		snprintf(buf, sizeof(buf), "%u 100000", lim->cpu_percent * 1000);
+		if ((rc = write_file(cg->dirs[0], "cpu.max", buf)) < 0)
+			goto undo;
+	}
+	if (lim->pids_max) {
+		snprintf(buf, sizeof(buf), "%u", lim->pids_max);
+		if ((rc = write_file(cg->dirs[0], "pids.max", buf)) < 0)
+			goto undo;
+	}
+	return 0;
+undo:
+	sbx_cgroup_remove(cg);
+	return fail(why, len, "cgroup v2: writing a limit: %s", strerror(-rc));
+}
+
+static const char *const v1_controllers[SBX_CGROUP_MAX_DIRS] = {"memory", "cpu", "cpuacct",
+								  "pids"};
+
+static int create_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		     char *why, size_t len)
+{
+	int *has[SBX_CGROUP_MAX_DIRS] = {&cg->has_memory, &cg->has_cpu, &cg->has_cpuacct,
+					 &cg->has_pids};
+	cg->version = 1;
+	for (unsigned i = 0; i < SBX_CGROUP_MAX_DIRS; i++) {
+		char mount[PATH_MAX], own[PATH_MAX], real[PATH_MAX];
+		snprintf(mount, sizeof(mount), CGROUP_ROOT "/%s", v1_controllers[i]);
+		if (!is_fs(mount, CGROUP_SUPER_MAGIC) || own_cgroup(v1_controllers[i], own, sizeof(own)) < 0) {
+			sbx_cgroup_remove(cg);
+			return fail(why, len, "no cgroup v1 %s controller mounted at %s",
+				    v1_controllers[i], mount);
+		}
+		/* cpu and cpuacct are often one hierarchy ("cpu,cpuacct"): one directory then. */
+		if (!realpath(mount, real))
+			snprintf(real, sizeof(real), "%s", mount);
+		char dir[PATH_MAX];
+		int n = snprintf(dir, sizeof(dir), "%s%s/%s", real, strcmp(own, "/") == 0 ? "" : own,
+				 name);
+		if (n < 0 || n >= PATH_MAX) {
+			sbx_cgroup_remove(cg);
+			return fail(why, len, "cgroup path too long");
+		}
+		int dup = 0;
+		for (unsigned j = 0; j < cg->ndirs; j++)
+			if (strcmp(cg->dirs[j], dir) == 0)
+				dup = 1;
+		*has[i] = 1;
+		if (dup)
+			continue;
+		if (mkdir(dir, 0700) < 0) {
+			int e = errno;
+			sbx_cgroup_remove(cg);
+			return fail(why, len, "cgroup v1: mkdir %s: %s", dir, strerror(e));
+		}
+		memcpy(cg->dirs[cg->ndirs++], dir, sizeof(dir));
+		sweep_stale(dir);
+	}
+	char buf[64];
+	int rc = 0;
+	const char *mem = NULL, *cpu = NULL, *pids = NULL;
+	for (unsigned j = 0; j < cg->ndirs; j++) {
+		char probe[PATH_MAX + 32];
+		snprintf(probe, sizeof(probe), "%s/memory.limit_in_bytes", cg->dirs[j]);
+		if (!mem && access(probe, F_OK) == 0)
+			mem = cg->dirs[j];
+		snprintf(probe, sizeof(probe), "%s/cpu.cfs_quota_us", cg->dirs[j]);
+		if (!cpu && access(probe, F_OK) == 0)
+			cpu = cg->dirs[j];
+		snprintf(probe, sizeof(probe), "%s/pids.max", cg->dirs[j]);
+		if (!pids && access(probe, F_OK) == 0)
+			pids = cg->dirs[j];
+	}
+	if (lim->memory_bytes && mem) {
+		snprintf(buf, sizeof(buf), "%" PRIu64, lim->memory_bytes);
+		if ((rc = write_file(mem, "memory.limit_in_bytes", buf)) < 0)
+			goto undo;
+		/* memory+swap: the same figure, so swap is no way around the limit (absent when the
+		 * kernel has no swap accounting). */
+		int s = write_file(mem, "memory.memsw.limit_in_bytes", buf);
+		if (s < 0 && s != -ENOENT) {
+			rc = s;
+			goto undo;
+		}
+	}
+	if (lim->cpu_percent && cpu) {
+		if ((rc = write_file(cpu, "cpu.cfs_period_us", "100000")) < 0)
+			goto undo;
+		snprintf(buf, sizeof(buf), "%u", lim->cpu_percent * 1000);
+		if ((rc = write_file(cpu, "cpu.cfs_quota_us", buf)) < 0)
+			goto undo;
+	}
+	if (lim->pids_max && pids) {
+		snprintf(buf, sizeof(buf), "%u", lim->pids_max);
+		if ((rc = write_file(pids, "pids.max", buf)) < 0)
+			goto undo;
+	}
+	return 0;
+undo:
+	sbx_cgroup_remove(cg);
+	return fail(why, len, "cgroup v1: writing a limit: %s", strerror(-rc));
+}
+
+int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		      char *why, size_t why_len)
+{
+	char why2[256] = "";
+	memset(cg, 0, sizeof(*cg));
+	if (create_v2(cg, name, lim, why2, sizeof(why2)) == 0)
+		return 0;
+	memset(cg, 0, sizeof(*cg));
+	if (create_v1(cg, name, lim, why, why_len) == 0)
+		return 0;
+	memset(cg, 0, sizeof(*cg));
+	size_t used = strlen(why);
+	snprintf(why + used, why_len - used, "; %s", why2);
+	return -ENOTSUP;
+}
+
+int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid)
+{
+	char buf[32];
+	snprintf(buf, sizeof(buf), "%d", (int)pid);
+	for (unsigned i = 0; i < cg->ndirs; i++) {
+		int rc = write_file(cg->dirs[i], "cgroup.procs", buf);
+		if (rc < 0)
+			return rc;
+	}
+	return 0;
+}
+
+void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *memory_peak)
+{
+	*cpu_ns = UINT64_MAX;
+	*memory_peak = UINT64_MAX;
+	if (cg->version == 2) {
+		uint64_t us;
+		if (read_v2_cpu_usec(cg->dirs[0], &us) == 0)
+			*cpu_ns = us * 1000;
+		if (sbx_cgroup_read_u64(cg->dirs[0], "memory.peak", memory_peak) < 0)
+			*memory_peak = UINT64_MAX;
+		return;
+	}
+	for (unsigned i = 0; i < cg->ndirs; i++) {
+		uint64_t v;
+		if (*cpu_ns == UINT64_MAX && sbx_cgroup_read_u64(cg->dirs[i], "cpuacct.usage", &v) == 0)
+			*cpu_ns = v;
+		if (*memory_peak == UINT64_MAX &&
+		    sbx_cgroup_read_u64(cg->dirs[i], "memory.max_usage_in_bytes", &v) == 0)
+			*memory_peak = v;
+	}
+}
+
+void sbx_cgroup_remove(struct sbx_cgroup *cg)
+{
+	for (unsigned i = cg->ndirs; i-- > 0;)
+		rmdir_retry(cg->dirs[i]);
+	cg->ndirs = 0;
+	cg->version = 0;
+}

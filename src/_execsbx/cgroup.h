@@ -1,0 +1,45 @@
+/* A per-VM cgroup with memory, CPU and pids limits, and the usage figures read back from it.
+ * cgroup v2 where this process's cgroup is on a cgroup2 file system with the controllers
+ * enabled for children; otherwise the v1 controllers memory, cpu, cpuacct and pids. The VM's
+ * cgroup is created below the caller's own (so every limit of the caller still applies, and no
+ * write outside the caller's subtree is needed), and removed when the VM is closed. Leftovers of a
+ * caller that was SIGKILLed (named sbx-<dead pid>-<n>, empty) are removed when the next one is
+ * created. */
+#ifndef SBX_CGROUP_H
+#define SBX_CGROUP_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SBX_CGROUP_MAX_DIRS 4
+
+struct sbx_cgroup_limits {
+	uint64_t memory_bytes; /* 0: no memory limit */
+	unsigned cpu_percent;  /* 100 = one full core; 0: no CPU limit */
+	unsigned pids_max;     /* 0: no pids limit */
+};
+
+struct sbx_cgroup {
+	int version;                          /* 0 none, 1 or 2 */
+	unsigned ndirs;
+	char dirs[SBX_CGROUP_MAX_DIRS][PATH_MAX]; /* v1: memory, cpu, cpuacct, pids; v2: one */
+	int has_memory, has_cpu, has_cpuacct, has_pids;
+};
+
+/* Find where cgroups can be made, create the VM's (name: a unique leaf name) and write the limits.
+ * 0, or -errno with why[] explaining (e.g. "no cgroup v1 memory controller mounted"). On failure
+ * nothing is left behind. */
+int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		      char *why, size_t why_len);
+/* Move pid into every directory of the cgroup. 0 or -errno. */
+int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid);
+/* CPU time in ns and peak memory in bytes so far (each UINT64_MAX if unknown). */
+void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *memory_peak);
+/* Remove the directories (the processes in them must be gone). Idempotent. */
+void sbx_cgroup_remove(struct sbx_cgroup *cg);
+/* A short file path relative to the cgroup, e.g. "memory.limit_in_bytes", read as an integer from
+ * the directory that holds it. -errno if absent. */
+int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out);
+
+#endif /* SBX_CGROUP_H */

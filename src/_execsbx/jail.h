@@ -1,0 +1,80 @@
+/* The host jail around one QEMU process: seccomp, namespaces, a cgroup, rlimits and an optional
+ * unprivileged user. Prepared in the parent (sbx_jail_prepare), the child is placed in its cgroup
+ * between fork and exec (sbx_jail_place), enters the rest itself (sbx_jail_enter_*, async-
+ * signal-safe), and the cgroup's figures are read and the cgroup removed after QEMU is reaped
+ * (sbx_jail_finish). A layer the host cannot provide is switched off with its reason recorded in
+ * status[], never silently; the caller logs it. */
+#ifndef SBX_JAIL_H
+#define SBX_JAIL_H
+
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include "cgroup.h"
+#include "seccomp_filter.h"
+
+enum sbx_layer {
+	SBX_LAYER_SECCOMP,
+	SBX_LAYER_NAMESPACES,
+	SBX_LAYER_CGROUP,
+	SBX_LAYER_RLIMITS,
+	SBX_LAYER_USER,
+	SBX_LAYER__COUNT,
+};
+
+struct sbx_layer_status {
+	int active;
+	char detail[256]; /* what is in force, or why not */
+};
+
+struct sbx_jail_config {
+	int enabled;           /* 0: no jail (then everything below is ignored) */
+	int network;           /* the VM has a network: keep the host's network namespace */
+	uint64_t memory_bytes; /* cgroup memory limit; 0: none */
+	unsigned cpu_percent;  /* cgroup CPU quota, 100 = one core; 0: none */
+	unsigned pids_max;     /* cgroup pids limit (QEMU's threads); 0: none. All three 0: no cgroup */
+	long uid, gid;         /* run QEMU as this user/group; -1: unchanged */
+};
+
+#define SBX_JAIL_RLIMITS 4
+
+struct sbx_jail {
+	int enabled;
+	struct sbx_bpf bpf;     /* empty if seccomp is off */
+	int clone_flags;        /* CLONE_NEW* for clone(); 0 if namespaces are off */
+	int read_only_root;     /* mount_setattr available */
+	struct sbx_cgroup cg;   /* version 0 if no cgroup */
+	struct {
+		int resource;
+		struct rlimit limit;
+	} rlimits[SBX_JAIL_RLIMITS];
+	long uid, gid;
+	struct sbx_layer_status status[SBX_LAYER__COUNT];
+	int usage_valid;
+	uint64_t cpu_ns, memory_peak; /* UINT64_MAX if the cgroup had no such figure */
+};
+
+extern const char *const sbx_layer_names[SBX_LAYER__COUNT];
+
+/* Parent, before fork. name: a unique name for the VM's cgroup. Never fails because a layer is
+ * unavailable (that layer is off, with its reason); returns -ENOMEM/-EINVAL on real errors. */
+int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name);
+/* Parent: clone() refused the namespaces (err): record it and go on without them. */
+void sbx_jail_namespaces_refused(struct sbx_jail *j, int err);
+/* Parent, after fork and before letting the child go on: move it into the cgroup. A failure
+ * switches the cgroup layer off (recorded). */
+void sbx_jail_place(struct sbx_jail *j, pid_t pid);
+/* Child, in two phases, both async-signal-safe; 0 or -errno with *what naming the step.
+ * Privileged phase, right after the child was placed in its cgroup: namespaces' mounts (they need
+ * root), rlimits, then the user switch. A credential change clears PR_SET_PDEATHSIG: the caller
+ * must re-arm it when this returns 1 (it switched user), else 0.
+ * Final phase, after the fds are in place, right before execve: no_new_privs, seccomp. */
+int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what);
+int sbx_jail_enter_final(const struct sbx_jail *j, const char **what);
+/* After QEMU was reaped: read the cgroup's usage, remove it. Idempotent. */
+void sbx_jail_finish(struct sbx_jail *j);
+/* Release memory; removes the cgroup if still there. Idempotent. */
+void sbx_jail_destroy(struct sbx_jail *j);
+
+#endif /* SBX_JAIL_H */

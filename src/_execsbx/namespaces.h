@@ -1,0 +1,18 @@
+/* Namespaces for the QEMU child: which ones to ask clone() for, and what to do inside them before
+ * exec. Created by clone() itself (spawn.c), so that QEMU is PID 1 of its own PID namespace. */
+#ifndef SBX_NAMESPACES_H
+#define SBX_NAMESPACES_H
+
+/* CLONE_NEW* flags for a VM: mount, IPC, UTS and PID always; network when the VM has none. */
+int sbx_ns_clone_flags(int vm_has_network);
+/* Parent-side: does this kernel have mount_setattr(2) (recursive read-only bind)? 1 or 0. */
+int sbx_ns_have_mount_setattr(void);
+
+/* Child-side, inside fresh namespaces, before exec; async-signal-safe (raw syscalls only).
+ * With CLONE_NEWNS: stop mount propagation both ways (MS_PRIVATE, recursively), then, if
+ * read_only, make the whole tree read-only for this namespace (QEMU writes no file).
+ * With CLONE_NEWPID too: a /proc of the new PID namespace, so QEMU sees only itself.
+ * With CLONE_NEWUTS: a hostname of its own. Returns 0 or -errno and *what names the step. */
+int sbx_ns_setup_child(int clone_flags, int read_only, const char **what);
+
+#endif /* SBX_NAMESPACES_H */

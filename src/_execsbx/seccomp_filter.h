@@ -1,0 +1,22 @@
+/* The host seccomp filter for QEMU: built from seccomp_policy.c with libseccomp in the parent
+ * (allocation, name resolution), loaded in the child right before execve with one prctl (the only
+ * step that runs between fork and exec, and it is async-signal-safe). */
+#ifndef SBX_SECCOMP_FILTER_H
+#define SBX_SECCOMP_FILTER_H
+
+#include <linux/filter.h>
+
+struct sbx_bpf {
+	struct sock_filter *insns; /* heap; NULL when empty */
+	unsigned short len;        /* instruction count */
+};
+
+/* Compile the policy into *out for the native architecture. 0, or -errno with *why set to a static
+ * explanation. Syscalls that the architecture does not have are skipped (they cannot be called). */
+int sbx_seccomp_build(struct sbx_bpf *out, const char **why);
+void sbx_bpf_free(struct sbx_bpf *bpf);
+/* Install the filter on the calling thread (needs no_new_privs or CAP_SYS_ADMIN). 0 or -errno.
+ * Async-signal-safe. */
+int sbx_seccomp_load(const struct sbx_bpf *bpf);
+
+#endif /* SBX_SECCOMP_FILTER_H */

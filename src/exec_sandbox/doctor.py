@@ -1,0 +1,125 @@
+"""`sbx doctor`: one screen on what this host provides — the accelerator, QEMU, the guest images
+and each layer of the host jail — and, for whatever is missing, why.
+
+Every jail layer is checked by doing it, not by reading configuration: a stand-in process
+(/bin/true) is spawned exactly as QEMU would be, and the C core reports which layers it could put
+in force and why the others are off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from . import _execsbx, host
+from .errors import SandboxError
+from .images import load_images
+from .jail import jail_options
+from .paths import images_dir
+
+_STAND_IN = "/bin/true"
+_SANDBOX_OPTION = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True  # False: the sandbox runs without it, with less defence in depth
+
+
+def _accelerator() -> Check:
+    forced = os.environ.get("EXEC_SANDBOX_ACCEL")
+    try:
+        accel = host.accelerator()
+    except SandboxError as exc:
+        return Check("accelerator", False, str(exc))
+    if forced:
+        return Check("accelerator", True, f"{accel} (forced by EXEC_SANDBOX_ACCEL)")
+    if accel == "kvm":
+        return Check("accelerator", True, "kvm (hardware virtualisation)")
+    reason = host._kvm_unusable_reason() or "KVM probe failed"
+    return Check("accelerator", True, f"tcg, software emulation: slower. KVM unusable: {reason}")
+
+
+def _qemu() -> list[Check]:
+    try:
+        binary = host.qemu_binary()
+    except SandboxError as exc:
+        return [Check("qemu", False, str(exc))]
+    try:
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                 timeout=10, check=False).stdout.splitlines()[0]  # fmt: skip
+        help_text = subprocess.run([binary, "-help"], capture_output=True, text=True, timeout=10,
+                                   check=False).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        return [Check("qemu", False, f"{binary}: cannot run it: {exc}")]
+    checks = [Check("qemu", True, f"{binary}: {version}")]
+    if "-sandbox" in help_text:
+        checks.append(Check("qemu -sandbox", True, f"QEMU's own seccomp filter: -sandbox "
+                                                   f"{_SANDBOX_OPTION}", required=False))
+    else:
+        checks.append(Check("qemu -sandbox", False, "this QEMU was built without seccomp "
+                                                    "support", required=False))
+    return checks
+
+
+def _images() -> Check:
+    where = images_dir()
+    try:
+        images = load_images(where)
+    except SandboxError as exc:
+        return Check("images", False, str(exc))
+    return Check("images", True, f"{where}: kernel {images.kernel.name}, rootfs "
+                                 f"{images.rootfs.name}")  # fmt: skip
+
+
+def _jail_layers() -> list[Check]:
+    """Spawn the stand-in under the full jail and report each layer as the C core saw it."""
+    if not os.path.exists(_STAND_IN):
+        return [Check("host jail", False, f"{_STAND_IN} missing: cannot probe", required=False)]
+    try:
+        vm = _execsbx.Vm(qemu_binary=_STAND_IN, kernel="probe", rootfs="probe", memory_mb=128,
+                         jail=jail_options(128))  # fmt: skip
+    except (OSError, SandboxError) as exc:
+        return [Check("host jail", False, f"cannot start a jailed process: {exc}")]
+    try:
+        deadline = time.monotonic() + 5
+        status = vm.poll_exit()
+        while status is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            status = vm.poll_exit()
+    finally:
+        vm.close()
+    checks = [Check(f"jail: {layer}", bool(active), detail, required=False)
+              for layer, active, detail in vm.jail_status()]  # fmt: skip
+    if status != 0:
+        checks.append(Check("jail: entry", False, f"the jailed stand-in exited with {status}"))
+    rules = _execsbx.seccomp_rules()
+    checks.append(Check("jail: seccomp policy", True, f"{len(rules)} rules denied, e.g. "
+                        + ", ".join(name for name, _, _ in rules[:6]), required=False))
+    return checks
+
+
+def run_checks() -> list[Check]:
+    return [_accelerator(), *_qemu(), _images(), *_jail_layers()]
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        mark = "ok " if c.ok else ("MISSING" if c.required else "off")
+        lines.append(f"{c.name.ljust(width)}  {mark:<7}  {c.detail}")
+    return "\n".join(lines)
+
+
+def as_dicts(checks: list[Check]) -> list[dict[str, object]]:
+    return [asdict(c) for c in checks]
+
+
+def healthy(checks: list[Check]) -> bool:
+    """Everything required to run code is there (optional layers may be off)."""
+    return all(c.ok for c in checks if c.required)

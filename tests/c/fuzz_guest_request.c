@@ -1,0 +1,107 @@
+/* libFuzzer target for the guest side: arbitrary host bytes through the agent's decoding path
+ * (sbx_reader with the host frame limit, as guest/src/channel.c feeds it, then sbx_parse_exec for
+ * every EXEC frame, as guest/src/dispatch.c does), split at pseudo-random points.
+ *
+ * The host is trusted, but the agent is PID 1: a crash there is a dead VM, and the parser is the
+ * place where a length field could walk out of the payload. Every accepted request is checked
+ * against the limits of protocol.h and every pointer it holds is read (ASan: inside the frame).
+ *
+ * Input layout: 2 bytes seed for the split points, then the byte stream. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+#include "../../guest/src/request.h" /* not src/_execsbx/request.h, first on -I */
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define REQUIRE(c)                        \
+	do {                              \
+		if (!(c))                 \
+			__builtin_trap(); \
+	} while (0)
+
+static volatile uint32_t sink;
+
+static int in_frame(const uint8_t *p, uint32_t n, const struct sbx_frame *f)
+{
+	return p >= f->payload && p + n <= f->payload + f->payload_len;
+}
+
+static void check_request(const struct sbx_exec_request *r, const struct sbx_frame *f)
+{
+	uint32_t sum = 0;
+	REQUIRE(r->language == SBX_LANG_PYTHON || r->language == SBX_LANG_JAVASCRIPT ||
+		r->language == SBX_LANG_RAW);
+	REQUIRE(r->timeout_ms <= SBX_TIMEOUT_MS_MAX);
+	REQUIRE(r->env_count <= SBX_ENV_MAX_COUNT);
+	REQUIRE(r->code_len <= SBX_CODE_MAX);
+	REQUIRE(r->code_len == 0 || in_frame(r->code, r->code_len, f));
+	for (uint32_t i = 0; i < r->code_len; i++)
+		sum += r->code[i];
+	for (uint32_t i = 0; i < r->env_count; i++) {
+		const struct sbx_env_var *v = &r->env[i];
+		REQUIRE(v->name_len >= 1 && v->name_len <= SBX_ENV_NAME_MAX);
+		REQUIRE(v->value_len <= SBX_ENV_VALUE_MAX);
+		REQUIRE(in_frame(v->name, v->name_len, f));
+		REQUIRE(v->value_len == 0 || in_frame(v->value, v->value_len, f));
+		/* what the runner relies on when it builds envp: a name of [A-Za-z_][A-Za-z0-9_]*
+		 * and a value without NUL */
+		REQUIRE(v->name[0] == '_' || (v->name[0] | 0x20) >= 'a');
+		for (uint32_t k = 0; k < v->name_len; k++) {
+			uint8_t ch = v->name[k];
+			REQUIRE(ch == '_' || (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') ||
+				(ch >= 'A' && ch <= 'Z'));
+		}
+		REQUIRE(memchr(v->value, 0, v->value_len) == NULL);
+		for (uint32_t k = 0; k < v->value_len; k++)
+			sum += v->value[k];
+	}
+	sink = sum;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 2)
+		return 0;
+	uint32_t seed = (uint32_t)data[0] << 8 | data[1];
+	data += 2;
+	size -= 2;
+
+	struct sbx_reader rd;
+	sbx_reader_init(&rd, SBX_HOST_FRAME_MAX);
+	size_t off = 0;
+	int broken = 0;
+	while (off < size && !broken) {
+		seed = seed * 1103515245u + 12345u;
+		size_t chunk = 1 + (seed >> 8) % 4096;
+		if (chunk > size - off)
+			chunk = size - off;
+		if (sbx_reader_feed(&rd, data + off, chunk) < 0)
+			break;
+		off += chunk;
+		struct sbx_frame f;
+		int rc;
+		while ((rc = sbx_reader_next(&rd, &f)) == 1) {
+			REQUIRE(f.payload_len <= SBX_HOST_FRAME_MAX);
+			if (f.type != SBX_MSG_EXEC && f.type != SBX_MSG_SESSION_EXEC)
+				continue;
+			/* What the agent's dispatcher does with an EXEC frame; the request struct is
+			 * large (env array), so it lives on the heap like a real call frame would. */
+			struct sbx_exec_request *req = malloc(sizeof(*req));
+			REQUIRE(req);
+			const char *why = NULL;
+			int prc = sbx_parse_exec(f.payload, f.payload_len, req, &why);
+			if (prc == 0)
+				check_request(req, &f);
+			else
+				REQUIRE((prc == -EPROTO || prc == -EMSGSIZE) && why && why[0]);
+			free(req);
+		}
+		if (rc < 0)
+			broken = 1;
+	}
+	sbx_reader_free(&rd);
+	return 0;
+}

@@ -1,0 +1,268 @@
+/* The host jail's parts with real processes and real cgroups, without QEMU: /bin/sh stands in for
+ * it (spawned exactly as QEMU is), plus the socket directory helper. */
+#define _GNU_SOURCE 1
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cgroup.h"
+#include "jail.h"
+#include "sockdir.h"
+#include "spawn.h"
+#include "test.h"
+
+static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
+
+/* Run sh -c script under a jail; returns the exit status and what it wrote to stdout. */
+static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t outlen)
+{
+	int chan[2], con[2];
+	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
+	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
+	char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j};
+	struct sbx_child c;
+	const char *where = NULL;
+	int rc = sbx_spawn(&req, &c, &where);
+	close(chan[1]);
+	close(con[1]);
+	if (rc < 0) {
+		fprintf(stderr, "spawn: %s: %s\n", where, strerror(-rc));
+		close(chan[0]);
+		close(con[0]);
+		return -1;
+	}
+	size_t got = 0;
+	ssize_t n;
+	while (got + 1 < outlen && (n = read(con[0], out + got, outlen - 1 - got)) > 0)
+		got += (size_t)n;
+	out[got] = 0;
+	int st = 0;
+	sbx_child_wait(&c, 1, &st);
+	close(c.pidfd);
+	close(chan[0]);
+	close(con[0]);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static struct sbx_jail_config full_config(void)
+{
+	struct sbx_jail_config cfg = {.enabled = 1, .memory_bytes = 64u << 20, .cpu_percent = 50,
+				      .pids_max = 16, .uid = -1, .gid = -1};
+	return cfg;
+}
+
+static void test_all_layers_in_force(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-1"), 0);
+	for (int l = 0; l < SBX_LAYER__COUNT; l++)
+		if (!j.status[l].active)
+			fprintf(stderr, "layer %s off: %s\n", sbx_layer_names[l], j.status[l].detail);
+	CHECK(j.status[SBX_LAYER_SECCOMP].active);
+	CHECK(j.status[SBX_LAYER_NAMESPACES].active);
+	CHECK(j.status[SBX_LAYER_CGROUP].active);
+	CHECK(!j.status[SBX_LAYER_USER].active); /* none configured: off, with a reason */
+	CHECK(strstr(j.status[SBX_LAYER_USER].detail, "no unprivileged user") != NULL);
+	char out[4096];
+	/* PID 1 of its PID namespace, hostname of its own, no network but lo, seccomp mode 2,
+	 * no_new_privs, limits, a read-only root; unshare is denied. */
+	int rc = run_jailed(&j,
+			    "echo pid=$$; hostname; ls /sys/class/net 2>/dev/null | tr '\\n' ' '; echo;"
+			    "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status | tr -s '\\t' ' ';"
+			    "ulimit -c; ulimit -f; ulimit -n;"
+			    "touch /tmp/sbx-jail-probe 2>/dev/null && echo writable || echo read-only;"
+			    "grep -c . /proc/self/cgroup >/dev/null; cat /proc/self/cgroup | grep -c sbx-ctest-1",
+			    out, sizeof(out));
+	CHECK_EQ(rc, 0);
+	CHECK(strstr(out, "pid=1\n") != NULL);
+	CHECK(strstr(out, "sbx-qemu\n") != NULL);
+	CHECK(strstr(out, "Seccomp: 2\n") != NULL);
+	CHECK(strstr(out, "NoNewPrivs: 1\n") != NULL);
+	CHECK(strstr(out, "\n0\n0\n1024\n") != NULL);
+	CHECK(strstr(out, "read-only\n") != NULL);
+	CHECK(strstr(out, "\n4\n") != NULL || strstr(out, "\n1\n") != NULL); /* v1: 4 dirs; v2: 1 */
+	if (rc != 0 || !strstr(out, "pid=1"))
+		fprintf(stderr, "output:\n%s\n", out);
+	sbx_jail_finish(&j);
+	CHECK(j.usage_valid);
+	CHECK(j.cpu_ns != UINT64_MAX);
+	CHECK_EQ(j.cg.ndirs, 0); /* removed */
+	sbx_jail_destroy(&j);
+}
+
+static void test_cgroup_limits_written_and_removed(void)
+{
+	struct sbx_cgroup cg;
+	struct sbx_cgroup_limits lim = {.memory_bytes = 96u << 20, .cpu_percent = 150, .pids_max = 7};
+	char why[256] = "";
+	int rc = sbx_cgroup_create(&cg, "sbx-ctest-2", &lim, why, sizeof(why));
+	if (rc < 0)
+		fprintf(stderr, "cgroup: %s\n", why);
+	CHECK_EQ(rc, 0);
+	uint64_t v = 0;
+	int found_mem = 0, found_pids = 0, found_cpu = 0;
+	for (unsigned i = 0; i < cg.ndirs; i++) {
+		if (sbx_cgroup_read_u64(cg.dirs[i], "memory.limit_in_bytes", &v) == 0 ||
+		    sbx_cgroup_read_u64(cg.dirs[i], "memory.max", &v) == 0) {
+			CHECK_EQ(v, 96u << 20);
+			found_mem = 1;
+		}
+		if (sbx_cgroup_read_u64(cg.dirs[i], "pids.max", &v) == 0) {
+			CHECK_EQ(v, 7);
+			found_pids = 1;
+		}
+		if (sbx_cgroup_read_u64(cg.dirs[i], "cpu.cfs_quota_us", &v) == 0) {
+			CHECK_EQ(v, 150000);
+			found_cpu = 1;
+		}
+	}
+	CHECK(found_mem && found_pids && (found_cpu || cg.version == 2));
+	char first[PATH_MAX];
+	snprintf(first, sizeof(first), "%s", cg.dirs[0]);
+	sbx_cgroup_remove(&cg);
+	struct stat sb;
+	CHECK(stat(first, &sb) < 0 && errno == ENOENT);
+}
+
+/* A jail whose namespaces are refused still runs, with the reason recorded. */
+static void test_namespaces_refused_is_recorded(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-3"), 0);
+	sbx_jail_namespaces_refused(&j, EPERM);
+	CHECK(!j.status[SBX_LAYER_NAMESPACES].active);
+	CHECK(strstr(j.status[SBX_LAYER_NAMESPACES].detail, "refused") != NULL);
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "test $$ -ne 1", out, sizeof(out)), 0);
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+}
+
+static void test_network_vm_keeps_host_netns(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	cfg.network = 1;
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-4"), 0);
+	char out[512], self[64] = "";
+	ssize_t n = readlink("/proc/self/ns/net", self, sizeof(self) - 1);
+	CHECK(n > 0);
+	CHECK_EQ(run_jailed(&j, "readlink /proc/self/ns/net", out, sizeof(out)), 0);
+	out[strcspn(out, "\n")] = 0;
+	CHECK_STR(out, self);
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+}
+
+static void test_unprivileged_user(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	cfg.uid = 65534;
+	cfg.gid = 65534;
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-5"), 0);
+	CHECK(j.status[SBX_LAYER_USER].active);
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "id -u; id -g; id -G", out, sizeof(out)), 0);
+	CHECK_STR(out, "65534\n65534\n65534\n");
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+}
+
+/* The user switch clears PR_SET_PDEATHSIG; the child re-arms it. A middle process spawns a jailed
+ * `sleep` as nobody and exits: as subreaper we inherit the orphan and must see it die of SIGKILL. */
+static void test_parent_death_kills_child_after_user_switch(void)
+{
+	CHECK_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+	int p[2];
+	CHECK_EQ(pipe(p), 0);
+	pid_t middle = fork();
+	if (middle == 0) {
+		/* No limits: no cgroup, which this process could not remove after its exit. */
+		struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
+		struct sbx_jail j;
+		if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-6") < 0)
+			_exit(2);
+		char *const argv[] = {"/bin/sleep", "30", NULL};
+		int chan[2], con[2];
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j};
+		struct sbx_child c;
+		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
+			_exit(2);
+		_exit(0);
+	}
+	close(p[1]);
+	pid_t grandchild = -1;
+	CHECK_EQ(read(p[0], &grandchild, sizeof(grandchild)), (ssize_t)sizeof(grandchild));
+	close(p[0]);
+	CHECK(grandchild > 0);
+	int st;
+	CHECK_EQ(waitpid(middle, &st, 0), middle);
+	if (grandchild > 0) {
+		alarm(10);
+		pid_t r = waitpid(grandchild, &st, 0);
+		alarm(0);
+		CHECK_EQ(r, grandchild);
+		CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	}
+	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+}
+
+static void test_sockdir_private_and_peer_check(void)
+{
+	struct sbx_sockdir d;
+	CHECK_EQ(sbx_sockdir_create(&d, "/tmp"), 0);
+	struct stat sb;
+	CHECK(stat(d.path, &sb) == 0 && (sb.st_mode & 07777) == 0700 && sb.st_uid == getuid());
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	CHECK(strlen(d.path) + sizeof("/qmp.sock") <= sizeof(sa.sun_path));
+	memcpy(sa.sun_path, d.path, strlen(d.path));
+	memcpy(sa.sun_path + strlen(d.path), "/qmp.sock", sizeof("/qmp.sock"));
+	int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0);
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	CHECK(connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	int a = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+	CHECK(a >= 0);
+	CHECK_EQ(sbx_peer_check(a, getuid(), getpid()), 0);
+	CHECK_EQ(sbx_peer_check(a, getuid() + 1, 0), -EPERM);
+	CHECK_EQ(sbx_peer_check(a, getuid(), getpid() + 100000), -EPERM);
+	close(a);
+	close(c);
+	close(l);
+	char saved[PATH_MAX];
+	snprintf(saved, sizeof(saved), "%s", d.path);
+	sbx_sockdir_remove(&d);
+	CHECK(stat(saved, &sb) < 0 && errno == ENOENT);
+	sbx_sockdir_remove(&d); /* idempotent */
+}
+
+int main(void)
+{
+	if (geteuid() != 0) {
+		printf("test_jail: skipped (needs root for cgroups and namespaces), 0 passed, 0 failed\n");
+		return 0;
+	}
+	RUN(test_all_layers_in_force);
+	RUN(test_cgroup_limits_written_and_removed);
+	RUN(test_namespaces_refused_is_recorded);
+	RUN(test_network_vm_keeps_host_netns);
+	RUN(test_unprivileged_user);
+	RUN(test_parent_death_kills_child_after_user_switch);
+	RUN(test_sockdir_private_and_peer_check);
+	TEST_MAIN_END("test_jail");
+}

@@ -1,0 +1,198 @@
+"""The host jail around QEMU, proven from outside while a real VM runs user code: QEMU's
+/proc/PID shows the seccomp filters and no_new_privs, its namespaces differ from ours, its cgroup
+carries the limits, its rlimits and mount tree are the jail's; after the run the cgroup is gone and
+its figures are in the result. (The policy itself, syscall by syscall, is tested in
+tests/c/test_seccomp.c, in a probe process under the same filter.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import Scheduler
+from exec_sandbox.jail import (
+    CPU_PERCENT_MAIN_LOOP,
+    CPU_PERCENT_PER_VCPU,
+    QEMU_MEMORY_OVERHEAD_MB,
+    QEMU_PIDS_MAX,
+)
+from exec_sandbox.models import ExecutionResult
+from tests.helpers import qemu_processes
+
+pytestmark = pytest.mark.vm
+
+MEMORY_MB = 160
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+async def _inspect_running_qemu(scheduler: Scheduler,
+                                probe: Callable[[int], object]) -> tuple[object, ExecutionResult]:  # fmt: skip
+    """Run code that waits; once it has printed, QEMU is fully up (its own -sandbox filter is
+    installed before the guest boots): call probe(qemu_pid) and return what it returned."""
+    up = asyncio.Event()
+
+    def on_stdout(text: str) -> None:
+        if "up" in text:
+            up.set()
+
+    task = asyncio.create_task(scheduler.run(
+        "import time; print('up', flush=True); time.sleep(3)", memory_mb=MEMORY_MB,
+        on_stdout=on_stdout))  # fmt: skip
+    try:
+        await asyncio.wait_for(up.wait(), 60)
+        pids = qemu_processes(parent=os.getpid())
+        assert len(pids) == 1, pids
+        seen = probe(pids[0])
+    finally:
+        result = await task
+    return seen, result
+
+
+async def test_qemu_runs_under_seccomp_filters_and_no_new_privs(scheduler: Scheduler) -> None:
+    status, result = await _inspect_running_qemu(scheduler, _status)
+    assert isinstance(status, dict)
+    assert result.exit_code == 0
+    assert status["NoNewPrivs"] == "1"
+    assert status["Seccomp"] == "2"  # filter mode
+    # Ours (the host jail's deny-list) and QEMU's own (-sandbox on): both stay in force.
+    assert int(status["Seccomp_filters"]) >= 2
+
+
+async def test_qemu_namespaces_differ_from_the_callers(scheduler: Scheduler) -> None:
+    kinds = ("mnt", "pid", "net", "uts", "ipc")
+
+    def namespaces(pid: int) -> dict[str, tuple[str, str]]:
+        return {k: (os.readlink(f"/proc/{pid}/ns/{k}"), os.readlink(f"/proc/self/ns/{k}"))
+                for k in kinds}  # fmt: skip
+
+    seen, _ = await _inspect_running_qemu(scheduler, namespaces)
+    assert isinstance(seen, dict)
+    for kind, (qemu_ns, ours) in seen.items():
+        assert qemu_ns != ours, kind
+
+
+async def test_qemu_is_pid_1_of_its_pid_namespace_and_sees_only_itself(
+        scheduler: Scheduler) -> None:  # fmt: skip
+    def view(pid: int) -> tuple[str, list[str], str]:
+        nspid = _status(pid)["NSpid"]
+        # /proc as mounted in QEMU's mount namespace (reached through its root).
+        procs = [p for p in os.listdir(f"/proc/{pid}/root/proc") if p.isdigit()]
+        return nspid, procs, Path(f"/proc/{pid}/mountinfo").read_text()
+
+    seen, _ = await _inspect_running_qemu(scheduler, view)
+    assert isinstance(seen, tuple)
+    nspid, procs, mountinfo = seen
+    assert nspid.split() == [nspid.split()[0], "1"]
+    assert procs == ["1"]
+    mounts = [line.split() for line in mountinfo.splitlines()]
+    # Private (no "shared:N" propagation to or from the host) and read-only, every mount.
+    assert all(not any(f.startswith("shared:") for f in m) for m in mounts), mountinfo
+    assert all(m[5].split(",")[0] == "ro" for m in mounts), mountinfo
+
+
+async def test_qemu_cgroup_has_the_limits_and_is_removed_after(scheduler: Scheduler) -> None:
+    def cgroup(pid: int) -> dict[str, str]:
+        found = {}
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for c in controllers.split(","):
+                found[c or "unified"] = path
+        return found
+
+    def limits(pid: int) -> dict[str, object]:
+        paths = cgroup(pid)
+        ours = cgroup(os.getpid())
+        root = Path("/sys/fs/cgroup")
+        if (root / "memory").is_dir() and paths.get("memory", "/") != ours.get("memory"):
+            mem_dir = root / "memory" / paths["memory"].lstrip("/")
+            return {
+                "memory": int((mem_dir / "memory.limit_in_bytes").read_text()),
+                "pids": (root / "pids" / paths["pids"].lstrip("/") / "pids.max").read_text().strip(),
+                "cpu": int((root / "cpu" / paths["cpu"].lstrip("/") / "cpu.cfs_quota_us").read_text()),
+                "dirs": [mem_dir, root / "pids" / paths["pids"].lstrip("/")],
+            }
+        v2 = root / paths["unified"].lstrip("/")
+        return {
+            "memory": int((v2 / "memory.max").read_text()),
+            "pids": (v2 / "pids.max").read_text().strip(),
+            "cpu": int((v2 / "cpu.max").read_text().split()[0]),
+            "dirs": [v2],
+        }
+
+    seen, result = await _inspect_running_qemu(scheduler, limits)
+    assert isinstance(seen, dict)
+    assert seen["memory"] == (MEMORY_MB + QEMU_MEMORY_OVERHEAD_MB) * 1024 * 1024
+    assert seen["pids"] == str(QEMU_PIDS_MAX)
+    assert seen["cpu"] == (CPU_PERCENT_PER_VCPU + CPU_PERCENT_MAIN_LOOP) * 1000
+    dirs = seen["dirs"]
+    assert isinstance(dirs, list)
+    assert all(not d.exists() for d in dirs), "the VM's cgroup outlived it"
+    # The host-side figures come from that cgroup.
+    assert result.external_cpu_time_ms is not None and result.external_cpu_time_ms > 0
+    assert result.external_memory_peak_mb is not None
+    assert 0 < result.external_memory_peak_mb <= MEMORY_MB + QEMU_MEMORY_OVERHEAD_MB
+
+
+async def test_qemu_rlimits(scheduler: Scheduler) -> None:
+    def limits(pid: int) -> dict[str, list[str]]:
+        rows = Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]
+        return {r[:26].strip(): r[26:].split()[:2] for r in rows}
+
+    seen, _ = await _inspect_running_qemu(scheduler, limits)
+    assert isinstance(seen, dict)
+    assert seen["Max core file size"] == ["0", "0"]
+    assert seen["Max file size"] == ["0", "0"]
+    assert seen["Max open files"] == ["1024", "1024"]
+
+
+async def test_memory_heavy_guest_is_counted_against_qemus_cgroup(scheduler: Scheduler) -> None:
+    """The guest's memory is QEMU's memory on the host: a guest that touches 100 MiB shows up in
+    the cgroup's peak, which the limit caps."""
+    small = await scheduler.run("print(1)", memory_mb=MEMORY_MB)
+    big = await scheduler.run("b = bytearray(100 * 1024 * 1024); print(len(b))",
+                              memory_mb=MEMORY_MB)  # fmt: skip
+    assert big.stdout == f"{100 * 1024 * 1024}\n"
+    assert small.external_memory_peak_mb is not None and big.external_memory_peak_mb is not None
+    assert big.external_memory_peak_mb >= small.external_memory_peak_mb + 60
+    assert big.external_memory_peak_mb <= MEMORY_MB + QEMU_MEMORY_OVERHEAD_MB
+
+
+async def test_cgroups_left_by_a_killed_caller_are_swept(scheduler: Scheduler) -> None:
+    """A SIGKILLed caller cannot remove its VMs' cgroups (QEMU dies with it, they are empty):
+    the next VM on the host removes siblings named after a pid that no longer exists."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    probe = await scheduler.run("print(1)")  # find where this host puts VM cgroups
+    assert probe.external_cpu_time_ms is not None
+    parents = _vm_cgroup_parents()
+    stale = [p / f"sbx-{dead.pid}-0" for p in parents]
+    for d in stale:
+        d.mkdir()
+    await scheduler.run("print(2)")
+    assert [d for d in stale if d.exists()] == []
+
+
+def _vm_cgroup_parents() -> list[Path]:
+    """The directories VM cgroups are made in: this process's own cgroup in each hierarchy."""
+    root = Path("/sys/fs/cgroup")
+    parents = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",")
+        if {"memory", "cpu", "cpuacct", "pids"} & set(names):
+            base = root / names[0] if (root / names[0]).is_dir() else None
+            if base is not None:
+                parents.append(base / path.lstrip("/"))
+    if not parents:
+        _, _, path = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)
+        parents.append(root / path.lstrip("/"))
+    return parents

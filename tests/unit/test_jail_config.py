@@ -1,0 +1,94 @@
+"""The host jail's configuration surface, without a VM: QEMU's -sandbox option, the seccomp
+policy's data, the jail dict's validation, the limits derived from a VM's size, the user option,
+and `sbx doctor` (which probes the layers with a stand-in process, not QEMU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from exec_sandbox import _execsbx
+from exec_sandbox.errors import VmConfigError
+from exec_sandbox.jail import (
+    QEMU_MEMORY_OVERHEAD_MB,
+    QEMU_USER_ENV,
+    jail_options,
+    qemu_user,
+    usage_figures,
+)
+
+ARGV = dict(qemu_binary="/usr/bin/qemu-system-x86_64", kernel="/k", rootfs="/r", memory_mb=192,
+            vcpus=1, accel="tcg")  # fmt: skip
+
+
+def test_qemu_sandbox_option_denies_spawn_privileges_and_resource_control() -> None:
+    argv = _execsbx.build_qemu_argv(**ARGV, qemu_sandbox=True)
+    value = argv[argv.index("-sandbox") + 1].split(",")
+    assert value[0] == "on"
+    assert {"obsolete=deny", "elevateprivileges=deny", "spawn=deny",
+            "resourcecontrol=deny"} <= set(value[1:])  # fmt: skip
+    assert "-sandbox" not in _execsbx.build_qemu_argv(**ARGV)
+
+
+def test_seccomp_policy_has_a_reason_for_every_rule() -> None:
+    rules = _execsbx.seccomp_rules()
+    names = {name for name, _, _ in rules}
+    assert {"ptrace", "mount", "kexec_load", "init_module", "bpf", "unshare", "setns",
+            "keyctl", "process_vm_readv", "open_by_handle_at"} <= names  # fmt: skip
+    for name, err, reason in rules:
+        assert err in ("EPERM", "ENOSYS"), name
+        assert len(reason) > 10, name
+
+
+@pytest.mark.parametrize("jail, error", [
+    ({"bogus": 1}, TypeError),
+    ({"memory_mb": -1}, ValueError),
+    ({"uid": -2}, ValueError),
+    ({"network": "yes"}, TypeError),
+    ([], TypeError),
+])  # fmt: skip
+def test_jail_dict_is_validated_before_anything_starts(jail: object, error: type) -> None:
+    with pytest.raises(error):
+        _execsbx.Vm(**ARGV, jail=jail)
+
+
+def test_jail_options_follow_the_vm_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(QEMU_USER_ENV, raising=False)
+    options = jail_options(512, vcpus=2)
+    assert options["memory_mb"] == 512 + QEMU_MEMORY_OVERHEAD_MB
+    assert options["cpu_percent"] == 250
+    assert options["network"] == 0
+    assert "uid" not in options
+    assert jail_options(128, network=True)["network"] == 1
+
+
+def test_qemu_user_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(QEMU_USER_ENV, "nobody")
+    uid, gid = qemu_user() or (None, None)
+    assert uid == 65534 and gid == 65534
+    monkeypatch.setenv(QEMU_USER_ENV, "no-such-user-sbx")
+    with pytest.raises(VmConfigError):
+        qemu_user()
+
+
+def test_usage_figures_round_memory_up_and_keep_unknowns() -> None:
+    assert usage_figures(None) == (None, None)
+    assert usage_figures((2_500_000, 1)) == (2, 1)
+    assert usage_figures((None, 3 * 1024 * 1024)) == (None, 3)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the layers need root (cgroups, namespaces)")
+def test_doctor_reports_each_layer_and_why() -> None:
+    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    for layer in ("seccomp", "namespaces", "cgroup", "rlimits"):
+        assert checks[f"jail: {layer}"]["ok"], checks[f"jail: {layer}"]
+    user = checks["jail: user"]
+    assert user["ok"] == (QEMU_USER_ENV in os.environ)
+    assert user["detail"]  # says why, when off
+    assert {"accelerator", "qemu", "qemu -sandbox", "images"} <= set(checks)
