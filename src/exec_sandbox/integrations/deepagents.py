@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from exec_sandbox.session import Session
 
 TIMEOUT_EXIT_CODE = 124
+# A workspace VM: the guest sizes /tmp (25%) and the home (40%) from its RAM, and agents move
+# files of tens of MiB around (the standard suite uploads 10 MiB files), so more than run()'s.
+DEFAULT_MEMORY_MB = 512
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 # Transfers go through the guest home (the only place the file API writes) and are moved from
 # there with the shell, which also gives the errors a model can act on.
@@ -53,8 +56,10 @@ class ExecSandboxBackend(BaseSandbox):
     """
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int = 120,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> None:  # fmt: skip
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 memory_mb: int = DEFAULT_MEMORY_MB) -> None:  # fmt: skip
         self._runner = Runner(scheduler)
+        self._memory_mb = memory_mb
         self._timeout = timeout_seconds
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
@@ -192,7 +197,9 @@ class ExecSandboxBackend(BaseSandbox):
     async def _session(self, scheduler: Scheduler) -> Session:
         if self._holder and not self._holder[0].closed:
             return self._holder[0]
-        session = await scheduler.session(language="raw", timeout_seconds=self._timeout)
+        session = await scheduler.session(
+            language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb
+        )
         self._holder[:] = [session]
         setup = await session.exec(_SETUP)
         if setup.exit_code != 0:
