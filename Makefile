@@ -17,8 +17,14 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
+# The framework extras come along so that the integration tests run in CI. langgraph-codeact
+# pins langgraph<0.4, which current langchain/deepagents cannot share an environment with: it is
+# added without its dependencies on top of the current langgraph (its API is unchanged there).
+INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test
+
 install: deps $(PY)
-	$(PY) -m pip install -q '.[test]'
+	$(PY) -m pip install -q '.[test,$(INTEGRATION_EXTRAS)]'
+	$(PY) -m pip install -q --no-deps 'langgraph-codeact>=0.1.3'
 
 images: deps
 	images/build.sh

@@ -1,0 +1,130 @@
+"""langgraph-codeact: eval functions that run the agent's code blocks in exec-sandbox VMs.
+
+`eval_fn(code, _locals) -> (output, new_vars)` is the contract. The VM cannot receive host Python
+objects, so `_locals` (the agent's tools and earlier variables) is not passed in and `new_vars` is
+always empty: with the stateless functions each block starts from a clean VM; with
+`ExecSandboxSessionEval` the variables stay alive inside the thread's VM instead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from exec_sandbox import ExecutionResult, SandboxError, Scheduler
+
+from ._bridge import Runner
+from ._common import LANGUAGES, SessionPool, result_text
+
+EvalFn = Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]
+AsyncEvalFn = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+
+
+def _check(language: str) -> None:
+    if language not in LANGUAGES:
+        raise ValueError(f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}")
+
+
+def _output(call: Callable[[], ExecutionResult]) -> str:
+    try:
+        return result_text(call())
+    except SandboxError as exc:
+        # The model reads this and can fix its code (empty block, bad input) or retry.
+        return f"Error: {type(exc).__name__}: {exc}"
+
+
+def create_exec_sandbox_eval(scheduler: Scheduler | None = None, *,
+                             timeout_seconds: int | None = None,
+                             language: str = "python") -> EvalFn:  # fmt: skip
+    """A synchronous eval_fn: each code block runs in a fresh VM."""
+    _check(language)
+    runner = Runner(scheduler)
+
+    def eval_fn(code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        text = _output(lambda: runner.run(
+            lambda s: s.run(code, language=language,  # type: ignore[arg-type]
+                            timeout_seconds=timeout_seconds)))  # fmt: skip
+        return text, {}
+
+    return eval_fn
+
+
+def create_exec_sandbox_async_eval(scheduler: Scheduler | None = None, *,
+                                   timeout_seconds: int | None = None,
+                                   language: str = "python") -> AsyncEvalFn:  # fmt: skip
+    """An `async def` eval_fn: each code block runs in a fresh VM."""
+    _check(language)
+    runner = Runner(scheduler)
+
+    async def eval_fn(code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        try:
+            result = await runner.arun(
+                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
+                                timeout_seconds=timeout_seconds)  # fmt: skip
+            )
+        except SandboxError as exc:
+            return f"Error: {type(exc).__name__}: {exc}", {}
+        return result_text(result), {}
+
+    return eval_fn
+
+
+class ExecSandboxSessionEval:
+    """Session-backed eval: one VM per LangGraph thread (`thread_id` of the run's config), so
+    variables, imports and files persist across the turns of that thread.
+
+    Pass `.eval` (sync) or `.aeval` (async) as create_codeact's eval_fn; `close()` destroys the
+    VMs. Abandoned ones close after the scheduler's idle timeout, or at exit.
+    """
+
+    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
+                 language: str = "python") -> None:  # fmt: skip
+        _check(language)
+        self._pool = SessionPool(Runner(scheduler), language=language,
+                                 timeout_seconds=timeout_seconds)  # fmt: skip
+        weakref.finalize(self, _close_quietly, self._pool)
+
+    def eval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = _thread_id()
+        return _output(lambda: self._pool.runner.run(lambda s: self._exec(s, key, code))), {}
+
+    async def aeval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        key = _thread_id()
+        try:
+            result = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
+        except SandboxError as exc:
+            return f"Error: {type(exc).__name__}: {exc}", {}
+        return result_text(result), {}
+
+    async def _exec(self, scheduler: Scheduler, key: str, code: str) -> ExecutionResult:
+        session = await self._pool.get(scheduler, key)
+        return await session.exec(code)
+
+    @property
+    def thread_ids(self) -> list[str]:
+        return self._pool.keys()
+
+    def close(self, thread_id: str | None = None) -> None:
+        self._pool.close(thread_id)
+
+    async def aclose(self, thread_id: str | None = None) -> None:
+        await self._pool.aclose(thread_id)
+
+
+def _thread_id() -> str:
+    """The thread of the LangGraph run calling us, or "default" outside one."""
+    try:
+        from langgraph.config import get_config
+
+        configurable = get_config().get("configurable") or {}
+    except (ImportError, RuntimeError):
+        return "default"
+    return str(configurable.get("thread_id") or "default")
+
+
+def _close_quietly(pool: SessionPool) -> None:
+    try:
+        pool.close()
+    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+        pass

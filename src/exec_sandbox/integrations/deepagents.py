@@ -1,0 +1,253 @@
+"""Deep Agents backend: `ExecSandboxBackend` is a `deepagents` `BaseSandbox` whose shell commands
+and files live in one exec-sandbox VM (a bash session). BaseSandbox builds ls/read/write/edit/
+grep/glob on top of `execute`, `upload_files` and `download_files`, implemented here.
+
+Contract (deepagents.backends.protocol): execute returns stdout and stderr combined, in arrival
+order; a timeout gives exit code 124 (like coreutils `timeout`); output beyond `max_output_bytes`
+is cut and flagged `truncated=True`. File transfers take absolute paths, report one result per
+path in input order, never raise, create missing parent directories and are binary-safe.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+import weakref
+from typing import TYPE_CHECKING
+
+from deepagents.backends.protocol import (
+    ExecuteResponse,
+    FileDownloadResponse,
+    FileUploadResponse,
+)
+from deepagents.backends.sandbox import BaseSandbox
+
+from exec_sandbox import OutputLimitError, SandboxError, Scheduler
+
+from ._bridge import Runner
+
+if TYPE_CHECKING:
+    from exec_sandbox.session import Session
+
+TIMEOUT_EXIT_CODE = 124
+# A workspace VM: the guest sizes /tmp (25%) and the home (40%) from its RAM, and agents move
+# files of tens of MiB around (the standard suite uploads 10 MiB files), so more than run()'s.
+DEFAULT_MEMORY_MB = 512
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+# Transfers go through the guest home (the only place the file API writes) and are moved from
+# there with the shell, which also gives the errors a model can act on.
+_STAGING = ".exec-sandbox-transfer"
+# Where the `python` command is provided when the image only has python3.
+_SHIM_BIN = ".local/exec-sandbox-bin"
+_PREAMBLE = f'case ":$PATH:" in *":$HOME/{_SHIM_BIN}:"*) ;; *) export PATH="$HOME/{_SHIM_BIN}:$PATH";; esac\n'
+_SETUP = (
+    f"mkdir -p ~/{_STAGING} ~/{_SHIM_BIN} && "
+    f"{{ command -v python >/dev/null || ln -sf \"$(command -v python3)\" ~/{_SHIM_BIN}/python; }}"
+)
+
+
+class ExecSandboxBackend(BaseSandbox):
+    """A Deep Agents sandbox backed by one exec-sandbox VM, started on first use.
+
+    `scheduler=None` uses the shared background scheduler. Call `close()` (or `aclose()`) to
+    destroy the VM; an abandoned backend is closed when garbage-collected, an idle one after the
+    scheduler's `session_idle_timeout_seconds`, and the shared scheduler kills what is left at
+    exit. A closed backend opens a fresh VM on its next call.
+    """
+
+    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int = 120,
+                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+                 memory_mb: int = DEFAULT_MEMORY_MB) -> None:  # fmt: skip
+        self._runner = Runner(scheduler)
+        self._memory_mb = memory_mb
+        self._timeout = timeout_seconds
+        self._max_output = max_output_bytes
+        self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
+        self._holder: list[Session] = []
+        weakref.finalize(self, _close_quietly, self._runner, self._holder)
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    # --- execute ---
+
+    def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
+        return self._runner.run(lambda s: self._execute(s, command, timeout))
+
+    async def aexecute(self, command: str, *,
+                       timeout: int | None = None) -> ExecuteResponse:  # noqa: ASYNC109  # fmt: skip
+        return await self._runner.arun(lambda s: self._execute(s, command, timeout))
+
+    async def _execute(self, scheduler: Scheduler, command: str,
+                       timeout: int | None) -> ExecuteResponse:  # fmt: skip
+        if not command.strip():
+            return ExecuteResponse(output="Error: the command is empty", exit_code=2)
+        seconds = self._timeout if timeout is None or timeout <= 0 else min(timeout, 300)
+        chunks: list[str] = []
+        size = 0
+        truncated = False
+
+        def collect(text: str) -> None:
+            nonlocal size, truncated
+            if size >= self._max_output:
+                truncated = True
+                return
+            room = self._max_output - size
+            if len(text) > room:
+                text, truncated = text[:room], True
+            chunks.append(text)
+            size += len(text)
+
+        try:
+            session = await self._session(scheduler)
+            result = await session.exec(
+                _PREAMBLE + command, timeout_seconds=seconds, on_stdout=collect, on_stderr=collect
+            )
+        except OutputLimitError as exc:
+            return ExecuteResponse(
+                output="".join(chunks) + f"\n[output truncated: {exc}]", exit_code=None,
+                truncated=True,
+            )
+        except SandboxError as exc:
+            return ExecuteResponse(output=f"Error: {type(exc).__name__}: {exc}", exit_code=None)
+        output = "".join(chunks)
+        if result.exit_code == -1:
+            output += f"\nError: the command timed out after {seconds} seconds"
+            return ExecuteResponse(output=output, exit_code=TIMEOUT_EXIT_CODE, truncated=truncated)
+        return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=truncated)
+
+    # --- files ---
+
+    def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
+        return self._runner.run(lambda s: self._upload(s, files))
+
+    async def aupload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
+        return await self._runner.arun(lambda s: self._upload(s, files))
+
+    def download_files(self, paths: list[str]) -> list[FileDownloadResponse]:
+        return self._runner.run(lambda s: self._download(s, paths))
+
+    async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
+        return await self._runner.arun(lambda s: self._download(s, paths))
+
+    async def _upload(self, scheduler: Scheduler,
+                      files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:  # fmt: skip
+        responses = []
+        for path, content in files:
+            responses.append(FileUploadResponse(path=path, error=await self._upload_one(
+                scheduler, path, content)))  # fmt: skip
+        return responses
+
+    async def _upload_one(self, scheduler: Scheduler, path: str, content: bytes) -> str | None:
+        if not _is_absolute(path):
+            return "invalid_path"
+        staged = f"{_STAGING}/{uuid.uuid4().hex}"
+        try:
+            session = await self._session(scheduler)
+            await session.write_file(staged, bytes(content))
+            quoted = shlex.quote(path)
+            result = await session.exec(
+                f'mkdir -p -- "$(dirname -- {quoted})" && mv -f -- ~/{staged} {quoted}',
+                timeout_seconds=self._timeout,
+            )
+        except SandboxError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if result.exit_code == 0:
+            return None
+        await _discard(session, staged)
+        return _file_error(result.stderr)
+
+    async def _download(self, scheduler: Scheduler,
+                        paths: list[str]) -> list[FileDownloadResponse]:  # fmt: skip
+        responses = []
+        for path in paths:
+            content, error = await self._download_one(scheduler, path)
+            responses.append(FileDownloadResponse(path=path, content=content, error=error))
+        return responses
+
+    async def _download_one(self, scheduler: Scheduler,
+                            path: str) -> tuple[bytes | None, str | None]:  # fmt: skip
+        if not _is_absolute(path):
+            return None, "invalid_path"
+        staged = f"{_STAGING}/{uuid.uuid4().hex}"
+        quoted = shlex.quote(path)
+        check = (
+            f"if [ -d {quoted} ]; then echo is_directory; "
+            f"elif [ ! -e {quoted} ]; then echo file_not_found; "
+            f"elif [ ! -r {quoted} ]; then echo permission_denied; "
+            f"else cp -- {quoted} ~/{staged} && echo ok; fi"
+        )
+        try:
+            session = await self._session(scheduler)
+            result = await session.exec(check, timeout_seconds=self._timeout)
+            verdict = result.stdout.strip()
+            if verdict != "ok":
+                return None, verdict or _file_error(result.stderr)
+            data = await session.read_file(staged)
+        except SandboxError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        finally:
+            if self._holder and not self._holder[0].closed:
+                await _discard(self._holder[0], staged)
+        return data, None
+
+    # --- lifecycle ---
+
+    async def _session(self, scheduler: Scheduler) -> Session:
+        if self._holder and not self._holder[0].closed:
+            return self._holder[0]
+        session = await scheduler.session(
+            language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb
+        )
+        self._holder[:] = [session]
+        setup = await session.exec(_SETUP)
+        if setup.exit_code != 0:
+            await session.close()
+            raise SandboxError(f"preparing the sandbox failed: {setup.stderr.strip()}")
+        return session
+
+    def close(self) -> None:
+        """Destroy the VM (idempotent)."""
+        if self._holder:
+            self._runner.run(lambda _s: _close_all(self._holder))
+
+    async def aclose(self) -> None:
+        if self._holder:
+            await self._runner.arun(lambda _s: _close_all(self._holder))
+
+
+def _is_absolute(path: str) -> bool:
+    return isinstance(path, str) and path.startswith("/") and "\x00" not in path
+
+
+def _file_error(stderr: str) -> str:
+    lowered = stderr.lower()
+    if "permission denied" in lowered or "read-only file system" in lowered:
+        return "permission_denied"
+    if "is a directory" in lowered:
+        return "is_directory"
+    if "no such file" in lowered or "not a directory" in lowered:
+        return "invalid_path"
+    return stderr.strip() or "unknown error"
+
+
+async def _discard(session: Session, staged: str) -> None:
+    try:
+        await session.exec(f"rm -f -- ~/{staged}")
+    except SandboxError:
+        pass
+
+
+async def _close_all(holder: list[Session]) -> None:
+    while holder:
+        await holder.pop().close()
+
+
+def _close_quietly(runner: Runner, holder: list[Session]) -> None:
+    if not holder:
+        return
+    try:
+        runner.run(lambda _s: _close_all(holder))
+    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+        pass

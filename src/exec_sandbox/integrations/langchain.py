@@ -1,0 +1,172 @@
+"""LangChain tools: `ExecSandboxTool` runs each call in a fresh VM; `ExecSandboxSessionTool`
+keeps one VM per conversation (the `thread_id` of the run's config), so variables persist between
+the calls of one thread.
+
+Both return `(text, artifact)` (`response_format="content_and_artifact"`): the model reads the
+text, the artifact carries exit code, stdout, stderr and timing. A non-zero exit is ordinary
+output; bad arguments and infrastructure failures become `ToolException`, which
+`handle_tool_error=True` turns into a message the model can read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, ToolException
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from exec_sandbox import ExecutionResult, SandboxError, Scheduler
+
+from ._bridge import Runner
+from ._common import LANGUAGES, SessionPool, result_artifact, result_text
+
+_DEFAULT_THREAD = "default"
+
+
+class ExecSandboxInput(BaseModel):
+    code: str = Field(description="The source code to run.")
+    language: str = Field(
+        default="python",
+        description="One of python, javascript, raw (raw = a bash script).",
+    )
+
+
+class _SandboxToolBase(BaseTool):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    args_schema: type[BaseModel] = ExecSandboxInput
+    response_format: Literal["content", "content_and_artifact"] = "content_and_artifact"
+    handle_tool_error: bool = True
+    scheduler: Scheduler | None = None
+    timeout_seconds: int | None = None
+    _runner: Runner = PrivateAttr()
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        self._runner = Runner(self.scheduler)
+
+
+def _checked_language(language: str) -> str:
+    if language not in LANGUAGES:
+        raise ToolException(
+            f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}"
+        )
+    return language
+
+
+def _as_tool_output(result: ExecutionResult) -> tuple[str, dict[str, Any]]:
+    return result_text(result), result_artifact(result)
+
+
+class ExecSandboxTool(_SandboxToolBase):
+    """Runs code in a fresh, disposable microVM per call (nothing persists between calls)."""
+
+    name: str = "exec_sandbox"
+    description: str = (
+        "Run code in an isolated sandbox VM and get its output. Each call starts from a clean "
+        "machine. Arguments: code, language (python, javascript or raw for bash)."
+    )
+
+    def _run(self, code: str, language: str = "python",
+             run_manager: CallbackManagerForToolRun | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+        language = _checked_language(language)
+        try:
+            result = self._runner.run(
+                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
+                                timeout_seconds=self.timeout_seconds)  # fmt: skip
+            )
+        except SandboxError as exc:
+            raise ToolException(f"{type(exc).__name__}: {exc}") from exc
+        return _as_tool_output(result)
+
+    async def _arun(self, code: str, language: str = "python",
+                    run_manager: AsyncCallbackManagerForToolRun | None = None
+                    ) -> tuple[str, dict[str, Any]]:  # fmt: skip
+        language = _checked_language(language)
+        try:
+            result = await self._runner.arun(
+                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
+                                timeout_seconds=self.timeout_seconds)  # fmt: skip
+            )
+        except SandboxError as exc:
+            raise ToolException(f"{type(exc).__name__}: {exc}") from exc
+        return _as_tool_output(result)
+
+
+class ExecSandboxSessionInput(BaseModel):
+    code: str = Field(description="The source code to run in the persistent interpreter.")
+
+
+class ExecSandboxSessionTool(_SandboxToolBase):
+    """Keeps one sandbox VM per conversation thread (`config["configurable"]["thread_id"]`):
+    variables, imports, files and the working directory persist between calls of that thread.
+    Call `close()` / `aclose()` when done; sessions idle longer than the scheduler's
+    `session_idle_timeout_seconds` close themselves, and the shared scheduler closes at exit."""
+
+    name: str = "exec_sandbox_session"
+    description: str = (
+        "Run code in a persistent sandboxed interpreter: variables and files from earlier calls "
+        "in this conversation are still there."
+    )
+    args_schema: type[BaseModel] = ExecSandboxSessionInput
+    language: str = "python"
+    _pool: SessionPool = PrivateAttr()
+
+    def model_post_init(self, context: Any, /) -> None:
+        super().model_post_init(context)
+        _checked_language(self.language)
+        self._pool = SessionPool(
+            self._runner, language=self.language, timeout_seconds=self.timeout_seconds
+        )
+        # An abandoned tool must not keep its VMs until the idle timeout.
+        weakref.finalize(self, _close_quietly, self._pool)
+
+    @property
+    def thread_ids(self) -> list[str]:
+        """Threads that currently hold a live VM."""
+        return self._pool.keys()
+
+    def _run(self, code: str, config: RunnableConfig,
+             run_manager: CallbackManagerForToolRun | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+        key = _thread_id(config)
+        try:
+            result = self._pool.runner.run(lambda s: self._exec(s, key, code))
+        except SandboxError as exc:
+            raise ToolException(f"{type(exc).__name__}: {exc}") from exc
+        return _as_tool_output(result)
+
+    async def _arun(self, code: str, config: RunnableConfig,
+                    run_manager: AsyncCallbackManagerForToolRun | None = None
+                    ) -> tuple[str, dict[str, Any]]:  # fmt: skip
+        key = _thread_id(config)
+        try:
+            result = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
+        except SandboxError as exc:
+            raise ToolException(f"{type(exc).__name__}: {exc}") from exc
+        return _as_tool_output(result)
+
+    async def _exec(self, scheduler: Scheduler, key: str, code: str) -> ExecutionResult:
+        session = await self._pool.get(scheduler, key)
+        return await session.exec(code)
+
+    def close(self, thread_id: str | None = None) -> None:
+        """Destroy one thread's VM, or all of them."""
+        self._pool.close(thread_id)
+
+    async def aclose(self, thread_id: str | None = None) -> None:
+        await self._pool.aclose(thread_id)
+
+
+def _thread_id(config: RunnableConfig | None) -> str:
+    configurable = (config or {}).get("configurable") or {}
+    return str(configurable.get("thread_id") or _DEFAULT_THREAD)
+
+
+def _close_quietly(pool: SessionPool) -> None:
+    try:
+        pool.close()
+    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+        pass

@@ -1,0 +1,123 @@
+"""Google ADK: an LlmAgent with ExecSandboxCodeExecutor driven by ADK's own Runner and a scripted
+BaseLlm; the model's code blocks run in real VMs and the result reaches the model's next turn."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.adk", reason="the adk extra is not installed")
+
+from google.adk.agents import LlmAgent  # noqa: E402
+from google.adk.code_executors.code_execution_utils import CodeExecutionInput, File  # noqa: E402
+from google.adk.models.base_llm import BaseLlm  # noqa: E402
+from google.adk.models.llm_request import LlmRequest  # noqa: E402
+from google.adk.models.llm_response import LlmResponse  # noqa: E402
+from google.adk.runners import InMemoryRunner  # noqa: E402
+from google.genai import types  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+from exec_sandbox.integrations.adk import ExecSandboxCodeExecutor  # noqa: E402
+
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
+
+pytestmark = pytest.mark.vm
+
+
+class ScriptedLlm(BaseLlm):
+    """Answers with the scripted texts in order and records every request's text."""
+
+    model: str = "scripted"
+    replies: list[str] = Field(default_factory=list)
+    seen: list[str] = Field(default_factory=list)
+
+    async def generate_content_async(self, llm_request: LlmRequest,
+                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:  # fmt: skip
+        self.seen.append("\n".join(
+            part.text or "" for content in llm_request.contents for part in content.parts or []
+        ))  # fmt: skip
+        text = self.replies.pop(0) if self.replies else "done"
+        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
+
+
+def _code(source: str) -> str:
+    return f"```python\n{source}\n```"
+
+
+async def _ask(runner: InMemoryRunner, session_id: str, text: str) -> list[Any]:
+    message = types.Content(role="user", parts=[types.Part(text=text)])
+    return [event async for event in runner.run_async(
+        user_id="u", session_id=session_id, new_message=message)]  # fmt: skip
+
+
+async def _runner(llm: ScriptedLlm, executor: ExecSandboxCodeExecutor) -> tuple[InMemoryRunner, str]:
+    agent = LlmAgent(name="coder", model=llm, code_executor=executor)
+    runner = InMemoryRunner(agent=agent, app_name="test")
+    session = await runner.session_service.create_session(app_name="test", user_id="u")
+    return runner, session.id
+
+
+async def test_agent_code_output_reaches_the_model() -> None:
+    llm = ScriptedLlm(replies=[_code(GUEST_PROOF_CODE), "done"])
+    runner, session_id = await _runner(llm, ExecSandboxCodeExecutor())
+    await _ask(runner, session_id, "compute")
+    assert len(llm.seen) == 2
+    assert GUEST_PROOF_OUTPUT in llm.seen[1]
+
+
+async def test_stateful_executor_keeps_variables_per_execution_id() -> None:
+    executor = ExecSandboxCodeExecutor(stateful=True)
+    llm = ScriptedLlm(replies=[_code("x = 41"), "stored", _code("print(x + 1)"), "printed"])
+    runner, session_id = await _runner(llm, executor)
+    try:
+        await _ask(runner, session_id, "store")
+        await _ask(runner, session_id, "print")
+        assert "42" in llm.seen[3]
+        assert "NameError" not in llm.seen[3]
+    finally:
+        executor.close()
+
+
+async def test_sync_execute_code_from_inside_a_running_loop() -> None:
+    # ADK may call execute_code synchronously on its loop: it must not deadlock, and other
+    # threads' work keeps going meanwhile (the VM work runs on the background loop thread).
+    executor = ExecSandboxCodeExecutor()
+    results: dict[str, Any] = {}
+
+    def in_thread() -> None:
+        results["thread"] = executor.execute_code(None, CodeExecutionInput(code="print('t')"))  # type: ignore[arg-type]
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    result = executor.execute_code(None, CodeExecutionInput(code=GUEST_PROOF_CODE))  # type: ignore[arg-type]
+    worker.join(timeout=120)
+    assert asyncio.get_running_loop().is_running()
+    assert result.stdout.strip() == GUEST_PROOF_OUTPUT and result.stderr == ""
+    assert results["thread"].stdout == "t\n"
+
+
+def test_input_files_output_files_and_stderr_only_on_failure() -> None:
+    executor = ExecSandboxCodeExecutor()
+    blob = bytes(range(256))
+    ok = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+        code=(
+            "import sys\n"
+            "data = open('data.bin', 'rb').read()\n"
+            "open('out.bin', 'wb').write(data[::-1])\n"
+            "print(len(data)); print('warning', file=sys.stderr)"
+        ),
+        input_files=[File(name="data.bin", content=blob, mime_type="application/octet-stream")],
+    ))  # fmt: skip
+    assert ok.stdout == "256\n"
+    assert ok.stderr == ""  # a warning on stderr is not a failure
+    assert [(f.name, f.content) for f in ok.output_files] == [("out.bin", blob[::-1])]
+
+    failed = executor.execute_code(None, CodeExecutionInput(code="1 / 0"))  # type: ignore[arg-type]
+    assert "ZeroDivisionError" in failed.stderr and failed.exit_code == 1
+
+    empty = executor.execute_code(None, CodeExecutionInput(code="  "))  # type: ignore[arg-type]
+    assert "code is empty" in empty.stderr

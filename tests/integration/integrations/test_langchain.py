@@ -1,0 +1,101 @@
+"""LangChain: the tools driven by langchain's own agent loop (create_agent) with a scripted chat
+model; the code runs in real VMs and its output must reach the model's next turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("langchain", reason="the langchain extra is not installed")
+
+from langchain.agents import create_agent  # noqa: E402
+from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+
+from exec_sandbox.integrations.langchain import (  # noqa: E402
+    ExecSandboxSessionTool,
+    ExecSandboxTool,
+)
+
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
+from .fake_langchain_model import ScriptedChatModel  # noqa: E402
+
+pytestmark = pytest.mark.vm
+
+
+def _call(name: str, args: dict[str, str], call_id: str) -> AIMessage:
+    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": call_id}])
+
+
+def _tool_messages(model: ScriptedChatModel, turn: int) -> list[ToolMessage]:
+    return [m for m in model.seen[turn] if isinstance(m, ToolMessage)]
+
+
+def test_agent_loop_sees_vm_output_and_artifact() -> None:
+    model = ScriptedChatModel(responses=[
+        _call("exec_sandbox", {"code": GUEST_PROOF_CODE}, "c1"),
+        _call("exec_sandbox", {"code": "import sys; print('to stderr', file=sys.stderr); sys.exit(3)"}, "c2"),
+        AIMessage(content="done"),
+    ])  # fmt: skip
+    agent = create_agent(model, tools=[ExecSandboxTool()])
+    final = agent.invoke({"messages": [("user", "run it")]})
+
+    assert final["messages"][-1].content == "done"
+    first = _tool_messages(model, 1)[-1]
+    assert first.content == GUEST_PROOF_OUTPUT
+    assert first.artifact["exit_code"] == 0
+    assert first.artifact["stdout"] == GUEST_PROOF_OUTPUT + "\n"
+    assert first.artifact["timing"]["total_ms"] > 0
+    # A non-zero exit is ordinary output, not a tool error.
+    second = _tool_messages(model, 2)[-1]
+    assert second.status == "success"
+    assert second.artifact["exit_code"] == 3
+    assert "to stderr" in second.content and "exit code: 3" in second.content
+
+
+async def test_async_agent_loop_reports_bad_arguments_to_the_model() -> None:
+    model = ScriptedChatModel(responses=[
+        _call("exec_sandbox", {"code": "print(1)", "language": "cobol"}, "c1"),
+        _call("exec_sandbox", {"code": "   "}, "c2"),
+        _call("exec_sandbox", {"code": "console.log(40 + 2)", "language": "javascript"}, "c3"),
+        AIMessage(content="done"),
+    ])  # fmt: skip
+    agent = create_agent(model, tools=[ExecSandboxTool()])
+    await agent.ainvoke({"messages": [("user", "go")]})
+
+    bad_language = _tool_messages(model, 1)[-1]
+    assert bad_language.status == "error" and "unknown language 'cobol'" in bad_language.content
+    empty = _tool_messages(model, 2)[-1]
+    assert empty.status == "error" and "code is empty" in empty.content
+    assert _tool_messages(model, 3)[-1].content == "42"
+
+
+async def test_sync_run_works_inside_a_running_loop() -> None:
+    # A framework calling the sync API from its event loop must not deadlock.
+    tool = ExecSandboxTool()
+    message = tool.invoke({"type": "tool_call", "id": "x", "name": tool.name,
+                           "args": {"code": GUEST_PROOF_CODE}})  # fmt: skip
+    assert message.content == GUEST_PROOF_OUTPUT
+    assert asyncio.get_running_loop().is_running()
+
+
+def test_session_tool_keeps_state_per_thread() -> None:
+    tool = ExecSandboxSessionTool()
+    try:
+        def run(thread: str, code: str) -> ToolMessage:
+            model = ScriptedChatModel(responses=[
+                _call(tool.name, {"code": code}, "c1"), AIMessage(content="ok"),
+            ])  # fmt: skip
+            agent = create_agent(model, tools=[tool])
+            agent.invoke({"messages": [("user", "go")]},
+                         config={"configurable": {"thread_id": thread}})  # fmt: skip
+            return _tool_messages(model, 1)[-1]
+
+        run("alice", "x = 41")
+        assert run("alice", "print(x + 1)").content == "42"
+        other = run("bob", "print(x + 1)")
+        assert "NameError" in other.content and other.artifact["exit_code"] == 1
+        assert sorted(tool.thread_ids) == ["alice", "bob"]
+    finally:
+        tool.close()
+    assert tool.thread_ids == []

@@ -1,0 +1,94 @@
+"""LlamaIndex: CodeActAgent with our code_execute_fn, and a ReActAgent with ExecSandboxToolSpec,
+both driven by LlamaIndex's own agent workflows with a scripted LLM; code runs in real VMs and
+its output must reach the LLM's next prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.core", reason="the llamaindex extra is not installed")
+
+from llama_index.core.agent.workflow import CodeActAgent, ReActAgent  # noqa: E402
+from llama_index.core.llms import (  # noqa: E402
+    CompletionResponse,
+    CompletionResponseGen,
+    CustomLLM,
+    LLMMetadata,
+)
+from llama_index.core.llms.callbacks import llm_completion_callback  # noqa: E402
+from pydantic import Field  # noqa: E402
+
+from exec_sandbox.integrations.llamaindex import (  # noqa: E402
+    ExecSandboxToolSpec,
+    create_code_execute_fn,
+)
+
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
+
+pytestmark = pytest.mark.vm
+
+
+class ScriptedLLM(CustomLLM):
+    """Replies with the scripted texts in order and records every prompt it was given."""
+
+    replies: list[str] = Field(default_factory=list)
+    seen: list[str] = Field(default_factory=list)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="scripted", is_chat_model=False)
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.seen.append(prompt)
+        return CompletionResponse(text=self.replies.pop(0) if self.replies else "done")
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponseGen:  # fmt: skip
+        response = self.complete(prompt)
+        yield response
+
+
+async def test_codeact_agent_runs_code_with_state_across_steps() -> None:
+    code_execute_fn = create_code_execute_fn()
+    llm = ScriptedLLM(replies=[
+        f"<execute>\nx = 41\n{GUEST_PROOF_CODE}\n</execute>",
+        "<execute>\nprint(x + 1)\n</execute>",
+        "<execute>\nprint(undefined_name)\n</execute>",
+        "All done.",
+    ])  # fmt: skip
+    agent = CodeActAgent(code_execute_fn=code_execute_fn, llm=llm, streaming=False)
+    try:
+        response = await agent.run(user_msg="compute")
+    finally:
+        await code_execute_fn.executor.aclose()  # type: ignore[attr-defined]
+    assert "All done." in str(response)
+    assert GUEST_PROOF_OUTPUT in llm.seen[1]
+    assert "42" in llm.seen[2].split(GUEST_PROOF_OUTPUT, 1)[1]  # x survived between steps
+    assert "NameError" in llm.seen[3]
+
+
+async def test_react_agent_uses_the_tool_spec() -> None:
+    def action(args: dict[str, str]) -> str:
+        return f"Thought: I need to run code.\nAction: run_code\nAction Input: {json.dumps(args)}"
+
+    llm = ScriptedLLM(replies=[
+        action({"code": GUEST_PROOF_CODE}),
+        action({"code": "print(1)", "language": "cobol"}),
+        action({"code": ""}),
+        "Thought: I can answer.\nAnswer: finished",
+    ])  # fmt: skip
+    agent = ReActAgent(tools=ExecSandboxToolSpec().to_tool_list(), llm=llm, streaming=False)
+    response = await agent.run(user_msg="compute")
+    assert "finished" in str(response)
+    assert f"Observation: {GUEST_PROOF_OUTPUT}" in llm.seen[1]
+    assert "unknown language 'cobol'" in llm.seen[2]
+    assert "code is empty" in llm.seen[3]
+
+
+def test_tool_spec_sync_call() -> None:
+    assert ExecSandboxToolSpec().run_code("echo $((40 + 2))", language="raw") == "42"
