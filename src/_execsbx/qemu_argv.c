@@ -142,9 +142,16 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 		addf(&b, "memory-backend-file,id=ram0,size=%uM,mem-path=%s%s,share=%s", cfg->memory_mb,
 		     mem_path[0] == '/' ? "" : "./", mem_path, cfg->mem_shared ? "on" : "off");
 	}
-	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate. */
+	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate.
+	 * TCG's translation cache defaults to 1 GiB on x86_64 hosts and grows with every program
+	 * the guest runs: a long session then passes the cgroup's memory limit (guest RAM + a
+	 * fixed overhead) and is OOM-killed. SBX_TCG_TB_SIZE_MB bounds it; a full cache is flushed
+	 * and refilled, which costs retranslation, not correctness. */
 	add(&b, "-accel");
-	add(&b, cfg->accel);
+	if (strcmp(cfg->accel, "tcg") == 0)
+		addf(&b, "tcg,tb-size=%u", SBX_TCG_TB_SIZE_MB);
+	else
+		add(&b, cfg->accel);
 	add(&b, "-cpu");
 	add(&b, strcmp(cfg->accel, "kvm") == 0 ? "host" : "max");
 	add(&b, "-m");

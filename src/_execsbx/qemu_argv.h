@@ -7,6 +7,9 @@
 #define SBX_VM_MEMORY_MB_MIN 16u
 #define SBX_VM_MEMORY_MB_MAX (1024u * 1024u)
 #define SBX_VM_VCPUS_MAX 255u
+/* Translation cache of TCG in MiB (see qemu_argv.c): part of the per-VM memory overhead the
+ * host jail allows QEMU beyond the guest RAM (jail.py), so keep the two in step. */
+#define SBX_TCG_TB_SIZE_MB 128u
 /* x86 COMMAND_LINE_SIZE is 2048 including the NUL; longer lines are cut by the kernel. */
 #define SBX_KERNEL_CMDLINE_MAX 2047u
 

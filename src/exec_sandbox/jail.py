@@ -15,9 +15,11 @@ from .errors import VmConfigError
 
 log = logging.getLogger("exec_sandbox")
 
-# QEMU's own memory on top of the guest's RAM: TCG's translation cache, device state, the
-# binary's mappings. Measured peak for a 192 MiB guest after boot and a run: ~95 MiB.
-QEMU_MEMORY_OVERHEAD_MB = 256
+# QEMU's own memory on top of the guest's RAM: TCG's translation cache (capped at
+# SBX_TCG_TB_SIZE_MB = 128 MiB by qemu_argv.c; uncapped it grows towards 1 GiB in a long session
+# and the cgroup OOM-kills QEMU), device state, the binary's mappings. Measured peak for a
+# 192 MiB guest after boot and a run: ~95 MiB; the rest is room for a full translation cache.
+QEMU_MEMORY_OVERHEAD_MB = 320
 # QEMU's threads: main loop, one per vCPU, RCU, a few I/O workers. Not for the guest's processes,
 # which live inside the guest kernel.
 QEMU_PIDS_MAX = 64

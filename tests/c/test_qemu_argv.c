@@ -40,7 +40,7 @@ static void test_full_tcg_command_line(void)
 	static const char *const expected[] = {
 		"/usr/bin/qemu-system-x86_64",
 		"-M", "microvm,x-option-roms=off,isa-serial=off,acpi=off",
-		"-accel", "tcg", "-cpu", "max",
+		"-accel", "tcg,tb-size=128", "-cpu", "max",
 		"-m", "256", "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", "/images/vmlinux",
@@ -80,7 +80,7 @@ static void test_accel_kvm_vs_tcg(void)
 	sbx_argv_free(argv);
 	c.accel = "tcg";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
-	CHECK_STR(opt_value(argv, "-accel"), "tcg");
+	CHECK_STR(opt_value(argv, "-accel"), "tcg,tb-size=128");
 	CHECK_STR(opt_value(argv, "-cpu"), "max");
 	sbx_argv_free(argv);
 
