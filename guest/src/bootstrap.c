@@ -1,6 +1,7 @@
 /* Bootstraps of the pre-started interpreters (protocol.h, SBX_MSG_PRESTART), passed inline
- * (python3 -c, node -e) so that the root image needs no new file. Each waits on fd 3 for the go
- * ("1" from the agent), then runs the code file (the argument after the inline code, as in
+ * (python3 -c, node -e) so that the root image needs no new file. Each writes "r" to fd 3 (a
+ * socket to the agent) once its interpreter has started, then waits there for the go ("1"),
+ * then runs the code file (the argument after the inline code, as in
  * `python3 -c BOOTSTRAP /run/sbx/main.py`) as the one-shot run would:
  *   python: like `python3 /run/sbx/main.py`: same sys.argv, sys.path[0], a fresh __main__
  *     namespace, __file__, the traceback of an uncaught exception without the bootstrap's frame,
@@ -17,6 +18,7 @@ const char sbx_bootstrap_python[] =
 	"    import os\n"
 	"    import sys\n"
 	"\n"
+	"    os.write(3, b\"r\")\n"
 	"    go = os.read(3, 1)\n"
 	"    os.close(3)\n"
 	"    if go != b\"1\":\n"
@@ -62,6 +64,7 @@ const char sbx_bootstrap_javascript[] =
 	"\tconst Module = require('module');\n"
 	"\tconst go = Buffer.alloc(1);\n"
 	"\tlet n;\n"
+	"\tfs.writeSync(3, 'r');\n"
 	"\tfor (;;) {\n"
 	"\t\ttry {\n"
 	"\t\t\tn = fs.readSync(3, go, 0, 1, null);\n"

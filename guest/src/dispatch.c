@@ -45,15 +45,16 @@ static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 
 static void handle_prestart(struct sbx_agent *a, const struct sbx_frame *f)
 {
-	if (f->payload_len != 1) {
-		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,
-				       "PRESTART carries exactly one byte");
+	uint8_t language = 0;
+	const char *why = NULL;
+	if (sbx_parse_prestart(f->payload, f->payload_len, &language, &why) < 0) {
+		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST, "bad PRESTART: %s", why);
 		return;
 	}
 	uint32_t code = 0;
 	char msg[512];
 	if (sbx_repl_busy(&a->repl) ||
-	    sbx_runner_prestart(&a->runner, f->payload[0], &code, msg, sizeof(msg)) < 0) {
+	    sbx_runner_prestart(&a->runner, language, &code, msg, sizeof(msg)) < 0) {
 		if (sbx_repl_busy(&a->repl)) {
 			code = SBX_ERR_BUSY;
 			snprintf(msg, sizeof(msg), "an execution is already running");

@@ -7,6 +7,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
@@ -17,6 +19,8 @@
 #include "spawn.h"
 
 #define TERM_GRACE_MS 500u
+/* How long PRESTART waits for the interpreter to reach its bootstrap's wait. */
+#define PRESTART_READY_MS 30000
 #define DRAIN_MS 200u
 /* Reads per pipe in the final drain: bounds the work when a survivor keeps writing. */
 #define FINAL_DRAIN_READS 64
@@ -174,8 +178,11 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
 	}
+	/* go: a socket pair, fd 3 of the child. The bootstrap writes "r" once it waits for the go
+	 * (its interpreter has started), the agent writes "1" for the go. */
 	int out[2] = {-1, -1}, err[2] = {-1, -1}, go[2] = {-1, -1};
-	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0) {
+	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0) {
 		rc = -errno;
 		snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
 		int *fds[] = {&out[0], &out[1], &err[0], &err[1], &go[0], &go[1]};
@@ -216,6 +223,23 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 	}
 	r->pre = (struct sbx_prestarted){
 		.pid = pid, .language = language, .go_fd = go[1], .out_fd = out[0], .err_fd = err[0]};
+	/* Answer only once the interpreter waits: a pool hit must not pay the rest of its start-up.
+	 * The agent blocks meanwhile (node: ~2 s under TCG); nothing else runs in this VM then, and
+	 * the wait is bounded. A bootstrap that died gives EOF at once. */
+	struct pollfd p = {.fd = go[1], .events = POLLIN};
+	int ready;
+	do
+		ready = poll(&p, 1, PRESTART_READY_MS);
+	while (ready < 0 && errno == EINTR);
+	char c = 0;
+	ssize_t got = ready > 0 ? read(go[1], &c, 1) : 0;
+	if (got != 1 || c != 'r') {
+		sbx_runner_discard_prestarted(r);
+		*code = SBX_ERR_SPAWN;
+		snprintf(msg, msg_size, "the pre-started interpreter did not get ready%s",
+			 ready == 0 ? " in time" : "");
+		return -EIO;
+	}
 	return 0;
 }
 

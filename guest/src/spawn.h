@@ -24,7 +24,7 @@ struct sbx_spawn {
 	int control_in_fd;    /* read end: requests from the agent */
 	int control_out_fd;   /* write end: completions to the agent */
 	bool with_go;         /* a pre-started interpreter: go_fd becomes fd 3 (see runner.h) */
-	int go_fd;            /* read end: the agent writes "1" there when the code is in place */
+	int go_fd;            /* socket: "r" to the agent when ready, "1" from it when the code is in place */
 };
 
 /* Fork and exec. Returns 0 with *pid once execve() has succeeded (the child is then the leader of

@@ -85,7 +85,7 @@ enum sbx_msg {
 /* Pre-started interpreter (PRESTART): the agent starts the interpreter of `language` (python or
  * javascript only) exactly as for a one-shot EXEC (uid 1000, own session, limits, the clean
  * environment, stdin on /dev/null, output pipes) but on a small bootstrap that blocks until the
- * agent gives it the go. The next EXEC of the same language with no env variables then writes the
+ * agent gives it the go; the PONG comes once the interpreter has started and waits. The next EXEC of the same language with no env variables then writes the
  * code file, gives the go and is served by that process: the interpreter's start-up is paid
  * before the request. Any other EXEC, a SESSION_EXEC or a new PRESTART kills it first. Only ever
  * sent to a VM after its RESEED (never before a snapshot is taken). */
