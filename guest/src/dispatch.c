@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "request.h"
@@ -28,15 +29,40 @@ static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BUSY, "an execution is already running");
 		return;
 	}
-	if (session)
+	if (session) {
+		/* A session's code must not find a waiting uid-1000 interpreter it could feed. */
+		sbx_runner_discard_prestarted(&a->runner);
 		rc = sbx_repl_start(&a->repl, f->id, &req, &code, msg, sizeof(msg));
-	else
+	} else {
 		rc = sbx_runner_start(&a->runner, f->id, &req, &code, msg, sizeof(msg));
+	}
 	if (rc < 0) {
 		if (code != SBX_ERR_BUSY)
 			sbx_log("EXEC %u failed to start: %s", f->id, msg);
 		sbx_channel_send_error(&a->ch, f->id, code, "%s", msg);
 	}
+}
+
+static void handle_prestart(struct sbx_agent *a, const struct sbx_frame *f)
+{
+	uint8_t language = 0;
+	const char *why = NULL;
+	if (sbx_parse_prestart(f->payload, f->payload_len, &language, &why) < 0) {
+		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST, "bad PRESTART: %s", why);
+		return;
+	}
+	uint32_t code = 0;
+	char msg[512];
+	if (sbx_repl_busy(&a->repl) ||
+	    sbx_runner_prestart(&a->runner, language, &code, msg, sizeof(msg)) < 0) {
+		if (sbx_repl_busy(&a->repl)) {
+			code = SBX_ERR_BUSY;
+			snprintf(msg, sizeof(msg), "an execution is already running");
+		}
+		sbx_channel_send_error(&a->ch, f->id, code, "PRESTART: %s", msg);
+		return;
+	}
+	sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
 }
 
 void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
@@ -65,6 +91,9 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 			sbx_channel_send(&a->ch, SBX_MSG_RESEEDED, f->id, NULL, 0);
 		break;
 	}
+	case SBX_MSG_PRESTART:
+		handle_prestart(a, f);
+		break;
 	case SBX_MSG_FILE_WRITE_BEGIN:
 	case SBX_MSG_FILE_WRITE_DATA:
 	case SBX_MSG_FILE_WRITE_END:

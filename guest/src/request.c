@@ -81,3 +81,17 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 	}
 	return 0;
 }
+
+int sbx_parse_prestart(const uint8_t *payload, size_t len, uint8_t *language, const char **why)
+{
+	if (len != 1) {
+		*why = "PRESTART carries exactly one byte";
+		return -EPROTO;
+	}
+	if (payload[0] != SBX_LANG_PYTHON && payload[0] != SBX_LANG_JAVASCRIPT) {
+		*why = "no pre-started interpreter for that language";
+		return -EPROTO;
+	}
+	*language = payload[0];
+	return 0;
+}

@@ -7,15 +7,20 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bootstrap.h"
 #include "cleanup.h"
 #include "spawn.h"
 
 #define TERM_GRACE_MS 500u
+/* How long PRESTART waits for the interpreter to reach its bootstrap's wait. */
+#define PRESTART_READY_MS 30000
 #define DRAIN_MS 200u
 /* Reads per pipe in the final drain: bounds the work when a survivor keeps writing. */
 #define FINAL_DRAIN_READS 64
@@ -101,6 +106,7 @@ int sbx_runner_init(struct sbx_runner *r, const struct sbx_config *cfg, struct s
 	r->cfg = cfg;
 	r->ch = ch;
 	r->out.fd = r->err.fd = -1;
+	r->pre.go_fd = r->pre.out_fd = r->pre.err_fd = -1;
 	r->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	if (r->timer_fd < 0)
 		return -errno;
@@ -121,6 +127,142 @@ static void stream_init(struct sbx_stream *s, int fd, uint8_t type, uint32_t fla
 	s->total = 0;
 }
 
+
+static void forget_prestarted(struct sbx_runner *r)
+{
+	sbx_close_fd(&r->pre.go_fd);
+	sbx_close_fd(&r->pre.out_fd);
+	sbx_close_fd(&r->pre.err_fd);
+	r->pre.pid = 0;
+}
+
+void sbx_runner_discard_prestarted(struct sbx_runner *r)
+{
+	if (r->pre.pid <= 0)
+		return;
+	/* Killed before its go pipe closes: it never runs anything. The reaper then sees a pid it
+	 * does not know, which it ignores. */
+	if (kill(-r->pre.pid, SIGKILL) < 0 && errno != ESRCH)
+		sbx_log("kill(-%d): %s", (int)r->pre.pid, strerror(errno));
+	forget_prestarted(r);
+}
+
+int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, char *msg,
+			size_t msg_size)
+{
+	if (sbx_runner_busy(r)) {
+		*code = SBX_ERR_BUSY;
+		snprintf(msg, msg_size, "an execution is already running");
+		return -EBUSY;
+	}
+	if (language != SBX_LANG_PYTHON && language != SBX_LANG_JAVASCRIPT) {
+		*code = SBX_ERR_BAD_REQUEST;
+		snprintf(msg, msg_size, "no pre-started interpreter for language %u", language);
+		return -EINVAL;
+	}
+	sbx_runner_discard_prestarted(r);
+	*code = SBX_ERR_INTERNAL;
+	/* The code file's path is its argument, as in the one-shot run (argv, tracebacks). */
+	char script[sizeof(r->code_path)];
+	int n = snprintf(script, sizeof(script), "%s/%s", r->cfg->run_dir, script_names[language]);
+	if (n < 0 || (size_t)n >= sizeof(script)) {
+		snprintf(msg, msg_size, "code path too long");
+		return -ENAMETOOLONG;
+	}
+	/* The clean environment of a request without variables: only such requests use it. */
+	struct sbx_exec_request none;
+	memset(&none, 0, sizeof(none));
+	char **envp = NULL;
+	int rc = sbx_env_build(&none, r->cfg->home_dir, &envp);
+	if (rc < 0) {
+		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
+		return rc;
+	}
+	/* go: a socket pair, fd 3 of the child. The bootstrap writes "r" once it waits for the go
+	 * (its interpreter has started), the agent writes "1" for the go. */
+	int out[2] = {-1, -1}, err[2] = {-1, -1}, go[2] = {-1, -1};
+	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
+	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0) {
+		rc = -errno;
+		snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
+		int *fds[] = {&out[0], &out[1], &err[0], &err[1], &go[0], &go[1]};
+		for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+			sbx_close_fd(fds[i]);
+		sbx_env_free(envp);
+		return rc;
+	}
+	fcntl(out[0], F_SETFL, O_NONBLOCK);
+	fcntl(err[0], F_SETFL, O_NONBLOCK);
+	struct sbx_spawn sp = {
+		.interpreter = r->cfg->interpreter[language],
+		.script = script,
+		.inline_code = language == SBX_LANG_PYTHON ? sbx_bootstrap_python
+							   : sbx_bootstrap_javascript,
+		.inline_flag = language == SBX_LANG_PYTHON ? "-c" : "-e",
+		.home = r->cfg->home_dir,
+		.envp = envp,
+		.drop_privileges = r->cfg->drop_privileges,
+		.limit_nproc = r->cfg->drop_privileges,
+		.stdout_fd = out[1],
+		.stderr_fd = err[1],
+		.with_go = true,
+		.go_fd = go[0],
+	};
+	pid_t pid;
+	rc = sbx_spawn(&sp, &pid, msg, msg_size);
+	close(out[1]);
+	close(err[1]);
+	close(go[0]);
+	sbx_env_free(envp);
+	if (rc < 0) {
+		close(out[0]);
+		close(err[0]);
+		close(go[1]);
+		*code = SBX_ERR_SPAWN;
+		return rc;
+	}
+	r->pre = (struct sbx_prestarted){
+		.pid = pid, .language = language, .go_fd = go[1], .out_fd = out[0], .err_fd = err[0]};
+	/* Answer only once the interpreter waits: a pool hit must not pay the rest of its start-up.
+	 * The agent blocks meanwhile (node: ~2 s under TCG); nothing else runs in this VM then, and
+	 * the wait is bounded. A bootstrap that died gives EOF at once. */
+	struct pollfd p = {.fd = go[1], .events = POLLIN};
+	int ready;
+	do
+		ready = poll(&p, 1, PRESTART_READY_MS);
+	while (ready < 0 && errno == EINTR);
+	char c = 0;
+	ssize_t got = ready > 0 ? read(go[1], &c, 1) : 0;
+	if (got != 1 || c != 'r') {
+		sbx_runner_discard_prestarted(r);
+		*code = SBX_ERR_SPAWN;
+		snprintf(msg, msg_size, "the pre-started interpreter did not get ready%s",
+			 ready == 0 ? " in time" : "");
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Hand the code to the pre-started interpreter: it is already running as the one-shot child. */
+static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], pid_t *pid)
+{
+	static const char go = '1';
+	ssize_t w;
+	do
+		w = write(r->pre.go_fd, &go, 1);
+	while (w < 0 && errno == EINTR);
+	if (w != 1) {
+		int e = w < 0 ? errno : EIO;
+		sbx_runner_discard_prestarted(r);
+		return -e;
+	}
+	out_fd[0] = TAKE_FD(r->pre.out_fd);
+	err_fd[0] = TAKE_FD(r->pre.err_fd);
+	*pid = r->pre.pid;
+	forget_prestarted(r);
+	return 0;
+}
+
 int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_request *req,
 		     uint32_t *code, char *msg, size_t msg_size)
 {
@@ -137,12 +279,26 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		snprintf(msg, msg_size, "code path too long");
 		return -ENAMETOOLONG;
 	}
+	/* The pre-started interpreter has the clean environment: a request with variables, or of
+	 * another language, gets a fresh process. */
+	bool use_pre = r->pre.pid > 0 && r->pre.language == req->language && req->env_count == 0;
+	if (!use_pre)
+		sbx_runner_discard_prestarted(r);
 	*code = SBX_ERR_INTERNAL;
 	int rc = sbx_write_code_file(r->code_path, req->code, req->code_len);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "writing %s: %s", r->code_path, strerror(-rc));
 		unlink(r->code_path);
 		return rc;
+	}
+	int out[2], err[2];
+	pid_t pid;
+	if (use_pre) {
+		r->start_ns = sbx_now_ns();
+		rc = go_prestarted(r, out, err, &pid);
+		if (rc == 0)
+			goto started;
+		/* It died before the go: start afresh, as without it. */
 	}
 	char **envp = NULL;
 	rc = sbx_env_build(req, r->cfg->home_dir, &envp);
@@ -151,7 +307,6 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		unlink(r->code_path);
 		return rc;
 	}
-	int out[2], err[2];
 	if (pipe2(out, O_CLOEXEC) < 0) {
 		rc = -errno;
 		goto fail_env;
@@ -177,7 +332,6 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		.stderr_fd = err[1],
 	};
 	r->start_ns = sbx_now_ns();
-	pid_t pid;
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	close(out[1]);
 	close(err[1]);
@@ -190,6 +344,7 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		return rc;
 	}
 
+started:
 	r->phase = SBX_PHASE_RUNNING;
 	r->silent = false;
 	r->exited = false;
@@ -290,6 +445,12 @@ void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s)
 
 void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status)
 {
+	if (r->pre.pid > 0 && pid == r->pre.pid) {
+		/* The pre-started interpreter died before its go: the next EXEC starts afresh. */
+		sbx_log("pre-started interpreter %d died (status %d)", (int)pid, status);
+		forget_prestarted(r);
+		return;
+	}
 	if (r->phase == SBX_PHASE_IDLE || r->exited || pid != r->pid)
 		return; /* an orphan reparented to PID 1, or a helper: nothing to report */
 	r->exited = true;

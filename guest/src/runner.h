@@ -34,6 +34,14 @@ struct sbx_stream {
 	uint64_t total; /* bytes read, including those past the limit */
 };
 
+/* A pre-started interpreter waiting for the go (see SBX_MSG_PRESTART); pid 0 when there is none. */
+struct sbx_prestarted {
+	pid_t pid;
+	uint8_t language;
+	int go_fd; /* write end of its fd 3 */
+	int out_fd, err_fd;
+};
+
 struct sbx_runner {
 	const struct sbx_config *cfg;
 	struct sbx_channel *ch;
@@ -48,6 +56,7 @@ struct sbx_runner {
 	uint64_t start_ns, end_ns;
 	struct sbx_stream out, err;
 	char code_path[300];
+	struct sbx_prestarted pre;
 };
 
 int sbx_runner_init(struct sbx_runner *r, const struct sbx_config *cfg, struct sbx_channel *ch);
@@ -55,6 +64,11 @@ bool sbx_runner_busy(const struct sbx_runner *r);
 /* Start the request. On failure nothing is left running and *code/msg describe the ERROR to send. */
 int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_request *req,
 		     uint32_t *code, char *msg, size_t msg_size);
+/* PRESTART: start the interpreter of `language` on its bootstrap, to serve the next EXEC. */
+int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, char *msg,
+			size_t msg_size);
+/* Kill the pre-started interpreter, if any (its death is then ignored by the reaper hooks). */
+void sbx_runner_discard_prestarted(struct sbx_runner *r);
 /* Event loop hooks. */
 void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status);
 void sbx_runner_on_timer(struct sbx_runner *r);

@@ -95,6 +95,18 @@ static int place_control_fds(const struct sbx_spawn *s, int report_fd)
 	return hi_report;
 }
 
+/* A pre-started interpreter's go pipe goes to fd 3, the same way. Returns the new report fd. */
+static int place_go_fd(const struct sbx_spawn *s, int report_fd)
+{
+	int hi_report = fcntl(report_fd, F_DUPFD_CLOEXEC, 64);
+	if (hi_report < 0)
+		child_fail(report_fd, STEP_CONTROL, errno);
+	int hi_go = fcntl(s->go_fd, F_DUPFD_CLOEXEC, 64);
+	if (hi_go < 0 || dup2(hi_go, 3) < 0)
+		child_fail(hi_report, STEP_CONTROL, errno);
+	return hi_report;
+}
+
 static int set_limit(__rlimit_resource_t resource, rlim_t value)
 {
 	struct rlimit rl;
@@ -142,6 +154,9 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	if (s->with_control) {
 		report_fd = place_control_fds(s, report_fd);
 		first_closed = 5;
+	} else if (s->with_go) {
+		report_fd = place_go_fd(s, report_fd);
+		first_closed = 4;
 	}
 	int rc = close_fds_except(first_closed, report_fd);
 	if (rc < 0)
@@ -173,8 +188,12 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	umask(022);
 
 	const char *base = strrchr(s->interpreter, '/');
-	char *const argv[] = {unconst(base ? base + 1 : s->interpreter), unconst(s->script), NULL};
-	execve(s->interpreter, argv, s->envp);
+	char *const argv_script[] = {unconst(base ? base + 1 : s->interpreter), unconst(s->script),
+				     NULL};
+	char *const argv_inline[] = {unconst(base ? base + 1 : s->interpreter),
+				     unconst(s->inline_flag), unconst(s->inline_code),
+				     unconst(s->script), NULL};
+	execve(s->interpreter, s->inline_flag ? argv_inline : argv_script, s->envp);
 	child_fail(report_fd, STEP_EXEC, errno);
 }
 

@@ -12,6 +12,8 @@
 struct sbx_spawn {
 	const char *interpreter; /* absolute path, e.g. /usr/bin/python3 */
 	const char *script;      /* the code file, passed as the only argument */
+	const char *inline_flag; /* when set, argv is {interpreter, inline_flag, inline_code, script} */
+	const char *inline_code;
 	const char *home;        /* working directory */
 	char *const *envp;
 	bool drop_privileges; /* become SBX_USER_UID/GID (only when the agent is root in the VM) */
@@ -21,6 +23,8 @@ struct sbx_spawn {
 	bool with_control;    /* a REPL driver: control_in_fd becomes fd 3, control_out_fd fd 4 */
 	int control_in_fd;    /* read end: requests from the agent */
 	int control_out_fd;   /* write end: completions to the agent */
+	bool with_go;         /* a pre-started interpreter: go_fd becomes fd 3 (see runner.h) */
+	int go_fd;            /* socket: "r" to the agent when ready, "1" from it when the code is in place */
 };
 
 /* Fork and exec. Returns 0 with *pid once execve() has succeeded (the child is then the leader of

@@ -179,6 +179,20 @@ int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t 
 	return sbx_channel_flush(ch);
 }
 
+int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language)
+{
+	compact(ch);
+	size_t before = ch->out.len;
+	int rc = sbx_encode_prestart(&ch->out, id, language);
+	if (rc < 0)
+		return rc;
+	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
+		ch->out.len = before;
+		return -ENOBUFS;
+	}
+	return sbx_channel_flush(ch);
+}
+
 int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
 				 const void *payload, size_t len)
 {

@@ -103,6 +103,22 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
 	return rc;
 }
 
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
+{
+	if (language != SBX_LANG_PYTHON && language != SBX_LANG_JAVASCRIPT)
+		return -EINVAL;
+	size_t start;
+	size_t before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_PRESTART, id, &start);
+	if (rc == 0)
+		rc = sbx_buf_append(b, &language, 1);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, 1);
+	if (rc < 0)
+		b->len = before;
+	return rc;
+}
+
 int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
 			  size_t len)
 {

@@ -43,5 +43,7 @@ int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
 /* Append one RESEED frame; n must be SBX_RESEED_BYTES (-EINVAL otherwise). */
 int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
 		      uint64_t realtime_ns);
+/* PRESTART: one byte, the language whose interpreter the guest pre-starts. */
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language);
 
 #endif /* SBX_REQUEST_H */

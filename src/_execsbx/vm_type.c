@@ -482,6 +482,30 @@ static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
 	return pending_or_raise(self, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
 }
 
+PyDoc_STRVAR(send_prestart_doc,
+	     "send_prestart(id, language) -> int\n\n"
+	     "Queue a PRESTART frame (language: LANG_PYTHON or LANG_JAVASCRIPT) and try to write;\n"
+	     "returns the bytes still pending. The guest answers ('pong', id) once the interpreter\n"
+	     "waits for the next EXEC, or ('error', id, code, message).");
+
+static PyObject *vm_send_prestart(VmObject *self, PyObject *args)
+{
+	PyObject *o_id;
+	unsigned char language;
+	uint32_t id;
+	if (!PyArg_ParseTuple(args, "Ob:send_prestart", &o_id, &language))
+		return NULL;
+	if (check_open(self) < 0 || to_u32(o_id, "id", &id) < 0)
+		return NULL;
+	int rc = sbx_channel_queue_prestart(&self->vm.ch, id, language);
+	if (rc == -EINVAL) {
+		PyErr_Format(PyExc_ValueError, "no pre-started interpreter for language %u", language);
+		return NULL;
+	}
+	return pending_or_raise(self, rc, "PRESTART frame",
+				rc == -ENOBUFS ? "send_prestart" : "send");
+}
+
 PyDoc_STRVAR(send_reseed_doc,
 	     "send_reseed(id, seed, realtime_ns=0) -> int\n\n"
 	     "Queue a RESEED frame carrying seed (exactly RESEED_BYTES bytes from the host's CSPRNG)\n"
@@ -755,6 +779,7 @@ static PyMethodDef vm_methods[] = {
 	 send_exec_doc},
 	{"send_ping", (PyCFunction)vm_send_ping, METH_O, send_ping_doc},
 	{"send_reseed", (PyCFunction)vm_send_reseed, METH_VARARGS, send_reseed_doc},
+	{"send_prestart", (PyCFunction)vm_send_prestart, METH_VARARGS, send_prestart_doc},
 	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS, send_file_frame_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},

@@ -39,6 +39,8 @@ LANGUAGE_CODES: dict[Language, int] = {
     "javascript": _execsbx.LANG_JAVASCRIPT,
     "raw": _execsbx.LANG_RAW,
 }
+# Languages with a pre-started interpreter (PRESTART): bash starts fast enough without one.
+_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript"})
 EXIT_TIMED_OUT = _execsbx.EXIT_TIMED_OUT
 EXIT_STDOUT_LIMIT = _execsbx.EXIT_STDOUT_LIMIT
 EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
@@ -365,6 +367,28 @@ class GuestVm:
                 f"warm-up of {language} exited with {outcome.exit_code}: {outcome.stderr[:300]}"
             )
 
+    async def prestart(self, language: Language, timeout: float = 60.0) -> bool:
+        """Have the guest start the interpreter for the next one-shot EXEC of `language` now,
+        waiting on a bootstrap for its code (protocol.h, PRESTART): a pool hit then skips the
+        interpreter's start-up. Only after the RESEED of a restored VM and never in a VM a
+        snapshot is taken of. False for a language without one (raw: bash starts fast)."""
+        if language not in _PRESTART_LANGUAGES:
+            return False
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done  # PONG acknowledges it; an ERROR fails it
+        try:
+            self._want_write(self._vm.send_prestart(req_id, LANGUAGE_CODES[language]))
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not acknowledge PRESTART in time") from None
+        finally:
+            self._acks.pop(req_id, None)
+        return True
+
     async def ping(self, timeout: float = 5.0) -> None:
         """One channel round trip to the agent (PING/PONG)."""
         if self._broken is not None:
@@ -528,6 +552,11 @@ class GuestVm:
             waiter = self._acks.get(exec_id)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+            return
+        if kind == "error" and exec_id in self._acks:
+            waiter = self._acks[exec_id]
+            if not waiter.done():
+                waiter.set_exception(GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
             return
         if kind.startswith("file_"):
             self._dispatch_file(kind, exec_id, event)

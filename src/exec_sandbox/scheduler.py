@@ -442,6 +442,9 @@ class Scheduler:
             # Cold-booted: page the interpreter in. Restored: the guest is warm, but QEMU's
             # translated code (TCG) is per process; one run warms it too.
             await vm.warm_up(language)
+            # After warm_up (and, for a clone, its RESEED): the interpreter of the next run
+            # starts now, off the request path. Never in a template: none is taken of this VM.
+            await vm.prestart(language)
         except BaseException:
             vm.close()
             raise

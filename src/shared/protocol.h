@@ -68,6 +68,8 @@ enum sbx_msg {
 	SBX_MSG_FILE_LIST = 71,        /* str path ("" = home): FILE_ENTRIES* then FILE_DONE */
 	/* Speed tiers (96..103). */
 	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
+	SBX_MSG_PRESTART = 97, /* u8 language: pre-start the next EXEC's interpreter; answered by
+				* PONG (or ERROR). See "Pre-started interpreter" below. */
 };
 
 /* RESEED payload (host -> guest), exactly SBX_RESEED_PAYLOAD_SIZE bytes:
@@ -79,6 +81,14 @@ enum sbx_msg {
  * (RNDRESEEDCRNG), sets the clock, and only then answers RESEEDED. */
 #define SBX_RESEED_BYTES 64u
 #define SBX_RESEED_PAYLOAD_SIZE (SBX_RESEED_BYTES + 8u)
+
+/* Pre-started interpreter (PRESTART): the agent starts the interpreter of `language` (python or
+ * javascript only) exactly as for a one-shot EXEC (uid 1000, own session, limits, the clean
+ * environment, stdin on /dev/null, output pipes) but on a small bootstrap that blocks until the
+ * agent gives it the go; the PONG comes once the interpreter has started and waits. The next EXEC of the same language with no env variables then writes the
+ * code file, gives the go and is served by that process: the interpreter's start-up is paid
+ * before the request. Any other EXEC, a SESSION_EXEC or a new PRESTART kills it first. Only ever
+ * sent to a VM after its RESEED (never before a snapshot is taken). */
 
 /* EXEC payload (host -> guest):
  *     u8   language (enum sbx_language)

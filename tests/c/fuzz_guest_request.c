@@ -1,6 +1,7 @@
 /* libFuzzer target for the guest side: arbitrary host bytes through the agent's decoding path
  * (sbx_reader with the host frame limit, as guest/src/channel.c feeds it, then sbx_parse_exec for
- * every EXEC frame, as guest/src/dispatch.c does), split at pseudo-random points.
+ * every EXEC frame and sbx_parse_prestart for every PRESTART, as guest/src/dispatch.c does), split
+ * at pseudo-random points.
  *
  * The host is trusted, but the agent is PID 1: a crash there is a dead VM, and the parser is the
  * place where a length field could walk out of the payload. Every accepted request is checked
@@ -85,6 +86,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		int rc;
 		while ((rc = sbx_reader_next(&rd, &f)) == 1) {
 			REQUIRE(f.payload_len <= SBX_HOST_FRAME_MAX);
+			if (f.type == SBX_MSG_PRESTART) {
+				uint8_t language = 0;
+				const char *pwhy = NULL;
+				int prc = sbx_parse_prestart(f.payload, f.payload_len, &language, &pwhy);
+				if (prc == 0)
+					REQUIRE(f.payload_len == 1 && (language == SBX_LANG_PYTHON ||
+								       language == SBX_LANG_JAVASCRIPT));
+				else
+					REQUIRE(prc == -EPROTO && pwhy && pwhy[0]);
+				continue;
+			}
 			if (f.type != SBX_MSG_EXEC && f.type != SBX_MSG_SESSION_EXEC)
 				continue;
 			/* What the agent's dispatcher does with an EXEC frame; the request struct is

@@ -30,6 +30,7 @@ READY, STDOUT, STDERR, EXIT, ERROR, PONG = 1, 2, 3, 4, 5, 6
 EXEC, PING = 64, 65
 FILE_DATA, FILE_ENTRIES, FILE_DONE, FILE_ERROR = 7, 8, 9, 10
 SESSION_EXEC, WRITE_BEGIN, WRITE_DATA, WRITE_END, FILE_READ, FILE_LIST = 66, 67, 68, 69, 70, 71
+PRESTART = 97
 FILE_ERR_PATH, FILE_ERR_NOT_FOUND, FILE_ERR_PROTOCOL = 1, 2, 5
 PYTHON, JAVASCRIPT, RAW = 1, 2, 3
 TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
@@ -498,13 +499,92 @@ def test_boot_in_namespaces() -> None:
         assert a.close() == 0
 
 
+def prestart(a: Agent, req_id: int, language: int) -> None:
+    a.send(frame(PRESTART, req_id, bytes([language])))
+    assert a.expect() == (PONG, req_id, b"")
+
+
+# Only the pre-started process runs under `python3 -c <bootstrap>`: its cmdline proves which path
+# served the EXEC (user code sees argv as in the script run).
+WHO = "import sys\nprint(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode(), sys.argv)\n"
+
+
+def test_prestarted_python_serves_the_next_exec(a: Agent) -> None:
+    prestart(a, 30, PYTHON)
+    time.sleep(0.3)  # the bootstrap blocks on fd 3: nothing may run or print before the EXEC
+    r = a.run(31, WHO + "import os\nprint(__name__, os.getcwd() == os.environ['HOME'],"
+                        " repr(sys.stdin.read()), sys.path[0] == os.path.dirname(sys.argv[0]))\n"
+                        "sys.exit(3)", language=PYTHON)
+    lines = r["stdout"].decode().splitlines()
+    assert lines[0].startswith("-c ['") and lines[0].endswith("/main.py']"), lines
+    assert lines[1] == "__main__ True '' True", lines
+    assert (r["stderr"], r["exit"], r["flags"]) == (b"", 3, 0), r
+    # Used once: the next EXEC is a plain one-shot run.
+    r = a.run(32, WHO, language=PYTHON)
+    assert r["stdout"].decode().startswith("/"), r
+
+
+def test_prestarted_python_matches_the_script_run(a: Agent) -> None:
+    code = "def f():\n    raise ValueError('boom')\nf()\n"
+    cold = a.run(33, code, language=PYTHON)
+    prestart(a, 34, PYTHON)
+    warm = a.run(35, code, language=PYTHON)
+    assert (warm["stdout"], warm["stderr"], warm["exit"]) == \
+        (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+    assert b"Traceback (most recent call last):" in warm["stderr"] and warm["exit"] == 1
+    prestart(a, 36, PYTHON)
+    r = a.run(37, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", language=PYTHON)
+    assert r["exit"] == 128 + 15, r
+    prestart(a, 38, PYTHON)
+    r = a.run(39, "import time\ntime.sleep(30)", language=PYTHON, timeout_ms=300)
+    assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), r
+
+
+def test_prestarted_process_is_not_used_for_env_or_other_languages(a: Agent) -> None:
+    prestart(a, 40, PYTHON)
+    r = a.run(41, WHO + "import os\nprint(os.environ['X'])", language=PYTHON, env={"X": "y"})
+    assert r["stdout"].decode().splitlines()[0].startswith("/") and r["stdout"].endswith(b"y\n"), r
+    prestart(a, 42, PYTHON)
+    r = a.run(43, "echo $0", language=RAW)
+    assert r["exit"] == 0 and r["stdout"].endswith(b"main.sh\n"), r
+    # The discarded interpreter is gone: the next python EXEC starts afresh.
+    r = a.run(44, WHO, language=PYTHON)
+    assert r["stdout"].decode().startswith("/"), r
+
+
+def test_prestarted_javascript(a: Agent) -> None:
+    prestart(a, 45, JAVASCRIPT)
+    r = a.run(46, "console.log(process.argv.length, require.main === module,"
+                  " typeof require('fs').readFileSync, __filename.endsWith('/main.js'));"
+                  " process.exit(4)", language=JAVASCRIPT)
+    assert (r["stdout"], r["stderr"], r["exit"]) == (b"2 true function true\n", b"", 4), r
+
+
+def test_prestart_refusals(a: Agent) -> None:
+    for req_id, payload in ((47, bytes([RAW])), (48, b""), (49, bytes([PYTHON, 0])), (50, b"\x09")):
+        a.send(frame(PRESTART, req_id, payload))
+        mtype, fid, reply = a.expect()
+        assert (mtype, fid) == (ERROR, req_id), (mtype, fid, reply)
+        assert decode_error(reply)[0] == ERR_BAD_REQUEST
+    # Busy while a run is in progress.
+    a.send(frame(EXEC, 51, exec_payload("sleep 0.3")))
+    time.sleep(0.1)
+    a.send(frame(PRESTART, 52, bytes([PYTHON])))
+    mtype, fid, reply = a.expect()
+    assert (mtype, fid, decode_error(reply)[0]) == (ERROR, 52, ERR_BUSY), reply
+    assert a.collect(51)["exit"] == 0
+
+
 SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
           test_killed_by_signal_is_128_plus_n, test_timeout, test_timeout_ignoring_sigterm_gets_sigkill,
           test_stdout_limit, test_stderr_limit, test_output_exactly_at_limit_is_whole,
           test_timeout_enforced_while_host_not_reading, test_output_complete_when_host_lags_at_exit,
           test_python_env_and_cwd, test_clean_environment, test_javascript, test_fds_and_session,
           test_busy, test_escaped_daemon_does_not_hold_the_exit, test_orphans_are_reaped,
-          test_large_code, test_bad_requests_keep_the_stream]
+          test_large_code, test_bad_requests_keep_the_stream,
+          test_prestarted_python_serves_the_next_exec, test_prestarted_python_matches_the_script_run,
+          test_prestarted_process_is_not_used_for_env_or_other_languages, test_prestarted_javascript,
+          test_prestart_refusals]
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
 STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]

@@ -187,6 +187,33 @@ static void test_reseed_encoding(void)
 	sbx_buf_free(&b);
 }
 
+static void test_prestart_encoding(void)
+{
+	struct sbx_buf b = {0};
+	/* Only the languages with a pre-started interpreter; nothing is left half-written. */
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW), -EINVAL);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, 0), -EINVAL);
+	CHECK_EQ(b.len, 0);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT), 0);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 1);
+	struct sbx_reader r;
+	struct sbx_frame f;
+	sbx_reader_init(&r, SBX_HOST_FRAME_MAX);
+	CHECK_EQ(sbx_reader_feed(&r, b.data, b.len), 0);
+	CHECK_EQ(sbx_reader_next(&r, &f), 1);
+	CHECK_EQ(f.type, SBX_MSG_PRESTART);
+	CHECK_EQ(f.id, 6);
+	CHECK_EQ(f.payload_len, 1);
+	CHECK_EQ(f.payload[0], SBX_LANG_JAVASCRIPT);
+	sbx_reader_free(&r);
+	sbx_buf_free(&b);
+	/* The host -> guest PRESTART is never accepted from the guest. */
+	P.n = 1;
+	P.b[0] = SBX_LANG_PYTHON;
+	struct sbx_event ev;
+	CHECK_EQ(decode(SBX_MSG_PRESTART, &P, &ev), -EPROTO);
+}
+
 static void p_entry(struct payload *p, uint8_t is_dir, uint64_t size, const char *name)
 {
 	p->b[p->n++] = is_dir;
@@ -447,6 +474,7 @@ int main(void)
 	RUN(test_pong_and_bad_types);
 	RUN(test_reseeded);
 	RUN(test_reseed_encoding);
+	RUN(test_prestart_encoding);
 	RUN(test_file_data_and_done);
 	RUN(test_file_entries);
 	RUN(test_file_frame_encoding);
