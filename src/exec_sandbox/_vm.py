@@ -21,6 +21,7 @@ from typing import Any
 
 from . import _execsbx
 from .errors import (
+    CommunicationError,
     CommunicationOutcomeUnknownError,
     GuestAgentError,
     VmPermanentError,
@@ -437,16 +438,23 @@ class GuestVm:
         )
         self._runs[exec_id] = run
         try:
-            pending = self._vm.send_exec(
-                exec_id,
-                LANGUAGE_CODES[request.language],
-                request.timeout_ms,
-                request.stdout_limit,
-                request.stderr_limit,
-                request.env,
-                request.code,
-                session=request.session,
-            )
+            try:
+                pending = self._vm.send_exec(
+                    exec_id,
+                    LANGUAGE_CODES[request.language],
+                    request.timeout_ms,
+                    request.stdout_limit,
+                    request.stderr_limit,
+                    request.env,
+                    request.code,
+                    session=request.session,
+                )
+            except OSError as exc:
+                # The channel is gone (QEMU died before its exit reached the loop): the VM can
+                # run nothing more, and the caller gets the library's error, not an OSError.
+                error = CommunicationError(f"cannot send to the guest: {exc}")
+                self._fail(error)
+                raise error from exc
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
             # on a guest that stalls, so that a hostile guest cannot hold the caller.
