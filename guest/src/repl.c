@@ -28,12 +28,7 @@ static const char *const driver_names[] = {
 
 static void arm(struct sbx_repl *r, uint64_t ms)
 {
-	struct itimerspec its;
-	memset(&its, 0, sizeof(its));
-	its.it_value.tv_sec = (time_t)(ms / 1000u);
-	its.it_value.tv_nsec = (long)(ms % 1000u) * 1000000L;
-	if (timerfd_settime(r->timer_fd, 0, &its, NULL) < 0)
-		sbx_log("repl timerfd_settime: %s", strerror(errno));
+	sbx_timer_arm(r->timer_fd, ms);
 }
 
 int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_channel *ch)
@@ -222,21 +217,13 @@ static void deliver(struct sbx_repl *r, struct sbx_stream *s, const uint8_t *dat
 {
 	if (r->phase != SBX_REPL_RUNNING)
 		return; /* output of background processes between requests: dropped */
-	uint64_t room = s->total < s->limit ? s->limit - s->total : 0;
-	size_t send = n < room ? n : (size_t)room;
-	if (send > 0 && !r->silent) {
-		int rc = sbx_channel_send(r->ch, s->msg_type, r->id, data, send);
-		if (rc < 0 && rc != -ENOTCONN)
-			sbx_log("sending output: %s", strerror(-rc));
-	}
-	s->total += n;
-	if (n > room) {
-		r->flags |= s->limit_flag;
-		if (!r->interrupted && r->pid > 0) {
-			/* Interrupt the code, not the REPL: its state survives. */
-			r->interrupted = true;
-			kill(r->pid, SIGINT);
-		}
+	if (!sbx_stream_forward(s, r->ch, r->id, r->silent, data, n))
+		return;
+	r->flags |= s->limit_flag;
+	if (!r->interrupted && r->pid > 0) {
+		/* Interrupt the code, not the REPL: its state survives. */
+		r->interrupted = true;
+		kill(r->pid, SIGINT);
 	}
 }
 
@@ -244,17 +231,10 @@ static void deliver(struct sbx_repl *r, struct sbx_stream *s, const uint8_t *dat
 static bool read_stream(struct sbx_repl *r, struct sbx_stream *s)
 {
 	static uint8_t buf[SBX_OUTPUT_CHUNK_MAX];
-	if (s->fd < 0)
-		return false;
-	ssize_t n = read(s->fd, buf, sizeof(buf));
-	if (n > 0) {
+	long n = sbx_stream_read(s, buf, sizeof(buf));
+	if (n > 0)
 		deliver(r, s, buf, (size_t)n);
-		return true;
-	}
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return false;
-	sbx_close_fd(&s->fd);
-	return false;
+	return n > 0;
 }
 
 static void drain(struct sbx_repl *r)

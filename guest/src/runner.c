@@ -31,16 +31,10 @@ static const char *const script_names[] = {
 	[SBX_LANG_RAW] = "main.sh",
 };
 
+/* ms == 0 disarms: that is what the callers mean by it. */
 static void arm_timer(struct sbx_runner *r, uint64_t ms)
 {
-	struct itimerspec its;
-	memset(&its, 0, sizeof(its));
-	its.it_value.tv_sec = (time_t)(ms / 1000u);
-	its.it_value.tv_nsec = (long)(ms % 1000u) * 1000000L;
-	/* ms == 0 would disarm: that is what the callers mean by it. Setting also drops any expiry
-	 * not yet read, so a stale tick cannot act on the next phase. */
-	if (timerfd_settime(r->timer_fd, 0, &its, NULL) < 0)
-		sbx_log("timerfd_settime: %s", strerror(errno));
+	sbx_timer_arm(r->timer_fd, ms);
 }
 
 static void kill_group(struct sbx_runner *r, int sig)
@@ -401,15 +395,8 @@ static void maybe_finish(struct sbx_runner *r)
 /* Forward a chunk read from a pipe, up to the stream's limit; passing it kills the run. */
 static void deliver(struct sbx_runner *r, struct sbx_stream *s, const uint8_t *data, size_t n)
 {
-	uint64_t room = s->total < s->limit ? s->limit - s->total : 0;
-	size_t send = n < room ? n : (size_t)room;
-	if (send > 0 && !r->silent) {
-		int rc = sbx_channel_send(r->ch, s->msg_type, r->id, data, send);
-		if (rc < 0 && rc != -ENOTCONN)
-			sbx_log("sending output: %s", strerror(-rc));
-	}
-	s->total += n;
-	if (n > room && !(r->flags & s->limit_flag)) {
+	bool over = sbx_stream_forward(s, r->ch, r->id, r->silent, data, n);
+	if (over && !(r->flags & s->limit_flag)) {
 		r->flags |= s->limit_flag;
 		if (!r->exited)
 			kill_group(r, SIGKILL);
@@ -420,19 +407,10 @@ static void deliver(struct sbx_runner *r, struct sbx_stream *s, const uint8_t *d
 static bool read_stream(struct sbx_runner *r, struct sbx_stream *s)
 {
 	static uint8_t buf[SBX_OUTPUT_CHUNK_MAX];
-	if (s->fd < 0)
-		return false;
-	ssize_t n = read(s->fd, buf, sizeof(buf));
-	if (n > 0) {
+	long n = sbx_stream_read(s, buf, sizeof(buf));
+	if (n > 0)
 		deliver(r, s, buf, (size_t)n);
-		return true;
-	}
-	if (n < 0 && (errno == EAGAIN || errno == EINTR))
-		return false;
-	if (n < 0)
-		sbx_log("reading output pipe: %s", strerror(errno));
-	sbx_close_fd(&s->fd);
-	return false;
+	return n > 0;
 }
 
 void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s)

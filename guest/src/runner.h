@@ -17,6 +17,7 @@
 #include "agent.h"
 #include "channel.h"
 #include "request.h"
+#include "stream.h"
 
 enum sbx_phase {
 	SBX_PHASE_IDLE,
@@ -26,13 +27,6 @@ enum sbx_phase {
 	SBX_PHASE_DRAINING,
 };
 
-struct sbx_stream {
-	int fd; /* non-blocking read end, -1 once at EOF */
-	uint8_t msg_type;
-	uint32_t limit_flag;
-	uint32_t limit;
-	uint64_t total; /* bytes read, including those past the limit */
-};
 
 /* A pre-started interpreter waiting for the go (see SBX_MSG_PRESTART); pid 0 when there is none. */
 struct sbx_prestarted {
