@@ -28,7 +28,7 @@ async def test_scheduler_exit_kills_a_vm_in_flight(images_ready: None) -> None:
             )
         )
         await asyncio.wait_for(started.wait(), 60)
-        assert len(qemu_processes(parent=os.getpid())) == 1
+        assert len(qemu_processes(parent=os.getpid())) >= 1  # + maybe a background snapshot build
     await asyncio.sleep(0)
     assert qemu_processes(parent=os.getpid()) == []
     task.cancel()
@@ -71,7 +71,7 @@ def test_sigkill_of_host_process_leaves_no_qemu(images_ready: None) -> None:
         assert host.stdout is not None
         assert host.stdout.readline() == b"up\n"
         children = qemu_processes(parent=host.pid)
-        assert len(children) == 1
+        assert len(children) >= 1  # the run's VM, maybe a background snapshot build too
         os.kill(host.pid, signal.SIGKILL)
         host.wait()
         deadline = time.monotonic() + 10

@@ -36,7 +36,7 @@ def test_abandoned_session_tool_frees_its_vm() -> None:
     tool = ExecSandboxSessionTool()
     tool.invoke({"type": "tool_call", "id": "1", "name": tool.name, "args": {"code": "x = 1"}},
                 {"configurable": {"thread_id": "t"}})  # fmt: skip
-    assert len(qemu_processes(parent=os.getpid())) == 1
+    assert len(qemu_processes(parent=os.getpid())) >= 1  # + maybe a background snapshot build
     del tool
     gc.collect()
     # the autouse no_vm_leak fixture then proves the VM is gone
@@ -57,7 +57,8 @@ def test_exit_without_close_kills_the_vms() -> None:
                           text=True, timeout=180, env=os.environ.copy())  # fmt: skip
     assert done.returncode == 0, done.stderr
     pids = [int(p) for p in done.stdout.split()]
-    assert len(pids) == 1
+    # The session's VM, and possibly the VM building an L1 snapshot in the background.
+    assert 1 <= len(pids) <= 2, pids
     deadline = time.monotonic() + 10
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
