@@ -125,85 +125,62 @@ int sbx_channel_flush(struct sbx_channel *ch)
 	return 0;
 }
 
-/* Make room at the end of the queue: drop what was written before appending more. */
-static void compact(struct sbx_channel *ch)
+/* Make room at the end of the queue: drop what was written before appending more. Returns the
+ * queue length a frame appended next starts at. */
+static size_t begin_queue(struct sbx_channel *ch)
 {
 	if (ch->out_off) {
 		sbx_buf_consume(&ch->out, ch->out_off);
 		ch->out_off = 0;
 	}
+	return ch->out.len;
+}
+
+/* Close what begin_queue opened: rc is the encoder's result. A frame that would push the queue
+ * past SBX_CHANNEL_OUT_MAX is taken back (-ENOBUFS): a guest that stops reading must not make
+ * the host buffer without bound. Otherwise write what the socket takes now. */
+static int commit_queue(struct sbx_channel *ch, size_t before, int rc)
+{
+	if (rc < 0)
+		return rc;
+	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
+		ch->out.len = before;
+		return -ENOBUFS;
+	}
+	return sbx_channel_flush(ch);
 }
 
 int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why)
 {
-	compact(ch);
-	size_t before = ch->out.len;
-	int rc = sbx_encode_exec(&ch->out, r, why);
-	if (rc < 0)
-		return rc;
-	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
-		ch->out.len = before;
-		if (why)
-			*why = "too many bytes queued for the guest";
-		return -ENOBUFS;
-	}
-	return sbx_channel_flush(ch);
+	size_t before = begin_queue(ch);
+	int rc = commit_queue(ch, before, sbx_encode_exec(&ch->out, r, why));
+	if (rc == -ENOBUFS && ch->out.len == before && why)
+		*why = "too many bytes queued for the guest";
+	return rc;
 }
 
 int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id)
 {
-	compact(ch);
-	size_t before = ch->out.len;
-	int rc = sbx_encode_ping(&ch->out, id);
-	if (rc < 0)
-		return rc;
-	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
-		ch->out.len = before;
-		return -ENOBUFS;
-	}
-	return sbx_channel_flush(ch);
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_ping(&ch->out, id));
 }
 
 int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
 			     uint64_t realtime_ns)
 {
-	compact(ch);
-	size_t before = ch->out.len;
-	int rc = sbx_encode_reseed(&ch->out, id, seed, n, realtime_ns);
-	if (rc < 0)
-		return rc;
-	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
-		ch->out.len = before;
-		return -ENOBUFS;
-	}
-	return sbx_channel_flush(ch);
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_reseed(&ch->out, id, seed, n, realtime_ns));
 }
 
 int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language)
 {
-	compact(ch);
-	size_t before = ch->out.len;
-	int rc = sbx_encode_prestart(&ch->out, id, language);
-	if (rc < 0)
-		return rc;
-	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
-		ch->out.len = before;
-		return -ENOBUFS;
-	}
-	return sbx_channel_flush(ch);
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_prestart(&ch->out, id, language));
 }
 
 int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
 				 const void *payload, size_t len)
 {
-	compact(ch);
-	size_t before = ch->out.len;
-	int rc = sbx_encode_file_frame(&ch->out, type, id, payload, len);
-	if (rc < 0)
-		return rc;
-	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
-		ch->out.len = before;
-		return -ENOBUFS;
-	}
-	return sbx_channel_flush(ch);
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_file_frame(&ch->out, type, id, payload, len));
 }
