@@ -6,23 +6,35 @@
  *   python: like `python3 /run/sbx/main.py`: same sys.argv, sys.path[0], a fresh __main__
  *     namespace, __file__, the traceback of an uncaught exception without the bootstrap's frame,
  *     exit 1 after it (SIGINT re-raised after a KeyboardInterrupt, as the interpreter does);
- *     SystemExit and signals act on the real process.
+ *     SystemExit gives the status the interpreter would give; signals act on the real process.
  *   javascript: like `node /run/sbx/main.js`: the code file is compiled as the main CommonJS
  *     module (require, module, __filename, require.main === module); process.argv is already that
  *     of the script run.
- * A read of anything but "1" (EOF: the agent dropped it) exits quietly. */
+ * A read of anything but "1" (EOF: the agent dropped it) exits quietly.
+ *
+ * When the code has ended as a script would, each reports it on fd 3 ("d" + the exit status byte,
+ * runner.h) before the interpreter's own teardown, which the result need not wait for:
+ *   python: after what the interpreter does first when a script ends, in its order (join the
+ *     non-daemon threads, run the atexit callbacks, flush stdout and stderr), then os._exit();
+ *   javascript: after every 'exit' listener, unless an uncaught exception ends the process (node
+ *     prints it after the 'exit' event: that run ends the usual way, by the process's death).
+ * A process killed by a signal or by os._exit() reports nothing; the agent then waits for its death.
+ * node first touches process.stdout/stderr: they are created on first use, ~0.1 s under TCG that
+ * belongs before the "r", not in the run. */
 #include "bootstrap.h"
 
 const char sbx_bootstrap_python[] =
 	"def _run_main():\n"
+	"    import atexit\n"
 	"    import os\n"
 	"    import sys\n"
+	"    from importlib.machinery import SourceFileLoader  # ~50 ms under TCG: before the \"r\"\n"
 	"\n"
 	"    os.write(3, b\"r\")\n"
 	"    go = os.read(3, 1)\n"
-	"    os.close(3)\n"
 	"    if go != b\"1\":\n"
 	"        os._exit(0)  # discarded before the go (the agent kills it anyway)\n"
+	"    os.set_inheritable(3, False)\n"
 	"    path = sys.argv[1]\n"
 	"    sys.argv[:] = [path]\n"
 	"    sys.path[0] = os.path.dirname(path)\n"
@@ -30,18 +42,28 @@ const char sbx_bootstrap_python[] =
 	"    namespace = main.__dict__\n"
 	"    builtins = namespace[\"__builtins__\"]\n"
 	"    namespace.clear()\n"
-	"    from importlib.machinery import SourceFileLoader\n"
-	"\n"
 	"    namespace.update(__name__=\"__main__\", __doc__=None, __package__=None, __spec__=None,\n"
 	"                     __annotations__={}, __builtins__=builtins, __file__=path, __cached__=None,\n"
 	"                     __loader__=SourceFileLoader(\"__main__\", path))\n"
+	"    status = 0\n"
 	"    try:\n"
 	"        with open(path, \"rb\") as f:\n"
 	"            code = compile(f.read(), path, \"exec\", dont_inherit=True)\n"
 	"        del f\n"
 	"        exec(code, namespace)\n"
-	"    except SystemExit:\n"
-	"        raise\n"
+	"    except SystemExit as exc:\n"
+	"        # What the interpreter makes of SystemExit: None is 0, an int is the status, anything\n"
+	"        # else is printed and gives 1.\n"
+	"        if exc.code is None:\n"
+	"            pass\n"
+	"        elif isinstance(exc.code, int):\n"
+	"            status = exc.code if -(1 << 63) <= exc.code < (1 << 63) else -1\n"
+	"        else:\n"
+	"            try:\n"
+	"                print(exc.code, file=sys.stderr)\n"
+	"            except Exception:\n"
+	"                pass\n"
+	"            status = 1\n"
 	"    except BaseException as exc:\n"
 	"        # What the interpreter does with an uncaught exception, minus this frame (the\n"
 	"        # hook prints the exception's own __traceback__, so that is the one to cut).\n"
@@ -52,7 +74,24 @@ const char sbx_bootstrap_python[] =
 	"\n"
 	"            signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
 	"            os.kill(os.getpid(), signal.SIGINT)\n"
-	"        sys.exit(1)\n"
+	"        status = 1\n"
+	"    try:\n"
+	"        threading = sys.modules.get(\"threading\")\n"
+	"        if threading is not None:\n"
+	"            threading._shutdown()\n"
+	"        atexit._run_exitfuncs()\n"
+	"    except BaseException:\n"
+	"        pass\n"
+	"    for stream in (sys.stdout, sys.stderr):\n"
+	"        try:\n"
+	"            stream.flush()\n"
+	"        except Exception:\n"
+	"            status = 120\n"
+	"    try:\n"
+	"        os.write(3, bytes((0x64, status & 0xFF)))\n"
+	"    except OSError:\n"
+	"        pass  # the code closed fd 3: the agent waits for the exit instead\n"
+	"    os._exit(status & 0xFF)\n"
 	"\n"
 	"\n"
 	"_run_main()\n";
@@ -64,6 +103,8 @@ const char sbx_bootstrap_javascript[] =
 	"\tconst Module = require('module');\n"
 	"\tconst go = Buffer.alloc(1);\n"
 	"\tlet n;\n"
+	"\tprocess.stdout;\n"
+	"\tprocess.stderr;\n"
 	"\tfs.writeSync(3, 'r');\n"
 	"\tfor (;;) {\n"
 	"\t\ttry {\n"
@@ -74,9 +115,24 @@ const char sbx_bootstrap_javascript[] =
 	"\t\t\t\tthrow e;\n"
 	"\t\t}\n"
 	"\t}\n"
-	"\tfs.closeSync(3);\n"
 	"\tif (n !== 1 || go[0] !== 0x31)\n"
 	"\t\tprocess.exit(0); // discarded before the go (the agent kills it anyway)\n"
+	"\tlet uncaught = false;\n"
+	"\tprocess.on('uncaughtExceptionMonitor', () => {\n"
+	"\t\tuncaught = true;\n"
+	"\t});\n"
+	"\tconst emit = process.emit;\n"
+	"\tprocess.emit = function (event, ...args) {\n"
+	"\t\tconst result = Reflect.apply(emit, this, [event, ...args]);\n"
+	"\t\tif (event === 'exit' && !uncaught) {\n"
+	"\t\t\ttry {\n"
+	"\t\t\t\tfs.writeSync(3, Buffer.from([0x64, Number(args[0]) & 0xff]));\n"
+	"\t\t\t} catch (e) {\n"
+	"\t\t\t\t// the code closed fd 3: the agent waits for the exit instead\n"
+	"\t\t\t}\n"
+	"\t\t}\n"
+	"\t\treturn result;\n"
+	"\t};\n"
 	"\tconst path = process.argv[1];\n"
 	"\tconst main = new Module(path, null);\n"
 	"\tmain.id = '.';\n"

@@ -190,14 +190,14 @@ static void shutdown_test_mode(struct sbx_agent *a)
 	exit(0);
 }
 
-/* The event loop: one poll() over the channel, the signalfd, the run's timer and its two pipes.
- * Never returns; errors are logged and the loop goes on. */
+/* The event loop: one poll() over the channel, the signalfd, the run's timer, pipes and report
+ * socket, and the session REPL's. Never returns; errors are logged and the loop goes on. */
 __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 {
 	for (;;) {
-		struct pollfd p[9];
+		struct pollfd p[10];
 		int n = 0, timeout = -1;
-		int ci = -1, oi = -1, ei = -1, roi = -1, rei = -1, rci = -1;
+		int ci = -1, oi = -1, ei = -1, di = -1, roi = -1, rei = -1, rci = -1;
 		struct sbx_runner *r = &a->runner;
 		struct sbx_repl *s = &a->repl;
 
@@ -232,6 +232,11 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 				p[n++] = (struct pollfd){.fd = s->err.fd, .events = POLLIN};
 			}
 		}
+		/* Only while the host takes output: the report is followed by the final drain. */
+		if (r->done_fd >= 0 && sbx_channel_wants_output(&a->ch)) {
+			di = n;
+			p[n++] = (struct pollfd){.fd = r->done_fd, .events = POLLIN};
+		}
 		int sti = n;
 		p[n++] = (struct pollfd){.fd = s->timer_fd, .events = POLLIN};
 		if (s->control_r >= 0) {
@@ -260,6 +265,8 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			sbx_runner_on_output(r, &r->out);
 		if (ei >= 0 && p[ei].revents && r->err.fd == p[ei].fd)
 			sbx_runner_on_output(r, &r->err);
+		if (di >= 0 && p[di].revents && r->done_fd == p[di].fd)
+			sbx_runner_on_done(r);
 		if (p[ti].revents)
 			sbx_runner_on_timer(r);
 		/* Session REPL: output before the completion report, so that the report's drain

@@ -100,6 +100,7 @@ int sbx_runner_init(struct sbx_runner *r, const struct sbx_config *cfg, struct s
 	r->cfg = cfg;
 	r->ch = ch;
 	r->out.fd = r->err.fd = -1;
+	r->done_fd = -1;
 	r->pre.go_fd = r->pre.out_fd = r->pre.err_fd = -1;
 	r->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	if (r->timer_fd < 0)
@@ -237,8 +238,9 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 	return 0;
 }
 
-/* Hand the code to the pre-started interpreter: it is already running as the one-shot child. */
-static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], pid_t *pid)
+/* Hand the code to the pre-started interpreter: it is already running as the one-shot child. Its
+ * go socket becomes *done_fd, where it reports the end of the code. */
+static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], int *done_fd, pid_t *pid)
 {
 	static const char go = '1';
 	ssize_t w;
@@ -252,6 +254,8 @@ static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], pid
 	}
 	out_fd[0] = TAKE_FD(r->pre.out_fd);
 	err_fd[0] = TAKE_FD(r->pre.err_fd);
+	*done_fd = TAKE_FD(r->pre.go_fd);
+	fcntl(*done_fd, F_SETFL, O_NONBLOCK);
 	*pid = r->pre.pid;
 	forget_prestarted(r);
 	return 0;
@@ -285,11 +289,11 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		unlink(r->code_path);
 		return rc;
 	}
-	int out[2], err[2];
+	int out[2], err[2], done_fd = -1;
 	pid_t pid;
 	if (use_pre) {
 		r->start_ns = sbx_now_ns();
-		rc = go_prestarted(r, out, err, &pid);
+		rc = go_prestarted(r, out, err, &done_fd, &pid);
 		if (rc == 0)
 			goto started;
 		/* It died before the go: start afresh, as without it. */
@@ -342,6 +346,8 @@ started:
 	r->phase = SBX_PHASE_RUNNING;
 	r->silent = false;
 	r->exited = false;
+	r->swept = false;
+	r->done_fd = done_fd;
 	r->id = id;
 	r->pid = pid;
 	r->status = 0;
@@ -363,6 +369,7 @@ static void finish(struct sbx_runner *r)
 {
 	sbx_close_fd(&r->out.fd);
 	sbx_close_fd(&r->err.fd);
+	sbx_close_fd(&r->done_fd);
 	arm_timer(r, 0);
 	struct sbx_exit e = {.flags = r->flags};
 	if (r->flags & SBX_EXIT_TIMED_OUT)
@@ -379,6 +386,10 @@ static void finish(struct sbx_runner *r)
 		if (rc < 0 && rc != -ENOTCONN)
 			sbx_log("sending EXIT: %s", strerror(-rc));
 	}
+	/* After the EXIT, so that the sweep (a fork under TCG) costs the next request, not this one;
+	 * the next request is read only once this returns. */
+	if (!r->swept)
+		sbx_kill_user_processes(r->cfg);
 	if (unlink(r->code_path) < 0 && errno != ENOENT)
 		sbx_log("unlink %s: %s", r->code_path, strerror(errno));
 	r->phase = SBX_PHASE_IDLE;
@@ -437,9 +448,40 @@ void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status)
 	/* Nothing of a one-shot run survives its main process. */
 	kill_group(r, SIGKILL);
 	sbx_kill_user_processes(r->cfg);
+	r->swept = true;
+	/* Its report socket gives EOF now: nothing more to learn there. */
+	sbx_close_fd(&r->done_fd);
 	r->phase = SBX_PHASE_DRAINING;
 	arm_timer(r, DRAIN_MS);
 	maybe_finish(r);
+}
+
+void sbx_runner_on_done(struct sbx_runner *r)
+{
+	uint8_t report[2];
+	ssize_t n;
+	do
+		n = read(r->done_fd, report, sizeof(report));
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno == EAGAIN)
+		return;
+	/* One report at most. Anything but a well-formed one (EOF: the bootstrap died or the code
+	 * closed fd 3; bytes the code wrote there itself) leaves the run to end the usual way, by its
+	 * main process's death. A forged report can only end the forger's own run early. */
+	sbx_close_fd(&r->done_fd);
+	if (r->phase != SBX_PHASE_RUNNING || n != (ssize_t)sizeof(report) || report[0] != 'd')
+		return;
+	r->exited = true;
+	r->status = W_EXITCODE(report[1], 0);
+	r->end_ns = sbx_now_ns();
+	/* The leader is not reaped yet, so its group id is still its own. */
+	kill_group(r, SIGKILL);
+	/* The bootstrap flushed before it reported: all the code wrote is in the pipes. */
+	for (int i = 0; i < FINAL_DRAIN_READS && read_stream(r, &r->out); i++)
+		;
+	for (int i = 0; i < FINAL_DRAIN_READS && read_stream(r, &r->err); i++)
+		;
+	finish(r);
 }
 
 void sbx_runner_on_timer(struct sbx_runner *r)

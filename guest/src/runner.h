@@ -6,6 +6,8 @@
  *      +----------------------+---- main child reaped ------------+--> DRAINING
  *   DRAINING: the group is SIGKILLed; wait for EOF on both pipes, at most 200 ms (a process
  *   that left the group could hold them open), then send EXIT and go back to IDLE.
+ *   RUNNING --pre-started bootstrap reports done--> (group SIGKILLed, what the pipes hold taken,
+ *   EXIT sent, sweep) --> IDLE: the code's end is known before its process is gone.
  */
 #ifndef SBX_RUNNER_H
 #define SBX_RUNNER_H
@@ -28,7 +30,10 @@ enum sbx_phase {
 };
 
 
-/* A pre-started interpreter waiting for the go (see SBX_MSG_PRESTART); pid 0 when there is none. */
+/* A pre-started interpreter waiting for the go (see SBX_MSG_PRESTART); pid 0 when there is none.
+ * After the go, its fd 3 stays open as the run's done_fd: the bootstrap reports there the end of
+ * the code ("d" + exit status byte) right before it exits, so that the EXIT need not wait for the
+ * interpreter's teardown, its reap and the sweep (tens of ms under TCG). */
 struct sbx_prestarted {
 	pid_t pid;
 	uint8_t language;
@@ -49,6 +54,8 @@ struct sbx_runner {
 	uint32_t flags; /* enum sbx_exit_flag */
 	uint64_t start_ns, end_ns;
 	struct sbx_stream out, err;
+	int done_fd; /* a pre-started run's report socket, -1 otherwise */
+	bool swept;  /* sbx_kill_user_processes() has run for this execution */
 	char code_path[300];
 	struct sbx_prestarted pre;
 };
@@ -67,6 +74,8 @@ void sbx_runner_discard_prestarted(struct sbx_runner *r);
 void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status);
 void sbx_runner_on_timer(struct sbx_runner *r);
 void sbx_runner_on_output(struct sbx_runner *r, struct sbx_stream *s);
+/* done_fd readable: the pre-started bootstrap reported the end of the code (or closed it). */
+void sbx_runner_on_done(struct sbx_runner *r);
 /* The host went away: kill the run and send nothing more for it. */
 void sbx_runner_abort(struct sbx_runner *r);
 

@@ -672,9 +672,9 @@ static PyObject *vm_jail_status(VmObject *self, PyObject *unused)
 
 PyDoc_STRVAR(resource_usage_doc,
 	     "resource_usage() -> tuple[int | None, int | None] | None\n\n"
-	     "(cpu_ns, memory_peak_bytes) of QEMU as its cgroup counted them, read when the Vm\n"
-	     "was closed (just before the cgroup was removed). None before close() or without a\n"
-	     "cgroup; an item is None when the cgroup had no such counter.");
+	     "(cpu_ns, memory_peak_bytes) of QEMU as its cgroup counts them: so far while it runs,\n"
+	     "final once the Vm was closed (read just before the cgroup was removed). None without\n"
+	     "a cgroup; an item is None when the cgroup had no such counter.");
 
 static PyObject *u64_or_none(uint64_t v)
 {
@@ -687,9 +687,16 @@ static PyObject *vm_resource_usage(VmObject *self, PyObject *unused)
 {
 	(void)unused;
 	const struct sbx_jail *j = self->vm.jail;
-	if (!j || !j->usage_valid)
+	if (!j)
 		Py_RETURN_NONE;
-	return Py_BuildValue("(NN)", u64_or_none(j->cpu_ns), u64_or_none(j->memory_peak));
+	if (j->usage_valid)
+		return Py_BuildValue("(NN)", u64_or_none(j->cpu_ns), u64_or_none(j->memory_peak));
+	if (!j->cg.version)
+		Py_RETURN_NONE;
+	/* Still running: the figures so far (a few small file reads). */
+	uint64_t cpu_ns, memory_peak;
+	sbx_cgroup_usage(&j->cg, &cpu_ns, &memory_peak);
+	return Py_BuildValue("(NN)", u64_or_none(cpu_ns), u64_or_none(memory_peak));
 }
 
 PyDoc_STRVAR(cgroup_dirs_doc,

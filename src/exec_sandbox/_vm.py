@@ -56,10 +56,11 @@ _STATE_MAX_BYTES = 64 * 1024 * 1024
 _STATE_DRAIN_TIMEOUT_SECONDS = 30.0
 _IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 # Trivial programs that page an interpreter in (warm_up).
+# Each prints, so that the output path is warmed up too.
 _WARM_UP_CODE: dict[Language, bytes] = {
-    "python": b"pass\n",
-    "javascript": b"0;\n",
-    "raw": b"true\n",
+    "python": b"print(0)\n",
+    "javascript": b"console.log(0);\n",
+    "raw": b"echo 0\n",
 }
 
 
@@ -350,9 +351,10 @@ class GuestVm:
 
     async def warm_up(self, language: Language) -> None:
         """Make this VM ready to serve `language` fast: run a trivial program once, so the
-        interpreter's files are in the guest page cache. A one-shot process, never the
-        session REPL: templates are made after this, and a REPL cloned into many VMs would share
-        its user-space RNG state (docs/design.md, "Speed tiers")."""
+        interpreter's files are in the guest page cache (and, through a pre-started interpreter,
+        that path translated by QEMU). A one-shot process, never the session REPL: templates are
+        made after this, and a REPL cloned into many VMs would share its user-space RNG state
+        (docs/design.md, "Speed tiers")."""
         outcome = await self.execute(
             ExecRequest(
                 language=language,
@@ -416,7 +418,8 @@ class GuestVm:
         return list(self._vm.jail_status())
 
     def resource_usage(self) -> tuple[int | None, int | None] | None:
-        """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup, once closed; else None."""
+        """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup: so far while it runs, final
+        once closed; None without a cgroup."""
         usage = self._vm.resource_usage()
         return None if usage is None else (usage[0], usage[1])
 

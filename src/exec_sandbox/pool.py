@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._vm import GuestVm
 from .admission import Admission, Ticket
@@ -38,6 +39,8 @@ class PooledVm:
     language: Language
     # How the VM was started: a restored one came from an L1 snapshot.
     restored: bool
+    # time.monotonic() when the guest last answered (it joined the pool right after its PRESTART).
+    checked_at: float = field(default_factory=time.monotonic)
 
 
 # Starts one VM for the pool (restore or boot, then warm up); the pool owns the result.

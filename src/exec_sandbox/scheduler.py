@@ -24,7 +24,7 @@ from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmCo
 from .images import GuestImages, load_images
 from .jail import jail_options, usage_figures
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
-from .pool import WarmPool
+from .pool import PooledVm, WarmPool
 from .qmp import QmpError
 from .snapshots import Snapshot, SnapshotCache, qemu_version, snapshot_key
 from .session import Session
@@ -210,20 +210,7 @@ class Scheduler:
                    on_stderr: OutputCallback | None,
                    on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
         phases = _Phases()
-        pooled = self._pool.take(language) if self._pool.matches(memory, allow_network) else None
-        if pooled is not None:
-            # Health check: one round trip proves the agent still answers (~0.2 ms); a pooled
-            # VM that does not is dropped and the request takes the next path.
-            at = time.monotonic()
-            try:
-                await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
-            except SandboxError as exc:
-                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
-                pooled.vm.close()
-                pooled.ticket.release()
-                pooled = None
-            else:
-                phases.connect_ms = _ms(time.monotonic() - at)
+        pooled = await self._take_pooled(language, memory, allow_network, phases)
         if pooled is not None:
             vm, ticket = pooled.vm, pooled.ticket
             self._vms.add(vm)
@@ -256,11 +243,14 @@ class Scheduler:
                 )
             )
             done_at = time.monotonic()
-        finally:
+            # The figures so far: the VM has done its work; it is destroyed after the return.
+            cpu_ms, peak_mb = usage_figures(vm.resource_usage())
+        except BaseException:
             vm.close()
             self._vms.discard(vm)
             ticket.release()
-        cpu_ms, peak_mb = usage_figures(vm.resource_usage())
+            raise
+        self._retire_soon(vm, ticket)
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
             raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
@@ -356,18 +346,11 @@ class Scheduler:
                               ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
         """A VM and its ticket for one session: the pool first, else admission + start."""
         phases = _Phases()
-        pooled = self._pool.take(language) if self._pool.matches(memory, False) else None
+        pooled = await self._take_pooled(language, memory, False, phases)
         if pooled is not None:
-            try:
-                await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
-            except SandboxError as exc:
-                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
-                pooled.vm.close()
-                pooled.ticket.release()
-            else:
-                phases.pool_hit = True
-                phases.l1_hit = pooled.restored
-                return pooled.vm, pooled.ticket, phases
+            phases.pool_hit = True
+            phases.l1_hit = pooled.restored
+            return pooled.vm, pooled.ticket, phases
         admit_at = time.monotonic()
         ticket = await self._admission.acquire(memory, _VCPUS)
         phases.admission_ms = _ms(time.monotonic() - admit_at)
@@ -377,6 +360,42 @@ class Scheduler:
             ticket.release()
             raise
         return vm, ticket, phases
+
+    async def _take_pooled(self, language: Language, memory: int, allow_network: bool,
+                           phases: _Phases) -> PooledVm | None:  # fmt: skip
+        """A healthy idle pooled VM for this configuration (the caller owns it), or None.
+
+        Health: the pool hands out only VMs whose QEMU is alive. A VM proved its agent answers
+        when it joined the pool (its warm-up and PRESTART are round trips); one idle for longer
+        than _POOL_RECHECK_SECONDS is asked again (PING) before use, and dropped if it does not
+        answer, the request then taking the next path."""
+        while self._pool.matches(memory, allow_network):
+            pooled = self._pool.take(language)
+            if pooled is None or time.monotonic() - pooled.checked_at < _POOL_RECHECK_SECONDS:
+                return pooled
+            at = time.monotonic()
+            try:
+                await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
+            except SandboxError as exc:
+                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
+                pooled.vm.close()
+                pooled.ticket.release()
+                continue
+            phases.connect_ms = _ms(time.monotonic() - at)
+            return pooled
+        return None
+
+    def _retire_soon(self, vm: GuestVm, ticket: Ticket) -> None:
+        """Destroy a VM whose result is out, on the loop's next turn: killing and reaping QEMU
+        (milliseconds) is then not part of the caller's wait. Until then it is in self._vms, so
+        close() still destroys it."""
+
+        def retire() -> None:
+            vm.close()
+            self._vms.discard(vm)
+            ticket.release()
+
+        asyncio.get_running_loop().call_soon(retire)
 
     # --- starting VMs ---
 
@@ -439,12 +458,17 @@ class Scheduler:
         phases = _Phases()
         vm = await self._start_vm(language, self.config.default_memory_mb, phases)
         try:
-            # Cold-booted: page the interpreter in. Restored: the guest is warm, but QEMU's
-            # translated code (TCG) is per process; one run warms it too.
-            await vm.warm_up(language)
-            # After warm_up (and, for a clone, its RESEED): the interpreter of the next run
-            # starts now, off the request path. Never in a template: none is taken of this VM.
-            await vm.prestart(language)
+            # The interpreter of the next run starts now, off the request path (after the RESEED
+            # of a clone; never in a template: none is taken of this VM). The warm-up then runs
+            # through it, along the very path a pool hit takes: cold-booted, that pages the
+            # interpreter in; in any VM, it has QEMU translate that path's guest code (TCG keeps
+            # translations per process), ~0.1 s that a hit would otherwise pay. Then the
+            # interpreter for the hit.
+            if await vm.prestart(language):
+                await vm.warm_up(language)
+                await vm.prestart(language)
+            else:
+                await vm.warm_up(language)
         except BaseException:
             vm.close()
             raise
@@ -513,6 +537,7 @@ class _Phases:
 _VCPUS = 1
 _QUIET_POLL_SECONDS = 0.05
 _POOL_PING_TIMEOUT_SECONDS = 2.0
+_POOL_RECHECK_SECONDS = 5.0
 
 
 def _ms(seconds: float) -> int:

@@ -560,6 +560,59 @@ def test_prestarted_javascript(a: Agent) -> None:
     assert (r["stdout"], r["stderr"], r["exit"]) == (b"2 true function true\n", b"", 4), r
 
 
+def test_prestarted_python_reports_its_end_before_the_teardown(a: Agent) -> None:
+    # A __del__ that blocks the interpreter's teardown: the result must not wait for it (a run that
+    # waited would time out). Threads, atexit and the final flush still come first, in order.
+    prestart(a, 60, PYTHON)
+    r = a.run(61, "import atexit, sys, threading, time\n"
+                  "class Slow:\n    def __del__(self):\n        time.sleep(60)\n"
+                  "keep = Slow()\n"
+                  "atexit.register(print, 'atexit ran')\n"
+                  "threading.Thread(target=lambda: (time.sleep(0.2), print('thread joined'))).start()\n"
+                  "sys.stdout.write('buffered ')\n"
+                  "sys.exit(5)", language=PYTHON, timeout_ms=10000)
+    assert (r["stdout"], r["stderr"], r["exit"], r["flags"]) == \
+        (b"buffered thread joined\natexit ran\n", b"", 5, 0), r
+    for req_id, code in ((62, "import sys; sys.exit('bye')"), (64, "import sys; sys.exit(256 + 7)"),
+                         (66, "raise SystemExit")):
+        cold = a.run(req_id, code, language=PYTHON)
+        prestart(a, req_id + 100, PYTHON)
+        warm = a.run(req_id + 1, code, language=PYTHON)
+        assert (warm["stdout"], warm["stderr"], warm["exit"]) == \
+            (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+    assert (warm["exit"], cold["stderr"]) == (0, b"")
+    # The agent ends the run on the report itself, without waiting for the process to die (here
+    # the code forges one: it can only end its own run, early), and leaves nothing running.
+    prestart(a, 68, PYTHON)
+    r = a.run(69, "import os, time\nprint(os.getpid(), flush=True)\nos.write(3, b'd\\x07')\n"
+                  "time.sleep(60)", language=PYTHON, timeout_ms=10000)
+    assert (r["exit"], r["flags"]) == (7, 0), r
+    pid = int(r["stdout"])
+    r = a.run(169, f"for i in $(seq 100); do [ -e /proc/{pid} ] || break; sleep 0.05; done; "
+                   f"[ -e /proc/{pid} ] && echo alive || echo gone", language=RAW)
+    assert r["stdout"] == b"gone\n", r
+
+
+def test_prestarted_javascript_ends_like_the_script_run(a: Agent) -> None:
+    for req_id, code in (
+            (70, "process.on('exit', (c) => console.log('exit', c));"
+                 " setTimeout(() => console.log('later'), 50); process.exitCode = 6;"),
+            (72, "process.on('exit', () => console.log('exit')); null.x;"),
+            (74, "Promise.reject(new Error('nobody caught me'));"),
+            (76, "process.on('uncaughtException', (e) => console.log('handled', e.message));"
+                 " setTimeout(() => { throw new Error('late'); }, 10);")):  # fmt: skip
+        cold = a.run(req_id, code, language=JAVASCRIPT)
+        prestart(a, req_id + 100, JAVASCRIPT)
+        warm = a.run(req_id + 1, code, language=JAVASCRIPT)
+        assert (warm["stdout"], warm["exit"]) == (cold["stdout"], cold["exit"]), (cold, warm)
+        # Stack traces name the bootstrap's frames where a cold run names node's own.
+        assert warm["stderr"].splitlines()[:1] == cold["stderr"].splitlines()[:1], (cold, warm)
+        if req_id == 70:
+            assert (warm["stdout"], warm["exit"]) == (b"later\nexit 6\n", 6), warm
+        if req_id == 72:
+            assert warm["exit"] == 1 and b"TypeError" in warm["stderr"], warm
+
+
 def test_prestart_refusals(a: Agent) -> None:
     for req_id, payload in ((47, bytes([RAW])), (48, b""), (49, bytes([PYTHON, 0])), (50, b"\x09")):
         a.send(frame(PRESTART, req_id, payload))
@@ -584,7 +637,8 @@ SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
           test_large_code, test_bad_requests_keep_the_stream,
           test_prestarted_python_serves_the_next_exec, test_prestarted_python_matches_the_script_run,
           test_prestarted_process_is_not_used_for_env_or_other_languages, test_prestarted_javascript,
-          test_prestart_refusals]
+          test_prestarted_python_reports_its_end_before_the_teardown,
+          test_prestarted_javascript_ends_like_the_script_run, test_prestart_refusals]
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
 STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]
