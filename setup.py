@@ -25,6 +25,8 @@ setup(
             "exec_sandbox._execsbx",
             sources=sorted(glob("src/_execsbx/*.c")) + ["src/shared/frame.c"],
             include_dirs=["src/shared", "src/_execsbx"],
+            # A changed header rebuilds every source (setuptools otherwise compares .c files only).
+            depends=sorted(glob("src/_execsbx/*.h") + glob("src/shared/*.h")),
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *WARNINGS],
             libraries=["seccomp"],
         )

@@ -88,7 +88,9 @@ enum sbx_msg {
  * agent gives it the go; the PONG comes once the interpreter has started and waits. The next EXEC of the same language with no env variables then writes the
  * code file, gives the go and is served by that process: the interpreter's start-up is paid
  * before the request. Any other EXEC, a SESSION_EXEC or a new PRESTART kills it first. Only ever
- * sent to a VM after its RESEED (never before a snapshot is taken). */
+ * sent to a VM after its RESEED (never before a snapshot is taken). The bootstrap reports the
+ * code's end to the agent ("d" + status byte on its fd 3) before the interpreter's teardown: the
+ * EXIT does not wait for that (docs/protocol.md, PRESTART). */
 
 /* EXEC payload (host -> guest):
  *     u8   language (enum sbx_language)
