@@ -10,6 +10,10 @@
  *   javascript: like `node /run/sbx/main.js`: the code file is compiled as the main CommonJS
  *     module (require, module, __filename, require.main === module); process.argv is already that
  *     of the script run.
+ *   raw: like `bash /run/sbx/main.sh`: `bash -c BOOTSTRAP /run/sbx/main.sh` sources the file, so
+ *     $0, $#, BASH_SOURCE, LINENO and error messages are those of the script run; what differs:
+ *     "c" in $-, "source" for "main" at the bottom of FUNCNAME, and a top-level `return` that is
+ *     allowed. The report socket moves from fd 3 (scripts use `exec 3>file`) to fd 63.
  * A read of anything but "1" (EOF: the agent dropped it) exits quietly.
  *
  * When the code has ended as a script would, each reports it on fd 3 ("d" + the exit status byte,
@@ -17,7 +21,9 @@
  *   python: after what the interpreter does first when a script ends, in its order (join the
  *     non-daemon threads, run the atexit callbacks, flush stdout and stderr), then os._exit();
  *   javascript: after every 'exit' listener, unless an uncaught exception ends the process (node
- *     prints it after the 'exit' event: that run ends the usual way, by the process's death).
+ *     prints it after the 'exit' event: that run ends the usual way, by the process's death);
+ *   raw: when the sourced file returns (an `exit` in it, or `set -e`, ends the shell first: no
+ *     report, the usual way).
  * A process killed by a signal or by os._exit() reports nothing; the agent then waits for its death.
  * Each does, before its "r", what the code's first output would otherwise pay for: python imports
  * importlib.machinery (~50 ms under TCG); node creates process.stdout/stderr and runs console.log's
@@ -146,3 +152,15 @@ const char sbx_bootstrap_javascript[] =
 	"\tmain._compile(fs.readFileSync(path, 'utf8'), path);\n"
 	"\tmain.loaded = true;\n"
 	"})();\n";
+
+const char sbx_bootstrap_raw[] =
+	"printf r >&3\n"
+	"IFS= read -r -n 1 -u 3 _sbx_go || exit 0\n"
+	"[ \"$_sbx_go\" = 1 ] || exit 0\n"
+	"unset _sbx_go\n"
+	"exec 63>&3 3>&-\n"
+	". \"$0\"\n"
+	"_sbx_status=$?\n"
+	"printf -v _sbx_status_hex %02x \"$_sbx_status\"\n"
+	"printf \"d\\\\x$_sbx_status_hex\" >&63 2>/dev/null\n"
+	"exit \"$_sbx_status\"\n";

@@ -4,5 +4,6 @@
 
 extern const char sbx_bootstrap_python[];
 extern const char sbx_bootstrap_javascript[];
+extern const char sbx_bootstrap_raw[];
 
 #endif /* SBX_BOOTSTRAP_H */

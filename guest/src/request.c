@@ -34,8 +34,7 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 		*why = "truncated EXEC header";
 		return -EPROTO;
 	}
-	if (req->language != SBX_LANG_PYTHON && req->language != SBX_LANG_JAVASCRIPT &&
-	    req->language != SBX_LANG_RAW) {
+	if (!sbx_language_valid(req->language)) {
 		*why = "unknown language";
 		return -EPROTO;
 	}
@@ -88,8 +87,8 @@ int sbx_parse_prestart(const uint8_t *payload, size_t len, uint8_t *language, co
 		*why = "PRESTART carries exactly one byte";
 		return -EPROTO;
 	}
-	if (payload[0] != SBX_LANG_PYTHON && payload[0] != SBX_LANG_JAVASCRIPT) {
-		*why = "no pre-started interpreter for that language";
+	if (!sbx_language_valid(payload[0])) {
+		*why = "unknown language";
 		return -EPROTO;
 	}
 	*language = payload[0];

@@ -33,8 +33,8 @@ struct sbx_exec_request {
 int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *req,
 		   const char **why);
 
-/* PRESTART payload: exactly one byte, a language with a pre-started interpreter (python or
- * javascript). 0, or -EPROTO with *why describing the problem. */
+/* PRESTART payload: exactly one byte, a language with a pre-started interpreter (python,
+ * javascript or raw: all three). 0, or -EPROTO with *why describing the problem. */
 int sbx_parse_prestart(const uint8_t *payload, size_t len, uint8_t *language, const char **why);
 
 #endif /* SBX_REQUEST_H */

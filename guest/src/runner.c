@@ -25,6 +25,12 @@
 /* Reads per pipe in the final drain: bounds the work when a survivor keeps writing. */
 #define FINAL_DRAIN_READS 64
 
+static const char *const bootstraps[] = {
+	[SBX_LANG_PYTHON] = sbx_bootstrap_python,
+	[SBX_LANG_JAVASCRIPT] = sbx_bootstrap_javascript,
+	[SBX_LANG_RAW] = sbx_bootstrap_raw,
+};
+
 static const char *const script_names[] = {
 	[SBX_LANG_PYTHON] = "main.py",
 	[SBX_LANG_JAVASCRIPT] = "main.js",
@@ -150,9 +156,9 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		snprintf(msg, msg_size, "an execution is already running");
 		return -EBUSY;
 	}
-	if (language != SBX_LANG_PYTHON && language != SBX_LANG_JAVASCRIPT) {
+	if (!sbx_language_valid(language)) {
 		*code = SBX_ERR_BAD_REQUEST;
-		snprintf(msg, msg_size, "no pre-started interpreter for language %u", language);
+		snprintf(msg, msg_size, "unknown language %u", language);
 		return -EINVAL;
 	}
 	sbx_runner_discard_prestarted(r);
@@ -191,9 +197,8 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 	struct sbx_spawn sp = {
 		.interpreter = r->cfg->interpreter[language],
 		.script = script,
-		.inline_code = language == SBX_LANG_PYTHON ? sbx_bootstrap_python
-							   : sbx_bootstrap_javascript,
-		.inline_flag = language == SBX_LANG_PYTHON ? "-c" : "-e",
+		.inline_code = bootstraps[language],
+		.inline_flag = language == SBX_LANG_JAVASCRIPT ? "-e" : "-c",
 		.home = r->cfg->home_dir,
 		.envp = envp,
 		.drop_privileges = r->cfg->drop_privileges,

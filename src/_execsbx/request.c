@@ -14,7 +14,7 @@ static int fail(const char **why, const char *msg, int err)
 
 static int validate(const struct sbx_exec_req *r, const char **why)
 {
-	if (r->language < SBX_LANG_PYTHON || r->language > SBX_LANG_RAW)
+	if (!sbx_language_valid(r->language))
 		return fail(why, "unknown language", -EINVAL);
 	if (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX)
 		return fail(why, "timeout_ms out of range (1 .. 300000)", -EINVAL);
@@ -105,7 +105,7 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
 
 int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
 {
-	if (language != SBX_LANG_PYTHON && language != SBX_LANG_JAVASCRIPT)
+	if (!sbx_language_valid(language))
 		return -EINVAL;
 	size_t start;
 	size_t before = b->len;

@@ -499,7 +499,7 @@ static PyObject *vm_send_prestart(VmObject *self, PyObject *args)
 		return NULL;
 	int rc = sbx_channel_queue_prestart(&self->vm.ch, id, language);
 	if (rc == -EINVAL) {
-		PyErr_Format(PyExc_ValueError, "no pre-started interpreter for language %u", language);
+		PyErr_Format(PyExc_ValueError, "unknown language %u", language);
 		return NULL;
 	}
 	return pending_or_raise(self, rc, "PRESTART frame",

@@ -82,8 +82,8 @@ enum sbx_msg {
 #define SBX_RESEED_BYTES 64u
 #define SBX_RESEED_PAYLOAD_SIZE (SBX_RESEED_BYTES + 8u)
 
-/* Pre-started interpreter (PRESTART): the agent starts the interpreter of `language` (python or
- * javascript only) exactly as for a one-shot EXEC (uid 1000, own session, limits, the clean
+/* Pre-started interpreter (PRESTART): the agent starts the interpreter of `language` (python,
+ * javascript or bash) exactly as for a one-shot EXEC (uid 1000, own session, limits, the clean
  * environment, stdin on /dev/null, output pipes) but on a small bootstrap that blocks until the
  * agent gives it the go; the PONG comes once the interpreter has started and waits. The next EXEC of the same language with no env variables then writes the
  * code file, gives the go and is served by that process: the interpreter's start-up is paid
@@ -108,6 +108,12 @@ enum sbx_language {
 	SBX_LANG_JAVASCRIPT = 2,
 	SBX_LANG_RAW = 3, /* GNU Bash */
 };
+
+/* Every language has a pre-started interpreter (PRESTART), so one check serves EXEC and PRESTART. */
+static inline int sbx_language_valid(uint32_t language)
+{
+	return language >= SBX_LANG_PYTHON && language <= SBX_LANG_RAW;
+}
 
 /* EXIT payload (guest -> host):
  *     i32  exit code: the process's status, 128+N when killed by signal N, -1 on timeout

@@ -613,8 +613,24 @@ def test_prestarted_javascript_ends_like_the_script_run(a: Agent) -> None:
             assert warm["exit"] == 1 and b"TypeError" in warm["stderr"], warm
 
 
+def test_prestarted_bash_runs_the_script_like_bash_does(a: Agent) -> None:
+    code = ("echo \"$0 $# ${BASH_SOURCE[0]} $LINENO\"\nexec 3>/dev/null\necho to-3 >&3\n"
+            "no_such_command\necho err >&2\n(exit 4)")
+    cold = a.run(80, code, language=RAW)
+    prestart(a, 81, RAW)
+    warm = a.run(82, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; " + code, language=RAW)
+    assert warm["stdout"].startswith(b"bash -c "), warm  # the pre-started shell ran it
+    assert (warm["stdout"][warm["stdout"].index(b"\n") + 1:], warm["stderr"], warm["exit"]) == \
+        (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+    assert cold["exit"] == 4 and cold["stdout"].endswith(b"/main.sh 1\n"), cold
+    # `exit` ends the shell before the bootstrap can report: the run ends by its death instead.
+    prestart(a, 83, RAW)
+    r = a.run(84, "echo bye; exit 9", language=RAW)
+    assert (r["stdout"], r["exit"]) == (b"bye\n", 9), r
+
+
 def test_prestart_refusals(a: Agent) -> None:
-    for req_id, payload in ((47, bytes([RAW])), (48, b""), (49, bytes([PYTHON, 0])), (50, b"\x09")):
+    for req_id, payload in ((47, b"\x00"), (48, b""), (49, bytes([PYTHON, 0])), (50, b"\x09")):
         a.send(frame(PRESTART, req_id, payload))
         mtype, fid, reply = a.expect()
         assert (mtype, fid) == (ERROR, req_id), (mtype, fid, reply)
@@ -638,7 +654,8 @@ SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
           test_prestarted_python_serves_the_next_exec, test_prestarted_python_matches_the_script_run,
           test_prestarted_process_is_not_used_for_env_or_other_languages, test_prestarted_javascript,
           test_prestarted_python_reports_its_end_before_the_teardown,
-          test_prestarted_javascript_ends_like_the_script_run, test_prestart_refusals]
+          test_prestarted_javascript_ends_like_the_script_run,
+          test_prestarted_bash_runs_the_script_like_bash_does, test_prestart_refusals]
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
 STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]

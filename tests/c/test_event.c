@@ -190,8 +190,8 @@ static void test_reseed_encoding(void)
 static void test_prestart_encoding(void)
 {
 	struct sbx_buf b = {0};
-	/* Only the languages with a pre-started interpreter; nothing is left half-written. */
-	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW), -EINVAL);
+	/* Only known languages; nothing is left half-written. */
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW + 1), -EINVAL);
 	CHECK_EQ(sbx_encode_prestart(&b, 6, 0), -EINVAL);
 	CHECK_EQ(b.len, 0);
 	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT), 0);

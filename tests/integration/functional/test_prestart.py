@@ -70,6 +70,9 @@ async def test_pool_hits_run_in_the_prestarted_interpreter_like_a_cold_run(
                            language="javascript")
         assert (r.stdout, r.stderr, r.exit_code) == (
             "-e\nfunction true /run/sbx/main.js\n", "", 4), r
+        r = await pool_hit(sched, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; echo \"$0\"; exit 5",
+                           language="raw")
+        assert (r.stdout, r.exit_code) == ("bash -c \n/run/sbx/main.sh\n", 5), r
         # The same crash in a cold VM (another memory size is never served by the pool).
         cold_crash = await sched.run(crash, memory_mb=256)
         assert not cold_crash.warm_pool_hit
