@@ -21,7 +21,7 @@ from deepagents.backends.protocol import ExecuteResponse, FileInfo, GlobResult
 MAX_MATCHES = 5000
 # Below deepagents' own tool deadline (GLOB_TIMEOUT, 10 s) so the walk reports a partial result
 # instead of being abandoned.
-WALK_BUDGET_SECONDS = 8.0
+WALK_BUDGET_SECONDS = 6.0
 MAX_PATH_CHARS = 4096
 _MAX_PATTERN_CHARS = 1024
 
