@@ -57,21 +57,25 @@ def test_records_become_file_infos_and_done_carries_the_reason() -> None:
 )
 def test_a_malformed_line_is_an_error_not_a_match(bad: str) -> None:
     result = parse_glob_output(_response({"path": "ok", "is_dir": False}, bad, {"done": None}))
-    assert result.matches is None and result.error is not None and result.error.startswith("glob failed")
+    assert result.matches is None and result.error is not None
+    assert result.error.startswith("glob failed")
     assert len(result.error) < 400
 
 
 def test_guest_errors_timeouts_and_missing_end_are_errors() -> None:
     reported = parse_glob_output(_response({"error": "not a directory: /x"}))
     assert reported.error == "glob failed: not a directory: /x"
-    timed_out = parse_glob_output(_response("\nError: the command timed out after 30 seconds", exit_code=124))
+    message = "\nError: the command timed out after 30 seconds"
+    timed_out = parse_glob_output(_response(message, exit_code=124))
     assert timed_out.error is not None and "timed out" in timed_out.error
     cut = parse_glob_output(_response({"path": "a", "is_dir": False}, exit_code=137))
     assert cut.error is not None and "137" in cut.error
 
 
 def test_transport_truncation_keeps_what_arrived() -> None:
-    torn = parse_glob_output(_response({"path": "a", "is_dir": False}, '{"path": "b", "is_', truncated=True))
+    torn = parse_glob_output(
+        _response({"path": "a", "is_dir": False}, '{"path": "b", "is_', truncated=True)
+    )
     assert torn.matches == [{"path": "a", "is_dir": False}]
     assert torn.truncated and torn.truncation_reason == "transport"
 

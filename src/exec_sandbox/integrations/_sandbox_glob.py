@@ -112,7 +112,8 @@ def glob_command(pattern: str, root: str) -> str | None:
     """The shell command for one glob, or None when the arguments cannot be passed on."""
     if not pattern or len(pattern) > _MAX_PATTERN_CHARS or "\x00" in pattern or "\x00" in root:
         return None
-    args = " ".join(shlex.quote(a) for a in (root, pattern, str(MAX_MATCHES), str(WALK_BUDGET_SECONDS)))
+    argv = (root, pattern, str(MAX_MATCHES), str(WALK_BUDGET_SECONDS))
+    args = " ".join(shlex.quote(a) for a in argv)
     return f"python3 -c {shlex.quote(GUEST_SCRIPT)} {args}"
 
 
@@ -145,7 +146,9 @@ def parse_glob_output(result: ExecuteResponse) -> GlobResult:
         matches.append(info)
     if result.truncated:
         return GlobResult(matches=matches, truncated=True, truncation_reason="transport")
-    return GlobResult(error=f"glob failed (exit code {result.exit_code}): {_snippet(result.output)}")
+    return GlobResult(
+        error=f"glob failed (exit code {result.exit_code}): {_snippet(result.output)}"
+    )
 
 
 def _load(line: str) -> dict[str, Any] | None:

@@ -100,9 +100,11 @@ async def _run(session: Session, request: CodeExecutionInput) -> CodeExecutionRe
     outputs, left_out = await _new_files(session, before)
     stdout = result.stdout
     if left_out:
-        stdout += (f"\n[exec-sandbox: {len(left_out)} new file(s) not returned (limits: "
-                   f"{MAX_OUTPUT_FILES} files, {MAX_OUTPUT_FILE_BYTES >> 20} MiB each, "
-                   f"{MAX_OUTPUT_TOTAL_BYTES >> 20} MiB in all): {', '.join(left_out[:10])}]\n")  # fmt: skip
+        stdout += (
+            f"\n[exec-sandbox: {len(left_out)} new file(s) not returned (limits: "
+            f"{MAX_OUTPUT_FILES} files, {MAX_OUTPUT_FILE_BYTES >> 20} MiB each, "
+            f"{MAX_OUTPUT_TOTAL_BYTES >> 20} MiB in all): {', '.join(left_out[:10])}]\n"
+        )
     return CodeExecutionResult(
         stdout=stdout,
         stderr=result.stderr if result.exit_code != 0 else "",
@@ -124,7 +126,7 @@ async def _scan(session: Session) -> dict[str, int]:
             path = f"{directory}/{entry.name}" if directory else entry.name
             if not entry.is_dir:
                 found[path] = entry.size
-            elif depth < MAX_SCAN_DEPTH and not entry.name.startswith(".") and entry.name != "__pycache__":
+            elif depth < MAX_SCAN_DEPTH and not _is_cache_dir(entry.name):
                 pending.append((path, depth + 1))
     return found
 
@@ -148,6 +150,10 @@ async def _new_files(session: Session, before: dict[str, int]) -> tuple[list[Fil
         mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
         outputs.append(File(name=path, content=data, mime_type=mime))
     return outputs, left_out
+
+
+def _is_cache_dir(name: str) -> bool:
+    return name.startswith(".") or name == "__pycache__"
 
 
 def _file_bytes(content: str | bytes) -> bytes:

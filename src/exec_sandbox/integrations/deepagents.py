@@ -76,7 +76,9 @@ class ExecSandboxBackend(BaseSandbox):
                  memory_mb: int = DEFAULT_MEMORY_MB,
                  file_contract: FileContract = "standard") -> None:  # fmt: skip
         if file_contract not in ("standard", "deepagents"):
-            raise ValueError(f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}")
+            raise ValueError(
+                f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
+            )
         self._contract = file_contract
         self._runner = Runner(scheduler)
         self._memory_mb = memory_mb

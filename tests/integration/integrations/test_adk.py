@@ -163,6 +163,7 @@ def test_output_files_are_capped_with_a_note() -> None:
     ))  # fmt: skip
     assert result.stdout.startswith("ok\n")
     assert len(result.output_files) == MAX_OUTPUT_FILES
-    assert result.output_files[0].name == "many/sub/f000.txt" and result.output_files[0].content == b"0"
+    first = result.output_files[0]
+    assert first.name == "many/sub/f000.txt" and first.content == b"0"
     assert "3 new file(s) not returned" in result.stdout
     assert f"many/sub/f{count - 1:03}.txt" in result.stdout

@@ -75,7 +75,8 @@ def test_standard_contract_glob_is_relative_with_directories_and_write_never_ove
         # A pattern without / matches at any depth (never inside dot-directories); directories
         # are matches too, flagged is_dir.
         assert _paths(backend.glob("*", path="/tmp/g")) == [
-            ("a.py", False), ("empty", True), ("notes.txt", False), ("sub", True), ("sub/b.py", False),
+            ("a.py", False), ("empty", True), ("notes.txt", False), ("sub", True),
+            ("sub/b.py", False),
         ]  # fmt: skip
         assert _paths(backend.glob("/*.py", path="/tmp/g")) == [("a.py", False)]
         assert _paths(backend.glob("sub/*.py", path="/tmp/g")) == [("sub/b.py", False)]
