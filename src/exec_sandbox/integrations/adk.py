@@ -4,7 +4,8 @@ ADK calls `execute_code` synchronously, possibly from inside its running event l
 is sent to the shared background scheduler's own loop thread, so the caller's loop is never
 re-entered (no deadlock). With `stateful=True`, one VM per `execution_id` keeps variables between
 calls; otherwise each call gets a fresh VM. `input_files` are written into the guest home before
-the code runs; files that appear in the home during the run come back as `output_files`; stderr is
+the code runs; files that appear in the home or its subdirectories during the run come back as
+`output_files` (named by their path under the home; bounded, see `_new_files`); stderr is
 reported only when the code failed (ADK counts any stderr as an error and retries).
 """
 
@@ -33,8 +34,15 @@ if TYPE_CHECKING:
 
     from exec_sandbox.session import Session
 
-# Output files larger than this are left out (ADK stores them as artifacts in memory).
+# ADK keeps output files in memory as artifacts: bounded per file, in number and in total. A
+# file left out is named in a note appended to stdout, so the model knows it exists.
 MAX_OUTPUT_FILE_BYTES = 32 * 1024 * 1024
+MAX_OUTPUT_FILES = 64
+MAX_OUTPUT_TOTAL_BYTES = 64 * 1024 * 1024
+# The search for new files: one guest round trip per directory, so bounded in directories and
+# depth; dot-directories and __pycache__ (tool caches, not results) are not entered.
+MAX_SCANNED_DIRS = 256
+MAX_SCAN_DEPTH = 8
 
 
 class ExecSandboxCodeExecutor(BaseCodeExecutor):
@@ -87,22 +95,65 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 async def _run(session: Session, request: CodeExecutionInput) -> CodeExecutionResult:
     for file in request.input_files:
         await session.write_file(file.name, _file_bytes(file.content))
-    before = {entry.name: entry.size for entry in await session.list_files()}
+    before = await _scan(session)
     result = await session.exec(request.code)
-    outputs = []
-    for entry in await session.list_files():
-        if entry.is_dir or entry.name in before or entry.size > MAX_OUTPUT_FILE_BYTES:
-            continue
-        data = await session.read_file(entry.name)
-        assert data is not None
-        mime = mimetypes.guess_type(entry.name)[0] or "application/octet-stream"
-        outputs.append(File(name=entry.name, content=data, mime_type=mime))
+    outputs, left_out = await _new_files(session, before)
+    stdout = result.stdout
+    if left_out:
+        stdout += (
+            f"\n[exec-sandbox: {len(left_out)} new file(s) not returned (limits: "
+            f"{MAX_OUTPUT_FILES} files, {MAX_OUTPUT_FILE_BYTES >> 20} MiB each, "
+            f"{MAX_OUTPUT_TOTAL_BYTES >> 20} MiB in all): {', '.join(left_out[:10])}]\n"
+        )
     return CodeExecutionResult(
-        stdout=result.stdout,
+        stdout=stdout,
         stderr=result.stderr if result.exit_code != 0 else "",
         output_files=outputs,
         exit_code=result.exit_code,
     )
+
+
+async def _scan(session: Session) -> dict[str, int]:
+    """Files under the home, path -> size, breadth first within the scan bounds."""
+    found: dict[str, int] = {}
+    pending, scanned = [("", 0)], 0
+    while pending and scanned < MAX_SCANNED_DIRS:
+        directory, depth = pending.pop(0)
+        scanned += 1
+        for entry in await session.list_files(directory):
+            if entry.name in ("", ".", "..") or "/" in entry.name:
+                continue  # not a name a well-behaved guest reports
+            path = f"{directory}/{entry.name}" if directory else entry.name
+            if not entry.is_dir:
+                found[path] = entry.size
+            elif depth < MAX_SCAN_DEPTH and not _is_cache_dir(entry.name):
+                pending.append((path, depth + 1))
+    return found
+
+
+async def _new_files(session: Session, before: dict[str, int]) -> tuple[list[File], list[str]]:
+    """The files that were not there before the run, within the output bounds, and the paths
+    of those left out."""
+    outputs: list[File] = []
+    left_out: list[str] = []
+    total = 0
+    for path, size in sorted((await _scan(session)).items()):
+        if path in before:
+            continue
+        if (size > MAX_OUTPUT_FILE_BYTES or len(outputs) >= MAX_OUTPUT_FILES
+                or total + size > MAX_OUTPUT_TOTAL_BYTES):  # fmt: skip
+            left_out.append(path)
+            continue
+        data = await session.read_file(path)
+        assert data is not None
+        total += len(data)
+        mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        outputs.append(File(name=path, content=data, mime_type=mime))
+    return outputs, left_out
+
+
+def _is_cache_dir(name: str) -> bool:
+    return name.startswith(".") or name == "__pycache__"
 
 
 def _file_bytes(content: str | bytes) -> bytes:

@@ -6,6 +6,12 @@ Contract (deepagents.backends.protocol): execute returns stdout and stderr combi
 order; a timeout gives exit code 124 (like coreutils `timeout`); output beyond `max_output_bytes`
 is cut and flagged `truncated=True`. File transfers take absolute paths, report one result per
 path in input order, never raise, create missing parent directories and are binary-safe.
+
+glob and write follow langchain's standard sandbox suite (langchain-tests), which deepagents 0.7's
+BaseSandbox no longer does: glob returns paths relative to the search root, directories
+included; write refuses a file that exists. `file_contract="deepagents"` keeps BaseSandbox's
+versions (absolute glob paths, write overwrites): deepagents' permission `deny` rules and
+CompositeBackend route prefixes only work on absolute glob paths. docs/integrations.md says more.
 """
 
 from __future__ import annotations
@@ -13,23 +19,29 @@ from __future__ import annotations
 import shlex
 import uuid
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from deepagents.backends.protocol import (
     ExecuteResponse,
     FileDownloadResponse,
     FileUploadResponse,
+    GlobResult,
+    WriteResult,
 )
 from deepagents.backends.sandbox import BaseSandbox
 
 from exec_sandbox import OutputLimitError, SandboxError, Scheduler
 
 from ._bridge import Runner
+from ._sandbox_glob import glob_command, parse_glob_output, search_root
 
 if TYPE_CHECKING:
     from exec_sandbox.session import Session
 
 TIMEOUT_EXIT_CODE = 124
+FileContract = Literal["standard", "deepagents"]
+# The guest script stops itself after its walk budget; this only catches a wedged interpreter.
+_GLOB_TIMEOUT_SECONDS = 30
 # A workspace VM: the guest sizes /tmp (25%) and the home (40%) from its RAM, and agents move
 # files of tens of MiB around (the standard suite uploads 10 MiB files), so more than run()'s.
 DEFAULT_MEMORY_MB = 512
@@ -53,11 +65,21 @@ class ExecSandboxBackend(BaseSandbox):
     destroy the VM; an abandoned backend is closed when garbage-collected, an idle one after the
     scheduler's `session_idle_timeout_seconds`, and the shared scheduler kills what is left at
     exit. A closed backend opens a fresh VM on its next call.
+
+    `file_contract="standard"` (default): glob and write as langchain-tests pins them (relative
+    glob paths with directories, write refuses an existing file); `"deepagents"`: BaseSandbox's
+    own glob and write, for agents with permission deny rules or CompositeBackend routes.
     """
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int = 120,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 memory_mb: int = DEFAULT_MEMORY_MB) -> None:  # fmt: skip
+                 memory_mb: int = DEFAULT_MEMORY_MB,
+                 file_contract: FileContract = "standard") -> None:  # fmt: skip
+        if file_contract not in ("standard", "deepagents"):
+            raise ValueError(
+                f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
+            )
+        self._contract = file_contract
         self._runner = Runner(scheduler)
         self._memory_mb = memory_mb
         self._timeout = timeout_seconds
@@ -191,6 +213,58 @@ class ExecSandboxBackend(BaseSandbox):
             if self._holder and not self._holder[0].closed:
                 await _discard(self._holder[0], staged)
         return data, None
+
+    # --- glob and write (the standard suite's contract) ---
+
+    def glob(self, pattern: str, path: str | None = None) -> GlobResult:
+        if self._contract == "deepagents":
+            return super().glob(pattern, path)
+        command = glob_command(pattern, search_root(path))
+        if command is None:
+            return GlobResult(error="glob needs a non-empty pattern without NUL bytes")
+        return parse_glob_output(self.execute(command, timeout=_GLOB_TIMEOUT_SECONDS))
+
+    async def aglob(self, pattern: str, path: str | None = None) -> GlobResult:
+        if self._contract == "deepagents":
+            return await super().aglob(pattern, path)
+        command = glob_command(pattern, search_root(path))
+        if command is None:
+            return GlobResult(error="glob needs a non-empty pattern without NUL bytes")
+        return parse_glob_output(await self.aexecute(command, timeout=_GLOB_TIMEOUT_SECONDS))
+
+    def write(self, file_path: str, content: str) -> WriteResult:
+        if self._contract == "deepagents":
+            return super().write(file_path, content)
+        return self._runner.run(lambda s: self._write_new(s, file_path, content))
+
+    async def awrite(self, file_path: str, content: str) -> WriteResult:
+        if self._contract == "deepagents":
+            return await super().awrite(file_path, content)
+        return await self._runner.arun(lambda s: self._write_new(s, file_path, content))
+
+    async def _write_new(self, scheduler: Scheduler, path: str, content: str) -> WriteResult:
+        """Create `path` (and its parents) with `content`; an existing path is left untouched.
+        bash's noclobber opens the target with O_EXCL, so the check and the create are one step."""
+        if not _is_absolute(path):
+            return WriteResult(error=f"Error: '{path}' is not an absolute path")
+        staged = f"{_STAGING}/{uuid.uuid4().hex}"
+        quoted = shlex.quote(path)
+        try:
+            session = await self._session(scheduler)
+            await session.write_file(staged, content.encode("utf-8"))
+            result = await session.exec(
+                f'( set -C; mkdir -p -- "$(dirname -- {quoted})" && cat -- ~/{staged} > {quoted};'
+                f" status=$?; rm -f -- ~/{staged}; exit $status )",
+                timeout_seconds=self._timeout,
+            )
+        except SandboxError as exc:
+            return WriteResult(error=f"Failed to write file '{path}': {type(exc).__name__}: {exc}")
+        if "cannot overwrite existing file" in result.stderr:
+            return WriteResult(error=f"Error: {path} already exists; change it with edit_file, "
+                                     "or write to a new path")  # fmt: skip
+        if result.exit_code != 0:
+            return WriteResult(error=f"Failed to write file '{path}': {_file_error(result.stderr)}")
+        return WriteResult(path=path)
 
     # --- lifecycle ---
 

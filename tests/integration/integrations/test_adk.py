@@ -21,7 +21,7 @@ from google.adk.runners import InMemoryRunner  # noqa: E402
 from google.genai import types  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from exec_sandbox.integrations.adk import ExecSandboxCodeExecutor  # noqa: E402
+from exec_sandbox.integrations.adk import MAX_OUTPUT_FILES, ExecSandboxCodeExecutor  # noqa: E402
 
 from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
 
@@ -121,3 +121,49 @@ def test_input_files_output_files_and_stderr_only_on_failure() -> None:
 
     empty = executor.execute_code(None, CodeExecutionInput(code="  "))  # type: ignore[arg-type]
     assert "code is empty" in empty.stderr
+
+
+async def test_new_files_in_subdirectories_become_artifacts_the_model_sees() -> None:
+    code = (
+        "import os\n"
+        "os.makedirs('results/deep', exist_ok=True); os.makedirs('.cache/tool', exist_ok=True)\n"
+        "open('results/summary.txt', 'w').write(os.uname().nodename)\n"
+        "open('results/deep/data.bin', 'wb').write(bytes([os.getuid() % 256]) * 3)\n"
+        "open('.cache/tool/state', 'w').write('noise')\n"
+        "print('wrote')"
+    )
+    llm = ScriptedLlm(replies=[_code(code), "done"])
+    runner, session_id = await _runner(llm, ExecSandboxCodeExecutor())
+    await _ask(runner, session_id, "write results")
+    assert "wrote" in llm.seen[1]
+    saved = llm.seen[1].split("Saved artifacts:")[1]
+    assert "`results/deep/data.bin`" in saved and "`results/summary.txt`" in saved
+    assert ".cache" not in saved  # dot-directories hold tool state, not results
+    service = runner.artifact_service
+    assert service is not None
+    summary = await service.load_artifact(app_name="test", user_id="u", session_id=session_id,
+                                          filename="results/summary.txt")  # fmt: skip
+    data = await service.load_artifact(app_name="test", user_id="u", session_id=session_id,
+                                       filename="results/deep/data.bin")  # fmt: skip
+    assert summary is not None and summary.inline_data is not None
+    assert summary.inline_data.data == b"sandbox"  # the guest's hostname: written in the VM
+    assert data is not None and data.inline_data is not None
+    assert data.inline_data.data == bytes([1000 % 256]) * 3
+
+
+def test_output_files_are_capped_with_a_note() -> None:
+    executor = ExecSandboxCodeExecutor()
+    count = MAX_OUTPUT_FILES + 3
+    result = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+        code=(
+            "import os\nos.makedirs('many/sub')\n"
+            f"for i in range({count}): open(f'many/sub/f{{i:03}}.txt', 'w').write(str(i))\n"
+            "print('ok')"
+        ),
+    ))  # fmt: skip
+    assert result.stdout.startswith("ok\n")
+    assert len(result.output_files) == MAX_OUTPUT_FILES
+    first = result.output_files[0]
+    assert first.name == "many/sub/f000.txt" and first.content == b"0"
+    assert "3 new file(s) not returned" in result.stdout
+    assert f"many/sub/f{count - 1:03}.txt" in result.stdout

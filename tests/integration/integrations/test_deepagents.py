@@ -1,6 +1,7 @@
 """Deep Agents: create_deep_agent with ExecSandboxBackend and a scripted model; its file and
 shell tools act in a real VM and the results reach the model's next turn. Plus the backend's
-own contract points the standard suite does not pin down (timeout 124, truncation)."""
+own contract points the standard suite does not pin down (timeout 124, truncation), and the
+glob/write contract it follows (langchain-tests' rather than deepagents 0.7's BaseSandbox)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
 
 from deepagents import create_deep_agent  # noqa: E402
+from deepagents.backends.protocol import GlobResult  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 
 from exec_sandbox.integrations.deepagents import ExecSandboxBackend  # noqa: E402
@@ -27,14 +29,16 @@ def _last_tool_message(model: ScriptedChatModel, turn: int) -> ToolMessage:
     return [m for m in model.seen[turn] if isinstance(m, ToolMessage)][-1]
 
 
-async def test_deep_agent_writes_and_executes_in_the_vm() -> None:
+async def test_deep_agent_writes_globs_and_executes_in_the_vm() -> None:
     backend = ExecSandboxBackend()
     model = ScriptedChatModel(responses=[
         _call("write_file", {"file_path": "/tmp/work/calc.py",
                              "content": "import os\nprint(os.uname().nodename, os.getuid(), 6 * 7)\n"}, "c1"),
-        _call("execute", {"command": "python3 /tmp/work/calc.py"}, "c2"),
-        _call("execute", {"command": "sleep 30", "timeout": 2}, "c3"),
-        _call("execute", {"command": "echo partial; exit 5"}, "c4"),
+        _call("write_file", {"file_path": "/tmp/work/calc.py", "content": "print('clobbered')\n"}, "c2"),
+        _call("glob", {"pattern": "*.py", "path": "/tmp/work"}, "c3"),
+        _call("execute", {"command": "python3 /tmp/work/calc.py"}, "c4"),
+        _call("execute", {"command": "sleep 30", "timeout": 2}, "c5"),
+        _call("execute", {"command": "echo partial; exit 5"}, "c6"),
         AIMessage(content="done"),
     ])  # fmt: skip
     agent = create_deep_agent(model=model, backend=backend)
@@ -43,10 +47,66 @@ async def test_deep_agent_writes_and_executes_in_the_vm() -> None:
     finally:
         await backend.aclose()
     assert "Updated file /tmp/work/calc.py" in str(_last_tool_message(model, 1).content)
-    assert GUEST_PROOF_OUTPUT in str(_last_tool_message(model, 2).content)
-    assert "124" in str(_last_tool_message(model, 3).content)
-    last = str(_last_tool_message(model, 4).content)
+    # The second write_file is refused and the model is told why and what to do instead.
+    refused = _last_tool_message(model, 2)
+    assert refused.status == "error" and "already exists" in str(refused.content)
+    assert "edit_file" in str(refused.content)
+    # glob answers relative to the search root it was given.
+    assert str(_last_tool_message(model, 3).content) == "['calc.py']"
+    ran = str(_last_tool_message(model, 4).content)
+    assert GUEST_PROOF_OUTPUT in ran and "clobbered" not in ran
+    assert "124" in str(_last_tool_message(model, 5).content)
+    last = str(_last_tool_message(model, 6).content)
     assert "partial" in last and "5" in last
+
+
+def _paths(result: GlobResult) -> list[tuple[str, bool]]:
+    assert result.error is None, result.error
+    assert result.matches is not None
+    return [(m["path"], m.get("is_dir", False)) for m in result.matches]
+
+
+def test_standard_contract_glob_is_relative_with_directories_and_write_never_overwrites() -> None:
+    backend = ExecSandboxBackend()
+    try:
+        for path in ("/tmp/g/a.py", "/tmp/g/sub/b.py", "/tmp/g/.hidden.py", "/tmp/g/.dot/c.py"):
+            assert backend.write(path, "x = 1\n").error is None
+        assert backend.execute("mkdir /tmp/g/empty && touch /tmp/g/notes.txt").exit_code == 0
+        # A pattern without / matches at any depth (never inside dot-directories); directories
+        # are matches too, flagged is_dir.
+        assert _paths(backend.glob("*", path="/tmp/g")) == [
+            ("a.py", False), ("empty", True), ("notes.txt", False), ("sub", True),
+            ("sub/b.py", False),
+        ]  # fmt: skip
+        assert _paths(backend.glob("/*.py", path="/tmp/g")) == [("a.py", False)]
+        assert _paths(backend.glob("sub/*.py", path="/tmp/g")) == [("sub/b.py", False)]
+        assert _paths(backend.glob(".*", path="/tmp/g")) == [(".dot", True), (".hidden.py", False)]
+        assert _paths(backend.glob("*.{txt,md}", path="/tmp/g")) == [("notes.txt", False)]
+        assert _paths(backend.glob("*.rs", path="/tmp/g")) == []
+        missing = backend.glob("*", path="/tmp/nowhere")
+        assert missing.error is not None and "not a directory" in missing.error
+        # write refuses an existing file and leaves it as it was; a new one is created.
+        refused = backend.write("/tmp/g/a.py", "x = 2\n")
+        assert refused.error is not None and "already exists" in refused.error
+        assert refused.path is None
+        assert backend.execute("cat /tmp/g/a.py").output == "x = 1\n"
+        assert backend.write("/tmp/g/dir/new.py", "y\n").path == "/tmp/g/dir/new.py"
+        assert backend.write("relative.py", "z").error is not None
+    finally:
+        backend.close()
+
+
+async def test_deepagents_contract_keeps_base_sandbox_glob_and_write() -> None:
+    backend = ExecSandboxBackend(file_contract="deepagents")
+    try:
+        assert (await backend.awrite("/tmp/d/a.py", "x = 1\n")).error is None
+        assert (await backend.awrite("/tmp/d/a.py", "x = 2\n")).error is None
+        assert (await backend.aexecute("cat /tmp/d/a.py")).output == "x = 2\n"
+        assert _paths(await backend.aglob("*.py", path="/tmp/d")) == [("/tmp/d/a.py", False)]
+    finally:
+        await backend.aclose()
+    with pytest.raises(ValueError, match="file_contract"):
+        ExecSandboxBackend(file_contract="posix")  # type: ignore[arg-type]
 
 
 def test_timeout_exit_124_and_truncation() -> None:
