@@ -58,6 +58,8 @@ async def test_timeout_returns_minus_one_and_destroys_the_vm(scheduler: Schedule
     result = await scheduler.run("import time; time.sleep(60)", timeout_seconds=1)
     assert result.exit_code == -1
     assert "timed out" in result.stderr
+    # run() destroys its VM on the loop's next turn, right after returning (not at close()).
+    await asyncio.sleep(0)
     assert qemu_processes(parent=os.getpid()) == []
 
 
