@@ -11,52 +11,10 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "request.h"
 
 /* Chunks sent per pump: bounds one loop iteration's work. */
 #define PUMP_CHUNKS 8
-#define MAX_COMPONENTS (SBX_PATH_MAX / 2 + 1)
-
-struct path_parts {
-	char buf[SBX_PATH_MAX + 1];
-	char *comp[MAX_COMPONENTS];
-	size_t n;
-};
-
-int sbx_path_check(const uint8_t *path, uint32_t len, bool allow_empty)
-{
-	if (len > SBX_PATH_MAX || (len == 0 && !allow_empty))
-		return -EINVAL;
-	if (len && memchr(path, '\0', len))
-		return -EINVAL;
-	uint32_t start = 0;
-	for (uint32_t i = 0; len && i <= len; i++) {
-		if (i < len && path[i] != '/')
-			continue;
-		uint32_t n = i - start;
-		if (n == 0 || n > SBX_PATH_COMPONENT_MAX)
-			return -EINVAL;
-		if ((n == 1 && path[start] == '.') ||
-		    (n == 2 && path[start] == '.' && path[start + 1] == '.'))
-			return -EINVAL;
-		start = i + 1;
-	}
-	return 0;
-}
-
-static int split_path(const uint8_t *path, uint32_t len, bool allow_empty, struct path_parts *p)
-{
-	int rc = sbx_path_check(path, len, allow_empty);
-	if (rc < 0)
-		return rc;
-	memcpy(p->buf, path, len);
-	p->buf[len] = '\0';
-	p->n = 0;
-	char *save = NULL;
-	for (char *c = strtok_r(p->buf, "/", &save); c; c = strtok_r(NULL, "/", &save))
-		p->comp[p->n++] = c;
-	return 0;
-}
-
 /* File system accesses with the sandbox user's rights (and ownership of what is created). */
 static void as_user(const struct sbx_files *f)
 {
@@ -117,7 +75,7 @@ static void send_done(struct sbx_files *f, uint32_t id, uint64_t value)
 
 /* Walk the first n components from the home directory, never following a symlink; with create,
  * make missing directories. Returns an O_PATH directory fd or -errno. */
-static int walk(struct sbx_files *f, const struct path_parts *p, size_t n, bool create)
+static int walk(struct sbx_files *f, const struct sbx_path_parts *p, size_t n, bool create)
 {
 	int fd = open(f->cfg->home_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (fd < 0)
@@ -139,22 +97,6 @@ static int walk(struct sbx_files *f, const struct path_parts *p, size_t n, bool 
 		fd = next;
 	}
 	return fd;
-}
-
-/* Payload: str path [, u8 extra]. */
-static int parse_path(const struct sbx_frame *fr, bool with_u8, bool allow_empty,
-		      struct path_parts *p, uint8_t *extra)
-{
-	struct sbx_cursor c = {fr->payload, fr->payload_len};
-	const uint8_t *path;
-	uint32_t len;
-	if (sbx_get_str(&c, SBX_PATH_MAX, &path, &len) < 0)
-		return -EPROTO;
-	if (with_u8 && sbx_get_u8(&c, extra) < 0)
-		return -EPROTO;
-	if (c.left != 0)
-		return -EPROTO;
-	return split_path(path, len, allow_empty, p);
 }
 
 /* --- write ---------------------------------------------------------------------------------- */
@@ -179,7 +121,7 @@ static void write_fail(struct sbx_files *f, uint32_t kind, const char *what, int
 
 static void write_begin(struct sbx_files *f, const struct sbx_frame *fr)
 {
-	static struct path_parts p;
+	static struct sbx_path_parts p;
 	static unsigned counter;
 	uint8_t mode = 0;
 	if (f->writing) /* the host gave up on the previous one without saying so */
@@ -188,7 +130,7 @@ static void write_begin(struct sbx_files *f, const struct sbx_frame *fr)
 	f->write_failed = false;
 	f->write_id = fr->id;
 	f->written = 0;
-	int rc = parse_path(fr, true, false, &p, &mode);
+	int rc = sbx_parse_file_path(fr->payload, fr->payload_len, true, false, &p, &mode);
 	if (rc == -EPROTO || (mode & ~SBX_FILE_EXECUTABLE)) {
 		write_fail(f, SBX_FILE_ERR_PROTOCOL, "malformed FILE_WRITE_BEGIN", 0);
 		return;
@@ -276,11 +218,11 @@ static void write_end(struct sbx_files *f, const struct sbx_frame *fr)
 
 static void read_begin(struct sbx_files *f, const struct sbx_frame *fr)
 {
-	static struct path_parts p;
+	static struct sbx_path_parts p;
 	/* The host serialises its requests: a read still in progress is one it gave up on (its
 	 * destination failed, say). Drop it; the host ignores frames of a forgotten id. */
 	sbx_close_fd(&f->read_fd);
-	int rc = parse_path(fr, false, false, &p, NULL);
+	int rc = sbx_parse_file_path(fr->payload, fr->payload_len, false, false, &p, NULL);
 	if (rc < 0) {
 		send_error(f, fr->id, rc == -EPROTO ? SBX_FILE_ERR_PROTOCOL : SBX_FILE_ERR_PATH,
 			   "invalid path", 0);
@@ -349,8 +291,8 @@ void sbx_files_pump(struct sbx_files *f)
 
 static void list_dir(struct sbx_files *f, const struct sbx_frame *fr)
 {
-	static struct path_parts p;
-	int rc = parse_path(fr, false, true, &p, NULL);
+	static struct sbx_path_parts p;
+	int rc = sbx_parse_file_path(fr->payload, fr->payload_len, false, true, &p, NULL);
 	if (rc < 0) {
 		send_error(f, fr->id, rc == -EPROTO ? SBX_FILE_ERR_PROTOCOL : SBX_FILE_ERR_PATH,
 			   "invalid path", 0);

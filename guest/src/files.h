@@ -48,8 +48,4 @@ void sbx_files_pump(struct sbx_files *f);
 /* The host went away: drop transfers in progress (a partial write is removed). */
 void sbx_files_abort(struct sbx_files *f);
 
-/* Split a protocol path into components (exposed for the host-side tests): 0, or -EINVAL for an
- * empty, ".", ".." or over-long component, a NUL byte, or a path over SBX_PATH_MAX. */
-int sbx_path_check(const uint8_t *path, uint32_t len, bool allow_empty);
-
 #endif /* SBX_FILES_H */

@@ -1,4 +1,4 @@
-/* EXEC payload decoding: see request.h. Every field is checked; anything odd is refused rather
+/* Decoding of host requests: see request.h. Every field is checked; anything odd is refused rather
  * than repaired, so that a host bug shows up as a BAD_REQUEST instead of a surprising run. */
 #include "request.h"
 
@@ -92,5 +92,50 @@ int sbx_parse_prestart(const uint8_t *payload, size_t len, uint8_t *language, co
 		return -EPROTO;
 	}
 	*language = payload[0];
+	return 0;
+}
+
+int sbx_path_check(const uint8_t *path, uint32_t len, bool allow_empty)
+{
+	if (len > SBX_PATH_MAX || (len == 0 && !allow_empty))
+		return -EINVAL;
+	if (len && memchr(path, '\0', len))
+		return -EINVAL;
+	uint32_t start = 0;
+	for (uint32_t i = 0; len && i <= len; i++) {
+		if (i < len && path[i] != '/')
+			continue;
+		uint32_t n = i - start;
+		if (n == 0 || n > SBX_PATH_COMPONENT_MAX)
+			return -EINVAL;
+		if ((n == 1 && path[start] == '.') ||
+		    (n == 2 && path[start] == '.' && path[start + 1] == '.'))
+			return -EINVAL;
+		start = i + 1;
+	}
+	return 0;
+}
+
+int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool allow_empty,
+			struct sbx_path_parts *p, uint8_t *extra)
+{
+	struct sbx_cursor c = {payload, len};
+	const uint8_t *path;
+	uint32_t path_len;
+	if (sbx_get_str(&c, SBX_PATH_MAX, &path, &path_len) < 0)
+		return -EPROTO;
+	if (with_u8 && sbx_get_u8(&c, extra) < 0)
+		return -EPROTO;
+	if (c.left != 0)
+		return -EPROTO;
+	int rc = sbx_path_check(path, path_len, allow_empty);
+	if (rc < 0)
+		return rc;
+	memcpy(p->buf, path, path_len);
+	p->buf[path_len] = '\0';
+	p->n = 0;
+	char *save = NULL;
+	for (char *comp = strtok_r(p->buf, "/", &save); comp; comp = strtok_r(NULL, "/", &save))
+		p->comp[p->n++] = comp;
 	return 0;
 }

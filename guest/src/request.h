@@ -1,8 +1,10 @@
-/* Decoding and validation of an EXEC payload (layout in protocol.h). Pure: no I/O, so the host
- * tests can exercise it directly. */
+/* Decoding and validation of what the host sends: EXEC and PRESTART payloads, and the path of the
+ * FILE_* requests (layouts in protocol.h). Pure: no I/O, so the host tests and the fuzz target
+ * (tests/c/fuzz_guest_request.c) exercise it directly. */
 #ifndef SBX_REQUEST_H
 #define SBX_REQUEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,5 +38,21 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 /* PRESTART payload: exactly one byte, a language with a pre-started interpreter (python,
  * javascript or raw: all three). 0, or -EPROTO with *why describing the problem. */
 int sbx_parse_prestart(const uint8_t *payload, size_t len, uint8_t *language, const char **why);
+
+/* A FILE_* path split into its components, in place: comp[i] point into buf. */
+#define SBX_PATH_COMPONENTS_MAX (SBX_PATH_MAX / 2 + 1)
+struct sbx_path_parts {
+	char buf[SBX_PATH_MAX + 1];
+	char *comp[SBX_PATH_COMPONENTS_MAX];
+	size_t n;
+};
+
+/* 0 if path is a valid protocol path, else -EINVAL: an empty, ".", ".." or over-long component,
+ * a NUL byte, a path over SBX_PATH_MAX, or an empty path unless allow_empty. */
+int sbx_path_check(const uint8_t *path, uint32_t len, bool allow_empty);
+/* A FILE_* payload: str path [, u8 extra when with_u8], nothing after. 0; -EPROTO when the
+ * payload is malformed; -EINVAL when the path is not valid (sbx_path_check). */
+int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool allow_empty,
+			struct sbx_path_parts *p, uint8_t *extra);
 
 #endif /* SBX_REQUEST_H */

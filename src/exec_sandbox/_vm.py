@@ -374,8 +374,9 @@ class GuestVm:
     async def prestart(self, language: Language, timeout: float = 60.0) -> bool:
         """Have the guest start the interpreter for the next one-shot EXEC of `language` now,
         waiting on a bootstrap for its code (protocol.h, PRESTART): a pool hit then skips the
-        interpreter's start-up. Only after the RESEED of a restored VM and never in a VM a
-        snapshot is taken of. False for a language without one."""
+        interpreter's start-up. After the RESEED of a restored VM; in a snapshot template only
+        for the languages of snapshots.TEMPLATE_PRESTART_LANGUAGES. False for a language
+        without one."""
         if language not in _PRESTART_LANGUAGES:
             return False
         if self._broken is not None:

@@ -79,6 +79,14 @@ _TSC_KHZ = re.compile(r"\btsc_early_khz=([0-9]{1,12})\b")
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
 _STATE_MAX_BYTES = 64 * 1024 * 1024
 _META_MAX_BYTES = 64 * 1024
+# Languages whose template holds a pre-started interpreter (PRESTART), parked before the RNG
+# reseed and the save: a restored clone then serves its first run without starting one (the L1
+# path costs a restore, not an interpreter start). Only where the parked process holds no
+# user-space randomness that every clone would share: python seeds nothing a program sees before
+# its code runs (`random` is imported on first use, after the clone's RESEED; os.urandom and
+# secrets ask the kernel). Not node: V8 seeds Math.random when it starts. Not bash: $RANDOM.
+# What clones of one python template do share: the str hash seed (set iteration order).
+TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python"})
 
 
 @functools.cache
@@ -102,6 +110,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         "vcpus": spec.vcpus,
         "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
         "language": language,
+        "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{language}-{spec.memory_mb}m-{digest[:24]}"
@@ -220,6 +229,8 @@ class SnapshotCache:
                 os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
                 await vm.warm_up(language)
+                if language in TEMPLATE_PRESTART_LANGUAGES:
+                    await vm.prestart(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest
                 # kernel would not reseed it on its own for a while after a restore, and every
                 # clone depends on the RESEED it gets (the security test relies on this to

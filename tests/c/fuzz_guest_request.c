@@ -1,7 +1,8 @@
 /* libFuzzer target for the guest side: arbitrary host bytes through the agent's decoding path
  * (sbx_reader with the host frame limit, as guest/src/channel.c feeds it, then sbx_parse_exec for
- * every EXEC frame and sbx_parse_prestart for every PRESTART, as guest/src/dispatch.c does), split
- * at pseudo-random points.
+ * every EXEC frame, sbx_parse_prestart for every PRESTART and sbx_parse_file_path for the FILE_*
+ * requests that carry a path, as guest/src/dispatch.c and files.c do), split at pseudo-random
+ * points.
  *
  * The host is trusted, but the agent is PID 1: a crash there is a dead VM, and the parser is the
  * place where a length field could walk out of the payload. Every accepted request is checked
@@ -9,6 +10,7 @@
  *
  * Input layout: 2 bytes seed for the split points, then the byte stream. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +64,32 @@ static void check_request(const struct sbx_exec_request *r, const struct sbx_fra
 	sink = sum;
 }
 
+/* What files.c relies on when it walks a path from the home directory: components that are
+ * non-empty, short, never "." or "..", free of '/' and NUL, and that rebuild the path. */
+static void check_file_path(const struct sbx_frame *f)
+{
+	static struct sbx_path_parts p;
+	bool with_u8 = f->type == SBX_MSG_FILE_WRITE_BEGIN;
+	bool allow_empty = f->type == SBX_MSG_FILE_LIST;
+	uint8_t extra = 0;
+	int rc = sbx_parse_file_path(f->payload, f->payload_len, with_u8, allow_empty, &p, &extra);
+	if (rc < 0) {
+		REQUIRE(rc == -EPROTO || rc == -EINVAL);
+		return;
+	}
+	REQUIRE(p.n <= SBX_PATH_COMPONENTS_MAX && (p.n > 0 || allow_empty));
+	size_t total = 0;
+	for (size_t i = 0; i < p.n; i++) {
+		size_t n = strlen(p.comp[i]);
+		REQUIRE(p.comp[i] >= p.buf && p.comp[i] + n <= p.buf + sizeof(p.buf) - 1);
+		REQUIRE(n >= 1 && n <= SBX_PATH_COMPONENT_MAX && !memchr(p.comp[i], '/', n));
+		REQUIRE(strcmp(p.comp[i], ".") != 0 && strcmp(p.comp[i], "..") != 0);
+		total += n + (i > 0);
+	}
+	/* str path = u32 length + bytes, then the u8 when there is one: nothing else. */
+	REQUIRE(total + 4 + with_u8 == f->payload_len);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 2)
@@ -91,10 +119,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				const char *pwhy = NULL;
 				int prc = sbx_parse_prestart(f.payload, f.payload_len, &language, &pwhy);
 				if (prc == 0)
-					REQUIRE(f.payload_len == 1 && (language == SBX_LANG_PYTHON ||
-								       language == SBX_LANG_JAVASCRIPT));
+					REQUIRE(f.payload_len == 1 && sbx_language_valid(language));
 				else
 					REQUIRE(prc == -EPROTO && pwhy && pwhy[0]);
+				continue;
+			}
+			if (f.type == SBX_MSG_FILE_WRITE_BEGIN || f.type == SBX_MSG_FILE_READ ||
+			    f.type == SBX_MSG_FILE_LIST) {
+				check_file_path(&f);
 				continue;
 			}
 			if (f.type != SBX_MSG_EXEC && f.type != SBX_MSG_SESSION_EXEC)
