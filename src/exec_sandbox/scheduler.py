@@ -26,8 +26,14 @@ from .jail import jail_options, usage_figures
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
 from .pool import PooledVm, WarmPool
 from .qmp import QmpError
-from .snapshots import (Snapshot, SnapshotCache, SnapshotIntegrityError, qemu_version,
-                        snapshot_key)  # fmt: skip
+from .snapshots import (
+    TEMPLATE_PRESTART_LANGUAGES,
+    Snapshot,
+    SnapshotCache,
+    SnapshotIntegrityError,
+    qemu_version,
+    snapshot_key,
+)
 from .session import Session
 from .validation import (
     validate_code,
@@ -486,8 +492,10 @@ class Scheduler:
             # through it, along the very path a pool hit takes: cold-booted, that pages the
             # interpreter in; in any VM, it has QEMU translate that path's guest code (TCG keeps
             # translations per process), ~0.1 s that a hit would otherwise pay. Then the
-            # interpreter for the hit.
-            if await vm.prestart(language):
+            # interpreter for the hit. A clone of a template that holds a parked interpreter has
+            # the first one already (one interpreter start, and its memory, saved).
+            parked = phases.l1_hit and language in TEMPLATE_PRESTART_LANGUAGES
+            if parked or await vm.prestart(language):
                 await vm.warm_up(language)
                 await vm.prestart(language)
             else:
