@@ -1,5 +1,10 @@
 """`sbx`: the command line. `sbx run` runs code in a fresh microVM; its exit status is the code's
-(124 when the code timed out, 125 when the sandbox itself failed, 2 for bad arguments)."""
+(124 when the code timed out, 125 when the sandbox itself failed, 2 for bad arguments).
+
+A cold `sbx run` also starts building the L1 memory snapshot of its configuration. A process that
+exited right after the result would cancel that build and every run would cold boot again, so
+after printing the result `sbx run` waits for it (at most SNAPSHOT_WAIT_SECONDS; only the first
+run of a configuration builds one), unless `--no-snapshot-wait` is given."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
@@ -18,6 +24,9 @@ from .scheduler import Scheduler
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILURE = 125
 EXIT_USAGE = 2
+# A template boot + warm-up + save takes 3-10 s under TCG; past this, give up (the next run cold
+# boots and tries again).
+SNAPSHOT_WAIT_SECONDS = 60.0
 _EXTENSIONS: dict[str, Language] = {
     ".py": "python",
     ".js": "javascript",
@@ -47,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
+    run.add_argument("--no-snapshot-wait", action="store_true",
+                     help="exit right after the result, without waiting for the memory "
+                          "snapshot that makes the next run of this configuration faster")  # fmt: skip
     doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     return parser
@@ -70,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         result = asyncio.run(_run(args, code, language, env, uploads, downloads))
+    except _Interrupted as exc:
+        return exc.status
     except (InputValidationError, VmConfigError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -84,11 +98,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SANDBOX_FAILURE
     except KeyboardInterrupt:
         return 130
+    return _exit_status(result)
+
+
+def _exit_status(result: ExecutionResult) -> int:
+    return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+
+
+def _report(args: argparse.Namespace, result: ExecutionResult) -> None:
+    """What follows the code's streamed output: the JSON result, or why it was stopped."""
     if args.json:
         print(json.dumps(dataclasses.asdict(result), indent=2))
     elif result.exit_code == -1:
         sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
-    return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+class _Interrupted(Exception):
+    """Ctrl-C while waiting for the snapshot, after the result was reported: exit with the
+    code's status, not 130 (the snapshot build is cancelled and simply made by a later run)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def _doctor(as_json: bool) -> int:
@@ -146,7 +179,6 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
                uploads: list[tuple[Path, str]],
                downloads: list[tuple[str, Path]]) -> ExecutionResult:  # fmt: skip
     progress = _Progress(enabled=not args.quiet and not args.json and sys.stderr.isatty())
-    stream = not args.json
 
     def out(text: str) -> None:
         progress.clear()
@@ -159,21 +191,33 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
         sys.stderr.flush()
 
     async with Scheduler() as scheduler:
-        progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
-        try:
-            if not uploads and not downloads:
-                return await scheduler.run(
-                    code,
-                    language=language,
-                    timeout_seconds=args.timeout,
-                    memory_mb=args.memory,
-                    env_vars=env or None,
-                    on_stdout=out if stream else None,
-                    on_stderr=err if stream else None,
-                    on_boot_log=err if args.debug else None,
-                )
-            # Files need a VM that outlives the code: a session of one exec().
-            session = await scheduler.session(
+        result = await _execute(scheduler, progress, args, code, language, env, uploads,
+                                downloads, out, err)  # fmt: skip
+        _report(args, result)
+        # Nothing to wait for when snapshots are off, or this configuration already had one.
+        if not args.no_snapshot_wait and not await scheduler.wait_snapshots(0):
+            progress.show("sbx: saving a memory snapshot for faster next runs...")
+            try:
+                await scheduler.wait_snapshots(SNAPSHOT_WAIT_SECONDS)
+            except asyncio.CancelledError:
+                raise _Interrupted(_exit_status(result)) from None
+            finally:
+                progress.clear()
+        return result
+
+
+async def _execute(scheduler: Scheduler, progress: _Progress, args: argparse.Namespace,
+                   code: str, language: Language, env: dict[str, str],
+                   uploads: list[tuple[Path, str]], downloads: list[tuple[str, Path]],
+                   out: Callable[[str], None],
+                   err: Callable[[str], None]) -> ExecutionResult:  # fmt: skip
+    """The code's result, its output streamed through out/err unless --json."""
+    stream = not args.json
+    progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
+    try:
+        if not uploads and not downloads:
+            return await scheduler.run(
+                code,
                 language=language,
                 timeout_seconds=args.timeout,
                 memory_mb=args.memory,
@@ -182,15 +226,25 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
                 on_stderr=err if stream else None,
                 on_boot_log=err if args.debug else None,
             )
-            async with session:
-                for local, guest in uploads:
-                    await session.write_file(guest, local)
-                result = await session.exec(code)
-                for guest_path, local_path in downloads:
-                    await session.read_file(guest_path, destination=local_path)
-                return result
-        finally:
-            progress.clear()
+        # Files need a VM that outlives the code: a session of one exec().
+        session = await scheduler.session(
+            language=language,
+            timeout_seconds=args.timeout,
+            memory_mb=args.memory,
+            env_vars=env or None,
+            on_stdout=out if stream else None,
+            on_stderr=err if stream else None,
+            on_boot_log=err if args.debug else None,
+        )
+        async with session:
+            for local, guest in uploads:
+                await session.write_file(guest, local)
+            result = await session.exec(code)
+            for guest_path, local_path in downloads:
+                await session.read_file(guest_path, destination=local_path)
+            return result
+    finally:
+        progress.clear()
 
 
 class _Progress:

@@ -30,6 +30,7 @@ from .snapshots import (
     TEMPLATE_PRESTART_LANGUAGES,
     Snapshot,
     SnapshotCache,
+    SnapshotIntegrityError,
     qemu_version,
     snapshot_key,
 )
@@ -164,6 +165,17 @@ class Scheduler:
             return True
         task = self._schedule_snapshot(spec, language, key, force=True)
         return task is not None and await asyncio.shield(task) is not None
+
+    async def wait_snapshots(self, timeout: float | None = None) -> bool:
+        """Wait for the L1 snapshot builds in progress (started by cold boots or
+        prepare_snapshot()) to finish, at most `timeout` seconds; they go on in the background
+        if it expires. True when none is left in progress. A process about to exit calls this
+        so that its build is published rather than cancelled by close() (`sbx run` does)."""
+        builds = list(self._snapshot_builds.values())
+        if not builds:
+            return True
+        _done, pending = await asyncio.wait(builds, timeout=timeout)
+        return not pending
 
     async def run(
         self,
@@ -440,6 +452,17 @@ class Scheduler:
                         timeout=limits.RESTORE_TIMEOUT_SECONDS,
                         on_boot_log=on_boot_log,
                     )
+                except SnapshotIntegrityError as exc:
+                    # Damaged since it was built (checked on the copy clones would map): a
+                    # rebuild fixes that, once; damaged again, this scheduler gives up on it.
+                    rebuild = self._snapshots.discard_corrupt(key)
+                    log.warning("memory snapshot %s is corrupt (%s): cold boot instead; the "
+                                "snapshot is discarded%s", key, exc,
+                                " and rebuilt" if rebuild else "")  # fmt: skip
+                    if rebuild:
+                        self._schedule_snapshot(spec, language, key)
+                    else:
+                        self._snapshot_failed.add(key)
                 except (SandboxError, QmpError, OSError) as exc:
                     log.warning("restoring memory snapshot %s failed (%s): cold boot instead; "
                                 "the snapshot is discarded", key, exc)  # fmt: skip

@@ -19,26 +19,43 @@ cannot change the template every other clone reads (docs/security.md).
 Cache layout, one directory per key under `memory_snapshot_cache_dir`:
     <key>/ram         the template's RAM (sparse; never rewritten once published)
     <key>/state       QEMU's device state stream
-    <key>/meta.json   the key's inputs, the state's SHA-256 and the RAM size
-A directory is built under a temporary name and published by rename, so readers see complete
-snapshots only. An invalid one (missing file, other size, other hash, unreadable meta) is moved
-aside and deleted: clones that still map its RAM file keep their pages (unlinked, not
-truncated), and the next request cold-boots and rebuilds.
+    <key>/meta.json   the key's inputs, the state's SHA-256, the RAM size and the RAM digest
+A directory is built under a temporary name (`.build-<key>-*`, flock()ed while its builder
+lives) and published by rename, so readers see complete snapshots only. An invalid one (missing
+file, other size, other hash, unreadable meta) is moved aside (`.trash-*`) and deleted: clones
+never map the cache file (they map a sealed copy), and the next request cold-boots and rebuilds.
+
+The RAM file is too large to hash on every lookup (only its size is checked there). Its digest
+(`ram_digest`: SHA-256 over each data range's offset, length and bytes, holes skipped) is
+computed at build time on a sealed copy made exactly as for clones, and checked by
+`RamFiles.fd_for` on the sealed copy it makes, right after sealing it: what is verified is what
+clones map, and nothing can change it afterwards. A mismatch raises `SnapshotIntegrityError`.
+
+The cache is bounded: after each publish, only the `KEEP_SNAPSHOTS` most recently used key
+directories stay ("used": the directory's mtime, set at publish and refreshed when a scheduler
+first copies its RAM for clones), and `.build-*`/`.trash-*` leftovers of killed processes older
+than an hour go (never one whose builder still holds its lock). Only names this module makes are
+ever removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import functools
 import hashlib
 import json
 import logging
+import mmap
 import os
+import re
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -48,7 +65,17 @@ from .models import Language
 log = logging.getLogger("exec_sandbox")
 
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 2: meta.json carries the RAM digest
+# Snapshot directories kept after a publish, most recently used first: every kernel, root image
+# or QEMU change makes a new key, whose predecessors would otherwise stay on disk forever
+# (~40 MB each). Eight covers three languages at a couple of memory sizes.
+KEEP_SNAPSHOTS = 8
+# A `.build-*` or `.trash-*` entry this old was left by a killed process (a build takes seconds).
+LEFTOVER_AGE_SECONDS = 3600
+_KEY_NAME = re.compile(r"[a-z]+-[0-9]+m-[0-9a-f]{24}")
+_LEFTOVER_NAME = re.compile(r"\.(build-[a-z]+-[0-9]+m-[0-9a-f]{24}|trash)-[A-Za-z0-9_]+")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_TSC_KHZ = re.compile(r"\btsc_early_khz=([0-9]{1,12})\b")
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
 _STATE_MAX_BYTES = 64 * 1024 * 1024
 _META_MAX_BYTES = 64 * 1024
@@ -81,7 +108,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         "accel": spec.accel,
         "memory_mb": spec.memory_mb,
         "vcpus": spec.vcpus,
-        "cmdline": spec.kernel_cmdline_extra,
+        "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
         "language": language,
         "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
     }
@@ -89,17 +116,33 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
     return f"{language}-{spec.memory_mb}m-{digest[:24]}"
 
 
+class SnapshotIntegrityError(Exception):
+    """A snapshot's RAM is not what was saved: the sealed copy made for clones does not match
+    the digest recorded at build time (the file was damaged or changed since)."""
+
+
+def _stable_cmdline(cmdline: str) -> str:
+    """The command line as far as it makes restored VMs differ. The host TSC frequency is
+    measured by each process and its last digit jitters (2596139 vs 2596140 kHz here), which
+    would give another key (a snapshot miss, and one more directory) to every other process:
+    the key has it in MHz. A template booted with the other reading is as good: the difference
+    is under a ppm, and a clone's clock is set at RESEED anyway."""
+    return _TSC_KHZ.sub(lambda m: f"tsc_early_mhz={round(int(m.group(1)) / 1000)}", cmdline)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     key: str
     ram: Path
     state: Path
+    ram_digest: str  # from meta.json; RamFiles.fd_for checks the RAM against it
 
 
 class SnapshotCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.ram_files = RamFiles()
+        self._corrupt: set[str] = set()
 
     def close(self) -> None:
         self.ram_files.close()
@@ -110,29 +153,70 @@ class SnapshotCache:
         directory = self.root / key
         if not directory.is_dir():
             return None
-        problem = _check(directory, key, memory_mb)
-        if problem:
+        try:
+            digest = _check(directory, key, memory_mb)
+        except _Unusable as problem:
             log.warning("memory snapshot %s is unusable (%s): removing it; cold boot instead",
                         directory, problem)  # fmt: skip
             self.invalidate(key)
             return None
-        return Snapshot(key, directory / "ram", directory / "state")
+        return Snapshot(key, directory / "ram", directory / "state", digest)
 
     def invalidate(self, key: str) -> None:
-        directory = self.root / key
+        _remove_published(self.root, key)
+
+    def discard_corrupt(self, key: str) -> bool:
+        """Remove key's snapshot after its RAM failed its digest. True the first time for key in
+        this cache object (rebuild it), False after that: a rebuild that is damaged again points
+        at the disk or the host, and rebuilding in a loop would not help."""
+        self.invalidate(key)
+        first = key not in self._corrupt
+        self._corrupt.add(key)
+        return first
+
+    def prune(self, keep: int = KEEP_SNAPSHOTS, *, protect: str | None = None) -> list[str]:
+        """Remove all but the `keep` most recently used snapshot directories (never `protect`)
+        and `.build-*`/`.trash-*` leftovers older than LEFTOVER_AGE_SECONDS whose builder is
+        gone. Returns the names removed. Blocking (call it from an executor); never raises."""
+        removed: list[str] = []
         try:
-            trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=self.root))
-            os.rename(directory, trash / "old")
+            entries = list(os.scandir(self.root))
         except OSError:
-            return
-        shutil.rmtree(trash, ignore_errors=True)
+            return removed
+        published: list[tuple[float, str]] = []
+        now = time.time()
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if _KEY_NAME.fullmatch(entry.name):
+                published.append((mtime, entry.name))
+            elif _LEFTOVER_NAME.fullmatch(entry.name):
+                if now - mtime > LEFTOVER_AGE_SECONDS and not _locked(Path(entry.path)):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    removed.append(entry.name)
+        # Newest first, `protect` (the snapshot just published) before all.
+        published.sort(key=lambda item: (item[1] != protect, -item[0]))
+        for _mtime, name in published[keep:]:
+            if _remove_published(self.root, name):
+                removed.append(name)
+        if removed:
+            log.info("memory snapshot cache %s: removed %s", self.root, ", ".join(removed))
+        return removed
 
     async def build(self, spec: VmSpec, language: Language, key: str, *,
                     boot_timeout: float) -> Snapshot:  # fmt: skip
         """Boot a template VM of spec, warm `language` up, save it, publish it under key."""
         self.root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=self.root))
+        # Held until the build ends: prune() never removes a build directory that is locked.
+        lock_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         published = False
+        loop = asyncio.get_running_loop()
         try:
             # Opened and sized here: the jailed QEMU could neither open it by path (read-only
             # mounts) nor grow it (RLIMIT_FSIZE 0); it writes the RAM through its shared mapping.
@@ -155,54 +239,105 @@ class SnapshotCache:
                 await vm.save_snapshot(str(work / "state"))
             finally:
                 vm.close()  # the RAM file must not change after the state was saved
-            state_hash = await asyncio.get_running_loop().run_in_executor(
-                None, _sha256, work / "state"
-            )
+            state_hash = await loop.run_in_executor(None, _sha256, work / "state")
+            ram_hash = await loop.run_in_executor(None, ram_digest, work / "ram")
             meta = {
                 "format": SNAPSHOT_FORMAT,
                 "key": key,
                 "state_sha256": state_hash,
                 "ram_bytes": spec.memory_mb * 1024 * 1024,
+                "ram_digest": ram_hash,
             }
             (work / "meta.json").write_text(json.dumps(meta))
             try:
                 os.rename(work, self.root / key)
+                _touch(self.root / key)  # most recently used: the last one prune() removes
             except OSError:
                 # Somebody else published this key first: theirs is as good as ours.
                 shutil.rmtree(work, ignore_errors=True)
             published = True
         finally:
+            os.close(lock_fd)
             if not published:
                 shutil.rmtree(work, ignore_errors=True)
+        await loop.run_in_executor(None, functools.partial(self.prune, protect=key))
         snapshot = self.lookup(key, spec.memory_mb)
         if snapshot is None:
             raise RuntimeError(f"memory snapshot {key} vanished after it was built")
         return snapshot
 
 
-def _check(directory: Path, key: str, memory_mb: int) -> str | None:
+class _Unusable(Exception):
+    """Why a published snapshot directory cannot be used (it is then removed)."""
+
+
+def _check(directory: Path, key: str, memory_mb: int) -> str:
+    """The RAM digest recorded for a complete, consistent snapshot directory; _Unusable if it
+    is not one. The RAM itself is checked later, on the copy clones map (RamFiles.fd_for)."""
     try:
         with open(directory / "meta.json", "rb") as f:
             raw = f.read(_META_MAX_BYTES + 1)
         if len(raw) > _META_MAX_BYTES:
-            return "meta.json too large"
+            raise _Unusable("meta.json too large")
         meta = json.loads(raw)
         if not isinstance(meta, dict):
-            return "meta.json is not an object"
+            raise _Unusable("meta.json is not an object")
         if meta.get("format") != SNAPSHOT_FORMAT or meta.get("key") != key:
-            return "meta.json is for another format or key"
+            raise _Unusable("meta.json is for another format or key")
+        ram_hash = meta.get("ram_digest")
+        if not isinstance(ram_hash, str) or not _DIGEST.fullmatch(ram_hash):
+            raise _Unusable("meta.json has no RAM digest")
         ram_size = (directory / "ram").stat().st_size
         if ram_size != memory_mb * 1024 * 1024 or meta.get("ram_bytes") != ram_size:
-            return f"RAM file has {ram_size} bytes"
+            raise _Unusable(f"RAM file has {ram_size} bytes")
         state = directory / "state"
         size = state.stat().st_size
         if size == 0 or size > _STATE_MAX_BYTES:
-            return f"state file has {size} bytes"
+            raise _Unusable(f"state file has {size} bytes")
         if _sha256(state) != meta.get("state_sha256"):
-            return "state file does not match its hash"
+            raise _Unusable("state file does not match its hash")
     except (OSError, ValueError) as exc:
-        return str(exc)
-    return None
+        raise _Unusable(str(exc)) from None
+    return ram_hash
+
+
+def _remove_published(root: Path, name: str) -> bool:
+    """Move root/name aside, then delete it (readers never see it half deleted). False if it
+    was not there (another process may have removed it first)."""
+    try:
+        trash = Path(tempfile.mkdtemp(prefix=".trash-", dir=root))
+    except OSError:
+        return False
+    try:
+        os.rename(root / name, trash / "old")
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _locked(directory: Path) -> bool:
+    """Whether a builder holds directory's flock (then it is alive and its build in progress)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return True  # cannot tell: leave it alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also drops our lock
+    return False
+
+
+def _touch(directory: Path) -> None:
+    """Mark a snapshot directory as used now (its mtime orders prune()); best effort."""
+    try:
+        os.utime(directory)
+    except OSError:
+        pass
 
 
 class RamFiles:
@@ -212,24 +347,41 @@ class RamFiles:
     with a writable private mapping). Given the cache file, a compromised clone could write to
     the template every later clone maps. A memfd sealed against writes, growth and shrinking
     can still be mapped privately and copy-on-write, but write(2) and shared writable mappings of
-    it fail for everybody. Holes in the RAM file stay holes: only data ranges are copied."""
+    it fail for everybody. Holes in the RAM file stay holes: only data ranges are copied.
+
+    Each copy is checked against the snapshot's RAM digest once, right after it is sealed: the
+    bytes verified are the bytes every clone of this object maps, and they cannot change."""
 
     def __init__(self) -> None:
         self._fds: dict[tuple[str, int, int], int] = {}
         self._lock = threading.Lock()  # fd_for runs in executor threads
 
     def fd_for(self, snapshot: Snapshot) -> int:
-        """The sealed memfd for this snapshot's RAM file (made on first use; blocking: call it
-        from an executor). Valid until close()."""
+        """The sealed, verified memfd for this snapshot's RAM file (made on first use; blocking:
+        call it from an executor). Valid until close(). SnapshotIntegrityError if the RAM does
+        not match snapshot.ram_digest (nothing is kept then)."""
         with self._lock:
-            st = os.stat(snapshot.ram)
-            ident = (str(snapshot.ram), st.st_ino, st.st_mtime_ns)
-            fd = self._fds.get(ident)
-            if fd is None:
-                fd = _sealed_copy(snapshot.ram, st.st_size)
-                for old in [k for k in self._fds if k[0] == ident[0]]:
-                    os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
-                self._fds[ident] = fd
+            with open(snapshot.ram, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                ident = (str(snapshot.ram), st.st_ino, st.st_mtime_ns)
+                fd = self._fds.get(ident)
+                if fd is not None:
+                    return fd
+                fd = _sealed_copy(f.fileno(), st.st_size)
+            try:
+                actual = _memfd_digest(fd, st.st_size)
+            except BaseException:
+                os.close(fd)
+                raise
+            if actual != snapshot.ram_digest:
+                os.close(fd)
+                raise SnapshotIntegrityError(
+                    f"RAM of memory snapshot {snapshot.key} does not match its digest"
+                )
+            for old in [k for k in self._fds if k[0] == ident[0]]:
+                os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
+            self._fds[ident] = fd
+            _touch(snapshot.ram.parent)  # used: once per scheduler and file
             return fd
 
     def close(self) -> None:
@@ -239,32 +391,73 @@ class RamFiles:
             self._fds.clear()
 
 
-def _sealed_copy(path: Path, size: int) -> int:
+def ram_digest(path: Path) -> str:
+    """The digest RamFiles.fd_for checks, of a RAM file as it is now: computed on a sealed copy
+    made the same way, so that both sides see the same data ranges."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        fd = _sealed_copy(f.fileno(), size)
+    try:
+        return _memfd_digest(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of each data range of fd below size, in order (SEEK_DATA / SEEK_HOLE)."""
+    ranges = []
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole is left
+            raise
+        if start >= size:
+            break
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        ranges.append((start, end))
+        offset = end
+    return ranges
+
+
+def _sealed_copy(src: int, size: int) -> int:
+    """A memfd with src's first size bytes, holes kept, sealed against any change."""
     memfd = os.memfd_create("sbx-snapshot-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(memfd, size)
-        with open(path, "rb", buffering=0) as f:
-            src = f.fileno()
-            offset = 0
-            while offset < size:
-                try:
-                    start = os.lseek(src, offset, os.SEEK_DATA)
-                except OSError:
-                    break  # only a hole is left
-                end = os.lseek(src, start, os.SEEK_HOLE)
-                os.lseek(memfd, start, os.SEEK_SET)  # sendfile writes at memfd's position
-                while start < end:
-                    n = os.sendfile(memfd, src, start, min(end - start, 1 << 24))
-                    if n <= 0:
-                        raise OSError(f"short copy of {path}")
-                    start += n
-                offset = end
+        for start, end in _data_ranges(src, size):
+            os.lseek(memfd, start, os.SEEK_SET)  # sendfile writes at memfd's position
+            while start < end:
+                n = os.sendfile(memfd, src, start, min(end - start, 1 << 24))
+                if n <= 0:
+                    raise OSError(f"short copy of snapshot RAM at {start}")
+                start += n
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
                     | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)  # fmt: skip
     except BaseException:
         os.close(memfd)
         raise
     return memfd
+
+
+def _memfd_digest(fd: int, size: int) -> str:
+    """SHA-256 over the size, then each data range's offset, length and bytes. Where the data
+    lies is part of it: a hole that became data (or the reverse) changes the digest too."""
+    h = hashlib.sha256(b"sbx-ram-digest-1")
+    h.update(struct.pack("<Q", size))
+    ranges = _data_ranges(fd, size)
+    if not ranges:
+        return h.hexdigest()
+    # Hashed straight from a read-only mapping: no copy through a buffer (hashlib releases the
+    # GIL for large inputs).
+    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mem:
+        with memoryview(mem) as view:
+            for start, end in ranges:
+                h.update(struct.pack("<QQ", start, end - start))
+                h.update(view[start:end])
+    return h.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -29,3 +29,18 @@ def test_every_input_changes_the_key() -> None:
     # The paths of the images do not matter, their content hashes do.
     moved = replace(images, kernel=Path("/elsewhere/k"))
     assert snapshot_key(replace(spec, images=moved), "python") == base
+
+
+def test_tsc_measurement_jitter_keeps_the_key() -> None:
+    # Each process measures the host TSC; its last digit varies between processes. The same
+    # host must keep its snapshots across processes (`sbx run` is one process per call), while
+    # another host's TSC (other MHz) still makes another key.
+    images = GuestImages(Path("/k"), Path("/r"), kernel_hash="k1", rootfs_hash="r1")
+    spec = VmSpec(qemu_binary=host.qemu_binary(), images=images, accel="tcg", memory_mb=192)
+
+    def key(cmdline: str) -> str:
+        return snapshot_key(replace(spec, kernel_cmdline_extra=cmdline), "python")
+
+    assert key("tsc_early_khz=2596139") == key("tsc_early_khz=2596140")
+    assert key("tsc_early_khz=2596140") != key("tsc_early_khz=2597140")
+    assert key("tsc_early_khz=2596140") != key("")

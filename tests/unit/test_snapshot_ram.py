@@ -1,4 +1,5 @@
-"""The sealed memfd copies of snapshot RAM files that clones map (snapshots.RamFiles)."""
+"""The sealed memfd copies of snapshot RAM files that clones map (snapshots.RamFiles), and the
+RAM digest they are checked against once each."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox.snapshots import RamFiles, Snapshot
+from exec_sandbox.snapshots import RamFiles, Snapshot, SnapshotIntegrityError, ram_digest
 
 MB = 1024 * 1024
 
@@ -24,11 +25,16 @@ def _sparse_ram(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def _snapshot(directory: Path) -> Snapshot:
+    """A Snapshot of directory/ram with the digest of the file as it is now."""
+    return Snapshot("k", directory / "ram", directory / "state", ram_digest(directory / "ram"))
+
+
 def test_copy_is_identical_sparse_and_sealed(tmp_path: Path) -> None:
     content = _sparse_ram(tmp_path / "ram")
     files = RamFiles()
     try:
-        fd = files.fd_for(Snapshot("k", tmp_path / "ram", tmp_path / "state"))
+        fd = files.fd_for(_snapshot(tmp_path))
         assert os.fstat(fd).st_size == 8 * MB
         assert os.pread(fd, 8 * MB, 0) == content
         assert os.fstat(fd).st_blocks * 512 < 1 * MB  # holes stayed holes
@@ -53,8 +59,73 @@ def test_copy_is_identical_sparse_and_sealed(tmp_path: Path) -> None:
         private.close()
         assert os.pread(fd, 1, 0) == b"a"
         # One copy per file version.
-        assert files.fd_for(Snapshot("k", tmp_path / "ram", tmp_path / "state")) == fd
+        assert files.fd_for(_snapshot(tmp_path)) == fd
     finally:
         files.close()
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda p: _flip_byte(p, 3 * MB + 100), id="flipped-bit-in-data"),
+        pytest.param(lambda p: _flip_byte(p, 5 * MB), id="hole-became-data"),
+    ],
+)
+def test_damaged_ram_is_refused_and_nothing_kept(tmp_path: Path, damage: object) -> None:
+    _sparse_ram(tmp_path / "ram")
+    snapshot = _snapshot(tmp_path)  # the digest of the file as built
+    assert callable(damage)
+    damage(tmp_path / "ram")
+    assert (tmp_path / "ram").stat().st_size == 8 * MB  # same size: the size check passes
+    fds_before = set(os.listdir("/proc/self/fd"))
+    files = RamFiles()
+    try:
+        with pytest.raises(SnapshotIntegrityError, match="does not match its digest"):
+            files.fd_for(snapshot)
+        assert set(os.listdir("/proc/self/fd")) == fds_before  # the bad copy was closed
+        # Checked again on the next attempt (a refused copy is not cached) ...
+        with pytest.raises(SnapshotIntegrityError):
+            files.fd_for(snapshot)
+        # ... and the same file passes against its current digest.
+        assert os.fstat(files.fd_for(_snapshot(tmp_path))).st_size == 8 * MB
+    finally:
+        files.close()
+
+
+def test_digest_covers_where_the_data_is(tmp_path: Path) -> None:
+    # Same bytes as read(2) sees them, different layout: an explicit zero page where the other
+    # file has a hole. The digest includes the data ranges, so it differs.
+    _sparse_ram(tmp_path / "ram")
+    with open(tmp_path / "ram", "r+b") as f:
+        f.seek(5 * MB)
+        f.write(bytes(4096))
+    (tmp_path / "other").mkdir()
+    _sparse_ram(tmp_path / "other" / "ram")
+    assert (tmp_path / "ram").read_bytes() == (tmp_path / "other" / "ram").read_bytes()
+    assert ram_digest(tmp_path / "ram") != ram_digest(tmp_path / "other" / "ram")
+    assert ram_digest(tmp_path / "ram") == ram_digest(tmp_path / "ram")
+
+
+def test_first_copy_marks_the_snapshot_used(tmp_path: Path) -> None:
+    _sparse_ram(tmp_path / "ram")
+    snapshot = _snapshot(tmp_path)
+    os.utime(tmp_path, (1_000_000, 1_000_000))
+    files = RamFiles()
+    try:
+        files.fd_for(snapshot)
+        assert tmp_path.stat().st_mtime > 1_000_000  # what prune() orders by
+        os.utime(tmp_path, (1_000_000, 1_000_000))
+        files.fd_for(snapshot)
+        assert tmp_path.stat().st_mtime == 1_000_000  # once per copy, not per clone
+    finally:
+        files.close()

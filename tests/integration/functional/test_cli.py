@@ -1,21 +1,25 @@
-"""`sbx run` in a subprocess against real VMs: exit status, language detection, --json."""
+"""`sbx run` in a subprocess against real VMs: exit status, language detection, --json, and the
+memory snapshot a first run leaves behind."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from exec_sandbox.paths import images_dir
+
 pytestmark = pytest.mark.vm
 SBX = [sys.executable, "-m", "exec_sandbox.cli"]
 
 
-def sbx(*args: str) -> subprocess.CompletedProcess[str]:
+def sbx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SBX, *args], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
 
 
 def test_exit_status_is_the_codes(images_ready: None) -> None:
@@ -53,3 +57,29 @@ def test_bad_input_exits_2_before_any_vm(tmp_path: Path) -> None:
     unknown.write_text("puts 1")
     proc = sbx("run", str(unknown))
     assert proc.returncode == 2 and "language" in proc.stderr
+
+
+def test_first_run_leaves_a_snapshot_that_the_next_run_restores(images_ready: None,
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+    snapshots = tmp_path / "cache" / "memory-snapshots"
+    first = sbx("run", "--json", "-c", "print(1)", env=env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["l1_cache_hit"] is False
+    # The build the cold boot started was waited for, not cancelled by the exit.
+    assert _languages(snapshots) == ["python"]
+    second = sbx("run", "--json", "-c", "print(2)", env=env)
+    result = json.loads(second.stdout)
+    assert (second.returncode, result["stdout"], result["l1_cache_hit"]) == (0, "2\n", True)
+    # --no-snapshot-wait exits at once: the build of this other configuration is cancelled and
+    # cleaned up, nothing of it is left.
+    third = sbx("run", "--json", "--no-snapshot-wait", "-l", "raw", "-c", "echo 3", env=env)
+    assert (third.returncode, json.loads(third.stdout)["stdout"]) == (0, "3\n")
+    assert _languages(snapshots) == ["python"]
+
+
+def _languages(cache: Path) -> list[str]:
+    """The first name part of every entry of the snapshot cache, dot entries (a build, trash)
+    included; none if it does not exist."""
+    return sorted(p.name.split("-")[0] for p in cache.glob("*"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig, VmCapacityError
+from exec_sandbox.snapshots import KEEP_SNAPSHOTS, _data_ranges
 from tests.helpers import open_fds, qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -117,6 +119,57 @@ async def test_corrupt_snapshot_falls_back_to_cold_boot(managed: ManagedSchedule
             r = await sched.run("print(2)")
         assert (r.stdout, r.l1_cache_hit) == ("2\n", False)
         assert "restoring memory snapshot" in caplog.text and "cold boot" in caplog.text
+
+
+async def test_corrupt_snapshot_ram_cold_boots_and_is_rebuilt(managed: ManagedScheduler,
+                                                               tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    async with managed() as sched:
+        assert await sched.prepare_snapshot("python")
+    (snap_dir,) = [p for p in (tmp_path / "snapshots").iterdir() if p.name.startswith("py")]
+    ram = snap_dir / "ram"
+    size = ram.stat().st_size
+    # One bit flipped in the middle of the largest data range, in place: same size, same
+    # meta.json, same state file, so every check of lookup() passes.
+    with open(ram, "r+b") as f:
+        ranges = _data_ranges(f.fileno(), size)
+        start, end = max(ranges, key=lambda r: r[1] - r[0])
+        offset = (start + end) // 2
+        byte = os.pread(f.fileno(), 1, offset)
+        os.pwrite(f.fileno(), bytes([byte[0] ^ 0x10]), offset)
+    assert ram.stat().st_size == size
+
+    # A new scheduler (as after a restart): its first restore copies and checks the RAM.
+    async with managed() as sched:
+        with caplog.at_level(logging.WARNING, logger="exec_sandbox"):
+            r = await sched.run("print(1)")
+        assert (r.stdout, r.l1_cache_hit) == ("1\n", False) and r.timing.boot_ms > 0
+        assert "is corrupt" in caplog.text and "does not match its digest" in caplog.text
+        assert not ram.exists()  # discarded; its rebuild is under way in the background
+        assert await sched.wait_snapshots(timeout=240)
+        again = await sched.run("print(2)")
+        assert (again.stdout, again.l1_cache_hit) == ("2\n", True)
+
+
+async def test_publishing_a_snapshot_prunes_the_cache(managed: ManagedScheduler,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    cache = tmp_path / "snapshots"
+    cache.mkdir()
+    day = 24 * 3600
+    # KEEP_SNAPSHOTS snapshots of other configurations, used one day apart, and the leftover
+    # of a build whose process was killed two days ago.
+    stale = [cache / f"python-{256 + i}m-{i:024x}" for i in range(KEEP_SNAPSHOTS)]
+    leftover = cache / f".build-{stale[0].name}-k1ll3d_x"
+    for age, directory in enumerate([*stale, leftover]):
+        directory.mkdir()
+        os.utime(directory, (time.time() - (age + 1) * day,) * 2)
+    async with managed() as sched:
+        assert await sched.prepare_snapshot("raw")
+    (published,) = [p for p in cache.iterdir() if p.name.startswith("raw-")]
+    # The new one and the KEEP_SNAPSHOTS - 1 most recently used stay.
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [published.name] + [p.name for p in stale[: KEEP_SNAPSHOTS - 1]]
+    )
 
 
 async def test_burst_beyond_capacity_gets_results_or_capacity_errors(
