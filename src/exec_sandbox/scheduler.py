@@ -409,9 +409,11 @@ class Scheduler:
         close() still destroys it."""
 
         def retire() -> None:
-            vm.close()
-            self._vms.discard(vm)
-            ticket.release()
+            try:
+                vm.close()
+            finally:
+                self._vms.discard(vm)
+                ticket.release()
 
         asyncio.get_running_loop().call_soon(retire)
 

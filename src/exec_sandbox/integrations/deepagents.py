@@ -16,6 +16,7 @@ CompositeBackend route prefixes only work on absolute glob paths. docs/integrati
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import uuid
 import weakref
@@ -86,6 +87,9 @@ class ExecSandboxBackend(BaseSandbox):
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
         self._holder: list[Session] = []
+        # Concurrent first calls (deepagents runs tools in parallel) must share one session: without
+        # it each would open its own and all but the last would leak until their idle timeout.
+        self._opening = asyncio.Lock()
         weakref.finalize(self, _close_quietly, self._runner, self._holder)
 
     @property
@@ -269,17 +273,18 @@ class ExecSandboxBackend(BaseSandbox):
     # --- lifecycle ---
 
     async def _session(self, scheduler: Scheduler) -> Session:
-        if self._holder and not self._holder[0].closed:
-            return self._holder[0]
-        session = await scheduler.session(
-            language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb
-        )
-        self._holder[:] = [session]
-        setup = await session.exec(_SETUP)
-        if setup.exit_code != 0:
-            await session.close()
-            raise SandboxError(f"preparing the sandbox failed: {setup.stderr.strip()}")
-        return session
+        async with self._opening:
+            if self._holder and not self._holder[0].closed:
+                return self._holder[0]
+            session = await scheduler.session(
+                language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb
+            )
+            self._holder[:] = [session]
+            setup = await session.exec(_SETUP)
+            if setup.exit_code != 0:
+                await session.close()
+                raise SandboxError(f"preparing the sandbox failed: {setup.stderr.strip()}")
+            return session
 
     def close(self) -> None:
         """Destroy the VM (idempotent)."""

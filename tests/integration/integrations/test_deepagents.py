@@ -5,6 +5,8 @@ glob/write contract it follows (langchain-tests' rather than deepagents 0.7's Ba
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
@@ -13,6 +15,7 @@ from deepagents import create_deep_agent  # noqa: E402
 from deepagents.backends.protocol import GlobResult  # noqa: E402
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 
+from exec_sandbox.integrations._bridge import background  # noqa: E402
 from exec_sandbox.integrations.deepagents import ExecSandboxBackend  # noqa: E402
 
 from .conftest import GUEST_PROOF_OUTPUT  # noqa: E402
@@ -107,6 +110,20 @@ async def test_deepagents_contract_keeps_base_sandbox_glob_and_write() -> None:
         await backend.aclose()
     with pytest.raises(ValueError, match="file_contract"):
         ExecSandboxBackend(file_contract="posix")  # type: ignore[arg-type]
+
+
+async def test_concurrent_first_calls_share_one_vm() -> None:
+    # deepagents runs tool calls in parallel: the first calls of a backend race to open its VM.
+    backend = ExecSandboxBackend()
+    try:
+        results = await asyncio.gather(*(backend.aexecute("cat /proc/sys/kernel/random/boot_id")
+                                          for _ in range(3)))  # fmt: skip
+        assert all(r.exit_code == 0 for r in results), results
+        assert len({r.output for r in results}) == 1, results  # one guest kernel answered
+        live = [s for s in background().scheduler._sessions if not s.closed]
+        assert len(live) == 1, live
+    finally:
+        await backend.aclose()
 
 
 def test_timeout_exit_124_and_truncation() -> None:
