@@ -70,34 +70,24 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, char *msg, size_t 
 		snprintf(msg, msg_size, "driver path too long");
 		return -ENAMETOOLONG;
 	}
-	struct sbx_exec_request none;
-	memset(&none, 0, sizeof(none));
 	char **envp = NULL;
-	int rc = sbx_env_build(&none, r->cfg->home_dir, &envp);
+	int rc = sbx_env_build(NULL, r->cfg->home_dir, &envp);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
 	}
 	int out[2] = {-1, -1}, err[2] = {-1, -1}, cin[2] = {-1, -1}, cout[2] = {-1, -1};
-	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(cin, O_CLOEXEC) < 0 ||
-	    pipe2(cout, O_CLOEXEC) < 0) {
+	rc = sbx_output_pipes(out, err);
+	if (rc == 0 && (pipe2(cin, O_CLOEXEC) < 0 || pipe2(cout, O_CLOEXEC) < 0))
 		rc = -errno;
+	if (rc < 0) {
 		snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
 		goto fail;
 	}
-	struct sbx_spawn sp = {
-		.interpreter = r->cfg->interpreter[language],
-		.script = script,
-		.home = r->cfg->home_dir,
-		.envp = envp,
-		.drop_privileges = r->cfg->drop_privileges,
-		.limit_nproc = r->cfg->drop_privileges,
-		.stdout_fd = out[1],
-		.stderr_fd = err[1],
-		.with_control = true,
-		.control_in_fd = cin[0],
-		.control_out_fd = cout[1],
-	};
+	struct sbx_spawn sp = sbx_user_spawn(r->cfg, language, script, envp, out[1], err[1]);
+	sp.with_control = true;
+	sp.control_in_fd = cin[0];
+	sp.control_out_fd = cout[1];
 	pid_t pid;
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	if (rc < 0)
@@ -108,8 +98,6 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, char *msg, size_t 
 	close(cin[0]);
 	close(cout[1]);
 	/* The agent's ends never block: a REPL that stops reading must not stall PID 1. */
-	fcntl(out[0], F_SETFL, O_NONBLOCK);
-	fcntl(err[0], F_SETFL, O_NONBLOCK);
 	fcntl(cin[1], F_SETFL, O_NONBLOCK);
 	fcntl(cout[0], F_SETFL, O_NONBLOCK);
 	r->pid = pid;

@@ -171,43 +171,33 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		return -ENAMETOOLONG;
 	}
 	/* The clean environment of a request without variables: only such requests use it. */
-	struct sbx_exec_request none;
-	memset(&none, 0, sizeof(none));
 	char **envp = NULL;
-	int rc = sbx_env_build(&none, r->cfg->home_dir, &envp);
+	int rc = sbx_env_build(NULL, r->cfg->home_dir, &envp);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
 	}
 	/* go: a socket pair, fd 3 of the child. The bootstrap writes "r" once it waits for the go
 	 * (its interpreter has started), the agent writes "1" for the go. */
-	int out[2] = {-1, -1}, err[2] = {-1, -1}, go[2] = {-1, -1};
-	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 ||
-	    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0) {
+	int out[2], err[2], go[2];
+	rc = sbx_output_pipes(out, err);
+	if (rc == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0) {
 		rc = -errno;
+		close(out[0]);
+		close(out[1]);
+		close(err[0]);
+		close(err[1]);
+	}
+	if (rc < 0) {
 		snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
-		int *fds[] = {&out[0], &out[1], &err[0], &err[1], &go[0], &go[1]};
-		for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
-			sbx_close_fd(fds[i]);
 		sbx_env_free(envp);
 		return rc;
 	}
-	fcntl(out[0], F_SETFL, O_NONBLOCK);
-	fcntl(err[0], F_SETFL, O_NONBLOCK);
-	struct sbx_spawn sp = {
-		.interpreter = r->cfg->interpreter[language],
-		.script = script,
-		.inline_code = bootstraps[language],
-		.inline_flag = language == SBX_LANG_JAVASCRIPT ? "-e" : "-c",
-		.home = r->cfg->home_dir,
-		.envp = envp,
-		.drop_privileges = r->cfg->drop_privileges,
-		.limit_nproc = r->cfg->drop_privileges,
-		.stdout_fd = out[1],
-		.stderr_fd = err[1],
-		.with_go = true,
-		.go_fd = go[0],
-	};
+	struct sbx_spawn sp = sbx_user_spawn(r->cfg, language, script, envp, out[1], err[1]);
+	sp.inline_code = bootstraps[language];
+	sp.inline_flag = language == SBX_LANG_JAVASCRIPT ? "-e" : "-c";
+	sp.with_go = true;
+	sp.go_fd = go[0];
 	pid_t pid;
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	close(out[1]);
@@ -274,7 +264,6 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		snprintf(msg, msg_size, "an execution is already running");
 		return -EBUSY;
 	}
-	const char *interp = r->cfg->interpreter[req->language];
 	int n = snprintf(r->code_path, sizeof(r->code_path), "%s/%s", r->cfg->run_dir,
 			 script_names[req->language]);
 	if (n < 0 || (size_t)n >= sizeof(r->code_path)) {
@@ -310,30 +299,9 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		unlink(r->code_path);
 		return rc;
 	}
-	if (pipe2(out, O_CLOEXEC) < 0) {
-		rc = -errno;
+	if ((rc = sbx_output_pipes(out, err)) < 0)
 		goto fail_env;
-	}
-	if (pipe2(err, O_CLOEXEC) < 0) {
-		rc = -errno;
-		close(out[0]);
-		close(out[1]);
-		goto fail_env;
-	}
-	/* Only the agent's ends are non-blocking; user code gets ordinary blocking pipes. */
-	fcntl(out[0], F_SETFL, O_NONBLOCK);
-	fcntl(err[0], F_SETFL, O_NONBLOCK);
-
-	struct sbx_spawn sp = {
-		.interpreter = interp,
-		.script = r->code_path,
-		.home = r->cfg->home_dir,
-		.envp = envp,
-		.drop_privileges = r->cfg->drop_privileges,
-		.limit_nproc = r->cfg->drop_privileges,
-		.stdout_fd = out[1],
-		.stderr_fd = err[1],
-	};
+	struct sbx_spawn sp = sbx_user_spawn(r->cfg, req->language, r->code_path, envp, out[1], err[1]);
 	r->start_ns = sbx_now_ns();
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	close(out[1]);

@@ -279,7 +279,8 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 		"PYTHONDONTWRITEBYTECODE=1",
 	};
 	const size_t n_base = sizeof(base) / sizeof(base[0]);
-	char **envp = calloc(n_base + req->env_count + 1, sizeof(char *));
+	const uint32_t n_req = req ? req->env_count : 0;
+	char **envp = calloc(n_base + n_req + 1, sizeof(char *));
 	if (!envp)
 		return -ENOMEM;
 	size_t count = 0;
@@ -293,7 +294,7 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 			goto oom;
 		envp[count++] = e;
 	}
-	for (uint32_t i = 0; i < req->env_count; i++) {
+	for (uint32_t i = 0; i < n_req; i++) {
 		const struct sbx_env_var *v = &req->env[i];
 		size_t len = (size_t)v->name_len + 1 + v->value_len;
 		char *e = malloc(len + 1);
@@ -311,4 +312,34 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 oom:
 	sbx_env_free(envp);
 	return -ENOMEM;
+}
+
+struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, const char *script,
+				char *const *envp, int stdout_fd, int stderr_fd)
+{
+	return (struct sbx_spawn){
+		.interpreter = cfg->interpreter[language],
+		.script = script,
+		.home = cfg->home_dir,
+		.envp = envp,
+		.drop_privileges = cfg->drop_privileges,
+		.limit_nproc = cfg->drop_privileges,
+		.stdout_fd = stdout_fd,
+		.stderr_fd = stderr_fd,
+	};
+}
+
+int sbx_output_pipes(int out[2], int err[2])
+{
+	out[0] = out[1] = err[0] = err[1] = -1;
+	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0) {
+		int e = errno;
+		int *fds[] = {&out[0], &out[1], &err[0], &err[1]};
+		for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+			sbx_close_fd(fds[i]);
+		return -e;
+	}
+	fcntl(out[0], F_SETFL, O_NONBLOCK);
+	fcntl(err[0], F_SETFL, O_NONBLOCK);
+	return 0;
 }

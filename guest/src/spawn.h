@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "agent.h"
 #include "request.h"
 
 struct sbx_spawn {
@@ -27,13 +28,25 @@ struct sbx_spawn {
 	int go_fd;            /* socket: "r" to the agent when ready, "1" from it when the code is in place */
 };
 
+/* What every child running user code shares (one-shot, pre-started, REPL driver): the
+ * interpreter of `language` on `script`, the sandbox user and its limits when the agent drops
+ * privileges, cwd and HOME in the home directory, envp, output on the two pipe write ends. The
+ * caller adds the inline bootstrap or the control/go fds. */
+struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, const char *script,
+				char *const *envp, int stdout_fd, int stderr_fd);
+
+/* The two output pipes of user code, close-on-exec; the agent's read ends (out[0], err[0]) are
+ * non-blocking, the child's write ends ordinary blocking ones. 0, or -errno with nothing left
+ * open. */
+int sbx_output_pipes(int out[2], int err[2]);
+
 /* Fork and exec. Returns 0 with *pid once execve() has succeeded (the child is then the leader of
  * its own session and process group, pgid == pid), or a negative errno with a description of the
  * failed step in err. */
 int sbx_spawn(const struct sbx_spawn *s, pid_t *pid, char *err, size_t err_size);
 
-/* The clean environment of user code plus the request's variables, which override. NULL-terminated;
- * release with sbx_env_free. */
+/* The clean environment of user code plus the request's variables (req may be NULL: none), which
+ * override. NULL-terminated; release with sbx_env_free. */
 int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***envp_out);
 void sbx_env_free(char **envp);
 
