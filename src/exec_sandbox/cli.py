@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
 from .models import ExecutionResult, Language
@@ -214,28 +215,21 @@ async def _execute(scheduler: Scheduler, progress: _Progress, args: argparse.Nam
     """The code's result, its output streamed through out/err unless --json."""
     stream = not args.json
     progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
+    # run() and session() take the same options.
+    options: dict[str, Any] = {
+        "language": language,
+        "timeout_seconds": args.timeout,
+        "memory_mb": args.memory,
+        "env_vars": env or None,
+        "on_stdout": out if stream else None,
+        "on_stderr": err if stream else None,
+        "on_boot_log": err if args.debug else None,
+    }
     try:
         if not uploads and not downloads:
-            return await scheduler.run(
-                code,
-                language=language,
-                timeout_seconds=args.timeout,
-                memory_mb=args.memory,
-                env_vars=env or None,
-                on_stdout=out if stream else None,
-                on_stderr=err if stream else None,
-                on_boot_log=err if args.debug else None,
-            )
+            return await scheduler.run(code, **options)
         # Files need a VM that outlives the code: a session of one exec().
-        session = await scheduler.session(
-            language=language,
-            timeout_seconds=args.timeout,
-            memory_mb=args.memory,
-            env_vars=env or None,
-            on_stdout=out if stream else None,
-            on_stderr=err if stream else None,
-            on_boot_log=err if args.debug else None,
-        )
+        session = await scheduler.session(**options)
         async with session:
             for local, guest in uploads:
                 await session.write_file(guest, local)

@@ -227,23 +227,8 @@ class Scheduler:
                    started: float, on_stdout: OutputCallback | None,
                    on_stderr: OutputCallback | None,
                    on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
-        phases = _Phases()
-        pooled = await self._take_pooled(language, memory, allow_network, phases)
-        if pooled is not None:
-            vm, ticket = pooled.vm, pooled.ticket
-            self._vms.add(vm)
-            phases.pool_hit = True
-            phases.l1_hit = pooled.restored
-        else:
-            admit_at = time.monotonic()
-            ticket = await self._admission.acquire(memory, _VCPUS)
-            phases.admission_ms = _ms(time.monotonic() - admit_at)
-            try:
-                vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
-            except BaseException:
-                ticket.release()
-                raise
-            self._vms.add(vm)
+        vm, ticket, phases = await self._acquire_vm(language, memory, allow_network, on_boot_log)
+        self._vms.add(vm)
         setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
                     - phases.connect_ms)  # fmt: skip
         try:
@@ -328,7 +313,7 @@ class Scheduler:
 
         self._foreground_active += 1
         try:
-            vm, ticket, phases = await self._vm_for_session(language, memory, on_boot_log)
+            vm, ticket, phases = await self._acquire_vm(language, memory, False, on_boot_log)
         finally:
             self._foreground_active -= 1
         self._vms.add(vm)
@@ -359,12 +344,13 @@ class Scheduler:
             raise
         return session
 
-    async def _vm_for_session(self, language: Language, memory: int,
-                              on_boot_log: OutputCallback | None
-                              ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
-        """A VM and its ticket for one session: the pool first, else admission + start."""
+    async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
+                          on_boot_log: OutputCallback | None
+                          ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
+        """A VM and its ticket for one run() or session: the pool first, else admission and
+        an L1 restore or a cold boot."""
         phases = _Phases()
-        pooled = await self._take_pooled(language, memory, False, phases)
+        pooled = await self._take_pooled(language, memory, allow_network, phases)
         if pooled is not None:
             phases.pool_hit = True
             phases.l1_hit = pooled.restored
