@@ -9,7 +9,7 @@ src_tar=/usr/src/linux-source-6.1.tar.xz
 HASH_EXTRA=$(dpkg-query -W -f='${Version}' linux-source-6.1)
 key=$(inputs_hash "$images_src_dir/kernel/sandbox.config" "$0")
 out="$images_dir/vmlinux-$key"
-if [ -f "$out" ]; then step "kernel $key: cached"; echo "$out"; exit 0; fi
+if [ -f "$out" ]; then step "kernel $key: cached"; reuse "$out"; echo "$out"; exit 0; fi
 
 work=$(mktemp -d "$images_dir/.kernel-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -22,7 +22,8 @@ HASH_EXTRA="$tree_key"
 drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh)
 image_key=$(inputs_hash "$agent" "${drivers[@]}")
 image="$images_dir/rootfs-$image_key.erofs"
-if [ -f "$image" ]; then step "rootfs $image_key: cached"; echo "$image"; exit 0; fi
+reuse "$tree"
+if [ -f "$image" ]; then step "rootfs $image_key: cached"; reuse "$image"; echo "$image"; exit 0; fi
 
 if [ ! -d "$tree" ]; then
 	staging=$(mktemp -d "$images_dir/.rootfs-tree.XXXXXX")

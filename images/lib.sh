@@ -42,3 +42,23 @@ run_logged() {
 	fi
 	return "$rc"
 }
+
+# reuse PATH: mark a cached artefact as just used (pruning keeps the most recently used).
+reuse() {
+	touch -c -- "$1"
+}
+
+# prune KEEP PATH...: of these cached artefacts of one kind, keep the KEEP most recently used and
+# delete the others, but never one used in the last hour (another checkout's build sharing this
+# cache may be about to write a manifest naming it). A running VM keeps its open files.
+prune() {
+	local keep=$1 n=0 path
+	shift
+	while IFS= read -r path; do
+		n=$((n + 1))
+		[ "$n" -le "$keep" ] && continue
+		[ -n "$(find "$path" -maxdepth 0 -mmin +60)" ] || continue
+		step "cache: removing $(basename "$path") (not used recently)"
+		rm -rf -- "$path" "$path.config"
+	done < <(ls -1dt -- "$@" 2>/dev/null)
+}
