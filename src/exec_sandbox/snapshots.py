@@ -65,7 +65,9 @@ from .models import Language
 log = logging.getLogger("exec_sandbox")
 
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
-SNAPSHOT_FORMAT = 2  # 2: meta.json carries the RAM digest
+# 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with nolapic_timer
+# (the C side's fixed QEMU options and command line are not in the key otherwise).
+SNAPSHOT_FORMAT = 3
 # Snapshot directories kept after a publish, most recently used first: every kernel, root image
 # or QEMU change makes a new key, whose predecessors would otherwise stay on disk forever
 # (~40 MB each). Eight covers three languages at a couple of memory sizes.

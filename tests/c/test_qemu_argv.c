@@ -40,13 +40,13 @@ static void test_full_tcg_command_line(void)
 	static const char *const expected[] = {
 		"/usr/bin/qemu-system-x86_64",
 		"-M", "microvm,x-option-roms=off,isa-serial=off,acpi=off",
-		"-accel", "tcg,tb-size=128", "-cpu", "max",
+		"-accel", "tcg,tb-size=128", "-cpu", "max,-erms",
 		"-m", "256", "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-kernel", "/images/vmlinux",
 		"-append",
 		"console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent "
-		"panic=-1 random.trust_cpu=on",
+		"panic=-1 random.trust_cpu=on nolapic_timer no_timer_check",
 		"-drive", "file=/images/rootfs.erofs,if=none,id=root,format=raw,readonly=on",
 		"-device", "virtio-blk-device,drive=root",
 		"-device", "virtio-serial-device,max_ports=2",
@@ -77,11 +77,14 @@ static void test_accel_kvm_vs_tcg(void)
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
 	CHECK_STR(opt_value(argv, "-accel"), "kvm");
 	CHECK_STR(opt_value(argv, "-cpu"), "host");
+	/* The TCG boot shortcuts (timer calibration) are not for a CPU with a TSC-deadline timer. */
+	CHECK(strstr(opt_value(argv, "-append"), "nolapic_timer") == NULL);
 	sbx_argv_free(argv);
 	c.accel = "tcg";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
 	CHECK_STR(opt_value(argv, "-accel"), "tcg,tb-size=128");
-	CHECK_STR(opt_value(argv, "-cpu"), "max");
+	CHECK_STR(opt_value(argv, "-cpu"), "max,-erms");
+	CHECK(strstr(opt_value(argv, "-append"), " nolapic_timer no_timer_check") != NULL);
 	sbx_argv_free(argv);
 
 	const char *why = NULL;
@@ -125,7 +128,8 @@ static void test_memory_and_vcpus(void)
 static void test_append_line(void)
 {
 	const char *fixed = "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro "
-			    "init=/usr/sbin/sbx-agent panic=-1 random.trust_cpu=on";
+			    "init=/usr/sbin/sbx-agent panic=-1 random.trust_cpu=on "
+			    "nolapic_timer no_timer_check";
 	struct sbx_vm_config c = base();
 	char **argv;
 	c.kernel_cmdline_extra = NULL;

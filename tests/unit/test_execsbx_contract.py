@@ -134,7 +134,7 @@ def test_build_qemu_argv() -> None:
         assert flag in a
     assert "-sandbox" not in a
     t = argv(accel="tcg", rootfs=Path("rel/root.img"))
-    assert (value(t, "-accel"), value(t, "-cpu")) == ("tcg,tb-size=128", "max")
+    assert (value(t, "-accel"), value(t, "-cpu")) == ("tcg,tb-size=128", "max,-erms")
     assert value(t, "-drive").startswith("file=./rel/root.img,")
 
 
