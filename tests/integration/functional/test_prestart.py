@@ -54,6 +54,10 @@ async def test_pool_hits_run_in_the_prestarted_interpreter_like_a_cold_run(
         assert r.exit_code == 0
         r = await pool_hit(sched, WHO_PY + "import sys; sys.exit(3)")
         assert (r.stdout, r.exit_code) == ("-c\n", 3)
+        # A script's globals are its own: shadowing builtins there leaves the bootstrap's alone.
+        r = await pool_hit(sched, WHO_PY + "import sys\nprint = isinstance = None\nbytes = str\n"
+                           "sys.exit(7)")
+        assert (r.stdout, r.stderr, r.exit_code) == ("-c\n", "", 7), r
         warm_crash = await pool_hit(sched, crash)
         r = await pool_hit(sched, WHO_PY + "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
         assert (r.stdout, r.exit_code) == ("-c\n", 143)
