@@ -89,8 +89,11 @@ static int check_path(const char *p, const char **why, const char *empty, const 
  * against the PIT for 10 ticks (~0.2 s emulated), and checks the IO-APIC timer route with a busy
  * wait (~50 ms). nolapic_timer has the PIT (present, see the 8259 note below) drive the kernel's
  * timers instead, which needs no calibration; no_timer_check skips the route check, whose answer
- * for QEMU's microvm is known. KVM guests get the host CPU's TSC-deadline timer and keep both. */
-#define TCG_BOOT_ARGS " nolapic_timer no_timer_check"
+ * for QEMU's microvm is known. tsc=reliable: the kernel's watchdog compares the TSC with jiffies,
+ * which lag when the emulation is slow, and then falls back to a 10 ms jiffies clock; TCG's TSC
+ * follows the host's clock, so keep it (and high-resolution timers). KVM guests get the host
+ * CPU's TSC-deadline timer and kvm-clock, and keep the defaults. */
+#define TCG_BOOT_ARGS " nolapic_timer no_timer_check tsc=reliable"
 
 int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why)
 {
