@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build the guest kernel (uncompressed vmlinux, PVH entry) from Debian's linux-source-6.1:
-# `make tinyconfig`, merge images/kernel/sandbox.config, build. Cached by the hash of the config,
-# this script and the linux-source package version. Prints the path of the vmlinux.
+# apply images/kernel/patches/*.patch, `make tinyconfig`, merge images/kernel/sandbox.config,
+# build. Cached by the hash of the config, the patches, this script and the linux-source package
+# version. Prints the path of the vmlinux.
 source "$(dirname "$0")/lib.sh"
 
 src_tar=/usr/src/linux-source-6.1.tar.xz
 [ -f "$src_tar" ] || { echo "missing $src_tar: apt-get install linux-source-6.1" >&2; exit 1; }
 HASH_EXTRA=$(dpkg-query -W -f='${Version}' linux-source-6.1)
-key=$(inputs_hash "$images_src_dir/kernel/sandbox.config" "$0")
+patches=("$images_src_dir"/kernel/patches/*.patch)
+key=$(inputs_hash "$images_src_dir/kernel/sandbox.config" "${patches[@]}" "$0")
 out="$images_dir/vmlinux-$key"
 if [ -f "$out" ]; then step "kernel $key: cached"; reuse "$out"; echo "$out"; exit 0; fi
 
@@ -16,6 +18,10 @@ trap 'rm -rf "$work"' EXIT
 step "kernel $key: unpacking linux-source-6.1"
 tar -xJf "$src_tar" -C "$work"
 cd "$work"/linux-source-6.1
+for p in "${patches[@]}"; do
+	step "kernel $key: applying $(basename "$p")"
+	patch -p1 --forward --quiet <"$p"
+done
 step "kernel $key: configuring (tinyconfig + sandbox.config)"
 run_logged "$work/config.log" make tinyconfig
 run_logged "$work/config.log" scripts/kconfig/merge_config.sh -m .config "$images_src_dir/kernel/sandbox.config"

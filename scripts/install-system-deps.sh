@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(
 	qemu-system-x86            # the VMM
-	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential  # guest kernel
+	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential patch  # guest kernel
 	debootstrap erofs-utils    # guest root file system
 	libseccomp-dev liburing-dev pkg-config  # C extension
 	clang libclang-rt-14-dev   # fuzz targets and sanitizer builds

@@ -85,15 +85,17 @@ static int check_path(const char *p, const char **why, const char *empty, const 
 }
 
 /* Boot time under TCG, where the guest's clock runs while QEMU emulates (docs/benchmarks.md, "Cold
- * boot"): TCG's CPU has no TSC-deadline timer, so the kernel calibrates the local APIC timer
- * against the PIT for 10 ticks (~0.2 s emulated), and checks the IO-APIC timer route with a busy
- * wait (~50 ms). nolapic_timer has the PIT (present, see the 8259 note below) drive the kernel's
- * timers instead, which needs no calibration; no_timer_check skips the route check, whose answer
- * for QEMU's microvm is known. tsc=reliable: the kernel's watchdog compares the TSC with jiffies,
- * which lag when the emulation is slow, and then falls back to a 10 ms jiffies clock; TCG's TSC
- * follows the host's clock, so keep it (and high-resolution timers). KVM guests get the host
- * CPU's TSC-deadline timer and kvm-clock, and keep the defaults. */
-#define TCG_BOOT_ARGS " nolapic_timer no_timer_check tsc=reliable"
+ * boot under TCG"). TCG's CPU has no TSC-deadline timer, so the kernel would calibrate the local
+ * APIC timer against the PIT, busy-waiting 2 x 10 ticks (~0.2 s emulated): QEMU's APIC timer
+ * counts at 1 GHz, and lapic_timer_khz= (our kernel patch, images/kernel/patches/) says so.
+ * (nolapic_timer saves the same but leaves the PIT as the timer: its 16-bit counter wakes an
+ * idle guest every 55 ms, ~1 % of a core per idle VM.) no_timer_check skips a busy-wait check of
+ * the IO-APIC timer route (~50 ms), whose answer for QEMU's microvm is known. tsc=reliable: the
+ * kernel's watchdog compares the TSC with jiffies, which lag when the emulation is slow, and
+ * then falls back to a 10 ms jiffies clock; TCG's TSC follows the host's clock, so keep it (and
+ * high-resolution timers). KVM guests get the host CPU's TSC-deadline timer and kvm-clock, and
+ * keep the defaults. */
+#define TCG_BOOT_ARGS " lapic_timer_khz=1000000 no_timer_check tsc=reliable"
 
 int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why)
 {

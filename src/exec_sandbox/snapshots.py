@@ -65,8 +65,8 @@ from .models import Language
 log = logging.getLogger("exec_sandbox")
 
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
-# 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with nolapic_timer
-# (the C side's fixed QEMU options and command line are not in the key otherwise).
+# 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with the APIC timer
+# rate given (the C side's fixed QEMU options and command line are not in the key otherwise).
 SNAPSHOT_FORMAT = 3
 # Snapshot directories kept after a publish, most recently used first: every kernel, root image
 # or QEMU change makes a new key, whose predecessors would otherwise stay on disk forever

@@ -46,7 +46,7 @@ static void test_full_tcg_command_line(void)
 		"-kernel", "/images/vmlinux",
 		"-append",
 		"console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent "
-		"panic=-1 random.trust_cpu=on nolapic_timer no_timer_check tsc=reliable",
+		"panic=-1 random.trust_cpu=on lapic_timer_khz=1000000 no_timer_check tsc=reliable",
 		"-drive", "file=/images/rootfs.erofs,if=none,id=root,format=raw,readonly=on",
 		"-device", "virtio-blk-device,drive=root",
 		"-device", "virtio-serial-device,max_ports=2",
@@ -78,13 +78,13 @@ static void test_accel_kvm_vs_tcg(void)
 	CHECK_STR(opt_value(argv, "-accel"), "kvm");
 	CHECK_STR(opt_value(argv, "-cpu"), "host");
 	/* The TCG boot shortcuts (timer calibration) are not for a CPU with a TSC-deadline timer. */
-	CHECK(strstr(opt_value(argv, "-append"), "nolapic_timer") == NULL);
+	CHECK(strstr(opt_value(argv, "-append"), "lapic_timer_khz") == NULL);
 	sbx_argv_free(argv);
 	c.accel = "tcg";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
 	CHECK_STR(opt_value(argv, "-accel"), "tcg,tb-size=128");
 	CHECK_STR(opt_value(argv, "-cpu"), "max,-erms");
-	CHECK(strstr(opt_value(argv, "-append"), " nolapic_timer no_timer_check tsc=reliable") != NULL);
+	CHECK(strstr(opt_value(argv, "-append"), " lapic_timer_khz=1000000 no_timer_check tsc=reliable") != NULL);
 	sbx_argv_free(argv);
 
 	const char *why = NULL;
@@ -129,7 +129,7 @@ static void test_append_line(void)
 {
 	const char *fixed = "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro "
 			    "init=/usr/sbin/sbx-agent panic=-1 random.trust_cpu=on "
-			    "nolapic_timer no_timer_check tsc=reliable";
+			    "lapic_timer_khz=1000000 no_timer_check tsc=reliable";
 	struct sbx_vm_config c = base();
 	char **argv;
 	c.kernel_cmdline_extra = NULL;
