@@ -7,9 +7,10 @@
  *     namespace, __file__, the traceback of an uncaught exception without the bootstrap's frame,
  *     exit 1 after it (SIGINT re-raised after a KeyboardInterrupt, as the interpreter does);
  *     SystemExit gives the status the interpreter would give; signals act on the real process.
- *   javascript: like `node /run/sbx/main.js`: the code file is compiled as the main CommonJS
- *     module (require, module, __filename, require.main === module); process.argv is already that
- *     of the script run.
+ *   javascript: like `node /run/sbx/main.js`: the code file is run by node's own entry point
+ *     (Module.runMain: resolution, the ESM check, the main CommonJS module, require.main ===
+ *     module, the same stack frames down to the entry point); process.argv is already that of the
+ *     script run. What differs: the frames below the entry point in a stack trace ([eval] ones).
  *   raw: like `bash /run/sbx/main.sh`: `bash -c BOOTSTRAP /run/sbx/main.sh` sources the file, so
  *     $0, $#, BASH_SOURCE, LINENO and error messages are those of the script run; what differs:
  *     "c" in $-, "source" for "main" at the bottom of FUNCNAME, and a top-level `return` that is
@@ -25,9 +26,11 @@
  *   raw: when the sourced file returns (an `exit` in it, or `set -e`, ends the shell first: no
  *     report, the usual way).
  * A process killed by a signal or by os._exit() reports nothing; the agent then waits for its death.
- * Each does, before its "r", what the code's first output would otherwise pay for: python imports
- * importlib.machinery (~50 ms under TCG); node creates process.stdout/stderr and runs console.log's
- * formatting once (V8 compiles lazily, per process: ~0.1 s). */
+ * Each does, before its "r", what the code's run would otherwise pay for the first time in the
+ * process: python imports importlib.machinery (~50 ms under TCG), compiles once and touches stdout;
+ * node (V8 compiles lazily, per process) creates process.stdout/stderr, runs console.log's
+ * formatting on a sink, runs an empty script of its own as the entry point and calls its emit
+ * hook (pool hit p50 88 -> 52-60 ms in A/B runs, docs/benchmarks.md). */
 #include "bootstrap.h"
 
 const char sbx_bootstrap_python[] =
@@ -119,10 +122,46 @@ const char sbx_bootstrap_javascript[] =
 	"\tconst Module = require('module');\n"
 	"\tconst go = Buffer.alloc(1);\n"
 	"\tlet n;\n"
-	"\t// Created and compiled on first use (V8 compiles lazily, per process): paid before the ready.\n"
-	"\trequire('util').format('%s %d %o', 'a', 1, {a: [1]});\n"
+
+	"\tlet running = false;\n"
+	"\tlet uncaught = false;\n"
+	"\tprocess.on('uncaughtExceptionMonitor', () => {\n"
+	"\t\tuncaught = true;\n"
+	"\t});\n"
+	"\tconst emit = process.emit;\n"
+	"\tprocess.emit = function (event, ...args) {\n"
+	"\t\tconst result = Reflect.apply(emit, this, [event, ...args]);\n"
+	"\t\tif (event === 'exit' && running && !uncaught) {\n"
+	"\t\t\ttry {\n"
+	"\t\t\t\tfs.writeSync(3, Buffer.from([0x64, Number(args[0]) & 0xff]));\n"
+	"\t\t\t} catch (e) {\n"
+	"\t\t\t\t// the code closed fd 3: the agent waits for the exit instead\n"
+	"\t\t\t}\n"
+	"\t\t}\n"
+	"\t\treturn result;\n"
+	"\t};\n"
+	"\t// Created and compiled on first use (V8 compiles lazily, per process), so paid here, before\n"
+	"\t// the ready: output formatting and the streams, reading a file, compiling a module, the hook.\n"
+	"\tconst sink = {write: () => true, once: () => sink, removeListener: () => sink};\n"
+	"\tnew (require('console').Console)(sink).log('%s %d %o', 'a', 1, {a: [1]});\n"
 	"\tprocess.stdout.write('');\n"
 	"\tprocess.stderr.write('');\n"
+	"\t// The entry point's path (resolution, the ESM check, the CommonJS loader), with an empty\n"
+	"\t// script of our own, then forgotten. Best effort: without it the run is only slower.\n"
+	"\tconst prewarm = `/tmp/.sbx-prewarm-${process.pid}.js`;\n"
+	"\ttry {\n"
+	"\t\tfs.writeFileSync(prewarm, '', {flag: 'wx', mode: 0o600});\n"
+	"\t\ttry {\n"
+	"\t\t\tModule.runMain(prewarm);\n"
+	"\t\t} finally {\n"
+	"\t\t\tfs.unlinkSync(prewarm);\n"
+	"\t\t\tdelete Module._cache[prewarm];\n"
+	"\t\t}\n"
+	"\t} catch (e) {\n"
+	"\t\t// a full or read-only /tmp\n"
+	"\t}\n"
+	"\tprocess.emit('sbx-prewarm');\n"
+	"\tBuffer.from([0x64, 0]);\n"
 	"\tfs.writeSync(3, 'r');\n"
 	"\tfor (;;) {\n"
 	"\t\ttry {\n"
@@ -135,31 +174,9 @@ const char sbx_bootstrap_javascript[] =
 	"\t}\n"
 	"\tif (n !== 1 || go[0] !== 0x31)\n"
 	"\t\tprocess.exit(0); // discarded before the go (the agent kills it anyway)\n"
-	"\tlet uncaught = false;\n"
-	"\tprocess.on('uncaughtExceptionMonitor', () => {\n"
-	"\t\tuncaught = true;\n"
-	"\t});\n"
-	"\tconst emit = process.emit;\n"
-	"\tprocess.emit = function (event, ...args) {\n"
-	"\t\tconst result = Reflect.apply(emit, this, [event, ...args]);\n"
-	"\t\tif (event === 'exit' && !uncaught) {\n"
-	"\t\t\ttry {\n"
-	"\t\t\t\tfs.writeSync(3, Buffer.from([0x64, Number(args[0]) & 0xff]));\n"
-	"\t\t\t} catch (e) {\n"
-	"\t\t\t\t// the code closed fd 3: the agent waits for the exit instead\n"
-	"\t\t\t}\n"
-	"\t\t}\n"
-	"\t\treturn result;\n"
-	"\t};\n"
-	"\tconst path = process.argv[1];\n"
-	"\tconst main = new Module(path, null);\n"
-	"\tmain.id = '.';\n"
-	"\tmain.filename = path;\n"
-	"\tmain.paths = Module._nodeModulePaths(require('path').dirname(path));\n"
-	"\tModule._cache[path] = main;\n"
-	"\tprocess.mainModule = main;\n"
-	"\tmain._compile(fs.readFileSync(path, 'utf8'), path);\n"
-	"\tmain.loaded = true;\n"
+	"\trunning = true;\n"
+	"\t// What `node PATH` runs: resolution, the ESM check, require.main, the module's frames.\n"
+	"\tModule.runMain(process.argv[1]);\n"
 	"})();\n";
 
 const char sbx_bootstrap_raw[] =

@@ -77,9 +77,18 @@ async def test_pool_hits_run_in_the_prestarted_interpreter_like_a_cold_run(
         r = await pool_hit(sched, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; echo \"$0\"; exit 5",
                            language="raw")
         assert (r.stdout, r.exit_code) == ("bash -c \n/run/sbx/main.sh\n", 5), r
-        # The same crash in a cold VM (another memory size is never served by the pool).
+        js_crash = "function f() { throw new Error('boom'); }\nf();\n"
+        warm_js_crash = await pool_hit(sched, js_crash, language="javascript")
+        # The same crashes in cold VMs (another memory size is never served by the pool).
         cold_crash = await sched.run(crash, memory_mb=256)
         assert not cold_crash.warm_pool_hit
+        cold_js_crash = await sched.run(js_crash, language="javascript", memory_mb=256)
+    # Node: the same trace down to node's entry point (the frames below it differ: [eval]).
+    entry = "executeUserEntryPoint"
+    warm_js, cold_js = warm_js_crash.stderr, cold_js_crash.stderr
+    assert entry in warm_js and entry in cold_js, (warm_js, cold_js)
+    assert warm_js[:warm_js.index(entry)] == cold_js[:cold_js.index(entry)]
+    assert warm_js_crash.exit_code == cold_js_crash.exit_code == 1
     assert (warm_crash.stdout, warm_crash.stderr, warm_crash.exit_code) == \
         (cold_crash.stdout, cold_crash.stderr, cold_crash.exit_code)
     assert warm_crash.exit_code == 1 and "ValueError: boom" in warm_crash.stderr
