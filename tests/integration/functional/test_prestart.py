@@ -74,9 +74,10 @@ async def test_pool_hits_run_in_the_prestarted_interpreter_like_a_cold_run(
                            language="javascript")
         assert (r.stdout, r.stderr, r.exit_code) == (
             "-e\nfunction true /run/sbx/main.js\n", "", 4), r
-        r = await pool_hit(sched, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; echo \"$0\"; exit 5",
+        r = await pool_hit(sched, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; echo \"$0\";"
+                           " echo ${BASH_EXECUTION_STRING-unset}; set | grep -c ^_sbx; exit 5",
                            language="raw")
-        assert (r.stdout, r.exit_code) == ("bash -c \n/run/sbx/main.sh\n", 5), r
+        assert (r.stdout, r.exit_code) == ("bash -c \n/run/sbx/main.sh\nunset\n0\n", 5), r
         js_crash = "function f() { throw new Error('boom'); }\nf();\n"
         warm_js_crash = await pool_hit(sched, js_crash, language="javascript")
         # The same crashes in cold VMs (another memory size is never served by the pool).
