@@ -312,8 +312,11 @@ class GuestVm:
             await self.qmp.execute("migrate", {"uri": "fd:state"})
             await self._wait_migration()
         except BaseException:
-            # The copier thread ends at EOF, at the latest once the caller closes the VM.
-            copier.add_done_callback(_retrieve)
+            # The copier thread ends at EOF, once QEMU is gone: end both here, so that the
+            # thread's files are closed before this returns (also when the build is cancelled).
+            self.close()
+            await asyncio.wait({copier})
+            _retrieve(copier)
             raise
         # QEMU closes its copy of the pipe when the migration has completed: EOF.
         await asyncio.wait_for(copier, _STATE_DRAIN_TIMEOUT_SECONDS)

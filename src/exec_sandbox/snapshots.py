@@ -56,13 +56,16 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from ._vm import GuestVm, VmSpec
 from .models import Language
 
 log = logging.getLogger("exec_sandbox")
+_T = TypeVar("_T")
 
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
 # 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with the APIC timer
@@ -218,7 +221,6 @@ class SnapshotCache:
         lock_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         published = False
-        loop = asyncio.get_running_loop()
         try:
             # Opened and sized here: the jailed QEMU could neither open it by path (read-only
             # mounts) nor grow it (RLIMIT_FSIZE 0); it writes the RAM through its shared mapping.
@@ -241,8 +243,8 @@ class SnapshotCache:
                 await vm.save_snapshot(str(work / "state"))
             finally:
                 vm.close()  # the RAM file must not change after the state was saved
-            state_hash = await loop.run_in_executor(None, _sha256, work / "state")
-            ram_hash = await loop.run_in_executor(None, ram_digest, work / "ram")
+            state_hash = await _in_thread(functools.partial(_sha256, work / "state"))
+            ram_hash = await _in_thread(functools.partial(ram_digest, work / "ram"))
             meta = {
                 "format": SNAPSHOT_FORMAT,
                 "key": key,
@@ -262,11 +264,26 @@ class SnapshotCache:
             os.close(lock_fd)
             if not published:
                 shutil.rmtree(work, ignore_errors=True)
-        await loop.run_in_executor(None, functools.partial(self.prune, protect=key))
+        await _in_thread(functools.partial(self.prune, protect=key))
         snapshot = self.lookup(key, spec.memory_mb)
         if snapshot is None:
             raise RuntimeError(f"memory snapshot {key} vanished after it was built")
         return snapshot
+
+
+async def _in_thread(work: Callable[[], _T]) -> _T:
+    """work() in the default executor. If the caller is cancelled meanwhile (Scheduler.close()
+    cancels snapshot builds), this still waits for work to end before re-raising: a thread
+    cannot be stopped, and the files and memfds it has open must be closed before close()
+    returns (and before the build directory's removal is the last word on it)."""
+    future = asyncio.get_running_loop().run_in_executor(None, work)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait({future})
+        if not future.cancelled():
+            future.exception()  # retrieved: its outcome no longer matters
+        raise
 
 
 class _Unusable(Exception):

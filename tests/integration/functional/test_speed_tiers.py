@@ -109,6 +109,33 @@ async def test_l1_snapshot_restores_fresh_vms(managed: ManagedScheduler) -> None
         assert (c.stdout, c.l1_cache_hit) == ("ok\n", False) and c.timing.boot_ms > 0
 
 
+async def test_closing_during_a_snapshot_build_waits_for_its_threads(
+        managed: ManagedScheduler, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """close() cancels a snapshot build; a build thread (here the RAM digest, slowed down) cannot
+    be stopped, so close() waits for it: the `managed` exit check finds none of its fds open."""
+    import threading
+
+    from exec_sandbox import snapshots
+
+    in_digest = threading.Event()
+    real_digest = snapshots.ram_digest
+
+    def slow_digest(path: Path) -> str:
+        with open(path, "rb"):
+            in_digest.set()
+            time.sleep(1.0)
+        return real_digest(path)
+
+    monkeypatch.setattr(snapshots, "ram_digest", slow_digest)
+    async with managed() as sched:
+        # A cold run schedules the build of this configuration's snapshot in the background.
+        assert (await sched.run("echo cold", language="raw")).stdout == "cold\n"
+        deadline = time.monotonic() + 120
+        while not in_digest.is_set():
+            assert time.monotonic() < deadline, "the snapshot build never reached its digest"
+            await asyncio.sleep(0.05)
+
+
 async def test_corrupt_snapshot_falls_back_to_cold_boot(managed: ManagedScheduler,
                                                        tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
