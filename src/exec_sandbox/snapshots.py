@@ -27,9 +27,10 @@ never map the cache file (they map a sealed copy), and the next request cold-boo
 
 The RAM file is too large to hash on every lookup (only its size is checked there). Its digest
 (`ram_digest`: SHA-256 over each data range's offset, length and bytes, holes skipped) is
-computed at build time on a sealed copy made exactly as for clones, and checked by
-`RamFiles.fd_for` on the sealed copy it makes, right after sealing it: what is verified is what
-clones map, and nothing can change it afterwards. A mismatch raises `SnapshotIntegrityError`.
+computed at build time on the sealed copy clones of this process then map (`RamFiles.seal`),
+and checked by `RamFiles.fd_for` on each sealed copy it makes of a published file, right after
+sealing it: what is verified is what clones map, and nothing can change it afterwards. A
+mismatch raises `SnapshotIntegrityError`.
 
 The cache is bounded: after each publish, only the `KEEP_SNAPSHOTS` most recently used key
 directories stay ("used": the directory's mtime, set at publish and refreshed when a scheduler
@@ -244,7 +245,8 @@ class SnapshotCache:
             finally:
                 vm.close()  # the RAM file must not change after the state was saved
             state_hash = await _in_thread(functools.partial(_sha256, work / "state"))
-            ram_hash = await _in_thread(functools.partial(ram_digest, work / "ram"))
+            # Kept by ram_files: the first clone of it in this process maps that very copy.
+            ram_hash = await _in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
             meta = {
                 "format": SNAPSHOT_FORMAT,
                 "key": key,
@@ -369,11 +371,25 @@ class RamFiles:
     it fail for everybody. Holes in the RAM file stay holes: only data ranges are copied.
 
     Each copy is checked against the snapshot's RAM digest once, right after it is sealed: the
-    bytes verified are the bytes every clone of this object maps, and they cannot change."""
+    bytes verified are the bytes every clone of this object maps, and they cannot change. The
+    copy a build makes to compute that digest (seal()) is kept, so the first clone of a snapshot
+    built by this process neither copies nor hashes the file again."""
 
     def __init__(self) -> None:
-        self._fds: dict[tuple[str, int, int], int] = {}
-        self._lock = threading.Lock()  # fd_for runs in executor threads
+        # (key, st_dev, st_ino, st_mtime_ns) of the RAM file -> its sealed copy. Renaming a
+        # build directory into place changes none of these, so a copy made by seal() serves the
+        # published file.
+        self._fds: dict[tuple[str, int, int, int], int] = {}
+        self._lock = threading.Lock()  # called from executor threads
+
+    def seal(self, key: str, path: Path) -> str:
+        """Make and keep the sealed copy of the RAM file a build of key has just saved (blocking:
+        call it from an executor) and return its digest, which the build records."""
+        with open(path, "rb", buffering=0) as f:
+            fd, digest, ident = _seal(key, f.fileno())
+        with self._lock:  # not held while copying: a foreground fd_for need not wait for that
+            self._keep(ident, fd)
+        return digest
 
     def fd_for(self, snapshot: Snapshot) -> int:
         """The sealed, verified memfd for this snapshot's RAM file (made on first use; blocking:
@@ -381,27 +397,23 @@ class RamFiles:
         not match snapshot.ram_digest (nothing is kept then)."""
         with self._lock:
             with open(snapshot.ram, "rb", buffering=0) as f:
-                st = os.fstat(f.fileno())
-                ident = (str(snapshot.ram), st.st_ino, st.st_mtime_ns)
-                fd = self._fds.get(ident)
+                fd = self._fds.get(_ident(snapshot.key, os.fstat(f.fileno())))
                 if fd is not None:
                     return fd
-                fd = _sealed_copy(f.fileno(), st.st_size)
-            try:
-                actual = _memfd_digest(fd, st.st_size)
-            except BaseException:
-                os.close(fd)
-                raise
-            if actual != snapshot.ram_digest:
+                fd, digest, ident = _seal(snapshot.key, f.fileno())
+            if digest != snapshot.ram_digest:
                 os.close(fd)
                 raise SnapshotIntegrityError(
                     f"RAM of memory snapshot {snapshot.key} does not match its digest"
                 )
-            for old in [k for k in self._fds if k[0] == ident[0]]:
-                os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
-            self._fds[ident] = fd
+            self._keep(ident, fd)
             _touch(snapshot.ram.parent)  # used: once per scheduler and file
             return fd
+
+    def _keep(self, ident: tuple[str, int, int, int], fd: int) -> None:
+        for old in [k for k in self._fds if k[0] == ident[0]]:
+            os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
+        self._fds[ident] = fd
 
     def close(self) -> None:
         with self._lock:
@@ -410,16 +422,28 @@ class RamFiles:
             self._fds.clear()
 
 
-def ram_digest(path: Path) -> str:
-    """The digest RamFiles.fd_for checks, of a RAM file as it is now: computed on a sealed copy
-    made the same way, so that both sides see the same data ranges."""
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        fd = _sealed_copy(f.fileno(), size)
+def _ident(key: str, st: os.stat_result) -> tuple[str, int, int, int]:
+    return (key, st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
+def _seal(key: str, src: int) -> tuple[int, str, tuple[str, int, int, int]]:
+    """A sealed copy of the RAM file open as src, its digest and its RamFiles identity."""
+    st = os.fstat(src)
+    fd = _sealed_copy(src, st.st_size)
     try:
-        return _memfd_digest(fd, size)
-    finally:
+        return fd, _memfd_digest(fd, st.st_size), _ident(key, st)
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def ram_digest(path: Path) -> str:
+    """The digest RamFiles.fd_for checks, of a RAM file as it is now (what RamFiles.seal
+    returns, without keeping the copy)."""
+    with open(path, "rb", buffering=0) as f:
+        fd, digest, _ident = _seal("", f.fileno())
+    os.close(fd)
+    return digest
 
 
 def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:

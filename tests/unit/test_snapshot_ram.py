@@ -129,3 +129,28 @@ def test_first_copy_marks_the_snapshot_used(tmp_path: Path) -> None:
         assert tmp_path.stat().st_mtime == 1_000_000  # once per copy, not per clone
     finally:
         files.close()
+
+
+def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The build's digest comes from a sealed copy that RamFiles keeps: once the build directory
+    is renamed into place, the first clone maps that copy instead of copying and hashing again."""
+    from exec_sandbox import snapshots
+
+    build = tmp_path / ".build-k"
+    build.mkdir()
+    content = _sparse_ram(build / "ram")
+    files = RamFiles()
+    try:
+        digest = files.seal("k", build / "ram")
+        assert digest == ram_digest(build / "ram")
+        os.rename(build, tmp_path / "k")
+
+        def no_second_copy(src: int, size: int) -> int:
+            raise AssertionError("the published RAM was copied again")
+
+        monkeypatch.setattr(snapshots, "_sealed_copy", no_second_copy)
+        fd = files.fd_for(Snapshot("k", tmp_path / "k" / "ram", tmp_path / "k" / "state", digest))
+        assert os.pread(fd, 8 * MB, 0) == content
+    finally:
+        files.close()

@@ -118,15 +118,14 @@ async def test_closing_during_a_snapshot_build_waits_for_its_threads(
     from exec_sandbox import snapshots
 
     in_digest = threading.Event()
-    real_digest = snapshots.ram_digest
+    real_digest = snapshots._memfd_digest
 
-    def slow_digest(path: Path) -> str:
-        with open(path, "rb"):
-            in_digest.set()
-            time.sleep(1.0)
-        return real_digest(path)
+    def slow_digest(fd: int, size: int) -> str:
+        in_digest.set()
+        time.sleep(1.0)  # the RAM file and its sealed copy are open meanwhile
+        return real_digest(fd, size)
 
-    monkeypatch.setattr(snapshots, "ram_digest", slow_digest)
+    monkeypatch.setattr(snapshots, "_memfd_digest", slow_digest)
     async with managed() as sched:
         # A cold run schedules the build of this configuration's snapshot in the background.
         assert (await sched.run("echo cold", language="raw")).stdout == "cold\n"
