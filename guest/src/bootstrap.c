@@ -142,7 +142,7 @@ const char sbx_bootstrap_javascript[] =
 	"\t\treturn result;\n"
 	"\t};\n"
 	"\t// Created and compiled on first use (V8 compiles lazily, per process), so paid here, before\n"
-	"\t// the ready: output formatting and the streams, reading a file, compiling a module, the hook.\n"
+	"\t// the ready: console output formatting and the streams, the entry point, the hook.\n"
 	"\tconst sink = {write: () => true, once: () => sink, removeListener: () => sink};\n"
 	"\tnew (require('console').Console)(sink).log('%s %d %o', 'a', 1, {a: [1]});\n"
 	"\tprocess.stdout.write('');\n"

@@ -478,10 +478,12 @@ class Scheduler:
             # The interpreter of the next run starts now, off the request path (after the RESEED
             # of a clone; never in a template: none is taken of this VM). The warm-up then runs
             # through it, along the very path a pool hit takes: cold-booted, that pages the
-            # interpreter in; in any VM, it has QEMU translate that path's guest code (TCG keeps
-            # translations per process), ~0.1 s that a hit would otherwise pay. Then the
-            # interpreter for the hit. A clone of a template that holds a parked interpreter has
-            # the first one already (one interpreter start, and its memory, saved).
+            # interpreter in; in any VM, it has this QEMU process translate the agent's and the
+            # kernel's side of a hit (TCG keeps translations per process), ~0.1 s that a hit
+            # would otherwise pay. Then the interpreter for the hit: a new process, whose own
+            # first-time work the bootstraps do before their ready (guest/src/bootstrap.c). A
+            # clone of a template that holds a parked interpreter has the first one already
+            # (one interpreter start, and its memory, saved).
             parked = phases.l1_hit and language in TEMPLATE_PRESTART_LANGUAGES
             if parked or await vm.prestart(language):
                 await vm.warm_up(language)
