@@ -2,7 +2,8 @@
 
 A small /bin/sh script stands in for QEMU (it ignores the QEMU arguments and speaks frames on
 fd 3 with printf); that exercises spawn, the fd layout, the channel codec, poll_exit, kill and
-close exactly as exec_sandbox._vm uses them. Real VMs are tested in tests/integration.
+close exactly as exec_sandbox._vm uses them. Nothing here is evidence of sandbox behaviour
+(isolation, the jail, the guest's answers): that is proven against real VMs in tests/integration.
 """
 
 from __future__ import annotations
