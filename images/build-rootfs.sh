@@ -3,7 +3,9 @@
 # minbase + rootfs/packages.txt), trimmed, with the guest agent installed as /usr/sbin/sbx-agent,
 # packed as a read-only EROFS image. Two cache levels, both keyed by content hash:
 #   rootfs-tree-<H1>/      the unpacked package tree (H1: package list, this script, mirror)
-#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary + the session REPL drivers)
+#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary + the session REPL drivers +
+#                          rootfs/finish-image.sh), with rootfs-<H2>.erofs.json beside it: the
+#                          facts the host needs about the image (python version, glibc)
 # so that rebuilding the agent only re-runs mkfs.erofs. Usage: build-rootfs.sh AGENT_BINARY.
 # Prints the image path.
 source "$(dirname "$0")/lib.sh"
@@ -20,10 +22,13 @@ tree="$images_dir/rootfs-tree-$tree_key"
 HASH_EXTRA="$tree_key"
 # The session REPL drivers (guest/repl/) go to /usr/lib/sbx beside the agent.
 drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh)
-image_key=$(inputs_hash "$agent" "${drivers[@]}")
+finish="$images_src_dir/rootfs/finish-image.sh"
+image_key=$(inputs_hash "$agent" "${drivers[@]}" "$finish")
 image="$images_dir/rootfs-$image_key.erofs"
 reuse "$tree"
-if [ -f "$image" ]; then step "rootfs $image_key: cached"; reuse "$image"; echo "$image"; exit 0; fi
+if [ -f "$image" ] && [ -f "$image.json" ]; then
+	step "rootfs $image_key: cached"; reuse "$image"; echo "$image"; exit 0
+fi
 
 if [ ! -d "$tree" ]; then
 	staging=$(mktemp -d "$images_dir/.rootfs-tree.XXXXXX")
@@ -55,7 +60,11 @@ rm -f "$stage/root/usr/sbin/sbx-agent"
 install -m 0755 "$agent" "$stage/root/usr/sbin/sbx-agent"
 install -d -m 0755 "$stage/root/usr/lib/sbx"
 install -m 0644 "${drivers[@]}" "$stage/root/usr/lib/sbx/"
+source "$finish"
+finish_image "$stage/root" "$stage/facts.json" "$tree_key"
 run_logged "$stage/mkfs.log" mkfs.erofs -T0 "$stage/image.erofs" "$stage/root"
+# The facts first: an image without them is not taken as cached (see above).
+mv "$stage/facts.json" "$image.json"
 mv "$stage/image.erofs" "$image"
 step "rootfs $image_key: done ($(du -h "$image" | cut -f1))"
 echo "$image"

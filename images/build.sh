@@ -19,7 +19,8 @@ cat >"$manifest.tmp" <<JSON
   "kernel": "$kernel",
   "kernel_hash": "$kernel_hash",
   "rootfs": "$rootfs",
-  "rootfs_hash": "$rootfs_hash"
+  "rootfs_hash": "$rootfs_hash",
+  "guest": $(cat "$rootfs.json")
 }
 JSON
 mv "$manifest.tmp" "$manifest"

@@ -59,6 +59,6 @@ prune() {
 		[ "$n" -le "$keep" ] && continue
 		[ -n "$(find "$path" -maxdepth 0 -mmin +60)" ] || continue
 		step "cache: removing $(basename "$path") (not used recently)"
-		rm -rf -- "$path" "$path.config"
+		rm -rf -- "$path" "$path.config" "$path.json"
 	done < <(ls -1dt -- "$@" 2>/dev/null)
 }

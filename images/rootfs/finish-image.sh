@@ -1,0 +1,45 @@
+# Last touches to the guest root tree before it is packed (sourced by build-rootfs.sh, part of the
+# image's hash). The tree is a hard-linked copy of the cached package tree: replace files, never
+# write into them.
+
+# finish_image ROOT FACTS_JSON TREE_KEY
+finish_image() {
+	local r=$1 facts=$2 tree_key=$3
+	local py glibc
+	py=$(cd "$r/usr/bin" && ls -1 python3.[0-9]* | grep -E '^python3\.[0-9]+$' | sort -V | tail -n1)
+	py=${py#python}
+	glibc=$(sed -n '/^Package: libc6$/,/^$/s/^Version: \([0-9]*\.[0-9]*\).*/\1/p' "$r/var/lib/dpkg/status")
+	[ -n "$py" ] && [ -n "$glibc" ] || { echo "cannot tell the guest's python ($py) or glibc ($glibc)" >&2; return 1; }
+
+	# Package layers (docs/packages.md): the agent mounts a VM's layer at
+	# /usr/lib/sbx/layers/<language>; the interpreters find it through these links, which name
+	# places they already search: python's site directory for /usr/local, and for node the
+	# node_modules at the root of the file system, where both require() and import (ESM ignores
+	# NODE_PATH) end their walk up from the code file or the working directory.
+	install -d -m 0755 "$r/usr/lib/sbx/layers/python" "$r/usr/lib/sbx/layers/javascript"
+	local site="$r/usr/local/lib/python$py/dist-packages"
+	install -d -m 0755 "$(dirname "$site")"
+	rmdir "$site" 2>/dev/null || true
+	ln -sfn /usr/lib/sbx/layers/python "$site"
+	ln -sfn /usr/lib/sbx/layers/javascript "$r/node_modules"
+
+	# The image is packed with zeroed timestamps (mkfs.erofs -T0), so the timestamp-checked .pyc
+	# files Debian's install wrote are stale in every VM: python recompiles (in memory: the root
+	# is read-only) each module it imports, every time. Hash-based .pyc files that are never
+	# checked against their source fit a read-only image. Compiled by the guest's own
+	# interpreter (its loader and libraries from the tree), so the bytecode is the guest's.
+	step "rootfs: compiling python$py's bytecode (hash-based)"
+	local pyroot="$r/usr/lib/python$py"
+	PYTHONHOME="$r/usr" PYTHONDONTWRITEBYTECODE= \
+		"$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+		"$r/usr/bin/python$py" -I -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
+		-s "$r" -p / "$pyroot" "$r/usr/lib/python3/dist-packages" >"$r.compileall.log" 2>&1 || true
+	# compileall fails for the odd file that is not python 3 (test data); what matters is that
+	# the modules every start imports are compiled the new way: flags 0b01 = hash-based, unchecked.
+	local flags
+	flags=$(od -An -j4 -N4 -tu4 "$pyroot/__pycache__/os.cpython-${py/./}.pyc" | tr -d ' ')
+	[ "$flags" = 1 ] || { echo "bytecode of the image was not recompiled:"; tail -n 20 "$r.compileall.log"; return 1; } >&2
+	rm -f "$r.compileall.log"
+
+	printf '{"python": "%s", "glibc": "%s", "tree": "%s"}\n' "$py" "$glibc" "$tree_key" >"$facts"
+}
