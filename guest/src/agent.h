@@ -44,7 +44,9 @@ uint64_t sbx_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* mounts.c */
 int sbx_ensure_std_fds(void);
-int sbx_mount_all(void);
+int sbx_mount_all(void); /* also sbx_mount_layers() */
+/* Mount the package layer disks the host attached (by their serial); 0 or the first -errno. */
+int sbx_mount_layers(void);
 
 /* net.c */
 int sbx_set_hostname(const char *name);

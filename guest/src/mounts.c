@@ -3,6 +3,7 @@
  * filled it. The image must provide the mount points (/proc /sys /dev /tmp /run /home/user), since
  * nothing can be created on a read-only root.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -101,6 +102,9 @@ int sbx_mount_all(void)
 	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | NOSUID_NODEV, NULL) < 0)
 		sbx_log("remount / nosuid,nodev: %s", strerror(errno));
 	make_dev_links();
+	int rc = sbx_mount_layers();
+	if (rc < 0 && first == 0)
+		first = rc;
 	/* The code file directory: root-owned so that user code cannot swap the file it runs. */
 	if (mkdir(SBX_RUN_DIR, 0755) < 0 && errno != EEXIST) {
 		int err = errno;
@@ -108,6 +112,77 @@ int sbx_mount_all(void)
 		if (first == 0)
 			first = -err;
 	}
+	return first;
+}
+
+/* Package layers (docs/packages.md). The host attaches a VM's layer as a second read-only disk
+ * with the serial "sbx-layer-<kind>" (src/_execsbx/qemu_argv.c); it is mounted where the image's
+ * links lead the interpreter of that kind (images/rootfs/finish-image.sh). Found by serial, not
+ * by device name, and only kinds of this table: the serial comes from the host, but a wrong one
+ * must still not pick the mount point. Read-only, nosuid, nodev; not noexec, which would refuse
+ * the PROT_EXEC mappings of native extension modules. */
+static const char *const layer_kinds[] = {"python", "javascript"};
+#define LAYER_SERIAL_PREFIX "sbx-layer-"
+#define LAYER_MOUNT_DIR "/usr/lib/sbx/layers/"
+
+/* The serial of block device `name` into buf (NUL-terminated, newline cut); 0 or -errno. */
+static int read_serial(const char *name, char *buf, size_t size)
+{
+	char path[96];
+	int n = snprintf(path, sizeof(path), "/sys/block/%s/serial", name);
+	if (n < 0 || (size_t)n >= sizeof(path))
+		return -ENAMETOOLONG;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	ssize_t got = read(fd, buf, size - 1);
+	int err = errno;
+	close(fd);
+	if (got < 0)
+		return -err;
+	buf[got] = '\0';
+	buf[strcspn(buf, "\n")] = '\0';
+	return 0;
+}
+
+static int mount_layer(const char *name, const char *kind)
+{
+	char dev[64], target[64];
+	int n = snprintf(dev, sizeof(dev), "/dev/%s", name);
+	int m = snprintf(target, sizeof(target), LAYER_MOUNT_DIR "%s", kind);
+	if (n < 0 || (size_t)n >= sizeof(dev) || m < 0 || (size_t)m >= sizeof(target))
+		return -ENAMETOOLONG;
+	if (mount(dev, target, "erofs", MS_RDONLY | NOSUID_NODEV, NULL) < 0) {
+		int err = errno;
+		sbx_log("mount package layer %s on %s: %s", dev, target, strerror(err));
+		return -err;
+	}
+	return 0;
+}
+
+int sbx_mount_layers(void)
+{
+	DIR *dir = opendir("/sys/block");
+	if (!dir)
+		return -errno;
+	int first = 0;
+	struct dirent *e;
+	while ((e = readdir(dir)) != NULL) {
+		char serial[64];
+		if (strncmp(e->d_name, "vd", 2) != 0 ||
+		    read_serial(e->d_name, serial, sizeof(serial)) < 0 ||
+		    strncmp(serial, LAYER_SERIAL_PREFIX, strlen(LAYER_SERIAL_PREFIX)) != 0)
+			continue;
+		const char *kind = serial + strlen(LAYER_SERIAL_PREFIX);
+		for (size_t i = 0; i < sizeof(layer_kinds) / sizeof(layer_kinds[0]); i++) {
+			if (strcmp(kind, layer_kinds[i]) != 0)
+				continue;
+			int rc = mount_layer(e->d_name, kind);
+			if (rc < 0 && first == 0)
+				first = rc;
+		}
+	}
+	closedir(dir);
 	return first;
 }
 

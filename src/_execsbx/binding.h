@@ -22,6 +22,7 @@ struct sbx_parsed_config {
 	PyObject *kernel;
 	PyObject *rootfs;
 	PyObject *mem_path; /* bytes or NULL */
+	PyObject *layer;    /* bytes or NULL */
 	int mem_fd;         /* the caller's fd for the RAM file, or -1 */
 };
 

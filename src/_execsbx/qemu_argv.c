@@ -134,6 +134,18 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	}
 	if (cfg->incoming && !cfg->qmp)
 		return reject(why, "incoming needs qmp (the migration is started over QMP)");
+	if (!cfg->layer != !cfg->layer_kind)
+		return reject(why, "layer and layer_kind go together");
+	if (cfg->layer) {
+		rc = check_path(cfg->layer, why, "layer must not be empty",
+				"layer path must not contain ','");
+		if (rc < 0)
+			return rc;
+		size_t n = strlen(cfg->layer_kind);
+		if (n == 0 || n > SBX_LAYER_KIND_MAX ||
+		    strspn(cfg->layer_kind, "abcdefghijklmnopqrstuvwxyz") != n)
+			return reject(why, "layer_kind must be 1..16 lower-case letters");
+	}
 
 	struct argv_builder b = {0};
 	add(&b, cfg->qemu_binary);
@@ -215,6 +227,15 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	     cfg->rootfs[0] == '/' ? "" : "./", cfg->rootfs);
 	add(&b, "-device");
 	add(&b, "virtio-blk-device,drive=root");
+	/* The package layer, read-only like the root, after it so that the root stays /dev/vda.
+	 * The agent mounts it by its serial, not by its device name. */
+	if (cfg->layer) {
+		add(&b, "-drive");
+		addf(&b, "file=%s%s,if=none,id=layer,format=raw,readonly=on",
+		     cfg->layer[0] == '/' ? "" : "./", cfg->layer);
+		add(&b, "-device");
+		addf(&b, "virtio-blk-device,drive=layer,serial=sbx-layer-%s", cfg->layer_kind);
+	}
 
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel. Both
 	 * chardevs are sockets the host already holds the other end of (spawn.c puts them at

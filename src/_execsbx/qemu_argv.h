@@ -30,7 +30,13 @@ struct sbx_vm_config {
 	int mem_fd;           /* guest RAM in the file at fd SBX_CHILD_MEM_FD (opened by the host:
 	                       * the jail's mount tree is read-only); excludes mem_path */
 	int qemu_sandbox;                 /* QEMU's own seccomp filter (-sandbox on,...) */
+	/* A package layer (docs/packages.md): a second read-only EROFS disk, found by the guest
+	 * agent through its serial "sbx-layer-<layer_kind>" (both NULL: no layer). */
+	const char *layer;      /* path, no ',' */
+	const char *layer_kind; /* [a-z], 1..SBX_LAYER_KIND_MAX bytes: "python", "javascript" */
 };
+
+#define SBX_LAYER_KIND_MAX 16u
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with
  * sbx_argv_free) and 0 is returned. On failure: -EINVAL (invalid config; *why, if why is not

@@ -805,7 +805,8 @@ static PyMethodDef vm_methods[] = {
 PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
 	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
-	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, jail=None)\n\n"
+	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, layer=None, layer_kind=None,\n"
+	     "   jail=None)\n\n"
 	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
 	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"

@@ -284,6 +284,49 @@ static void test_snapshot_template_and_clone(void)
 	CHECK(strstr(why, "incoming needs qmp") != NULL);
 }
 
+static void test_package_layer(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	const char *why = NULL;
+	/* No layer: one disk. */
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(find(argv, "file=/cache/layer.erofs,if=none,id=layer,format=raw,readonly=on") < 0);
+	sbx_argv_free(argv);
+
+	/* A layer: a second read-only disk after the root (which stays /dev/vda), named by its
+	 * serial for the agent. */
+	c.layer = "/cache/layer.erofs";
+	c.layer_kind = "python";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	int root = find(argv, "virtio-blk-device,drive=root");
+	int layer = find(argv, "virtio-blk-device,drive=layer,serial=sbx-layer-python");
+	CHECK(root > 0);
+	CHECK(layer > root);
+	CHECK(find(argv, "file=/cache/layer.erofs,if=none,id=layer,format=raw,readonly=on") > 0);
+	sbx_argv_free(argv);
+
+	c.layer = "rel/layer";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(find(argv, "file=./rel/layer,if=none,id=layer,format=raw,readonly=on") > 0);
+	sbx_argv_free(argv);
+
+	c.layer = "/a,file=/etc/shadow";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why, "layer path must not contain ','");
+	c.layer = "/cache/layer.erofs";
+	static const char *const bad_kinds[] = {"", "Python", "py,serial=x", "a-b",
+						"abcdefghijklmnopq"};
+	for (size_t i = 0; i < sizeof(bad_kinds) / sizeof(bad_kinds[0]); i++) {
+		c.layer_kind = bad_kinds[i];
+		CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+		CHECK(strstr(why, "layer_kind") != NULL);
+	}
+	c.layer_kind = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why, "layer and layer_kind go together");
+}
+
 int main(void)
 {
 	RUN(test_full_tcg_command_line);
@@ -294,5 +337,6 @@ int main(void)
 	RUN(test_relative_and_empty_paths);
 	RUN(test_drive_and_channel);
 	RUN(test_snapshot_template_and_clone);
+	RUN(test_package_layer);
 	TEST_MAIN_END("test_qemu_argv");
 }
