@@ -31,6 +31,7 @@ from .errors import (
 from .images import GuestImages
 from .jail import report_layers
 from .models import Language
+from .packages.layer import PackageLayer
 from .qmp import QmpClient, QmpError
 
 log = logging.getLogger("exec_sandbox")
@@ -88,6 +89,8 @@ class VmSpec:
     # The host jail (jail.py, src/_execsbx/jail.c): None runs QEMU without it.
     jail: dict[str, int] | None = None
     qemu_sandbox: bool = False
+    # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
+    layer: PackageLayer | None = None
 
 
 @dataclass
@@ -240,6 +243,8 @@ class GuestVm:
                 incoming=incoming,
                 qemu_sandbox=spec.qemu_sandbox,
                 jail=spec.jail,
+                layer=None if spec.layer is None else str(spec.layer.path),
+                layer_kind=None if spec.layer is None else spec.layer.kind,
             )
         except FileNotFoundError as exc:
             raise VmPermanentError(f"cannot start QEMU: {exc}") from exc

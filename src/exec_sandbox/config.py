@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,11 @@ class SchedulerConfig:
     memory_snapshots: bool = True  # L1: restore fresh VMs from memory snapshots
     admission_queue_size: int | None = None  # requests that may wait; None: 4 x max VMs
     admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS
+    # Packages every VM of a language gets (pooled and snapshotted like plain VMs), e.g.
+    # {"python": ["numpy==2.1.3", "pandas==2.2.3"]}; a call's `packages` are added on top.
+    default_packages: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Size cap of the package layer cache (least recently used layers go first).
+    package_cache_max_mb: int = 10 * 1024
 
     def __post_init__(self) -> None:
         _check_int("warm_pool_size", self.warm_pool_size, 0, 64)
@@ -83,11 +89,35 @@ class SchedulerConfig:
                 raise VmConfigError(f"{name} must be a bool")
         if self.admission_queue_size is not None:
             _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
+        _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
+        self.default_packages = _check_default_packages(
+            self.default_packages, self.enable_package_validation
+        )
         value = self.admission_timeout_seconds
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
             raise VmConfigError(
                 f"admission_timeout_seconds must be a number in (0, 3600], got {value!r}"
             )
+
+
+def _check_default_packages(value: object, strict: bool) -> dict[str, tuple[str, ...]]:
+    from .errors import PackageNotAllowedError
+    from .packages.specs import validate_packages
+
+    if not isinstance(value, Mapping):
+        raise VmConfigError(f"default_packages must be a mapping of language to packages, got {value!r}")
+    out: dict[str, tuple[str, ...]] = {}
+    for language, packages in value.items():
+        if language not in ("python", "javascript"):
+            raise VmConfigError(
+                f"default_packages: packages are for 'python' and 'javascript', not {language!r}"
+            )
+        try:
+            validate_packages(packages, language, strict=strict)
+        except PackageNotAllowedError as exc:
+            raise VmConfigError(f"default_packages[{language!r}]: {exc}") from None
+        out[language] = tuple(packages)
+    return out
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -57,7 +57,14 @@ class EnvVarValidationError(InputValidationError):
 
 
 class PackageNotAllowedError(InputValidationError):
-    """A requested package is unpinned or not allowed."""
+    """A requested package is unpinned or not allowed, or cannot be installed in the sandbox: not
+    on the index, no wheel for the guest's platform, conflicting versions. Raised before any VM
+    starts; the message names the package."""
+
+
+class PackageBuildError(TransientError):
+    """Building a package layer failed for a reason other than the request itself (the package
+    index could not be reached, a build step failed). No code ran: safe to retry."""
 
 
 class OutputLimitError(SandboxError):

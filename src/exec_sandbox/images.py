@@ -7,6 +7,7 @@ and root image it produced last; the hashes become part of every cache key that 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +17,24 @@ MANIFEST_NAME = "manifest.json"
 
 
 @dataclass(frozen=True)
+class GuestFacts:
+    """What the root image holds that host-built package layers must match (images/rootfs/
+    finish-image.sh writes them at build time): the python version ("3.11"), glibc ("2.36"),
+    and the hash of its Debian package tree (changes when the image's packages do, not when only
+    the agent does)."""
+
+    python: str
+    glibc: str
+    tree: str
+
+
+@dataclass(frozen=True)
 class GuestImages:
     kernel: Path
     rootfs: Path
     kernel_hash: str
     rootfs_hash: str
+    guest: GuestFacts | None = None  # None: images built before the facts were recorded
 
 
 def load_images(images_dir: Path) -> GuestImages:
@@ -34,6 +48,7 @@ def load_images(images_dir: Path) -> GuestImages:
             rootfs=Path(data["rootfs"]),
             kernel_hash=str(data["kernel_hash"]),
             rootfs_hash=str(data["rootfs_hash"]),
+            guest=_facts(data.get("guest")),
         )
     except FileNotFoundError:
         raise VmPermanentError(f"no guest images in {images_dir}: {hint}") from None
@@ -43,3 +58,13 @@ def load_images(images_dir: Path) -> GuestImages:
         if not path.is_file():
             raise VmPermanentError(f"guest image {path} named in {manifest} is missing: {hint}")
     return images
+
+
+def _facts(data: object) -> GuestFacts | None:
+    if not isinstance(data, dict):
+        return None
+    values = [data.get(name) for name in ("python", "glibc", "tree")]
+    if not all(isinstance(v, str) and re.fullmatch(r"[0-9a-f.]{1,64}", v) for v in values):
+        return None
+    python, glibc, tree = (str(v) for v in values)
+    return GuestFacts(python=python, glibc=glibc, tree=tree)

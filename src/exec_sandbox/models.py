@@ -19,7 +19,9 @@ class TimingBreakdown:
     admission_ms: waiting for capacity (part of setup_ms);
     restore_ms: starting a clone of an L1 memory snapshot until the guest runs (0 when not
     restored); connect_ms: the first round trip with the guest before the code is sent (a
-    restored guest's RNG reseed, a pooled VM's health check).
+    restored guest's RNG reseed, a pooled VM's health check); packages_ms: getting the package
+    layer (part of setup_ms; a cache hit costs a lookup, a miss the build of
+    `ExecutionResult.packages.build_ms`).
     """
 
     setup_ms: int
@@ -29,6 +31,25 @@ class TimingBreakdown:
     admission_ms: int = 0
     restore_ms: int = 0
     connect_ms: int = 0
+    packages_ms: int = 0
+
+
+@dataclass(frozen=True)
+class PackagesReport:
+    """The packages a VM had, and what getting them cost the call.
+
+    packages: the installed set, resolved ("numpy==1.26.4", "lodash@4.17.21"), dependencies
+    included; cache_hit: the layer was in the cache (nothing resolved, downloaded or built in
+    this call); resolved: the resolver ran in this call (False when the request had been seen:
+    its lock came from the cache); build_ms: the phases this call ran, in milliseconds (resolve,
+    download, unpack, compile, image; empty on a cache hit); size_bytes: the layer image.
+    """
+
+    packages: tuple[str, ...]
+    cache_hit: bool
+    resolved: bool
+    build_ms: dict[str, int] = field(default_factory=dict)
+    size_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,7 @@ class ExecutionResult:
     warm_pool_hit: bool = False
     l1_cache_hit: bool = False
     exposed_ports: list[ExposedPort] = field(default_factory=list)
+    packages: PackagesReport | None = None  # None: the VM had no package layer
 
     @property
     def timed_out(self) -> bool:

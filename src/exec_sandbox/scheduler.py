@@ -20,10 +20,13 @@ from ._vm import (
 )
 from .admission import Admission, Budget, Ticket
 from .config import SchedulerConfig
-from .errors import OutputLimitError, PackageNotAllowedError, SandboxError, VmConfigError
+from .errors import OutputLimitError, SandboxError, VmConfigError
 from .images import GuestImages, load_images
 from .jail import jail_options, usage_figures
 from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
+from .packages.layer import PackageLayer
+from .packages.layers import PackageLayers
+from .packages.specs import PackageSpec, merge_packages, validate_packages
 from .pool import PooledVm, WarmPool
 from .qmp import QmpError
 from .snapshots import (
@@ -81,6 +84,15 @@ class Scheduler:
             else None
         )
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
+        # Package layers (packages/): the cache, and each language's default set (config).
+        self._layers = PackageLayers(self.config.disk_snapshot_cache_dir / "packages",
+                                     self.config.package_cache_max_mb << 20)  # fmt: skip
+        self._default_packages: dict[str, tuple[PackageSpec, ...]] = {
+            lang: validate_packages(specs, lang, strict=self.config.enable_package_validation)  # type: ignore[arg-type]
+            for lang, specs in self.config.default_packages.items()
+        }
+        # The layer identity of the pool's VMs per language (None: no default packages).
+        self._pool_layers: dict[str, str | None] = {}
         self._snapshot_failed: set[str] = set()
         self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, _VCPUS,
                               self._admission, self._start_pool_vm,
@@ -124,6 +136,7 @@ class Scheduler:
             await session.close()
         self._admission.close()
         await self._pool.close()
+        await self._layers.close()
         builds = list(self._snapshot_builds.values())
         for task in builds:
             task.cancel()
@@ -149,17 +162,19 @@ class Scheduler:
         await self.start()
         await self._pool.wait_ready(timeout)
 
-    async def prepare_snapshot(self, language: Language = "python",
-                               memory_mb: int | None = None) -> bool:  # fmt: skip
+    async def prepare_snapshot(self, language: Language = "python", memory_mb: int | None = None,
+                               packages: Sequence[str] | None = None) -> bool:  # fmt: skip
         """Make sure the L1 memory snapshot for this configuration exists (building it now if
-        needed), so that the next fresh VM of it is restored instead of booted. False when
-        snapshots are off or could not be built (the reason is logged)."""
+        needed, and its package layer), so that the next fresh VM of it is restored instead of
+        booted. False when snapshots are off or could not be built (the reason is logged)."""
         language = validate_language(language)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
+        specs = self._packages_of(language, packages)
         await self.start()
         if self._snapshots is None:
             return False
-        spec = self._spec(memory)
+        layer = await self._layer_for(language, specs, None)
+        spec = self._spec(memory, layer)
         key = snapshot_key(spec, language)
         if self._snapshots.lookup(key, memory) is not None:
             return True
@@ -210,24 +225,34 @@ class Scheduler:
         timeout_ms = validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         env = validate_env(env_vars)
-        _refuse_unsupported(packages, allow_network, allowed_domains, expose_ports)
+        specs = self._packages_of(language, packages)
+        _refuse_unsupported(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
+        at = time.monotonic()
+        layer = await self._layer_for(language, specs, on_boot_log)
+        packages_ms = _ms(time.monotonic() - at)
 
         self._foreground_active += 1
         try:
-            return await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
-                                   allow_network, started, on_stdout, on_stderr, on_boot_log)
+            result = await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
+                                     allow_network, layer, started, on_stdout, on_stderr,
+                                     on_boot_log)  # fmt: skip
         finally:
             self._foreground_active -= 1
+        if layer is None:
+            return result
+        return replace(result, packages=layer.report,
+                       timing=replace(result.timing, packages_ms=packages_ms))  # fmt: skip
 
     async def _run(self, code_bytes: bytes, language: Language, timeout: int, timeout_ms: int,
                    memory: int, env: list[tuple[bytes, bytes]], allow_network: bool,
-                   started: float, on_stdout: OutputCallback | None,
+                   layer: PackageLayer | None, started: float, on_stdout: OutputCallback | None,
                    on_stderr: OutputCallback | None,
                    on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
-        vm, ticket, phases = await self._acquire_vm(language, memory, allow_network, on_boot_log)
+        vm, ticket, phases = await self._acquire_vm(language, memory, allow_network, layer,
+                                                    on_boot_log)  # fmt: skip
         self._vms.add(vm)
         setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
                     - phases.connect_ms)  # fmt: skip
@@ -306,14 +331,17 @@ class Scheduler:
         validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         validate_env(env_vars)
-        _refuse_unsupported(packages, allow_network, allowed_domains, expose_ports)
+        specs = self._packages_of(language, packages)
+        _refuse_unsupported(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
+        layer = await self._layer_for(language, specs, on_boot_log)
 
         self._foreground_active += 1
         try:
-            vm, ticket, phases = await self._acquire_vm(language, memory, False, on_boot_log)
+            vm, ticket, phases = await self._acquire_vm(language, memory, False, layer,
+                                                        on_boot_log)  # fmt: skip
         finally:
             self._foreground_active -= 1
         self._vms.add(vm)
@@ -335,6 +363,7 @@ class Scheduler:
             boot_ms=phases.boot_ms + phases.restore_ms,
             warm_pool_hit=phases.pool_hit,
             l1_cache_hit=phases.l1_hit,
+            packages=None if layer is None else layer.report,
         )
         self._sessions.add(session)
         try:
@@ -345,12 +374,14 @@ class Scheduler:
         return session
 
     async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
-                          on_boot_log: OutputCallback | None
+                          layer: PackageLayer | None, on_boot_log: OutputCallback | None
                           ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
         """A VM and its ticket for one run() or session: the pool first, else admission and
         an L1 restore or a cold boot."""
         phases = _Phases()
-        pooled = await self._take_pooled(language, memory, allow_network, phases)
+        pooled = None
+        if self._pool_layers.get(language) == (None if layer is None else layer.identity):
+            pooled = await self._take_pooled(language, memory, allow_network, phases)
         if pooled is not None:
             phases.pool_hit = True
             phases.l1_hit = pooled.restored
@@ -359,7 +390,7 @@ class Scheduler:
         ticket = await self._admission.acquire(memory, _VCPUS)
         phases.admission_ms = _ms(time.monotonic() - admit_at)
         try:
-            vm = await self._start_vm(language, memory, phases, on_boot_log=on_boot_log)
+            vm = await self._start_vm(language, memory, phases, layer, on_boot_log=on_boot_log)
         except BaseException:
             ticket.release()
             raise
@@ -405,7 +436,29 @@ class Scheduler:
 
     # --- starting VMs ---
 
-    def _spec(self, memory_mb: int) -> VmSpec:
+    def _packages_of(self, language: Language, packages: Sequence[str] | None) -> tuple[PackageSpec, ...]:
+        """The packages a call's VM gets: the scheduler's default set of the language with the
+        call's own on top (validated before anything starts)."""
+        requested = validate_packages(packages, language,
+                                      strict=self.config.enable_package_validation)  # fmt: skip
+        return merge_packages(self._default_packages.get(language, ()), requested)
+
+    async def _layer_for(self, language: Language, specs: tuple[PackageSpec, ...],
+                         on_progress: OutputCallback | None) -> PackageLayer | None:  # fmt: skip
+        """The package layer of specs: cached, or built now (progress lines go to on_progress,
+        the call's boot log)."""
+        if not specs:
+            return None
+        assert self._images is not None
+
+        def progress(message: str) -> None:
+            log.info("packages: %s", message)
+            if on_progress is not None:
+                on_progress(f"[packages] {message}\n")
+
+        return await self._layers.get(language, specs, self._images, progress)
+
+    def _spec(self, memory_mb: int, layer: PackageLayer | None = None) -> VmSpec:
         assert self._images is not None
         return VmSpec(
             qemu_binary=host.qemu_binary(),
@@ -416,12 +469,14 @@ class Scheduler:
             kernel_cmdline_extra=_kernel_cmdline_extra(),
             jail=jail_options(memory_mb, _VCPUS),
             qemu_sandbox=True,
+            layer=layer,
         )
 
-    async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases, *,
+    async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases,
+                        layer: PackageLayer | None = None, *,
                         on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
         """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot)."""
-        spec = self._spec(memory_mb)
+        spec = self._spec(memory_mb, layer)
         if self._snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self._snapshots.lookup(key, memory_mb)
@@ -473,7 +528,10 @@ class Scheduler:
 
     async def _start_pool_vm(self, language: Language) -> tuple[GuestVm, bool]:
         phases = _Phases()
-        vm = await self._start_vm(language, self.config.default_memory_mb, phases)
+        # The pool holds VMs of the default configuration, with the language's default packages.
+        layer = await self._layer_for(language, self._default_packages.get(language, ()), None)
+        self._pool_layers[language] = None if layer is None else layer.identity
+        vm = await self._start_vm(language, self.config.default_memory_mb, phases, layer)
         try:
             # The interpreter of the next run starts now, off the request path (after the RESEED
             # of a clone; never in a template: none is taken of this VM). The warm-up then runs
@@ -570,12 +628,9 @@ def _kernel_cmdline_extra() -> str:
     return f"tsc_early_khz={khz}" if khz > 0 else ""
 
 
-def _refuse_unsupported(packages: Sequence[str] | None, allow_network: bool,
-                        allowed_domains: Sequence[str] | None,
+def _refuse_unsupported(allow_network: bool, allowed_domains: Sequence[str] | None,
                         expose_ports: Sequence[int | PortMapping] | None) -> None:  # fmt: skip
     """Features of the API that this version does not implement yet fail loudly, never silently."""
-    if packages:
-        raise PackageNotAllowedError("installing packages is not supported by this version yet")
     if allow_network or allowed_domains:
         raise VmConfigError("network access is not supported by this version yet")
     if expose_ports:

@@ -26,7 +26,7 @@ from .errors import (
     SessionClosedError,
     VmTransientError,
 )
-from .models import ExecutionResult, FileInfo, Language, TimingBreakdown
+from .models import ExecutionResult, FileInfo, Language, PackagesReport, TimingBreakdown
 from .validation import validate_code, validate_env, validate_timeout
 
 log = logging.getLogger("exec_sandbox")
@@ -59,11 +59,14 @@ class Session:
         boot_ms: int = 0,
         warm_pool_hit: bool = False,
         l1_cache_hit: bool = False,
+        packages: PackagesReport | None = None,
     ) -> None:
         self.session_id = uuid.uuid4().hex
         # Which speed tier gave this session its VM (like ExecutionResult's fields for run()).
         self.warm_pool_hit = warm_pool_hit
         self.l1_cache_hit = l1_cache_hit
+        # The packages installed in its VM (None: none), as ExecutionResult.packages.
+        self.packages = packages
         self.language = language
         self._vm = vm
         self._default_timeout = default_timeout_seconds

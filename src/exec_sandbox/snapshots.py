@@ -105,7 +105,8 @@ def qemu_version(qemu_binary: str) -> str:
 
 def snapshot_key(spec: VmSpec, language: Language) -> str:
     """Everything that changes what a restored VM would be: images, QEMU, accelerator, RAM,
-    vCPUs, kernel command line, language (the warmed-up interpreter), the format."""
+    vCPUs, kernel command line, language (the warmed-up interpreter), the package layer, the
+    format."""
     inputs = {
         "format": SNAPSHOT_FORMAT,
         "kernel": spec.images.kernel_hash,
@@ -117,6 +118,8 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
         "language": language,
         "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
+        # A second disk changes the device layout, and its files are in the guest's page cache.
+        "layer": None if spec.layer is None else spec.layer.identity,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{language}-{spec.memory_mb}m-{digest[:24]}"

@@ -1,0 +1,188 @@
+"""Getting the package layer for a call: from the cache, or built once (per key, across tasks
+and processes) and cached.
+
+    request --(requests/ index, else the resolver)--> lock --(layer key)--> layers/ or a build
+
+The request key covers the requirement texts, the language, the guest's interpreter and C
+library versions and the format; the layer key covers the lock (names, versions, wheel hashes or
+npm integrity hashes), the guest image's package tree, the same target and the format. A
+request seen before therefore neither resolves nor downloads. A request with version ranges
+(`enable_package_validation=False`) keeps the resolution it first got until its entry is evicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..images import GuestImages
+from ..models import Language, PackagesReport
+from . import erofs, npm_layer, pip_layer
+from .layer import PackageLayer
+from .specs import PackageSpec
+from .store import LayerStore, StoredLayer, file_sha256
+from .target import GuestTarget
+
+log = logging.getLogger("exec_sandbox")
+
+# Part of every key: a change in how layers are built or laid out must not reuse old ones.
+LAYER_FORMAT = 1
+
+Progress = Callable[[str], None]
+
+
+class PackageLayers:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.store = LayerStore(root, max_bytes)
+        self._builds: dict[str, asyncio.Task[StoredLayer]] = {}
+        # Observable counts for tests and benchmarks: what this process actually ran.
+        self.resolves = 0
+        self.builds = 0
+
+    async def close(self) -> None:
+        """Stop builds in progress (their tools are killed, their build directories removed)."""
+        tasks = list(self._builds.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - each build's end is all that matters here
+                pass
+
+    async def get(self, language: Language, specs: tuple[PackageSpec, ...], images: GuestImages,
+                  progress: Progress | None = None) -> PackageLayer | None:  # fmt: skip
+        """The layer holding specs for language (None for no packages). Raises
+        PackageNotAllowedError for packages that cannot be installed, PackageBuildError when
+        the index or a build step fails, VmPermanentError when a host tool is missing."""
+        if not specs:
+            return None
+        target = GuestTarget.of(images)
+        say = progress or (lambda _message: None)
+        phases: dict[str, int] = {}
+        request_key = _digest({"format": LAYER_FORMAT, "language": language,
+                               "requirements": [s.requirement for s in specs],
+                               "python": target.python, "glibc": target.glibc})  # fmt: skip
+        lock = self.store.read_request(request_key)
+        resolved = lock is None
+        if lock is None:
+            say(f"resolving {len(specs)} package{'s' if len(specs) > 1 else ''}")
+            at = time.monotonic()
+            lock = await self._resolve(language, specs, target)
+            phases["resolve"] = _ms_since(at)
+            self.store.write_request(request_key, lock)
+        layer_key = f"{language}-" + _digest({"format": LAYER_FORMAT, "language": language,
+                                              "identity": lock["identity"], "tree": target.tree,
+                                              "python": target.python, "glibc": target.glibc})[:24]  # fmt: skip
+        stored = self.store.lookup(layer_key)
+        if stored is not None and not await self.store.verify(stored):
+            stored = None
+        if stored is None:
+            task = self._builds.get(layer_key)
+            if task is None:
+                task = asyncio.create_task(self._build(language, layer_key, lock, target, say, phases),
+                                           name=f"package-layer-{layer_key}")  # fmt: skip
+                self._builds[layer_key] = task
+                task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
+                stored = await asyncio.shield(task)
+            else:  # another call of this process is building it: wait for that build
+                at = time.monotonic()
+                stored = await asyncio.shield(task)
+                phases["wait"] = _ms_since(at)
+        report = PackagesReport(
+            packages=tuple(lock["packages"]),
+            cache_hit=not phases,
+            resolved=resolved,
+            build_ms=dict(phases),
+            size_bytes=stored.size,
+        )
+        return PackageLayer(key=layer_key, path=stored.path, kind=language, report=report)
+
+    async def _resolve(self, language: Language, specs: tuple[PackageSpec, ...],
+                       target: GuestTarget) -> dict[str, Any]:  # fmt: skip
+        self.resolves += 1
+        with self.store.build_dir() as work:
+            if language == "python":
+                wheels = await pip_layer.resolve(specs, target, work)
+                return {
+                    "packages": [f"{w.name}=={w.version}" for w in wheels],
+                    "identity": [[w.name, w.version, w.sha256] for w in wheels],
+                    "wheels": [[w.name, w.version, _redact(w.url), w.sha256] for w in wheels],
+                }
+            resolution = await npm_layer.resolve(specs, work)
+            locked = npm_layer.locked_packages(resolution)
+            return {
+                "packages": [f"{name}@{version}" for name, version, _ in locked],
+                "identity": [list(entry) for entry in locked],
+                "npm": resolution,
+            }
+
+    async def _build(self, language: Language, key: str, lock: dict[str, Any], target: GuestTarget,
+                     say: Progress, phases: dict[str, int]) -> StoredLayer:  # fmt: skip
+        at = time.monotonic()
+        async with self.store.build_lock(key):
+            # Another process may have built it while this one waited for the lock.
+            stored = self.store.lookup(key)
+            if stored is not None and await self.store.verify(stored):
+                phases["wait"] = _ms_since(at)
+                return stored
+            self.builds += 1
+            count = len(lock["packages"])
+            with self.store.build_dir() as work:
+                tree = work / "tree"
+                at = time.monotonic()
+                if language == "python":
+                    wheels = [pip_layer.LockedWheel(*entry) for entry in lock["wheels"]]
+                    say(f"downloading {count} wheels")
+                    size = await pip_layer.download(wheels, target, work / "wheels")
+                    phases["download"] = _ms_since(at)
+                    say(f"unpacking {count} wheels ({size / 1e6:.1f} MB)")
+                    at = time.monotonic()
+                    await pip_layer.unpack(work / "wheels", target, tree)
+                    phases["unpack"] = _ms_since(at)
+                    say("compiling bytecode")
+                    at = time.monotonic()
+                    await pip_layer.compile_bytecode(tree, target)
+                    phases["compile"] = _ms_since(at)
+                else:
+                    say(f"downloading {count} npm packages")
+                    tree = await npm_layer.download(lock["npm"], work)
+                    phases["download"] = _ms_since(at)
+                say("packing the layer image")
+                at = time.monotonic()
+                image = work / "layer.erofs"
+                size = await erofs.pack(tree, image)
+                digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, image)
+                phases["image"] = _ms_since(at)
+                meta = {"format": LAYER_FORMAT, "language": language, "size": size,
+                        "sha256": digest, "packages": lock["packages"], "built_ms": dict(phases),
+                        "created": time.time()}  # fmt: skip
+                stored = self.store.publish(key, image, meta)
+            log.info("package layer %s built: %d packages, %.1f MB, %s", key, count, size / 1e6,
+                     ", ".join(f"{k} {v} ms" for k, v in phases.items()))  # fmt: skip
+            return stored
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _ms_since(at: float) -> int:
+    return int(round((time.monotonic() - at) * 1000))
+
+
+def _redact(url: str) -> str:
+    """A URL without user and password: pip applies the configured credentials of the index
+    again when it downloads, and the cache holds no secret."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+

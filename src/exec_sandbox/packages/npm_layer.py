@@ -1,0 +1,100 @@
+"""JavaScript package trees, built on the host with the host's npm.
+
+`--ignore-scripts` everywhere: no install script of any package runs on the host (packages that
+need one to build a native addon do not work in the sandbox). The host's npm configuration
+(registry, scoped registries, auth tokens in ~/.npmrc, proxy, CA) applies as it is, so tokens
+never reach a VM. The tree becomes the guest's /node_modules, where require() and import both
+end their search.
+
+Steps: resolve (`npm install --package-lock-only`: a lock file, nothing fetched but package
+documents), download (`npm ci` from that lock: tarballs checked against their integrity hashes,
+unpacked).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import PackageBuildError, PackageNotAllowedError
+from .specs import PackageSpec
+from .tools import ToolResult, require_tool, run_tool
+
+RESOLVE_TIMEOUT_SECONDS = 300.0
+DOWNLOAD_TIMEOUT_SECONDS = 900.0
+_NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier",
+              "--loglevel=error")  # fmt: skip
+_NETWORK_TROUBLE = re.compile(r"ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH")
+_MANIFEST = {"name": "sbx-package-layer", "version": "1.0.0", "private": True}
+
+
+def npm() -> str:
+    return require_tool("npm", "npm")
+
+
+async def resolve(specs: tuple[PackageSpec, ...], work: Path) -> dict[str, Any]:
+    """Resolve the requirements to a lock: {"manifest": package.json, "lock": package-lock.json}."""
+    project = work / "resolve"
+    project.mkdir(parents=True)
+    (project / "package.json").write_text(json.dumps(_MANIFEST))
+    result = await run_tool(
+        [npm(), "install", "--package-lock-only", "--save-exact", *_NPM_FLAGS,
+         "--cache", str(work / "npm-cache"), *(spec.requirement for spec in specs)],
+        timeout=RESOLVE_TIMEOUT_SECONDS, what="resolving the packages with npm", cwd=project,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise _npm_failure(result)
+    try:
+        return {
+            "manifest": json.loads((project / "package.json").read_text()),
+            "lock": json.loads((project / "package-lock.json").read_text()),
+        }
+    except (OSError, ValueError) as exc:
+        raise PackageBuildError(f"npm left no usable lock file: {exc}") from None
+
+
+def locked_packages(resolution: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(name, version, integrity) of every package the lock installs, sorted."""
+    try:
+        entries = resolution["lock"]["packages"]
+        out = []
+        for path, entry in entries.items():
+            if not path:
+                continue  # the project itself
+            name = path.rsplit("node_modules/", 1)[-1]
+            out.append((name, str(entry["version"]), str(entry.get("integrity", ""))))
+        return sorted(out)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PackageBuildError(f"npm's lock file is not in a known format: {exc}") from None
+
+
+async def download(resolution: dict[str, Any], work: Path) -> Path:
+    """Fetch and unpack the locked packages; returns the node_modules directory."""
+    project = work / "install"
+    project.mkdir(parents=True)
+    (project / "package.json").write_text(json.dumps(resolution["manifest"]))
+    (project / "package-lock.json").write_text(json.dumps(resolution["lock"]))
+    result = await run_tool(
+        [npm(), "ci", *_NPM_FLAGS, "--cache", str(work / "npm-cache")],
+        timeout=DOWNLOAD_TIMEOUT_SECONDS, what="downloading the packages with npm", cwd=project,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise _npm_failure(result)
+    modules = project / "node_modules"
+    if not modules.is_dir():
+        modules.mkdir()
+    return modules
+
+
+def _npm_failure(result: ToolResult) -> Exception:
+    text = result.stderr + result.stdout
+    if _NETWORK_TROUBLE.search(text):
+        return PackageBuildError(f"the npm registry could not be reached: {result.tail()}")
+    if re.search(r"\bE404\b|\bETARGET\b|No matching version|is not in this registry", text):
+        return PackageNotAllowedError(f"a requested package or version does not exist on the "
+                                      f"npm registry: {result.tail()}")  # fmt: skip
+    if "ERESOLVE" in text:
+        return PackageNotAllowedError(f"the requested packages conflict: {result.tail()}")
+    return PackageBuildError(f"npm failed: {result.tail()}")

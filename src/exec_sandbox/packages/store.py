@@ -1,0 +1,251 @@
+"""The on-disk cache of package layers (under SchedulerConfig.disk_snapshot_cache_dir).
+
+```
+requests/<request-key>.json   a packages request -> the lock it resolved to (no resolver run,
+                              nothing downloaded, when the same request comes again)
+layers/<layer-key>/           layer.erofs + meta.json (the lock, size, SHA-256 of the image)
+locks/<layer-key>.lock        flock: one build of a key at a time, across processes
+.build-*/                     a build in progress; published into layers/ by one rename
+```
+
+A layer directory is complete or absent: it is built aside and renamed into place, never
+written after. A layer whose size or digest does not match its meta is damaged: it is moved
+away and built again. The digest is checked once per process and file (hashing hundreds of MB on
+every use would cost more than the VM); the size on every use. Eviction keeps the most recently
+used layers under a size cap; "used" is the directory's mtime, refreshed on each use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("exec_sandbox")
+
+LAYER_FILE = "layer.erofs"
+META_FILE = "meta.json"
+# Leftovers of a killed builder older than this, and not locked, are removed.
+_STALE_BUILD_SECONDS = 3600.0
+# A layer used this recently is never evicted: a VM may be about to open it by path.
+_EVICT_GRACE_SECONDS = 600.0
+_LOCK_POLL_SECONDS = 0.1
+_REQUESTS_KEEP = 2000
+_HASH_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoredLayer:
+    key: str
+    path: Path  # the EROFS image
+    meta: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        return int(self.meta["size"])
+
+
+class LayerStore:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        # (device, inode, mtime, size) of images whose digest this process has checked.
+        self._verified: set[tuple[int, int, int, int]] = set()
+
+    def _dir(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    # --- requests -> locks ---
+
+    def read_request(self, request_key: str) -> dict[str, Any] | None:
+        path = self._dir("requests") / f"{request_key}.json"
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return data
+
+    def write_request(self, request_key: str, lock: dict[str, Any]) -> None:
+        directory = self._dir("requests")
+        _write_json_atomically(directory / f"{request_key}.json", lock)
+        entries = sorted(directory.glob("*.json"), key=_mtime, reverse=True)
+        for stale in entries[_REQUESTS_KEEP:]:
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+    # --- layers ---
+
+    def lookup(self, key: str) -> StoredLayer | None:
+        """The published layer of key if its meta reads and its image has the recorded size;
+        a damaged one is moved away (and None returned)."""
+        directory = self._dir("layers") / key
+        try:
+            meta = json.loads((directory / META_FILE).read_text())
+            size = (directory / LAYER_FILE).stat().st_size
+        except FileNotFoundError:
+            if directory.exists():
+                self.discard(key, "incomplete")
+            return None
+        except (OSError, ValueError) as exc:
+            self.discard(key, f"unreadable: {exc}")
+            return None
+        if not isinstance(meta, dict) or meta.get("size") != size:
+            self.discard(key, f"image is {size} bytes, its meta says {meta.get('size')}")
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(directory)
+        return StoredLayer(key, directory / LAYER_FILE, meta)
+
+    async def verify(self, layer: StoredLayer) -> bool:
+        """Whether the image's bytes are what was built (SHA-256, once per process and file);
+        a mismatch discards the layer."""
+        try:
+            info = layer.path.stat()
+        except OSError:
+            return False
+        identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
+        if identity in self._verified:
+            return True
+        digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, layer.path)
+        if digest != layer.meta.get("sha256"):
+            self.discard(layer.key, "its SHA-256 does not match its meta")
+            return False
+        self._verified.add(identity)
+        return True
+
+    def discard(self, key: str, why: str) -> None:
+        log.warning("package layer %s is damaged (%s): it is removed and will be rebuilt", key, why)
+        self._remove(self.root / "layers" / key)
+
+    @contextlib.asynccontextmanager
+    async def build_lock(self, key: str) -> AsyncIterator[None]:
+        """Hold the build lock of key (an flock, so across processes); polled, never blocking
+        the loop."""
+        path = self._dir("locks") / f"{key}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(_LOCK_POLL_SECONDS)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextlib.contextmanager
+    def build_dir(self) -> Any:
+        """A fresh private directory for one build, removed afterwards (what is published was
+        renamed out of it). Locked while in use, so that a cleanup of stale builds by another
+        process leaves it alone."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._remove_stale_builds()
+        path = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+            os.close(fd)
+
+    def publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
+        """Move a built image into the cache as key (complete or not at all)."""
+        staging = image.parent / "publish"
+        staging.mkdir()
+        image.rename(staging / LAYER_FILE)
+        _write_json_atomically(staging / META_FILE, meta)
+        os.chmod(staging, 0o755)
+        target = self._dir("layers") / key
+        if target.exists():
+            self._remove(target)  # damaged (lookup said so under the build lock)
+        staging.rename(target)
+        self.evict(keep=key)
+        info = (target / LAYER_FILE).stat()
+        self._verified.add((info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size))
+        return StoredLayer(key, target / LAYER_FILE, meta)
+
+    def evict(self, keep: str | None = None) -> None:
+        """Remove least recently used layers until the cache is under its size cap."""
+        layers = []
+        for directory in (self.root / "layers").glob("*"):
+            try:
+                size = (directory / LAYER_FILE).stat().st_size
+                layers.append((directory.stat().st_mtime, size, directory))
+            except OSError:
+                continue
+        total = sum(size for _, size, _ in layers)
+        now = time.time()
+        for used, size, directory in sorted(layers):
+            if total <= self.max_bytes:
+                break
+            if directory.name == keep or now - used < _EVICT_GRACE_SECONDS:
+                continue
+            log.info("package layer cache over %d MB: removing %s", self.max_bytes >> 20, directory.name)
+            self._remove(directory)
+            total -= size
+
+    def _remove(self, directory: Path) -> None:
+        """Rename aside, then delete: a reader never sees half a directory."""
+        trash = self.root / f".trash-{directory.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            directory.rename(trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _remove_stale_builds(self) -> None:
+        now = time.time()
+        for path in self.root.glob(".build-*"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime < _STALE_BUILD_SECONDS:
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live builder
+                finally:
+                    os.close(fd)
+                shutil.rmtree(path, ignore_errors=True)
+        for path in self.root.glob(".trash-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_json_atomically(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
