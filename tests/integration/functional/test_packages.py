@@ -1,0 +1,162 @@
+"""Packages in real VMs, from an index and an npm registry served on 127.0.0.1 from packages the
+tests make (deterministic, no network): the layer is mounted where the interpreters look,
+read-only, with hash-based bytecode; sessions, snapshots and the pool use it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import Scheduler, SchedulerConfig
+from tests.helpers import qemu_processes
+from tests.package_index import LocalIndex, LocalNpmRegistry, make_npm_tarball, make_wheel
+
+pytestmark = pytest.mark.vm
+
+DEMO = "sbxdemo==1.0.0"
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalIndex]:
+    build = tmp_path / "dists"
+    build.mkdir()
+    with LocalIndex(tmp_path / "index") as served:
+        served.publish(make_wheel(
+            build, "sbxdemo", "1.0.0",
+            {"sbxdemo/__init__.py": "VALUE = 'from-the-layer'\ndef main():\n    print('cli', VALUE)\n"},
+            scripts={"sbxdemo-cli": "sbxdemo:main"},
+        ))  # fmt: skip
+        for name, value in served.pip_env().items():
+            monkeypatch.setenv(name, value)
+        yield served
+
+
+@pytest.fixture
+def npm_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalNpmRegistry]:
+    build = tmp_path / "npm-dists"
+    build.mkdir()
+    with LocalNpmRegistry(tmp_path / "registry") as served:
+        served.publish("sbxjs", {"1.0.0": make_npm_tarball(
+            build, "sbxjs", "1.0.0", {"index.js": "exports.hello = () => 'hello from the layer';\n"}
+        )})  # fmt: skip
+        for name, value in served.npm_env(tmp_path).items():
+            monkeypatch.setenv(name, value)
+        yield served
+
+
+def _config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
+    options: dict[str, object] = dict(
+        max_concurrent_vms=3, memory_snapshots=False,
+        disk_snapshot_cache_dir=tmp_path / "disk", memory_snapshot_cache_dir=tmp_path / "memory",
+    )  # fmt: skip
+    options.update(overrides)
+    return SchedulerConfig(**options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
+    async with Scheduler(_config(tmp_path)) as scheduler:
+        yield scheduler
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+GUEST_CHECKS = r"""
+import os, sys, subprocess, importlib.util, sbxdemo
+print(sbxdemo.VALUE, sbxdemo.__file__)
+pyc = importlib.util.cache_from_source(sbxdemo.__file__)
+flags = int.from_bytes(open(pyc, "rb").read()[4:8], "little")
+print("pyc flags", flags)  # 1: hash-based, never checked against the source
+script = os.path.join(os.path.dirname(sbxdemo.__file__), "..", "bin", "sbxdemo-cli")
+print(open(script).readline().strip())
+print(subprocess.run([script], capture_output=True, text=True).stdout.strip())
+opts = [l.split()[3] for l in open("/proc/mounts") if l.split()[1] == "/usr/lib/sbx/layers/python"]
+print("mount", opts)
+try:
+    open(os.path.join(os.path.dirname(sbxdemo.__file__), "x"), "w")
+except OSError as e:
+    print("write", e.strerror)
+"""
+
+
+async def test_python_code_imports_a_package_from_its_layer(sched: Scheduler, index: LocalIndex) -> None:
+    result = await sched.run(GUEST_CHECKS, packages=[DEMO])
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "from-the-layer /usr/local/lib/python3.11/dist-packages/sbxdemo/__init__.py"
+    assert lines[1] == "pyc flags 1"
+    assert lines[2] == "#!/usr/bin/python3"  # the console script runs the guest's python
+    assert lines[3] == "cli from-the-layer"
+    options = lines[4]
+    assert "'ro," in options and "nosuid" in options and "nodev" in options
+    assert lines[5] == "write Read-only file system"
+    assert result.packages is not None and result.packages.packages == (DEMO,)
+    assert not result.packages.cache_hit and result.timing.packages_ms > 0
+
+
+async def test_without_packages_the_guest_has_none(sched: Scheduler, index: LocalIndex) -> None:
+    result = await sched.run("import sbxdemo")
+    assert result.exit_code == 1 and "No module named 'sbxdemo'" in result.stderr
+    assert result.packages is None
+
+
+async def test_a_session_keeps_state_with_packages(sched: Scheduler, index: LocalIndex) -> None:
+    async with await sched.session(packages=[DEMO]) as session:
+        assert session.packages is not None and session.packages.packages == (DEMO,)
+        await session.exec("import sbxdemo\nx = sbxdemo.VALUE.upper()")
+        result = await session.exec("print(x)")
+        assert result.stdout == "FROM-THE-LAYER\n"
+
+
+async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(sched: Scheduler, index: LocalIndex) -> None:
+    first = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
+    assert first.stdout == "from-the-layer\n"
+    image = next((sched.config.disk_snapshot_cache_dir / "packages" / "layers").glob("*/layer.erofs"))
+    os.truncate(image, image.stat().st_size // 3)
+    second = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
+    assert second.stdout == "from-the-layer\n", second.stderr
+    assert second.packages is not None and not second.packages.cache_hit
+
+
+async def test_javascript_require_and_import_find_the_layer(sched: Scheduler, npm_registry: LocalNpmRegistry) -> None:
+    code = ("const a = require('sbxjs');\n"
+            "import('sbxjs').then((m) => console.log(a.hello(), '|', m.default.hello(),"
+            " '|', require.resolve('sbxjs')));\n")  # fmt: skip
+    result = await sched.run(code, language="javascript", packages=["sbxjs@1.0.0"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "hello from the layer | hello from the layer | /node_modules/sbxjs/index.js\n" or \
+        result.stdout == ("hello from the layer | hello from the layer | "
+                          "/usr/lib/sbx/layers/javascript/sbxjs/index.js\n")  # fmt: skip
+    assert result.packages is not None and result.packages.packages == ("sbxjs@1.0.0",)
+    async with await sched.session(language="javascript", packages=["sbxjs@1.0.0"]) as session:
+        await session.exec("const { hello } = require('sbxjs');")
+        assert (await session.exec("console.log(hello())")).stdout == "hello from the layer\n"
+
+
+async def test_l1_snapshots_of_a_package_set_are_its_own(tmp_path: Path, images_ready: None,
+                                                        index: LocalIndex) -> None:  # fmt: skip
+    async with Scheduler(_config(tmp_path, memory_snapshots=True)) as scheduler:
+        cold = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
+        assert cold.stdout == "from-the-layer\n" and not cold.l1_cache_hit
+        assert await scheduler.wait_snapshots(timeout=120)
+        restored = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
+        assert restored.l1_cache_hit and restored.stdout == "from-the-layer\n"
+        assert restored.packages is not None and restored.packages.cache_hit
+        # The plain configuration has a snapshot of its own, not this one.
+        plain = await scheduler.run("import sys; print('sbxdemo' in sys.modules)")
+        assert not plain.l1_cache_hit and plain.stdout == "False\n"
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_ready: None,
+                                                     index: LocalIndex) -> None:  # fmt: skip
+    config = _config(tmp_path, warm_pool_size=1, max_concurrent_vms=4,
+                     default_packages={"python": [DEMO]})  # fmt: skip
+    async with Scheduler(config) as scheduler:
+        await scheduler.wait_pool_ready(timeout=240)
+        hit = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)")
+        assert hit.warm_pool_hit and hit.stdout == "from-the-layer\n"
+        assert hit.packages is not None and hit.packages.packages == (DEMO,)
+    assert qemu_processes(parent=os.getpid()) == []
