@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
     run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
                      help="environment variable for the code")  # fmt: skip
+    run.add_argument("-p", "--package", action="append", default=[], dest="packages",
+                     metavar="PKG==VER", help="a package to install: name==version for python, "
+                     "name@version for javascript (repeatable)")  # fmt: skip
     run.add_argument("--upload", action="append", default=[], metavar="LOCAL:GUEST",
                      help="copy a host file into the guest home before the code runs")
     run.add_argument("--download", action="append", default=[], metavar="GUEST[:LOCAL]",
@@ -215,15 +219,25 @@ async def _execute(scheduler: Scheduler, progress: _Progress, args: argparse.Nam
     """The code's result, its output streamed through out/err unless --json."""
     stream = not args.json
     progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
+    started = time.monotonic()
+
+    def boot_log(text: str) -> None:
+        # Package layer builds report their steps here: a status line with the time so far.
+        if text.startswith("[packages] "):
+            progress.show(f"sbx: packages: {text[11:].strip()}... ({time.monotonic() - started:.0f} s)")
+        if args.debug:
+            err(text)
+
     # run() and session() take the same options.
     options: dict[str, Any] = {
         "language": language,
+        "packages": args.packages or None,
         "timeout_seconds": args.timeout,
         "memory_mb": args.memory,
         "env_vars": env or None,
         "on_stdout": out if stream else None,
         "on_stderr": err if stream else None,
-        "on_boot_log": err if args.debug else None,
+        "on_boot_log": boot_log,
     }
     try:
         if not uploads and not downloads:

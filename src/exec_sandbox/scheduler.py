@@ -321,22 +321,27 @@ class Scheduler:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         on_boot_log: OutputCallback | None = None,
+        _packages_language: Language | None = None,
     ) -> Session:
         """Start a VM for a stateful session (see session.py): an idle warm-pool VM, a clone
         of the L1 snapshot or a cold boot, like run(). The session holds its admission ticket
         until it is closed; timeout_seconds, env_vars and the callbacks are defaults for each
-        exec(). The REPL starts only after the restore and its RESEED (never in a snapshot)."""
+        exec(). The REPL starts only after the restore and its RESEED (never in a snapshot).
+
+        `_packages_language` (for integrations): the packages are of that language, not the
+        session's; a shell session (raw) can so get python packages for the `python3` it runs."""
         language = validate_language(language)
         timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
         validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         validate_env(env_vars)
-        specs = self._packages_of(language, packages)
+        packages_language = language if _packages_language is None else validate_language(_packages_language)
+        specs = self._packages_of(packages_language, packages)
         _refuse_unsupported(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
-        layer = await self._layer_for(language, specs, on_boot_log)
+        layer = await self._layer_for(packages_language, specs, on_boot_log)
 
         self._foreground_active += 1
         try:

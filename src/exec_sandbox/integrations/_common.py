@@ -4,6 +4,7 @@ conversation key (thread id, execution id) on a Runner's scheduler."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from exec_sandbox import ExecutionResult, Scheduler
@@ -49,10 +50,12 @@ class SessionPool:
     death). Every coroutine runs through the Runner, so the sessions live on one loop."""
 
     def __init__(self, runner: Runner, *, language: str = "python",
-                 timeout_seconds: int | None = None) -> None:  # fmt: skip
+                 timeout_seconds: int | None = None,
+                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
         self.runner = runner
         self.language = language
         self.timeout_seconds = timeout_seconds
+        self.packages = list(packages) if packages else None
         self._sessions: dict[str, Session] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -64,6 +67,7 @@ class SessionPool:
                 session = await scheduler.session(
                     language=self.language,  # type: ignore[arg-type]
                     timeout_seconds=self.timeout_seconds,
+                    packages=self.packages,
                 )
                 self._sessions[key] = session
             return session

@@ -52,12 +52,15 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     scheduler: Scheduler | None = None
     timeout_seconds: int | None = None
+    # Python packages installed in the VM (name==version), e.g. ["pandas==2.2.0"].
+    packages: list[str] | None = None
     _pool: SessionPool = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         self._pool = SessionPool(Runner(self.scheduler), language="python",
-                                 timeout_seconds=self.timeout_seconds)  # fmt: skip
+                                 timeout_seconds=self.timeout_seconds,
+                                 packages=self.packages)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     def execute_code(self, invocation_context: InvocationContext,
@@ -78,7 +81,8 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
                 session = await self._pool.get(scheduler, key)
             else:
                 session = await scheduler.session(language="python",
-                                                  timeout_seconds=self.timeout_seconds)  # fmt: skip
+                                                  timeout_seconds=self.timeout_seconds,
+                                                  packages=self.packages)  # fmt: skip
             try:
                 return await _run(session, request)
             finally:

@@ -20,6 +20,7 @@ import asyncio
 import shlex
 import uuid
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from deepagents.backends.protocol import (
@@ -75,7 +76,8 @@ class ExecSandboxBackend(BaseSandbox):
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int = 120,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  memory_mb: int = DEFAULT_MEMORY_MB,
-                 file_contract: FileContract = "standard") -> None:  # fmt: skip
+                 file_contract: FileContract = "standard",
+                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
         if file_contract not in ("standard", "deepagents"):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
@@ -83,6 +85,8 @@ class ExecSandboxBackend(BaseSandbox):
         self._contract = file_contract
         self._runner = Runner(scheduler)
         self._memory_mb = memory_mb
+        # Python packages (name==version) for the python3 that the agent's commands run.
+        self._packages = list(packages) if packages else None
         self._timeout = timeout_seconds
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
@@ -277,7 +281,8 @@ class ExecSandboxBackend(BaseSandbox):
             if self._holder and not self._holder[0].closed:
                 return self._holder[0]
             session = await scheduler.session(
-                language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb
+                language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb,
+                packages=self._packages, _packages_language="python",
             )
             self._holder[:] = [session]
             setup = await session.exec(_SETUP)

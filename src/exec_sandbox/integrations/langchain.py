@@ -32,6 +32,11 @@ class ExecSandboxInput(BaseModel):
         default="python",
         description="One of python, javascript, raw (raw = a bash script).",
     )
+    packages: list[str] = Field(
+        default_factory=list,
+        description="Third-party packages to install first: name==version for python "
+        "(e.g. pandas==2.2.0), name@version for javascript (e.g. lodash@4.17.21).",
+    )
 
 
 class _SandboxToolBase(BaseTool):
@@ -67,29 +72,30 @@ class ExecSandboxTool(_SandboxToolBase):
     name: str = "exec_sandbox"
     description: str = (
         "Run code in an isolated sandbox VM and get its output. Each call starts from a clean "
-        "machine. Arguments: code, language (python, javascript or raw for bash)."
+        "machine. Arguments: code, language (python, javascript or raw for bash), packages "
+        "(optional, pinned: pandas==2.2.0 for python, lodash@4.17.21 for javascript)."
     )
 
-    def _run(self, code: str, language: str = "python",
+    def _run(self, code: str, language: str = "python", packages: list[str] | None = None,
              run_manager: CallbackManagerForToolRun | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
         language = _checked_language(language)
         try:
             result = self._runner.run(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds)  # fmt: skip
+                                timeout_seconds=self.timeout_seconds, packages=packages)  # fmt: skip
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _as_tool_output(result)
 
-    async def _arun(self, code: str, language: str = "python",
+    async def _arun(self, code: str, language: str = "python", packages: list[str] | None = None,
                     run_manager: AsyncCallbackManagerForToolRun | None = None
                     ) -> tuple[str, dict[str, Any]]:  # fmt: skip
         language = _checked_language(language)
         try:
             result = await self._runner.arun(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds)  # fmt: skip
+                                timeout_seconds=self.timeout_seconds, packages=packages)  # fmt: skip
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
@@ -113,14 +119,15 @@ class ExecSandboxSessionTool(_SandboxToolBase):
     )
     args_schema: type[BaseModel] = ExecSandboxSessionInput
     language: str = "python"
+    # Installed in every thread's VM when it opens (name==version / name@version).
+    packages: list[str] | None = None
     _pool: SessionPool = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         _checked_language(self.language)
-        self._pool = SessionPool(
-            self._runner, language=self.language, timeout_seconds=self.timeout_seconds
-        )
+        self._pool = SessionPool(self._runner, language=self.language,
+                                 timeout_seconds=self.timeout_seconds, packages=self.packages)  # fmt: skip
         # An abandoned tool must not keep its VMs until the idle timeout.
         weakref.finalize(self, _close_quietly, self._pool)
 

@@ -8,7 +8,7 @@ call in one VM session, so variables persist across the agent's steps; its `exec
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from llama_index.core.tools.tool_spec.base import BaseToolSpec
 
@@ -25,11 +25,11 @@ class ExecSandboxCodeExecutor:
     to hand to the agent; `close()` destroys the VM (a new one starts on the next call)."""
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
-                 language: str = "python") -> None:  # fmt: skip
+                 language: str = "python", packages: Sequence[str] | None = None) -> None:  # fmt: skip
         if language not in LANGUAGES:
             raise ValueError(f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}")
         self._pool = SessionPool(Runner(scheduler), language=language,
-                                 timeout_seconds=timeout_seconds)  # fmt: skip
+                                 timeout_seconds=timeout_seconds, packages=packages)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     async def execute(self, code: str) -> str:
@@ -52,12 +52,14 @@ class ExecSandboxCodeExecutor:
 
 
 def create_code_execute_fn(scheduler: Scheduler | None = None, *,
-                           timeout_seconds: int | None = None,
-                           language: str = "python") -> Callable[[str], Awaitable[str]]:  # fmt: skip
+                           timeout_seconds: int | None = None, language: str = "python",
+                           packages: Sequence[str] | None = None
+                           ) -> Callable[[str], Awaitable[str]]:  # fmt: skip
     """The async `code_execute_fn(code: str) -> str` for CodeActAgent, with state kept across
-    calls. The function's `executor` attribute holds its ExecSandboxCodeExecutor (to close)."""
+    calls (and `packages` installed). The function's `executor` attribute holds its
+    ExecSandboxCodeExecutor (to close)."""
     executor = ExecSandboxCodeExecutor(scheduler, timeout_seconds=timeout_seconds,
-                                       language=language)  # fmt: skip
+                                       language=language, packages=packages)  # fmt: skip
 
     async def code_execute_fn(code: str) -> str:
         """Execute code in a sandboxed interpreter; state persists between calls."""
@@ -72,10 +74,12 @@ class ExecSandboxToolSpec(BaseToolSpec):
 
     spec_functions = [("run_code", "arun_code")]
 
-    def __init__(self, scheduler: Scheduler | None = None, *,
-                 timeout_seconds: int | None = None) -> None:  # fmt: skip
+    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
+                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
         self._runner = Runner(scheduler)
         self._timeout = timeout_seconds
+        # Installed for python runs (pinned names, name==version).
+        self._packages = list(packages) if packages else None
 
     def run_code(self, code: str, language: str = "python") -> str:
         """Run code in an isolated sandbox VM and return its output.
@@ -89,7 +93,8 @@ class ExecSandboxToolSpec(BaseToolSpec):
         try:
             result = self._runner.run(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self._timeout)  # fmt: skip
+                                timeout_seconds=self._timeout,
+                                packages=self._packages if language == "python" else None)  # fmt: skip
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"
@@ -102,7 +107,8 @@ class ExecSandboxToolSpec(BaseToolSpec):
         try:
             result = await self._runner.arun(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self._timeout)  # fmt: skip
+                                timeout_seconds=self._timeout,
+                                packages=self._packages if language == "python" else None)  # fmt: skip
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"

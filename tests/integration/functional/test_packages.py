@@ -4,13 +4,17 @@ read-only, with hash-based bytecode; sessions, snapshots and the pool use it."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.paths import images_dir
 from tests.helpers import qemu_processes
 from tests.package_index import LocalIndex, LocalNpmRegistry, make_npm_tarball, make_wheel
 
@@ -160,3 +164,18 @@ async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_read
         assert hit.warm_pool_hit and hit.stdout == "from-the-layer\n"
         assert hit.packages is not None and hit.packages.packages == (DEMO,)
     assert qemu_processes(parent=os.getpid()) == []
+
+
+def test_sbx_run_installs_packages(tmp_path: Path, images_ready: None, index: LocalIndex) -> None:
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+    run = [sys.executable, "-m", "exec_sandbox.cli", "run", "--no-snapshot-wait"]
+    proc = subprocess.run([*run, "--json", "-p", DEMO, "-c", "import sbxdemo; print(sbxdemo.VALUE)"],
+                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["stdout"] == "from-the-layer\n"
+    assert result["packages"]["packages"] == [DEMO] and not result["packages"]["cache_hit"]
+    bad = subprocess.run([*run, "-p", "sbxdemo; rm -rf /", "-c", "print(1)"],
+                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert bad.returncode == 2 and "not allowed" in bad.stderr

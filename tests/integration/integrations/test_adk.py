@@ -167,3 +167,10 @@ def test_output_files_are_capped_with_a_note() -> None:
     assert first.name == "many/sub/f000.txt" and first.content == b"0"
     assert "3 new file(s) not returned" in result.stdout
     assert f"many/sub/f{count - 1:03}.txt" in result.stdout
+
+
+def test_packages_are_installed_for_the_executor() -> None:
+    executor = ExecSandboxCodeExecutor(packages=["six==1.16.0"])
+    result = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+        code="import six; print(six.__version__)"))  # fmt: skip
+    assert (result.stdout, result.stderr) == ("1.16.0\n", "")

@@ -161,3 +161,14 @@ def test_files_never_raise_and_keep_input_order() -> None:
         assert backend.id.startswith("exec-sandbox-")
     finally:
         backend.close()
+
+
+def test_packages_are_importable_by_the_agents_python() -> None:
+    """The backend's shell session gets python packages: the python3 its commands run sees them
+    (from the package index the host's pip uses)."""
+    backend = ExecSandboxBackend(packages=["six==1.16.0"])
+    try:
+        result = backend.execute("python3 -c 'import six; print(six.__version__)'")
+        assert (result.output.strip(), result.exit_code) == ("1.16.0", 0)
+    finally:
+        backend.close()

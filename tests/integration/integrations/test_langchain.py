@@ -99,3 +99,17 @@ def test_session_tool_keeps_state_per_thread() -> None:
     finally:
         tool.close()
     assert tool.thread_ids == []
+
+
+def test_the_model_can_ask_for_packages() -> None:
+    model = ScriptedChatModel(responses=[
+        _call("exec_sandbox", {"code": "import six; print(six.__version__)",
+                               "packages": ["six==1.16.0"]}, "p1"),  # type: ignore[dict-item]
+        _call("exec_sandbox", {"code": "print(1)", "packages": ["six; rm -rf /"]}, "p2"),  # type: ignore[dict-item]
+        AIMessage(content="done"),
+    ])  # fmt: skip
+    agent = create_agent(model, tools=[ExecSandboxTool()])
+    agent.invoke({"messages": [("user", "run it")]})
+    assert _tool_messages(model, 1)[-1].content == "1.16.0"
+    refused = _tool_messages(model, 2)[-1]
+    assert "PackageNotAllowedError" in refused.content

@@ -4,6 +4,7 @@ its output must reach the LLM's next prompt."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -92,3 +93,14 @@ async def test_react_agent_uses_the_tool_spec() -> None:
 
 def test_tool_spec_sync_call() -> None:
     assert ExecSandboxToolSpec().run_code("echo $((40 + 2))", language="raw") == "42"
+
+
+def test_packages_for_the_tool_spec_and_the_code_execute_fn() -> None:
+    spec = ExecSandboxToolSpec(packages=["six==1.16.0"])
+    assert spec.run_code("import six; print(six.__version__)") == "1.16.0"
+    code_execute_fn = create_code_execute_fn(packages=["six==1.16.0"])
+    try:
+        out = asyncio.run(code_execute_fn("import six; print(six.moves.reduce(lambda a, b: a + b, [1, 2]))"))
+        assert out == "3"
+    finally:
+        code_execute_fn.executor.close()  # type: ignore[attr-defined]
