@@ -144,8 +144,10 @@ class Scheduler:
         return self._accel
 
     async def wait_pool_ready(self, timeout: float | None = None) -> None:
-        """Wait until the warm pool holds `warm_pool_size` ready VMs for every language (at once
-        when the pool is off). asyncio.TimeoutError after `timeout` seconds."""
+        """Wait until the warm pool holds its ready VMs for every language (`warm_pool_size`, cut
+        to what admission admits at once; at once when the pool is off). Raises SandboxError
+        when that cannot happen (pool closed, VMs failing to start; pool.py), and
+        asyncio.TimeoutError after `timeout` seconds."""
         await self.start()
         await self._pool.wait_ready(timeout)
 
