@@ -61,7 +61,17 @@ class PackageNotAllowedError(InputValidationError):
 
 
 class OutputLimitError(SandboxError):
-    """The code wrote more than the stdout (1 MB) or stderr (100 KB) limit."""
+    """The code wrote more than the stdout (1 MB) or stderr (100 KB) limit. The code was ended;
+    what it wrote up to the limit is kept in `stdout` and `stderr`."""
+
+    def __init__(self, message: str, *, stdout: str = "", stderr: str = "") -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickle (e.g. across processes) with the output: the default uses args only.
+        return (type(self), self.args, {"stdout": self.stdout, "stderr": self.stderr})
 
 
 class SessionClosedError(SandboxError):

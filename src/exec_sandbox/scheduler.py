@@ -258,9 +258,11 @@ class Scheduler:
         self._retire_soon(vm, ticket)
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
-            raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
+            raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
+                                  stdout=outcome.stdout, stderr=outcome.stderr)
         if outcome.flags & EXIT_STDERR_LIMIT:
-            raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes")
+            raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
+                                  stdout=outcome.stdout, stderr=outcome.stderr)
         stderr = outcome.stderr
         if outcome.exit_code == -1:
             stderr += f"\nExecution timed out after {timeout} seconds\n"
