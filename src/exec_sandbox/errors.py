@@ -1,4 +1,5 @@
-"""The exception hierarchy of exec-sandbox (the contract in docs/api.md).
+"""The exception hierarchy of exec-sandbox: part of the public API (names and parents are pinned by
+tests/unit/test_errors.py).
 
 Transient errors happened before the code was dispatched and are safe to retry; permanent errors
 will fail again with the same configuration; input validation errors are the caller's bug and

@@ -1,5 +1,5 @@
 /* The host jail's parts with real processes and real cgroups, without QEMU: /bin/sh stands in for
- * it (spawned exactly as QEMU is), plus the socket directory helper. */
+ * it (spawned exactly as QEMU is). */
 #define _GNU_SOURCE 1
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +17,6 @@
 
 #include "cgroup.h"
 #include "jail.h"
-#include "sockdir.h"
 #include "spawn.h"
 #include "test.h"
 
@@ -378,35 +377,6 @@ static void test_user_switch_while_other_threads_churn(void)
 	close(pidfd);
 }
 
-static void test_sockdir_private_and_peer_check(void)
-{
-	struct sbx_sockdir d;
-	CHECK_EQ(sbx_sockdir_create(&d, "/tmp"), 0);
-	struct stat sb;
-	CHECK(stat(d.path, &sb) == 0 && (sb.st_mode & 07777) == 0700 && sb.st_uid == getuid());
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	CHECK(strlen(d.path) + sizeof("/qmp.sock") <= sizeof(sa.sun_path));
-	memcpy(sa.sun_path, d.path, strlen(d.path));
-	memcpy(sa.sun_path + strlen(d.path), "/qmp.sock", sizeof("/qmp.sock"));
-	int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0);
-	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-	int a = accept4(l, NULL, NULL, SOCK_CLOEXEC);
-	CHECK(a >= 0);
-	CHECK_EQ(sbx_peer_check(a, getuid(), getpid()), 0);
-	CHECK_EQ(sbx_peer_check(a, getuid() + 1, 0), -EPERM);
-	CHECK_EQ(sbx_peer_check(a, getuid(), getpid() + 100000), -EPERM);
-	close(a);
-	close(c);
-	close(l);
-	char saved[PATH_MAX];
-	snprintf(saved, sizeof(saved), "%s", d.path);
-	sbx_sockdir_remove(&d);
-	CHECK(stat(saved, &sb) < 0 && errno == ENOENT);
-	sbx_sockdir_remove(&d); /* idempotent */
-}
-
 int main(void)
 {
 	if (geteuid() != 0) {
@@ -421,6 +391,5 @@ int main(void)
 	RUN(test_unprivileged_user);
 	RUN(test_parent_death_kills_child_after_user_switch);
 	RUN(test_user_switch_while_other_threads_churn);
-	RUN(test_sockdir_private_and_peer_check);
 	TEST_MAIN_END("test_jail");
 }

@@ -1,4 +1,5 @@
-"""The exception hierarchy is the one documented in docs/api.md."""
+"""The exception hierarchy is public API (documented in exec_sandbox/errors.py): names and parents
+must not change."""
 
 from __future__ import annotations
 
