@@ -27,6 +27,7 @@
 #include "dispatch.h"
 #include "reaper.h"
 #include "runner.h"
+#include "sysctl.h"
 
 #define CHANNEL_WAIT_MS 10000u
 
@@ -148,6 +149,7 @@ static void boot_steps(struct sbx_config *cfg)
 	/* Mount failures are logged inside and not fatal: a run that needs the missing piece fails
 	 * visibly, which beats a VM that never answers. */
 	sbx_mount_all();
+	sbx_apply_sysctls();
 	if ((rc = sbx_ensure_std_fds()) < 0)
 		sbx_log("standard fds: %s", strerror(-rc));
 	if ((rc = sbx_set_hostname("sandbox")) < 0)

@@ -3,11 +3,11 @@
 #include "jail.h"
 
 #include <errno.h>
-#include <grp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "namespaces.h"
@@ -143,15 +143,20 @@ int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
 	}
 	if (j->uid < 0)
 		return 0;
-	gid_t gid = (gid_t)(j->gid >= 0 ? j->gid : j->uid);
+	/* Raw syscalls, not glibc's wrappers: in a child made by a raw clone() glibc still lists the
+	 * parent's threads, and its wrappers would run the all-threads setxid protocol over that list
+	 * (take the stack-list lock, wait for threads that were being created at the time of the
+	 * clone): a deadlock before execve. The kernel's calls change this thread only, which here is
+	 * the whole process. */
+	long gid = j->gid >= 0 ? j->gid : j->uid;
 	*what = "setgroups";
-	if (setgroups(0, NULL) < 0)
+	if (syscall(SYS_setgroups, 0, NULL) < 0)
 		return -errno;
 	*what = "setresgid";
-	if (setresgid(gid, gid, gid) < 0)
+	if (syscall(SYS_setresgid, gid, gid, gid) < 0)
 		return -errno;
 	*what = "setresuid";
-	if (setresuid((uid_t)j->uid, (uid_t)j->uid, (uid_t)j->uid) < 0)
+	if (syscall(SYS_setresuid, j->uid, j->uid, j->uid) < 0)
 		return -errno;
 	return 1;
 }

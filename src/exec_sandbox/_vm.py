@@ -49,6 +49,22 @@ EXIT_STDOUT_LIMIT = _execsbx.EXIT_STDOUT_LIMIT
 EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
 _CONSOLE_TAIL_BYTES = 16 * 1024
 
+# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame): limits, frame
+# types, the mode flag and FILE_ERROR kinds, as the C core defines them.
+FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
+PATH_MAX = int(_execsbx.PATH_MAX)
+PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
+FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
+MSG_FILE_WRITE_BEGIN = int(_execsbx.MSG_FILE_WRITE_BEGIN)
+MSG_FILE_WRITE_DATA = int(_execsbx.MSG_FILE_WRITE_DATA)
+MSG_FILE_WRITE_END = int(_execsbx.MSG_FILE_WRITE_END)
+MSG_FILE_READ = int(_execsbx.MSG_FILE_READ)
+MSG_FILE_LIST = int(_execsbx.MSG_FILE_LIST)
+FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
+FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
+FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
+FILE_ERR_PROTOCOL = int(_execsbx.FILE_ERR_PROTOCOL)
+
 OutputCallback = Callable[[str], None]
 
 # x-ignore-shared: migration skips RAM in a shared memory-backend-file (the template's RAM file is
@@ -68,6 +84,30 @@ _WARM_UP_CODE: dict[Language, bytes] = {
 
 def measure_tsc_khz() -> int:
     return int(_execsbx.tsc_khz())
+
+
+def seccomp_rules() -> list[tuple[str, str, str]]:
+    """The host seccomp deny-list as (syscall, action, reason), as the C core builds it."""
+    return list(_execsbx.seccomp_rules())
+
+
+def probe_jail(
+    stand_in: str, jail: dict[str, int], wait_seconds: float = 5.0
+) -> tuple[int | None, list[tuple[str, bool, str]]]:
+    """Spawn `stand_in` (e.g. /bin/true) under `jail` exactly as QEMU would be spawned, for `sbx
+    doctor`: returns its exit status (None: still running after `wait_seconds`, then killed) and
+    each jail layer as (layer, active, detail). Blocks: not for the event loop."""
+    vm = _execsbx.Vm(qemu_binary=stand_in, kernel="probe", rootfs="probe", memory_mb=128,
+                     jail=jail)  # fmt: skip
+    try:
+        deadline = time.monotonic() + wait_seconds
+        status = vm.poll_exit()
+        while status is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            status = vm.poll_exit()
+    finally:
+        vm.close()
+    return status, list(vm.jail_status())
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from .limits import (
     MIN_MEMORY_MB,
     MIN_TIMEOUT_SECONDS,
 )
+from .models import LANGUAGES
 
 
 def _host_memory_mb() -> int:
@@ -35,7 +36,10 @@ class SchedulerConfig:
     """Settings of a Scheduler. Every field is checked on construction: a bad value raises
     VmConfigError before anything starts."""
 
-    warm_pool_size: int = 0
+    # Idle VMs kept ready per language: one count for every language, or a mapping such as
+    # {"python": 2} (languages left out get none). Cut, with a warning, to what admission admits
+    # at once (pool.py).
+    warm_pool_size: int | Mapping[str, int] = 0
     default_memory_mb: int = 192
     default_timeout_seconds: int = 30
     session_idle_timeout_seconds: int = 300
@@ -61,7 +65,7 @@ class SchedulerConfig:
     package_cache_max_mb: int = 10 * 1024
 
     def __post_init__(self) -> None:
-        _check_int("warm_pool_size", self.warm_pool_size, 0, 64)
+        self.warm_pool_size = _check_pool_size(self.warm_pool_size)
         _check_int("default_memory_mb", self.default_memory_mb, MIN_MEMORY_MB, 64 * 1024)
         _check_int(
             "default_timeout_seconds",
@@ -125,3 +129,21 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
         raise VmConfigError(f"{name} must be an integer, got {value!r}")
     if not low <= value <= high:
         raise VmConfigError(f"{name} must be between {low} and {high}, got {value}")
+
+
+def _check_pool_size(value: object) -> int | dict[str, int]:
+    """An int, or a mapping of known languages to ints (copied: later changes to the caller's
+    dict do not reach the scheduler)."""
+    if not isinstance(value, Mapping):
+        _check_int("warm_pool_size", value, 0, 64)
+        assert isinstance(value, int)
+        return value
+    sizes: dict[str, int] = {}
+    for lang, count in value.items():
+        if lang not in LANGUAGES:
+            raise VmConfigError(
+                f"warm_pool_size: unknown language {lang!r} (one of {', '.join(LANGUAGES)})"
+            )
+        _check_int(f"warm_pool_size[{lang!r}]", count, 0, 64)
+        sizes[lang] = count
+    return sizes

@@ -1,4 +1,5 @@
-"""The exception hierarchy of exec-sandbox (the contract in docs/api.md).
+"""The exception hierarchy of exec-sandbox: part of the public API (names and parents are pinned by
+tests/unit/test_errors.py).
 
 Transient errors happened before the code was dispatched and are safe to retry; permanent errors
 will fail again with the same configuration; input validation errors are the caller's bug and
@@ -68,7 +69,17 @@ class PackageBuildError(TransientError):
 
 
 class OutputLimitError(SandboxError):
-    """The code wrote more than the stdout (1 MB) or stderr (100 KB) limit."""
+    """The code wrote more than the stdout (1 MB) or stderr (100 KB) limit. The code was ended;
+    what it wrote up to the limit is kept in `stdout` and `stderr`."""
+
+    def __init__(self, message: str, *, stdout: str = "", stderr: str = "") -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickle (e.g. across processes) with the output: the default uses args only.
+        return (type(self), self.args, {"stdout": self.stdout, "stderr": self.stderr})
 
 
 class SessionClosedError(SandboxError):

@@ -14,15 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Union
 
-from . import _execsbx
-from ._vm import FileTransfer, GuestFileError, GuestVm
+from . import _vm
+from ._vm import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX, FileTransfer, GuestFileError, GuestVm
 from .errors import GuestAgentError, InputValidationError, SandboxError
 from .models import FileInfo
 
 GUEST_HOME = "/home/user"
-FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
-PATH_MAX = int(_execsbx.PATH_MAX)
-PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
 # Host -> guest chunk size, and how much may wait in the channel's queue before the next chunk.
 WRITE_CHUNK = 256 * 1024
 _QUEUE_HIGH_WATER = 1024 * 1024
@@ -71,13 +68,13 @@ def _str_payload(data: bytes, extra: bytes = b"") -> bytes:
 
 def _raise_for(exc: GuestFileError, path: bytes) -> None:
     shown = path.decode("utf-8", "replace") or "."
-    if exc.kind == _execsbx.FILE_ERR_PATH:
+    if exc.kind == _vm.FILE_ERR_PATH:
         raise InputValidationError(f"{shown}: {exc}") from None
-    if exc.kind == _execsbx.FILE_ERR_NOT_FOUND:
+    if exc.kind == _vm.FILE_ERR_NOT_FOUND:
         raise FileNotFoundError(f"{shown} in the guest home: {exc}") from None
-    if exc.kind == _execsbx.FILE_ERR_TOO_LARGE:
+    if exc.kind == _vm.FILE_ERR_TOO_LARGE:
         raise InputValidationError(f"{shown}: {exc}") from None
-    if exc.kind == _execsbx.FILE_ERR_PROTOCOL:
+    if exc.kind == _vm.FILE_ERR_PROTOCOL:
         raise GuestAgentError(f"file transfer out of sequence: {exc}") from None
     raise SandboxError(f"{shown}: {exc}") from None
 
@@ -101,12 +98,12 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
     if isinstance(content, Path):
         with content.open("rb") as source:
             return await write_file(vm, path, source, make_executable)
-    mode = _execsbx.FILE_EXECUTABLE if make_executable else 0
+    mode = _vm.FILE_EXECUTABLE if make_executable else 0
     transfer = vm.open_transfer()
     sent = 0
     committed = False
     try:
-        vm.send_file_frame(_execsbx.MSG_FILE_WRITE_BEGIN, transfer.id,
+        vm.send_file_frame(_vm.MSG_FILE_WRITE_BEGIN, transfer.id,
                            _str_payload(path, bytes([mode])))  # fmt: skip
         for chunk in _chunks(content):
             sent += len(chunk)
@@ -114,12 +111,12 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
                 raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
             if transfer.done.done():
                 break  # the guest refused: stop sending, the error is raised below
-            if vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, transfer.id, chunk) > (
+            if vm.send_file_frame(_vm.MSG_FILE_WRITE_DATA, transfer.id, chunk) > (
                 _QUEUE_HIGH_WATER
             ):
                 await vm.wait_flushed()
         committed = not transfer.done.done()
-        vm.send_file_frame(_execsbx.MSG_FILE_WRITE_END, transfer.id,
+        vm.send_file_frame(_vm.MSG_FILE_WRITE_END, transfer.id,
                            b"\x01" if committed else b"\x00")  # fmt: skip
         if not committed:
             await transfer.done  # raises the guest's error
@@ -130,7 +127,7 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
     except BaseException:
         if not committed and vm.alive:
             # Reading the source failed (or the caller gave up): the guest drops the temp file.
-            vm.send_file_frame(_execsbx.MSG_FILE_WRITE_END, transfer.id, b"\x00")
+            vm.send_file_frame(_vm.MSG_FILE_WRITE_END, transfer.id, b"\x00")
         raise
     finally:
         vm.close_transfer(transfer)
@@ -186,7 +183,7 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
 
     transfer = vm.open_transfer(on_data=on_data)
     try:
-        vm.send_file_frame(_execsbx.MSG_FILE_READ, transfer.id, _str_payload(path))
+        vm.send_file_frame(_vm.MSG_FILE_READ, transfer.id, _str_payload(path))
         total = await _settle(vm, transfer, lambda: received)
     except GuestFileError as exc:
         _raise_for(exc, path)
@@ -208,7 +205,7 @@ async def list_files(vm: GuestVm, path: bytes) -> list[FileInfo]:
 
     transfer = vm.open_transfer(on_entries=on_entries)
     try:
-        vm.send_file_frame(_execsbx.MSG_FILE_LIST, transfer.id, _str_payload(path))
+        vm.send_file_frame(_vm.MSG_FILE_LIST, transfer.id, _str_payload(path))
         total = await _settle(vm, transfer, lambda: len(entries))
     except GuestFileError as exc:
         _raise_for(exc, path)

@@ -14,9 +14,20 @@ from .errors import VmPermanentError
 log = logging.getLogger("exec_sandbox")
 
 QEMU_BINARY_NAME = "qemu-system-x86_64"
-# A KVM probe that is still running after this long has passed the point where a broken KVM
-# (for example a nested host that rejects MSR writes) makes QEMU abort.
-_KVM_PROBE_SECONDS = 1.0
+
+# The KVM probe's guest: a 64 KiB firmware image (-bios) whose reset vector (the last 16 bytes,
+# where an x86 CPU starts, in real mode) runs `mov al, 0x31; out 0xf4, al; hlt; jmp $-1`. The
+# write reaches QEMU's isa-debug-exit device, which ends QEMU with status (0x31 << 1) | 1 = 99:
+# that status proves a vCPU ran guest code under the accelerator. Nothing else does (a QEMU that
+# merely lives has proved nothing: a broken KVM aborts when the vCPU is first set up, and under
+# CPU load that can be seconds late).
+_PROBE_PORT = 0xF4
+_PROBE_CODE = bytes([0xB0, 0x31, 0xE6, _PROBE_PORT, 0xF4, 0xEB, 0xFD])
+_PROBE_EXIT_STATUS = (0x31 << 1) | 1
+_PROBE_BIOS_SIZE = 64 * 1024  # QEMU wants a multiple of 64 KiB
+# Only a guard against a QEMU that hangs: the probe normally ends in well under a second. A probe
+# that hits it is not taken as a working KVM.
+_KVM_PROBE_HANG_SECONDS = 30.0
 
 
 @functools.cache
@@ -36,7 +47,8 @@ def accelerator() -> str:
     """'kvm' when /dev/kvm is usable by QEMU, 'tcg' (software emulation) otherwise.
 
     $EXEC_SANDBOX_ACCEL=kvm|tcg forces one. Opening /dev/kvm is not enough: some nested hosts
-    expose a /dev/kvm on which QEMU aborts, so QEMU itself is started once, paused, to find out.
+    expose a /dev/kvm on which QEMU aborts, so QEMU itself runs a few instructions of guest code
+    under KVM once, and KVM is used only if they ran (`probe_accelerator`).
     """
     forced = os.environ.get("EXEC_SANDBOX_ACCEL")
     if forced:
@@ -50,25 +62,47 @@ def accelerator() -> str:
     return "kvm"
 
 
+@functools.cache
 def _kvm_unusable_reason() -> str | None:
+    """Why KVM cannot be used here, or None when QEMU ran guest code under it (once a process)."""
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
         return f"/dev/kvm: {exc.strerror}"
     os.close(fd)
-    argv = [qemu_binary(), "-accel", "kvm", "-cpu", "host", "-M", "microvm", "-nodefaults",
-            "-no-user-config", "-display", "none", "-S"]  # fmt: skip
-    probe = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    return probe_accelerator(qemu_binary(), "kvm")
+
+
+def probe_accelerator(qemu: str, accel: str, *,
+                      hang_seconds: float = _KVM_PROBE_HANG_SECONDS) -> str | None:  # fmt: skip
+    """None if `qemu` runs the probe's guest code under `accel` (it exits with the status only
+    that code produces), else why not: QEMU's own error, its exit status, or the hang guard."""
+    cpu = "host" if accel == "kvm" else "max"
+    bios = os.memfd_create("sbx-accel-probe", os.MFD_CLOEXEC)
     try:
-        _, err = probe.communicate(timeout=_KVM_PROBE_SECONDS)
-    except subprocess.TimeoutExpired:
-        probe.kill()
-        probe.communicate()
+        image = bytearray(b"\xf4" * _PROBE_BIOS_SIZE)  # hlt everywhere else
+        image[-16 : -16 + len(_PROBE_CODE)] = _PROBE_CODE
+        os.write(bios, image)
+        argv = [qemu, "-accel", accel, "-cpu", cpu, "-M", "microvm", "-nodefaults",
+                "-no-user-config", "-display", "none", "-m", "16",
+                "-bios", f"/proc/self/fd/{bios}",
+                "-device", f"isa-debug-exit,iobase={_PROBE_PORT:#x},iosize=1"]  # fmt: skip
+        try:
+            probe = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, pass_fds=(bios,),
+                                   timeout=hang_seconds, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:  # run() has killed and reaped it
+            return (f"QEMU with {accel.upper()} did not run the probe's guest code within "
+                    f"{hang_seconds:.0f} s")  # fmt: skip
+        except OSError as exc:
+            return f"cannot run {qemu}: {exc}"
+    finally:
+        os.close(bios)
+    if probe.returncode == _PROBE_EXIT_STATUS:
         return None
-    first_line = err.decode(errors="replace").strip().splitlines()[:1]
-    return f"QEMU with KVM exited at once ({first_line[0] if first_line else probe.returncode})"
+    errors = probe.stderr.decode(errors="replace").strip().splitlines()
+    what = errors[0] if errors else f"exit status {probe.returncode}"
+    return f"QEMU with {accel.upper()} did not run guest code ({what})"
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""Hard limits of the public API (docs/api.md). The guest agent enforces the output limits too."""
+"""Hard limits of the public API, checked by validation.py before any VM starts. The guest agent
+enforces the output limits too."""
 
 from __future__ import annotations
 

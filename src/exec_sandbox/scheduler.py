@@ -157,8 +157,10 @@ class Scheduler:
         return self._accel
 
     async def wait_pool_ready(self, timeout: float | None = None) -> None:
-        """Wait until the warm pool holds `warm_pool_size` ready VMs for every language (at once
-        when the pool is off). asyncio.TimeoutError after `timeout` seconds."""
+        """Wait until the warm pool holds its ready VMs for every language (`warm_pool_size`, cut
+        to what admission admits at once; at once when the pool is off). Raises SandboxError
+        when that cannot happen (pool closed, VMs failing to start; pool.py), and
+        asyncio.TimeoutError after `timeout` seconds."""
         await self.start()
         await self._pool.wait_ready(timeout)
 
@@ -281,9 +283,11 @@ class Scheduler:
         self._retire_soon(vm, ticket)
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
-            raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
+            raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
+                                  stdout=outcome.stdout, stderr=outcome.stderr)
         if outcome.flags & EXIT_STDERR_LIMIT:
-            raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes")
+            raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
+                                  stdout=outcome.stdout, stderr=outcome.stderr)
         stderr = outcome.stderr
         if outcome.exit_code == -1:
             stderr += f"\nExecution timed out after {timeout} seconds\n"

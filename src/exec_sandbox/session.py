@@ -159,9 +159,11 @@ class Session:
             elif outcome.exit_code == _EXIT_SIGKILL:
                 self._close_now("the REPL was killed by SIGKILL (exit 137)")
             if outcome.flags & EXIT_STDOUT_LIMIT:
-                raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes")
+                raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
+                                      stdout=outcome.stdout, stderr=outcome.stderr)
             if outcome.flags & EXIT_STDERR_LIMIT:
-                raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes")
+                raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
+                                      stdout=outcome.stdout, stderr=outcome.stderr)
             stderr = outcome.stderr
             if outcome.exit_code == -1:
                 stderr += (

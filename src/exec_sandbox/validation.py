@@ -106,7 +106,14 @@ def validate_env(env_vars: Mapping[str, str] | None) -> list[tuple[bytes, bytes]
             )
         if _ENV_VALUE_BAD.search(value):
             raise EnvVarValidationError(f"value of {name!r} contains a control character")
-        encoded = value.encode("utf-8", "surrogatepass")
+        try:
+            # Strict: "surrogatepass" turned a lone surrogate into bytes that are not UTF-8,
+            # which the guest then saw as something other than what the caller passed.
+            encoded = value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise EnvVarValidationError(
+                f"value of {name!r} is not valid Unicode text (it holds a lone surrogate)"
+            ) from None
         if len(encoded) > limits.ENV_VALUE_MAX_BYTES:
             raise EnvVarValidationError(
                 f"value of {name!r} is {len(encoded)} bytes, more than {limits.ENV_VALUE_MAX_BYTES}"

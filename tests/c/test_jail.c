@@ -1,8 +1,10 @@
 /* The host jail's parts with real processes and real cgroups, without QEMU: /bin/sh stands in for
- * it (spawned exactly as QEMU is), plus the socket directory helper. */
+ * it (spawned exactly as QEMU is). */
 #define _GNU_SOURCE 1
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +17,6 @@
 
 #include "cgroup.h"
 #include "jail.h"
-#include "sockdir.h"
 #include "spawn.h"
 #include "test.h"
 
@@ -276,33 +277,104 @@ static void test_parent_death_kills_child_after_user_switch(void)
 	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
 }
 
-static void test_sockdir_private_and_peer_check(void)
+/* Thread churn for the test below: each thread creates and joins short-lived threads until told
+ * to stop, so that at any moment some thread of this process is likely inside pthread_create or
+ * thread exit (holding glibc's stack-list lock, or owning a not-yet-started thread). */
+static volatile int churn_stop;
+
+static void *churn_nothing(void *arg)
 {
-	struct sbx_sockdir d;
-	CHECK_EQ(sbx_sockdir_create(&d, "/tmp"), 0);
-	struct stat sb;
-	CHECK(stat(d.path, &sb) == 0 && (sb.st_mode & 07777) == 0700 && sb.st_uid == getuid());
-	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	CHECK(strlen(d.path) + sizeof("/qmp.sock") <= sizeof(sa.sun_path));
-	memcpy(sa.sun_path, d.path, strlen(d.path));
-	memcpy(sa.sun_path + strlen(d.path), "/qmp.sock", sizeof("/qmp.sock"));
-	int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 1) == 0);
-	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	CHECK(connect(c, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-	int a = accept4(l, NULL, NULL, SOCK_CLOEXEC);
-	CHECK(a >= 0);
-	CHECK_EQ(sbx_peer_check(a, getuid(), getpid()), 0);
-	CHECK_EQ(sbx_peer_check(a, getuid() + 1, 0), -EPERM);
-	CHECK_EQ(sbx_peer_check(a, getuid(), getpid() + 100000), -EPERM);
-	close(a);
-	close(c);
-	close(l);
-	char saved[PATH_MAX];
-	snprintf(saved, sizeof(saved), "%s", d.path);
-	sbx_sockdir_remove(&d);
-	CHECK(stat(saved, &sb) < 0 && errno == ENOENT);
-	sbx_sockdir_remove(&d); /* idempotent */
+	return arg;
+}
+
+static void *churn(void *arg)
+{
+	(void)arg;
+	while (!churn_stop) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, churn_nothing, NULL) == 0)
+			pthread_join(t, NULL);
+	}
+	return NULL;
+}
+
+/* The worker of the test below, in its own process: spawns `rounds` jailed children that switch
+ * to nobody while other threads churn. Exit status: 0 all spawned and exited 0, 1 otherwise. */
+static int spawn_as_nobody_while_threads_churn(int rounds)
+{
+	/* Namespaces on (the raw clone path), no limits (no cgroup to create and remove per round). */
+	struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
+	struct sbx_jail j;
+	if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-7") < 0 || !j.clone_flags)
+		return 1;
+	pthread_t threads[4];
+	for (int i = 0; i < 4; i++)
+		if (pthread_create(&threads[i], NULL, churn, NULL) != 0)
+			return 1;
+	int bad = 0;
+	for (int i = 0; i < rounds && !bad; i++) {
+		char *const argv[] = {"/bin/true", NULL};
+		int chan[2], con[2];
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
+		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1};
+		struct sbx_child c;
+		const char *where = NULL;
+		int rc = sbx_spawn(&req, &c, &where);
+		if (rc < 0) {
+			fprintf(stderr, "round %d: spawn: %s: %s\n", i, where, strerror(-rc));
+			bad = 1;
+		} else {
+			int st = 0;
+			sbx_child_wait(&c, 1, &st);
+			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+				fprintf(stderr, "round %d: child status %#x\n", i, st);
+				bad = 1;
+			}
+			if (c.pidfd >= 0)
+				close(c.pidfd);
+		}
+		close(chan[0]);
+		close(chan[1]);
+		close(con[0]);
+		close(con[1]);
+	}
+	churn_stop = 1;
+	for (int i = 0; i < 4; i++)
+		pthread_join(threads[i], NULL);
+	sbx_jail_destroy(&j);
+	return bad;
+}
+
+/* The user switch happens in a child made by a raw clone() (the namespaces path), so glibc in the
+ * child still believes the parent's threads exist. glibc's setgroups/setresgid/setresuid in a
+ * "multi-threaded" process go through its all-threads setxid machinery: take the stack-list lock
+ * and wait for every listed thread, including one that another thread was creating at the time of
+ * the clone, which no one will ever finish in the child. The child must make the raw syscalls.
+ * Without that this test hangs (a child stuck before execve holds the error pipe open, so
+ * sbx_spawn never returns): the worker runs in its own process, and a watchdog far above the
+ * normal run time (a few seconds) turns a hang into a failure instead of a stuck test run. */
+static void test_user_switch_while_other_threads_churn(void)
+{
+	pid_t worker = fork();
+	if (worker == 0)
+		_exit(spawn_as_nobody_while_threads_churn(300));
+	CHECK(worker > 0);
+	if (worker <= 0)
+		return;
+	int pidfd = sbx_pidfd_open(worker);
+	CHECK(pidfd >= 0);
+	struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
+	int ready = poll(&pfd, 1, 120 * 1000);
+	if (ready != 1) {
+		fprintf(stderr, "worker hung: a child deadlocked before execve (glibc setxid?)\n");
+		kill(worker, SIGKILL); /* its children die with it (PR_SET_PDEATHSIG) */
+	}
+	CHECK_EQ(ready, 1);
+	int st = 0;
+	CHECK_EQ(waitpid(worker, &st, 0), worker);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(pidfd);
 }
 
 int main(void)
@@ -318,6 +390,6 @@ int main(void)
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
 	RUN(test_parent_death_kills_child_after_user_switch);
-	RUN(test_sockdir_private_and_peer_check);
+	RUN(test_user_switch_while_other_threads_churn);
 	TEST_MAIN_END("test_jail");
 }

@@ -59,7 +59,8 @@ async def test_memory_below_128_is_rejected(scheduler: Scheduler) -> None:
 @pytest.mark.parametrize(
     "env",
     [{"LD_PRELOAD": "/x.so"}, {"pythonpath": "/x"}, {"NODE_OPTIONS": "-r x"}, {"BASH_ENV": "x"},
-     {"1BAD": "x"}, {"OK": "a\x00b"}, {"OK": "bell\x07"}, {f"V{i}": "x" for i in range(101)}],
+     {"1BAD": "x"}, {"OK": "a\x00b"}, {"OK": "bell\x07"}, {f"V{i}": "x" for i in range(101)},
+     {"OK": "lone \ud800 surrogate"}, {"OK": "\udcff"}],
 )  # fmt: skip
 async def test_bad_env_vars_are_rejected(scheduler: Scheduler, env: dict[str, str]) -> None:
     with pytest.raises(EnvVarValidationError):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from exec_sandbox import OutputLimitError, Scheduler
+from exec_sandbox.limits import STDERR_LIMIT_BYTES, STDOUT_LIMIT_BYTES
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -64,13 +65,22 @@ async def test_timeout_returns_minus_one_and_destroys_the_vm(scheduler: Schedule
 
 
 async def test_stdout_over_one_megabyte_raises_output_limit(scheduler: Scheduler) -> None:
-    with pytest.raises(OutputLimitError):
-        await scheduler.run("import sys\nfor _ in range(40): sys.stdout.write('x' * 32768)")
+    with pytest.raises(OutputLimitError) as info:
+        await scheduler.run("import sys\nprint('to stderr', file=sys.stderr, flush=True)\n"
+                            "for _ in range(40): sys.stdout.write('x' * 32768)")  # fmt: skip
+    # The output up to the limit is kept on the exception.
+    assert 0 < len(info.value.stdout) <= STDOUT_LIMIT_BYTES
+    assert set(info.value.stdout) == {"x"}
+    assert info.value.stderr == "to stderr\n"
 
 
 async def test_stderr_over_limit_raises_output_limit(scheduler: Scheduler) -> None:
-    with pytest.raises(OutputLimitError):
-        await scheduler.run("head -c 200000 /dev/zero | tr '\\0' e >&2", language="raw")
+    with pytest.raises(OutputLimitError) as info:
+        await scheduler.run("echo before; head -c 200000 /dev/zero | tr '\\0' e >&2",
+                            language="raw")  # fmt: skip
+    assert info.value.stdout == "before\n"
+    assert 0 < len(info.value.stderr) <= STDERR_LIMIT_BYTES
+    assert set(info.value.stderr) == {"e"}
 
 
 async def test_output_just_under_the_limit_is_returned_whole(scheduler: Scheduler) -> None:

@@ -83,8 +83,9 @@ async def test_errors_exit_and_rejected_input_keep_the_state(scheduler: Schedule
             await session.exec("   ")
         with pytest.raises(EnvVarValidationError):
             await session.exec("pass", env_vars={"ld_preload": "/tmp/x.so"})
-        with pytest.raises(OutputLimitError):
+        with pytest.raises(OutputLimitError) as info:
             await session.exec("print('x' * (2 * 1024 * 1024))")
+        assert info.value.stdout and set(info.value.stdout) == {"x"}  # kept up to the limit
         result = await session.exec("print(state)")
         assert result.stdout == "kept\n"
         assert not session.closed

@@ -42,6 +42,20 @@ def managed(images_ready: None, tmp_path: Path) -> ManagedScheduler:
     return factory
 
 
+async def test_pool_asked_for_more_than_admission_admits_is_cut_and_gets_ready(
+    managed: ManagedScheduler, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two python VMs asked for where admission admits one: the pool keeps one (with a warning)
+    # and wait_pool_ready() returns instead of waiting for a second that can never start.
+    caplog.set_level(logging.WARNING, logger="exec_sandbox")
+    async with managed(warm_pool_size={"python": 2}, max_concurrent_vms=1,
+                       memory_snapshots=False) as sched:  # fmt: skip
+        await sched.wait_pool_ready(timeout=240)
+        assert "admission admits at most 1" in caplog.text
+        hit = await sched.run("print(1)")
+        assert (hit.stdout, hit.warm_pool_hit) == ("1\n", True)
+
+
 async def test_warm_pool_serves_matching_requests_once_each(managed: ManagedScheduler) -> None:
     async with managed(warm_pool_size=1, memory_snapshots=False) as sched:
         await sched.wait_pool_ready(timeout=240)

@@ -148,6 +148,25 @@ async def test_mount_module_load_and_namespaces_are_denied(scheduler: Scheduler)
     assert lines["chroot"] == "-1 EPERM"
 
 
+async def test_kernel_log_is_not_readable_by_the_user(scheduler: Scheduler) -> None:
+    # kernel.dmesg_restrict=1, set by the agent at boot: /dev/kmsg and syslog(2) READ_ALL need
+    # CAP_SYSLOG (without it, uid 1000 read both: kernel addresses, boot details).
+    result = await scheduler.run(
+        "import ctypes, errno, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('restrict', open('/proc/sys/kernel/dmesg_restrict').read().strip())\n"
+        "try: os.open('/dev/kmsg', os.O_RDONLY | os.O_NONBLOCK); print('kmsg opened')\n"
+        "except OSError as e: print('kmsg', errno.errorcode[e.errno])\n"
+        "buf = ctypes.create_string_buffer(4096)\n"
+        "rc = libc.klogctl(3, buf, 4096)\n"  # SYSLOG_ACTION_READ_ALL
+        "print('read_all', rc, errno.errorcode.get(ctypes.get_errno()) if rc < 0 else buf.raw[:40])\n"
+    )
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["restrict"] == "1"
+    assert lines["kmsg"] == "EPERM"
+    assert lines["read_all"] == "-1 EPERM"
+
+
 async def test_no_raw_sockets_and_no_network_device(scheduler: Scheduler) -> None:
     result = await scheduler.run(
         "import os, socket\n"
