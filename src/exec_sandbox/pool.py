@@ -15,8 +15,9 @@ all languages, so that on a 2-core host a refill never takes more than one core 
 requests being served. Idle pooled VMs hold tickets; a foreground request that does not fit
 makes admission reclaim (destroy) idle ones.
 
-Only VMs of the scheduler's default configuration are pooled (default memory, no network); a
-request with any other configuration boots or restores its own VM.
+Only VMs of the scheduler's default configuration are pooled (default memory, no network, the
+language's default packages if any); a request with any other configuration boots or restores
+its own VM.
 """
 
 from __future__ import annotations
