@@ -191,6 +191,9 @@ async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
 
 def _pip_failure(result: ToolResult, target: GuestTarget) -> Exception:
     text = result.stderr + result.stdout
+    # pip's own verdict, without the warnings around it (ignored index locations and the like).
+    errors = "\n".join(line for line in text.splitlines() if line.startswith("ERROR:"))
+    said = errors or result.tail()
     platform = f"CPython {target.python} on manylinux (glibc {target.glibc}) x86_64"
     if _NETWORK_TROUBLE.search(text):
         return PackageBuildError(f"the package index could not be reached: {result.tail()}")
@@ -199,10 +202,10 @@ def _pip_failure(result: ToolResult, target: GuestTarget) -> Exception:
         return PackageNotAllowedError(
             f"no installable wheel of {match[1]} for the sandbox ({platform}): it does not "
             f"exist on the package index, or it is published as source only (the sandbox never "
-            f"builds packages from source). pip said: {result.tail()}"
+            f"builds packages from source). pip said: {said}"
         )
     if "ResolutionImpossible" in text or "conflict" in text.lower():
-        return PackageNotAllowedError(f"the requested packages conflict: {result.tail()}")
+        return PackageNotAllowedError(f"the requested packages conflict: {said}")
     if "hash" in text.lower() and "do not match" in text.lower():
         return PackageBuildError(f"a downloaded wheel does not match its locked hash: {result.tail()}")
-    return PackageBuildError(f"pip failed: {result.tail()}")
+    return PackageBuildError(f"pip failed: {said}")

@@ -25,7 +25,10 @@ class ToolResult:
     stderr: str
 
     def tail(self) -> str:
-        text = (self.stderr.strip() or self.stdout.strip())[-_OUTPUT_KEEP_CHARS:]
+        text = self.stderr.strip() or self.stdout.strip()
+        # Lines that point into the build directory, which is gone when the error is read.
+        text = "\n".join(line for line in text.splitlines() if "complete log of this run" not in line)
+        text = text[-_OUTPUT_KEEP_CHARS:]
         return text or f"(no output, exit status {self.returncode})"
 
 
