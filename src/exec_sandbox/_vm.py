@@ -73,6 +73,8 @@ OutputCallback = Callable[[str], None]
 _STATE_MAX_BYTES = 64 * 1024 * 1024
 _STATE_DRAIN_TIMEOUT_SECONDS = 30.0
 _IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
+# migrate-set-parameters max-bandwidth (bytes/s): as fast as the host can write.
+_UNCAPPED_BANDWIDTH = 1 << 40
 # Trivial programs that page an interpreter in (warm_up).
 # Each prints, so that the output path is warmed up too.
 _WARM_UP_CODE: dict[Language, bytes] = {
@@ -219,6 +221,8 @@ class _Execution:
 class GuestVm:
     """A booted VM whose guest agent has said READY. Create with `await GuestVm.boot(...)`."""
 
+    spec: VmSpec  # what it was started with (set by _spawn)
+
     def __init__(self, vm: Any, loop: asyncio.AbstractEventLoop,
                  on_boot_log: OutputCallback | None) -> None:  # fmt: skip
         self._vm = vm
@@ -291,20 +295,27 @@ class GuestVm:
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
         report_layers(vm.jail_status())
-        return cls(vm, loop, on_boot_log)
+        guest = cls(vm, loop, on_boot_log)
+        guest.spec = spec
+        return guest
 
     @classmethod
     async def restore(cls, spec: VmSpec, state_path: str, *, timeout: float,
-                      on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
+                      on_boot_log: OutputCallback | None = None,
+                      ram_in_stream: bool = False, run: bool = True) -> GuestVm:  # fmt: skip
         """Start a clone of a memory snapshot: QEMU maps spec.mem_path (the template's RAM)
         privately, loads the device state from state_path over QMP and resumes. The guest's
         RNG is reseeded before this returns, so nothing runs on the template's RNG state.
+
+        ram_in_stream: state_path is a full stream (a paused session: RAM included), loaded
+        into spec's RAM, which may then be a shared file (making a fork template). run=False
+        leaves the VM stopped after the load (no cont, no RESEED): it is only saved again.
 
         Raises VmTransientError (or QmpError, VmTimeoutError) if the clone does not come up;
         the VM is gone then."""
         guest = cls._spawn(spec, incoming=True, on_boot_log=on_boot_log)
         try:
-            await asyncio.wait_for(guest._restore(state_path, timeout), timeout)
+            await asyncio.wait_for(guest._restore(state_path, timeout, ram_in_stream, run), timeout)
         except asyncio.TimeoutError:
             guest.close()
             raise VmTimeoutError(
@@ -315,10 +326,14 @@ class GuestVm:
             raise
         return guest
 
-    async def _restore(self, state_path: str, timeout: float) -> None:
+    async def _restore(self, state_path: str, timeout: float, ram_in_stream: bool,
+                       run: bool) -> None:  # fmt: skip
         started = time.monotonic()
         self.qmp = await QmpClient.connect(self._vm.qmp_fd, timeout)
-        await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
+        # A template's stream has no RAM (it is in the shared file); a full stream has it, and
+        # a destination that ignores shared RAM would refuse pages for its shared file.
+        if not ram_in_stream:
+            await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
         fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             await self.qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
@@ -326,6 +341,9 @@ class GuestVm:
             os.close(fd)  # QEMU holds its own copy now
         await self.qmp.execute("migrate-incoming", {"uri": "fd:state"})
         await self._wait_migration()
+        if not run:
+            self.restore_seconds = time.monotonic() - started
+            return
         await self.qmp.execute("cont")
         # The guest never sends READY again: it was sent before the snapshot.
         if not self._ready.done():
@@ -339,15 +357,36 @@ class GuestVm:
         """Stop this VM and write its device state to state_path. Its RAM must be in a shared
         mem_path file (VmSpec.mem_shared): with x-ignore-shared the stream skips it, so saving
         costs milliseconds. The VM stays stopped; the caller destroys it."""
+        await self._save(state_path, ram=False, limit=_STATE_MAX_BYTES)
+
+    async def save_state(self, state_path: str) -> None:
+        """Stop this VM and write its whole state, RAM included, to state_path (a paused or
+        forked session). The VM stays stopped: close() it, or cont() to go on running."""
+        await self._save(state_path, ram=True,
+                         limit=self.spec.memory_mb * 1024 * 1024 + _STATE_MAX_BYTES)  # fmt: skip
+
+    async def cont(self) -> None:
+        """Run a VM stopped by save_state() again (QEMU takes its disks back)."""
         if self.qmp is None:
             raise QmpError("this VM has no QMP monitor")
-        await self.qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
+        await self.qmp.execute("cont")
+
+    async def _save(self, state_path: str, *, ram: bool, limit: int) -> None:
+        if self.qmp is None:
+            raise QmpError("this VM has no QMP monitor")
+        await self.qmp.execute(
+            "migrate-set-capabilities",
+            {"capabilities": [{"capability": "x-ignore-shared", "state": not ram}]},
+        )
+        if ram:
+            # The default 128 MiB/s cap would make a 192 MiB guest's save take over a second.
+            await self.qmp.execute("migrate-set-parameters", {"max-bandwidth": _UNCAPPED_BANDWIDTH})
         await self.qmp.execute("stop")
         # Through a pipe the host drains into the file: a jailed QEMU may not write files
         # (RLIMIT_FSIZE 0) and cannot open one by path (read-only mounts).
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         copier = asyncio.get_running_loop().run_in_executor(
-            None, _drain_to_file, read_end, state_path, _STATE_MAX_BYTES
+            None, _drain_to_file, read_end, state_path, limit
         )
         try:
             try:
@@ -765,7 +804,7 @@ def _drain_to_file(read_end: int, path: str, limit: int) -> None:
             while chunk := os.read(read_end, 1 << 16):
                 total += len(chunk)
                 if total > limit:
-                    raise OSError(f"device state stream over {limit} bytes")
+                    raise OSError(f"migration stream over {limit} bytes")
                 os.write(fd, chunk)
         finally:
             os.close(fd)
@@ -776,3 +815,17 @@ def _drain_to_file(read_end: int, path: str, limit: int) -> None:
 def _retrieve(future: asyncio.Future[None]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def anonymous_ram(memory_mb: int) -> int:
+    """An empty memfd of the guest's RAM size, for a VM's RAM backend mapped private: as
+    anonymous memory, but in the same backend ("ram0") as snapshot clones and fork templates,
+    so that any VM's full state can be loaded into any of them. The caller closes it once the
+    VM is spawned (QEMU has its own copy)."""
+    fd = os.memfd_create("sbx-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, memory_mb * 1024 * 1024)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -63,6 +63,9 @@ class SchedulerConfig:
     default_packages: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Size cap of the package layer cache (least recently used layers go first).
     package_cache_max_mb: int = 10 * 1024
+    # Paused sessions (Session.pause()): kept this long since last used, and under this size.
+    session_snapshot_ttl_seconds: int = 7 * 24 * 3600
+    session_snapshot_max_mb: int = 20 * 1024
 
     def __post_init__(self) -> None:
         self.warm_pool_size = _check_pool_size(self.warm_pool_size)
@@ -94,6 +97,8 @@ class SchedulerConfig:
         if self.admission_queue_size is not None:
             _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
         _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
+        _check_int("session_snapshot_ttl_seconds", self.session_snapshot_ttl_seconds, 60, 1 << 30)
+        _check_int("session_snapshot_max_mb", self.session_snapshot_max_mb, 256, 1 << 30)
         self.default_packages = _check_default_packages(
             self.default_packages, self.enable_package_validation
         )

@@ -53,6 +53,23 @@ class PackagesReport:
 
 
 @dataclass(frozen=True)
+class SessionSnapshot:
+    """A paused session on disk (`Session.pause()`); `str()` of it is its id, which
+    `Scheduler.resume()` takes, also in another process."""
+
+    id: str
+    language: Language
+    memory_mb: int
+    created_at: float  # time.time() of the pause
+    size_bytes: int
+    exec_count: int
+    packages: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass(frozen=True)
 class PortMapping:
     """A guest port exposed on a host port (None: chosen by the host)."""
 

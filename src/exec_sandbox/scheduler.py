@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import Any
 
 from . import _logging, host, limits
 from ._vm import (
@@ -17,13 +19,21 @@ from ._vm import (
     GuestVm,
     OutputCallback,
     VmSpec,
+    anonymous_ram,
 )
 from .admission import Admission, Budget, Ticket
 from .config import SchedulerConfig
-from .errors import OutputLimitError, SandboxError, VmConfigError
+from .errors import OutputLimitError, SandboxError, SnapshotError, VmConfigError
 from .images import GuestImages, load_images
 from .jail import jail_options, usage_figures
-from .models import ExecutionResult, Language, PortMapping, TimingBreakdown
+from .models import (
+    ExecutionResult,
+    Language,
+    PackagesReport,
+    PortMapping,
+    SessionSnapshot,
+    TimingBreakdown,
+)
 from .packages.layer import PackageLayer
 from .packages.layers import PackageLayers
 from .packages.specs import PackageSpec, merge_packages, validate_packages
@@ -37,7 +47,15 @@ from .snapshots import (
     qemu_version,
     snapshot_key,
 )
-from .session import Session
+from .session import Session, SessionHooks
+from .session_snapshots import (
+    SessionSnapshotStore,
+    check_id,
+    check_machine,
+    fork_vms,
+    load_vm,
+    save_session,
+)
 from .validation import (
     validate_code,
     validate_env,
@@ -84,6 +102,11 @@ class Scheduler:
             else None
         )
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
+        self._session_store = SessionSnapshotStore(
+            self.config.memory_snapshot_cache_dir / "sessions",
+            ttl_seconds=self.config.session_snapshot_ttl_seconds,
+            max_bytes=self.config.session_snapshot_max_mb << 20,
+        )
         # Package layers (packages/): the cache, and each language's default set (config).
         self._layers = PackageLayers(self.config.disk_snapshot_cache_dir / "packages",
                                      self.config.package_cache_max_mb << 20)  # fmt: skip
@@ -353,6 +376,25 @@ class Scheduler:
                                                         on_boot_log)  # fmt: skip
         finally:
             self._foreground_active -= 1
+        session = self._adopt_session(
+            vm, ticket, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
+            on_stderr=on_stderr, boot_ms=phases.boot_ms + phases.restore_ms,
+            warm_pool_hit=phases.pool_hit, l1_cache_hit=phases.l1_hit,
+            packages=None if layer is None else layer.report,
+        )  # fmt: skip
+        try:
+            await session.start_repl()
+        except BaseException:
+            await session.close()
+            raise
+        return session
+
+    def _adopt_session(self, vm: GuestVm, ticket: Ticket, *, language: Language, timeout: float,
+                       env: Mapping[str, str] | None, on_stdout: OutputCallback | None,
+                       on_stderr: OutputCallback | None, boot_ms: int = 0,
+                       warm_pool_hit: bool = False, l1_cache_hit: bool = False,
+                       packages: PackagesReport | None = None, exec_count: int = 0) -> Session:  # fmt: skip
+        """A Session owning vm and its admission ticket (released when it closes)."""
         self._vms.add(vm)
 
         def on_close(session: Session) -> None:
@@ -364,23 +406,119 @@ class Scheduler:
             vm,
             language=language,
             default_timeout_seconds=timeout,
-            default_env=env_vars,
+            default_env=env,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
             idle_timeout_seconds=self.config.session_idle_timeout_seconds,
             on_close=on_close,
-            boot_ms=phases.boot_ms + phases.restore_ms,
-            warm_pool_hit=phases.pool_hit,
-            l1_cache_hit=phases.l1_hit,
-            packages=None if layer is None else layer.report,
+            boot_ms=boot_ms,
+            warm_pool_hit=warm_pool_hit,
+            l1_cache_hit=l1_cache_hit,
+            packages=packages,
+            hooks=SessionHooks(pause=self._pause_session, fork=self._fork_session),
+            exec_count=exec_count,
         )
         self._sessions.add(session)
-        try:
-            await session.start_repl()
-        except BaseException:
-            await session.close()
-            raise
         return session
+
+    # --- paused and forked sessions (session_snapshots.py) ---
+
+    async def resume(self, snapshot_id: str | SessionSnapshot, *,
+                     on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None) -> Session:  # fmt: skip
+        """A live Session from a paused one (`Session.pause()`), with its variables, imports,
+        cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Raises
+        SnapshotError for an unknown, damaged or foreign snapshot (other images or QEMU)."""
+        snapshot_id = check_id(snapshot_id)
+        if self._closed:
+            raise SandboxError("the scheduler is closed")
+        await self.start()
+        loop = asyncio.get_running_loop()
+        meta = self._session_store.load(snapshot_id)
+        layer = self._snapshot_layer(meta)
+        spec = self._spec(int(meta["machine"]["memory_mb"]), layer)
+        check_machine(meta, spec)
+        await loop.run_in_executor(None, self._session_store.verify, snapshot_id, meta)
+        settings = meta["session"]
+        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
+        try:
+            at = time.monotonic()
+            vm = await load_vm(spec, self._session_store.state_path(snapshot_id),
+                               timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+        except BaseException:
+            ticket.release()
+            raise
+        return self._adopt_session(
+            vm, ticket, language=meta["language"], timeout=settings["timeout"],
+            env=settings["env"], on_stdout=on_stdout, on_stderr=on_stderr,
+            boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True,
+            packages=None if layer is None else layer.report, exec_count=settings["exec_count"],
+        )  # fmt: skip
+
+    def snapshots(self) -> list[SessionSnapshot]:
+        """The paused sessions on disk (this user's, every process's), oldest first."""
+        return self._session_store.entries()
+
+    def delete_snapshot(self, snapshot_id: str | SessionSnapshot) -> bool:
+        """Remove a paused session; False when there was none of that id."""
+        return self._session_store.delete(check_id(snapshot_id))
+
+    async def _pause_session(self, session: Session) -> SessionSnapshot:
+        vm = session._vm
+        try:
+            return await save_session(vm, self._session_store, self._session_meta(session))
+        except BaseException:
+            if vm.alive:
+                await vm.cont()  # not paused after all: the session goes on
+            raise
+
+    async def _fork_session(self, session: Session, count: int) -> list[Session]:
+        vm = session._vm
+        tickets: list[Ticket] = []
+        try:
+            for _ in range(count):
+                tickets.append(await self._admission.acquire(vm.spec.memory_mb, vm.spec.vcpus))
+            with self._session_store.build_dir() as work:
+                at = time.monotonic()
+                copies = await fork_vms(vm, count, work, timeout=limits.RESTORE_TIMEOUT_SECONDS)
+        except BaseException:
+            for ticket in tickets:
+                ticket.release()
+            raise
+        settings = session.settings()
+        return [
+            self._adopt_session(
+                copy, ticket, language=session.language, timeout=float(settings["timeout"]),  # type: ignore[arg-type]
+                env=settings["env"], on_stdout=None, on_stderr=None,  # type: ignore[arg-type]
+                boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True, packages=session.packages,
+                exec_count=session.exec_count,
+            )  # fmt: skip
+            for copy, ticket in zip(copies, tickets)
+        ]
+
+    def _session_meta(self, session: Session) -> dict[str, object]:
+        layer = session._vm.spec.layer
+        return {
+            "language": session.language,
+            "session": session.settings(),
+            "layer": None if layer is None else {"key": layer.key, "kind": layer.kind},
+            "packages": [] if session.packages is None else list(session.packages.packages),
+        }
+
+    def _snapshot_layer(self, meta: dict[str, Any]) -> PackageLayer | None:
+        """The package layer a paused session's VM had (its disk must be the same again)."""
+        saved = meta.get("layer")
+        if not saved:
+            return None
+        stored = self._layers.store.lookup(str(saved["key"]))
+        if stored is None:
+            raise SnapshotError(
+                f"session snapshot {meta.get('id')} needs package layer {saved['key']}, which is "
+                "no longer in the package cache"
+            )
+        report = PackagesReport(packages=tuple(meta.get("packages") or ()), cache_hit=True,
+                                resolved=False, size_bytes=stored.size)  # fmt: skip
+        return PackageLayer(key=stored.key, path=stored.path, kind=str(saved["kind"]), report=report)
 
     async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
                           layer: PackageLayer | None, on_boot_log: OutputCallback | None
@@ -479,6 +617,8 @@ class Scheduler:
             jail=jail_options(memory_mb, _VCPUS),
             qemu_sandbox=True,
             layer=layer,
+            # QMP on every VM: a session's VM can be paused or forked (session_snapshots.py).
+            qmp=True,
         )
 
     async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases,
@@ -529,9 +669,13 @@ class Scheduler:
                     log.debug("restored %s in %.0f ms", key, (time.monotonic() - at) * 1000)
                     return vm
         at = time.monotonic()
-        vm = await GuestVm.boot(
-            spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS, on_boot_log=on_boot_log
-        )
+        ram = anonymous_ram(memory_mb)
+        try:
+            vm = await GuestVm.boot(replace(spec, mem_fd=ram, mem_shared=False),
+                                    boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+                                    on_boot_log=on_boot_log)  # fmt: skip
+        finally:
+            os.close(ram)
         phases.boot_ms = _ms(time.monotonic() - at)
         return vm
 

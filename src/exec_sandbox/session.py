@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -26,7 +27,14 @@ from .errors import (
     SessionClosedError,
     VmTransientError,
 )
-from .models import ExecutionResult, FileInfo, Language, PackagesReport, TimingBreakdown
+from .models import (
+    ExecutionResult,
+    FileInfo,
+    Language,
+    PackagesReport,
+    SessionSnapshot,
+    TimingBreakdown,
+)
 from .validation import validate_code, validate_env, validate_timeout
 
 log = logging.getLogger("exec_sandbox")
@@ -35,6 +43,7 @@ _T = TypeVar("_T")
 # The exit status of a process killed by SIGKILL: the guest ran out of memory or the code killed
 # its own REPL for good. API.md: the session ends.
 _EXIT_SIGKILL = 128 + 9
+_MAX_FORKS = 16
 _NOOP: dict[Language, bytes] = {"python": b"pass", "javascript": b"undefined", "raw": b":"}
 
 
@@ -60,6 +69,8 @@ class Session:
         warm_pool_hit: bool = False,
         l1_cache_hit: bool = False,
         packages: PackagesReport | None = None,
+        hooks: SessionHooks | None = None,
+        exec_count: int = 0,
     ) -> None:
         self.session_id = uuid.uuid4().hex
         # Which speed tier gave this session its VM (like ExecutionResult's fields for run()).
@@ -82,7 +93,8 @@ class Session:
         self._busy = 0
         self._closed = False
         self._close_reason = ""
-        self.exec_count = 0
+        self.exec_count = exec_count
+        self._hooks = hooks
         self._touch()
 
     async def start_repl(self) -> None:
@@ -222,7 +234,45 @@ class Session:
 
         return await self._serialised(run)
 
+    async def pause(self) -> SessionSnapshot:
+        """Save the whole live state (the REPL and its variables, files under /home/user, cwd,
+        env) to disk and close the session: its VM and admission slot are freed, and
+        `Scheduler.resume(str(snapshot))` gives it back, also in another process. A pause
+        requested while an exec() runs waits for it to end (calls run one at a time)."""
+        hooks = self._require_hooks()
+
+        async def run() -> SessionSnapshot:
+            snapshot = await hooks.pause(self)
+            self._close_now(f"paused as snapshot {snapshot.id}")
+            return snapshot
+
+        return await self._serialised(run)
+
+    async def fork(self, count: int | None = None) -> Session | list[Session]:
+        """Live copies of this session, running independently from now on: `fork()` gives
+        one Session, `fork(n)` a list of n. Copies share the unchanged memory pages
+        copy-on-write; each gets a fresh kernel RNG and the host's clock, but everything in
+        user space is copied as it is (Python's `random` state and hash seed included: a fork
+        is a copy). This session pauses for the save and then runs on."""
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or not 1 <= count <= _MAX_FORKS):  # fmt: skip
+            raise InputValidationError(f"count must be an integer from 1 to {_MAX_FORKS}")
+        hooks = self._require_hooks()
+        forks = await self._serialised(lambda: hooks.fork(self, count or 1))
+        return forks if count is not None else forks[0]
+
+    def settings(self) -> dict[str, object]:
+        """What a paused or forked copy of this session needs besides its VM."""
+        return {"timeout": self._default_timeout, "env": dict(self._default_env),
+                "exec_count": self.exec_count}  # fmt: skip
+
     # --- internals ---
+
+    def _require_hooks(self) -> SessionHooks:
+        if self._hooks is None:
+            raise SessionClosedError("this session was not opened by a Scheduler: it cannot be "
+                                     "paused or forked")  # fmt: skip
+        return self._hooks
 
     def _check_open(self) -> None:
         if self._closed:
@@ -268,6 +318,15 @@ class Session:
             self._idle_timer = None
         self._vm.close()
         self._on_close(self)
+
+
+@dataclass(frozen=True)
+class SessionHooks:
+    """What the scheduler does for a session's pause() and fork() (it owns admission and the
+    snapshot store)."""
+
+    pause: Callable[[Session], Awaitable[SessionSnapshot]]
+    fork: Callable[[Session, int], Awaitable[list[Session]]]
 
 
 def _ms(seconds: float) -> int:

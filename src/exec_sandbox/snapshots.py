@@ -109,13 +109,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
     format."""
     inputs = {
         "format": SNAPSHOT_FORMAT,
-        "kernel": spec.images.kernel_hash,
-        "rootfs": spec.images.rootfs_hash,
-        "qemu": qemu_version(spec.qemu_binary),
-        "accel": spec.accel,
-        "memory_mb": spec.memory_mb,
-        "vcpus": spec.vcpus,
-        "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
+        **machine_identity(spec),
         "language": language,
         "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
         # A second disk changes the device layout, and its files are in the guest's page cache.
@@ -123,6 +117,20 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{language}-{spec.memory_mb}m-{digest[:24]}"
+
+
+def machine_identity(spec: VmSpec) -> dict[str, object]:
+    """What a saved VM state can only be loaded into the same of: images, QEMU, accelerator,
+    RAM size, vCPUs, kernel command line (part of L1 keys and of paused sessions' metadata)."""
+    return {
+        "kernel": spec.images.kernel_hash,
+        "rootfs": spec.images.rootfs_hash,
+        "qemu": qemu_version(spec.qemu_binary),
+        "accel": spec.accel,
+        "memory_mb": spec.memory_mb,
+        "vcpus": spec.vcpus,
+        "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
+    }
 
 
 class SnapshotIntegrityError(Exception):

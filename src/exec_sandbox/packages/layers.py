@@ -27,7 +27,8 @@ from ..models import Language, PackagesReport
 from . import erofs, npm_layer, pip_layer
 from .layer import PackageLayer
 from .specs import PackageSpec
-from .store import LayerStore, StoredLayer, file_sha256
+from ..digest import file_sha256
+from .store import LayerStore, StoredLayer
 from .target import GuestTarget
 
 log = logging.getLogger("exec_sandbox")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..digest import file_sha256
+
 log = logging.getLogger("exec_sandbox")
 
 LAYER_FILE = "layer.erofs"
@@ -42,7 +43,6 @@ _STALE_BUILD_SECONDS = 3600.0
 _EVICT_GRACE_SECONDS = 600.0
 _LOCK_POLL_SECONDS = 0.1
 _REQUESTS_KEEP = 2000
-_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -229,13 +229,6 @@ class LayerStore:
         for path in self.root.glob(".trash-*"):
             shutil.rmtree(path, ignore_errors=True)
 
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_json_atomically(path: Path, data: Any) -> None:

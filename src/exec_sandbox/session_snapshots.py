@@ -1,0 +1,274 @@
+"""Paused sessions on disk (`Session.pause()` / `Scheduler.resume(id)`, docs/sessions.md).
+
+```
+<memory_snapshot_cache_dir>/sessions/<id>/   state (QEMU's full migration stream: device state
+                                             and RAM, the REPL and /home/user included),
+                                             meta.json (identity, session settings, SHA-256)
+                                   .build-*/ a pause in progress (renamed to <id> when complete)
+```
+
+Owner-only (0700 directories, 0600 files): a snapshot holds the session's memory, so any secret
+its code touched. A snapshot is complete or absent (published by rename), checked against its
+SHA-256 before it is loaded, and refused with SnapshotError when the images, QEMU, accelerator or
+its package layer differ from the scheduler's (a migration stream only loads into the same
+machine). Snapshots older than the TTL go, and the least recently used ones beyond the size cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ._vm import GuestVm, VmSpec, anonymous_ram
+from .digest import file_sha256
+from .errors import SnapshotError
+from .models import SessionSnapshot
+from .snapshots import machine_identity
+
+log = logging.getLogger("exec_sandbox")
+
+SESSION_SNAPSHOT_FORMAT = 1
+STATE_FILE = "state"
+META_FILE = "meta.json"
+_ID = re.compile(r"[0-9a-f]{32}")
+_STALE_BUILD_SECONDS = 3600.0
+
+
+def check_id(snapshot_id: object) -> str:
+    if isinstance(snapshot_id, SessionSnapshot):
+        snapshot_id = snapshot_id.id
+    if not isinstance(snapshot_id, str) or not _ID.fullmatch(snapshot_id):
+        raise SnapshotError(f"not a session snapshot id: {str(snapshot_id)[:80]!r}")
+    return snapshot_id
+
+
+class SessionSnapshotStore:
+    def __init__(self, root: Path, ttl_seconds: float, max_bytes: int) -> None:
+        self.root = root
+        self.ttl_seconds = ttl_seconds
+        self.max_bytes = max_bytes
+
+    def _ensure_root(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.root, 0o700)
+        return self.root
+
+    @contextlib.contextmanager
+    def build_dir(self) -> Iterator[Path]:
+        """A private directory for one save; removed unless published."""
+        root = self._ensure_root()
+        self._remove_stale_builds()
+        path = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def publish(self, build: Path, meta: dict[str, Any]) -> SessionSnapshot:
+        snapshot_id = meta["id"]
+        _write_private_json(build / META_FILE, meta)
+        os.rename(build, self.root / snapshot_id)
+        self.evict(keep=snapshot_id)
+        return describe(meta)
+
+    def load(self, snapshot_id: str) -> dict[str, Any]:
+        """The meta of a snapshot (its directory's mtime refreshed: it was used)."""
+        directory = self.root / check_id(snapshot_id)
+        try:
+            meta = json.loads((directory / META_FILE).read_text())
+        except FileNotFoundError:
+            raise SnapshotError(f"no session snapshot {snapshot_id} in {self.root}") from None
+        except (OSError, ValueError) as exc:
+            raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
+        if not isinstance(meta, dict) or meta.get("format") != SESSION_SNAPSHOT_FORMAT:
+            raise SnapshotError(f"session snapshot {snapshot_id} has an unknown format")
+        with contextlib.suppress(OSError):
+            os.utime(directory)
+        return meta
+
+    def state_path(self, snapshot_id: str) -> Path:
+        return self.root / check_id(snapshot_id) / STATE_FILE
+
+    def verify(self, snapshot_id: str, meta: dict[str, Any]) -> None:
+        """SnapshotError unless the state is the one saved (blocking: run it in a thread)."""
+        path = self.state_path(snapshot_id)
+        try:
+            size = path.stat().st_size
+            digest = file_sha256(path) if size == meta.get("size") else None
+        except OSError as exc:
+            raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
+        if digest is None or digest != meta.get("sha256"):
+            raise SnapshotError(
+                f"session snapshot {snapshot_id} is damaged (its state does not match the "
+                f"digest recorded when it was saved): it is not loaded"
+            )
+
+    def entries(self) -> list[SessionSnapshot]:
+        out: list[SessionSnapshot] = []
+        if not self.root.is_dir():
+            return out
+        for directory in self.root.iterdir():
+            if not _ID.fullmatch(directory.name):
+                continue
+            try:
+                out.append(describe(json.loads((directory / META_FILE).read_text())))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return sorted(out, key=lambda s: s.created_at)
+
+    def delete(self, snapshot_id: str) -> bool:
+        directory = self.root / check_id(snapshot_id)
+        trash = self.root / f".trash-{snapshot_id}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            directory.rename(trash)
+        except FileNotFoundError:
+            return False
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def evict(self, keep: str | None = None) -> list[str]:
+        """Delete snapshots past the TTL, then the least recently used beyond the size cap."""
+        entries = []
+        for directory in self.root.glob("*"):
+            if not _ID.fullmatch(directory.name):
+                continue
+            try:
+                entries.append((directory.stat().st_mtime, (directory / STATE_FILE).stat().st_size,
+                                directory.name))  # fmt: skip
+            except OSError:
+                continue
+        now = time.time()
+        removed = []
+        total = sum(size for _, size, _ in entries)
+        for used, size, name in sorted(entries):
+            if name == keep:
+                continue
+            if now - used > self.ttl_seconds or total > self.max_bytes:
+                log.info("session snapshot %s removed (%s)", name,
+                         "past its TTL" if now - used > self.ttl_seconds else "cache over its cap")  # fmt: skip
+                self.delete(name)
+                removed.append(name)
+                total -= size
+        return removed
+
+    def _remove_stale_builds(self) -> None:
+        now = time.time()
+        for path in [*self.root.glob(".build-*"), *self.root.glob(".trash-*")]:
+            with contextlib.suppress(OSError):
+                if path.name.startswith(".trash-") or now - path.stat().st_mtime > _STALE_BUILD_SECONDS:
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def describe(meta: dict[str, Any]) -> SessionSnapshot:
+    return SessionSnapshot(
+        id=str(meta["id"]),
+        language=meta["language"],
+        memory_mb=int(meta["machine"]["memory_mb"]),
+        created_at=float(meta["created"]),
+        size_bytes=int(meta["size"]),
+        exec_count=int(meta["session"]["exec_count"]),
+        packages=tuple(meta.get("packages") or ()),
+    )
+
+
+
+def _write_private_json(path: Path, data: Any) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, sort_keys=True)
+
+
+# --- saving and loading a live VM's whole state ---
+
+
+async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str, Any]) -> SessionSnapshot:
+    """Stop vm and write its whole state into a new snapshot described by meta (language,
+    session settings, layer; id, size, digest and machine are filled in here). The VM stays
+    stopped: the caller closes it (pause) or runs it on (cont)."""
+    with store.build_dir() as build:
+        state = build / STATE_FILE
+        await vm.save_state(str(state))
+        size, digest = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: (state.stat().st_size, file_sha256(state))
+        )
+        full = {**meta, "format": SESSION_SNAPSHOT_FORMAT, "id": uuid.uuid4().hex,
+                "created": time.time(), "size": size, "sha256": digest,
+                "machine": machine_identity(vm.spec)}  # fmt: skip
+        return store.publish(build, full)
+
+
+def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
+    """SnapshotError unless the snapshot's machine is the one spec would start."""
+    saved = meta.get("machine") or {}
+    current = machine_identity(spec)
+    different = sorted(k for k in current if saved.get(k) != current[k])
+    if different:
+        raise SnapshotError(
+            f"session snapshot {meta.get('id')} was taken on another machine configuration "
+            f"({', '.join(different)} differ: e.g. other guest images or QEMU): it cannot be "
+            f"resumed here"
+        )
+
+
+async def load_vm(spec: VmSpec, state: Path, *, timeout: float) -> GuestVm:
+    """A running VM from a full state file: its RAM private (anonymous), its RNG reseeded and
+    clock set before this returns."""
+    ram = anonymous_ram(spec.memory_mb)
+    try:
+        return await GuestVm.restore(replace(spec, mem_fd=ram, mem_shared=False, mem_path=None),
+                                     str(state), timeout=timeout, ram_in_stream=True)  # fmt: skip
+    finally:
+        os.close(ram)
+
+
+async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
+    """count copies of a running vm, which runs on. Its state is saved (vm pauses for that),
+    loaded once into a VM whose RAM is a shared memfd and saved again without the RAM: that
+    memfd, sealed, is a template, and the copies are its copy-on-write clones, sharing every
+    page none of them has written (as L1 clones share a template's). Each copy is reseeded."""
+    full = work / "full"
+    try:
+        await vm.save_state(str(full))
+    finally:
+        if vm.alive:
+            await vm.cont()
+    ram = anonymous_ram(vm.spec.memory_mb)
+    try:
+        spec = replace(vm.spec, mem_fd=ram, mem_path=None)
+        maker = await GuestVm.restore(replace(spec, mem_shared=True), str(full), timeout=timeout,
+                                      ram_in_stream=True, run=False)  # fmt: skip
+        try:
+            await maker.save_snapshot(str(work / "devices"))
+        finally:
+            maker.close()
+        full.unlink()
+        # The maker is gone: nothing maps the memfd writably, so it can be sealed.
+        fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
+                    | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
+        copies = await asyncio.gather(
+            *(GuestVm.restore(replace(spec, mem_shared=False), str(work / "devices"), timeout=timeout)
+              for _ in range(count)),
+            return_exceptions=True,
+        )  # fmt: skip
+    finally:
+        os.close(ram)
+    failed = [c for c in copies if isinstance(c, BaseException)]
+    if failed:
+        for c in copies:
+            if isinstance(c, GuestVm):
+                c.close()
+        raise failed[0]
+    return [c for c in copies if isinstance(c, GuestVm)]
