@@ -1,0 +1,173 @@
+"""Live sessions paused to disk, resumed (in another process too) and forked, in real VMs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import InputValidationError, Scheduler, SchedulerConfig, SessionClosedError, SnapshotError
+from tests.helpers import qemu_processes
+
+pytestmark = pytest.mark.vm
+
+STATE = r"""
+import os, threading, time
+numbers = [1, 2, 3]
+os.environ["SBX_MARK"] = "kept"
+os.makedirs("/home/user/work", exist_ok=True)
+os.chdir("/home/user/work")
+open("notes.txt", "w").write("saved file")
+handle = open("/tmp/handle.txt", "w+")
+handle.write("unflushed data")
+ticks = [0]
+def tick():
+    while True:
+        ticks[0] += 1
+        time.sleep(0.05)
+threading.Thread(target=tick, daemon=True).start()
+time.sleep(0.3)
+"""
+CHECK = r"""
+import os, time
+before = ticks[0]
+time.sleep(0.5)
+handle.seek(0)
+print(numbers, os.environ["SBX_MARK"], os.getcwd(), open("notes.txt").read(), handle.read(), ticks[0] > before > 0)
+"""
+EXPECTED = "[1, 2, 3] kept /home/user/work saved file unflushed data True\n"
+
+
+def _config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
+    options: dict[str, object] = {"max_concurrent_vms": 3, "memory_snapshots": False,
+                                  "memory_snapshot_cache_dir": tmp_path / "memory"}  # fmt: skip
+    options.update(overrides)
+    return SchedulerConfig(**options)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
+    async with Scheduler(_config(tmp_path)) as scheduler:
+        yield scheduler
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_a_paused_session_resumes_in_another_process(sched: Scheduler, tmp_path: Path) -> None:
+    session = await sched.session()
+    assert (await session.exec(STATE)).exit_code == 0
+    snapshot = await session.pause()
+    assert session.closed and snapshot.language == "python" and snapshot.exec_count == 1
+    with pytest.raises(SessionClosedError, match="paused"):
+        await session.exec("print(1)")
+    directory = tmp_path / "memory" / "sessions" / snapshot.id
+    for path in (directory, directory / "state", directory / "meta.json"):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path  # owner only: it is memory
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from exec_sandbox import Scheduler, SchedulerConfig\n"
+        "async def main():\n"
+        "    config = SchedulerConfig(memory_snapshots=False, memory_snapshot_cache_dir=Path(sys.argv[1]))\n"
+        "    async with Scheduler(config) as s:\n"
+        "        session = await s.resume(sys.argv[2])\n"
+        f"        print((await session.exec({CHECK!r})).stdout, end='')\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "memory"), str(snapshot)],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.stdout == EXPECTED, proc.stderr[-2000:]
+
+
+async def test_forks_diverge_and_differ_in_kernel_randomness(sched: Scheduler) -> None:
+    async with await sched.session() as parent:
+        await parent.exec("import os, random\nitems = ['parent']\nrandom.seed(7)")
+        forks = await parent.fork(2)
+        assert isinstance(forks, list) and len(forks) == 2
+        try:
+            for i, fork in enumerate(forks):
+                await fork.exec(f"items.append('fork{i}')")
+            await parent.exec("items.append('parent-again')")
+            out = [(await s.exec("print(items, os.urandom(8).hex(), random.random())")).stdout.split()
+                   for s in (parent, *forks)]  # fmt: skip
+        finally:
+            for fork in forks:
+                await fork.close()
+    assert [o[0] for o in out] == ["['parent',", "['parent',", "['parent',"]
+    assert [o[1] for o in out] == ["'parent-again']", "'fork0']", "'fork1']"]
+    assert len({o[2] for o in out}) == 3  # the kernel RNG: reseeded in every copy
+    assert len({o[3] for o in out}) == 1  # user-space state is copied as it is (documented)
+
+
+async def test_fork_without_count_gives_one_session(sched: Scheduler) -> None:
+    async with await sched.session() as parent:
+        await parent.exec("x = 41")
+        child = await parent.fork()
+        assert not isinstance(child, list)
+        async with child:
+            assert (await child.exec("print(x + 1)")).stdout == "42\n"
+        with pytest.raises(InputValidationError):
+            await parent.fork(0)
+
+
+async def test_a_damaged_or_foreign_snapshot_is_refused(sched: Scheduler, tmp_path: Path) -> None:
+    session = await sched.session()
+    await session.exec("secret = 1")
+    snapshot = await session.pause()
+    directory = tmp_path / "memory" / "sessions" / snapshot.id
+    state = directory / "state"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    state.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="damaged"):
+        await sched.resume(snapshot.id)
+
+    other = await (await sched.session()).pause()
+    meta_path = tmp_path / "memory" / "sessions" / other.id / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["machine"]["rootfs"] = "0000000000000000"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(SnapshotError, match="rootfs"):
+        await sched.resume(other.id)
+    with pytest.raises(SnapshotError, match="not a session snapshot id"):
+        await sched.resume("../../etc")
+    assert sched.delete_snapshot(other.id) and not sched.delete_snapshot(other.id)
+    assert [s.id for s in sched.snapshots()] == [snapshot.id]
+
+
+async def test_a_resumed_session_keeps_its_timeouts_and_limits(sched: Scheduler) -> None:
+    session = await sched.session(timeout_seconds=2)
+    await session.exec("value = 5")
+    resumed = await sched.resume(await session.pause())
+    async with resumed:
+        assert (await resumed.exec("import time; time.sleep(30)")).exit_code == -1  # its 2 s
+        after = await resumed.exec("print(1)")
+        assert after.stdout == "1\n", (after.exit_code, after.stderr)
+
+
+async def test_pause_waits_for_a_running_exec(sched: Scheduler) -> None:
+    session = await sched.session()
+    running = asyncio.create_task(session.exec("import time; time.sleep(1); done = 'yes'; print(done)"))
+    await asyncio.sleep(0.2)
+    snapshot = await session.pause()
+    assert (await running).stdout == "yes\n"
+    async with await sched.resume(snapshot) as resumed:
+        assert (await resumed.exec("print(done)")).stdout == "yes\n"
+
+
+async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: None) -> None:
+    async with Scheduler(_config(tmp_path, max_concurrent_vms=1, admission_timeout_seconds=5)) as scheduler:
+        first = await scheduler.session()
+        await first.exec("name = 'first'")
+        snapshot = await first.pause()
+        async with await scheduler.session() as second:  # would wait for the slot otherwise
+            assert (await second.exec("print(1)")).stdout == "1\n"
+        async with await scheduler.resume(snapshot) as again:
+            assert (await again.exec("print(name)")).stdout == "first\n"
+    assert qemu_processes(parent=os.getpid()) == []
