@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import cli_sessions
 from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
 from .models import ExecutionResult, Language
 from .scheduler import Scheduler
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "snapshot that makes the next run of this configuration faster")  # fmt: skip
     doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    cli_sessions.add_parser(commands)
     return parser
 
 
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "doctor":
         return _doctor(args.json)
+    if args.command == "session":
+        return cli_sessions.run(args)
     try:
         code, language = _resolve_source(args)
         env = _parse_env(args.env)

@@ -63,6 +63,9 @@ class SchedulerConfig:
     default_packages: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Size cap of the package layer cache (least recently used layers go first).
     package_cache_max_mb: int = 10 * 1024
+    # What an idle session becomes after session_idle_timeout_seconds: "close" (its state is
+    # lost) or "pause" (saved to disk; Scheduler.snapshots() lists it, resume() brings it back).
+    session_idle_action: str = "close"
     # Paused sessions (Session.pause()): kept this long since last used, and under this size.
     session_snapshot_ttl_seconds: int = 7 * 24 * 3600
     session_snapshot_max_mb: int = 20 * 1024
@@ -97,6 +100,10 @@ class SchedulerConfig:
         if self.admission_queue_size is not None:
             _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
         _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
+        if self.session_idle_action not in ("close", "pause"):
+            raise VmConfigError(
+                f"session_idle_action must be 'close' or 'pause', got {self.session_idle_action!r}"
+            )
         _check_int("session_snapshot_ttl_seconds", self.session_snapshot_ttl_seconds, 60, 1 << 30)
         _check_int("session_snapshot_max_mb", self.session_snapshot_max_mb, 256, 1 << 30)
         self.default_packages = _check_default_packages(

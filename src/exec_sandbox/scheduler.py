@@ -415,7 +415,8 @@ class Scheduler:
             warm_pool_hit=warm_pool_hit,
             l1_cache_hit=l1_cache_hit,
             packages=packages,
-            hooks=SessionHooks(pause=self._pause_session, fork=self._fork_session),
+            hooks=SessionHooks(pause=self._pause_session, fork=self._fork_session,
+                               pause_when_idle=self.config.session_idle_action == "pause"),
             exec_count=exec_count,
         )
         self._sessions.add(session)

@@ -95,6 +95,9 @@ class Session:
         self._close_reason = ""
         self.exec_count = exec_count
         self._hooks = hooks
+        self._idle_pause: asyncio.Future[None] | None = None
+        # The snapshot an idle pause made (session_idle_action="pause"), else None.
+        self.paused_as: SessionSnapshot | None = None
         self._touch()
 
     async def start_repl(self) -> None:
@@ -305,8 +308,23 @@ class Session:
         if self._busy:
             self._touch()  # an exec longer than the idle timeout is activity
             return
+        if self._hooks is not None and self._hooks.pause_when_idle:
+            self._idle_pause = asyncio.ensure_future(self._pause_idle())
+            return
         log.info("session %s idle for %.0f s: closing it", self.session_id, self._idle_timeout)
         self._close_now(f"idle for {self._idle_timeout:.0f} s")
+
+    async def _pause_idle(self) -> None:
+        """session_idle_action="pause": the idle session is paused instead of closed (its
+        snapshot id is logged and listed by Scheduler.snapshots()); closed if that fails."""
+        try:
+            snapshot = await self.pause()
+            log.info("session %s idle for %.0f s: paused as %s", self.session_id,
+                     self._idle_timeout, snapshot.id)  # fmt: skip
+            self.paused_as = snapshot
+        except Exception as exc:  # noqa: BLE001 - an idle session must end either way
+            log.warning("session %s idle: pausing failed (%s), closing it", self.session_id, exc)
+            self._close_now(f"idle for {self._idle_timeout:.0f} s (pausing failed: {exc})")
 
     def _close_now(self, reason: str) -> None:
         if self._closed:
@@ -327,6 +345,7 @@ class SessionHooks:
 
     pause: Callable[[Session], Awaitable[SessionSnapshot]]
     fork: Callable[[Session, int], Awaitable[list[Session]]]
+    pause_when_idle: bool = False
 
 
 def _ms(seconds: float) -> int:

@@ -172,3 +172,32 @@ async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: Non
         async with await scheduler.resume(snapshot) as again:
             assert (await again.exec("print(name)")).stdout == "first\n"
     assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, images_ready: None) -> None:
+    config = _config(tmp_path, session_idle_timeout_seconds=10, session_idle_action="pause")
+    async with Scheduler(config) as scheduler:
+        session = await scheduler.session()
+        await session.exec("kept = 'after idling'")
+        for _ in range(600):  # the idle timer, then the pause
+            if session.closed:
+                break
+            await asyncio.sleep(0.1)
+        assert session.paused_as is not None
+        assert [s.id for s in scheduler.snapshots()] == [session.paused_as.id]
+        async with await scheduler.resume(session.paused_as) as resumed:
+            assert (await resumed.exec("print(kept)")).stdout == "after idling\n"
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, images_ready: None) -> None:
+    async with Scheduler(_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")) as s:
+        snapshot = await (await s.session()).pause()
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)}
+    sbx = [sys.executable, "-m", "exec_sandbox.cli", "session"]
+    listed = subprocess.run([*sbx, "list", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert [entry["id"] for entry in json.loads(listed.stdout)] == [snapshot.id]
+    deleted = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
+    assert deleted.returncode == 0
+    again = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
+    assert again.returncode == 1 and "no paused session" in again.stdout
