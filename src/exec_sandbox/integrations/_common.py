@@ -4,16 +4,23 @@ conversation key (thread id, execution id) on a Runner's scheduler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exec_sandbox import ExecutionResult, Scheduler
+from exec_sandbox import ExecutionResult, SandboxError, Scheduler, SnapshotError
 
 from ._bridge import Runner
 
 if TYPE_CHECKING:
     from exec_sandbox.session import Session
 
+log = logging.getLogger("exec_sandbox")
 LANGUAGES = ("python", "javascript", "raw")
 
 
@@ -45,14 +52,77 @@ def result_artifact(result: ExecutionResult) -> dict[str, Any]:
     }
 
 
+class SavedSessions:
+    """Paused sessions by conversation key (a thread id, an execution id), so that a key's sandbox
+    outlives its process: save() pauses a key's session and remembers its snapshot, resume()
+    gives the session back, here or in a later process. The index is one small owner-only file
+    per key beside the snapshots; a key's older snapshot is deleted when a newer one replaces it."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def _entry(self, scheduler: Scheduler, key: str) -> Path:
+        name = hashlib.sha256(f"{self.namespace}\0{key}".encode()).hexdigest()[:32]
+        return scheduler.config.memory_snapshot_cache_dir / "sessions" / "keys" / f"{name}.json"
+
+    async def save(self, scheduler: Scheduler, key: str, session: Session) -> None:
+        snapshot = await session.pause()
+        entry = self._entry(scheduler, key)
+        previous = _read_id(entry)
+        entry.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = entry.with_name(f".{entry.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"namespace": self.namespace, "key": key, "id": snapshot.id}, f)
+        os.replace(tmp, entry)
+        if previous and previous != snapshot.id:
+            with contextlib.suppress(SnapshotError):
+                scheduler.delete_snapshot(previous)
+
+    async def resume(self, scheduler: Scheduler, key: str) -> Session | None:
+        """The key's saved session, or None (never saved, or it cannot be resumed any more:
+        expired, damaged, other images)."""
+        entry = self._entry(scheduler, key)
+        snapshot_id = _read_id(entry)
+        if snapshot_id is None:
+            return None
+        try:
+            return await scheduler.resume(snapshot_id)
+        except SnapshotError as exc:
+            log.warning("the saved session of %s cannot be resumed (%s): starting afresh", key, exc)
+            entry.unlink(missing_ok=True)
+            return None
+
+
+    def forget(self, scheduler: Scheduler, key: str) -> None:
+        """Delete the key's saved session, if any."""
+        entry = self._entry(scheduler, key)
+        snapshot_id = _read_id(entry)
+        if snapshot_id is not None:
+            with contextlib.suppress(SnapshotError):
+                scheduler.delete_snapshot(snapshot_id)
+        entry.unlink(missing_ok=True)
+
+
+def _read_id(entry: Path) -> str | None:
+    try:
+        value = json.loads(entry.read_text()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
 class SessionPool:
     """One live Session per key, opened on first use, reopened if it closed (idle timeout, VM
     death). Every coroutine runs through the Runner, so the sessions live on one loop."""
 
     def __init__(self, runner: Runner, *, language: str = "python",
-                 timeout_seconds: int | None = None,
-                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
+                 timeout_seconds: int | None = None, packages: Sequence[str] | None = None,
+                 persist: str | None = None) -> None:  # fmt: skip
+        """persist: a namespace under which closing pauses each key's session to disk and a
+        later get() of the key (also in a new process) resumes it (SavedSessions)."""
         self.runner = runner
+        self._saved = SavedSessions(persist) if persist else None
         self.language = language
         self.timeout_seconds = timeout_seconds
         self.packages = list(packages) if packages else None
@@ -63,6 +133,10 @@ class SessionPool:
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._sessions.get(key)
+            if (session is None or session.closed) and self._saved is not None:
+                session = await self._saved.resume(scheduler, key)
+                if session is not None:
+                    self._sessions[key] = session
             if session is None or session.closed:
                 session = await scheduler.session(
                     language=self.language,  # type: ignore[arg-type]
@@ -75,18 +149,26 @@ class SessionPool:
     def keys(self) -> list[str]:
         return [key for key, session in self._sessions.items() if not session.closed]
 
-    async def _close(self, key: str | None) -> None:
+    async def _close(self, scheduler: Scheduler, key: str | None) -> None:
         keys = list(self._sessions) if key is None else [key]
         for name in keys:
             session = self._sessions.pop(name, None)
-            if session is not None:
+            if session is None or session.closed:
+                continue
+            if self._saved is None:
+                await session.close()
+                continue
+            try:
+                await self._saved.save(scheduler, name, session)
+            except SandboxError as exc:
+                log.warning("saving the session of %s failed (%s): it is closed", name, exc)
                 await session.close()
 
     def close(self, key: str | None = None) -> None:
         """Close one key's session, or all of them. Idempotent."""
         if self._sessions:
-            self.runner.run(lambda _s: self._close(key))
+            self.runner.run(lambda s: self._close(s, key))
 
     async def aclose(self, key: str | None = None) -> None:
         if self._sessions:
-            await self.runner.arun(lambda _s: self._close(key))
+            await self.runner.arun(lambda s: self._close(s, key))

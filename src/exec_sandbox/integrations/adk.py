@@ -54,13 +54,17 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
     timeout_seconds: int | None = None
     # Python packages installed in the VM (name==version), e.g. ["pandas==2.2.0"].
     packages: list[str] | None = None
+    # stateful executors: close() pauses each execution id's session to disk, and the same id
+    # resumes it later, also in a new process (an agent's thread gets its variables and files
+    # back after a restart).
+    persist_sessions: bool = False
     _pool: SessionPool = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         self._pool = SessionPool(Runner(self.scheduler), language="python",
-                                 timeout_seconds=self.timeout_seconds,
-                                 packages=self.packages)  # fmt: skip
+                                 timeout_seconds=self.timeout_seconds, packages=self.packages,
+                                 persist="adk" if self.persist_sessions else None)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     def execute_code(self, invocation_context: InvocationContext,
@@ -92,7 +96,8 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
             return CodeExecutionResult(stderr=f"{type(exc).__name__}: {exc}", exit_code=None)
 
     def close(self, execution_id: str | None = None) -> None:
-        """Destroy the VM of one execution id, or all of them."""
+        """Destroy the VM of one execution id, or all of them (with persist_sessions: pause them
+        to disk instead, to be resumed by the next call with that id)."""
         self._pool.close(execution_id)
 
 

@@ -35,6 +35,7 @@ from deepagents.backends.sandbox import BaseSandbox
 from exec_sandbox import OutputLimitError, SandboxError, Scheduler
 
 from ._bridge import Runner
+from ._common import SavedSessions
 from ._sandbox_glob import glob_command, parse_glob_output, search_root
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ class ExecSandboxBackend(BaseSandbox):
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  memory_mb: int = DEFAULT_MEMORY_MB,
                  file_contract: FileContract = "standard",
-                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
+                 packages: Sequence[str] | None = None,
+                 session_key: str | None = None) -> None:  # fmt: skip
         if file_contract not in ("standard", "deepagents"):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
@@ -87,6 +89,10 @@ class ExecSandboxBackend(BaseSandbox):
         self._memory_mb = memory_mb
         # Python packages (name==version) for the python3 that the agent's commands run.
         self._packages = list(packages) if packages else None
+        # With a key (e.g. the agent's thread id), close() pauses the VM to disk and a backend
+        # made later with the same key, also in a new process, resumes it: files, cwd and env.
+        self._saved = SavedSessions("deepagents") if session_key else None
+        self._key = session_key or ""
         self._timeout = timeout_seconds
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
@@ -280,6 +286,11 @@ class ExecSandboxBackend(BaseSandbox):
         async with self._opening:
             if self._holder and not self._holder[0].closed:
                 return self._holder[0]
+            if self._saved is not None:
+                resumed = await self._saved.resume(scheduler, self._key)
+                if resumed is not None:
+                    self._holder[:] = [resumed]
+                    return resumed
             session = await scheduler.session(
                 language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb,
                 packages=self._packages, _packages_language="python",
@@ -292,13 +303,25 @@ class ExecSandboxBackend(BaseSandbox):
             return session
 
     def close(self) -> None:
-        """Destroy the VM (idempotent)."""
+        """Destroy the VM (idempotent); with a session_key, pause it to disk instead."""
         if self._holder:
-            self._runner.run(lambda _s: _close_all(self._holder))
+            self._runner.run(lambda s: self._end(s))
 
     async def aclose(self) -> None:
         if self._holder:
-            await self._runner.arun(lambda _s: _close_all(self._holder))
+            await self._runner.arun(lambda s: self._end(s))
+
+    async def _end(self, scheduler: Scheduler) -> None:
+        if self._saved is None:
+            await _close_all(self._holder)
+            return
+        while self._holder:
+            session = self._holder.pop()
+            if not session.closed:
+                try:
+                    await self._saved.save(scheduler, self._key, session)
+                except SandboxError:
+                    await session.close()
 
 
 def _is_absolute(path: str) -> bool:

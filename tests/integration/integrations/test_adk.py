@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -174,3 +175,31 @@ def test_packages_are_installed_for_the_executor() -> None:
     result = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
         code="import six; print(six.__version__)"))  # fmt: skip
     assert (result.stdout, result.stderr) == ("1.16.0\n", "")
+
+
+def test_persisted_sessions_come_back_for_their_execution_id() -> None:
+    """close() pauses the id's session to disk; a new executor (as after a restart) resumes it."""
+    key = f"thread-{uuid.uuid4().hex}"
+    first = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
+    run = first.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+        code="kept = 'across restarts'\nopen('note.txt', 'w').write('file too')", execution_id=key))  # fmt: skip
+    assert run.stderr == ""
+    first.close()
+    second = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
+    try:
+        back = second.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+            code="print(kept, open('note.txt').read())", execution_id=key))  # fmt: skip
+        assert back.stdout == "across restarts file too\n"
+        other = second.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
+            code="print('kept' in globals())", execution_id=key + "-other"))  # fmt: skip
+        assert other.stdout == "False\n"
+    finally:
+        saved = second._pool._saved
+        assert saved is not None
+        second._pool._saved = None  # this test's sessions are not kept
+        second.close()
+        second._pool.runner.run(lambda s: _forget(saved, s, key))
+
+
+async def _forget(saved: Any, scheduler: Any, key: str) -> None:
+    saved.forget(scheduler, key)

@@ -6,6 +6,8 @@ glob/write contract it follows (langchain-tests' rather than deepagents 0.7's Ba
 from __future__ import annotations
 
 import asyncio
+import uuid
+from typing import Any
 
 import pytest
 
@@ -172,3 +174,24 @@ def test_packages_are_importable_by_the_agents_python() -> None:
         assert (result.output.strip(), result.exit_code) == ("1.16.0", 0)
     finally:
         backend.close()
+
+
+def test_a_keyed_backend_resumes_its_sandbox_after_close() -> None:
+    key = f"thread-{uuid.uuid4().hex}"
+    first = ExecSandboxBackend(session_key=key)
+    assert first.execute("mkdir -p /tmp/w && cd /tmp/w && echo kept > f.txt && export MARK=yes").exit_code == 0
+    first.close()
+    second = ExecSandboxBackend(session_key=key)
+    try:
+        result = second.execute("pwd; cat f.txt; echo $MARK")
+        assert result.output.split() == ["/tmp/w", "kept", "yes"]
+    finally:
+        saved = second._saved
+        second._saved = None  # end it for good
+        second.close()
+        assert saved is not None
+        second._runner.run(lambda s: _forget(saved, s, key))
+
+
+async def _forget(saved: Any, scheduler: Any, key: str) -> None:
+    saved.forget(scheduler, key)
