@@ -230,6 +230,10 @@ class GuestVm:
         self._runs: dict[int, _Execution] = {}
         self._transfers: dict[int, FileTransfer] = {}
         self._flushed: list[asyncio.Future[None]] = []
+        # Bytes the guest has taken off the channel (flow control: a file transfer whose queue
+        # does not shrink for a long time means a stalled guest or QEMU).
+        self.bytes_flushed = 0
+        self._pending = 0
         self._next_id = 1
         self._broken: BaseException | None = None
         self._writing = False
@@ -698,6 +702,7 @@ class GuestVm:
         self._fail(VmTransientError(f"QEMU exited with status {status}{self._console_hint()}"))
 
     def _want_write(self, pending: int) -> None:
+        self._pending = pending
         if pending > 0 and not self._writing:
             self._writing = True
             self._loop.add_writer(self._vm.channel_fd, self._on_writable)
@@ -710,6 +715,9 @@ class GuestVm:
             self._writing = False
             self._fail(CommunicationOutcomeUnknownError(f"writing to the guest failed: {exc}"))
             return
+        if pending < self._pending:
+            self.bytes_flushed += self._pending - pending
+        self._pending = pending
         if pending == 0:
             self._loop.remove_writer(self._vm.channel_fd)
             self._writing = False
