@@ -24,6 +24,7 @@ from .errors import (
     CommunicationError,
     CommunicationOutcomeUnknownError,
     GuestAgentError,
+    SandboxError,
     VmPermanentError,
     VmTimeoutError,
     VmTransientError,
@@ -110,6 +111,35 @@ def probe_jail(
     return status, list(vm.jail_status())
 
 
+class VmRegistry:
+    """Every GuestVm of one owner (a Scheduler) from the moment its QEMU is spawned until it is
+    closed, booting ones included: closing the registry kills them all and refuses new spawns,
+    so nothing of the owner runs after its close() (issue 12, item 12)."""
+
+    def __init__(self) -> None:
+        self._vms: set[GuestVm] = set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._vms)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("the scheduler is closed")
+
+    def add(self, vm: GuestVm) -> None:
+        self._vms.add(vm)
+
+    def discard(self, vm: GuestVm) -> None:
+        self._vms.discard(vm)
+
+    def close(self) -> None:
+        """Refuse new VMs and kill (and reap) every registered one. Idempotent."""
+        self.closed = True
+        while self._vms:
+            self._vms.pop().close()
+
+
 @dataclass(frozen=True)
 class VmSpec:
     """Everything that decides how one VM is started."""
@@ -131,6 +161,8 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
+    # Where the VM registers itself from spawn to close (not part of what starts the VM).
+    registry: VmRegistry | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass
@@ -235,6 +267,7 @@ class GuestVm:
         self.bytes_flushed = 0
         self._pending = 0
         self._next_id = 1
+        self._registry: VmRegistry | None = None
         self._broken: BaseException | None = None
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
@@ -271,6 +304,8 @@ class GuestVm:
     def _spawn(cls, spec: VmSpec, *, incoming: bool,
                on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         loop = asyncio.get_running_loop()
+        if spec.registry is not None:
+            spec.registry.check_open()
         try:
             vm = _execsbx.Vm(
                 qemu_binary=spec.qemu_binary,
@@ -295,7 +330,11 @@ class GuestVm:
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
         report_layers(vm.jail_status())
-        return cls(vm, loop, on_boot_log)
+        guest = cls(vm, loop, on_boot_log)
+        if spec.registry is not None:
+            guest._registry = spec.registry
+            spec.registry.add(guest)
+        return guest
 
     @classmethod
     async def restore(cls, spec: VmSpec, state_path: str, *, timeout: float,
@@ -576,6 +615,8 @@ class GuestVm:
 
     def close(self) -> None:
         """Kill QEMU, reap it and close every fd. Idempotent."""
+        if self._registry is not None:
+            self._registry.discard(self)
         if self._vm.closed:
             return
         for fd in (self._vm.channel_fd, self._vm.console_fd, self._vm.pidfd):
