@@ -647,6 +647,12 @@ class GuestVm:
         kind = event[0]
         if kind == "eof":
             self._loop.remove_reader(self._vm.channel_fd)
+            if not self._ready.done():
+                # Before READY nothing was dispatched: QEMU failed to start (bad kernel or
+                # image, too much memory, not QEMU at all). Its exit, due any moment, fails
+                # the boot with VmTransientError and QEMU's own message from the console
+                # socket; a QEMU that lingers is caught by the boot timeout.
+                return
             self._fail(CommunicationOutcomeUnknownError("the channel to the guest was closed"))
             return
         exec_id = event[1]
