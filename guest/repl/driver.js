@@ -1,6 +1,7 @@
 // Session REPL driver for JavaScript, started by sbx-agent as the sandbox user (see
-// guest/src/repl.h). fd 3: one line per request, the directory holding session-code and
-// session-env; fd 4: "<status>\n" back once the code has finished. The code runs through node's own
+// guest/src/repl.h). fd 3: one line per request, "<seq> <token> <dir>" (<dir> holds session-code
+// and session-env, <dir>/repl/<token>.out and .err are the request's output FIFOs); fd 4:
+// "<seq> <status>\n" back once the code has finished and fds 1 and 2 are /dev/null again. The code runs through node's own
 // REPL evaluator in the global context, so const/let/function/class declarations persist between
 // requests and top-level await works. The user's stdout/stderr are the real pipes; node queues
 // writes to a full pipe, so the status waits until those queues are empty.
@@ -91,9 +92,26 @@ async function flushed(stream) {
   }
 }
 
+// Node has no dup2: closing fd N and opening a file at once gives N (the lowest free fd). Only
+// the driver's synchronous code runs in between; a libuv worker opening a file in that instant
+// could take N: then the REPL cannot go on, and it exits (the agent reports its death).
+function install(fd, file) {
+  fs.closeSync(fd);
+  const got = fs.openSync(file, fs.constants.O_WRONLY);
+  if (got !== fd) realExit(70);
+}
+
 async function main() {
   for (;;) {
-    const dir = await nextLine();
+    const line = await nextLine();
+    const first = line.indexOf(' ');
+    const second = line.indexOf(' ', first + 1);
+    const seq = line.slice(0, first);
+    const fifo = path.join(line.slice(second + 1), 'repl', line.slice(first + 1, second));
+    const dir = line.slice(second + 1);
+    if (!fs.existsSync(`${fifo}.out`)) continue; // the request is already over
+    install(1, `${fifo}.out`);
+    install(2, `${fifo}.err`);
     let status;
     try {
       applyEnv(path.join(dir, 'session-env'));
@@ -106,7 +124,14 @@ async function main() {
     // that the result holds all of the output and none of it leaks into the next request.
     await flushed(process.stdout);
     await flushed(process.stderr);
-    fs.writeSync(controlOut, `${status}\n`);
+    // The agent believes the report only once no fd of this process is on the FIFOs: copies
+    // the code opened (/proc/self/fd/1) write to /dev/null from now on.
+    for (const name of fs.readdirSync('/proc/self/fd')) {
+      let target;
+      try { target = fs.readlinkSync(`/proc/self/fd/${name}`); } catch (e) { continue; }
+      if (target === `${fifo}.out` || target === `${fifo}.err`) install(Number(name), '/dev/null');
+    }
+    fs.writeSync(controlOut, `\n${seq} ${status}\n`);
   }
 }
 

@@ -1,7 +1,9 @@
 # Session REPL driver for Python, started by sbx-agent as the sandbox user (see guest/src/repl.h).
-# fd 3: one line per request from the agent, the directory holding session-code and session-env;
-# fd 4: "<status>\n" back once the code has finished and its output is flushed. The user's stdout
-# and stderr are the real pipes the agent streams, so nothing printed can pass for a completion.
+# fd 3: one line per request from the agent, "<seq> <token> <dir>": <dir> holds session-code and
+# session-env, <dir>/repl/<token>.out and .err are this request's output FIFOs; fd 4:
+# "<seq> <status>\n" back once the code has finished, its output is flushed and fds 1 and 2 are
+# /dev/null again. The user's stdout and stderr are the FIFOs the agent streams, so nothing printed
+# can pass for a completion, and nothing written after the report reaches any result.
 import os
 import sys
 
@@ -55,11 +57,35 @@ def _main() -> None:
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+    def install(out: int, err: int) -> None:
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+
+    def release(fifo: str) -> None:
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{name}") in (fifo + ".out", fifo + ".err"):
+                    os.dup2(devnull, int(name))
+            except OSError:
+                pass
+
     while True:
         line = control_in.readline()
         if not line:
             os._exit(0)
-        run_dir = os.fsdecode(line.rstrip(b"\n"))
+        seq, token, run_dir = os.fsdecode(line.rstrip(b"\n")).split(" ", 2)
+        fifo = os.path.join(run_dir, "repl", token)
+        try:
+            out = os.open(fifo + ".out", os.O_WRONLY | os.O_CLOEXEC)
+            err = os.open(fifo + ".err", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            # The request is already over (its FIFOs are gone): nobody waits for it.
+            continue
+        install(out, err)
+        os.close(out)
+        os.close(err)
         code_path = os.path.join(run_dir, "session-code")
         env_path = os.path.join(run_dir, "session-env")
         try:
@@ -72,7 +98,9 @@ def _main() -> None:
                 source = f.read()
         except OSError as exc:
             print(f"session driver: {exc}", file=sys.stderr)
-            os.write(control_out, b"1\n")
+            install(devnull, devnull)
+            release(fifo)
+            os.write(control_out, b"\n%s 1\n" % seq.encode())
             continue
         status = run(source)
         if os.getpid() != me:
@@ -83,7 +111,11 @@ def _main() -> None:
                 stream.flush()
             except BaseException:
                 pass
-        os.write(control_out, b"%d\n" % status)
+        # The agent believes the report only once no fd of this process is on its FIFOs: copies
+        # the code kept (os.dup(1)) write to /dev/null from now on.
+        install(devnull, devnull)
+        release(fifo)
+        os.write(control_out, b"\n%s %d\n" % (seq.encode(), status))
 
 
 _main()

@@ -1,12 +1,16 @@
 /* Session REPL lifecycle: see repl.h. */
 #include "repl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,12 +41,17 @@ int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_c
 	r->cfg = cfg;
 	r->ch = ch;
 	r->driver_dir = cfg->driver_dir[0] ? cfg->driver_dir : SBX_REPL_DIR;
-	r->control_w = r->control_r = r->out.fd = r->err.fd = -1;
+	r->control_w = r->control_r = r->out.fd = r->err.fd = r->out_hold = r->err_hold = -1;
 	r->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	if (r->timer_fd < 0)
 		return -errno;
 	snprintf(r->code_path, sizeof(r->code_path), "%s/session-code", cfg->run_dir);
 	snprintf(r->env_path, sizeof(r->env_path), "%s/session-env", cfg->run_dir);
+	/* The per-request output FIFOs live here: uid 1000 may open a FIFO whose name it was
+	 * given, but cannot list the directory to find another request's. */
+	snprintf(r->fifo_dir, sizeof(r->fifo_dir), "%s/repl", cfg->run_dir);
+	if ((mkdir(r->fifo_dir, 0711) < 0 && errno != EEXIST) || chmod(r->fifo_dir, 0711) < 0)
+		return -errno;
 	return 0;
 }
 
@@ -55,14 +64,88 @@ static void close_fds(struct sbx_repl *r)
 {
 	sbx_close_fd(&r->control_w);
 	sbx_close_fd(&r->control_r);
-	sbx_close_fd(&r->out.fd);
-	sbx_close_fd(&r->err.fd);
 	r->line_len = 0;
 }
 
+/* The request's output is over: nobody can open its FIFOs any more, and whatever still holds
+ * them (a background process of that request) gets EPIPE from now on instead of writing into a
+ * later result. */
+static void end_streams(struct sbx_repl *r)
+{
+	if (r->fifo_out[0]) {
+		unlink(r->fifo_out);
+		unlink(r->fifo_err);
+		r->fifo_out[0] = r->fifo_err[0] = '\0';
+	}
+	sbx_close_fd(&r->out.fd);
+	sbx_close_fd(&r->err.fd);
+	sbx_close_fd(&r->out_hold);
+	sbx_close_fd(&r->err_hold);
+}
+
+static int make_fifo(const struct sbx_repl *r, const char *path, int *read_fd, int *hold_fd,
+		     struct stat *st)
+{
+	if (mkfifo(path, 0600) < 0)
+		return -errno;
+	if (r->cfg->drop_privileges && chown(path, SBX_USER_UID, SBX_USER_GID) < 0)
+		return -errno;
+	/* Non-blocking: opens without a writer, and reads never stall PID 1. The agent's own
+	 * write end keeps the FIFO from reading as EOF while the driver swaps its fds (a FIFO read
+	 * end is at EOF whenever no writer has it open): the request ends by its report, never by
+	 * EOF, and the driver's open always finds the reader there. */
+	*read_fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (*read_fd < 0 || fstat(*read_fd, st) < 0)
+		return -errno;
+	*hold_fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+	return *hold_fd < 0 ? -errno : 0;
+}
+
+/* Fresh stdout/stderr FIFOs for one request, named by a random token. */
+static int begin_streams(struct sbx_repl *r, char *msg, size_t msg_size)
+{
+	uint8_t raw[8];
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+		snprintf(msg, msg_size, "getrandom: %s", strerror(errno));
+		return -EIO;
+	}
+	for (size_t i = 0; i < sizeof(raw); i++)
+		snprintf(r->token + 2 * i, 3, "%02x", raw[i]);
+	snprintf(r->fifo_out, sizeof(r->fifo_out), "%s/%s.out", r->fifo_dir, r->token);
+	snprintf(r->fifo_err, sizeof(r->fifo_err), "%s/%s.err", r->fifo_dir, r->token);
+	int rc = make_fifo(r, r->fifo_out, &r->out.fd, &r->out_hold, &r->out_st);
+	if (rc == 0)
+		rc = make_fifo(r, r->fifo_err, &r->err.fd, &r->err_hold, &r->err_st);
+	if (rc < 0) {
+		snprintf(msg, msg_size, "output FIFOs: %s", strerror(-rc));
+		end_streams(r);
+		return rc;
+	}
+	r->out.msg_type = SBX_MSG_STDOUT;
+	r->out.limit_flag = SBX_EXIT_STDOUT_LIMIT;
+	r->err.msg_type = SBX_MSG_STDERR;
+	r->err.limit_flag = SBX_EXIT_STDERR_LIMIT;
+	return 0;
+}
+
+/* A write end for the driver's own stdout/stderr at spawn: the request's FIFO while a request
+ * is starting (start-up errors belong to it), /dev/null otherwise. Blocking, like a pipe. */
+static int spawn_output_fd(const char *fifo)
+{
+	if (!fifo || !fifo[0])
+		return open("/dev/null", O_WRONLY | O_CLOEXEC);
+	int fd = open(fifo, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+	if (fd >= 0)
+		fcntl(fd, F_SETFL, 0);
+	return fd;
+}
+
 /* Start the driver for `language`. Its base environment is the clean one of one-shot code; each
- * request's variables are applied by the driver. */
-static int spawn_driver(struct sbx_repl *r, uint8_t language, char *msg, size_t msg_size)
+ * request's variables are applied by the driver. Its stdout/stderr are the current request's
+ * FIFOs when one is starting, /dev/null otherwise: the driver installs each request's FIFOs
+ * itself (see repl.h). */
+static int spawn_driver(struct sbx_repl *r, uint8_t language, bool for_request, char *msg,
+			size_t msg_size)
 {
 	char script[300];
 	int n = snprintf(script, sizeof(script), "%s/%s", r->driver_dir, driver_names[language]);
@@ -76,27 +159,24 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, char *msg, size_t 
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
 	}
-	int out[2] = {-1, -1}, err[2] = {-1, -1}, cin[2] = {-1, -1}, cout[2] = {-1, -1};
-	rc = sbx_output_pipes(out, err);
-	if (rc == 0 && (pipe2(cin, O_CLOEXEC) < 0 || pipe2(cout, O_CLOEXEC) < 0))
+	int out = -1, err = -1, cin[2] = {-1, -1}, cout[2] = {-1, -1};
+	out = spawn_output_fd(for_request ? r->fifo_out : NULL);
+	err = spawn_output_fd(for_request ? r->fifo_err : NULL);
+	if (out < 0 || err < 0 || pipe2(cin, O_CLOEXEC) < 0 || pipe2(cout, O_CLOEXEC) < 0) {
 		rc = -errno;
-	if (rc < 0) {
-		snprintf(msg, msg_size, "pipe: %s", strerror(-rc));
-		goto fail;
+		snprintf(msg, msg_size, "driver fds: %s", strerror(-rc));
+		goto out;
 	}
-	struct sbx_spawn sp = sbx_user_spawn(r->cfg, language, script, envp, out[1], err[1]);
+	struct sbx_spawn sp = sbx_user_spawn(r->cfg, language, script, envp, out, err);
 	sp.with_control = true;
 	sp.control_in_fd = cin[0];
 	sp.control_out_fd = cout[1];
 	pid_t pid;
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	if (rc < 0)
-		goto fail;
-	sbx_env_free(envp);
-	close(out[1]);
-	close(err[1]);
-	close(cin[0]);
-	close(cout[1]);
+		goto out;
+	sbx_close_fd(&cin[0]);
+	sbx_close_fd(&cout[1]);
 	/* The agent's ends never block: a REPL that stops reading must not stall PID 1. */
 	fcntl(cin[1], F_SETFL, O_NONBLOCK);
 	fcntl(cout[0], F_SETFL, O_NONBLOCK);
@@ -104,21 +184,16 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, char *msg, size_t 
 	r->language = language;
 	r->control_w = cin[1];
 	r->control_r = cout[0];
-	r->out.fd = out[0];
-	r->err.fd = err[0];
-	r->out.msg_type = SBX_MSG_STDOUT;
-	r->out.limit_flag = SBX_EXIT_STDOUT_LIMIT;
-	r->err.msg_type = SBX_MSG_STDERR;
-	r->err.limit_flag = SBX_EXIT_STDERR_LIMIT;
+	cin[1] = cout[0] = -1;
 	r->line_len = 0;
-	return 0;
-fail:
+out:
 	sbx_env_free(envp);
-	int *fds[] = {out, err, cin, cout};
-	for (size_t i = 0; i < 4; i++)
+	sbx_close_fd(&out);
+	sbx_close_fd(&err);
+	int *fds[] = {cin, cout};
+	for (size_t i = 0; i < 2; i++)
 		for (int j = 0; j < 2; j++)
-			if (fds[i][j] >= 0)
-				close(fds[i][j]);
+			sbx_close_fd(&fds[i][j]);
 	return rc;
 }
 
@@ -174,23 +249,30 @@ int sbx_repl_start(struct sbx_repl *r, uint32_t id, const struct sbx_exec_reques
 		snprintf(msg, msg_size, "writing the request files: %s", strerror(-rc));
 		return rc;
 	}
-	if (r->pid == 0 && (rc = spawn_driver(r, req->language, msg, msg_size)) < 0) {
+	if ((rc = begin_streams(r, msg, msg_size)) < 0)
+		return rc;
+	if (r->pid == 0 && (rc = spawn_driver(r, req->language, true, msg, msg_size)) < 0) {
 		*code = SBX_ERR_SPAWN;
+		end_streams(r);
 		return rc;
 	}
-	/* One line: the directory of the request files (well under PIPE_BUF: written whole). */
-	char go[sizeof(r->cfg->run_dir) + 1];
-	int len = snprintf(go, sizeof(go), "%s\n", r->cfg->run_dir);
+	/* One line, well under PIPE_BUF (written whole): "<seq> <token> <directory>", the
+	 * directory holding the request files and, under repl/, the FIFOs <token>.out/.err. */
+	r->seq++;
+	char go[sizeof(r->cfg->run_dir) + 64];
+	int len = snprintf(go, sizeof(go), "%u %s %s\n", r->seq, r->token, r->cfg->run_dir);
 	if (len < 0 || (size_t)len >= sizeof(go) || write(r->control_w, go, (size_t)len) != len) {
 		/* The driver is dying (EPIPE) or wedged: reset it; the host may retry. */
 		rc = -errno;
 		snprintf(msg, msg_size, "the REPL did not take the request: %s", strerror(errno));
 		kill_repl(r);
+		end_streams(r);
 		return rc < 0 ? rc : -EIO;
 	}
 	r->phase = SBX_REPL_RUNNING;
 	r->silent = false;
 	r->interrupted = false;
+	r->ignored_logged = false;
 	r->id = id;
 	r->flags = 0;
 	r->start_ns = sbx_now_ns();
@@ -248,11 +330,77 @@ static void finish(struct sbx_repl *r, int exit_code)
 	}
 	r->phase = SBX_REPL_IDLE;
 	r->silent = false;
+	end_streams(r);
 }
 
 void sbx_repl_on_output(struct sbx_repl *r, struct sbx_stream *s)
 {
 	read_stream(r, s);
+}
+
+static void close_dir(DIR **d)
+{
+	if (*d)
+		closedir(*d);
+}
+#define _cleanup_closedir_ __attribute__((cleanup(close_dir)))
+
+/* Whether any task of process `pid` has an fd open on the request's FIFOs. Threads made without
+ * CLONE_FILES have their own fd tables: every task's is looked at. */
+static bool holds_fifos(const struct sbx_repl *r)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)r->pid);
+	_cleanup_closedir_ DIR *tasks = opendir(path);
+	if (!tasks)
+		return false; /* gone: the reaper reports it */
+	struct dirent *t;
+	while ((t = readdir(tasks))) {
+		if (t->d_name[0] < '0' || t->d_name[0] > '9')
+			continue;
+		char fds_path[sizeof(path) + sizeof(t->d_name) + 4];
+		snprintf(fds_path, sizeof(fds_path), "%s/%s/fd", path, t->d_name);
+		_cleanup_closedir_ DIR *fds = opendir(fds_path);
+		if (!fds)
+			continue;
+		struct dirent *f;
+		while ((f = readdir(fds))) {
+			struct stat st;
+			if (f->d_name[0] == '.' || fstatat(dirfd(fds), f->d_name, &st, 0) < 0)
+				continue;
+			if ((st.st_dev == r->out_st.st_dev && st.st_ino == r->out_st.st_ino) ||
+			    (st.st_dev == r->err_st.st_dev && st.st_ino == r->err_st.st_ino))
+				return true;
+		}
+	}
+	return false;
+}
+
+/* A completion line is believed only when what user code cannot fake from inside the REPL
+ * holds: the driver took this request's line off fd 3, and no fd of the REPL process refers to
+ * this request's FIFOs any more (the driver points every one of them at /dev/null before it
+ * reports). User code that writes a status line while it keeps a way to print (its stdout, or a
+ * saved copy of it) has its line ignored, and its request goes on; code that gives up every copy
+ * first has ended its own output: whatever it writes later reaches no result. */
+static bool completion_believable(const struct sbx_repl *r)
+{
+	int queued = 0;
+	if (ioctl(r->control_w, FIONREAD, &queued) < 0 || queued > 0)
+		return false;
+	return !holds_fifos(r);
+}
+
+/* Whether `line` is "<seq> <status>" with status 0..255; fills both. */
+static bool parse_completion(const char *line, unsigned long *seq, long *status)
+{
+	char *end;
+	if (line[0] < '0' || line[0] > '9')
+		return false;
+	*seq = strtoul(line, &end, 10);
+	if (*end != ' ' || end[1] < '0' || end[1] > '9')
+		return false;
+	*status = strtol(end + 1, &end, 10);
+	return *end == '\0' && *status >= 0 && *status <= 255;
 }
 
 void sbx_repl_on_control(struct sbx_repl *r)
@@ -269,28 +417,38 @@ void sbx_repl_on_control(struct sbx_repl *r)
 	for (ssize_t i = 0; i < n; i++) {
 		char c = buf[i];
 		if (c != '\n') {
-			if (r->line_len + 1 >= sizeof(r->line) || c < '0' || c > '9')
-				goto bad;
-			r->line[r->line_len++] = c;
+			/* An overlong line is dropped up to its newline (line_len past the buffer). */
+			if (r->line_len + 1 < sizeof(r->line))
+				r->line[r->line_len] = c;
+			if (r->line_len < sizeof(r->line))
+				r->line_len++;
 			continue;
 		}
-		r->line[r->line_len] = '\0';
-		long status = r->line_len ? strtol(r->line, NULL, 10) : -1;
+		bool whole = r->line_len + 1 < sizeof(r->line);
+		r->line[whole ? r->line_len : 0] = '\0';
+		bool empty = r->line_len == 0;
 		r->line_len = 0;
-		if (status < 0 || status > 255)
-			goto bad;
-		if (r->phase != SBX_REPL_RUNNING)
-			goto bad; /* a completion nobody asked for */
-		/* Everything the code wrote is in the pipes before the driver reports. */
+		unsigned long seq;
+		long status;
+		/* The drivers write "\n<seq> <status>\n": the leading newline ends whatever user code
+		 * left unfinished on the fd, so the report itself always parses. Anything else, and any
+		 * line that is not believable, only user code can have written: ignored, so that
+		 * nothing written there ends a request or resets the REPL. */
+		if (empty)
+			continue;
+		if (!whole || !parse_completion(r->line, &seq, &status) ||
+		    r->phase != SBX_REPL_RUNNING || seq != r->seq || !completion_believable(r)) {
+			if (!r->ignored_logged)
+				sbx_log("session REPL: a completion line that the driver did not write "
+					"(malformed, for another request, or while the code runs) is "
+					"ignored");
+			r->ignored_logged = true;
+			continue;
+		}
+		/* Everything the code wrote is in the FIFOs before the driver reports. */
 		drain(r);
 		finish(r, (int)status);
 	}
-	return;
-bad:
-	/* Only user code writing to fd 4 gets here: treat the REPL as broken. */
-	sbx_log("session REPL sent a malformed completion: resetting it");
-	r->line_len = 0;
-	kill_repl(r);
 }
 
 void sbx_repl_on_timer(struct sbx_repl *r)
@@ -331,7 +489,7 @@ void sbx_repl_on_child_exit(struct sbx_repl *r, pid_t pid, int status)
 	}
 	close_fds(r);
 	char msg[256];
-	if (restart && spawn_driver(r, r->language, msg, sizeof(msg)) < 0)
+	if (restart && spawn_driver(r, r->language, false, msg, sizeof(msg)) < 0)
 		sbx_log("restarting the session REPL: %s", msg);
 }
 

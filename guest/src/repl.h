@@ -2,14 +2,21 @@
  * (/usr/lib/sbx/driver.{py,js,sh}) that keeps the user's state between SESSION_EXEC requests.
  *
  * The driver runs as uid 1000 in its own session, like one-shot code, with two extra fds:
- *   fd 3  control in:  the agent writes one line per request: the directory holding the
- *                      root-owned files session-code (the code) and session-env (NAME=VALUE\0...)
- *   fd 4  control out: the driver answers "<status>\n" once the code has finished and its output
- *                      is flushed (status 0..255)
- * stdout and stderr are pipes that live as long as the REPL. User output never shares a channel
- * with completion reports, so nothing the code prints can end or forge a result.
+ *   fd 3  control in:  the agent writes one line per request, "<seq> <token> <dir>": <dir> holds
+ *                      the root-owned files session-code (the code) and session-env
+ *                      (NAME=VALUE\0...); <dir>/repl/<token>.out and .err are FIFOs made for this
+ *                      request alone
+ *   fd 4  control out: the driver answers "<seq> <status>\n" once the code has finished (status
+ *                      0..255)
+ * Per request the driver opens the two FIFOs as its stdout/stderr, runs the code, flushes, puts
+ * /dev/null back on fds 1 and 2 and only then reports. The agent believes a report only for the
+ * current seq, once the driver has read the request line and while the REPL's fds 1 and 2 are not
+ * the request's FIFOs; other lines are ignored (user code that forges one from inside the REPL
+ * still has its output on the FIFOs). After the EXIT the FIFOs are unlinked and their read ends
+ * closed: a background process of that request writing later gets EPIPE, and nothing of one
+ * request lands in another's result.
  *
- *   IDLE --SESSION_EXEC--> RUNNING --status line--> drain pipes, EXIT --> IDLE
+ *   IDLE --SESSION_EXEC--> RUNNING --believable status line--> drain FIFOs, EXIT --> IDLE
  *                             |--timeout--> SIGKILL all user processes --reaped--> EXIT(-1)
  *                             '--REPL died--> kill the rest, drain, EXIT(status) --> IDLE
  * A REPL that died or timed out is gone (state lost); a fresh one is started at once, while the
@@ -22,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "agent.h"
@@ -47,16 +55,23 @@ struct sbx_repl {
 	uint8_t language;
 	int control_w, control_r; /* the agent's ends, -1 when closed */
 	struct sbx_stream out, err;
-	char line[16];
+	char line[32];
 	size_t line_len;
+	uint32_t seq; /* of the current (or last) request, echoed in its completion line */
 	/* The current request. */
 	enum sbx_repl_phase phase;
 	bool silent;
 	bool interrupted; /* SIGINT sent for an output limit */
+	bool ignored_logged; /* an unbelievable completion line of this request was logged */
 	uint32_t id;
 	uint32_t flags;
 	uint64_t start_ns;
 	char code_path[300], env_path[300];
+	/* The current request's output FIFOs (empty when none) and what they are, to tell whether
+	 * the REPL still holds them. */
+	char fifo_dir[300], token[17], fifo_out[340], fifo_err[340];
+	struct stat out_st, err_st;
+	int out_hold, err_hold; /* the agent's own write ends, see make_fifo() */
 };
 
 int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_channel *ch);

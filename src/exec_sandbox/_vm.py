@@ -24,6 +24,7 @@ from .errors import (
     CommunicationError,
     CommunicationOutcomeUnknownError,
     GuestAgentError,
+    SandboxError,
     VmPermanentError,
     VmTimeoutError,
     VmTransientError,
@@ -112,6 +113,35 @@ def probe_jail(
     return status, list(vm.jail_status())
 
 
+class VmRegistry:
+    """Every GuestVm of one owner (a Scheduler) from the moment its QEMU is spawned until it is
+    closed, booting ones included: closing the registry kills them all and refuses new spawns,
+    so nothing of the owner runs after its close() (issue 12, item 12)."""
+
+    def __init__(self) -> None:
+        self._vms: set[GuestVm] = set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._vms)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise SandboxError("the scheduler is closed")
+
+    def add(self, vm: GuestVm) -> None:
+        self._vms.add(vm)
+
+    def discard(self, vm: GuestVm) -> None:
+        self._vms.discard(vm)
+
+    def close(self) -> None:
+        """Refuse new VMs and kill (and reap) every registered one. Idempotent."""
+        self.closed = True
+        while self._vms:
+            self._vms.pop().close()
+
+
 @dataclass(frozen=True)
 class VmSpec:
     """Everything that decides how one VM is started."""
@@ -133,6 +163,8 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
+    # Where the VM registers itself from spawn to close (not part of what starts the VM).
+    registry: VmRegistry | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass
@@ -234,7 +266,12 @@ class GuestVm:
         self._runs: dict[int, _Execution] = {}
         self._transfers: dict[int, FileTransfer] = {}
         self._flushed: list[asyncio.Future[None]] = []
+        # Bytes the guest has taken off the channel (flow control: a file transfer whose queue
+        # does not shrink for a long time means a stalled guest or QEMU).
+        self.bytes_flushed = 0
+        self._pending = 0
         self._next_id = 1
+        self._registry: VmRegistry | None = None
         self._broken: BaseException | None = None
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
@@ -271,6 +308,8 @@ class GuestVm:
     def _spawn(cls, spec: VmSpec, *, incoming: bool,
                on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         loop = asyncio.get_running_loop()
+        if spec.registry is not None:
+            spec.registry.check_open()
         try:
             vm = _execsbx.Vm(
                 qemu_binary=spec.qemu_binary,
@@ -297,6 +336,9 @@ class GuestVm:
         report_layers(vm.jail_status())
         guest = cls(vm, loop, on_boot_log)
         guest.spec = spec
+        if spec.registry is not None:
+            guest._registry = spec.registry
+            spec.registry.add(guest)
         return guest
 
     @classmethod
@@ -611,6 +653,8 @@ class GuestVm:
 
     def close(self) -> None:
         """Kill QEMU, reap it and close every fd. Idempotent."""
+        if self._registry is not None:
+            self._registry.discard(self)
         if self._vm.closed:
             return
         for fd in (self._vm.channel_fd, self._vm.console_fd, self._vm.pidfd):
@@ -641,6 +685,12 @@ class GuestVm:
         kind = event[0]
         if kind == "eof":
             self._loop.remove_reader(self._vm.channel_fd)
+            if not self._ready.done():
+                # Before READY nothing was dispatched: QEMU failed to start (bad kernel or
+                # image, too much memory, not QEMU at all). Its exit, due any moment, fails
+                # the boot with VmTransientError and QEMU's own message from the console
+                # socket; a QEMU that lingers is caught by the boot timeout.
+                return
             self._fail(CommunicationOutcomeUnknownError("the channel to the guest was closed"))
             return
         exec_id = event[1]
@@ -737,6 +787,7 @@ class GuestVm:
         self._fail(VmTransientError(f"QEMU exited with status {status}{self._console_hint()}"))
 
     def _want_write(self, pending: int) -> None:
+        self._pending = pending
         if pending > 0 and not self._writing:
             self._writing = True
             self._loop.add_writer(self._vm.channel_fd, self._on_writable)
@@ -749,6 +800,9 @@ class GuestVm:
             self._writing = False
             self._fail(CommunicationOutcomeUnknownError(f"writing to the guest failed: {exc}"))
             return
+        if pending < self._pending:
+            self.bytes_flushed += self._pending - pending
+        self._pending = pending
         if pending == 0:
             self._loop.remove_writer(self._vm.channel_fd)
             self._writing = False

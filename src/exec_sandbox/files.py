@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Union
+from typing import IO, TypeVar, Union
 
 from . import _vm
 from ._vm import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX, FileTransfer, GuestFileError, GuestVm
@@ -23,8 +23,12 @@ GUEST_HOME = "/home/user"
 # Host -> guest chunk size, and how much may wait in the channel's queue before the next chunk.
 WRITE_CHUNK = 256 * 1024
 _QUEUE_HIGH_WATER = 1024 * 1024
-# A transfer with no progress for this long means the guest stalled.
+# A transfer with no progress for this long means the guest (or its QEMU) stalled: the VM is
+# closed and the call raises GuestAgentError. Progress is checked 8 times per period, so a stall
+# is found between 120 and 135 s after the last byte moved.
 _STALL_SECONDS = 120.0
+
+_T = TypeVar("_T")
 
 Content = Union[bytes, bytearray, memoryview, Path, IO[bytes]]
 Destination = Union[Path, IO[bytes]]
@@ -79,18 +83,36 @@ def _raise_for(exc: GuestFileError, path: bytes) -> None:
     raise SandboxError(f"{shown}: {exc}") from None
 
 
+async def _unless_stalled(vm: GuestVm, step: Awaitable[_T], progress: Callable[[], int]) -> _T:
+    """Await step while progress() keeps changing; after _STALL_SECONDS without a change, close
+    the VM and raise GuestAgentError (the session then reports itself closed)."""
+    loop = asyncio.get_running_loop()
+    future = asyncio.ensure_future(step)
+    last, since = progress(), loop.time()
+    try:
+        while True:
+            await asyncio.wait({future}, timeout=_STALL_SECONDS / 8)
+            if future.done():
+                return future.result()
+            now = progress()
+            if now != last:
+                last, since = now, loop.time()
+            elif loop.time() - since >= _STALL_SECONDS:
+                vm.close()
+                raise GuestAgentError(
+                    f"the guest made no progress on a file transfer for {_STALL_SECONDS:.0f} s "
+                    "(stalled guest or QEMU): the VM was closed"
+                )
+    finally:
+        if not future.done():
+            future.cancel()
+        elif not future.cancelled():
+            future.exception()  # retrieved: the caller has its own error
+
+
 async def _settle(vm: GuestVm, transfer: FileTransfer, progress: Callable[[], int]) -> int:
     """Wait for FILE_DONE/FILE_ERROR, as long as the transfer keeps moving."""
-    last = -1
-    while True:
-        try:
-            return await asyncio.wait_for(asyncio.shield(transfer.done), _STALL_SECONDS)
-        except asyncio.TimeoutError:
-            now = progress()
-            if now == last:
-                vm.close()
-                raise GuestAgentError("the guest stalled during a file transfer") from None
-            last = now
+    return await _unless_stalled(vm, asyncio.shield(transfer.done), progress)
 
 
 async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable: bool) -> int:
@@ -114,13 +136,13 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
             if vm.send_file_frame(_vm.MSG_FILE_WRITE_DATA, transfer.id, chunk) > (
                 _QUEUE_HIGH_WATER
             ):
-                await vm.wait_flushed()
+                await _unless_stalled(vm, vm.wait_flushed(), lambda: vm.bytes_flushed)
         committed = not transfer.done.done()
         vm.send_file_frame(_vm.MSG_FILE_WRITE_END, transfer.id,
                            b"\x01" if committed else b"\x00")  # fmt: skip
         if not committed:
             await transfer.done  # raises the guest's error
-        return await _settle(vm, transfer, lambda: sent)
+        return await _settle(vm, transfer, lambda: vm.bytes_flushed)
     except GuestFileError as exc:
         _raise_for(exc, path)
         raise  # not reached

@@ -33,7 +33,10 @@ _KVM_PROBE_HANG_SECONDS = 30.0
 @functools.cache
 def qemu_binary() -> str:
     """$EXEC_SANDBOX_QEMU, else qemu-system-x86_64 on PATH."""
-    path = os.environ.get("EXEC_SANDBOX_QEMU") or shutil.which(QEMU_BINARY_NAME)
+    configured = os.environ.get("EXEC_SANDBOX_QEMU")
+    if configured and not (os.path.isfile(configured) and os.access(configured, os.X_OK)):
+        raise VmPermanentError(f"EXEC_SANDBOX_QEMU={configured!r} is not an executable file")
+    path = configured or shutil.which(QEMU_BINARY_NAME)
     if not path:
         raise VmPermanentError(
             f"{QEMU_BINARY_NAME} not found: install it (apt-get install qemu-system-x86) "

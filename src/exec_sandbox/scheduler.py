@@ -18,6 +18,7 @@ from ._vm import (
     ExecRequest,
     GuestVm,
     OutputCallback,
+    VmRegistry,
     VmSpec,
     anonymous_ram,
 )
@@ -91,6 +92,8 @@ class Scheduler:
             wait_timeout=self.config.admission_timeout_seconds,
         )
         self._vms: set[GuestVm] = set()
+        # Every VM this scheduler spawned, booting ones included (close() kills them all).
+        self._registry = VmRegistry()
         self._sessions: set[Session] = set()
         self._images: GuestImages | None = None
         self._accel = ""
@@ -153,8 +156,12 @@ class Scheduler:
             self._pool.start()
 
     async def close(self) -> None:
-        """Stop the pool and snapshot builds and kill every VM this scheduler owns. Idempotent."""
+        """Stop the pool and snapshot builds and kill every VM this scheduler owns, booting ones
+        included: once this returns no QEMU of the scheduler runs, and every call in flight ends
+        with a SandboxError. Idempotent."""
         self._closed = True
+        # First: a boot that would finish while the steps below await must not hand out a VM.
+        self._registry.close()
         for session in list(self._sessions):
             await session.close()
         self._admission.close()
@@ -172,6 +179,7 @@ class Scheduler:
         for vm in list(self._vms):
             vm.close()
         self._vms.clear()
+        self._registry.close()  # whatever the steps above started while they ran
         if self._snapshots is not None:
             self._snapshots.close()
 
@@ -530,6 +538,10 @@ class Scheduler:
         pooled = None
         if self._pool_layers.get(language) == (None if layer is None else layer.identity):
             pooled = await self._take_pooled(language, memory, allow_network, phases)
+        if pooled is not None and self._closed:
+            pooled.vm.close()
+            pooled.ticket.release()
+            raise SandboxError("the scheduler was closed while the VM started")
         if pooled is not None:
             phases.pool_hit = True
             phases.l1_hit = pooled.restored
@@ -539,6 +551,9 @@ class Scheduler:
         phases.admission_ms = _ms(time.monotonic() - admit_at)
         try:
             vm = await self._start_vm(language, memory, phases, layer, on_boot_log=on_boot_log)
+            if self._closed:
+                vm.close()
+                raise SandboxError("the scheduler was closed while the VM started")
         except BaseException:
             ticket.release()
             raise
@@ -620,6 +635,7 @@ class Scheduler:
             layer=layer,
             # QMP on every VM: a session's VM can be paused or forked (session_snapshots.py).
             qmp=True,
+            registry=self._registry,
         )
 
     async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases,
@@ -657,6 +673,8 @@ class Scheduler:
                     else:
                         self._snapshot_failed.add(key)
                 except (SandboxError, QmpError, OSError) as exc:
+                    if self._closed:
+                        raise SandboxError("the scheduler was closed while the VM started") from exc
                     log.warning("restoring memory snapshot %s failed (%s): cold boot instead; "
                                 "the snapshot is discarded", key, exc)  # fmt: skip
                     self._snapshots.invalidate(key)

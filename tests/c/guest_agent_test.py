@@ -493,8 +493,10 @@ def test_boot_in_namespaces() -> None:
         # A daemon that escaped the process group does not outlive its run.
         out = sh("setsid sleep 100 </dev/null >/dev/null 2>&1 & sleep 0.2; echo started")
         assert out == "started\n"
-        out = sh("cat /proc/[0-9]*/comm | sort | tr '\\n' ' '; ls /run/sbx")
-        assert "sleep" not in out and out.endswith("main.sh\n"), out
+        # /run/sbx: the code file and the session REPL's FIFO directory (listable by root only).
+        out = sh("cat /proc/[0-9]*/comm | sort | tr '\\n' ' '; ls /run/sbx;"
+                 " ls /run/sbx/repl 2>/dev/null || echo unlistable")
+        assert "sleep" not in out and out.endswith("main.sh\nrepl\nunlistable\n"), out
     finally:
         assert a.close() == 0
 
@@ -732,6 +734,61 @@ def test_session_output_limit_interrupts_but_keeps_state() -> None:
         assert a.close() == 0
 
 
+FORGE_PY = """
+import os, time
+for fd in map(int, os.listdir('/proc/self/fd')):
+    if fd > 2:
+        for line in [b'0\\n'] + [b'%d 0\\n' % seq for seq in range(64)] + [b'zz']:
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+time.sleep(0.3)
+print('late')
+raise SystemExit(3)
+"""
+
+
+def test_session_forged_completion_neither_ends_nor_shifts_results() -> None:
+    # The code writes well-formed completion lines for every plausible request number to every
+    # fd it has: its exec still ends with its own status and output, and the next is clean.
+    a = session_agent()
+    try:
+        assert session_run(a, 1, "kept = 1", language=PYTHON, timeout_ms=30_000)["exit"] == 0
+        r = session_run(a, 2, FORGE_PY, language=PYTHON, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"]) == (3, b"late\n"), r
+        r = session_run(a, 3, "print('next', kept)", language=PYTHON, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"], r["stderr"]) == (0, b"next 1\n", b""), r
+    finally:
+        assert a.close() == 0
+
+
+def test_session_background_output_never_reaches_a_later_result() -> None:
+    a = session_agent()
+    try:
+        ghost = ("(for i in $(seq 1 40); do echo GHOST $i; echo GHOSTERR $i >&2; sleep 0.05;"
+                 " done) & echo started")
+        r = session_run(a, 1, ghost, language=RAW, timeout_ms=30_000)
+        assert r["exit"] == 0 and r["stdout"].startswith(b"started\n"), r
+        r = session_run(a, 2, "sleep 1; echo clean", language=RAW, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"], r["stderr"]) == (0, b"clean\n", b""), r
+    finally:
+        assert a.close() == 0
+
+
+def test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec() -> None:
+    # A copy of stdout that outlives its exec is pointed at /dev/null by the driver: the exec
+    # ends, and nothing written through it later reaches another result.
+    a = session_agent()
+    try:
+        r = session_run(a, 1, "exec 5>&1; echo a", language=RAW, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"]) == (0, b"a\n"), r
+        r = session_run(a, 2, "echo b >&5; echo c", language=RAW, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"]) == (0, b"c\n"), r
+    finally:
+        assert a.close() == 0
+
+
 def test_files_write_read_list_and_refusals() -> None:
     a = session_agent()
     home = os.path.join(a.work.name, "home")
@@ -827,6 +884,9 @@ def main() -> int:
         report(fn.__name__, fn)
     for fn in (test_session_state_survives_errors_and_timeout_resets_it,
                test_session_output_limit_interrupts_but_keeps_state,
+               test_session_forged_completion_neither_ends_nor_shifts_results,
+               test_session_background_output_never_reaches_a_later_result,
+               test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
                test_files_write_read_list_and_refusals):
         report(fn.__name__, fn)
     if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):

@@ -1,0 +1,104 @@
+"""A session's results belong to their exec (issue 12, items 9 and 15): user code that writes
+completion lines to the REPL driver's control fd neither ends its exec nor shifts output into the
+next one, and output of background processes of one exec never reaches a later result."""
+
+from __future__ import annotations
+
+import pytest
+
+from exec_sandbox import Scheduler
+
+pytestmark = pytest.mark.vm
+
+# Every fd the code has, every plausible request number, the old one-number format and a line
+# left unfinished: what a program that wants to end its exec early can write.
+FORGE = {
+    "python": """
+import os, time
+for fd in map(int, os.listdir('/proc/self/fd')):
+    if fd > 2:
+        for line in [b'0\\n'] + [b'%d 0\\n' % seq for seq in range(64)] + [b'zz']:
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+time.sleep(1)
+print('late')
+raise SystemExit(3)
+""",
+    # Only fd 4 (the driver's control fd): other fds of node are libuv's own pipes.
+    "javascript": """
+const fs = require('fs');
+for (const line of ['0\\n', ...Array.from({length: 64}, (_, s) => `${s} 0\\n`), 'zz']) {
+  fs.writeSync(4, line);
+}
+await new Promise((resolve) => setTimeout(resolve, 1000));
+console.log('late');
+process.exit(3);
+""",
+    # bash keeps the control fd of the driver saved at a high fd while the code is sourced.
+    "raw": """
+for f in /proc/$$/fd/*; do
+  n=${f##*/}
+  [ "$n" -gt 2 ] || continue
+  { printf '0\\n'; for s in $(seq 0 63); do printf '%d 0\\n' "$s"; done; printf zz; } >&"$n"
+done 2>/dev/null
+sleep 1
+echo late
+(exit 3)
+""",
+}
+SET_STATE = {"python": "kept = 1", "javascript": "var kept = 1", "raw": "kept=1"}
+READ_STATE = {
+    "python": "print('next', kept)",
+    "javascript": "console.log('next', kept)",
+    "raw": 'echo next "$kept"',
+}
+
+
+@pytest.mark.parametrize("language", ["python", "javascript", "raw"])
+async def test_forged_completion_neither_ends_the_exec_nor_shifts_its_output(
+    scheduler: Scheduler, language: str
+) -> None:
+    async with await scheduler.session(language=language) as session:
+        await session.exec(SET_STATE[language])
+        forged = await session.exec(FORGE[language], timeout_seconds=60)
+        assert (forged.exit_code, forged.stdout) == (3, "late\n"), forged
+        after = await session.exec(READ_STATE[language], timeout_seconds=60)
+        assert (after.exit_code, after.stdout, after.stderr) == (0, "next 1\n", ""), after
+
+
+async def test_background_process_output_never_reaches_a_later_exec(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="raw") as session:
+        started = await session.exec(
+            "(for i in $(seq 1 60); do echo GHOST $i; echo GHOSTERR $i >&2; sleep 0.1; done) &"
+            " echo started"
+        )
+        assert started.stdout.startswith("started\n"), started
+        later = await session.exec("sleep 3; echo clean", timeout_seconds=60)
+        assert (later.stdout, later.stderr) == ("clean\n", ""), later
+
+
+async def test_python_subprocess_output_stays_in_its_exec(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="python") as session:
+        await session.exec(
+            "import subprocess\n"
+            "p = subprocess.Popen(['sh', '-c', 'for i in $(seq 1 60); do echo GHOST $i;"
+            " sleep 0.1; done'])\nprint('started')"
+        )
+        later = await session.exec("import time; time.sleep(3); print('clean')", timeout_seconds=60)
+        assert (later.stdout, later.stderr) == ("clean\n", ""), later
+
+
+async def test_fork_bomb_messages_stay_in_the_exec_that_started_it(scheduler: Scheduler) -> None:
+    # A fork bomb left running in the background: bash's "fork: retry" messages of its
+    # processes must not appear in the next exec's stderr (issue 12, item 15).
+    async with await scheduler.session(language="python") as session:
+        await session.exec(
+            "import subprocess, time\n"
+            "subprocess.Popen(['bash', '-c', 'b() { b | b & }; b'])\n"
+            "time.sleep(2)\nprint('launched')",
+            timeout_seconds=60,
+        )
+        later = await session.exec("import time; time.sleep(4); print('after')", timeout_seconds=60)
+        assert (later.stdout, later.stderr) == ("after\n", ""), later
