@@ -144,7 +144,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 		size_t n = strlen(cfg->layer_kind);
 		if (n == 0 || n > SBX_LAYER_KIND_MAX ||
 		    strspn(cfg->layer_kind, "abcdefghijklmnopqrstuvwxyz") != n)
-			return reject(why, "layer_kind must be 1..16 lower-case letters");
+			return reject(why, "layer_kind must be 1..10 lower-case letters");
 	}
 
 	struct argv_builder b = {0};

@@ -36,7 +36,9 @@ struct sbx_vm_config {
 	const char *layer_kind; /* [a-z], 1..SBX_LAYER_KIND_MAX bytes: "python", "javascript" */
 };
 
-#define SBX_LAYER_KIND_MAX 16u
+/* virtio-blk serials are 20 bytes (VIRTIO_BLK_ID_BYTES): "sbx-layer-" leaves 10 for the kind, and
+ * a longer one would be cut off, which the agent would then not recognise. */
+#define SBX_LAYER_KIND_MAX 10u
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with
  * sbx_argv_free) and 0 is returned. On failure: -EINVAL (invalid config; *why, if why is not

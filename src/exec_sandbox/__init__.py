@@ -22,7 +22,15 @@ from .errors import (
     VmTimeoutError,
     VmTransientError,
 )
-from .models import ExecutionResult, ExposedPort, FileInfo, PortMapping, TimingBreakdown
+from .models import (
+    ExecutionResult,
+    ExposedPort,
+    FileInfo,
+    PackagesReport,
+    PortMapping,
+    SessionSnapshot,
+    TimingBreakdown,
+)
 from .scheduler import Scheduler
 
 __all__ = [
@@ -38,12 +46,14 @@ __all__ = [
     "OutputLimitError",
     "PackageBuildError",
     "PackageNotAllowedError",
+    "PackagesReport",
     "PermanentError",
     "PortMapping",
     "SandboxError",
     "Scheduler",
     "SchedulerConfig",
     "SessionClosedError",
+    "SessionSnapshot",
     "SnapshotError",
     "TimingBreakdown",
     "TransientError",

@@ -25,6 +25,7 @@ from .errors import (
     CommunicationOutcomeUnknownError,
     GuestAgentError,
     SandboxError,
+    SnapshotError,
     VmPermanentError,
     VmTimeoutError,
     VmTransientError,
@@ -73,6 +74,7 @@ OutputCallback = Callable[[str], None]
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
 _STATE_MAX_BYTES = 64 * 1024 * 1024
 _STATE_DRAIN_TIMEOUT_SECONDS = 30.0
+_QMP_CONNECT_TIMEOUT_SECONDS = 10.0
 _IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 # migrate-set-parameters max-bandwidth (bytes/s): as fast as the host can write.
 _UNCAPPED_BANDWIDTH = 1 << 40
@@ -291,8 +293,6 @@ class GuestVm:
         VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
         guest = cls._spawn(spec, incoming=False, on_boot_log=on_boot_log)
         try:
-            if spec.qmp:
-                guest.qmp = await QmpClient.connect(guest._vm.qmp_fd, boot_timeout)
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
         except asyncio.TimeoutError:
             guest.close()
@@ -409,13 +409,20 @@ class GuestVm:
 
     async def cont(self) -> None:
         """Run a VM stopped by save_state() again (QEMU takes its disks back)."""
+        await (await self.monitor()).execute("cont")
+
+    async def monitor(self) -> QmpClient:
+        """The VM's QMP client, connected on first use (QEMU's greeting waits in the socket):
+        not on the boot path, where a VM killed mid-boot must not leave a handshake waiting."""
         if self.qmp is None:
-            raise QmpError("this VM has no QMP monitor")
-        await self.qmp.execute("cont")
+            if self._vm.qmp_fd < 0:
+                raise QmpError("this VM has no QMP monitor")
+            self.qmp = await QmpClient.connect(self._vm.qmp_fd, _QMP_CONNECT_TIMEOUT_SECONDS)
+        return self.qmp
 
     async def _save(self, state_path: str, *, ram: bool, limit: int) -> None:
-        if self.qmp is None:
-            raise QmpError("this VM has no QMP monitor")
+        await self.monitor()
+        assert self.qmp is not None
         await self.qmp.execute(
             "migrate-set-capabilities",
             {"capabilities": [{"capability": "x-ignore-shared", "state": not ram}]},
@@ -437,15 +444,37 @@ class GuestVm:
                 os.close(write_end)  # QEMU holds its own copy; EOF once it closes that
             await self.qmp.execute("migrate", {"uri": "fd:state"})
             await self._wait_migration()
-        except BaseException:
+            # QEMU closes its copy of the pipe when the migration has completed: EOF.
+            await asyncio.wait_for(asyncio.shield(copier), _STATE_DRAIN_TIMEOUT_SECONDS)
+        except asyncio.CancelledError:
             # The copier thread ends at EOF, once QEMU is gone: end both here, so that the
-            # thread's files are closed before this returns (also when the build is cancelled).
+            # thread's files are closed before this returns.
             self.close()
             await asyncio.wait({copier})
             _retrieve(copier)
             raise
-        # QEMU closes its copy of the pipe when the migration has completed: EOF.
-        await asyncio.wait_for(copier, _STATE_DRAIN_TIMEOUT_SECONDS)
+        except BaseException as exc:
+            # The guest is intact, only stopped (a full disk, a stream over its limit, a failed
+            # migration): cancel the migration, and give the VM its run back.
+            await self._abandon_save(copier)
+            raise SnapshotError(f"saving the VM's state failed: {exc}") from exc
+
+    async def _abandon_save(self, copier: asyncio.Future[None]) -> None:
+        assert self.qmp is not None
+        try:
+            await asyncio.wait_for(self.qmp.execute("migrate_cancel"), _QMP_CONNECT_TIMEOUT_SECONDS)
+        except Exception:  # noqa: BLE001 - the VM is ended below if it cannot go on
+            pass
+        _done, pending = await asyncio.wait({copier}, timeout=_STATE_DRAIN_TIMEOUT_SECONDS)
+        if pending:  # QEMU still holds the pipe: only its end ends the copier
+            self.close()
+            await asyncio.wait({copier})
+        _retrieve(copier)
+        if self.alive:
+            try:
+                await asyncio.wait_for(self.qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
+            except Exception:  # noqa: BLE001 - a VM that cannot run on is of no use
+                self.close()
 
     async def _wait_migration(self) -> None:
         assert self.qmp is not None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
-from .errors import VmConfigError
+from .errors import PackageNotAllowedError, VmConfigError
 from .limits import (
     ADMISSION_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
@@ -16,6 +16,7 @@ from .limits import (
     MIN_TIMEOUT_SECONDS,
 )
 from .models import LANGUAGES
+from .packages.specs import validate_packages
 
 
 def _host_memory_mb() -> int:
@@ -117,9 +118,6 @@ class SchedulerConfig:
 
 
 def _check_default_packages(value: object, strict: bool) -> dict[str, tuple[str, ...]]:
-    from .errors import PackageNotAllowedError
-    from .packages.specs import validate_packages
-
     if not isinstance(value, Mapping):
         raise VmConfigError(f"default_packages must be a mapping of language to packages, got {value!r}")
     out: dict[str, tuple[str, ...]] = {}

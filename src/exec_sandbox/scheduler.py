@@ -447,13 +447,17 @@ class Scheduler:
         layer = self._snapshot_layer(meta)
         spec = self._spec(int(meta["machine"]["memory_mb"]), layer)
         check_machine(meta, spec)
-        await loop.run_in_executor(None, self._session_store.verify, snapshot_id, meta)
         settings = meta["session"]
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
         try:
-            at = time.monotonic()
-            vm = await load_vm(spec, self._session_store.state_path(snapshot_id),
-                               timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+            state = await loop.run_in_executor(None, self._session_store.open_verified,
+                                               snapshot_id, meta)  # fmt: skip
+            try:
+                at = time.monotonic()
+                vm = await load_vm(spec, f"/proc/self/fd/{state}",
+                                   timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+            finally:
+                os.close(state)
         except BaseException:
             ticket.release()
             raise
@@ -473,16 +477,11 @@ class Scheduler:
         return self._session_store.delete(check_id(snapshot_id))
 
     async def _pause_session(self, session: Session) -> SessionSnapshot:
-        vm = session._vm
-        try:
-            return await save_session(vm, self._session_store, self._session_meta(session))
-        except BaseException:
-            if vm.alive:
-                await vm.cont()  # not paused after all: the session goes on
-            raise
+        # A failed save runs the VM on (GuestVm._save): the session goes on, unpaused.
+        return await save_session(session.vm, self._session_store, self._session_meta(session))
 
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
-        vm = session._vm
+        vm = session.vm
         tickets: list[Ticket] = []
         try:
             for _ in range(count):
@@ -506,7 +505,7 @@ class Scheduler:
         ]
 
     def _session_meta(self, session: Session) -> dict[str, object]:
-        layer = session._vm.spec.layer
+        layer = session.vm.spec.layer
         return {
             "language": session.language,
             "session": session.settings(),

@@ -135,6 +135,8 @@ class Session:
 
     async def close(self) -> None:
         """Destroy the VM. Idempotent."""
+        if self._idle_pause is not None and not self._idle_pause.done():
+            self._idle_pause.cancel()  # a pause being saved: the VM ends instead
         self._close_now("closed by the caller")
 
     async def exec(
@@ -245,7 +247,12 @@ class Session:
         hooks = self._require_hooks()
 
         async def run() -> SessionSnapshot:
-            snapshot = await hooks.pause(self)
+            try:
+                snapshot = await hooks.pause(self)
+            except BaseException:
+                if not self._vm.alive:
+                    self._close_now("the VM ended while it was being paused")
+                raise
             self._close_now(f"paused as snapshot {snapshot.id}")
             return snapshot
 
@@ -261,8 +268,22 @@ class Session:
                                   or not 1 <= count <= _MAX_FORKS):  # fmt: skip
             raise InputValidationError(f"count must be an integer from 1 to {_MAX_FORKS}")
         hooks = self._require_hooks()
-        forks = await self._serialised(lambda: hooks.fork(self, count or 1))
+
+        async def run() -> list[Session]:
+            try:
+                return await hooks.fork(self, count or 1)
+            except BaseException:
+                if not self._vm.alive:
+                    self._close_now("the VM ended while it was being forked")
+                raise
+
+        forks = await self._serialised(run)
         return forks if count is not None else forks[0]
+
+    @property
+    def vm(self) -> GuestVm:
+        """The session's VM (for the scheduler that owns it)."""
+        return self._vm
 
     def settings(self) -> dict[str, object]:
         """What a paused or forked copy of this session needs besides its VM."""

@@ -1,4 +1,4 @@
-"""Paused sessions on disk (`Session.pause()` / `Scheduler.resume(id)`, docs/sessions.md).
+"""Paused sessions on disk (`Session.pause()` / `Scheduler.resume(id)`, docs/design.md).
 
 ```
 <memory_snapshot_cache_dir>/sessions/<id>/   state (QEMU's full migration stream: device state
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ._vm import GuestVm, VmSpec, anonymous_ram
-from .digest import file_sha256
+from .digest import fd_sha256, file_sha256
 from .errors import SnapshotError
 from .models import SessionSnapshot
 from .snapshots import machine_identity
@@ -93,40 +93,56 @@ class SessionSnapshotStore:
             raise SnapshotError(f"no session snapshot {snapshot_id} in {self.root}") from None
         except (OSError, ValueError) as exc:
             raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
-        if not isinstance(meta, dict) or meta.get("format") != SESSION_SNAPSHOT_FORMAT:
+        if not _well_formed(meta) or meta["id"] != snapshot_id:
             raise SnapshotError(f"session snapshot {snapshot_id} has an unknown format")
+        if time.time() - directory.stat().st_mtime > self.ttl_seconds:
+            self.delete(snapshot_id)
+            raise SnapshotError(f"session snapshot {snapshot_id} expired (unused for longer "
+                                f"than session_snapshot_ttl_seconds) and was deleted")  # fmt: skip
         with contextlib.suppress(OSError):
             os.utime(directory)
-        return meta
+        checked: dict[str, Any] = meta
+        return checked
 
     def state_path(self, snapshot_id: str) -> Path:
         return self.root / check_id(snapshot_id) / STATE_FILE
 
-    def verify(self, snapshot_id: str, meta: dict[str, Any]) -> None:
-        """SnapshotError unless the state is the one saved (blocking: run it in a thread)."""
-        path = self.state_path(snapshot_id)
+    def open_verified(self, snapshot_id: str, meta: dict[str, Any]) -> int:
+        """An fd of the state, checked against the digest saved with it (blocking: run it in a
+        thread). The caller hands QEMU this very file (/proc/self/fd/N) and closes the fd:
+        what was checked is what is loaded, whatever happens to the path meanwhile."""
         try:
-            size = path.stat().st_size
-            digest = file_sha256(path) if size == meta.get("size") else None
+            fd = os.open(self.state_path(snapshot_id), os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
+        try:
+            size = os.fstat(fd).st_size
+            digest = fd_sha256(fd) if size == meta.get("size") else None
+        except OSError as exc:
+            os.close(fd)
+            raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
         if digest is None or digest != meta.get("sha256"):
+            os.close(fd)
             raise SnapshotError(
                 f"session snapshot {snapshot_id} is damaged (its state does not match the "
                 f"digest recorded when it was saved): it is not loaded"
             )
+        return fd
 
     def entries(self) -> list[SessionSnapshot]:
         out: list[SessionSnapshot] = []
         if not self.root.is_dir():
             return out
+        self.evict()  # none past its TTL is listed
         for directory in self.root.iterdir():
             if not _ID.fullmatch(directory.name):
                 continue
             try:
-                out.append(describe(json.loads((directory / META_FILE).read_text())))
-            except (OSError, ValueError, KeyError, TypeError):
+                meta = json.loads((directory / META_FILE).read_text())
+            except (OSError, ValueError):
                 continue
+            if _well_formed(meta):
+                out.append(describe(meta))
         return sorted(out, key=lambda s: s.created_at)
 
     def delete(self, snapshot_id: str) -> bool:
@@ -172,6 +188,27 @@ class SessionSnapshotStore:
                     shutil.rmtree(path, ignore_errors=True)
 
 
+def _well_formed(meta: object) -> bool:
+    """The fields resume() uses, of the types it uses them as (meta.json is not covered by the
+    state's digest)."""
+    if not isinstance(meta, dict) or meta.get("format") != SESSION_SNAPSHOT_FORMAT:
+        return False
+    session, machine, layer = meta.get("session"), meta.get("machine"), meta.get("layer")
+    return (
+        isinstance(meta.get("id"), str) and bool(_ID.fullmatch(meta["id"]))
+        and meta.get("language") in ("python", "javascript", "raw")
+        and all(isinstance(meta.get(k), (int, float)) for k in ("created", "size"))
+        and isinstance(meta.get("sha256"), str)
+        and isinstance(machine, dict) and isinstance(machine.get("memory_mb"), int)
+        and isinstance(session, dict) and isinstance(session.get("timeout"), (int, float))
+        and isinstance(session.get("exec_count"), int) and isinstance(session.get("env"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in session["env"].items())
+        and (layer is None or (isinstance(layer, dict) and isinstance(layer.get("key"), str)
+                               and layer.get("kind") in ("python", "javascript")))
+        and isinstance(meta.get("packages", []), list)
+    )  # fmt: skip
+
+
 def describe(meta: dict[str, Any]) -> SessionSnapshot:
     return SessionSnapshot(
         id=str(meta["id"]),
@@ -182,7 +219,6 @@ def describe(meta: dict[str, Any]) -> SessionSnapshot:
         exec_count=int(meta["session"]["exec_count"]),
         packages=tuple(meta.get("packages") or ()),
     )
-
 
 
 def _write_private_json(path: Path, data: Any) -> None:
@@ -223,13 +259,13 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
         )
 
 
-async def load_vm(spec: VmSpec, state: Path, *, timeout: float) -> GuestVm:
+async def load_vm(spec: VmSpec, state: str, *, timeout: float) -> GuestVm:
     """A running VM from a full state file: its RAM private (anonymous), its RNG reseeded and
     clock set before this returns."""
     ram = anonymous_ram(spec.memory_mb)
     try:
         return await GuestVm.restore(replace(spec, mem_fd=ram, mem_shared=False, mem_path=None),
-                                     str(state), timeout=timeout, ram_in_stream=True)  # fmt: skip
+                                     state, timeout=timeout, ram_in_stream=True)  # fmt: skip
     finally:
         os.close(ram)
 
@@ -240,11 +276,9 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
     memfd, sealed, is a template, and the copies are its copy-on-write clones, sharing every
     page none of them has written (as L1 clones share a template's). Each copy is reseeded."""
     full = work / "full"
-    try:
-        await vm.save_state(str(full))
-    finally:
-        if vm.alive:
-            await vm.cont()
+    await vm.save_state(str(full))  # on failure the parent runs on (or is dead)
+    await vm.cont()
+    await vm.reseed()  # its clock stood still during the save
     ram = anonymous_ram(vm.spec.memory_mb)
     try:
         spec = replace(vm.spec, mem_fd=ram, mem_path=None)
@@ -258,17 +292,19 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
         # The maker is gone: nothing maps the memfd writably, so it can be sealed.
         fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                     | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
-        copies = await asyncio.gather(
-            *(GuestVm.restore(replace(spec, mem_shared=False), str(work / "devices"), timeout=timeout)
-              for _ in range(count)),
-            return_exceptions=True,
-        )  # fmt: skip
+        tasks = [asyncio.ensure_future(GuestVm.restore(replace(spec, mem_shared=False),
+                                                       str(work / "devices"), timeout=timeout))
+                 for _ in range(count)]  # fmt: skip
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # One failed, or the caller was cancelled: no copy may outlive this call.
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            for task in tasks:
+                if not task.cancelled() and task.exception() is None:
+                    task.result().close()
+            raise
     finally:
         os.close(ram)
-    failed = [c for c in copies if isinstance(c, BaseException)]
-    if failed:
-        for c in copies:
-            if isinstance(c, GuestVm):
-                c.close()
-        raise failed[0]
-    return [c for c in copies if isinstance(c, GuestVm)]

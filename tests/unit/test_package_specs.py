@@ -37,7 +37,9 @@ def test_hostile_python_specifiers_are_refused(spec: str, strict: bool) -> None:
 
 @pytest.mark.parametrize("spec", ["lodash@file:../x", "x@npm:lodash@4", "lodash@git+https://h/x",
                                   "lodash@https://127.0.0.1/x.tgz", "../x", "lodash@4.17.21 --registry=x",
-                                  "Lodash@4.17.21", ".hidden@1.0.0", "lodash@#main"])  # fmt: skip
+                                  "Lodash@4.17.21", ".hidden@1.0.0", "lodash@#main", "--global",
+                                  "-g", "-g@1.0.0", "--foreground-scripts@1.0.0",
+                                  "--no-ignore-scripts", "@-x/y@1.0.0", "~x@1.0.0"])  # fmt: skip
 @pytest.mark.parametrize("strict", [True, False])
 def test_hostile_npm_specifiers_are_refused(spec: str, strict: bool) -> None:
     with pytest.raises(PackageNotAllowedError):

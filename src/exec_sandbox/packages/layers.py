@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..digest import file_sha256
 from ..images import GuestImages
 from ..models import Language, PackagesReport
 from . import erofs, npm_layer, pip_layer
 from .layer import PackageLayer
 from .specs import PackageSpec
-from ..digest import file_sha256
 from .store import LayerStore, StoredLayer
 from .target import GuestTarget
 
@@ -72,6 +72,8 @@ class PackageLayers:
                                "requirements": [s.requirement for s in specs],
                                "python": target.python, "glibc": target.glibc})  # fmt: skip
         lock = self.store.read_request(request_key)
+        if lock is not None and not _usable_lock(lock, language):
+            lock = None  # an entry of another version, or damaged: resolve again
         resolved = lock is None
         if lock is None:
             say(f"resolving {len(specs)} package{'s' if len(specs) > 1 else ''}")
@@ -169,6 +171,12 @@ class PackageLayers:
             log.info("package layer %s built: %d packages, %.1f MB, %s", key, count, size / 1e6,
                      ", ".join(f"{k} {v} ms" for k, v in phases.items()))  # fmt: skip
             return stored
+
+
+def _usable_lock(lock: dict[str, Any], language: Language) -> bool:
+    details = lock.get("wheels") if language == "python" else lock.get("npm")
+    return (isinstance(lock.get("packages"), list) and isinstance(lock.get("identity"), list)
+            and (isinstance(details, list) if language == "python" else isinstance(details, dict)))  # fmt: skip
 
 
 def _digest(data: Any) -> str:

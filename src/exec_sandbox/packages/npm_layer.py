@@ -20,13 +20,16 @@ from typing import Any
 
 from ..errors import PackageBuildError, PackageNotAllowedError
 from .specs import PackageSpec
-from .tools import ToolResult, require_tool, run_tool
+from .tools import ToolResult, require_tool, run_tool, tool_env
 
 RESOLVE_TIMEOUT_SECONDS = 300.0
 DOWNLOAD_TIMEOUT_SECONDS = 900.0
 _NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier",
               "--loglevel=error")  # fmt: skip
 _NETWORK_TROUBLE = re.compile(r"ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH")
+_TARBALL_URL = re.compile(r"https?://[^\s#]+\.tgz")
+# npm must never run git on the host (a git dependency's prepare script would run with it).
+_NPM_ENV = {"npm_config_git": "/bin/false"}
 _MANIFEST = {"name": "sbx-package-layer", "version": "1.0.0", "private": True}
 
 
@@ -41,8 +44,9 @@ async def resolve(specs: tuple[PackageSpec, ...], work: Path) -> dict[str, Any]:
     (project / "package.json").write_text(json.dumps(_MANIFEST))
     result = await run_tool(
         [npm(), "install", "--package-lock-only", "--save-exact", *_NPM_FLAGS,
-         "--cache", str(work / "npm-cache"), *(spec.requirement for spec in specs)],
+         "--cache", str(work / "npm-cache"), "--", *(spec.requirement for spec in specs)],
         timeout=RESOLVE_TIMEOUT_SECONDS, what="resolving the packages with npm", cwd=project,
+        env=tool_env(_NPM_ENV),
     )  # fmt: skip
     if result.returncode != 0:
         raise _npm_failure(result)
@@ -56,7 +60,9 @@ async def resolve(specs: tuple[PackageSpec, ...], work: Path) -> dict[str, Any]:
 
 
 def locked_packages(resolution: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(name, version, integrity) of every package the lock installs, sorted."""
+    """(name, version, integrity) of every package the lock installs, sorted. Only registry
+    tarballs with an integrity hash are taken: a git, file or link dependency (which npm
+    would fetch or build by running a program on the host) is refused."""
     try:
         entries = resolution["lock"]["packages"]
         out = []
@@ -64,7 +70,13 @@ def locked_packages(resolution: dict[str, Any]) -> list[tuple[str, str, str]]:
             if not path:
                 continue  # the project itself
             name = path.rsplit("node_modules/", 1)[-1]
-            out.append((name, str(entry["version"]), str(entry.get("integrity", ""))))
+            resolved, integrity = str(entry.get("resolved", "")), str(entry.get("integrity", ""))
+            if entry.get("link") or not _TARBALL_URL.fullmatch(resolved) or not integrity:
+                raise PackageNotAllowedError(
+                    f"{name} resolves to {resolved or 'a non-registry source'}: only registry "
+                    "tarballs with an integrity hash are installed (no git, file or link sources)"
+                )
+            out.append((name, str(entry["version"]), integrity))
         return sorted(out)
     except (KeyError, TypeError, AttributeError) as exc:
         raise PackageBuildError(f"npm's lock file is not in a known format: {exc}") from None
@@ -79,6 +91,7 @@ async def download(resolution: dict[str, Any], work: Path) -> Path:
     result = await run_tool(
         [npm(), "ci", *_NPM_FLAGS, "--cache", str(work / "npm-cache")],
         timeout=DOWNLOAD_TIMEOUT_SECONDS, what="downloading the packages with npm", cwd=project,
+        env=tool_env(_NPM_ENV),
     )  # fmt: skip
     if result.returncode != 0:
         raise _npm_failure(result)

@@ -44,6 +44,7 @@ _NETWORK_TROUBLE = re.compile(
 )
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
 _SHEBANG_PYTHON = b"#!/usr/bin/python3\n"
+_LOCKED_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,11 @@ def _locked(item: dict[str, Any]) -> LockedWheel:
     sha256 = info["archive_info"]["hashes"]["sha256"]
     meta = item["metadata"]
     url = str(info["url"])
-    if not url.endswith(".whl") or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+    # Name, version and URL go into requirement lines of their own: nothing that could start
+    # another option or requirement.
+    if (not url.endswith(".whl") or not re.fullmatch(r"[0-9a-f]{64}", sha256)
+            or re.search(r"\s", url) or not _LOCKED_TEXT.fullmatch(str(meta["name"]))
+            or not _LOCKED_TEXT.fullmatch(str(meta["version"]))):  # fmt: skip
         raise PackageBuildError(f"pip resolved {meta['name']} to something other than a wheel: {url}")
     return LockedWheel(name=str(meta["name"]), version=str(meta["version"]), url=url, sha256=sha256)
 

@@ -35,7 +35,8 @@ _PY_RANGE = re.compile(
 )
 # npm: lower-case names, optionally scoped; exact semver versions; ranges of the semver grammar
 # (no ':' '/' '#': those start aliases, URLs, git and file specs).
-_NPM_NAME = r"(?:@[a-z0-9~-][a-z0-9._~-]*/)?[a-z0-9~-][a-z0-9._~-]*"
+# A name and a scope start with a letter or digit: a leading "-" would make it an npm option.
+_NPM_NAME = r"(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*"
 _SEMVER = r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"
 _NPM_PINNED = re.compile(rf"(?P<name>{_NPM_NAME})@(?P<version>{_SEMVER})")
 _NPM_RANGE = re.compile(rf"(?P<name>{_NPM_NAME})(?:@(?P<range>[0-9A-Za-z.^~<>=| *+-]+))?")

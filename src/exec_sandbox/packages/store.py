@@ -230,7 +230,6 @@ class LayerStore:
             shutil.rmtree(path, ignore_errors=True)
 
 
-
 def _write_json_atomically(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, sort_keys=True))

@@ -201,3 +201,45 @@ async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, ima
     assert deleted.returncode == 0
     again = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
     assert again.returncode == 1 and "no paused session" in again.stdout
+
+
+async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import exec_sandbox._vm as vm_module
+
+    session = await sched.session()
+    await session.exec("data = list(range(1000))")
+    # A stream limit far below what a 192 MB guest writes: the save fails part way.
+    monkeypatch.setattr(vm_module, "_STATE_MAX_BYTES", -(190 << 20))
+    with pytest.raises(SnapshotError, match="saving the VM's state failed"):
+        await session.pause()
+    monkeypatch.undo()
+    assert not session.closed
+    assert (await session.exec("print(sum(data))")).stdout == "499500\n"
+    assert sched.snapshots() == []
+    await session.close()
+
+
+def _smaps(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(field)
+
+
+async def test_forks_share_their_unchanged_memory(sched: Scheduler) -> None:
+    async with await sched.session() as parent:
+        await parent.exec("blob = bytes(range(256)) * (120 * 1024)")  # 30 MB of data
+        forks = await parent.fork(2)
+        assert isinstance(forks, list)
+        try:
+            for fork in forks:
+                assert (await fork.exec("print(len(blob))")).stdout == f"{256 * 120 * 1024}\n"
+            pids = [fork.vm.pid for fork in forks]
+            pss = sum(_smaps(pid, "Pss") for pid in pids)
+            rss = sum(_smaps(pid, "Rss") for pid in pids)
+            # Pages both copies map from their template are counted half for each in PSS.
+            assert pss < 0.8 * rss, (pss, rss)
+        finally:
+            for fork in forks:
+                await fork.close()
