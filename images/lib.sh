@@ -63,12 +63,19 @@ run_logged() {
 	return "$rc"
 }
 
-# in_tree_ns CMD...: run CMD where the files of a Debian tree built by mmdebstrap have their right
-# owners. As root, that is here; as another user the tree was built in a user namespace
-# (mmdebstrap --mode=unshare) and its files belong to this user's subordinate ids, so CMD runs
-# in the same kind of namespace, as its root.
+# in_tree_ns CMD...: run CMD where the files of the guest's Debian tree have their right owners.
+# As root, that is here. As another user, the tree was unpacked in a user namespace where this
+# user is root and ids 1.. are the user's subordinate ids (/etc/subuid, /etc/subgid): seen from
+# outside, its root-owned files are the user's and the others belong to subordinate ids, so CMD
+# runs in the same kind of namespace (unshare through newuidmap/newgidmap).
 in_tree_ns() {
-	if [ "$(id -u)" = 0 ]; then "$@"; else mmdebstrap --unshare-helper "$@"; fi
+	if [ "$(id -u)" = 0 ]; then "$@"; return; fi
+	local user uid subuid subgid
+	user=$(id -un) uid=$(id -u)
+	subuid=$(awk -F: -v u="$user" -v i="$uid" '$1 == u || $1 == i { print $2 "," 1 "," $3; exit }' /etc/subuid)
+	subgid=$(awk -F: -v u="$user" -v i="$uid" '$1 == u || $1 == i { print $2 "," 1 "," $3; exit }' /etc/subgid)
+	[ -n "$subuid" ] && [ -n "$subgid" ] || fail "no subordinate ids for $user in /etc/subuid or /etc/subgid: sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 $user"
+	unshare --map-root-user --map-users="$subuid" --map-groups="$subgid" -- "$@"
 }
 
 # staging_dir KIND: make a private work directory in the images directory (same file system, so
