@@ -68,7 +68,8 @@ class BuildPyWithRecipe(build_py):
             shutil.copy2(path, dest)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        recipe = [os.path.join(self.build_lib, "exec_sandbox", "_recipe", p) for p in recipe_files()]
+        target = os.path.join(self.build_lib, "exec_sandbox", "_recipe")
+        recipe = [os.path.join(target, p) for p in recipe_files()]
         return [*super().get_outputs(include_bytecode), *recipe]
 
 

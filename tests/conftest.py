@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def images_ready() -> None:
     manifest = images_dir() / MANIFEST_NAME
-    assert manifest.is_file(), f"{manifest} missing: run `make images` (or `sbx setup`) before the VM tests"
+    assert manifest.is_file(), f"{manifest} missing: run `make images` before the VM tests"
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ def user_namespace_problem() -> str | None:
     if proc.returncode != 0:
         return (f"user namespaces are not allowed for unprivileged users here "
                 f"({proc.stderr.strip()}): run sbx setup as root (sudo), or allow them "
-                "(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces)")  # fmt: skip
+                "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces)")
     return None
 
 
@@ -343,6 +343,7 @@ def main(*, quiet: bool, install_deps: bool, out: TextIO = sys.stderr) -> int:
             return 1
         raise
     if not quiet:
-        print(f"sbx setup: guest images ready in {images.kernel.parent} ({_clock(time.monotonic() - started)}): "
-              f"kernel {images.kernel.name}, root {images.rootfs.name}", file=out)  # fmt: skip
+        took = _clock(time.monotonic() - started)
+        print(f"sbx setup: guest images ready in {images.kernel.parent} ({took}): "
+              f"kernel {images.kernel.name}, root {images.rootfs.name}", file=out)
     return 0

@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,11 +68,11 @@ class Installed:
     setup: subprocess.CompletedProcess[str]
 
 
-def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]  # fmt: skip
+                          stdin=subprocess.DEVNULL, **kw)  # fmt: skip
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc  # type: ignore[no-any-return]
+    return proc
 
 
 def fresh_env(home: Path, venv: Path) -> dict[str, str]:
