@@ -26,8 +26,10 @@ install: deps $(PY)
 	$(PY) -m pip install -q '.[test,$(INTEGRATION_EXTRAS)]'
 	$(PY) -m pip install -q --no-deps 'langgraph-codeact>=0.1.3'
 
-images: deps
-	images/build.sh
+# The same code path as a pip user's: `sbx setup` runs the image recipe installed with the package
+# (images/, guest/ and src/shared/ copied in by setup.py).
+images: install
+	$(VENV)/bin/sbx setup
 
 run: install images
 	$(VENV)/bin/sbx run -c 'import platform; print("hello from the sandbox, kernel", platform.release())'

@@ -1,8 +1,12 @@
-"""Build of the C extension exec_sandbox._execsbx (everything else is in pyproject.toml)."""
+"""Build of the C extension exec_sandbox._execsbx, and of the image recipe the package carries
+(everything else is in pyproject.toml)."""
 
+import os
+import shutil
 from glob import glob
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 # Warnings are errors, named one by one so that a new compiler does not silently add some.
 WARNINGS = [
@@ -19,7 +23,58 @@ WARNINGS = [
     "-Werror=incompatible-pointer-types",
 ]
 
+# What `sbx setup` builds the guest images from, copied into the package as exec_sandbox/_recipe/
+# with this repository's layout, so that images/build.sh runs the same from either place (one
+# recipe: `make images` runs `sbx setup` too). The guest agent travels as its C sources and is
+# compiled by the build, like the kernel. MANIFEST.in puts the same files in the sdist.
+RECIPE = [
+    "images/build.sh",
+    "images/build-kernel.sh",
+    "images/build-rootfs.sh",
+    "images/lib.sh",
+    "images/kernel/compile.sh",
+    "images/kernel/sandbox.config",
+    "images/kernel/patches/*.patch",
+    "images/rootfs/packages.txt",
+    "images/rootfs/make-tree.sh",
+    "images/rootfs/finish-image.sh",
+    "guest/Makefile",
+    "guest/src/*.[ch]",
+    "guest/repl/driver.py",
+    "guest/repl/driver.js",
+    "guest/repl/driver.sh",
+    "src/shared/*.[ch]",
+]
+
+
+def recipe_files() -> list[str]:
+    files = []
+    for pattern in RECIPE:
+        found = sorted(glob(pattern))
+        if not found:
+            raise SystemExit(f"image recipe file missing: {pattern}")
+        files += found
+    return files
+
+
+class BuildPyWithRecipe(build_py):
+    def run(self) -> None:
+        super().run()
+        target = os.path.join(self.build_lib, "exec_sandbox", "_recipe")
+        shutil.rmtree(target, ignore_errors=True)
+        for path in recipe_files():
+            dest = os.path.join(target, path)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy2(path, dest)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        target = os.path.join(self.build_lib, "exec_sandbox", "_recipe")
+        recipe = [os.path.join(target, p) for p in recipe_files()]
+        return [*super().get_outputs(include_bytecode), *recipe]
+
+
 setup(
+    cmdclass={"build_py": BuildPyWithRecipe},
     ext_modules=[
         Extension(
             "exec_sandbox._execsbx",
@@ -30,5 +85,5 @@ setup(
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *WARNINGS],
             libraries=["seccomp"],
         )
-    ]
+    ],
 )

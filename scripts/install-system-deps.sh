@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
 	qemu-system-x86            # the VMM
 	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential patch  # guest kernel
-	debootstrap erofs-utils    # guest root file system
+	mmdebstrap uidmap erofs-utils  # guest root file system (uidmap: unprivileged builds)
 	libseccomp-dev liburing-dev pkg-config  # C extension
 	clang libclang-rt-14-dev   # fuzz targets and sanitizer builds
 	python3-dev python3-venv

@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-snapshot-wait", action="store_true",
                      help="exit right after the result, without waiting for the memory "
                           "snapshot that makes the next run of this configuration faster")  # fmt: skip
+    setup = commands.add_parser("setup", help="build (or verify) the guest kernel and root image")
+    setup.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    setup.add_argument("--install-deps", action="store_true",
+                       help="install the missing build tools with apt-get (sudo when not root)")
     doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     cli_sessions.add_parser(commands)
@@ -81,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return _doctor(args.json)
     if args.command == "session":
         return cli_sessions.run(args)
+    if args.command == "setup":
+        from . import image_build
+
+        return image_build.main(quiet=args.quiet, install_deps=args.install_deps)
     try:
         code, language = _resolve_source(args)
         env = _parse_env(args.env)

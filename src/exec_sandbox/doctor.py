@@ -1,5 +1,6 @@
-"""`sbx doctor`: one screen on what this host provides — the accelerator, QEMU, the guest images
-and each layer of the host jail — and, for whatever is missing, why.
+"""`sbx doctor`: one screen on what this host provides — the accelerator, QEMU, the guest images,
+what `sbx setup` needs to build them, and each layer of the host jail — and, for whatever is
+missing, why and the fix.
 
 Every jail layer is checked by doing it, not by reading configuration: a stand-in process
 (/bin/true) is spawned exactly as QEMU would be, and the C core reports which layers it could put
@@ -11,7 +12,7 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass
 
-from . import host
+from . import host, image_build
 from ._vm import probe_jail, seccomp_rules
 from .errors import SandboxError
 from .images import load_images
@@ -94,8 +95,52 @@ def _jail_layers() -> list[Check]:
     return checks
 
 
+def _kvm_access() -> Check:
+    """KVM is used only if this user can open /dev/kvm: on Debian, members of the kvm group."""
+    if not os.path.exists("/dev/kvm"):
+        return Check("kvm access", False, "no /dev/kvm on this host (no hardware virtualisation "
+                     "exposed): VMs run under TCG", required=False)  # fmt: skip
+    if os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return Check("kvm access", True, "/dev/kvm is readable and writable", required=False)
+    user = image_build._user_name()
+    return Check("kvm access", False, f"/dev/kvm is not open to {user}: sudo usermod -aG kvm "
+                 f"{user}, then log in again (VMs run under the slower TCG until then)",
+                 required=False)  # fmt: skip
+
+
+def _setup_checks(images_ready: bool) -> list[Check]:
+    """What `sbx setup` needs, each missing piece with its fix. Required only while there are no
+    images yet (with images, nothing needs to be built)."""
+    checks = []
+    missing = image_build.missing_packages()
+    for what, package in missing:
+        checks.append(Check(f"setup: {package}", False, f"{what}: "
+                            f"{image_build.apt_install_line([package])}",
+                            required=not images_ready))  # fmt: skip
+    if not missing:
+        checks.append(Check("setup: build tools", True, "every tool `sbx setup` runs is installed",
+                            required=not images_ready))  # fmt: skip
+    if os.geteuid() != 0:
+        problem = image_build.user_namespace_problem()
+        checks.append(Check("setup: user namespaces", problem is None,
+                            problem or "an unprivileged build can make its user namespace",
+                            required=not images_ready))  # fmt: skip
+    where = images_dir()
+    free = image_build.free_bytes(where)
+    need = image_build.FULL_BUILD_BYTES
+    enough = free >= need
+    detail = f"{free / 1024**3:.1f} GB free for {where}; a build from nothing needs about " \
+             f"{need // 1024**3} GB"
+    if not enough:
+        detail += ": free some space or set EXEC_SANDBOX_IMAGES_DIR to a larger disk"
+    checks.append(Check("setup: disk space", enough, detail, required=not images_ready))
+    return checks
+
+
 def run_checks() -> list[Check]:
-    return [_accelerator(), *_qemu(), _images(), *_jail_layers()]
+    images = _images()
+    return [_accelerator(), _kvm_access(), *_qemu(), images, *_setup_checks(images.ok),
+            *_jail_layers()]  # fmt: skip
 
 
 def render(checks: list[Check]) -> str:

@@ -1,4 +1,4 @@
-"""Locating the guest images (kernel and root file system) built by images/build.sh.
+"""Locating the guest images (kernel and root file system) built by `sbx setup` (images/build.sh).
 
 The build writes `manifest.json` into the images directory, naming the content-hashed kernel
 and root image it produced last; the hashes become part of every cache key that depends on them.
@@ -14,6 +14,8 @@ from pathlib import Path
 from .errors import VmPermanentError
 
 MANIFEST_NAME = "manifest.json"
+# The one command that builds (or repairs) the images: every "no images" message names it.
+SETUP_COMMAND = "sbx setup"
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class GuestImages:
 def load_images(images_dir: Path) -> GuestImages:
     """Read the manifest in images_dir, or raise VmPermanentError saying how to build images."""
     manifest = images_dir / MANIFEST_NAME
-    hint = "build them with `make images` in the exec-sandbox source tree"
+    hint = f"run `{SETUP_COMMAND}` to build them"
     try:
         data = json.loads(manifest.read_text())
         images = GuestImages(

@@ -27,7 +27,7 @@ class GuestTarget:
         if images.guest is None:
             raise VmPermanentError(
                 "the guest images predate package support (no python/glibc facts in their "
-                "manifest): rebuild them with `make images`"
+                "manifest): rebuild them with `sbx setup`"
             )
         return cls(images.guest.python, images.guest.glibc, images.guest.tree)
 
