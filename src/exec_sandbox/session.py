@@ -119,8 +119,9 @@ class Session:
         await self.close()
 
     async def close(self) -> None:
-        """Destroy the VM. Idempotent."""
+        """Destroy the VM; returns once QEMU is reaped and its cgroup removed. Idempotent."""
         self._close_now("closed by the caller")
+        await self._vm.aclose()
 
     async def exec(
         self,

@@ -246,7 +246,9 @@ class SnapshotCache:
                 await vm.reseed()
                 await vm.save_snapshot(str(work / "state"))
             finally:
-                vm.close()  # the RAM file must not change after the state was saved
+                # The RAM file must not change after the state was saved: QEMU is reaped
+                # before anything reads it.
+                await vm.aclose()
             state_hash = await _in_thread(functools.partial(_sha256, work / "state"))
             # Kept by ram_files: the first clone of it in this process maps that very copy.
             ram_hash = await _in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
