@@ -54,6 +54,13 @@ _PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript", "r
 EXIT_TIMED_OUT = _execsbx.EXIT_TIMED_OUT
 EXIT_STDOUT_LIMIT = _execsbx.EXIT_STDOUT_LIMIT
 EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
+# A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
+# always the guest kernel's OOM killer.
+EXIT_SIGKILL = 137
+OOM_NOTE = (
+    "\nKilled by SIGKILL (exit 137): most likely the VM ran out of memory and its kernel's OOM "
+    "killer ended the process; give it more memory (memory_mb) or make the code use less\n"
+)
 _CONSOLE_TAIL_BYTES = 16 * 1024
 
 # The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame): limits, frame

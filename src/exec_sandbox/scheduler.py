@@ -11,8 +11,10 @@ from types import TracebackType
 
 from . import _logging, host, limits
 from ._vm import (
+    EXIT_SIGKILL,
     EXIT_STDERR_LIMIT,
     EXIT_STDOUT_LIMIT,
+    OOM_NOTE,
     ExecRequest,
     GuestVm,
     OutputCallback,
@@ -297,6 +299,8 @@ class Scheduler:
         stderr = outcome.stderr
         if outcome.exit_code == -1:
             stderr += f"\nExecution timed out after {timeout} seconds\n"
+        elif outcome.exit_code == EXIT_SIGKILL:
+            stderr += OOM_NOTE
         return ExecutionResult(
             stdout=outcome.stdout,
             stderr=stderr,

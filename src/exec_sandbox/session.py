@@ -18,7 +18,15 @@ from types import TracebackType
 from typing import TypeVar
 
 from . import files, limits
-from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT, ExecRequest, GuestVm, OutputCallback
+from ._vm import (
+    EXIT_SIGKILL,
+    EXIT_STDERR_LIMIT,
+    EXIT_STDOUT_LIMIT,
+    OOM_NOTE,
+    ExecRequest,
+    GuestVm,
+    OutputCallback,
+)
 from .errors import (
     CommunicationError,
     InputValidationError,
@@ -32,9 +40,6 @@ from .validation import validate_code, validate_env, validate_timeout
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
 
-# The exit status of a process killed by SIGKILL: the guest ran out of memory or the code killed
-# its own REPL for good. API.md: the session ends.
-_EXIT_SIGKILL = 128 + 9
 _NOOP: dict[Language, bytes] = {"python": b"pass", "javascript": b"undefined", "raw": b":"}
 
 
@@ -157,8 +162,11 @@ class Session:
             self.exec_count += 1
             if not self._vm.alive:
                 self._close_now("the VM stopped during exec()")
-            elif outcome.exit_code == _EXIT_SIGKILL:
-                self._close_now("the REPL was killed by SIGKILL (exit 137)")
+            elif outcome.exit_code == EXIT_SIGKILL:
+                # The guest ran out of memory or the code killed its own REPL for good. API.md:
+                # the session ends.
+                self._close_now("the REPL was killed by SIGKILL (exit 137), most likely by the "
+                                "guest's OOM killer")
             if outcome.flags & EXIT_STDOUT_LIMIT:
                 raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
                                       stdout=outcome.stdout, stderr=outcome.stderr)
@@ -171,6 +179,8 @@ class Session:
                     f"\nExecution timed out after {timeout} seconds; the REPL was reset "
                     "(its state is lost)\n"
                 )
+            elif outcome.exit_code == EXIT_SIGKILL:
+                stderr += OOM_NOTE + "The session is closed (the REPL and its state are gone).\n"
             return ExecutionResult(
                 stdout=outcome.stdout,
                 stderr=stderr,
