@@ -26,6 +26,7 @@ ARGS = dict(qemu_binary="/bin/true", kernel="k", rootfs="r", memory_mb=128)
 def spawn_and_close(jail: dict[str, int] | None) -> float:
     start = time.perf_counter()
     vm = _execsbx.Vm(**ARGS, jail=jail)
+    vm.wait_spawn()
     while vm.poll_exit() is None:
         time.sleep(0.0005)
     vm.close()

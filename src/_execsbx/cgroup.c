@@ -27,13 +27,15 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-__attribute__((format(printf, 3, 4))) static int fail(char *why, size_t len, const char *fmt, ...)
+/* Explain in why[] and return err (a -errno). */
+__attribute__((format(printf, 4, 5))) static int fail(char *why, size_t len, int err,
+						     const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(why, len, fmt, ap);
 	va_end(ap);
-	return -1;
+	return err;
 }
 
 static int write_file(const char *dir, const char *file, const char *text)
@@ -135,14 +137,12 @@ static int own_cgroup(const char *controller, char *out, size_t len)
 	return rc;
 }
 
-static int make_dir(char *dst, const char *mount, const char *own, const char *name)
+static int dir_path(char *dst, const char *mount, const char *own, const char *name)
 {
 	int n = snprintf(dst, PATH_MAX, "%s%s%s/%s", mount, own[0] == '/' ? "" : "/",
 			 strcmp(own, "/") == 0 ? "" : own, name);
 	if (n < 0 || n >= PATH_MAX)
 		return -ENAMETOOLONG;
-	if (mkdir(dst, 0700) < 0)
-		return -errno;
 	return 0;
 }
 
@@ -192,8 +192,26 @@ static void sweep_stale(const char *dir)
 	closedir(d);
 }
 
-static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		     char *why, size_t len)
+/* A limit file to write into dirs[dir] (by the child, sbx_cgroup_materialize). */
+__attribute__((format(printf, 5, 6))) static int plan_write(struct sbx_cgroup *cg, unsigned dir,
+							    const char *file, int optional,
+							    const char *fmt, ...)
+{
+	if (cg->nwrites >= SBX_CGROUP_MAX_WRITES)
+		return -E2BIG;
+	struct sbx_cgroup_write *w = &cg->writes[cg->nwrites++];
+	w->dir = dir;
+	w->optional = optional;
+	snprintf(w->file, sizeof(w->file), "%s", file);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(w->value, sizeof(w->value), fmt, ap);
+	va_end(ap);
+	return 0;
+}
+
+static int plan_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		   char *why, size_t len)
 {
 	char own[PATH_MAX], mount[2 * PATH_MAX];
 	const char *m = NULL;
@@ -202,7 +220,7 @@ static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_c
 	else if (is_fs(CGROUP_ROOT "/unified", CGROUP2_SUPER_MAGIC))
 		m = CGROUP_ROOT "/unified";
 	if (!m || own_cgroup("", own, sizeof(own)) < 0)
-		return fail(why, len, "no cgroup2 hierarchy");
+		return fail(why, len, -ENOTSUP, "no cgroup2 hierarchy");
 	snprintf(mount, sizeof(mount), "%s%s/cgroup.subtree_control", m,
 		 strcmp(own, "/") == 0 ? "" : own);
 	char ctl[256] = "";
@@ -214,138 +232,153 @@ static int create_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_c
 	}
 	/* Delegated: the controllers are enabled for this cgroup's children. */
 	if (!strstr(ctl, "memory") || !strstr(ctl, "cpu") || !strstr(ctl, "pids"))
-		return fail(why, len, "cgroup v2 at %s: memory/cpu/pids not delegated to %s", m, own);
-	int rc = make_dir(cg->dirs[0], m, own, name);
+		return fail(why, len, -ENOTSUP, "cgroup v2 at %s: memory/cpu/pids not delegated to %s",
+			    m, own);
+	int rc = dir_path(cg->dirs[0], m, own, name);
 	if (rc < 0)
-		return fail(why, len, "cgroup v2: mkdir under %s: %s", own, strerror(-rc));
+		return fail(why, len, rc, "cgroup v2: path under %s: %s", own, strerror(-rc));
 	cg->ndirs = 1;
 	cg->version = 2;
-	sweep_stale(cg->dirs[0]);
 	cg->has_memory = cg->has_cpu = cg->has_cpuacct = cg->has_pids = 1;
-	char buf[64];
-	if (lim->memory_bytes) {
-		snprintf(buf, sizeof(buf), "%" PRIu64, lim->memory_bytes);
-		if ((rc = write_file(cg->dirs[0], "memory.max", buf)) < 0 ||
-		    (rc = write_file(cg->dirs[0], "memory.swap.max", "0")) < 0)
-			goto undo;
-	}
-	if (lim->cpu_percent) {
-		snprintf(buf, sizeof(buf), "%u 100000", lim->cpu_percent * 1000);
-		if ((rc = write_file(cg->dirs[0], "cpu.max", buf)) < 0)
-			goto undo;
-	}
-	if (lim->pids_max) {
-		snprintf(buf, sizeof(buf), "%u", lim->pids_max);
-		if ((rc = write_file(cg->dirs[0], "pids.max", buf)) < 0)
-			goto undo;
-	}
+	if (lim->memory_bytes && ((rc = plan_write(cg, 0, "memory.max", 0, "%llu",
+						   (unsigned long long)lim->memory_bytes)) < 0 ||
+				  (rc = plan_write(cg, 0, "memory.swap.max", 0, "0")) < 0))
+		return fail(why, len, rc, "cgroup v2: too many limits");
+	if (lim->cpu_percent &&
+	    (rc = plan_write(cg, 0, "cpu.max", 0, "%llu 100000", lim->cpu_percent * 1000ull)) < 0)
+		return fail(why, len, rc, "cgroup v2: too many limits");
+	if (lim->pids_max && (rc = plan_write(cg, 0, "pids.max", 0, "%u", lim->pids_max)) < 0)
+		return fail(why, len, rc, "cgroup v2: too many limits");
 	return 0;
-undo:
-	sbx_cgroup_remove(cg);
-	return fail(why, len, "cgroup v2: writing a limit: %s", strerror(-rc));
 }
 
 static const char *const v1_controllers[SBX_CGROUP_MAX_DIRS] = {"memory", "cpu", "cpuacct",
 								  "pids"};
 
-static int create_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		     char *why, size_t len)
+static int plan_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		   char *why, size_t len)
 {
 	int *has[SBX_CGROUP_MAX_DIRS] = {&cg->has_memory, &cg->has_cpu, &cg->has_cpuacct,
 					 &cg->has_pids};
+	unsigned at[SBX_CGROUP_MAX_DIRS]; /* the directory of each controller */
 	cg->version = 1;
 	for (unsigned i = 0; i < SBX_CGROUP_MAX_DIRS; i++) {
 		char mount[PATH_MAX], own[PATH_MAX], real[PATH_MAX];
 		snprintf(mount, sizeof(mount), CGROUP_ROOT "/%s", v1_controllers[i]);
-		if (!is_fs(mount, CGROUP_SUPER_MAGIC) || own_cgroup(v1_controllers[i], own, sizeof(own)) < 0) {
-			sbx_cgroup_remove(cg);
-			return fail(why, len, "no cgroup v1 %s controller mounted at %s",
+		if (!is_fs(mount, CGROUP_SUPER_MAGIC) || own_cgroup(v1_controllers[i], own, sizeof(own)) < 0)
+			return fail(why, len, -ENOTSUP, "no cgroup v1 %s controller mounted at %s",
 				    v1_controllers[i], mount);
-		}
 		/* cpu and cpuacct are often one hierarchy ("cpu,cpuacct"): one directory then. */
 		if (!realpath(mount, real))
 			snprintf(real, sizeof(real), "%s", mount);
 		char dir[PATH_MAX];
 		int n = snprintf(dir, sizeof(dir), "%s%s/%s", real, strcmp(own, "/") == 0 ? "" : own,
 				 name);
-		if (n < 0 || n >= PATH_MAX) {
-			sbx_cgroup_remove(cg);
-			return fail(why, len, "cgroup path too long");
-		}
-		int dup = 0;
+		if (n < 0 || n >= PATH_MAX)
+			return fail(why, len, -ENAMETOOLONG, "cgroup path too long");
+		*has[i] = 1;
+		at[i] = cg->ndirs;
 		for (unsigned j = 0; j < cg->ndirs; j++)
 			if (strcmp(cg->dirs[j], dir) == 0)
-				dup = 1;
-		*has[i] = 1;
-		if (dup)
-			continue;
-		if (mkdir(dir, 0700) < 0) {
-			int e = errno;
-			sbx_cgroup_remove(cg);
-			return fail(why, len, "cgroup v1: mkdir %s: %s", dir, strerror(e));
-		}
-		memcpy(cg->dirs[cg->ndirs++], dir, sizeof(dir));
-		sweep_stale(dir);
+				at[i] = j;
+		if (at[i] == cg->ndirs)
+			memcpy(cg->dirs[cg->ndirs++], dir, sizeof(dir));
 	}
-	char buf[64];
 	int rc = 0;
-	const char *mem = NULL, *cpu = NULL, *pids = NULL;
-	for (unsigned j = 0; j < cg->ndirs; j++) {
-		char probe[PATH_MAX + 32];
-		snprintf(probe, sizeof(probe), "%s/memory.limit_in_bytes", cg->dirs[j]);
-		if (!mem && access(probe, F_OK) == 0)
-			mem = cg->dirs[j];
-		snprintf(probe, sizeof(probe), "%s/cpu.cfs_quota_us", cg->dirs[j]);
-		if (!cpu && access(probe, F_OK) == 0)
-			cpu = cg->dirs[j];
-		snprintf(probe, sizeof(probe), "%s/pids.max", cg->dirs[j]);
-		if (!pids && access(probe, F_OK) == 0)
-			pids = cg->dirs[j];
-	}
-	if (lim->memory_bytes && mem) {
-		snprintf(buf, sizeof(buf), "%" PRIu64, lim->memory_bytes);
-		if ((rc = write_file(mem, "memory.limit_in_bytes", buf)) < 0)
-			goto undo;
+	if (lim->memory_bytes) {
 		/* memory+swap: the same figure, so swap is no way around the limit (absent when the
-		 * kernel has no swap accounting). */
-		int s = write_file(mem, "memory.memsw.limit_in_bytes", buf);
-		if (s < 0 && s != -ENOENT) {
-			rc = s;
-			goto undo;
+		 * kernel has no swap accounting: optional). */
+		if ((rc = plan_write(cg, at[0], "memory.limit_in_bytes", 0, "%llu",
+				     (unsigned long long)lim->memory_bytes)) < 0 ||
+		    (rc = plan_write(cg, at[0], "memory.memsw.limit_in_bytes", 1, "%llu",
+				     (unsigned long long)lim->memory_bytes)) < 0)
+			return fail(why, len, rc, "cgroup v1: too many limits");
+	}
+	if (lim->cpu_percent &&
+	    ((rc = plan_write(cg, at[1], "cpu.cfs_period_us", 0, "100000")) < 0 ||
+	     (rc = plan_write(cg, at[1], "cpu.cfs_quota_us", 0, "%llu", lim->cpu_percent * 1000ull)) <
+		     0))
+		return fail(why, len, rc, "cgroup v1: too many limits");
+	if (lim->pids_max && (rc = plan_write(cg, at[3], "pids.max", 0, "%u", lim->pids_max)) < 0)
+		return fail(why, len, rc, "cgroup v1: too many limits");
+	return 0;
+}
+
+int sbx_cgroup_plan(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
+		    char *why, size_t why_len)
+{
+	char why2[256] = "";
+	memset(cg, 0, sizeof(*cg));
+	if (plan_v2(cg, name, lim, why2, sizeof(why2)) == 0)
+		return 0;
+	memset(cg, 0, sizeof(*cg));
+	int rc = plan_v1(cg, name, lim, why, why_len);
+	if (rc == 0)
+		return 0;
+	memset(cg, 0, sizeof(*cg));
+	size_t used = strlen(why);
+	snprintf(why + used, why_len - used, "; %s", why2);
+	return rc;
+}
+
+/* Async-signal-safe: only syscalls on strings prepared by sbx_cgroup_plan. */
+static int write_at(int dfd, const char *file, const char *text)
+{
+	int fd = openat(dfd, file, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	size_t n = strlen(text);
+	ssize_t w = write(fd, text, n);
+	int err = w < 0 ? errno : (size_t)w == n ? 0 : EIO;
+	close(fd);
+	return -err;
+}
+
+int sbx_cgroup_materialize(const struct sbx_cgroup *cg, int enter, const char **what)
+{
+	for (unsigned i = 0; i < cg->ndirs; i++) {
+		*what = "mkdir(cgroup)";
+		if (mkdir(cg->dirs[i], 0700) < 0)
+			return -errno;
+		*what = "open(cgroup)";
+		int dfd = open(cg->dirs[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0)
+			return -errno;
+		int rc = 0;
+		*what = "write(cgroup limit)";
+		for (unsigned k = 0; rc == 0 && k < cg->nwrites; k++) {
+			const struct sbx_cgroup_write *w = &cg->writes[k];
+			if (w->dir != i)
+				continue;
+			rc = write_at(dfd, w->file, w->value);
+			if (rc == -ENOENT && w->optional)
+				rc = 0;
 		}
-	}
-	if (lim->cpu_percent && cpu) {
-		if ((rc = write_file(cpu, "cpu.cfs_period_us", "100000")) < 0)
-			goto undo;
-		snprintf(buf, sizeof(buf), "%u", lim->cpu_percent * 1000);
-		if ((rc = write_file(cpu, "cpu.cfs_quota_us", buf)) < 0)
-			goto undo;
-	}
-	if (lim->pids_max && pids) {
-		snprintf(buf, sizeof(buf), "%u", lim->pids_max);
-		if ((rc = write_file(pids, "pids.max", buf)) < 0)
-			goto undo;
+		if (rc == 0 && enter) {
+			/* "0": the writing process itself (also from inside a new PID namespace). */
+			*what = "write(cgroup.procs)";
+			rc = write_at(dfd, "cgroup.procs", "0");
+		}
+		close(dfd);
+		if (rc < 0)
+			return rc;
 	}
 	return 0;
-undo:
-	sbx_cgroup_remove(cg);
-	return fail(why, len, "cgroup v1: writing a limit: %s", strerror(-rc));
 }
 
 int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
 		      char *why, size_t why_len)
 {
-	char why2[256] = "";
-	memset(cg, 0, sizeof(*cg));
-	if (create_v2(cg, name, lim, why2, sizeof(why2)) == 0)
-		return 0;
-	memset(cg, 0, sizeof(*cg));
-	if (create_v1(cg, name, lim, why, why_len) == 0)
-		return 0;
-	memset(cg, 0, sizeof(*cg));
-	size_t used = strlen(why);
-	snprintf(why + used, why_len - used, "; %s", why2);
-	return -ENOTSUP;
+	int rc = sbx_cgroup_plan(cg, name, lim, why, why_len);
+	if (rc < 0)
+		return rc;
+	const char *what = "cgroup";
+	rc = sbx_cgroup_materialize(cg, 0, &what);
+	if (rc < 0) {
+		sbx_cgroup_remove(cg);
+		return fail(why, why_len, rc, "cgroup v%d: %s: %s", cg->version, what, strerror(-rc));
+	}
+	return 0;
 }
 
 int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid)
@@ -384,8 +417,11 @@ void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *m
 
 void sbx_cgroup_remove(struct sbx_cgroup *cg)
 {
-	for (unsigned i = cg->ndirs; i-- > 0;)
+	for (unsigned i = cg->ndirs; i-- > 0;) {
 		rmdir_retry(cg->dirs[i]);
+		sweep_stale(cg->dirs[i]);
+	}
 	cg->ndirs = 0;
+	cg->nwrites = 0;
 	cg->version = 0;
 }

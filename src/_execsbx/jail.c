@@ -49,7 +49,7 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 
 	/* seccomp */
 	const char *why = "";
-	int rc = sbx_seccomp_build(&j->bpf, &why);
+	int rc = sbx_seccomp_program(&j->bpf, &why);
 	if (rc == -ENOMEM)
 		return rc;
 	if (rc < 0)
@@ -57,7 +57,7 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 			   strerror(-rc));
 	else
 		set_status(j, SBX_LAYER_SECCOMP, 1, "deny-list filter of %u BPF instructions",
-			   (unsigned)j->bpf.len);
+			   (unsigned)j->bpf->len);
 
 	/* namespaces: decided here, confirmed by clone() (sbx_jail_namespaces_refused) */
 	j->clone_flags = sbx_ns_clone_flags(cfg->network);
@@ -74,7 +74,7 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	if (!lim.memory_bytes && !lim.cpu_percent && !lim.pids_max)
 		rc = -EINVAL, snprintf(cwhy, sizeof(cwhy), "no limits requested by the caller");
 	else
-		rc = sbx_cgroup_create(&j->cg, name, &lim, cwhy, sizeof(cwhy));
+		rc = sbx_cgroup_plan(&j->cg, name, &lim, cwhy, sizeof(cwhy));
 	if (rc < 0)
 		set_status(j, SBX_LAYER_CGROUP, 0, "%s", cwhy);
 	else
@@ -114,16 +114,18 @@ void sbx_jail_namespaces_refused(struct sbx_jail *j, int err)
 	set_status(j, SBX_LAYER_NAMESPACES, 0, "clone(CLONE_NEW*) refused: %s", strerror(err));
 }
 
-void sbx_jail_place(struct sbx_jail *j, pid_t pid)
+int sbx_jail_enter_cgroup(const struct sbx_jail *j, const char **what)
 {
 	if (!j->enabled || !j->cg.version)
-		return;
-	int rc = sbx_cgroup_add_pid(&j->cg, pid);
-	if (rc < 0) {
-		sbx_cgroup_remove(&j->cg);
-		set_status(j, SBX_LAYER_CGROUP, 0, "moving QEMU into its cgroup failed: %s",
-			   strerror(-rc));
-	}
+		return 0;
+	return sbx_cgroup_materialize(&j->cg, 1, what);
+}
+
+void sbx_jail_cgroup_failed(struct sbx_jail *j, int err, const char *what)
+{
+	j->cgroup_failed = 1;
+	set_status(j, SBX_LAYER_CGROUP, 0, "making QEMU's cgroup failed (%s): %s",
+		   what ? what : "cgroup", strerror(err));
 }
 
 int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
@@ -169,9 +171,9 @@ int sbx_jail_enter_final(const struct sbx_jail *j, const char **what)
 	*what = "prctl(PR_SET_NO_NEW_PRIVS)";
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		return -errno;
-	if (j->bpf.len) {
+	if (j->bpf) {
 		*what = "prctl(PR_SET_SECCOMP)";
-		int rc = sbx_seccomp_load(&j->bpf);
+		int rc = sbx_seccomp_load(j->bpf);
 		if (rc < 0)
 			return rc;
 	}
@@ -181,8 +183,10 @@ int sbx_jail_enter_final(const struct sbx_jail *j, const char **what)
 void sbx_jail_finish(struct sbx_jail *j)
 {
 	if (j->cg.version) {
-		sbx_cgroup_usage(&j->cg, &j->cpu_ns, &j->memory_peak);
-		j->usage_valid = 1;
+		if (!j->cgroup_failed) {
+			sbx_cgroup_usage(&j->cg, &j->cpu_ns, &j->memory_peak);
+			j->usage_valid = 1;
+		}
 		sbx_cgroup_remove(&j->cg);
 	}
 }
@@ -190,6 +194,6 @@ void sbx_jail_finish(struct sbx_jail *j)
 void sbx_jail_destroy(struct sbx_jail *j)
 {
 	sbx_cgroup_remove(&j->cg);
-	sbx_bpf_free(&j->bpf);
+	j->bpf = NULL; /* shared, never freed */
 	j->enabled = 0;
 }

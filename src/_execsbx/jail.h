@@ -1,8 +1,8 @@
 /* The host jail around one QEMU process: seccomp, namespaces, a cgroup, rlimits and an optional
- * unprivileged user. Prepared in the parent (sbx_jail_prepare), the child is placed in its cgroup
- * between fork and exec (sbx_jail_place), enters the rest itself (sbx_jail_enter_*, async-
- * signal-safe), and the cgroup's figures are read and the cgroup removed after QEMU is reaped
- * (sbx_jail_finish). A layer the host cannot provide is switched off with its reason recorded in
+ * unprivileged user. Prepared in the parent (sbx_jail_prepare: nothing there waits on the
+ * kernel), the child makes and enters its cgroup and the rest itself between fork and exec
+ * (sbx_jail_enter_*, async-signal-safe), and the cgroup's figures are read and the cgroup removed
+ * after QEMU is reaped (sbx_jail_finish, off the caller's event loop). A layer the host cannot provide is switched off with its reason recorded in
  * status[], never silently; the caller logs it. */
 #ifndef SBX_JAIL_H
 #define SBX_JAIL_H
@@ -41,10 +41,12 @@ struct sbx_jail_config {
 
 struct sbx_jail {
 	int enabled;
-	struct sbx_bpf bpf;     /* empty if seccomp is off */
+	const struct sbx_bpf *bpf; /* the process's shared program (sbx_seccomp_program); NULL if
+				    * seccomp is off */
 	int clone_flags;        /* CLONE_NEW* for clone(); 0 if namespaces are off */
 	int read_only_root;     /* mount_setattr available */
-	struct sbx_cgroup cg;   /* version 0 if no cgroup */
+	struct sbx_cgroup cg;   /* version 0 if no cgroup; planned here, made by the child */
+	int cgroup_failed;      /* the child could not make or enter it: no figures, just removal */
 	struct {
 		int resource;
 		struct rlimit limit;
@@ -57,14 +59,20 @@ struct sbx_jail {
 
 extern const char *const sbx_layer_names[SBX_LAYER__COUNT];
 
-/* Parent, before fork. name: a unique name for the VM's cgroup. Never fails because a layer is
+/* Parent, before fork; nothing here blocks for long (the seccomp program is built once per
+ * process, the cgroup is only planned). name: a unique name for the VM's cgroup. Never fails because a layer is
  * unavailable (that layer is off, with its reason); returns -ENOMEM/-EINVAL on real errors. */
 int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name);
 /* Parent: clone() refused the namespaces (err): record it and go on without them. */
 void sbx_jail_namespaces_refused(struct sbx_jail *j, int err);
-/* Parent, after fork and before letting the child go on: move it into the cgroup. A failure
- * switches the cgroup layer off (recorded). */
-void sbx_jail_place(struct sbx_jail *j, pid_t pid);
+/* Child, first thing after the go: create its cgroup (planned by sbx_jail_prepare), write the
+ * limits and move itself in, async-signal-safe, so that QEMU never runs outside it and the
+ * parent never waits on cgroupfs. 0 or -errno with *what naming the step. Not fatal: the child
+ * reports it and goes on without a cgroup, the parent records it (sbx_jail_cgroup_failed). */
+int sbx_jail_enter_cgroup(const struct sbx_jail *j, const char **what);
+/* Parent: the child's sbx_jail_enter_cgroup failed (err > 0, at step what): the cgroup layer is
+ * off with that reason; whatever was made is removed by sbx_jail_finish. */
+void sbx_jail_cgroup_failed(struct sbx_jail *j, int err, const char *what);
 /* Child, in two phases, both async-signal-safe; 0 or -errno with *what naming the step.
  * Privileged phase, right after the child was placed in its cgroup: namespaces' mounts (they need
  * root), rlimits, then the user switch. A credential change clears PR_SET_PDEATHSIG: the caller
@@ -72,7 +80,8 @@ void sbx_jail_place(struct sbx_jail *j, pid_t pid);
  * Final phase, after the fds are in place, right before execve: no_new_privs, seccomp. */
 int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what);
 int sbx_jail_enter_final(const struct sbx_jail *j, const char **what);
-/* After QEMU was reaped: read the cgroup's usage, remove it. Idempotent. */
+/* After QEMU was reaped: read the cgroup's usage, remove it (may sleep: sbx_cgroup_remove).
+ * Idempotent. */
 void sbx_jail_finish(struct sbx_jail *j);
 /* Release memory; removes the cgroup if still there. Idempotent. */
 void sbx_jail_destroy(struct sbx_jail *j);

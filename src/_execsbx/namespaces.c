@@ -39,6 +39,16 @@ int sbx_ns_have_mount_setattr(void)
 
 int sbx_ns_setup_child(int clone_flags, int read_only, const char **what)
 {
+	/* Every namespace but the PID one is made here, by the child, rather than by the clone()
+	 * in the parent: creating a network namespace waits on locks that the teardown of other
+	 * ones (every closed VM's) holds, and copying the mount tree on namespace_sem, for tens of
+	 * milliseconds on a busy host; that wait is the child's, not the caller's event loop. */
+	int rest = clone_flags & ~CLONE_NEWPID;
+	if (rest) {
+		*what = "unshare";
+		if (unshare(rest) < 0)
+			return -errno;
+	}
 	if (clone_flags & CLONE_NEWNS) {
 		/* Without this, mounts made here would propagate to the host's shared mounts
 		 * (systemd makes / shared) and the host's later mounts would appear here. */

@@ -1,5 +1,6 @@
-/* Namespaces for the QEMU child: which ones to ask clone() for, and what to do inside them before
- * exec. Created by clone() itself (spawn.c), so that QEMU is PID 1 of its own PID namespace. */
+/* Namespaces for the QEMU child: which ones to make, and what to do inside them before exec. The
+ * PID namespace is made by clone() itself (spawn.c), so that QEMU is PID 1 of it; the others by
+ * the child (sbx_ns_setup_child), so that their cost is not the parent's. */
 #ifndef SBX_NAMESPACES_H
 #define SBX_NAMESPACES_H
 
@@ -8,8 +9,8 @@ int sbx_ns_clone_flags(int vm_has_network);
 /* Parent-side: does this kernel have mount_setattr(2) (recursive read-only bind)? 1 or 0. */
 int sbx_ns_have_mount_setattr(void);
 
-/* Child-side, inside fresh namespaces, before exec; async-signal-safe (raw syscalls only).
- * With CLONE_NEWNS: stop mount propagation both ways (MS_PRIVATE, recursively), then, if
+/* Child-side, in its new PID namespace, before exec; async-signal-safe (raw syscalls only).
+ * First unshare() every namespace of clone_flags but CLONE_NEWPID. With CLONE_NEWNS: stop mount propagation both ways (MS_PRIVATE, recursively), then, if
  * read_only, make the whole tree read-only for this namespace (QEMU writes no file).
  * With CLONE_NEWPID too: a /proc of the new PID namespace, so QEMU sees only itself.
  * With CLONE_NEWUTS: a hostname of its own. Returns 0 or -errno and *what names the step. */

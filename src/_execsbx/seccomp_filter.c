@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <linux/seccomp.h>
+#include <pthread.h>
 #include <seccomp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,27 @@ int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
 	out->insns = TAKE_PTR(insns);
 	out->len = (unsigned short)(size / (off_t)sizeof(struct sock_filter));
 	return 0;
+}
+
+static struct {
+	pthread_once_t once;
+	int rc;
+	const char *why;
+	struct sbx_bpf bpf;
+} program = {.once = PTHREAD_ONCE_INIT};
+
+static void build_program(void)
+{
+	program.why = "";
+	program.rc = sbx_seccomp_build(&program.bpf, &program.why);
+}
+
+int sbx_seccomp_program(const struct sbx_bpf **out, const char **why)
+{
+	pthread_once(&program.once, build_program);
+	*out = program.rc < 0 ? NULL : &program.bpf;
+	*why = program.why;
+	return program.rc;
 }
 
 void sbx_bpf_free(struct sbx_bpf *bpf)

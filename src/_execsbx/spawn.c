@@ -36,6 +36,7 @@ enum child_step {
 	STEP_EXECVE,
 	STEP_GO,
 	STEP_JAIL,
+	STEP_CGROUP,
 	STEP__COUNT,
 };
 
@@ -50,11 +51,13 @@ static const char *const step_names[STEP__COUNT] = {
 	[STEP_EXECVE] = "execve",
 	[STEP_GO] = "read(go pipe)",
 	[STEP_JAIL] = "jail",
+	[STEP_CGROUP] = "cgroup",
 };
 
 struct child_report {
 	int32_t err;
 	int32_t step;
+	int32_t fatal; /* 0: a layer the child went on without (STEP_CGROUP); more may follow */
 	/* STEP_JAIL: the jail step's name, a pointer to a string literal, valid in the parent too
 	 * (fork copies the mapping). */
 	const char *what;
@@ -65,7 +68,7 @@ struct child_plan {
 	const struct sbx_spawn_req *req;
 	int devnull;
 	int err_w;
-	int go_r, go_w; /* the parent writes one byte once the child is in its cgroup */
+	int go_r, go_w; /* the parent writes one byte right after the fork (EOF: it died) */
 	int new_pid_ns; /* getppid() is 0 in a new PID namespace */
 	pid_t parent;
 	unsigned max_fd; /* upper bound for the close loop when close_range is unavailable */
@@ -90,12 +93,22 @@ static void kill_and_reap(pid_t *pid)
 __attribute__((noreturn)) static void child_fail_what(int fd, enum child_step step, int err,
 						       const char *what)
 {
-	struct child_report r = {.err = err, .step = (int32_t)step, .what = what};
+	struct child_report r = {.err = err, .step = (int32_t)step, .fatal = 1, .what = what};
 	ssize_t w;
 	do
 		w = write(fd, &r, sizeof(r));
 	while (w < 0 && errno == EINTR);
 	_exit(127);
+}
+
+/* A layer the child goes on without: reported, not fatal. */
+static void child_warn(int fd, enum child_step step, int err, const char *what)
+{
+	struct child_report r = {.err = err, .step = (int32_t)step, .fatal = 0, .what = what};
+	ssize_t w;
+	do
+		w = write(fd, &r, sizeof(r));
+	while (w < 0 && errno == EINTR);
 }
 
 __attribute__((noreturn)) static void child_fail(int fd, enum child_step step, int err)
@@ -155,10 +168,9 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 		child_fail(err_fd, STEP_PDEATHSIG, errno);
 	if (!p->new_pid_ns && getppid() != p->parent)
 		_exit(127);
-	/* Wait until the parent has put this process into its cgroup, so that QEMU never runs a
-	 * single instruction outside it. EOF instead of the byte: the parent died (possibly before
-	 * PDEATHSIG was armed, which getppid() cannot tell from inside a new PID namespace) or
-	 * gave up on this child. */
+	/* The parent's go. EOF instead of the byte: the parent died (possibly before PDEATHSIG was
+	 * armed, which getppid() cannot tell from inside a new PID namespace) or gave up on this
+	 * child. */
 	close(p->go_w);
 	char go;
 	ssize_t gr;
@@ -167,6 +179,16 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	while (gr < 0 && errno == EINTR);
 	if (gr != 1)
 		_exit(127);
+
+	/* Into its own cgroup before anything else, so that QEMU never runs a single instruction
+	 * outside it; done here rather than by the parent, which would wait on cgroupfs. Before the
+	 * mounts below make /sys/fs/cgroup read-only. */
+	if (req->jail && req->jail->enabled && req->jail->cg.version) {
+		const char *what = "cgroup";
+		int crc = sbx_jail_enter_cgroup(req->jail, &what);
+		if (crc < 0)
+			child_warn(err_fd, STEP_CGROUP, -crc, what);
+	}
 
 	/* The jail's privileged steps (mounts, rlimits, user) while still root. */
 	if (req->jail && req->jail->enabled) {
@@ -241,11 +263,12 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	child_fail(err_fd, STEP_EXECVE, errno);
 }
 
-/* fork(), or clone() into new namespaces when the jail asks for them: then the child is PID 1 of
- * its own PID namespace, which a later unshare could not give it without a second fork (and the
- * parent would then hold the wrong pid). A kernel or host that refuses the namespaces (no
- * privilege, no user namespaces, a seccomp'd container) gets a plain fork and a recorded reason.
- * Returns like fork(); the child never returns. */
+/* fork(), or clone() into a new PID namespace when the jail asks for namespaces: then the child is
+ * PID 1 of it, which a later unshare could not give it without a second fork (and the parent
+ * would then hold the wrong pid). The child unshares the other namespaces itself
+ * (sbx_ns_setup_child): what the kernel takes to make them is not spent here, on the caller's
+ * thread. A kernel or host that refuses the PID namespace (no privilege, a seccomp'd container)
+ * gets a plain fork and a recorded reason. Returns like fork(); the child never returns. */
 static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 {
 	if (jail && jail->enabled && jail->clone_flags) {
@@ -253,8 +276,9 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 		/* No stack argument: the child continues on a copy of this stack, like fork().
 		 * glibc's atfork handlers do not run, which is fine: the child only makes raw
 		 * async-signal-safe calls before execve. */
-		long pid = syscall(SYS_clone, (unsigned long)jail->clone_flags | SIGCHLD, NULL, NULL,
-				   NULL, 0);
+		long pid = syscall(SYS_clone,
+				   (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
+				   NULL, NULL, 0);
 		if (pid == 0)
 			child_exec(plan);
 		if (pid > 0)
@@ -271,7 +295,8 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 	return pid;
 }
 
-int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
+int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
+		    struct sbx_spawn_pending *pending, const char **where)
 {
 	struct child_plan plan = {.req = req};
 	int pipefd[2];
@@ -282,6 +307,9 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 	*where = NULL;
 	out->pid = -1;
 	out->pidfd = -1;
+	pending->err_fd = -1;
+	pending->go_fd = -1;
+	pending->jail = NULL;
 	if (req->channel_fd < 0 || req->console_fd < 0 || (req->with_qmp && req->qmp_fd < 0) ||
 	    !req->path || !req->argv || !req->envp) {
 		*where = "spawn";
@@ -293,7 +321,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 		*where = "open(/dev/null)";
 		return -errno;
 	}
-	if (pipe2(pipefd, O_CLOEXEC) < 0) {
+	/* The parent's end is non-blocking: sbx_spawn_finish polls it (the child never reads it). */
+	if (pipe2(pipefd, O_CLOEXEC) < 0 || fcntl(pipefd[0], F_SETFL, O_NONBLOCK) < 0) {
 		*where = "pipe2";
 		return -errno;
 	}
@@ -334,10 +363,9 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 	}
 	_cleanup_child_ pid_t child = pid;
 
-	/* Into its cgroup, then let it go on. If this fails the child reads EOF and exits. */
+	/* Let it go on (it moves itself into its cgroup). If this fails the child reads EOF and
+	 * exits. */
 	sbx_close_fd(&go_r);
-	if (req->jail)
-		sbx_jail_place(req->jail, child);
 	ssize_t gw;
 	do
 		gw = write(go_w, "g", 1);
@@ -346,48 +374,99 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 		*where = "write(go pipe)";
 		return gw < 0 ? -errno : -EIO;
 	}
-	/* go_w stays open until the child has exec'd (closed at return): see the child's check
-	 * after a user switch. */
 
-	/* Until execve the child holds the only write end: EOF means exec succeeded. */
-	sbx_close_fd(&err_w);
-	struct child_report rep;
-	size_t got = 0;
-	while (got < sizeof(rep)) {
-		ssize_t n = read(err_r, (char *)&rep + got, sizeof(rep) - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			*where = "read(error pipe)";
-			return -errno;
-		}
-		if (n == 0)
-			break;
-		got += (size_t)n;
-	}
-	if (got == sizeof(rep)) {
-		while (waitpid(child, NULL, 0) < 0 && errno == EINTR)
-			;
-		child = -1;
-		*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
-		if (rep.step == STEP_JAIL && rep.what)
-			*where = rep.what;
-		return rep.err > 0 ? -rep.err : -EIO;
-	}
-	if (got != 0) {
-		*where = "read(error pipe)";
-		return -EIO;
-	}
-
+	/* A pidfd refers to this child whether it is still starting, running or already a zombie. */
 	int pidfd = sbx_pidfd_open(child);
 	if (pidfd < 0 && pidfd != -ENOSYS) {
 		*where = "pidfd_open";
 		return pidfd;
 	}
+	/* Until execve the child holds the only write end of the error pipe: EOF on err_r means it
+	 * exec'd. go_w stays open until then too (the child's check after a user switch). */
+	sbx_close_fd(&err_w);
 	out->pidfd = pidfd < 0 ? -1 : pidfd;
 	out->pid = child;
 	child = -1;
+	pending->err_fd = TAKE_FD(err_r);
+	pending->go_fd = TAKE_FD(go_w);
+	pending->jail = req->jail;
 	return 0;
+}
+
+void sbx_spawn_pending_close(struct sbx_spawn_pending *p)
+{
+	sbx_close_fd(&p->err_fd);
+	sbx_close_fd(&p->go_fd);
+}
+
+int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **where)
+{
+	const char *dummy;
+	if (!where)
+		where = &dummy;
+	*where = NULL;
+	if (p->err_fd < 0) {
+		*where = "spawn";
+		return -EBADF;
+	}
+	struct child_report rep;
+	ssize_t n;
+	for (;;) {
+		/* The report is smaller than PIPE_BUF: it arrives whole or not at all. */
+		n = read(p->err_fd, &rep, sizeof(rep));
+		if (n == (ssize_t)sizeof(rep) && !rep.fatal) {
+			/* A layer the child went without: record it, then wait for the rest. */
+			if (p->jail && rep.step == STEP_CGROUP)
+				sbx_jail_cgroup_failed(p->jail, rep.err > 0 ? rep.err : EIO, rep.what);
+			continue;
+		}
+		if (n >= 0)
+			break;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN) {
+			int err = errno;
+			sbx_spawn_pending_close(p);
+			*where = "read(error pipe)";
+			return -err;
+		}
+		if (!blocking)
+			return 0;
+		struct pollfd pfd = {.fd = p->err_fd, .events = POLLIN};
+		if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
+			int err = errno;
+			sbx_spawn_pending_close(p);
+			*where = "poll(error pipe)";
+			return -err;
+		}
+	}
+	sbx_spawn_pending_close(p);
+	if (n == 0)
+		return 1; /* exec'd */
+	if ((size_t)n != sizeof(rep)) {
+		*where = "read(error pipe)";
+		return -EIO;
+	}
+	*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
+	if (rep.step == STEP_JAIL && rep.what)
+		*where = rep.what;
+	return rep.err > 0 ? -rep.err : -EIO;
+}
+
+int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
+{
+	struct sbx_spawn_pending pending;
+	int rc = sbx_spawn_start(req, out, &pending, where);
+	if (rc < 0)
+		return rc;
+	rc = sbx_spawn_finish(&pending, 1, where);
+	if (rc == 1)
+		return 0;
+	/* The child failed before its exec (it exits by itself) or could not be watched. */
+	_cleanup_child_ pid_t child = out->pid;
+	sbx_close_fd(&out->pidfd);
+	out->pid = -1;
+	return rc;
 }
 
 int sbx_pidfd_open(pid_t pid)

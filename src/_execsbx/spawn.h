@@ -43,6 +43,25 @@ struct sbx_child {
 	int pidfd; /* -1 if the kernel has no pidfd_open (< 5.3) */
 };
 
+/* A child between fork and exec: the parent's ends of its error pipe and go pipe. */
+struct sbx_spawn_pending {
+	int err_fd; /* O_NONBLOCK; readable once the child exec'd (EOF) or failed (a report) */
+	int go_fd;  /* held until the exec: its hang-up tells a child that the parent died */
+	struct sbx_jail *jail; /* the request's: told of a layer the child went without */
+};
+
+/* Start the child and return right after the fork, without waiting for its exec: 0 with *out
+ * filled (the caller owns pid and pidfd, and must reap) and *pending open; -errno (no child
+ * left, *where set) otherwise. Wait for pending->err_fd to be readable (e.g. on an event loop),
+ * then call sbx_spawn_finish. */
+int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
+		    struct sbx_spawn_pending *pending, const char **where);
+/* How the start ended: 1 once the child has exec'd, 0 while it has not (blocking=0 only),
+ * -errno with *where naming the failed step (e.g. "execve") when it failed before exec; it then
+ * exits by itself, and the caller still reaps it. Closes *pending unless it returns 0. */
+int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **where);
+void sbx_spawn_pending_close(struct sbx_spawn_pending *p);
+
 /* Start the child and wait until it has exec'd. On success returns 0 and fills *out (the caller
  * owns pid and pidfd and must reap). On failure returns -errno, the child (if any) is already
  * killed and reaped, and *where names the failing call, e.g. "execve", "fork", "dup2". */

@@ -31,6 +31,11 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->wait_status = 0;
 	vm->closed = 1;
 	vm->jail = NULL;
+	vm->spawn.err_fd = -1;
+	vm->spawn.go_fd = -1;
+	vm->spawn.jail = NULL;
+	vm->spawn_rc = 0;
+	vm->spawn_where = NULL;
 	sbx_channel_init(&vm->ch, -1);
 }
 
@@ -42,23 +47,17 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
-static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 		    struct sbx_jail *jail, const char **where);
 
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		 const struct sbx_jail_config *cfg, const char **where)
 {
-	return spawn_in(vm, argv, 0, -1, NULL, where);
-}
-
-int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    const char **where)
-{
-	return spawn_in(vm, argv, with_qmp, mem_fd, NULL, where);
-}
-
-int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, const char **where)
-{
+	const char *dummy;
+	if (!where)
+		where = &dummy;
+	if (!cfg)
+		return start_in(vm, argv, with_qmp, mem_fd, NULL, where);
 	static unsigned long counter;
 	char name[64];
 	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
@@ -75,13 +74,12 @@ int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int 
 		*where = "jail";
 		return rc;
 	}
-	rc = spawn_in(vm, argv, with_qmp, mem_fd, jail, where);
+	rc = start_in(vm, argv, with_qmp, mem_fd, jail, where);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
 		return rc;
 	}
-	sbx_bpf_free(&jail->bpf); /* loaded in the child; not needed any more */
 	if (vm->jail) {
 		sbx_jail_destroy(vm->jail);
 		free(vm->jail);
@@ -90,7 +88,61 @@ int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int 
 	return 0;
 }
 
-static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+int sbx_vm_spawn_fd(const struct sbx_vm *vm)
+{
+	return vm->spawn.err_fd;
+}
+
+int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where)
+{
+	const char *dummy;
+	if (!where)
+		where = &dummy;
+	if (vm->spawn_rc == 0) {
+		if (vm->spawn.err_fd < 0)
+			return -EBADF; /* never started */
+		int rc = sbx_spawn_finish(&vm->spawn, blocking, &vm->spawn_where);
+		if (rc == 0)
+			return 0;
+		vm->spawn_rc = rc;
+	}
+	*where = vm->spawn_where;
+	return vm->spawn_rc;
+}
+
+/* Start, wait for the exec, and on failure leave nothing behind. */
+static int spawn_and_wait(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+			  const struct sbx_jail_config *cfg, const char **where)
+{
+	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, cfg, where);
+	if (rc < 0)
+		return rc;
+	rc = sbx_vm_start_check(vm, 1, where);
+	if (rc == 1)
+		return 0;
+	sbx_vm_destroy(vm);
+	sbx_vm_init(vm);
+	return rc;
+}
+
+int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
+{
+	return spawn_and_wait(vm, argv, 0, -1, NULL, where);
+}
+
+int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		    const char **where)
+{
+	return spawn_and_wait(vm, argv, with_qmp, mem_fd, NULL, where);
+}
+
+int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+			const struct sbx_jail_config *cfg, const char **where)
+{
+	return spawn_and_wait(vm, argv, with_qmp, mem_fd, cfg, where);
+}
+
+static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 		    struct sbx_jail *jail, const char **where)
 {
 	int chan[2], con[2], qmp[2] = {-1, -1};
@@ -137,7 +189,8 @@ static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 		.mem_fd = mem_fd,
 	};
 	struct sbx_child child;
-	rc = sbx_spawn(&req, &child, where);
+	struct sbx_spawn_pending pending;
+	rc = sbx_spawn_start(&req, &child, &pending, where);
 	if (rc < 0)
 		return rc;
 
@@ -147,6 +200,9 @@ static int spawn_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 0;
+	vm->spawn = pending;
+	vm->spawn_rc = 0;
+	vm->spawn_where = NULL;
 	sbx_channel_destroy(&vm->ch);
 	sbx_channel_init(&vm->ch, TAKE_FD(chan_host));
 	return 0; /* the QEMU ends are closed here: QEMU holds the only copies */
@@ -207,6 +263,10 @@ void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);
 	r->fds[1] = vm->console_fd;
 	r->fds[2] = vm->qmp_fd;
+	r->fds[3] = vm->spawn.err_fd;
+	r->fds[4] = vm->spawn.go_fd;
+	vm->spawn.err_fd = -1;
+	vm->spawn.go_fd = -1;
 	r->jail = vm->jail;
 	vm->jail = NULL;
 	vm->console_fd = -1;
@@ -227,9 +287,8 @@ int sbx_vm_finish_close(struct sbx_vm_remains *r)
 	}
 	sbx_close_fd(&r->child.pidfd);
 	r->child.pid = -1;
-	sbx_close_fd(&r->fds[0]);
-	sbx_close_fd(&r->fds[1]);
-	sbx_close_fd(&r->fds[2]);
+	for (unsigned i = 0; i < sizeof(r->fds) / sizeof(r->fds[0]); i++)
+		sbx_close_fd(&r->fds[i]);
 	if (r->jail)
 		sbx_jail_finish(r->jail); /* QEMU is reaped: its cgroup is empty */
 	return status;
@@ -259,7 +318,7 @@ void sbx_vm_close(struct sbx_vm *vm)
 {
 	struct sbx_vm_remains r;
 	if (vm->closed && vm->child.pid <= 0 && vm->console_fd < 0 && vm->qmp_fd < 0 &&
-	    vm->ch.fd < 0)
+	    vm->ch.fd < 0 && vm->spawn.err_fd < 0 && vm->spawn.go_fd < 0)
 		return;
 	sbx_vm_begin_close(vm, &r);
 	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));

@@ -19,6 +19,9 @@ struct sbx_vm {
 	struct sbx_channel ch;  /* host end of the agent channel */
 	struct sbx_jail *jail;  /* heap, owned; NULL when spawned without a jail. Kept after close
 				 * for its status and the cgroup's usage figures. */
+	struct sbx_spawn_pending spawn; /* open while QEMU has not exec'd yet (sbx_vm_start) */
+	int spawn_rc;           /* sbx_vm_start_check's answer once known: 1, or -errno */
+	const char *spawn_where; /* the failed step when spawn_rc < 0 (a string literal) */
 };
 
 /* What sbx_vm_begin_close leaves to release outside of any lock: a SIGKILLed child to reap and
@@ -26,12 +29,26 @@ struct sbx_vm {
 struct sbx_vm_remains {
 	struct sbx_child child;
 	int reaped;
-	int fds[3];            /* channel, console, QMP (-1 when absent) */
+	int fds[5];            /* channel, console, QMP, spawn's two pipes (-1 when absent) */
 	struct sbx_jail *jail; /* finished (usage read, cgroup removed) after the reap */
 };
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
 void sbx_vm_init(struct sbx_vm *vm);
+/* Create the socketpairs and start argv[0] (spawn.h: sbx_spawn_start) with the fd layout of
+ * spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
+ * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. On failure
+ * returns -errno with *where naming the failing call, and vm is still in the closed state. */
+struct sbx_jail_config;
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+		 const struct sbx_jail_config *cfg, const char **where);
+/* The fd that becomes readable once the started child has exec'd or failed; -1 once that is
+ * known (or without a start in progress). */
+int sbx_vm_spawn_fd(const struct sbx_vm *vm);
+/* 1 once QEMU has exec'd; 0 while not yet (blocking=0); -errno with *where (e.g. "execve") if it
+ * failed before exec (the child exits; close the vm to reap it). The answer is kept: later calls
+ * return it again. */
+int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where);
 /* Create both socketpairs and spawn argv[0] with the fd layout of spawn.h. On failure returns
  * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
@@ -44,7 +61,6 @@ int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 		    const char **where);
 /* sbx_vm_spawn_ex inside the host jail (jail.h) configured by cfg. Layers the host cannot
  * provide are off with a reason in vm->jail->status. */
-struct sbx_jail_config;
 int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 			const struct sbx_jail_config *cfg, const char **where);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */

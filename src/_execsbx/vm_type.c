@@ -1,6 +1,7 @@
 /* exec_sandbox._execsbx.Vm: a heap type wrapping struct sbx_vm (vm.h). Every method is
- * non-blocking except the constructor (fork + wait for exec, GIL released) and close()/dealloc
- * (reaping a SIGKILLed QEMU, GIL released). Nothing here calls back into Python code. */
+ * non-blocking (the constructor returns right after the fork; spawn_fd tells when the exec
+ * happened) except wait_spawn() and close()/dealloc (reaping a SIGKILLed QEMU and removing its
+ * cgroup, GIL released: an event loop calls close() once the pidfd is readable, from a thread). Nothing here calls back into Python code. */
 #include "binding.h"
 
 #include <errno.h>
@@ -22,6 +23,7 @@
 typedef struct {
 	PyObject_HEAD
 	struct sbx_vm vm;
+	PyObject *qemu_binary; /* bytes: the filename of an execve error */
 } VmObject;
 
 static sbx_module_state *vm_state(VmObject *self)
@@ -138,29 +140,80 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		return NULL;
 	}
 	sbx_vm_init(&self->vm);
+	self->qemu_binary = Py_NewRef(pc.qemu_binary);
 
+	/* Returns right after the fork: whether QEMU's exec worked is told by spawn_fd becoming
+	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
+	 * tied to it. */
 	const char *where = "spawn";
-	int rc;
-	Py_BEGIN_ALLOW_THREADS
-	rc = jcfg.enabled ? sbx_vm_spawn_jailed(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, &jcfg,
-						    &where)
-			  : sbx_vm_spawn_ex(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, &where);
-	Py_END_ALLOW_THREADS
+	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, jcfg.enabled ? &jcfg : NULL,
+			      &where);
 	sbx_argv_free(argv);
+	sbx_parsed_config_release(&pc);
 	if (rc < 0) {
-		PyObject *filename = NULL;
-		if (where && strcmp(where, "execve") == 0)
-			filename = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(pc.qemu_binary),
-								    PyBytes_GET_SIZE(pc.qemu_binary));
 		if (!PyErr_Occurred())
-			sbx_raise_os_error(-rc, where ? where : "spawn", filename);
-		Py_XDECREF(filename);
-		sbx_parsed_config_release(&pc);
+			sbx_raise_os_error(-rc, where ? where : "spawn", NULL);
 		Py_DECREF(self);
 		return NULL;
 	}
-	sbx_parsed_config_release(&pc);
 	return (PyObject *)self;
+}
+
+/* 1, 0, or -1 with the exception of a start that failed before QEMU's exec. */
+static int spawn_result(VmObject *self, int blocking)
+{
+	const char *where = NULL;
+	int rc;
+	if (blocking) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = sbx_vm_start_check(&self->vm, 1, &where);
+		Py_END_ALLOW_THREADS
+	} else {
+		rc = sbx_vm_start_check(&self->vm, 0, &where);
+	}
+	if (rc >= 0)
+		return rc;
+	if (rc == -EBADF && !where) {
+		PyErr_SetString(PyExc_ValueError, "this Vm's start is no longer known (closed)");
+		return -1;
+	}
+	PyObject *filename = NULL;
+	if (where && strcmp(where, "execve") == 0)
+		filename = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(self->qemu_binary),
+							    PyBytes_GET_SIZE(self->qemu_binary));
+	if (!PyErr_Occurred())
+		sbx_raise_os_error(-rc, where ? where : "spawn", filename);
+	Py_XDECREF(filename);
+	return -1;
+}
+
+PyDoc_STRVAR(check_spawn_doc,
+	     "check_spawn() -> bool\n\n"
+	     "Non-blocking: True once QEMU has exec'd, False while the child is still on its way\n"
+	     "(wait for spawn_fd to be readable). If it failed before its exec, raises the\n"
+	     "OSError(errno, '... (from <step>)') Vm() used to raise (FileNotFoundError with the\n"
+	     "binary as filename for a missing QEMU), every time it is asked; close() reaps it.");
+
+static PyObject *vm_check_spawn(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int rc = spawn_result(self, 0);
+	if (rc < 0)
+		return NULL;
+	return PyBool_FromLong(rc);
+}
+
+PyDoc_STRVAR(wait_spawn_doc,
+	     "wait_spawn() -> None\n\n"
+	     "Blocking (the GIL released): check_spawn() once the outcome is known. For callers\n"
+	     "without an event loop.");
+
+static PyObject *vm_wait_spawn(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (spawn_result(self, 1) < 0)
+		return NULL;
+	Py_RETURN_NONE;
 }
 
 /* kill + reap + close, with the GIL released for the blocking reap. */
@@ -181,6 +234,7 @@ static void vm_dealloc(VmObject *self)
 	PyTypeObject *tp = Py_TYPE(self);
 	vm_do_close(self);
 	sbx_vm_destroy(&self->vm);
+	Py_CLEAR(self->qemu_binary);
 	tp->tp_free((PyObject *)self);
 	Py_DECREF(tp);
 }
@@ -691,11 +745,15 @@ static PyObject *vm_resource_usage(VmObject *self, PyObject *unused)
 		Py_RETURN_NONE;
 	if (j->usage_valid)
 		return Py_BuildValue("(NN)", u64_or_none(j->cpu_ns), u64_or_none(j->memory_peak));
-	if (!j->cg.version)
+	if (!j->cg.version || j->cgroup_failed)
 		Py_RETURN_NONE;
-	/* Still running: the figures so far (a few small file reads). */
+	/* Still running: the figures so far (a few small file reads, which can wait on cgroupfs
+	 * locks for milliseconds: the GIL is released, and an event loop calls this from a
+	 * thread). */
 	uint64_t cpu_ns, memory_peak;
+	Py_BEGIN_ALLOW_THREADS
 	sbx_cgroup_usage(&j->cg, &cpu_ns, &memory_peak);
+	Py_END_ALLOW_THREADS
 	return Py_BuildValue("(NN)", u64_or_none(cpu_ns), u64_or_none(memory_peak));
 }
 
@@ -708,7 +766,7 @@ static PyObject *vm_cgroup_dirs(VmObject *self, PyObject *unused)
 	(void)unused;
 	const struct sbx_jail *j = self->vm.jail;
 	PyObject *list = PyList_New(0);
-	if (!list || !j)
+	if (!list || !j || j->cgroup_failed)
 		return list;
 	for (unsigned i = 0; i < j->cg.ndirs; i++)
 		if (append_new(list, PyUnicode_DecodeFSDefault(j->cg.dirs[i])) < 0) {
@@ -761,6 +819,12 @@ static PyObject *get_qmp_fd(VmObject *self, void *closure)
 	return PyLong_FromLong(self->vm.qmp_fd);
 }
 
+static PyObject *get_spawn_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(sbx_vm_spawn_fd(&self->vm));
+}
+
 static PyObject *get_closed(VmObject *self, void *closure)
 {
 	(void)closure;
@@ -776,6 +840,9 @@ static PyGetSetDef vm_getset[] = {
 	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
 	{"qmp_fd", (getter)get_qmp_fd, NULL,
 	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
+	{"spawn_fd", (getter)get_spawn_fd, NULL,
+	 "readable once QEMU has exec'd or failed to (then call check_spawn()); -1 once known",
+	 NULL},
 	{"closed", (getter)get_closed, NULL, "True once close() ran", NULL},
 	{NULL, NULL, NULL, NULL, NULL},
 };
@@ -790,6 +857,8 @@ static PyMethodDef vm_methods[] = {
 	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS, send_file_frame_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
+	{"check_spawn", (PyCFunction)vm_check_spawn, METH_NOARGS, check_spawn_doc},
+	{"wait_spawn", (PyCFunction)vm_wait_spawn, METH_NOARGS, wait_spawn_doc},
 	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},
 	{"kill", (PyCFunction)vm_kill, METH_NOARGS, kill_doc},
 	{"close", (PyCFunction)vm_close, METH_NOARGS, close_doc},
@@ -807,11 +876,14 @@ PyDoc_STRVAR(vm_doc,
 	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
 	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, layer=None, layer_kind=None,\n"
 	     "   jail=None)\n\n"
-	     "Spawn QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
+	     "Start QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
 	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"
-	     "guest RAM's backing file). OSError(errno, '... (from <syscall>)') if it cannot be\n"
-	     "started, ValueError for an invalid configuration.\n\n"
+	     "guest RAM's backing file). Returns right after the fork: spawn_fd becomes readable\n"
+	     "when QEMU has exec'd or failed to, and check_spawn() tells which (wait_spawn()\n"
+	     "blocks for it). OSError(errno, '... (from <syscall>)') if it cannot be started,\n"
+	     "from here (fork, pipes) or from check_spawn (the child's steps up to execve),\n"
+	     "ValueError for an invalid configuration.\n\n"
 	     "jail: None, or a dict (every key optional) {'network': 0|1, 'memory_mb',\n"
 	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep)}:\n"
 	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"

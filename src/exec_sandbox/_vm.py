@@ -5,6 +5,12 @@ bytes are decoded into events in C), the guest console (boot log, QEMU's own err
 that becomes readable when QEMU exits; VMs made for memory snapshots have a fourth, the QMP
 socket (`qmp.py`). This module registers those fds with the running loop
 (`add_reader`), so that nothing here ever blocks the loop, and turns events into futures.
+
+Starting and stopping QEMU never block the loop either: `_execsbx.Vm()` returns right after the
+fork and its exec is awaited on the spawn error pipe (`spawn_fd`); closing SIGKILLs QEMU at once,
+awaits its pidfd, and leaves the reap, the fds and the cgroup's removal (which may retry for a
+while when the kernel is slow to empty it) to an executor thread. Every such release is tracked
+until it is done: `wait_released()` (Scheduler.close() awaits it) returns once none is left.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import logging
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +56,13 @@ _PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript", "r
 EXIT_TIMED_OUT = _execsbx.EXIT_TIMED_OUT
 EXIT_STDOUT_LIMIT = _execsbx.EXIT_STDOUT_LIMIT
 EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
+# A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
+# always the guest kernel's OOM killer.
+EXIT_SIGKILL = 137
+OOM_NOTE = (
+    "\nKilled by SIGKILL (exit 137): most likely the VM ran out of memory and its kernel's OOM "
+    "killer ended the process; give it more memory (memory_mb) or make the code use less\n"
+)
 _CONSOLE_TAIL_BYTES = 16 * 1024
 
 # The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame): limits, frame
@@ -105,6 +119,7 @@ def probe_jail(
     vm = _execsbx.Vm(qemu_binary=stand_in, kernel="probe", rootfs="probe", memory_mb=128,
                      jail=jail)  # fmt: skip
     try:
+        vm.wait_spawn()
         deadline = time.monotonic() + wait_seconds
         status = vm.poll_exit()
         while status is None and time.monotonic() < deadline:
@@ -142,6 +157,83 @@ class VmRegistry:
         self.closed = True
         while self._vms:
             self._vms.pop().close()
+
+
+# Releases in progress (see the module docstring), per loop.
+_releasing: set[asyncio.Task[None]] = set()
+# One fork per turn of the loop: a fork copies this process's page tables (2-4 ms of CPU here),
+# and 8 VMs started at once would otherwise fork back to back in one turn, holding the loop for
+# 8 times that. The lock is released on the loop's next turn (call_soon), so other callbacks run
+# between two forks.
+_spawn_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Wait until fd is readable, through the loop."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_ready() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, on_ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _wait_started(loop: asyncio.AbstractEventLoop, vm: Any) -> None:
+    """Wait for QEMU's exec; the error the child reported before it, as VmPermanentError (no
+    such binary) or VmTransientError."""
+    while True:
+        try:
+            if vm.check_spawn():
+                return
+        except FileNotFoundError as exc:
+            raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
+        except OSError as exc:
+            raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        await _readable(loop, vm.spawn_fd)
+
+
+def _release(loop: asyncio.AbstractEventLoop, vm: Any) -> asyncio.Task[None]:
+    """SIGKILL QEMU now; reap it, close its fds and remove its cgroup without blocking the
+    loop. The task is tracked until done (wait_released)."""
+    vm.kill()
+    task = loop.create_task(_reap_and_close(loop, vm), name=f"release-qemu-{vm.pid}")
+    _releasing.add(task)
+    task.add_done_callback(_releasing.discard)
+    return task
+
+
+async def _reap_and_close(loop: asyncio.AbstractEventLoop, vm: Any) -> None:
+    try:
+        # The pidfd is readable once QEMU has exited (also once reaped); without one (Linux
+        # < 5.3) the reap below waits for it in the thread instead. Not reaped here: reaping a
+        # PID namespace's init flushes its /proc entries, milliseconds on a busy host.
+        if vm.pidfd >= 0:
+            await _readable(loop, vm.pidfd)
+    except BaseException:
+        vm.close()  # cancelled (the loop is going away): finish here rather than leave QEMU
+        raise
+    # Reaps (at once: it has exited), closes the fds, reads the cgroup's figures and removes it.
+    # Not on the loop: removing a cgroup retries while the kernel still holds it (cgroup.c).
+    closing = loop.run_in_executor(None, vm.close)
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await asyncio.wait({closing})  # a thread cannot be stopped: let it finish first
+        raise
+
+
+async def wait_released() -> None:
+    """Wait until every VM closed on this loop so far is reaped and its cgroup removed."""
+    loop = asyncio.get_running_loop()
+    while pending := [task for task in _releasing if task.get_loop() is loop]:
+        await asyncio.wait(pending)
 
 
 @dataclass(frozen=True)
@@ -277,6 +369,7 @@ class GuestVm:
         self._broken: BaseException | None = None
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
+        self._released: asyncio.Task[None] | None = None  # set by close()
         self.qmp: QmpClient | None = None
         # Filled in by restore(): QEMU start -> guest running, and the RESEED round trip.
         self.restore_seconds = 0.0
@@ -291,7 +384,7 @@ class GuestVm:
                    on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
         """Start QEMU and wait until the guest agent is ready. Raises VmTimeoutError or
         VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
-        guest = cls._spawn(spec, incoming=False, on_boot_log=on_boot_log)
+        guest = await cls._spawn(spec, incoming=False, on_boot_log=on_boot_log)
         try:
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
         except asyncio.TimeoutError:
@@ -305,34 +398,47 @@ class GuestVm:
         return guest
 
     @classmethod
-    def _spawn(cls, spec: VmSpec, *, incoming: bool,
-               on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def _spawn(cls, spec: VmSpec, *, incoming: bool,
+                     on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         loop = asyncio.get_running_loop()
-        if spec.registry is not None:
+        spawn_lock = _spawn_locks.setdefault(loop, asyncio.Lock())
+        await spawn_lock.acquire()
+        if spec.registry is not None and spec.registry.closed:
+            loop.call_soon(spawn_lock.release)
             spec.registry.check_open()
         try:
-            vm = _execsbx.Vm(
-                qemu_binary=spec.qemu_binary,
-                kernel=str(spec.images.kernel),
-                rootfs=str(spec.images.rootfs),
-                memory_mb=spec.memory_mb,
-                vcpus=spec.vcpus,
-                accel=spec.accel,
-                kernel_cmdline_extra=spec.kernel_cmdline_extra,
-                qmp=spec.qmp or incoming,
-                mem_path=spec.mem_path,
-                mem_fd=-1 if spec.mem_fd is None else spec.mem_fd,
-                mem_shared=spec.mem_shared,
-                incoming=incoming,
-                qemu_sandbox=spec.qemu_sandbox,
-                jail=spec.jail,
-                layer=None if spec.layer is None else str(spec.layer.path),
-                layer_kind=None if spec.layer is None else spec.layer.kind,
-            )
+            try:
+                vm = _execsbx.Vm(
+                    qemu_binary=spec.qemu_binary,
+                    kernel=str(spec.images.kernel),
+                    rootfs=str(spec.images.rootfs),
+                    memory_mb=spec.memory_mb,
+                    vcpus=spec.vcpus,
+                    accel=spec.accel,
+                    kernel_cmdline_extra=spec.kernel_cmdline_extra,
+                    qmp=spec.qmp or incoming,
+                    mem_path=spec.mem_path,
+                    mem_fd=-1 if spec.mem_fd is None else spec.mem_fd,
+                    mem_shared=spec.mem_shared,
+                    incoming=incoming,
+                    qemu_sandbox=spec.qemu_sandbox,
+                    jail=spec.jail,
+                    layer=None if spec.layer is None else str(spec.layer.path),
+                    layer_kind=None if spec.layer is None else spec.layer.kind,
+                )
+            finally:
+                loop.call_soon(spawn_lock.release)
         except FileNotFoundError as exc:
             raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        try:
+            await _wait_started(loop, vm)
+            if spec.registry is not None:
+                spec.registry.check_open()  # closed while QEMU was starting: it goes at once
+        except BaseException:
+            _release(loop, vm)
+            raise
         report_layers(vm.jail_status())
         guest = cls(vm, loop, on_boot_log)
         guest.spec = spec
@@ -355,7 +461,7 @@ class GuestVm:
 
         Raises VmTransientError (or QmpError, VmTimeoutError) if the clone does not come up;
         the VM is gone then."""
-        guest = cls._spawn(spec, incoming=True, on_boot_log=on_boot_log)
+        guest = await cls._spawn(spec, incoming=True, on_boot_log=on_boot_log)
         try:
             await asyncio.wait_for(guest._restore(state_path, timeout, ram_in_stream, run), timeout)
         except asyncio.TimeoutError:
@@ -570,7 +676,7 @@ class GuestVm:
 
     @property
     def alive(self) -> bool:
-        return self._broken is None and not self._vm.closed
+        return self._broken is None and self._released is None
 
     @property
     def jail_status(self) -> list[tuple[str, bool, str]]:
@@ -579,7 +685,8 @@ class GuestVm:
 
     def resource_usage(self) -> tuple[int | None, int | None] | None:
         """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup: so far while it runs, final
-        once closed; None without a cgroup."""
+        once closed; None without a cgroup. While it runs this reads cgroup files, which can
+        wait on kernel locks: call it from an executor thread (the GIL is released)."""
         usage = self._vm.resource_usage()
         return None if usage is None else (usage[0], usage[1])
 
@@ -681,10 +788,12 @@ class GuestVm:
         await waiter
 
     def close(self) -> None:
-        """Kill QEMU, reap it and close every fd. Idempotent."""
+        """Kill QEMU now and fail whatever waits on this VM. Reaping QEMU, closing the fds and
+        removing its cgroup follow without blocking the loop: aclose() waits for them, and
+        Scheduler.close() for those of every VM (wait_released). Idempotent."""
         if self._registry is not None:
             self._registry.discard(self)
-        if self._vm.closed:
+        if self._released is not None:
             return
         for fd in (self._vm.channel_fd, self._vm.console_fd, self._vm.pidfd):
             if fd >= 0:
@@ -694,8 +803,14 @@ class GuestVm:
             self._writing = False
         if self.qmp is not None:
             self.qmp.close()
-        self._vm.close()
+        self._released = _release(self._loop, self._vm)
         self._fail(VmTransientError("the VM was closed"))
+
+    async def aclose(self) -> None:
+        """close(), then wait until QEMU is reaped and its cgroup removed."""
+        self.close()
+        assert self._released is not None
+        await asyncio.shield(self._released)
 
     # --- event handlers, called by the loop ---
 

@@ -13,14 +13,17 @@ from typing import Any
 
 from . import _logging, host, limits
 from ._vm import (
+    EXIT_SIGKILL,
     EXIT_STDERR_LIMIT,
     EXIT_STDOUT_LIMIT,
+    OOM_NOTE,
     ExecRequest,
     GuestVm,
     OutputCallback,
     VmRegistry,
     VmSpec,
     anonymous_ram,
+    wait_released,
 )
 from .admission import Admission, Budget, Ticket
 from .config import SchedulerConfig
@@ -180,6 +183,9 @@ class Scheduler:
             vm.close()
         self._vms.clear()
         self._registry.close()  # whatever the steps above started while they ran
+        # Every QEMU killed so far (here, by retired runs, the pool, sessions) reaped and its
+        # cgroup gone before this returns: nothing of the scheduler outlives close().
+        await wait_released()
         if self._snapshots is not None:
             self._snapshots.close()
 
@@ -305,7 +311,9 @@ class Scheduler:
             )
             done_at = time.monotonic()
             # The figures so far: the VM has done its work; it is destroyed after the return.
-            cpu_ms, peak_mb = usage_figures(vm.resource_usage())
+            # Read in a thread: cgroupfs reads can wait on kernel locks for milliseconds.
+            usage = await asyncio.get_running_loop().run_in_executor(None, vm.resource_usage)
+            cpu_ms, peak_mb = usage_figures(usage)
         except BaseException:
             vm.close()
             self._vms.discard(vm)
@@ -322,6 +330,8 @@ class Scheduler:
         stderr = outcome.stderr
         if outcome.exit_code == -1:
             stderr += f"\nExecution timed out after {timeout} seconds\n"
+        elif outcome.exit_code == EXIT_SIGKILL:
+            stderr += OOM_NOTE
         return ExecutionResult(
             stdout=outcome.stdout,
             stderr=stderr,
@@ -583,9 +593,9 @@ class Scheduler:
         return None
 
     def _retire_soon(self, vm: GuestVm, ticket: Ticket) -> None:
-        """Destroy a VM whose result is out, on the loop's next turn: killing and reaping QEMU
-        (milliseconds) is then not part of the caller's wait. Until then it is in self._vms, so
-        close() still destroys it."""
+        """Destroy a VM whose result is out, on the loop's next turn: killing QEMU is then not
+        part of the caller's wait (its reap and cgroup removal happen off the loop, and close()
+        waits for them). Until then it is in self._vms, so close() still destroys it."""
 
         def retire() -> None:
             try:

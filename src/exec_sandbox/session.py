@@ -19,7 +19,15 @@ from types import TracebackType
 from typing import TypeVar
 
 from . import files, limits
-from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT, ExecRequest, GuestVm, OutputCallback
+from ._vm import (
+    EXIT_SIGKILL,
+    EXIT_STDERR_LIMIT,
+    EXIT_STDOUT_LIMIT,
+    OOM_NOTE,
+    ExecRequest,
+    GuestVm,
+    OutputCallback,
+)
 from .errors import (
     CommunicationError,
     InputValidationError,
@@ -40,9 +48,6 @@ from .validation import validate_code, validate_env, validate_timeout
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
 
-# The exit status of a process killed by SIGKILL: the guest ran out of memory or the code killed
-# its own REPL for good. API.md: the session ends.
-_EXIT_SIGKILL = 128 + 9
 _MAX_FORKS = 16
 _NOOP: dict[Language, bytes] = {"python": b"pass", "javascript": b"undefined", "raw": b":"}
 
@@ -134,10 +139,11 @@ class Session:
         await self.close()
 
     async def close(self) -> None:
-        """Destroy the VM. Idempotent."""
+        """Destroy the VM; returns once QEMU is reaped and its cgroup removed. Idempotent."""
         if self._idle_pause is not None and not self._idle_pause.done():
             self._idle_pause.cancel()  # a pause being saved: the VM ends instead
         self._close_now("closed by the caller")
+        await self._vm.aclose()
 
     async def exec(
         self,
@@ -173,8 +179,11 @@ class Session:
             self.exec_count += 1
             if not self._vm.alive:
                 self._close_now("the VM stopped during exec()")
-            elif outcome.exit_code == _EXIT_SIGKILL:
-                self._close_now("the REPL was killed by SIGKILL (exit 137)")
+            elif outcome.exit_code == EXIT_SIGKILL:
+                # The guest ran out of memory or the code killed its own REPL for good. API.md:
+                # the session ends.
+                self._close_now("the REPL was killed by SIGKILL (exit 137), most likely by the "
+                                "guest's OOM killer")
             if outcome.flags & EXIT_STDOUT_LIMIT:
                 raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
                                       stdout=outcome.stdout, stderr=outcome.stderr)
@@ -187,6 +196,8 @@ class Session:
                     f"\nExecution timed out after {timeout} seconds; the REPL was reset "
                     "(its state is lost)\n"
                 )
+            elif outcome.exit_code == EXIT_SIGKILL:
+                stderr += OOM_NOTE + "The session is closed (the REPL and its state are gone).\n"
             return ExecutionResult(
                 stdout=outcome.stdout,
                 stderr=stderr,

@@ -287,9 +287,14 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
         try:
             await maker.save_snapshot(str(work / "devices"))
         finally:
-            maker.close()
+            await maker.aclose()
         full.unlink()
-        # The maker is gone: nothing maps the memfd writably, so it can be sealed.
+        # The maker is reaped: nothing maps the memfd writably, so it can be sealed. Its holes
+        # are allocated first, as for L1 templates (snapshots._sealed_copy): a copy's fault on
+        # a hole would otherwise allocate the page in this shared file too, charged twice.
+        await asyncio.get_running_loop().run_in_executor(
+            None, os.posix_fallocate, ram, 0, vm.spec.memory_mb * 1024 * 1024
+        )
         fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                     | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
         tasks = [asyncio.ensure_future(GuestVm.restore(replace(spec, mem_shared=False),
@@ -304,7 +309,7 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
             await asyncio.wait(tasks)
             for task in tasks:
                 if not task.cancelled() and task.exception() is None:
-                    task.result().close()
+                    await task.result().aclose()
             raise
     finally:
         os.close(ram)

@@ -254,7 +254,9 @@ class SnapshotCache:
                 await vm.reseed()
                 await vm.save_snapshot(str(work / "state"))
             finally:
-                vm.close()  # the RAM file must not change after the state was saved
+                # The RAM file must not change after the state was saved: QEMU is reaped
+                # before anything reads it.
+                await vm.aclose()
             state_hash = await _in_thread(functools.partial(_sha256, work / "state"))
             # Kept by ram_files: the first clone of it in this process maps that very copy.
             ram_hash = await _in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
@@ -477,7 +479,14 @@ def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
 
 
 def _sealed_copy(src: int, size: int) -> int:
-    """A memfd with src's first size bytes, holes kept, sealed against any change."""
+    """A memfd with src's first size bytes, sealed against any change. Its holes are allocated
+    (fallocate: zero pages the file still reports as holes, so the digest does not change)
+    before it is sealed: a clone maps it privately, and a fault of a clone on a hole of a shmem
+    file allocates a page in that file (on a read as well as before copying it on a write).
+    Left sparse, every page a clone touched grew this copy for the scheduler's lifetime and was
+    charged twice to the clone's cgroup (file page + its private copy): a guest using its RAM
+    got QEMU OOM-killed by the host. Allocated up front, a clone's own memory is its private
+    copies only, and this copy holds the guest's RAM size, once per snapshot file."""
     memfd = os.memfd_create("sbx-snapshot-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(memfd, size)
@@ -488,6 +497,7 @@ def _sealed_copy(src: int, size: int) -> int:
                 if n <= 0:
                     raise OSError(f"short copy of snapshot RAM at {start}")
                 start += n
+        os.posix_fallocate(memfd, 0, size)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
                     | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)  # fmt: skip
     except BaseException:

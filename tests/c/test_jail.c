@@ -204,6 +204,30 @@ static void test_namespaces_refused_is_recorded(void)
 	sbx_jail_destroy(&j);
 }
 
+/* The child makes its own cgroup between fork and exec; when it cannot (here: the directory
+ * exists already), QEMU still runs, outside any cgroup, and the layer is off with the reason. */
+static void test_cgroup_the_child_cannot_make_is_off_with_its_reason(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-8"), 0);
+	CHECK(j.status[SBX_LAYER_CGROUP].active && j.cg.ndirs > 0);
+	CHECK_EQ(mkdir(j.cg.dirs[0], 0700), 0);
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "cat /proc/self/cgroup | grep -c sbx-ctest-8", out, sizeof(out)), 1);
+	CHECK_STR(out, "0\n");
+	CHECK(!j.status[SBX_LAYER_CGROUP].active);
+	CHECK(strstr(j.status[SBX_LAYER_CGROUP].detail, "mkdir(cgroup)") != NULL);
+	CHECK(strstr(j.status[SBX_LAYER_CGROUP].detail, "File exists") != NULL);
+	char first[PATH_MAX];
+	snprintf(first, sizeof(first), "%s", j.cg.dirs[0]);
+	sbx_jail_finish(&j);
+	CHECK(!j.usage_valid);
+	struct stat sb;
+	CHECK(stat(first, &sb) < 0 && errno == ENOENT); /* removed all the same */
+	sbx_jail_destroy(&j);
+}
+
 static void test_network_vm_keeps_host_netns(void)
 {
 	struct sbx_jail_config cfg = full_config();
@@ -387,6 +411,7 @@ int main(void)
 	RUN(test_snapshot_fds_survive_the_jail);
 	RUN(test_cgroup_limits_written_and_removed);
 	RUN(test_namespaces_refused_is_recorded);
+	RUN(test_cgroup_the_child_cannot_make_is_off_with_its_reason);
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
 	RUN(test_parent_death_kills_child_after_user_switch);

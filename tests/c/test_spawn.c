@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -172,6 +173,43 @@ static void test_exec_failure_eacces(void)
 	unlink(tmpl);
 	close(chan.host);
 	close(con.host);
+}
+
+/* sbx_spawn_start returns after the fork: an exec failure is not its return value but what
+ * sbx_spawn_finish reads once the error pipe is readable; the failed child is still to reap. */
+static void test_start_reports_the_exec_through_the_error_pipe(void)
+{
+	char *const missing[] = {"/nonexistent/qemu", NULL};
+	char *const ok[] = {"/bin/true", NULL};
+	char *const *argvs[] = {missing, ok};
+	for (int i = 0; i < 2; i++) {
+		struct pair chan = mkpair(), con = mkpair();
+		struct sbx_spawn_req req = {argvs[i][0], argvs[i], ENVP, chan.child, con.child,
+					    NULL, 0, -1, 0, -1};
+		struct sbx_child c;
+		struct sbx_spawn_pending p;
+		const char *where = NULL;
+		CHECK_EQ(sbx_spawn_start(&req, &c, &p, &where), 0);
+		close(chan.child);
+		close(con.child);
+		CHECK(c.pid > 0 && c.pidfd >= 0 && p.err_fd >= 0 && p.go_fd >= 0);
+		struct pollfd pfd = {.fd = p.err_fd, .events = POLLIN};
+		CHECK_EQ(poll(&pfd, 1, 10000), 1);
+		int rc = sbx_spawn_finish(&p, 0, &where);
+		CHECK(p.err_fd == -1 && p.go_fd == -1);
+		int st;
+		reap(&c, &st);
+		if (i == 0) {
+			CHECK_EQ(rc, -ENOENT);
+			CHECK_STR(where, "execve");
+			CHECK_EQ(sbx_status_to_returncode(st), 127);
+		} else {
+			CHECK_EQ(rc, 1);
+			CHECK_EQ(sbx_status_to_returncode(st), 0);
+		}
+		close(chan.host);
+		close(con.host);
+	}
 }
 
 static void test_bad_request(void)
@@ -388,6 +426,7 @@ int main(void)
 {
 	RUN(test_exec_failure_enoent);
 	RUN(test_exec_failure_eacces);
+	RUN(test_start_reports_the_exec_through_the_error_pipe);
 	RUN(test_bad_request);
 	RUN(test_exit_status);
 	RUN(test_fd_layout_and_privs);

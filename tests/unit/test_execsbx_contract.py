@@ -57,9 +57,16 @@ def fake_qemu(tmp_path: Path, guest_bytes: bytes, then: str = "exec sleep 60") -
 
 
 def make_vm(qemu: str, **kw: object) -> _execsbx.Vm:
+    """A Vm whose QEMU has exec'd (or the start's OSError, the child reaped)."""
     args: dict[str, object] = dict(qemu_binary=qemu, kernel=KERNEL, rootfs=ROOTFS, memory_mb=128)
     args.update(kw)
-    return _execsbx.Vm(**args)
+    vm = _execsbx.Vm(**args)
+    try:
+        vm.wait_spawn()
+    except BaseException:
+        vm.close()
+        raise
+    return vm
 
 
 def collect(vm: _execsbx.Vm, until: Callable[[list[tuple]], bool], timeout: float = 10.0) -> list:
@@ -184,6 +191,29 @@ def test_vm_missing_binary() -> None:
     assert info.value.errno == errno.ENOENT
     assert "(from execve)" in str(info.value)
     assert info.value.filename == "/nonexistent/qemu-system-x86_64"
+
+
+def test_vm_returns_after_the_fork_and_reports_the_exec_on_spawn_fd() -> None:
+    # No OSError from the constructor for a missing binary: the child's exec fails later, and
+    # an event loop learns it from spawn_fd (the error pipe) without blocking.
+    vm = _execsbx.Vm(qemu_binary="/nonexistent/qemu", kernel=KERNEL, rootfs=ROOTFS, memory_mb=128)
+    try:
+        spawn_fd = vm.spawn_fd
+        assert spawn_fd >= 0 and vm.pid > 0 and vm.pidfd >= 0
+        assert select.select([spawn_fd], [], [], 10)[0] == [spawn_fd]
+        for _ in range(2):  # kept: asked again, the same answer
+            with pytest.raises(FileNotFoundError, match=r"\(from execve\)"):
+                vm.check_spawn()
+        assert vm.spawn_fd == -1 and not fd_is_open(spawn_fd)
+        assert wait_exit(vm) == 127
+    finally:
+        vm.close()
+    ok = _execsbx.Vm(qemu_binary="/bin/true", kernel=KERNEL, rootfs=ROOTFS, memory_mb=128)
+    try:
+        select.select([ok.spawn_fd], [], [], 10)
+        assert ok.check_spawn() is True and ok.spawn_fd == -1
+    finally:
+        ok.close()
 
 
 def test_vm_not_executable(tmp_path: Path) -> None:

@@ -135,7 +135,9 @@ async def test_qemu_cgroup_has_the_limits_and_is_removed_after(scheduler: Schedu
     assert seen["cpu"] == (CPU_PERCENT_PER_VCPU + CPU_PERCENT_MAIN_LOOP) * 1000
     dirs = seen["dirs"]
     assert isinstance(dirs, list)
-    assert all(not d.exists() for d in dirs), "the VM's cgroup outlived it"
+    # Removed off the loop after the VM is retired; by the time close() returns at the latest.
+    await scheduler.close()
+    assert all(not d.exists() for d in dirs), "the VM's cgroup outlived its scheduler"
     # The host-side figures come from that cgroup.
     assert result.external_cpu_time_ms is not None and result.external_cpu_time_ms > 0
     assert result.external_memory_peak_mb is not None
