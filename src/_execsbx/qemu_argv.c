@@ -156,17 +156,21 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	 * The 8259 PIC stays: without it the kernel cannot register the PIT's interrupt, then
 	 * fails to verify the local APIC timer against it, and every sleep in the guest hangs. */
 	add(&b, "-M");
-	addf(&b, "microvm,x-option-roms=off,isa-serial=off,acpi=off%s",
-	     mem_path ? ",memory-backend=ram0" : "");
-	/* Memory snapshots: RAM in a file. The VM that makes a template maps it shared, so the file
+	add(&b, "microvm,x-option-roms=off,isa-serial=off,acpi=off,memory-backend=ram0");
+	/* Guest RAM is always the backend "ram0", so that a migration stream of any VM loads into
+	 * any other (a paused session resumed, a session's state loaded as a fork template).
+	 * Memory snapshots: RAM in a file. The VM that makes a template maps it shared, so the file
 	 * holds its RAM and migration only has to write the device state (x-ignore-shared); a
 	 * clone maps the same file private, so it reads the template's pages copy-on-write and
-	 * many clones share the unchanged ones. */
-	if (mem_path) {
-		add(&b, "-object");
+	 * many clones share the unchanged ones. Any other VM: anonymous memory (never a private
+	 * mapping of an empty file: a fault on a hole of a shmem file allocates the page in the
+	 * file too, charging it twice). */
+	add(&b, "-object");
+	if (mem_path)
 		addf(&b, "memory-backend-file,id=ram0,size=%uM,mem-path=%s%s,share=%s", cfg->memory_mb,
 		     mem_path[0] == '/' ? "" : "./", mem_path, cfg->mem_shared ? "on" : "off");
-	}
+	else
+		addf(&b, "memory-backend-ram,id=ram0,size=%uM", cfg->memory_mb);
 	/* KVM: expose the host CPU as is. TCG: "max" enables every feature TCG can emulate, but
 	 * ERMS: with it, glibc and the kernel copy and clear memory with `rep movsb`/`rep stosb`,
 	 * which TCG runs one byte per step (a page cleared or copied costs 4096 steps); without it

@@ -1015,11 +1015,10 @@ def _retrieve(future: asyncio.Future[None]) -> None:
         future.exception()
 
 
-def anonymous_ram(memory_mb: int) -> int:
-    """An empty memfd of the guest's RAM size, for a VM's RAM backend mapped private: as
-    anonymous memory, but in the same backend ("ram0") as snapshot clones and fork templates,
-    so that any VM's full state can be loaded into any of them. The caller closes it once the
-    VM is spawned (QEMU has its own copy)."""
+def ram_memfd(memory_mb: int) -> int:
+    """An empty memfd of the guest's RAM size, sealable: the RAM file of a fork template
+    (session_snapshots.fork_vms). The caller closes it once the VMs mapping it are spawned
+    (QEMU has its own copy)."""
     fd = os.memfd_create("sbx-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, memory_mb * 1024 * 1024)

@@ -22,7 +22,6 @@ from ._vm import (
     OutputCallback,
     VmRegistry,
     VmSpec,
-    anonymous_ram,
     wait_released,
 )
 from .admission import Admission, Budget, Ticket
@@ -697,13 +696,8 @@ class Scheduler:
                     log.debug("restored %s in %.0f ms", key, (time.monotonic() - at) * 1000)
                     return vm
         at = time.monotonic()
-        ram = anonymous_ram(memory_mb)
-        try:
-            vm = await GuestVm.boot(replace(spec, mem_fd=ram, mem_shared=False),
-                                    boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
-                                    on_boot_log=on_boot_log)  # fmt: skip
-        finally:
-            os.close(ram)
+        vm = await GuestVm.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+                                on_boot_log=on_boot_log)  # fmt: skip
         phases.boot_ms = _ms(time.monotonic() - at)
         return vm
 

@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ._vm import GuestVm, VmSpec, anonymous_ram
+from ._vm import GuestVm, VmSpec, ram_memfd
 from .digest import fd_sha256, file_sha256
 from .errors import SnapshotError
 from .models import SessionSnapshot
@@ -260,14 +260,10 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
 
 
 async def load_vm(spec: VmSpec, state: str, *, timeout: float) -> GuestVm:
-    """A running VM from a full state file: its RAM private (anonymous), its RNG reseeded and
-    clock set before this returns."""
-    ram = anonymous_ram(spec.memory_mb)
-    try:
-        return await GuestVm.restore(replace(spec, mem_fd=ram, mem_shared=False, mem_path=None),
-                                     state, timeout=timeout, ram_in_stream=True)  # fmt: skip
-    finally:
-        os.close(ram)
+    """A running VM from a full state file: its RAM anonymous, its RNG reseeded and clock set
+    before this returns."""
+    return await GuestVm.restore(replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
+                                 state, timeout=timeout, ram_in_stream=True)  # fmt: skip
 
 
 async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
@@ -279,7 +275,7 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
     await vm.save_state(str(full))  # on failure the parent runs on (or is dead)
     await vm.cont()
     await vm.reseed()  # its clock stood still during the save
-    ram = anonymous_ram(vm.spec.memory_mb)
+    ram = ram_memfd(vm.spec.memory_mb)
     try:
         spec = replace(vm.spec, mem_fd=ram, mem_path=None)
         maker = await GuestVm.restore(replace(spec, mem_shared=True), str(full), timeout=timeout,

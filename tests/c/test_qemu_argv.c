@@ -39,7 +39,8 @@ static void test_full_tcg_command_line(void)
 {
 	static const char *const expected[] = {
 		"/usr/bin/qemu-system-x86_64",
-		"-M", "microvm,x-option-roms=off,isa-serial=off,acpi=off",
+		"-M", "microvm,x-option-roms=off,isa-serial=off,acpi=off,memory-backend=ram0",
+		"-object", "memory-backend-ram,id=ram0,size=256M",
 		"-accel", "tcg,tb-size=128", "-cpu", "max,-erms",
 		"-m", "256", "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
@@ -243,10 +244,10 @@ static void test_snapshot_template_and_clone(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	/* Without snapshot options: no QMP, no file-backed RAM, no -incoming. */
+	/* Without snapshot options: no QMP, anonymous RAM (still the backend ram0), no -incoming. */
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
 	CHECK(find(argv, "-mon") < 0);
-	CHECK(find(argv, "-object") < 0);
+	CHECK_STR(opt_value(argv, "-object"), "memory-backend-ram,id=ram0,size=256M");
 	CHECK(find(argv, "-incoming") < 0);
 	sbx_argv_free(argv);
 
