@@ -8,6 +8,7 @@ QEMU to its host actor's process)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -69,9 +70,18 @@ def local_cluster(hosts: int = 2) -> Iterator[LocalCluster]:
                                                   object_store_memory=100 << 20))  # fmt: skip
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
+        asyncio.run(_create_hosts(started))
         yield started
     finally:
         started.shutdown()
+
+
+async def _create_hosts(started: LocalCluster) -> None:
+    """The host actors, made now with HOST_CONFIG: the first client to reach a host creates it
+    with its own config, whatever test or command (`sbx run --cluster`) that is."""
+    async with ClusterScheduler(address=started.cluster.address, config=HOST_CONFIG) as client:
+        await started.record_hosts(client)
+        assert len(started.host_pids) == len(started.nodes)
 
 
 def _assert_gone(pids: set[int], what: str, timeout: float = 15.0) -> None:

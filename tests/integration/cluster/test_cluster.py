@@ -92,3 +92,29 @@ async def test_20_mb_file_round_trip_through_the_object_store(client: ClusterSch
 
         assert result.stdout.strip() == hashlib.sha256(data).hexdigest()
         assert await session.read_file("data/blob.bin") == data
+
+
+def _sbx(*args: str) -> subprocess.CompletedProcess[str]:
+    sbx = os.path.join(os.path.dirname(sys.executable), "sbx")
+    return subprocess.run([sbx, *args], capture_output=True, text=True, timeout=180, check=False)
+
+
+async def test_sbx_run_cluster_runs_the_code_on_a_host(shared_cluster: LocalCluster) -> None:
+    out = await asyncio.to_thread(_sbx, "run", "--cluster", shared_cluster.cluster.address,
+                                  "-c", "import sys; print('on the cluster'); sys.exit(4)")  # fmt: skip
+    assert (out.stdout, out.returncode) == ("on the cluster\n", 4), out.stderr[-2000:]
+
+
+async def test_sbx_doctor_cluster_reports_each_hosts_layers_and_capacity(
+    shared_cluster: LocalCluster,
+) -> None:
+    out = await asyncio.to_thread(_sbx, "doctor", "--cluster", shared_cluster.cluster.address,
+                                  "--json")  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    import json
+
+    reports = json.loads(out.stdout)
+    assert len(reports) == 2
+    for report in reports:
+        assert report["info"]["capacity"]["max_vms"] == 1
+        assert {"accelerator", "qemu", "images"} <= {c["name"] for c in report["checks"]}
