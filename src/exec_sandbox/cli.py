@@ -17,12 +17,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import cli_sessions
 from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
 from .models import ExecutionResult, Language
 from .scheduler import Scheduler
+
+if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
+    from .cluster import ClusterScheduler
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILURE = 125
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
+    run.add_argument("--cluster", metavar="ADDRESS",
+                     help="run on a Ray cluster of sandbox hosts (ADDRESS as for ray.init, e.g. "
+                          "HEAD:6379 or auto; needs exec-sandbox[ray])")  # fmt: skip
     run.add_argument("--no-snapshot-wait", action="store_true",
                      help="exit right after the result, without waiting for the memory "
                           "snapshot that makes the next run of this configuration faster")  # fmt: skip
@@ -71,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="install the missing build tools with apt-get (sudo when not root)")
     doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.add_argument("--cluster", metavar="ADDRESS",
+                        help="check every host of a Ray cluster instead of this machine: each "
+                             "host's layers and capacity")  # fmt: skip
     cli_sessions.add_parser(commands)
     return parser
 
@@ -82,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         format="sbx: %(levelname)s %(message)s",
     )
     if args.command == "doctor":
+        if args.cluster:
+            from . import cli_cluster
+
+            return cli_cluster.doctor(args.cluster, args.json)
         return _doctor(args.json)
     if args.command == "session":
         return cli_sessions.run(args)
@@ -207,6 +220,15 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
         sys.stderr.write(text)
         sys.stderr.flush()
 
+    if args.cluster:
+        from .cluster import ClusterScheduler
+
+        # The hosts keep their snapshots: nothing of this process to wait for after the result.
+        async with ClusterScheduler(address=args.cluster) as cluster:
+            result = await _execute(cluster, progress, args, code, language, env, uploads,
+                                    downloads, out, err)  # fmt: skip
+            _report(args, result)
+            return result
     async with Scheduler() as scheduler:
         result = await _execute(scheduler, progress, args, code, language, env, uploads,
                                 downloads, out, err)  # fmt: skip
@@ -223,7 +245,7 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
         return result
 
 
-async def _execute(scheduler: Scheduler, progress: _Progress, args: argparse.Namespace,
+async def _execute(scheduler: Scheduler | ClusterScheduler, progress: _Progress, args: argparse.Namespace,
                    code: str, language: Language, env: dict[str, str],
                    uploads: list[tuple[Path, str]], downloads: list[tuple[str, Path]],
                    out: Callable[[str], None],

@@ -158,6 +158,10 @@ class WarmPool:
     def idle_count(self) -> int:
         return sum(len(q) for q in self._idle.values())
 
+    def idle_by_language(self) -> dict[Language, int]:
+        """Idle VMs per language now (the warm-pool stock a placement decision looks at)."""
+        return {lang: len(self._idle[lang]) for lang in LANGUAGES}
+
     def is_full(self) -> bool:
         return all(len(self._idle[lang]) >= self.sizes[lang] for lang in LANGUAGES)
 

@@ -192,6 +192,22 @@ class Scheduler:
     def accelerator(self) -> str:
         return self._accel
 
+    def capacity(self) -> HostCapacity:
+        """What this scheduler could take now: a snapshot of admission and the warm pool, read
+        without waiting (the cluster's placement asks each host for it: exec_sandbox.cluster)."""
+        vms, memory, vcpus = self._admission.in_use
+        budget = self._admission.budget
+        return HostCapacity(
+            max_vms=budget.max_vms,
+            vms_in_use=vms,
+            free_vms=max(0, budget.max_vms - vms),
+            free_memory_mb=max(0, budget.memory_mb - memory),
+            free_vcpus=max(0, budget.vcpus - vcpus),
+            waiting=self._admission.foreground_waiting,
+            warm_pool={str(lang): idle for lang, idle in self._pool.idle_by_language().items()},
+            sessions=len(self._sessions),
+        )
+
     async def wait_pool_ready(self, timeout: float | None = None) -> None:
         """Wait until the warm pool holds its ready VMs for every language (`warm_pool_size`, cut
         to what admission admits at once; at once when the pool is off). Raises SandboxError
@@ -772,6 +788,27 @@ class Scheduler:
             return None
         finally:
             ticket.release()
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """Scheduler.capacity(): VMs (pooled ones included) against max_concurrent_vms, the guest
+    RAM and vCPU budgets left, foreground requests waiting for admission, idle warm-pool VMs
+    per language (each can serve a request without a free slot), and open sessions."""
+
+    max_vms: int
+    vms_in_use: int
+    free_vms: int
+    free_memory_mb: int
+    free_vcpus: int
+    waiting: int
+    warm_pool: dict[str, int]
+    sessions: int
+
+    def has_room(self, language: str) -> bool:
+        """Whether a request of language would be admitted now without waiting: a free slot,
+        or an idle pooled VM (of its language, or of another one that admission reclaims)."""
+        return self.waiting == 0 and (self.free_vms > 0 or sum(self.warm_pool.values()) > 0)
 
 
 @dataclass
