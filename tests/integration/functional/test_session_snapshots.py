@@ -8,12 +8,20 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from exec_sandbox import InputValidationError, Scheduler, SchedulerConfig, SessionClosedError, SnapshotError
+from exec_sandbox import (
+    InputValidationError,
+    OutputLimitError,
+    Scheduler,
+    SchedulerConfig,
+    SessionClosedError,
+    SnapshotError,
+)
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -144,8 +152,15 @@ async def test_a_damaged_or_foreign_snapshot_is_refused(sched: Scheduler, tmp_pa
 async def test_a_resumed_session_keeps_its_timeouts_and_limits(sched: Scheduler) -> None:
     session = await sched.session(timeout_seconds=2)
     await session.exec("value = 5")
-    resumed = await sched.resume(await session.pause())
+    snapshot = await session.pause()
+    await asyncio.sleep(3)  # the guest's wall clock must catch up with the pause
+    resumed = await sched.resume(snapshot)
     async with resumed:
+        clock = await resumed.exec("import time; print(time.time())")
+        assert abs(float(clock.stdout) - time.time()) < 1.5
+        with pytest.raises(OutputLimitError):
+            await resumed.exec("print('x' * (2 * 1024 * 1024))")
+        assert (await resumed.exec("print(value)")).stdout == "5\n"
         assert (await resumed.exec("import time; time.sleep(30)")).exit_code == -1  # its 2 s
         # The REPL starts afresh after a timeout, within the next exec's time: give it room.
         after = await resumed.exec("print(1)", timeout_seconds=60)
