@@ -137,6 +137,10 @@ class VmRegistry:
 
     def __init__(self) -> None:
         self._vms: set[GuestVm] = set()
+        # QEMUs forked whose exec is not confirmed yet (no GuestVm so far): close() kills them
+        # too, and wait_started() waits until their spawns have released them.
+        self._starting: set[Any] = set()
+        self._started = asyncio.Event()
         self.closed = False
 
     def __len__(self) -> int:
@@ -152,11 +156,29 @@ class VmRegistry:
     def discard(self, vm: GuestVm) -> None:
         self._vms.discard(vm)
 
+    def starting(self, vm: Any) -> None:
+        self._starting.add(vm)
+
+    def started(self, vm: Any) -> None:
+        self._starting.discard(vm)
+        if not self._starting:
+            self._started.set()
+
     def close(self) -> None:
-        """Refuse new VMs and kill (and reap) every registered one. Idempotent."""
+        """Refuse new VMs and kill every registered one, starting ones included (their release
+        follows: wait_started(), then wait_released()). Idempotent."""
         self.closed = True
+        for vm in self._starting:
+            vm.kill()
         while self._vms:
             self._vms.pop().close()
+
+    async def wait_started(self) -> None:
+        """Until no spawn is between its fork and its GuestVm (after close(): each of them has
+        handed its QEMU to a release, which wait_released() then waits for)."""
+        while self._starting:
+            self._started.clear()
+            await self._started.wait()
 
 
 # Releases in progress (see the module docstring), per loop.
@@ -432,6 +454,8 @@ class GuestVm:
             raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
         except OSError as exc:
             raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        if spec.registry is not None:
+            spec.registry.starting(vm)
         try:
             await _wait_started(loop, vm)
             if spec.registry is not None:
@@ -439,6 +463,9 @@ class GuestVm:
         except BaseException:
             _release(loop, vm)
             raise
+        finally:
+            if spec.registry is not None:
+                spec.registry.started(vm)
         report_layers(vm.jail_status())
         guest = cls(vm, loop, on_boot_log)
         guest.spec = spec

@@ -182,6 +182,7 @@ class Scheduler:
             vm.close()
         self._vms.clear()
         self._registry.close()  # whatever the steps above started while they ran
+        await self._registry.wait_started()
         # Every QEMU killed so far (here, by retired runs, the pool, sessions) reaped and its
         # cgroup gone before this returns: nothing of the scheduler outlives close().
         await wait_released()

@@ -127,7 +127,7 @@ def value(args: list[str], opt: str) -> str:
 def test_build_qemu_argv() -> None:
     a = argv(kernel_cmdline_extra="tsc=reliable")
     assert a[0] == "/usr/bin/qemu-system-x86_64"
-    assert value(a, "-M") == "microvm,x-option-roms=off,isa-serial=off,acpi=off"
+    assert value(a, "-M") == "microvm,x-option-roms=off,isa-serial=off,acpi=off,memory-backend=ram0"
     assert (value(a, "-accel"), value(a, "-cpu")) == ("kvm", "host")
     assert (value(a, "-m"), value(a, "-smp")) == ("256", "2")
     assert value(a, "-kernel") == "/k/vmlinux"
@@ -429,7 +429,8 @@ def test_qemu_gets_only_its_fds(tmp_path: Path) -> None:
 
 def test_build_qemu_argv_snapshot_options() -> None:
     plain = argv()
-    assert "-mon" not in plain and "-incoming" not in plain and "-object" not in plain
+    assert "-mon" not in plain and "-incoming" not in plain
+    assert value(plain, "-object") == "memory-backend-ram,id=ram0,size=256M"
     clone = argv(qmp=True, mem_path="/c/ram", mem_shared=False, incoming=True)
     assert value(clone, "-object") == (
         "memory-backend-file,id=ram0,size=256M,mem-path=/c/ram,share=off"

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from exec_sandbox import OutputLimitError, Scheduler
+from exec_sandbox._vm import wait_released
 from exec_sandbox.limits import STDERR_LIMIT_BYTES, STDOUT_LIMIT_BYTES
 from tests.helpers import qemu_processes
 
@@ -59,8 +60,10 @@ async def test_timeout_returns_minus_one_and_destroys_the_vm(scheduler: Schedule
     result = await scheduler.run("import time; time.sleep(60)", timeout_seconds=1)
     assert result.exit_code == -1
     assert "timed out" in result.stderr
-    # run() destroys its VM on the loop's next turn, right after returning (not at close()).
+    # run() destroys its VM on the loop's next turn, right after returning (not at close()):
+    # killed then, reaped off the loop moments later.
     await asyncio.sleep(0)
+    await wait_released()
     assert qemu_processes(parent=os.getpid()) == []
 
 
