@@ -331,9 +331,11 @@ class Scheduler:
             usage = await asyncio.get_running_loop().run_in_executor(None, vm.resource_usage)
             cpu_ms, peak_mb = usage_figures(usage)
         except BaseException:
-            vm.close()
             self._vms.discard(vm)
             ticket.release()
+            # A failed or cancelled run() ends only once its QEMU is reaped: the caller may
+            # count on nothing of it running (the reap is quick: QEMU was SIGKILLed).
+            await vm.aclose()
             raise
         self._retire_soon(vm, ticket)
 
