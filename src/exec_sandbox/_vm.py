@@ -59,6 +59,7 @@ EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
 # A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
 # always the guest kernel's OOM killer.
 EXIT_SIGKILL = 137
+PROTOCOL_VERSION = int(_execsbx.PROTOCOL_VERSION)
 OOM_NOTE = (
     "\nKilled by SIGKILL (exit 137): most likely the VM ran out of memory and its kernel's OOM "
     "killer ended the process; give it more memory (memory_mb) or make the code use less\n"
@@ -867,7 +868,16 @@ class GuestVm:
         exec_id = event[1]
         if kind == "ready":
             if not self._ready.done():
-                self._ready.set_result(None)
+                version = event[2]
+                if version != PROTOCOL_VERSION:
+                    # Images built by another version of this library: nothing it would send
+                    # could be trusted to mean the same. Retrying cannot help.
+                    self._ready.set_exception(VmPermanentError(
+                        f"the guest agent speaks protocol version {version}, this library "
+                        f"{PROTOCOL_VERSION}: rebuild the guest images (sbx setup)"
+                    ))  # fmt: skip
+                else:
+                    self._ready.set_result(None)
             return
         if kind in ("pong", "reseeded"):
             waiter = self._acks.get(exec_id)

@@ -603,3 +603,23 @@ def test_send_file_frame_and_session_exec(tmp_path: Path) -> None:
         assert vm.send_exec(1, 1, 1000, 10, 10, [], b"pass", session=True) >= 0
     finally:
         vm.close()
+
+
+@pytest.mark.parametrize("version", [0, 2, 0xFFFFFFFF])
+async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
+    """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
+    boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
+    from exec_sandbox._vm import GuestVm, VmSpec
+    from exec_sandbox.errors import VmPermanentError
+    from exec_sandbox.images import GuestImages
+
+    images = GuestImages(kernel=Path(KERNEL), rootfs=Path(ROOTFS), kernel_hash="k", rootfs_hash="r")
+    spec = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(version)), images=images, accel="tcg",
+                  memory_mb=128)  # fmt: skip
+    with pytest.raises(VmPermanentError, match=f"protocol version {version}.*sbx setup"):
+        await GuestVm.boot(spec, boot_timeout=10)
+    # The same stand-in announcing this library's version boots.
+    spec_ok = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(1)), images=images, accel="tcg",
+                     memory_mb=128)  # fmt: skip
+    guest = await GuestVm.boot(spec_ok, boot_timeout=10)
+    await guest.aclose()
