@@ -38,7 +38,7 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 		*why = "unknown language";
 		return -EPROTO;
 	}
-	if (req->timeout_ms < 1 || req->timeout_ms > SBX_TIMEOUT_MS_MAX) {
+	if (req->timeout_ms < SBX_TIMEOUT_MS_MIN || req->timeout_ms > SBX_TIMEOUT_MS_MAX) {
 		*why = "timeout_ms out of range 1..300000";
 		return -EPROTO;
 	}

@@ -29,7 +29,6 @@ struct sbx_exec_request {
 	uint32_t code_len;
 };
 
-#define SBX_TIMEOUT_MS_MAX 300000u
 
 /* 0, or -EPROTO/-EMSGSIZE with *why set to a static explanation for the ERROR message. */
 int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *req,

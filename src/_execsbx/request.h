@@ -7,9 +7,6 @@
 
 #include "frame.h"
 
-#define SBX_TIMEOUT_MS_MIN 1u
-#define SBX_TIMEOUT_MS_MAX 300000u
-
 struct sbx_env_var {
 	const uint8_t *name;
 	size_t name_len;

@@ -60,6 +60,13 @@ EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
 # always the guest kernel's OOM killer.
 EXIT_SIGKILL = 137
 PROTOCOL_VERSION = int(_execsbx.PROTOCOL_VERSION)
+# What the wire protocol bounds (src/shared/protocol.h, which the guest agent is built with):
+# limits.py takes the API's limits from here, so that the three sides cannot disagree.
+PROTOCOL_LIMITS: dict[str, int] = {
+    name: int(getattr(_execsbx, name))
+    for name in ("CODE_MAX", "STDOUT_LIMIT_DEFAULT", "STDERR_LIMIT_DEFAULT", "ENV_MAX_COUNT",
+                 "ENV_NAME_MAX", "ENV_VALUE_MAX", "TIMEOUT_MS_MIN", "TIMEOUT_MS_MAX")
+}  # fmt: skip
 OOM_NOTE = (
     "\nKilled by SIGKILL (exit 137): most likely the VM ran out of memory and its kernel's OOM "
     "killer ended the process; give it more memory (memory_mb) or make the code use less\n"

@@ -3,14 +3,18 @@ enforces the output limits too."""
 
 from __future__ import annotations
 
-CODE_MAX_BYTES = 1024 * 1024
-STDOUT_LIMIT_BYTES = 1024 * 1024
-STDERR_LIMIT_BYTES = 100 * 1024
-MAX_ENV_VARS = 100
-ENV_NAME_MAX_BYTES = 256
-ENV_VALUE_MAX_BYTES = 32 * 1024
-MIN_TIMEOUT_SECONDS = 1
-MAX_TIMEOUT_SECONDS = 300
+from ._vm import PROTOCOL_LIMITS
+
+# From the wire protocol's header (src/shared/protocol.h), the one place they are written: the
+# host's encoder and the guest agent check the same values.
+CODE_MAX_BYTES = PROTOCOL_LIMITS["CODE_MAX"]
+STDOUT_LIMIT_BYTES = PROTOCOL_LIMITS["STDOUT_LIMIT_DEFAULT"]
+STDERR_LIMIT_BYTES = PROTOCOL_LIMITS["STDERR_LIMIT_DEFAULT"]
+MAX_ENV_VARS = PROTOCOL_LIMITS["ENV_MAX_COUNT"]
+ENV_NAME_MAX_BYTES = PROTOCOL_LIMITS["ENV_NAME_MAX"]
+ENV_VALUE_MAX_BYTES = PROTOCOL_LIMITS["ENV_VALUE_MAX"]
+MIN_TIMEOUT_SECONDS = max(1, PROTOCOL_LIMITS["TIMEOUT_MS_MIN"] // 1000)
+MAX_TIMEOUT_SECONDS = PROTOCOL_LIMITS["TIMEOUT_MS_MAX"] // 1000
 MIN_MEMORY_MB = 128
 MAX_MEMORY_MB = 64 * 1024
 # How long a cold boot may take before VmTimeoutError. Under TCG on a busy 2-core host a boot

@@ -37,6 +37,9 @@
 #define SBX_ERROR_MESSAGE_MAX 1024u
 #define SBX_STDOUT_LIMIT_DEFAULT (1024u * 1024u)
 #define SBX_STDERR_LIMIT_DEFAULT (100u * 1024u)
+/* An EXEC's timeout: 1 ms .. 300 s (the API's 1..300 s; host and guest both check it). */
+#define SBX_TIMEOUT_MS_MIN 1u
+#define SBX_TIMEOUT_MS_MAX 300000u
 
 enum sbx_msg {
 	/* guest -> host */

@@ -8,12 +8,18 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from pathlib import Path
 
 from exec_sandbox import _execsbx, _vm
 
 
-async def test_release_kills_at_once_and_reaps_off_the_loop() -> None:
-    vm = _execsbx.Vm(qemu_binary="/bin/sleep", kernel="k", rootfs="r", memory_mb=128)
+async def test_release_kills_at_once_and_reaps_off_the_loop(tmp_path: Path) -> None:
+    # A stand-in that ignores QEMU's arguments and waits (/bin/sleep given them exits with 1 at
+    # once, sometimes before the kill).
+    qemu = tmp_path / "waits"
+    qemu.write_text("#!/bin/sh\nexec sleep 60\n")
+    qemu.chmod(0o755)
+    vm = _execsbx.Vm(qemu_binary=str(qemu), kernel="k", rootfs="r", memory_mb=128)
     await _vm._wait_started(asyncio.get_running_loop(), vm)  # sleep's exec worked
     pid = vm.pid
     task = _vm._release(asyncio.get_running_loop(), vm)
