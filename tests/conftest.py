@@ -4,6 +4,7 @@ teardown that no QEMU process and no fd of the test outlived it."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from exec_sandbox import Scheduler, SchedulerConfig
 from exec_sandbox.images import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
-from tests.helpers import open_fds, qemu_processes
+from tests.helpers import open_fds, private_config, qemu_processes
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -38,3 +39,11 @@ async def scheduler(images_ready: None) -> AsyncIterator[Scheduler]:
     assert qemu_processes(parent=os.getpid()) == [], "a QEMU process outlived its Scheduler"
     leaked = {fd for fd in open_fds() - fds_before if not fd.startswith("anon_inode:[event")}
     assert not leaked, f"fds outlived the Scheduler: {leaked}"
+
+
+@pytest.fixture
+async def sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
+    """A Scheduler of tests/helpers.private_config: caches of the test's own."""
+    async with Scheduler(private_config(tmp_path)) as scheduler:
+        yield scheduler
+    assert qemu_processes(parent=os.getpid()) == [], "a QEMU process outlived its Scheduler"

@@ -1,9 +1,23 @@
-"""Process and fd inspection shared by the tests (reads /proc; no VM logic here)."""
+"""Process and fd inspection shared by the tests (reads /proc; no VM logic here), and the
+configuration of a scheduler whose caches are a test's own."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from exec_sandbox import SchedulerConfig
+
+
+def private_config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
+    """A small scheduler whose package and snapshot caches live under tmp_path (a test sees its
+    own builds and snapshots, never the user's), memory snapshots off unless asked for."""
+    options: dict[str, object] = {
+        "max_concurrent_vms": 3, "memory_snapshots": False,
+        "disk_snapshot_cache_dir": tmp_path / "disk", "memory_snapshot_cache_dir": tmp_path / "memory",
+    }  # fmt: skip
+    options.update(overrides)
+    return SchedulerConfig(**options)  # type: ignore[arg-type]
 
 
 def qemu_processes(parent: int | None = None) -> list[int]:

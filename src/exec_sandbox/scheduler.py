@@ -521,11 +521,10 @@ class Scheduler:
             for ticket in tickets:
                 ticket.release()
             raise
-        settings = session.settings()
         return [
             self._adopt_session(
-                copy, ticket, language=session.language, timeout=float(settings["timeout"]),  # type: ignore[arg-type]
-                env=settings["env"], on_stdout=None, on_stderr=None,  # type: ignore[arg-type]
+                copy, ticket, language=session.language, timeout=session.default_timeout,
+                env=session.default_env, on_stdout=None, on_stderr=None,
                 boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True, packages=session.packages,
                 exec_count=session.exec_count,
             )  # fmt: skip

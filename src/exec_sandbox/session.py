@@ -296,9 +296,17 @@ class Session:
         """The session's VM (for the scheduler that owns it)."""
         return self._vm
 
+    @property
+    def default_timeout(self) -> float:
+        return self._default_timeout
+
+    @property
+    def default_env(self) -> dict[str, str]:
+        return dict(self._default_env)
+
     def settings(self) -> dict[str, object]:
-        """What a paused or forked copy of this session needs besides its VM."""
-        return {"timeout": self._default_timeout, "env": dict(self._default_env),
+        """What a paused copy of this session needs besides its VM (its meta.json)."""
+        return {"timeout": self.default_timeout, "env": self.default_env,
                 "exec_count": self.exec_count}  # fmt: skip
 
     # --- internals ---

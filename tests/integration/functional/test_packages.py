@@ -8,14 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exec_sandbox import PackageNotAllowedError, Scheduler, SchedulerConfig
+from exec_sandbox import PackageNotAllowedError, Scheduler
 from exec_sandbox.paths import images_dir
-from tests.helpers import qemu_processes
+from tests.helpers import private_config, qemu_processes
 from tests.package_index import LocalIndex, LocalNpmRegistry, make_npm_tarball, make_wheel
 
 pytestmark = pytest.mark.vm
@@ -51,20 +51,6 @@ def npm_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lo
         yield served
 
 
-def _config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
-    options: dict[str, object] = dict(
-        max_concurrent_vms=3, memory_snapshots=False,
-        disk_snapshot_cache_dir=tmp_path / "disk", memory_snapshot_cache_dir=tmp_path / "memory",
-    )  # fmt: skip
-    options.update(overrides)
-    return SchedulerConfig(**options)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
-    async with Scheduler(_config(tmp_path)) as scheduler:
-        yield scheduler
-    assert qemu_processes(parent=os.getpid()) == []
 
 
 GUEST_CHECKS = r"""
@@ -143,7 +129,7 @@ async def test_javascript_require_and_import_find_the_layer(sched: Scheduler, np
 
 async def test_l1_snapshots_of_a_package_set_are_its_own(tmp_path: Path, images_ready: None,
                                                         index: LocalIndex) -> None:  # fmt: skip
-    async with Scheduler(_config(tmp_path, memory_snapshots=True)) as scheduler:
+    async with Scheduler(private_config(tmp_path, memory_snapshots=True)) as scheduler:
         cold = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
         assert cold.stdout == "from-the-layer\n" and not cold.l1_cache_hit
         assert await scheduler.wait_snapshots(timeout=120)
@@ -158,7 +144,7 @@ async def test_l1_snapshots_of_a_package_set_are_its_own(tmp_path: Path, images_
 
 async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_ready: None,
                                                      index: LocalIndex) -> None:  # fmt: skip
-    config = _config(tmp_path, warm_pool_size=1, max_concurrent_vms=4,
+    config = private_config(tmp_path, warm_pool_size=1, max_concurrent_vms=4,
                      default_packages={"python": [DEMO]})  # fmt: skip
     async with Scheduler(config) as scheduler:
         await scheduler.wait_pool_ready(timeout=240)

@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,10 @@ from exec_sandbox import (
     InputValidationError,
     OutputLimitError,
     Scheduler,
-    SchedulerConfig,
     SessionClosedError,
     SnapshotError,
 )
-from tests.helpers import qemu_processes
+from tests.helpers import private_config, qemu_processes
 
 pytestmark = pytest.mark.vm
 
@@ -53,18 +51,6 @@ print(numbers, os.environ["SBX_MARK"], os.getcwd(), open("notes.txt").read(), ha
 EXPECTED = "[1, 2, 3] kept /home/user/work saved file unflushed data True\n"
 
 
-def _config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
-    options: dict[str, object] = {"max_concurrent_vms": 3, "memory_snapshots": False,
-                                  "memory_snapshot_cache_dir": tmp_path / "memory"}  # fmt: skip
-    options.update(overrides)
-    return SchedulerConfig(**options)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-async def sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
-    async with Scheduler(_config(tmp_path)) as scheduler:
-        yield scheduler
-    assert qemu_processes(parent=os.getpid()) == []
 
 
 async def test_a_paused_session_resumes_in_another_process(sched: Scheduler, tmp_path: Path) -> None:
@@ -178,7 +164,7 @@ async def test_pause_waits_for_a_running_exec(sched: Scheduler) -> None:
 
 
 async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: None) -> None:
-    async with Scheduler(_config(tmp_path, max_concurrent_vms=1, admission_timeout_seconds=5)) as scheduler:
+    async with Scheduler(private_config(tmp_path, max_concurrent_vms=1, admission_timeout_seconds=5)) as scheduler:
         first = await scheduler.session()
         await first.exec("name = 'first'")
         snapshot = await first.pause()
@@ -190,7 +176,7 @@ async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: Non
 
 
 async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, images_ready: None) -> None:
-    config = _config(tmp_path, session_idle_timeout_seconds=10, session_idle_action="pause")
+    config = private_config(tmp_path, session_idle_timeout_seconds=10, session_idle_action="pause")
     async with Scheduler(config) as scheduler:
         session = await scheduler.session()
         await session.exec("kept = 'after idling'")
@@ -206,7 +192,7 @@ async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, i
 
 
 async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, images_ready: None) -> None:
-    async with Scheduler(_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")) as s:
+    async with Scheduler(private_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")) as s:
         snapshot = await (await s.session()).pause()
     env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)}
     sbx = [sys.executable, "-m", "exec_sandbox.cli", "session"]
