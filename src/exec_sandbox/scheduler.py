@@ -472,7 +472,7 @@ class Scheduler:
         await self.start()
         loop = asyncio.get_running_loop()
         meta = self._session_store.load(snapshot_id)
-        layer = self._snapshot_layer(meta)
+        layer = await self._snapshot_layer(meta)
         spec = self._spec(int(meta["machine"]["memory_mb"]), layer)
         check_machine(meta, spec)
         settings = meta["session"]
@@ -536,24 +536,41 @@ class Scheduler:
         return {
             "language": session.language,
             "session": session.settings(),
-            "layer": None if layer is None else {"key": layer.key, "kind": layer.kind},
+            "layer": None if layer is None else self._layer_meta(layer),
             "packages": [] if session.packages is None else list(session.packages.packages),
         }
 
-    def _snapshot_layer(self, meta: dict[str, Any]) -> PackageLayer | None:
-        """The package layer a paused session's VM had (its disk must be the same again)."""
+    def _layer_meta(self, layer: PackageLayer) -> dict[str, object]:
+        """What a snapshot records of its layer: with size and digest, the snapshot keeps its own
+        link to the image (session_snapshots.py) and resumes after the cache evicted it."""
+        stored = self._layers.store.lookup(layer.key)
+        if stored is None:
+            return {"key": layer.key, "kind": layer.kind}
+        return {"key": layer.key, "kind": layer.kind, "size": stored.size,
+                "sha256": stored.meta.get("sha256")}  # fmt: skip
+
+    async def _snapshot_layer(self, meta: dict[str, Any]) -> PackageLayer | None:
+        """The package layer a paused session's VM had (its disk must be the same again): the
+        cache's, else the snapshot's own copy."""
         saved = meta.get("layer")
         if not saved:
             return None
         stored = self._layers.store.lookup(str(saved["key"]))
-        if stored is None:
-            raise SnapshotError(
-                f"session snapshot {meta.get('id')} needs package layer {saved['key']}, which is "
-                "no longer in the package cache"
-            )
+        if stored is not None:
+            path, size = stored.path, stored.size
+        else:
+            copy = await asyncio.get_running_loop().run_in_executor(
+                None, self._session_store.layer_copy, str(meta["id"]), meta)
+            if copy is None:
+                raise SnapshotError(
+                    f"session snapshot {meta.get('id')} needs package layer {saved['key']}, "
+                    "which is no longer in the package cache (and the snapshot holds no intact "
+                    "copy of it)"
+                )
+            path, size = copy, int(saved["size"])
         report = PackagesReport(packages=tuple(meta.get("packages") or ()), cache_hit=True,
-                                resolved=False, size_bytes=stored.size)  # fmt: skip
-        return PackageLayer(key=stored.key, path=stored.path, kind=str(saved["kind"]), report=report)
+                                resolved=False, size_bytes=size)  # fmt: skip
+        return PackageLayer(key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report)
 
     async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
                           layer: PackageLayer | None, on_boot_log: OutputCallback | None

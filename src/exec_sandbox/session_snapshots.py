@@ -3,7 +3,8 @@
 ```
 <memory_snapshot_cache_dir>/sessions/<id>/   state (QEMU's full migration stream: device state
                                              and RAM, the REPL and /home/user included),
-                                             meta.json (identity, session settings, SHA-256)
+                                             meta.json (identity, session settings, SHA-256),
+                                             layer (its package layer's image, when it had one)
                                    .build-*/ a pause in progress (renamed to <id> when complete)
 ```
 
@@ -12,6 +13,11 @@ its code touched. A snapshot is complete or absent (published by rename), checke
 SHA-256 before it is loaded, and refused with SnapshotError when the images, QEMU, accelerator or
 its package layer differ from the scheduler's (a migration stream only loads into the same
 machine). Snapshots older than the TTL go, and the least recently used ones beyond the size cap.
+
+A session's package layer is a disk its guest has mounted: the resumed VM needs that very image
+again, byte for byte, and a rebuild from the same package list may resolve other versions. So a
+snapshot keeps its own hard link to the layer (a copy across file systems): the package cache
+can evict the layer and the snapshot still resumes.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ log = logging.getLogger("exec_sandbox")
 SESSION_SNAPSHOT_FORMAT = 1
 STATE_FILE = "state"
 META_FILE = "meta.json"
+LAYER_FILE = "layer"
 _ID = re.compile(r"[0-9a-f]{32}")
 _STALE_BUILD_SECONDS = 3600.0
 
@@ -106,6 +113,18 @@ class SessionSnapshotStore:
 
     def state_path(self, snapshot_id: str) -> Path:
         return self.root / check_id(snapshot_id) / STATE_FILE
+
+    def layer_copy(self, snapshot_id: str, meta: dict[str, Any]) -> Path | None:
+        """The snapshot's own copy of its package layer if it is the image recorded at the pause
+        (size and SHA-256; blocking: run it in a thread), else None."""
+        saved = meta.get("layer") or {}
+        path = self.root / check_id(snapshot_id) / LAYER_FILE
+        try:
+            if path.stat().st_size != saved.get("size"):
+                return None
+            return path if file_sha256(path) == saved.get("sha256") else None
+        except OSError:
+            return None
 
     def open_verified(self, snapshot_id: str, meta: dict[str, Any]) -> int:
         """An fd of the state, checked against the digest saved with it (blocking: run it in a
@@ -235,6 +254,9 @@ async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str,
     session settings, layer; id, size, digest and machine are filled in here). The VM stays
     stopped: the caller closes it (pause) or runs it on (cont)."""
     with store.build_dir() as build:
+        layer = vm.spec.layer
+        if layer is not None and (meta.get("layer") or {}).get("sha256"):
+            await asyncio.get_running_loop().run_in_executor(None, _keep_layer, layer.path, build)
         state = build / STATE_FILE
         await vm.save_state(str(state))
         size, digest = await asyncio.get_running_loop().run_in_executor(
@@ -244,6 +266,18 @@ async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str,
                 "created": time.time(), "size": size, "sha256": digest,
                 "machine": machine_identity(vm.spec)}  # fmt: skip
         return store.publish(build, full)
+
+
+def _keep_layer(image: Path, build: Path) -> None:
+    """A snapshot's own reference to its layer image; without one, resume() needs the cache's."""
+    try:
+        os.link(image, build / LAYER_FILE)
+    except FileNotFoundError:
+        log.warning("package layer %s left the cache during the pause: the snapshot resumes only "
+                    "while the cache has it again", image)  # fmt: skip
+    except OSError:  # another file system: a private copy (hard links share the cache's mode)
+        shutil.copyfile(image, build / LAYER_FILE)
+        os.chmod(build / LAYER_FILE, 0o600)
 
 
 def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:

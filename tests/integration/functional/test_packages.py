@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox import PackageNotAllowedError, Scheduler
+from exec_sandbox import PackageNotAllowedError, Scheduler, SnapshotError
 from exec_sandbox.paths import images_dir
 from tests.helpers import private_config, qemu_processes
 from tests.package_index import LocalIndex, LocalNpmRegistry, make_npm_tarball, make_wheel
@@ -108,6 +109,24 @@ async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(sched: Schedul
     second = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
     assert second.stdout == "from-the-layer\n", second.stderr
     assert second.packages is not None and not second.packages.cache_hit
+
+
+async def test_a_paused_session_resumes_after_its_layer_left_the_cache(sched: Scheduler,
+                                                                      index: LocalIndex) -> None:
+    session = await sched.session(packages=[DEMO])
+    await session.exec("import sbxdemo\nx = sbxdemo.VALUE.upper()")
+    snapshot = await session.pause()
+    layers = sched.config.disk_snapshot_cache_dir / "packages" / "layers"
+    for layer in layers.iterdir():  # the package cache evicts it (or a user clears the cache)
+        shutil.rmtree(layer)
+    async with await sched.resume(snapshot) as resumed:
+        result = await resumed.exec("print(x, open(sbxdemo.__file__).readline().strip())")
+    assert result.stdout == "FROM-THE-LAYER VALUE = 'from-the-layer'\n", result.stderr
+    # Its own copy damaged too: a clear refusal, nothing runs.
+    copy = sched.config.memory_snapshot_cache_dir / "sessions" / snapshot.id / "layer"
+    os.truncate(copy, copy.stat().st_size // 2)
+    with pytest.raises(SnapshotError, match="no longer in the package cache"):
+        await sched.resume(snapshot)
 
 
 async def test_javascript_require_and_import_find_the_layer(sched: Scheduler, npm_registry: LocalNpmRegistry) -> None:
