@@ -20,35 +20,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import cli_sessions
-from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
+from .cli_common import (
+    EXIT_USAGE,
+    add_source_arguments,
+    exit_status,
+    parse_env,
+    resolve_source,
+    run_command,
+)
 from .models import ExecutionResult, Language
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
     from .cluster import ClusterScheduler
 
-EXIT_TIMEOUT = 124
-EXIT_SANDBOX_FAILURE = 125
-EXIT_USAGE = 2
 # A template boot + warm-up + save takes 3-10 s under TCG; past this, give up (the next run cold
 # boots and tries again).
 SNAPSHOT_WAIT_SECONDS = 60.0
-_EXTENSIONS: dict[str, Language] = {
-    ".py": "python",
-    ".js": "javascript",
-    ".cjs": "javascript",
-    ".sh": "raw",
-    ".bash": "raw",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sbx", description="Run untrusted code in a microVM.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run code in a fresh VM")
-    source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("file", nargs="?", help="file to run (language from its extension)")
-    source.add_argument("-c", "--code", help="code to run")
+    add_source_arguments(run)
     run.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
     run.add_argument("-t", "--timeout", type=int, help="timeout in seconds (1..300)")
     run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
@@ -103,36 +98,21 @@ def main(argv: list[str] | None = None) -> int:
 
         return image_build.main(quiet=args.quiet, install_deps=args.install_deps)
     try:
-        code, language = _resolve_source(args)
-        env = _parse_env(args.env)
+        code, language = resolve_source(args)
+        env = parse_env(args.env)
         uploads = [_parse_upload(spec) for spec in args.upload]
         downloads = [_parse_download(spec) for spec in args.download]
     except ValueError as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        result = asyncio.run(_run(args, code, language, env, uploads, downloads))
-    except _Interrupted as exc:
-        return exc.status
-    except (InputValidationError, VmConfigError) as exc:
-        print(f"sbx: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except FileNotFoundError as exc:
-        print(f"sbx: {exc}", file=sys.stderr)
-        return EXIT_SANDBOX_FAILURE
-    except OutputLimitError as exc:
-        print(f"sbx: output limit: {exc}", file=sys.stderr)
-        return EXIT_SANDBOX_FAILURE
-    except SandboxError as exc:
-        print(f"sbx: sandbox failure ({type(exc).__name__}): {exc}", file=sys.stderr)
-        return EXIT_SANDBOX_FAILURE
-    except KeyboardInterrupt:
-        return 130
-    return _exit_status(result)
 
+    async def run() -> int:
+        try:
+            return exit_status(await _run(args, code, language, env, uploads, downloads))
+        except _Interrupted as exc:
+            return exc.status
 
-def _exit_status(result: ExecutionResult) -> int:
-    return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+    return run_command(run)
 
 
 def _report(args: argparse.Namespace, result: ExecutionResult) -> None:
@@ -166,19 +146,6 @@ def _doctor(as_json: bool) -> int:
     return 0 if doctor.healthy(checks) else 1
 
 
-def _resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
-    if args.code is not None:
-        return args.code, args.language or "python"
-    path = Path(args.file)
-    language = args.language or _EXTENSIONS.get(path.suffix)
-    if language is None:
-        raise ValueError(f"cannot tell the language of {path.name}: pass -l")
-    try:
-        return path.read_text(encoding="utf-8"), language
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from None
-
-
 def _parse_upload(spec: str) -> tuple[Path, str]:
     local, sep, guest = spec.partition(":")
     if not sep or not local or not guest:
@@ -193,16 +160,6 @@ def _parse_download(spec: str) -> tuple[str, Path]:
     if not guest:
         raise ValueError(f"--download expects GUEST[:LOCAL], got {spec!r}")
     return guest, Path(local) if local else Path(Path(guest).name)
-
-
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"-e expects KEY=VALUE, got {pair!r}")
-        env[name] = value
-    return env
 
 
 async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
@@ -239,7 +196,7 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
             try:
                 await scheduler.wait_snapshots(SNAPSHOT_WAIT_SECONDS)
             except asyncio.CancelledError:
-                raise _Interrupted(_exit_status(result)) from None
+                raise _Interrupted(exit_status(result)) from None
             finally:
                 progress.clear()
         return result

@@ -1,14 +1,25 @@
-"""`sbx session list|delete`: the paused sessions of this user (Session.pause())."""
+"""`sbx session new|resume|list|delete`: sessions paused to disk (Session.pause()), so that a
+shell script can keep a sandbox's variables and files from one command to the next.
+
+`new` runs code in a fresh session and pauses it; `resume ID` runs code in the paused session and
+pauses it again under a new id (the old one is deleted unless --keep: each id is a point in the
+session's history). The id goes to stderr ("sbx: paused as ID"), or into --json's output."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import sys
 import time
+from typing import Any
 
+from .cli_common import EXIT_USAGE, add_source_arguments, exit_status, parse_env, resolve_source, run_command
 from .config import SchedulerConfig
 from .errors import SnapshotError
+from .models import ExecutionResult, SessionSnapshot
+from .scheduler import Scheduler
+from .session import Session
 from .session_snapshots import SessionSnapshotStore, check_id
 
 
@@ -19,9 +30,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     listing.add_argument("--json", action="store_true", help="print them as JSON")
     delete = actions.add_parser("delete", help="remove paused sessions")
     delete.add_argument("ids", nargs="+", metavar="ID")
+    new = actions.add_parser("new", help="run code in a new session and pause it")
+    add_source_arguments(new, required=False)
+    new.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
+    new.add_argument("-t", "--timeout", type=int, help="the session's timeout per exec in seconds")
+    new.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
+    new.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
+                     help="environment variable of the session")  # fmt: skip
+    new.add_argument("-p", "--package", action="append", default=[], dest="packages",
+                     metavar="PKG==VER", help="a package to install (repeatable)")
+    new.add_argument("--json", action="store_true", help="print the result and the id as JSON")
+    resume = actions.add_parser("resume", help="run code in a paused session and pause it again")
+    resume.add_argument("id", metavar="ID")
+    add_source_arguments(resume)
+    resume.add_argument("--keep", action="store_true",
+                        help="keep ID as well (default: only the new snapshot remains)")
+    resume.add_argument("--json", action="store_true", help="print the result and the id as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.session_command in ("new", "resume"):
+        return _run_code(args)
     config = SchedulerConfig()
     store = SessionSnapshotStore(config.memory_snapshot_cache_dir / "sessions",
                                  ttl_seconds=config.session_snapshot_ttl_seconds,
@@ -47,3 +76,66 @@ def run(args: argparse.Namespace) -> int:
             print(f"sbx: {exc}")
             status = 2
     return status
+
+
+def _run_code(args: argparse.Namespace) -> int:
+    try:
+        if args.session_command == "resume":
+            args.language = "python"  # unused: the code runs in the snapshot's language
+            check_id(args.id)
+        code, language = resolve_source(args) if args.file or args.code is not None else ("", "python")
+        language = args.language or language
+        env = parse_env(args.env) if args.session_command == "new" else {}
+    except (ValueError, SnapshotError) as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def go() -> int:
+        stream = not args.json
+        callbacks: dict[str, Any] = {
+            "on_stdout": _writer(sys.stdout) if stream else None,
+            "on_stderr": _writer(sys.stderr) if stream else None,
+        }
+        async with Scheduler() as scheduler:
+            if args.session_command == "new":
+                session = await scheduler.session(
+                    language=language, packages=args.packages or None,
+                    timeout_seconds=args.timeout, memory_mb=args.memory, env_vars=env or None,
+                    **callbacks,
+                )  # fmt: skip
+            else:
+                session = await scheduler.resume(args.id, **callbacks)
+            result, snapshot = await _exec_and_pause(session, code)
+            if args.session_command == "resume" and not args.keep:
+                scheduler.delete_snapshot(args.id)
+        _report(args, result, snapshot)
+        return 0 if result is None else exit_status(result)
+
+    return run_command(go)
+
+
+async def _exec_and_pause(session: Session, code: str) -> tuple[ExecutionResult | None, SessionSnapshot]:
+    """The code's result (None without code), and the session paused again, whatever the
+    code's exit status (a failing cell keeps the state before it, as in a notebook)."""
+    try:
+        result = await session.exec(code) if code else None
+    except BaseException:
+        await session.close()
+        raise
+    return result, await session.pause()
+
+
+def _report(args: argparse.Namespace, result: ExecutionResult | None, snapshot: SessionSnapshot) -> None:
+    if args.json:
+        print(json.dumps({"result": None if result is None else dataclasses.asdict(result),
+                          "snapshot": dataclasses.asdict(snapshot)}, indent=2))  # fmt: skip
+    else:
+        print(f"sbx: paused as {snapshot.id}", file=sys.stderr)
+
+
+def _writer(stream: Any) -> Any:
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write

@@ -20,6 +20,7 @@ from exec_sandbox import (
     SessionClosedError,
     SnapshotError,
 )
+from exec_sandbox.paths import images_dir
 from tests.helpers import private_config, qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -202,6 +203,36 @@ async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, ima
     assert deleted.returncode == 0
     again = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
     assert again.returncode == 1 and "no paused session" in again.stdout
+
+
+def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
+                                                                 images_ready: None) -> None:
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
+           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+
+    def sbx(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "exec_sandbox.cli", "session", *args],
+                              capture_output=True, text=True, env=env, timeout=180)  # fmt: skip
+
+    created = sbx("new", "--json", "-e", "WHO=cli", "-c", "import os; x = 41; print(os.environ['WHO'])")
+    assert created.returncode == 0, created.stderr
+    report = json.loads(created.stdout)
+    assert report["result"]["stdout"] == "cli\n"
+    first = report["snapshot"]["id"]
+    resumed = sbx("resume", first, "-c", "x += 1; print(x)")
+    assert (resumed.returncode, resumed.stdout) == (0, "42\n"), resumed.stderr
+    second = resumed.stderr.strip().rsplit(" ", 1)[-1]
+    assert resumed.stderr.startswith("sbx: paused as ") and second != first
+    # A failing cell: its status is the command's, and the state before it is kept.
+    failed = sbx("resume", second, "--keep", "-c", "x += 1; raise SystemExit(3)")
+    assert failed.returncode == 3
+    third = failed.stderr.strip().rsplit(" ", 1)[-1]
+    listed = {entry["id"] for entry in json.loads(sbx("list", "--json").stdout)}
+    assert listed == {second, third}  # resume replaced the first; --keep kept the second
+    assert sbx("resume", third, "-c", "print(x)").stdout == "43\n"
+    missing = sbx("resume", first, "-c", "print(x)")
+    assert missing.returncode == 125 and "no session snapshot" in missing.stderr
+    assert sbx("resume", "not-an-id", "-c", "1").returncode == 2
 
 
 async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,

@@ -1,0 +1,82 @@
+"""What the `sbx` commands that run code share: where the code comes from, its environment, and
+how an outcome becomes an exit status (the code's own; 124 timed out, 125 the sandbox failed, 2
+bad arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
+from .models import ExecutionResult, Language
+
+EXIT_TIMEOUT = 124
+EXIT_SANDBOX_FAILURE = 125
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+_EXTENSIONS: dict[str, Language] = {
+    ".py": "python",
+    ".js": "javascript",
+    ".cjs": "javascript",
+    ".sh": "raw",
+    ".bash": "raw",
+}
+
+
+def add_source_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    source = parser.add_mutually_exclusive_group(required=required)
+    source.add_argument("file", nargs="?", help="file to run (language from its extension)")
+    source.add_argument("-c", "--code", help="code to run")
+
+
+def resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
+    """The code and its language: -c (python unless -l), or a file (language from -l or its
+    extension). ValueError says what is wrong."""
+    language = getattr(args, "language", None)
+    if args.code is not None:
+        return args.code, language or "python"
+    path = Path(args.file)
+    language = language or _EXTENSIONS.get(path.suffix)
+    if language is None:
+        raise ValueError(f"cannot tell the language of {path.name}: pass -l")
+    try:
+        return path.read_text(encoding="utf-8"), language
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"-e expects KEY=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+def exit_status(result: ExecutionResult) -> int:
+    return EXIT_TIMEOUT if result.exit_code == -1 else result.exit_code
+
+
+def run_command(command: Callable[[], Awaitable[int]]) -> int:
+    """asyncio.run(command()), with the library's failures turned into messages and statuses."""
+    try:
+        return asyncio.run(command())  # type: ignore[arg-type]
+    except (InputValidationError, VmConfigError) as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FileNotFoundError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
+    except OutputLimitError as exc:
+        print(f"sbx: output limit: {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
+    except SandboxError as exc:
+        print(f"sbx: sandbox failure ({type(exc).__name__}): {exc}", file=sys.stderr)
+        return EXIT_SANDBOX_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
