@@ -167,21 +167,10 @@ class GuestVm:
         """Give the guest kernel fresh entropy from the host and the host's clock, and wait
         until its CRNG is reseeded (every clone of one snapshot starts from the same RNG state
         and the clock of the moment the snapshot was taken)."""
-        if self._broken is not None:
-            raise self._broken
-        req_id = self._next_id
-        self._next_id += 1
-        done: asyncio.Future[None] = self._loop.create_future()
-        self._acks[req_id] = done
-        try:
-            self._want_write(
-                self._vm.send_reseed(req_id, os.urandom(RESEED_BYTES), time.time_ns())
-            )
-            await asyncio.wait_for(asyncio.shield(done), timeout)
-        except asyncio.TimeoutError:
-            raise VmTimeoutError("the guest did not acknowledge RESEED in time") from None
-        finally:
-            self._acks.pop(req_id, None)
+        await self._round_trip(
+            lambda req_id: self._vm.send_reseed(req_id, os.urandom(RESEED_BYTES), time.time_ns()),
+            timeout, "the guest did not acknowledge RESEED in time",
+        )  # fmt: skip
 
     async def warm_up(self, language: Language) -> None:
         """Make this VM ready to serve `language` fast: run a trivial program once, so the
@@ -212,34 +201,34 @@ class GuestVm:
         without one."""
         if language not in _PRESTART_LANGUAGES:
             return False
-        if self._broken is not None:
-            raise self._broken
-        req_id = self._next_id
-        self._next_id += 1
-        done: asyncio.Future[None] = self._loop.create_future()
-        self._acks[req_id] = done  # PONG acknowledges it; an ERROR fails it
-        try:
-            self._want_write(self._vm.send_prestart(req_id, LANGUAGE_CODES[language]))
-            await asyncio.wait_for(asyncio.shield(done), timeout)
-        except asyncio.TimeoutError:
-            raise VmTimeoutError("the guest did not acknowledge PRESTART in time") from None
-        finally:
-            self._acks.pop(req_id, None)
+        # PONG acknowledges it; an ERROR fails it.
+        await self._round_trip(
+            lambda req_id: self._vm.send_prestart(req_id, LANGUAGE_CODES[language]),
+            timeout, "the guest did not acknowledge PRESTART in time",
+        )  # fmt: skip
         return True
 
     async def ping(self, timeout: float = 5.0) -> None:
         """One channel round trip to the agent (PING/PONG)."""
+        await self._round_trip(self._vm.send_ping, timeout, "the guest did not answer PING in time")
+
+    async def _round_trip(self, send: Callable[[int], int], timeout: float,
+                          late: str) -> None:  # fmt: skip
+        """Send one request under a fresh id and wait for its acknowledgement (PONG or
+        RESEEDED; an ERROR of that id fails it with GuestAgentError): the one request/response
+        path of the channel. `send(id)` queues the frame and returns the bytes still queued;
+        VmTimeoutError(late) after `timeout` seconds; the VM's own failure if it breaks."""
         if self._broken is not None:
             raise self._broken
         req_id = self._next_id
         self._next_id += 1
         done: asyncio.Future[None] = self._loop.create_future()
-        self._acks[req_id] = done  # PONG completes it like RESEEDED
+        self._acks[req_id] = done
         try:
-            self._want_write(self._vm.send_ping(req_id))
+            self._want_write(send(req_id))
             await asyncio.wait_for(asyncio.shield(done), timeout)
         except asyncio.TimeoutError:
-            raise VmTimeoutError("the guest did not answer PING in time") from None
+            raise VmTimeoutError(late) from None
         finally:
             self._acks.pop(req_id, None)
 
