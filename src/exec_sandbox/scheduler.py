@@ -13,12 +13,13 @@ from typing import Any
 
 from . import _logging, limits
 from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
-from .admission import Admission, Budget, Ticket
+from .admission import Admission, Budget
 from .config import SchedulerConfig
 from .errors import OutputLimitError, SandboxError, SnapshotError, VmConfigError
 from .execution import ExecRequest, OutputCallback
 from .guest_vm import GuestVm
 from .jail import usage_figures
+from .lease import Lease
 from .models import (
     ExecutionResult,
     Language,
@@ -79,7 +80,8 @@ class Scheduler:
             max_waiters=self.config.admission_queue_size or 4 * max_vms,
             wait_timeout=self.config.admission_timeout_seconds,
         )
-        self._vms: set[GuestVm] = set()
+        # The VMs handed out (runs, sessions) with their admission tickets (lease.py).
+        self._leases: set[Lease[GuestVm]] = set()
         # Every VM this scheduler spawned, booting ones included (close() kills them all).
         self._registry = VmRegistry()
         self._sessions: set[Session] = set()
@@ -134,9 +136,8 @@ class Scheduler:
         self._admission.close()
         await self._pool.close()
         await self._provisioner.close()
-        for vm in list(self._vms):
-            vm.close()
-        self._vms.clear()
+        for lease in list(self._leases):
+            lease.discard()
         self._registry.close()  # whatever the steps above started while they ran
         await self._registry.wait_started()
         # Every QEMU killed so far (here, by retired runs, the pool, sessions) reaped and its
@@ -246,9 +247,9 @@ class Scheduler:
                    layer: PackageLayer | None, started: float, on_stdout: OutputCallback | None,
                    on_stderr: OutputCallback | None,
                    on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
-        vm, ticket, phases = await self._acquire_vm(language, memory, allow_network, layer,
-                                                    on_boot_log)  # fmt: skip
-        self._vms.add(vm)
+        lease, phases = await self._acquire_lease(language, memory, allow_network, layer,
+                                                  on_boot_log)  # fmt: skip
+        vm = lease.vm
         setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
                     - phases.connect_ms)  # fmt: skip
         try:
@@ -271,13 +272,14 @@ class Scheduler:
             usage = await asyncio.get_running_loop().run_in_executor(None, vm.resource_usage)
             cpu_ms, peak_mb = usage_figures(usage)
         except BaseException:
-            self._vms.discard(vm)
-            ticket.release()
             # A failed or cancelled run() ends only once its QEMU is reaped: the caller may
             # count on nothing of it running (the reap is quick: QEMU was SIGKILLed).
-            await vm.aclose()
+            await lease.release()
             raise
-        self._retire_soon(vm, ticket)
+        # Destroyed on the loop's next turn: killing QEMU is then not part of the caller's wait
+        # (its reap and cgroup removal happen off the loop, and close() waits for them). Until
+        # then it is in self._leases, so close() still destroys it.
+        asyncio.get_running_loop().call_soon(lease.discard)
 
         if outcome.flags & EXIT_STDOUT_LIMIT:
             raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
@@ -347,10 +349,10 @@ class Scheduler:
         layer = await self._provisioner.layer_for(packages_language, specs, on_boot_log)
 
         with self._foreground.busy():
-            vm, ticket, phases = await self._acquire_vm(language, memory, False, layer,
-                                                        on_boot_log)  # fmt: skip
+            lease, phases = await self._acquire_lease(language, memory, False, layer,
+                                                      on_boot_log)  # fmt: skip
         session = self._adopt_session(
-            vm, ticket, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
+            lease, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
             on_stderr=on_stderr, boot_ms=phases.boot_ms + phases.restore_ms,
             warm_pool_hit=phases.pool_hit, l1_cache_hit=phases.l1_hit,
             packages=None if layer is None else layer.report,
@@ -362,28 +364,21 @@ class Scheduler:
             raise
         return session
 
-    def _adopt_session(self, vm: GuestVm, ticket: Ticket, *, language: Language, timeout: float,
+    def _adopt_session(self, lease: Lease[GuestVm], *, language: Language, timeout: float,
                        env: Mapping[str, str] | None, on_stdout: OutputCallback | None,
                        on_stderr: OutputCallback | None, boot_ms: int = 0,
                        warm_pool_hit: bool = False, l1_cache_hit: bool = False,
                        packages: PackagesReport | None = None, exec_count: int = 0) -> Session:  # fmt: skip
-        """A Session owning vm and its admission ticket (released when it closes)."""
-        self._vms.add(vm)
-
-        def on_close(session: Session) -> None:
-            self._sessions.discard(session)
-            self._vms.discard(vm)
-            ticket.release()
-
+        """A Session owning lease (its VM and admission ticket, released when it closes)."""
         session = Session(
-            vm,
+            lease,
             language=language,
             default_timeout_seconds=timeout,
             default_env=env,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
             idle_timeout_seconds=self.config.session_idle_timeout_seconds,
-            on_close=on_close,
+            on_close=self._sessions.discard,
             boot_ms=boot_ms,
             warm_pool_hit=warm_pool_hit,
             l1_cache_hit=l1_cache_hit,
@@ -413,21 +408,23 @@ class Scheduler:
         spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
         check_machine(meta, spec)
         settings = meta["session"]
-        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
-        try:
+        at = 0.0
+
+        async def load() -> GuestVm:
+            nonlocal at
             state = await loop.run_in_executor(None, self._session_store.open_verified,
                                                snapshot_id, meta)  # fmt: skip
             try:
                 at = time.monotonic()
-                vm = await load_vm(spec, f"/proc/self/fd/{state}",
-                                   timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+                return await load_vm(spec, f"/proc/self/fd/{state}",
+                                     timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
             finally:
                 os.close(state)
-        except BaseException:
-            ticket.release()
-            raise
+
+        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
+        lease = await Lease.acquire(ticket, load, self._leases)
         return self._adopt_session(
-            vm, ticket, language=meta["language"], timeout=settings["timeout"],
+            lease, language=meta["language"], timeout=settings["timeout"],
             env=settings["env"], on_stdout=on_stdout, on_stderr=on_stderr,
             boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True,
             packages=None if layer is None else layer.report, exec_count=settings["exec_count"],
@@ -447,7 +444,7 @@ class Scheduler:
 
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
         vm = session.vm
-        tickets: list[Ticket] = []
+        tickets = []
         try:
             for _ in range(count):
                 tickets.append(await self._admission.acquire(vm.spec.memory_mb, vm.spec.vcpus))
@@ -460,8 +457,8 @@ class Scheduler:
             raise
         return [
             self._adopt_session(
-                copy, ticket, language=session.language, timeout=session.default_timeout,
-                env=session.default_env, on_stdout=None, on_stderr=None,
+                Lease(copy, ticket, self._leases), language=session.language,
+                timeout=session.default_timeout, env=session.default_env, on_stdout=None, on_stderr=None,
                 boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True, packages=session.packages,
                 exec_count=session.exec_count,
             )  # fmt: skip
@@ -492,36 +489,36 @@ class Scheduler:
                                 resolved=False, size_bytes=stored.size)  # fmt: skip
         return PackageLayer(key=stored.key, path=stored.path, kind=str(saved["kind"]), report=report)
 
-    async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
-                          layer: PackageLayer | None, on_boot_log: OutputCallback | None
-                          ) -> tuple[GuestVm, Ticket, Phases]:  # fmt: skip
+    async def _acquire_lease(self, language: Language, memory: int, allow_network: bool,
+                             layer: PackageLayer | None, on_boot_log: OutputCallback | None
+                             ) -> tuple[Lease[GuestVm], Phases]:  # fmt: skip
         """A VM and its ticket for one run() or session: the pool first, else admission and
-        an L1 restore or a cold boot."""
+        an L1 restore or a cold boot (provisioning.py)."""
         phases = Phases()
         pooled = None
         if self._provisioner.pool_serves(language, layer):
             pooled = await self._take_pooled(language, memory, allow_network, phases)
         if pooled is not None and self._closed:
-            pooled.vm.close()
-            pooled.ticket.release()
+            pooled.lease.discard()
             raise SandboxError("the scheduler was closed while the VM started")
         if pooled is not None:
             phases.pool_hit = True
             phases.l1_hit = pooled.restored
-            return pooled.vm, pooled.ticket, phases
-        admit_at = time.monotonic()
-        ticket = await self._admission.acquire(memory, VCPUS)
-        phases.admission_ms = _ms(time.monotonic() - admit_at)
-        try:
+            pooled.lease.move_to(self._leases)
+            return pooled.lease, phases
+
+        async def start() -> GuestVm:
             vm = await self._provisioner.start_vm(language, memory, phases, layer,
                                                   on_boot_log=on_boot_log)  # fmt: skip
             if self._closed:
                 vm.close()
                 raise SandboxError("the scheduler was closed while the VM started")
-        except BaseException:
-            ticket.release()
-            raise
-        return vm, ticket, phases
+            return vm
+
+        admit_at = time.monotonic()
+        ticket = await self._admission.acquire(memory, VCPUS)
+        phases.admission_ms = _ms(time.monotonic() - admit_at)
+        return await Lease.acquire(ticket, start, self._leases), phases
 
     async def _take_pooled(self, language: Language, memory: int, allow_network: bool,
                            phases: Phases) -> PooledVm | None:  # fmt: skip
@@ -540,26 +537,11 @@ class Scheduler:
                 await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
             except SandboxError as exc:
                 log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
-                pooled.vm.close()
-                pooled.ticket.release()
+                pooled.lease.discard()
                 continue
             phases.connect_ms = _ms(time.monotonic() - at)
             return pooled
         return None
-
-    def _retire_soon(self, vm: GuestVm, ticket: Ticket) -> None:
-        """Destroy a VM whose result is out, on the loop's next turn: killing QEMU is then not
-        part of the caller's wait (its reap and cgroup removal happen off the loop, and close()
-        waits for them). Until then it is in self._vms, so close() still destroys it."""
-
-        def retire() -> None:
-            try:
-                vm.close()
-            finally:
-                self._vms.discard(vm)
-                ticket.release()
-
-        asyncio.get_running_loop().call_soon(retire)
 
 
 @dataclass(frozen=True)

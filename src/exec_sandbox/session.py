@@ -22,6 +22,7 @@ from . import files, limits
 from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .execution import ExecRequest, OutputCallback
 from .guest_vm import GuestVm
+from .lease import Lease
 from .results import EXIT_SIGKILL, OOM_NOTE
 from .errors import (
     CommunicationError,
@@ -56,7 +57,7 @@ class Session:
 
     def __init__(
         self,
-        vm: GuestVm,
+        lease: Lease[GuestVm],
         *,
         language: Language,
         default_timeout_seconds: float,
@@ -79,7 +80,9 @@ class Session:
         # The packages installed in its VM (None: none), as ExecutionResult.packages.
         self.packages = packages
         self.language = language
-        self._vm = vm
+        # The VM and its admission ticket: the session owns both until it closes.
+        self._lease = lease
+        self._vm = lease.vm
         self._default_timeout = default_timeout_seconds
         self._default_env = dict(default_env or {})
         self._on_stdout = on_stdout
@@ -138,7 +141,7 @@ class Session:
         if self._idle_pause is not None and not self._idle_pause.done():
             self._idle_pause.cancel()  # a pause being saved: the VM ends instead
         self._close_now("closed by the caller")
-        await self._vm.aclose()
+        await self._lease.release()
 
     async def exec(
         self,
@@ -369,7 +372,7 @@ class Session:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        self._vm.close()
+        self._lease.discard()
         self._on_close(self)
 
 
