@@ -12,10 +12,9 @@ from types import TracebackType
 from typing import Any
 
 from . import _logging, limits
-from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .admission import Admission, Budget
 from .config import SchedulerConfig
-from .errors import OutputLimitError, SandboxError, SnapshotError, VmConfigError
+from .errors import SandboxError, SnapshotError, VmConfigError
 from .execution import ExecRequest, OutputCallback
 from .guest_vm import GuestVm
 from .jail import usage_figures
@@ -32,7 +31,7 @@ from .packages.layer import PackageLayer
 from .pool import PooledVm, WarmPool
 from .provisioning import VCPUS, Foreground, Phases, Provisioner, VmFactory
 from .qemu_process import wait_released
-from .results import EXIT_SIGKILL, OOM_NOTE
+from .results import shape_result
 from .session import Session, SessionHooks
 from .session_snapshots import (
     SessionSnapshotStore,
@@ -281,24 +280,10 @@ class Scheduler:
         # then it is in self._leases, so close() still destroys it.
         asyncio.get_running_loop().call_soon(lease.discard)
 
-        if outcome.flags & EXIT_STDOUT_LIMIT:
-            raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
-                                  stdout=outcome.stdout, stderr=outcome.stderr)
-        if outcome.flags & EXIT_STDERR_LIMIT:
-            raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
-                                  stdout=outcome.stdout, stderr=outcome.stderr)
-        stderr = outcome.stderr
-        if outcome.exit_code == -1:
-            stderr += f"\nExecution timed out after {timeout} seconds\n"
-        elif outcome.exit_code == EXIT_SIGKILL:
-            stderr += OOM_NOTE
-        return ExecutionResult(
-            stdout=outcome.stdout,
-            stderr=stderr,
-            exit_code=outcome.exit_code,
-            execution_time_ms=outcome.duration_us // 1000,
-            external_cpu_time_ms=cpu_ms,
-            external_memory_peak_mb=peak_mb,
+        return shape_result(
+            outcome,
+            timeout_seconds=timeout,
+            in_session=False,
             timing=TimingBreakdown(
                 setup_ms=max(0, setup_ms),
                 boot_ms=phases.boot_ms,
@@ -308,6 +293,8 @@ class Scheduler:
                 restore_ms=phases.restore_ms,
                 connect_ms=phases.connect_ms,
             ),
+            cpu_ms=cpu_ms,
+            peak_mb=peak_mb,
             warm_pool_hit=phases.pool_hit,
             l1_cache_hit=phases.l1_hit,
         )

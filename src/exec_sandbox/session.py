@@ -19,15 +19,13 @@ from types import TracebackType
 from typing import TypeVar
 
 from . import files, limits
-from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .execution import ExecRequest, OutputCallback
 from .guest_vm import GuestVm
 from .lease import Lease
-from .results import EXIT_SIGKILL, OOM_NOTE
+from .results import EXIT_SIGKILL, shape_result
 from .errors import (
     CommunicationError,
     InputValidationError,
-    OutputLimitError,
     SessionClosedError,
     VmTransientError,
 )
@@ -182,25 +180,10 @@ class Session:
                 # the session ends.
                 self._close_now("the REPL was killed by SIGKILL (exit 137), most likely by the "
                                 "guest's OOM killer")
-            if outcome.flags & EXIT_STDOUT_LIMIT:
-                raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
-                                      stdout=outcome.stdout, stderr=outcome.stderr)
-            if outcome.flags & EXIT_STDERR_LIMIT:
-                raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
-                                      stdout=outcome.stdout, stderr=outcome.stderr)
-            stderr = outcome.stderr
-            if outcome.exit_code == -1:
-                stderr += (
-                    f"\nExecution timed out after {timeout} seconds; the REPL was reset "
-                    "(its state is lost)\n"
-                )
-            elif outcome.exit_code == EXIT_SIGKILL:
-                stderr += OOM_NOTE + "The session is closed (the REPL and its state are gone).\n"
-            return ExecutionResult(
-                stdout=outcome.stdout,
-                stderr=stderr,
-                exit_code=outcome.exit_code,
-                execution_time_ms=outcome.duration_us // 1000,
+            return shape_result(
+                outcome,
+                timeout_seconds=timeout,
+                in_session=True,
                 timing=TimingBreakdown(
                     setup_ms=_ms(dispatched - started),
                     boot_ms=0,
