@@ -380,9 +380,9 @@ class Provisioner:
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus, background=True)
         try:
             at = time.monotonic()
-            snapshot = await self.snapshots.build(
-                spec, language, key, boot_timeout=limits.BOOT_TIMEOUT_SECONDS
-            )
+            snapshot = await self.snapshots.build(spec, language, key,
+                                                  boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+                                                  boot=self.factory.boot)  # fmt: skip
             log.info("memory snapshot %s built in %.1f s", key, time.monotonic() - at)
             self._snapshot_failed.discard(key)
             return snapshot
