@@ -426,7 +426,7 @@ class Scheduler:
         return self._session_store.delete(check_id(snapshot_id))
 
     async def _pause_session(self, session: Session) -> SessionSnapshot:
-        # A failed save runs the VM on (GuestVm._save): the session goes on, unpaused.
+        # A failed save runs the VM on (migration._save): the session goes on, unpaused.
         return await save_session(session.vm, self._session_store, self._session_meta(session))
 
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
