@@ -57,7 +57,6 @@ _WARM_UP_CODE: dict[Language, bytes] = {
 }
 
 
-
 class GuestFileError(Exception):
     """The guest refused or failed a file transfer (FILE_ERROR); `kind` is a FILE_ERR_* code."""
 
@@ -75,7 +74,6 @@ class FileTransfer:
     done: asyncio.Future[int]
     on_data: Callable[[bytes], None] | None = None
     on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
-
 
 
 class GuestVm:
@@ -130,7 +128,6 @@ class GuestVm:
             guest.close()
             raise
         return guest
-
 
     @classmethod
     async def spawn(cls, spec: VmSpec, *, incoming: bool,

@@ -55,7 +55,6 @@ async def restore(spec: VmSpec, state_path: str, *, timeout: float,
     return guest
 
 
-
 async def _load(guest: GuestVm, state_path: str, timeout: float, ram_in_stream: bool,
                 run: bool) -> None:  # fmt: skip
     started = time.monotonic()

@@ -150,7 +150,9 @@ class Provisioner:
         self._registry = registry
         self.foreground = foreground
         self._host: HostSetup | None = None
-        self.snapshots = SnapshotCache(config.memory_snapshot_cache_dir) if config.memory_snapshots else None
+        self.snapshots = (
+            SnapshotCache(config.memory_snapshot_cache_dir) if config.memory_snapshots else None
+        )
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
         self._snapshot_failed: set[str] = set()
         # Package layers (packages/): the cache, and each language's default set (config).
@@ -195,7 +197,8 @@ class Provisioner:
 
     # --- what a VM gets ---
 
-    def packages_of(self, language: Language, packages: Sequence[str] | None) -> tuple[PackageSpec, ...]:
+    def packages_of(self, language: Language,
+                    packages: Sequence[str] | None) -> tuple[PackageSpec, ...]:  # fmt: skip
         """The packages a call's VM gets: the scheduler's default set of the language with the
         call's own on top (validated before anything starts)."""
         requested = validate_packages(packages, language,

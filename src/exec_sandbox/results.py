@@ -26,7 +26,8 @@ _SESSION_OOM_NOTE = "The session is closed (the REPL and its state are gone).\n"
 
 def shape_result(outcome: ExecOutcome, *, timeout_seconds: float, in_session: bool,
                  timing: TimingBreakdown, cpu_ms: int | None = None, peak_mb: int | None = None,
-                 warm_pool_hit: bool = False, l1_cache_hit: bool = False) -> ExecutionResult:  # fmt: skip
+                 warm_pool_hit: bool = False,
+                 l1_cache_hit: bool = False) -> ExecutionResult:  # fmt: skip
     """The ExecutionResult of outcome (cpu_ms, peak_mb: QEMU's figures from its cgroup).
     Raises OutputLimitError, carrying the output up to the limit, when the guest cut the code
     off at a limit."""

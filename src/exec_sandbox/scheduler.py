@@ -445,9 +445,9 @@ class Scheduler:
         return [
             self._adopt_session(
                 Lease(copy, ticket, self._leases), language=session.language,
-                timeout=session.default_timeout, env=session.default_env, on_stdout=None, on_stderr=None,
-                boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True, packages=session.packages,
-                exec_count=session.exec_count,
+                timeout=session.default_timeout, env=session.default_env, on_stdout=None,
+                on_stderr=None, boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True,
+                packages=session.packages, exec_count=session.exec_count,
             )  # fmt: skip
             for copy, ticket in zip(copies, tickets)
         ]
