@@ -7,6 +7,7 @@ no stand-in process outlived the scheduler."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from exec_sandbox import (
     VmTransientError,
 )
 from exec_sandbox.qmp import QmpError
+from exec_sandbox.session_snapshots import SESSION_SNAPSHOT_FORMAT
+from exec_sandbox.snapshots import machine_identity
 from tests.unit.guest_stand_in import StandInVms, stand_in_scheduler
 
 
@@ -110,3 +113,21 @@ async def test_close_ends_runs_in_flight_and_returns_every_ticket(tmp_path: Path
         assert session.closed
         assert scheduler.capacity().vms_in_use == 0
         assert vms.live_processes() == []
+
+
+async def test_a_resume_whose_snapshot_is_damaged_gives_its_ticket_back(tmp_path: Path) -> None:
+    async with stand_in_scheduler(tmp_path) as (scheduler, _):
+        spec = scheduler._provisioner.spec(scheduler.config.default_memory_mb)
+        snapshot_id = "ab" * 16
+        directory = scheduler.config.memory_snapshot_cache_dir / "sessions" / snapshot_id
+        directory.mkdir(parents=True)
+        state = b"GUEST STAND-IN: not a migration stream\n"
+        (directory / "state").write_bytes(state)
+        meta = {"format": SESSION_SNAPSHOT_FORMAT, "id": snapshot_id, "language": "python",
+                "created": 0.0, "size": len(state), "sha256": "0" * 64,
+                "machine": machine_identity(spec), "layer": None, "packages": [],
+                "session": {"timeout": 30, "env": {}, "exec_count": 0}}  # fmt: skip
+        (directory / "meta.json").write_text(json.dumps(meta))
+        with pytest.raises(SnapshotError, match="damaged"):
+            await scheduler.resume(snapshot_id)
+        assert scheduler.capacity().vms_in_use == 0
