@@ -29,9 +29,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from ._vm import GuestVm
-from .admission import Admission, Budget, Ticket
+from .guest_vm import GuestVm
+from .admission import Admission, Budget
 from .errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
+from .lease import Lease
 from .models import LANGUAGES, Language
 
 log = logging.getLogger("exec_sandbox")
@@ -75,16 +76,20 @@ def fit_sizes(requested: Mapping[Language, int], memory_mb: int, vcpus: int,
 
 @dataclass
 class PooledVm:
-    vm: GuestVm
-    ticket: Ticket
+    lease: Lease[GuestVm]  # the VM and its admission ticket
     language: Language
     # How the VM was started: a restored one came from an L1 snapshot.
     restored: bool
     # time.monotonic() when the guest last answered (it joined the pool right after its PRESTART).
     checked_at: float = field(default_factory=time.monotonic)
 
+    @property
+    def vm(self) -> GuestVm:
+        return self.lease.vm
 
-# Starts one VM for the pool (restore or boot, then warm up); the pool owns the result.
+
+# Starts one VM for the pool (provisioning.Provisioner.start_pool_vm: restore or boot, then warm
+# up) and says whether it was restored; the pool owns the result.
 VmFactory = Callable[[Language], Awaitable[tuple[GuestVm, bool]]]
 
 
@@ -141,7 +146,7 @@ class WarmPool:
             if pooled.vm.alive:
                 return pooled
             log.warning("pooled %s VM died while idle: discarding it", language)
-            _destroy(pooled)
+            pooled.lease.discard()
         return None
 
     def reclaim_one(self) -> bool:
@@ -150,7 +155,7 @@ class WarmPool:
         lang = max(LANGUAGES, key=lambda lg: len(self._idle[lg]))
         if not self._idle[lang]:
             return False
-        _destroy(self._idle[lang].pop())
+        self._idle[lang].pop().lease.discard()
         self._changed.set()
         return True
 
@@ -210,7 +215,7 @@ class WarmPool:
         self._tasks.clear()
         for idle in self._idle.values():
             while idle:
-                _destroy(idle.popleft())
+                idle.popleft().lease.discard()
         self._changed.set()
 
     async def _refill(self, language: Language) -> None:
@@ -225,13 +230,18 @@ class WarmPool:
                 await self._wait_quiet()
                 ticket = await self._admission.acquire(self.memory_mb, self.vcpus,
                                                        background=True)  # fmt: skip
-                try:
+                restored = False
+
+                async def start() -> GuestVm:
+                    nonlocal restored
                     vm, restored = await self._factory(language)
+                    return vm
+
+                try:
+                    lease = await Lease.acquire(ticket, start)
                 except asyncio.CancelledError:
-                    ticket.release()
                     raise
                 except Exception as exc:
-                    ticket.release()
                     self._failures[language] += 1
                     self._last_error[language] = exc
                     self._changed.set()  # wait_ready() decides whether to give up
@@ -244,16 +254,11 @@ class WarmPool:
             self._failures[language] = 0
             self._last_error[language] = None
             if self._closed:
-                vm.close()
-                ticket.release()
+                lease.discard()
                 return
-            idle.append(PooledVm(vm, ticket, language, restored))
+            idle.append(PooledVm(lease, language, restored))
             self._changed.set()
 
-
-def _destroy(pooled: PooledVm) -> None:
-    pooled.vm.close()
-    pooled.ticket.release()
 
 
 def _show(sizes: Mapping[Language, int]) -> str:

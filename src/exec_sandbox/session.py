@@ -19,19 +19,13 @@ from types import TracebackType
 from typing import TypeVar
 
 from . import files, limits
-from ._vm import (
-    EXIT_SIGKILL,
-    EXIT_STDERR_LIMIT,
-    EXIT_STDOUT_LIMIT,
-    OOM_NOTE,
-    ExecRequest,
-    GuestVm,
-    OutputCallback,
-)
+from .execution import ExecRequest, OutputCallback
+from .guest_vm import GuestVm
+from .lease import Lease
+from .results import EXIT_SIGKILL, shape_result
 from .errors import (
     CommunicationError,
     InputValidationError,
-    OutputLimitError,
     SessionClosedError,
     VmTransientError,
 )
@@ -61,7 +55,7 @@ class Session:
 
     def __init__(
         self,
-        vm: GuestVm,
+        lease: Lease[GuestVm],
         *,
         language: Language,
         default_timeout_seconds: float,
@@ -84,7 +78,9 @@ class Session:
         # The packages installed in its VM (None: none), as ExecutionResult.packages.
         self.packages = packages
         self.language = language
-        self._vm = vm
+        # The VM and its admission ticket: the session owns both until it closes.
+        self._lease = lease
+        self._vm = lease.vm
         self._default_timeout = default_timeout_seconds
         self._default_env = dict(default_env or {})
         self._on_stdout = on_stdout
@@ -143,7 +139,7 @@ class Session:
         if self._idle_pause is not None and not self._idle_pause.done():
             self._idle_pause.cancel()  # a pause being saved: the VM ends instead
         self._close_now("closed by the caller")
-        await self._vm.aclose()
+        await self._lease.release()
 
     async def exec(
         self,
@@ -184,25 +180,10 @@ class Session:
                 # the session ends.
                 self._close_now("the REPL was killed by SIGKILL (exit 137), most likely by the "
                                 "guest's OOM killer")
-            if outcome.flags & EXIT_STDOUT_LIMIT:
-                raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
-                                      stdout=outcome.stdout, stderr=outcome.stderr)
-            if outcome.flags & EXIT_STDERR_LIMIT:
-                raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
-                                      stdout=outcome.stdout, stderr=outcome.stderr)
-            stderr = outcome.stderr
-            if outcome.exit_code == -1:
-                stderr += (
-                    f"\nExecution timed out after {timeout} seconds; the REPL was reset "
-                    "(its state is lost)\n"
-                )
-            elif outcome.exit_code == EXIT_SIGKILL:
-                stderr += OOM_NOTE + "The session is closed (the REPL and its state are gone).\n"
-            return ExecutionResult(
-                stdout=outcome.stdout,
-                stderr=stderr,
-                exit_code=outcome.exit_code,
-                execution_time_ms=outcome.duration_us // 1000,
+            return shape_result(
+                outcome,
+                timeout_seconds=timeout,
+                in_session=True,
                 timing=TimingBreakdown(
                     setup_ms=_ms(dispatched - started),
                     boot_ms=0,
@@ -374,7 +355,7 @@ class Session:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        self._vm.close()
+        self._lease.discard()
         self._on_close(self)
 
 

@@ -57,12 +57,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from ._vm import GuestVm, VmSpec
+from .guest_vm import GuestVm
+from .migration import save_devices
+from .vm_spec import VmSpec
 from .models import Language
 
 log = logging.getLogger("exec_sandbox")
@@ -224,9 +226,10 @@ class SnapshotCache:
             log.info("memory snapshot cache %s: removed %s", self.root, ", ".join(removed))
         return removed
 
-    async def build(self, spec: VmSpec, language: Language, key: str, *,
-                    boot_timeout: float) -> Snapshot:  # fmt: skip
-        """Boot a template VM of spec, warm `language` up, save it, publish it under key."""
+    async def build(self, spec: VmSpec, language: Language, key: str, *, boot_timeout: float,
+                    boot: Callable[..., Awaitable[GuestVm]] = GuestVm.boot) -> Snapshot:  # fmt: skip
+        """Boot a template VM of spec (with `boot`: the provisioning's VmFactory), warm
+        `language` up, save it, publish it under key."""
         self.root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=self.root))
         # Held until the build ends: prune() never removes a build directory that is locked.
@@ -240,7 +243,7 @@ class SnapshotCache:
             try:
                 os.ftruncate(ram_fd, spec.memory_mb * 1024 * 1024)
                 template_spec = replace(spec, mem_fd=ram_fd, mem_shared=True, qmp=True)
-                vm = await GuestVm.boot(template_spec, boot_timeout=boot_timeout)
+                vm = await boot(template_spec, boot_timeout=boot_timeout, on_boot_log=None)
             finally:
                 os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
@@ -252,7 +255,7 @@ class SnapshotCache:
                 # clone depends on the RESEED it gets (the security test relies on this to
                 # notice a clone that was not reseeded). It also stamps the clock.
                 await vm.reseed()
-                await vm.save_snapshot(str(work / "state"))
+                await save_devices(vm, str(work / "state"))
             finally:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.

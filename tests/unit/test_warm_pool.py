@@ -36,6 +36,9 @@ class _StandInVm:
     def close(self) -> None:
         self.alive = False
 
+    async def aclose(self) -> None:
+        self.close()
+
 
 async def _quiet() -> None:
     return None
@@ -102,8 +105,7 @@ async def test_per_language_sizes_pool_only_those_languages() -> None:
         assert pool.take("javascript") is None
         taken = pool.take("python")
         assert taken is not None
-        taken.vm.close()
-        taken.ticket.release()
+        taken.lease.discard()  # the VM and its ticket, as a request ends them
         # The refill replaces it.
         await asyncio.wait_for(pool.wait_ready(), HANG_GUARD_SECONDS)
         assert started == ["python"] * 3

@@ -237,7 +237,7 @@ def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
 
 async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import exec_sandbox._vm as vm_module
+    import exec_sandbox.migration as vm_module
 
     session = await sched.session()
     await session.exec("data = list(range(1000))")
