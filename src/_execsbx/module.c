@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "protocol.h"
-#include "request.h"
+#include "agent_request.h"
 #include "tsc.h"
 
 PyMODINIT_FUNC PyInit__execsbx(void);

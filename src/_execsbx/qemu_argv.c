@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "protocol.h"
-#include "spawn.h" /* the fds the child finds the two sockets at */
+#include "qemu_spawn.h" /* the fds the child finds the two sockets at */
 
 struct argv_builder {
 	char **v;
@@ -242,7 +242,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	}
 
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel. Both
-	 * chardevs are sockets the host already holds the other end of (spawn.c puts them at
+	 * chardevs are sockets the host already holds the other end of (qemu_spawn.c puts them at
 	 * fds 3 and 4): no paths, no listening sockets, nothing another process could connect to. */
 	add(&b, "-device");
 	add(&b, "virtio-serial-device,max_ports=2");

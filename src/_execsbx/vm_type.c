@@ -7,11 +7,11 @@
 #include <errno.h>
 #include <string.h>
 
-#include "channel.h"
+#include "agent_channel.h"
 #include "event.h"
 #include "jail.h"
 #include "protocol.h"
-#include "request.h"
+#include "agent_request.h"
 #include "vm.h"
 
 /* Per read_events() call: at most this many bytes are read, so one call stays short even if the

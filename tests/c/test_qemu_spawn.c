@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "spawn.h"
+#include "qemu_spawn.h"
 #include "test.h"
 
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
@@ -434,5 +434,5 @@ int main(void)
 	RUN(test_stdio);
 	RUN(test_environment);
 	RUN(test_parent_death_kills_child);
-	TEST_MAIN_END("test_spawn");
+	TEST_MAIN_END("test_qemu_spawn");
 }
