@@ -1,5 +1,5 @@
 /* One QEMU process and the host ends of its two sockets, without Python: started from a ready
- * argv (qemu_argv.h), polled, killed and closed. The Python type in vm_type.c wraps this. */
+ * argv (qemu_argv.h), polled, killed and closed. The Python type in py_vm.c wraps this. */
 #ifndef SBX_VM_H
 #define SBX_VM_H
 
