@@ -403,10 +403,8 @@ static void test_user_switch_while_other_threads_churn(void)
 
 int main(void)
 {
-	if (geteuid() != 0) {
-		printf("test_jail: skipped (needs root for cgroups and namespaces), 0 passed, 0 failed\n");
-		return 0;
-	}
+	if (geteuid() != 0)
+		SKIP_ALL("needs root for cgroups and namespaces");
 	RUN(test_all_layers_in_force);
 	RUN(test_snapshot_fds_survive_the_jail);
 	RUN(test_cgroup_limits_written_and_removed);
