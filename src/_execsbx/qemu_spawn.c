@@ -21,6 +21,13 @@
 #include "cleanup.h"
 #include "jail.h"
 
+#ifdef SBX_TESTING
+struct sbx_forced_fallbacks sbx_forced_fallbacks;
+#define FORCED(which) (sbx_forced_fallbacks.which)
+#else
+#define FORCED(which) 0
+#endif
+
 /* glibc < 2.36 has no P_PIDFD in idtype_t; the kernel's value is 3 (linux/wait.h). */
 #define SBX_P_PIDFD ((idtype_t)3)
 
@@ -121,7 +128,9 @@ static int close_from(unsigned lo, unsigned hi, unsigned max_fd)
 	if (lo > hi)
 		return 0;
 #ifdef SYS_close_range
-	if (syscall(SYS_close_range, lo, hi, 0) == 0)
+	if (FORCED(no_close_range))
+		errno = ENOSYS;
+	else if (syscall(SYS_close_range, lo, hi, 0) == 0)
 		return 0;
 	if (errno != ENOSYS && errno != EINVAL)
 		return -1;
@@ -276,9 +285,13 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 		/* No stack argument: the child continues on a copy of this stack, like fork().
 		 * glibc's atfork handlers do not run, which is fine: the child only makes raw
 		 * async-signal-safe calls before execve. */
-		long pid = syscall(SYS_clone,
-				   (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
-				   NULL, NULL, 0);
+		long pid = -1;
+		if (FORCED(refuse_namespaces))
+			errno = EPERM;
+		else
+			pid = syscall(SYS_clone,
+				      (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
+				      NULL, NULL, 0);
 		if (pid == 0)
 			child_exec(plan);
 		if (pid > 0)
@@ -472,6 +485,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 int sbx_pidfd_open(pid_t pid)
 {
 #ifdef SYS_pidfd_open
+	if (FORCED(no_pidfd))
+		return -ENOSYS;
 	long fd = syscall(SYS_pidfd_open, pid, 0);
 	if (fd < 0)
 		return -errno;
@@ -520,10 +535,15 @@ int sbx_child_wait(const struct sbx_child *c, int blocking, int *status)
 		siginfo_t si;
 		memset(&si, 0, sizeof(si));
 		int rc;
-		while ((rc = waitid(SBX_P_PIDFD, (id_t)c->pidfd, &si, WEXITED | (blocking ? 0 : WNOHANG))) <
-			       0 &&
-		       errno == EINTR)
-			;
+		do {
+			if (FORCED(no_waitid_pidfd)) {
+				rc = -1;
+				errno = EINVAL;
+			} else {
+				rc = waitid(SBX_P_PIDFD, (id_t)c->pidfd, &si,
+					    WEXITED | (blocking ? 0 : WNOHANG));
+			}
+		} while (rc < 0 && errno == EINTR);
 		if (rc == 0) {
 			if (si.si_pid == 0)
 				return 0;

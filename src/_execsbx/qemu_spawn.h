@@ -78,4 +78,17 @@ int sbx_child_wait(const struct sbx_child *c, int blocking, int *status);
 /* Decode a waitpid status like subprocess.Popen.returncode: exit code, or -signal. */
 int sbx_status_to_returncode(int status);
 
+#ifdef SBX_TESTING
+/* Test-only (tests/c builds with -DSBX_TESTING; the extension has no such symbol): make this
+ * process behave as on a kernel without the feature, so that the paths kept for old kernels run
+ * on this one. Set before spawning; the child reads its copy. */
+struct sbx_forced_fallbacks {
+	int no_pidfd;          /* pidfd_open fails with ENOSYS (< 5.3): kill(2), waitpid(2) */
+	int no_waitid_pidfd;   /* waitid(P_PIDFD) fails with EINVAL (< 5.4): waitpid(2) */
+	int no_close_range;    /* close_range fails with ENOSYS (< 5.9): the close loop */
+	int refuse_namespaces; /* clone(CLONE_NEW*) fails with EPERM: a plain fork, layer off */
+};
+extern struct sbx_forced_fallbacks sbx_forced_fallbacks;
+#endif
+
 #endif /* SBX_SPAWN_H */

@@ -11,11 +11,13 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cgroup.h"
+#include "forced_fallbacks.h"
 #include "jail.h"
 #include "qemu_spawn.h"
 #include "test.h"
@@ -63,6 +65,8 @@ static struct sbx_jail_config full_config(void)
 
 static void test_all_layers_in_force(void)
 {
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("namespaces refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
 	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-1"), 0);
@@ -107,6 +111,8 @@ static void test_all_layers_in_force(void)
  * with write(2) stays impossible (RLIMIT_FSIZE 0); QEMU writes the RAM through its mapping. */
 static void test_snapshot_fds_survive_the_jail(void)
 {
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("its read-only mount tree needs namespaces, refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
 	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-fds"), 0);
@@ -386,7 +392,7 @@ static void test_user_switch_while_other_threads_churn(void)
 	CHECK(worker > 0);
 	if (worker <= 0)
 		return;
-	int pidfd = sbx_pidfd_open(worker);
+	int pidfd = (int)syscall(SYS_pidfd_open, worker, 0); /* the test's own, never forced off */
 	CHECK(pidfd >= 0);
 	struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
 	int ready = poll(&pfd, 1, 120 * 1000);
@@ -401,18 +407,40 @@ static void test_user_switch_while_other_threads_churn(void)
 	close(pidfd);
 }
 
+/* A kernel that refuses clone(CLONE_NEW*) (e.g. unprivileged user namespaces off): spawn falls
+ * back to a plain fork, QEMU runs outside new namespaces, and the layer says why. */
+static void test_namespaces_refused_by_clone_fall_back_to_fork(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.refuse_namespaces = 1;
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-9"), 0);
+	CHECK(j.status[SBX_LAYER_NAMESPACES].active); /* planned ... */
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "test $$ -ne 1", out, sizeof(out)), 0); /* ... not PID 1 */
+	CHECK(!j.status[SBX_LAYER_NAMESPACES].active); /* ... and off, with clone's reason */
+	CHECK(strstr(j.status[SBX_LAYER_NAMESPACES].detail, "refused: Operation not permitted"));
+	CHECK(j.status[SBX_LAYER_SECCOMP].active); /* the other layers hold */
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+	sbx_forced_fallbacks = saved;
+}
+
 int main(void)
 {
+	const char *name = force_fallbacks_from_env("test_jail");
 	if (geteuid() != 0)
 		SKIP_ALL("needs root for cgroups and namespaces");
 	RUN(test_all_layers_in_force);
 	RUN(test_snapshot_fds_survive_the_jail);
 	RUN(test_cgroup_limits_written_and_removed);
 	RUN(test_namespaces_refused_is_recorded);
+	RUN(test_namespaces_refused_by_clone_fall_back_to_fork);
 	RUN(test_cgroup_the_child_cannot_make_is_off_with_its_reason);
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
 	RUN(test_parent_death_kills_child_after_user_switch);
 	RUN(test_user_switch_while_other_threads_churn);
-	TEST_MAIN_END("test_jail");
+	TEST_MAIN_END(name);
 }

@@ -1,4 +1,4 @@
-/* Tests of fork+exec (spawn.c) with real children: /bin/sh and /bin/sleep stand in for QEMU. */
+/* Tests of fork+exec (qemu_spawn.c) with real children: /bin/sh and /bin/sleep stand in for QEMU. */
 #define _GNU_SOURCE 1
 #include <dirent.h>
 #include <errno.h>
@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "forced_fallbacks.h"
 #include "qemu_spawn.h"
 #include "test.h"
 
@@ -192,7 +193,8 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 		CHECK_EQ(sbx_spawn_start(&req, &c, &p, &where), 0);
 		close(chan.child);
 		close(con.child);
-		CHECK(c.pid > 0 && c.pidfd >= 0 && p.err_fd >= 0 && p.go_fd >= 0);
+		CHECK(c.pid > 0 && p.err_fd >= 0 && p.go_fd >= 0);
+		CHECK_EQ(c.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 		struct pollfd pfd = {.fd = p.err_fd, .events = POLLIN};
 		CHECK_EQ(poll(&pfd, 1, 10000), 1);
 		int rc = sbx_spawn_finish(&p, 0, &where);
@@ -227,7 +229,7 @@ static void test_exit_status(void)
 	struct pair chan, con;
 	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
 	CHECK(c.pid > 0);
-	CHECK(c.pidfd >= 0);
+	CHECK_EQ(c.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 	int st;
 	reap(&c, &st);
 	CHECK(WIFEXITED(st));
@@ -422,8 +424,77 @@ static void test_parent_death_kills_child(void)
 	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
 }
 
+/* Kernel < 5.3 (no pidfd_open): the child has no pidfd, and signalling and reaping go through
+ * its pid (kill, waitpid). */
+static void test_without_pidfd_signal_and_reap_by_pid(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_pidfd = 1;
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(c.pidfd, -1);
+	int st = 0;
+	CHECK_EQ(sbx_child_wait(&c, 0, &st), 0); /* still running */
+	CHECK_EQ(sbx_child_signal(&c, SIGKILL), 0);
+	CHECK_EQ(sbx_child_wait(&c, 1, &st), 1);
+	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
+/* Kernel 5.3 (pidfd_open, but waitid(P_PIDFD) is EINVAL): reaped with waitpid, status intact. */
+static void test_without_waitid_pidfd_reaps_by_pid(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_waitid_pidfd = 1;
+	char *const argv[] = {"/bin/sh", "-c", "exit 7", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	int st = 0;
+	CHECK_EQ(sbx_child_wait(&c, 1, &st), 1);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+	if (c.pidfd >= 0)
+		close(c.pidfd);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
+/* Kernel < 5.9 (no close_range): the child closes inherited fds one by one; none survives. */
+static void test_without_close_range_inherited_fds_are_closed(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_close_range = 1;
+	int leak = open("/dev/null", O_RDONLY); /* inheritable, low and high */
+	int leak_hi = fcntl(leak, F_DUPFD, 50);
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	close(leak);
+	close(leak_hi);
+	unsigned long long fds = 0;
+	for (int i = 0; i < 200; i++) {
+		fds = open_fds(c.pid);
+		if (fds == 0x1f)
+			break;
+		sleep_ms(10);
+	}
+	CHECK_EQ(fds, 0x1f); /* exactly 0, 1, 2, 3, 4 */
+	sbx_child_signal(&c, SIGKILL);
+	reap(&c, NULL);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
 int main(void)
 {
+	const char *name = force_fallbacks_from_env("test_qemu_spawn");
 	RUN(test_exec_failure_enoent);
 	RUN(test_exec_failure_eacces);
 	RUN(test_start_reports_the_exec_through_the_error_pipe);
@@ -434,5 +505,8 @@ int main(void)
 	RUN(test_stdio);
 	RUN(test_environment);
 	RUN(test_parent_death_kills_child);
-	TEST_MAIN_END("test_qemu_spawn");
+	RUN(test_without_pidfd_signal_and_reap_by_pid);
+	RUN(test_without_waitid_pidfd_reaps_by_pid);
+	RUN(test_without_close_range_inherited_fds_are_closed);
+	TEST_MAIN_END(name);
 }
