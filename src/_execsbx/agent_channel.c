@@ -178,9 +178,11 @@ int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t lang
 	return commit_queue(ch, before, sbx_encode_prestart(&ch->out, id, language));
 }
 
-int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
-				 const void *payload, size_t len)
+int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, const char **why)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_file_frame(&ch->out, type, id, payload, len));
+	int rc = commit_queue(ch, before, sbx_encode_file_request(&ch->out, r, why));
+	if (rc == -ENOBUFS && ch->out.len == before && why)
+		*why = "too many bytes queued for the guest";
+	return rc;
 }

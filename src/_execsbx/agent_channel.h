@@ -55,8 +55,7 @@ int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id);
 int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
 			     uint64_t realtime_ns);
 int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language);
-int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
-				 const void *payload, size_t len);
+int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, const char **why);
 /* Write as much of the queue as the socket takes now. 0 or -errno (EAGAIN is not an error). */
 int sbx_channel_flush(struct sbx_channel *ch);
 /* Bytes queued and not yet written. */

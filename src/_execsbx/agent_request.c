@@ -119,20 +119,72 @@ int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
 	return rc;
 }
 
-int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
-			  size_t len)
+static int validate_file(const struct sbx_file_req *r, const char **why)
 {
-	if (type < SBX_MSG_FILE_WRITE_BEGIN || type > SBX_MSG_FILE_LIST)
-		return -EINVAL;
-	if (len > SBX_HOST_FRAME_MAX)
-		return -EMSGSIZE;
-	size_t start;
-	int rc = sbx_frame_begin(b, type, id, &start);
+	int with_path = r->type == SBX_MSG_FILE_WRITE_BEGIN || r->type == SBX_MSG_FILE_READ ||
+			r->type == SBX_MSG_FILE_LIST;
+	switch (r->type) {
+	case SBX_MSG_FILE_WRITE_BEGIN:
+		if (r->flag & ~SBX_FILE_EXECUTABLE)
+			return fail(why, "unknown file mode flag", -EINVAL);
+		break;
+	case SBX_MSG_FILE_WRITE_DATA:
+		if (r->data_len > SBX_HOST_FRAME_MAX)
+			return fail(why, "payload larger than HOST_FRAME_MAX", -EMSGSIZE);
+		break;
+	case SBX_MSG_FILE_WRITE_END:
+		if (r->flag > 1)
+			return fail(why, "FILE_WRITE_END is commit (1) or abort (0)", -EINVAL);
+		break;
+	case SBX_MSG_FILE_READ:
+	case SBX_MSG_FILE_LIST:
+		break;
+	default:
+		return fail(why, "not a file-transfer message type", -EINVAL);
+	}
+	if (!with_path)
+		return 0;
+	if (r->path_len > SBX_PATH_MAX)
+		return fail(why, "path longer than PATH_MAX", -EMSGSIZE);
+	if (r->path_len == 0 && r->type != SBX_MSG_FILE_LIST)
+		return fail(why, "empty path", -EINVAL);
+	if (r->path_len && memchr(r->path, 0, r->path_len))
+		return fail(why, "path contains NUL", -EINVAL);
+	return 0;
+}
+
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, const char **why)
+{
+	int rc = validate_file(r, why);
 	if (rc < 0)
 		return rc;
-	if (len > 0 && (rc = sbx_buf_append(b, payload, len)) < 0) {
-		b->len = start;
-		return rc;
+	size_t start, before = b->len;
+	rc = sbx_frame_begin(b, r->type, r->id, &start);
+	if (rc == 0) {
+		switch (r->type) {
+		case SBX_MSG_FILE_WRITE_BEGIN:
+			rc = sbx_put_str(b, r->path, r->path_len);
+			if (rc == 0)
+				rc = sbx_put_u8(b, r->flag);
+			break;
+		case SBX_MSG_FILE_WRITE_DATA:
+			if (r->data_len > 0)
+				rc = sbx_buf_append(b, r->data, r->data_len);
+			break;
+		case SBX_MSG_FILE_WRITE_END:
+			rc = sbx_put_u8(b, r->flag);
+			break;
+		default: /* READ, LIST */
+			rc = sbx_put_str(b, r->path, r->path_len);
+			break;
+		}
 	}
-	return sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(why, rc == -EMSGSIZE ? "FILE frame larger than HOST_FRAME_MAX"
+						 : "out of memory", rc);
+	}
+	return 0;
 }

@@ -1,4 +1,4 @@
-/* Host -> guest frames (EXEC, PING), validated against protocol.h's limits before encoding. */
+/* Host -> guest frames (EXEC, PING, RESEED, PRESTART, FILE_*), validated against protocol.h's limits before encoding. */
 #ifndef SBX_REQUEST_H
 #define SBX_REQUEST_H
 
@@ -31,10 +31,22 @@ struct sbx_exec_req {
  * which), -EMSGSIZE (a field or the whole frame over its limit: *why says which) or -ENOMEM.
  * On failure b is left as it was. */
 int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why);
-/* Append one file-transfer frame (FILE_WRITE_BEGIN .. FILE_LIST) whose payload the caller built.
- * -EINVAL for any other type, -EMSGSIZE over SBX_HOST_FRAME_MAX. */
-int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
-			  size_t len);
+/* One file-transfer request (layouts in protocol.h). The pointers are the caller's. */
+struct sbx_file_req {
+	uint8_t type;       /* SBX_MSG_FILE_WRITE_BEGIN .. SBX_MSG_FILE_LIST */
+	uint32_t id;        /* the transfer's id, the same for every frame of a write */
+	const uint8_t *path; /* WRITE_BEGIN, READ, LIST: relative to the guest home ("" = home for
+			      * LIST only) */
+	size_t path_len;
+	uint8_t flag;       /* WRITE_BEGIN: enum sbx_file_mode bits; WRITE_END: 1 commit, 0 abort */
+	const uint8_t *data; /* WRITE_DATA */
+	size_t data_len;
+};
+
+/* Append the request's frame. Returns 0, or -EINVAL (another type, an unknown mode bit, an empty
+ * path where one is needed, a NUL in the path: *why says which), -EMSGSIZE (path over PATH_MAX,
+ * data over HOST_FRAME_MAX) or -ENOMEM. On failure b is left as it was. */
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, const char **why);
 /* Append one PING frame. */
 int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
 /* Append one RESEED frame; n must be SBX_RESEED_BYTES (-EINVAL otherwise). */

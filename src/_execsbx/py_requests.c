@@ -176,36 +176,119 @@ out:
 	return result;
 }
 
-const char sbx_py_send_file_frame_doc[] =
-	     "send_file_frame(type, id, payload) -> int\n\n"
-	     "Queue one file-transfer frame (MSG_FILE_WRITE_BEGIN .. MSG_FILE_LIST) with a payload\n"
-	     "built by the caller; returns the bytes still pending. ValueError for another type\n"
-	     "or a payload over HOST_FRAME_MAX; BufferError (ENOBUFS as OSError) when the queue\n"
-	     "is full: wait for flush() to return 0 before sending more.";
-
-PyObject *sbx_py_send_file_frame(struct sbx_vm *vm, PyObject *args)
+/* Queue one file request (agent_request.h); where names the method for an OSError. */
+static PyObject *queue_file(struct sbx_vm *vm, const struct sbx_file_req *r, const char *where)
 {
-	PyObject *o_type, *o_id;
-	Py_buffer payload;
-	uint32_t type, id;
-	if (!PyArg_ParseTuple(args, "OOy*:send_file_frame", &o_type, &o_id, &payload))
+	const char *why = NULL;
+	int rc = sbx_channel_queue_file(&vm->ch, r, &why);
+	return pending_or_raise(vm, rc, why, rc == -ENOBUFS ? where : "send");
+}
+
+#define FILE_SEND_NOTE                                                                         \
+	"Returns the bytes still pending. ValueError for a request over the protocol's limits;\n" \
+	"OSError(ENOBUFS) when the queue is full: wait for flush() to return 0 before sending\n"  \
+	"more."
+
+const char sbx_py_send_file_write_begin_doc[] =
+	"send_file_write_begin(id, path, executable) -> int\n\n"
+	"Queue FILE_WRITE_BEGIN: path (bytes, relative to the guest home, at most PATH_MAX) is\n"
+	"written to a temporary file, mode 0755 if executable else 0644; FILE_WRITE_DATA and\n"
+	"FILE_WRITE_END follow with the same id. " FILE_SEND_NOTE;
+
+PyObject *sbx_py_send_file_write_begin(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *result = NULL;
+	Py_buffer path;
+	int executable;
+	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_BEGIN};
+	if (!PyArg_ParseTuple(args, "Oy*p:send_file_write_begin", &o_id, &path, &executable))
 		return NULL;
-	PyObject *result = NULL;
-	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_type, "type", &type) < 0 || to_u32(o_id, "id", &id) < 0)
-		goto out;
-	if (type > 255) {
-		PyErr_SetString(PyExc_ValueError, "not a file-transfer message type");
-		goto out;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
+		r.path = path.buf;
+		r.path_len = (size_t)path.len;
+		r.flag = executable ? SBX_FILE_EXECUTABLE : 0;
+		result = queue_file(vm, &r, "send_file_write_begin");
 	}
-	int rc = sbx_channel_queue_file_frame(&vm->ch, (uint8_t)type, id, payload.buf,
-					      (size_t)payload.len);
-	result = pending_or_raise(vm, rc,
-				  rc == -EINVAL ? "not a file-transfer message type"
-						: "payload larger than HOST_FRAME_MAX",
-				  rc == -ENOBUFS ? "send_file_frame" : "send");
-out:
-	PyBuffer_Release(&payload);
+	PyBuffer_Release(&path);
 	return result;
+}
+
+const char sbx_py_send_file_write_data_doc[] =
+	"send_file_write_data(id, data) -> int\n\n"
+	"Queue FILE_WRITE_DATA: the next bytes (bytes-like, at most HOST_FRAME_MAX) of the\n"
+	"write started with send_file_write_begin(id, ...). " FILE_SEND_NOTE;
+
+PyObject *sbx_py_send_file_write_data(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *result = NULL;
+	Py_buffer data;
+	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_DATA};
+	if (!PyArg_ParseTuple(args, "Oy*:send_file_write_data", &o_id, &data))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
+		r.data = data.buf;
+		r.data_len = (size_t)data.len;
+		result = queue_file(vm, &r, "send_file_write_data");
+	}
+	PyBuffer_Release(&data);
+	return result;
+}
+
+const char sbx_py_send_file_write_end_doc[] =
+	"send_file_write_end(id, commit) -> int\n\n"
+	"Queue FILE_WRITE_END: commit=True renames the temporary file into place (answered by\n"
+	"FILE_DONE or FILE_ERROR), False drops it (no answer). " FILE_SEND_NOTE;
+
+PyObject *sbx_py_send_file_write_end(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id;
+	int commit;
+	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_END};
+	if (!PyArg_ParseTuple(args, "Op:send_file_write_end", &o_id, &commit))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0)
+		return NULL;
+	r.flag = commit ? 1 : 0;
+	return queue_file(vm, &r, "send_file_write_end");
+}
+
+/* FILE_READ and FILE_LIST: a path and nothing else. */
+static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type, const char *fmt,
+				const char *where)
+{
+	PyObject *o_id, *result = NULL;
+	Py_buffer path;
+	struct sbx_file_req r = {.type = type};
+	if (!PyArg_ParseTuple(args, fmt, &o_id, &path))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
+		r.path = path.buf;
+		r.path_len = (size_t)path.len;
+		result = queue_file(vm, &r, where);
+	}
+	PyBuffer_Release(&path);
+	return result;
+}
+
+const char sbx_py_send_file_read_doc[] =
+	"send_file_read(id, path) -> int\n\n"
+	"Queue FILE_READ of path (bytes, relative to the guest home): answered by FILE_DATA\n"
+	"events, then FILE_DONE (the byte count) or FILE_ERROR. " FILE_SEND_NOTE;
+
+PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args)
+{
+	return send_file_path(vm, args, SBX_MSG_FILE_READ, "Oy*:send_file_read", "send_file_read");
+}
+
+const char sbx_py_send_file_list_doc[] =
+	"send_file_list(id, path) -> int\n\n"
+	"Queue FILE_LIST of the directory path (bytes, relative to the guest home; b'' for the\n"
+	"home): answered by FILE_ENTRIES events, then FILE_DONE (the entry count) or\n"
+	"FILE_ERROR. " FILE_SEND_NOTE;
+
+PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args)
+{
+	return send_file_path(vm, args, SBX_MSG_FILE_LIST, "Oy*:send_file_list", "send_file_list");
 }
 
 const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "

@@ -8,13 +8,19 @@
 #include "vm.h"
 
 extern const char sbx_py_send_exec_doc[], sbx_py_send_ping_doc[], sbx_py_send_prestart_doc[],
-	sbx_py_send_reseed_doc[], sbx_py_send_file_frame_doc[], sbx_py_flush_doc[];
+	sbx_py_send_reseed_doc[], sbx_py_flush_doc[];
+extern const char sbx_py_send_file_write_begin_doc[], sbx_py_send_file_write_data_doc[],
+	sbx_py_send_file_write_end_doc[], sbx_py_send_file_read_doc[], sbx_py_send_file_list_doc[];
 
 PyObject *sbx_py_send_exec(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
 PyObject *sbx_py_send_ping(struct sbx_vm *vm, PyObject *o_id);
 PyObject *sbx_py_send_prestart(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_send_reseed(struct sbx_vm *vm, PyObject *args);
-PyObject *sbx_py_send_file_frame(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_write_begin(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_write_data(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_write_end(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_flush(struct sbx_vm *vm);
 
 #endif /* SBX_PY_REQUESTS_H */

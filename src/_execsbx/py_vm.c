@@ -214,9 +214,29 @@ static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
 	return sbx_py_send_reseed(&self->vm, args);
 }
 
-static PyObject *vm_send_file_frame(VmObject *self, PyObject *args)
+static PyObject *vm_send_file_write_begin(VmObject *self, PyObject *args)
 {
-	return sbx_py_send_file_frame(&self->vm, args);
+	return sbx_py_send_file_write_begin(&self->vm, args);
+}
+
+static PyObject *vm_send_file_write_data(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_file_write_data(&self->vm, args);
+}
+
+static PyObject *vm_send_file_write_end(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_file_write_end(&self->vm, args);
+}
+
+static PyObject *vm_send_file_read(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_file_read(&self->vm, args);
+}
+
+static PyObject *vm_send_file_list(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_file_list(&self->vm, args);
 }
 
 static PyObject *vm_flush(VmObject *self, PyObject *unused)
@@ -406,8 +426,14 @@ static PyMethodDef vm_methods[] = {
 	{"send_ping", (PyCFunction)vm_send_ping, METH_O, sbx_py_send_ping_doc},
 	{"send_reseed", (PyCFunction)vm_send_reseed, METH_VARARGS, sbx_py_send_reseed_doc},
 	{"send_prestart", (PyCFunction)vm_send_prestart, METH_VARARGS, sbx_py_send_prestart_doc},
-	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS,
-	 sbx_py_send_file_frame_doc},
+	{"send_file_write_begin", (PyCFunction)vm_send_file_write_begin, METH_VARARGS,
+	 sbx_py_send_file_write_begin_doc},
+	{"send_file_write_data", (PyCFunction)vm_send_file_write_data, METH_VARARGS,
+	 sbx_py_send_file_write_data_doc},
+	{"send_file_write_end", (PyCFunction)vm_send_file_write_end, METH_VARARGS,
+	 sbx_py_send_file_write_end_doc},
+	{"send_file_read", (PyCFunction)vm_send_file_read, METH_VARARGS, sbx_py_send_file_read_doc},
+	{"send_file_list", (PyCFunction)vm_send_file_list, METH_VARARGS, sbx_py_send_file_list_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"check_spawn", (PyCFunction)vm_check_spawn, METH_NOARGS, check_spawn_doc},

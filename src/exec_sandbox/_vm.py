@@ -24,7 +24,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from . import _execsbx
 from .errors import (
@@ -73,17 +73,13 @@ OOM_NOTE = (
 )
 _CONSOLE_TAIL_BYTES = 16 * 1024
 
-# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame): limits, frame
-# types, the mode flag and FILE_ERROR kinds, as the C core defines them.
+# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame, the C core
+# encodes it): limits, the requests, the mode flag and FILE_ERROR kinds, as the C core defines
+# them.
 FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
-FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
-MSG_FILE_WRITE_BEGIN = int(_execsbx.MSG_FILE_WRITE_BEGIN)
-MSG_FILE_WRITE_DATA = int(_execsbx.MSG_FILE_WRITE_DATA)
-MSG_FILE_WRITE_END = int(_execsbx.MSG_FILE_WRITE_END)
-MSG_FILE_READ = int(_execsbx.MSG_FILE_READ)
-MSG_FILE_LIST = int(_execsbx.MSG_FILE_LIST)
+FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
 FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
 FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
@@ -804,11 +800,12 @@ class GuestVm:
         if transfer.done.done() and not transfer.done.cancelled():
             transfer.done.exception()  # retrieved: nobody may be waiting any more
 
-    def send_file_frame(self, msg_type: int, transfer_id: int, payload: bytes | memoryview) -> int:
-        """Queue one FILE_* frame; returns the bytes still queued for the guest."""
+    def send_file_frame(self, request: FileRequest, transfer_id: int, *args: object) -> int:
+        """Queue one FILE_* frame, encoded by the C core (Vm.send_file_<request>(transfer_id,
+        *args)); returns the bytes still queued for the guest."""
         if self._broken is not None:
             raise self._broken
-        pending = int(self._vm.send_file_frame(msg_type, transfer_id, payload))
+        pending = int(getattr(self._vm, f"send_file_{request}")(transfer_id, *args))
         self._want_write(pending)
         return pending
 

@@ -321,17 +321,91 @@ static void test_file_entries(void)
 	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
 }
 
-static void test_file_frame_encoding(void)
+/* The bytes of one encoded frame after its header must be want[0..n). */
+static void check_payload(const struct sbx_buf *b, uint8_t type, uint32_t id, const char *want,
+			  size_t n)
+{
+	CHECK_EQ(b->len, SBX_FRAME_HEADER_SIZE + n);
+	if (b->len != SBX_FRAME_HEADER_SIZE + n)
+		return;
+	CHECK_EQ(b->data[4], type);
+	CHECK_EQ(b->data[8] | b->data[9] << 8 | b->data[10] << 16 | (uint32_t)b->data[11] << 24, id);
+	CHECK_EQ(b->data[0] | b->data[1] << 8 | b->data[2] << 16 | (uint32_t)b->data[3] << 24, n);
+	CHECK(memcmp(b->data + SBX_FRAME_HEADER_SIZE, want, n) == 0);
+}
+
+/* Each FILE_* request in the layout of protocol.h, byte for byte (what the guest parses). */
+static void test_file_request_encoding(void)
 {
 	struct sbx_buf b = {0};
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_READ, 5, "\1\0\0\0x", 5), 0);
-	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
-	CHECK_EQ(b.data[4], SBX_MSG_FILE_READ);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_EXEC, 5, NULL, 0), -EINVAL);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_SESSION_EXEC, 5, NULL, 0), -EINVAL);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_WRITE_DATA, 5, NULL, SBX_HOST_FRAME_MAX + 1),
-		 -EMSGSIZE);
-	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
+	const char *why = NULL;
+	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_BEGIN, .id = 5,
+				 .path = (const uint8_t *)"d/x", .path_len = 3,
+				 .flag = SBX_FILE_EXECUTABLE};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_BEGIN, 5, "\3\0\0\0d/x\1", 8);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_DATA, .id = 6,
+				  .data = (const uint8_t *)"abc", .data_len = 3};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_DATA, 6, "abc", 3);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_DATA, .id = 6}; /* empty is fine */
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_DATA, 6, "", 0);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_END, .id = 7, .flag = 1};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_END, 7, "\1", 1);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_READ, .id = 8,
+				  .path = (const uint8_t *)"a.txt", .path_len = 5};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_READ, 8, "\5\0\0\0a.txt", 9);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_LIST, .id = 9}; /* "" = the home */
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_LIST, 9, "\0\0\0\0", 4);
+	sbx_buf_free(&b);
+}
+
+/* What the guest would refuse is refused here, with a reason, and leaves the buffer as it was. */
+static void test_file_request_limits(void)
+{
+	static uint8_t big[SBX_PATH_MAX + 1];
+	memset(big, 'a', sizeof(big));
+	struct sbx_buf b = {0};
+	CHECK_EQ(sbx_encode_ping(&b, 1), 0);
+	size_t before = b.len;
+	const char *why = NULL;
+	struct {
+		struct sbx_file_req r;
+		int err;
+		const char *why;
+	} bad[] = {
+		{{.type = SBX_MSG_EXEC}, -EINVAL, "not a file-transfer message type"},
+		{{.type = SBX_MSG_FILE_DATA}, -EINVAL, "not a file-transfer message type"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = big, .path_len = 1, .flag = 2}, -EINVAL,
+		 "unknown file mode flag"},
+		{{.type = SBX_MSG_FILE_WRITE_END, .flag = 2}, -EINVAL,
+		 "FILE_WRITE_END is commit (1) or abort (0)"},
+		{{.type = SBX_MSG_FILE_WRITE_DATA, .data = big, .data_len = SBX_HOST_FRAME_MAX + 1},
+		 -EMSGSIZE, "payload larger than HOST_FRAME_MAX"},
+		{{.type = SBX_MSG_FILE_READ, .path = big, .path_len = SBX_PATH_MAX + 1}, -EMSGSIZE,
+		 "path longer than PATH_MAX"},
+		{{.type = SBX_MSG_FILE_READ, .path = big, .path_len = 0}, -EINVAL, "empty path"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = (const uint8_t *)"a\0b", .path_len = 3},
+		 -EINVAL, "path contains NUL"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		why = NULL;
+		CHECK_EQ(sbx_encode_file_request(&b, &bad[i].r, &why), bad[i].err);
+		CHECK_STR(why, bad[i].why);
+		CHECK_EQ(b.len, before);
+	}
+	/* PATH_MAX itself is fine. */
+	struct sbx_file_req ok = {.type = SBX_MSG_FILE_LIST, .path = big, .path_len = SBX_PATH_MAX};
+	CHECK_EQ(sbx_encode_file_request(&b, &ok, &why), 0);
 	sbx_buf_free(&b);
 }
 
@@ -477,7 +551,8 @@ int main(void)
 	RUN(test_prestart_encoding);
 	RUN(test_file_data_and_done);
 	RUN(test_file_entries);
-	RUN(test_file_frame_encoding);
+	RUN(test_file_request_encoding);
+	RUN(test_file_request_limits);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
 	TEST_MAIN_END("test_event");

@@ -590,16 +590,52 @@ def test_malformed_file_events_are_protocol_errors(tmp_path: Path, bad: bytes) -
         vm.close()
 
 
-def test_send_file_frame_and_session_exec(tmp_path: Path) -> None:
+def test_file_requests_go_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
+    """Stand-in QEMU (no VM) recording what the host writes to the channel: each send_file_*()
+    puts exactly one frame on the wire, encoded by the extension as protocol.h lays it out."""
+    wire = tmp_path / "wire"
+    vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
+    want = (
+        frame(_execsbx.MSG_FILE_WRITE_BEGIN, 3, sstr(b"d/x") + bytes([_execsbx.FILE_EXECUTABLE]))
+        + frame(_execsbx.MSG_FILE_WRITE_DATA, 3, b"xyz")
+        + frame(_execsbx.MSG_FILE_WRITE_END, 3, b"\x01")
+        + frame(_execsbx.MSG_FILE_WRITE_BEGIN, 4, sstr(b"y") + b"\x00")
+        + frame(_execsbx.MSG_FILE_WRITE_END, 4, b"\x00")
+        + frame(_execsbx.MSG_FILE_READ, 5, sstr(b"a.txt"))
+        + frame(_execsbx.MSG_FILE_LIST, 6, sstr(b""))
+    )
+    try:
+        vm.send_file_write_begin(3, b"d/x", True)
+        vm.send_file_write_data(3, memoryview(b"xyz"))
+        vm.send_file_write_end(3, True)
+        vm.send_file_write_begin(4, b"y", False)
+        vm.send_file_write_end(4, False)
+        vm.send_file_read(5, b"a.txt")
+        assert vm.send_file_list(6, b"") >= 0
+        deadline = time.monotonic() + 10
+        while vm.flush() and time.monotonic() < deadline:
+            select.select([], [vm.fileno()], [], 1)
+        while time.monotonic() < deadline and (
+            not wire.exists() or wire.stat().st_size < len(want)
+        ):
+            time.sleep(0.01)
+        assert wire.read_bytes() == want
+    finally:
+        vm.close()
+
+
+def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> None:
     vm = make_vm(fake_qemu(tmp_path, b""))
     try:
-        assert vm.send_file_frame(_execsbx.MSG_FILE_READ, 3, sstr(b"a.txt")) >= 0
-        assert vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, memoryview(b"xyz")) >= 0
-        for msg_type in (64, 65, 66, 72, 300):
-            with pytest.raises(ValueError):
-                vm.send_file_frame(msg_type, 3, b"")
-        with pytest.raises(ValueError):
-            vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, b"x" * (2 * 1024 * 1024 + 1))
+        with pytest.raises(ValueError, match="payload larger than HOST_FRAME_MAX"):
+            vm.send_file_write_data(3, b"x" * (_execsbx.HOST_FRAME_MAX + 1))
+        with pytest.raises(ValueError, match="path longer than PATH_MAX"):
+            vm.send_file_read(3, b"a" * (_execsbx.PATH_MAX + 1))
+        with pytest.raises(ValueError, match="empty path"):
+            vm.send_file_write_begin(3, b"", False)
+        with pytest.raises(ValueError, match="path contains NUL"):
+            vm.send_file_read(3, b"a\x00b")
+        assert vm.flush() == 0  # nothing was queued
         assert vm.send_exec(1, 1, 1000, 10, 10, [], b"pass", session=True) >= 0
     finally:
         vm.close()
