@@ -6,10 +6,25 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* The struct sequence types read_events() returns (py_events.c). */
+enum sbx_py_event_type {
+	SBX_PY_READY_EVENT,
+	SBX_PY_OUTPUT_EVENT,
+	SBX_PY_EXIT_EVENT,
+	SBX_PY_ERROR_EVENT,
+	SBX_PY_ACK_EVENT,
+	SBX_PY_FILE_DONE_EVENT,
+	SBX_PY_FILE_ENTRIES_EVENT,
+	SBX_PY_EOF_EVENT,
+	SBX_PY_FILE_ENTRY,
+	SBX_PY_EVENT_TYPES
+};
+
 /* Per-module state (multi-phase init: no static PyObject*), owned by py_module.c. */
 typedef struct {
 	PyTypeObject *vm_type;
 	PyObject *protocol_error; /* exec_sandbox._execsbx.ProtocolError, a subclass of OSError */
+	PyTypeObject *event_types[SBX_PY_EVENT_TYPES];
 } sbx_module_state;
 
 /* Append a new reference to list, dropping it; -1 (exception set) if item is NULL or the

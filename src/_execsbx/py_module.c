@@ -7,6 +7,7 @@
 
 #include "protocol.h"
 #include "py_config.h"
+#include "py_events.h"
 #include "py_vm.h"
 #include "seccomp_policy.h"
 #include "tsc.h"
@@ -158,7 +159,7 @@ static int module_exec(PyObject *m)
 		return -1;
 	if (PyModule_AddObjectRef(m, "ProtocolError", st->protocol_error) < 0)
 		return -1;
-	if (sbx_py_vm_type_add(m, st) < 0)
+	if (sbx_py_vm_type_add(m, st) < 0 || sbx_py_event_types_add(m, st) < 0)
 		return -1;
 	return add_constants(m);
 }
@@ -168,6 +169,8 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_VISIT(st->vm_type);
 	Py_VISIT(st->protocol_error);
+	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
+		Py_VISIT(st->event_types[i]);
 	return 0;
 }
 
@@ -176,6 +179,8 @@ static int module_clear(PyObject *m)
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_CLEAR(st->vm_type);
 	Py_CLEAR(st->protocol_error);
+	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
+		Py_CLEAR(st->event_types[i]);
 	return 0;
 }
 

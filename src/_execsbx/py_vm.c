@@ -171,18 +171,20 @@ static void vm_dealloc(VmObject *self)
 }
 
 PyDoc_STRVAR(read_events_doc,
-	     "read_events() -> list[tuple]\n\n"
+	     "read_events() -> list[Event]\n\n"
 	     "Non-blocking: read what the channel has now (at most 1 MiB per call) and return\n"
-	     "every complete frame as an event tuple:\n"
-	     "  ('ready', id, protocol_version, agent_version)\n"
-	     "  ('stdout', id, data) / ('stderr', id, data)\n"
-	     "  ('exit', id, exit_code, flags, duration_us)\n"
-	     "  ('error', id, code, message)\n"
-	     "  ('pong', id)\n"
-	     "  ('file_data', id, data) / ('file_done', id, n) / ('file_error', id, code, message)\n"
-	     "  ('file_entries', id, [(name: bytes, is_dir, size), ...])\n"
-	     "  ('reseeded', id)\n"
-	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
+	     "every complete frame as an event: a struct sequence (attributes, and a tuple whose\n"
+	     "positions are the fields') whose first field, kind, says what it is:\n"
+	     "  ReadyEvent(kind='ready', id, protocol_version, agent_version)\n"
+	     "  OutputEvent(kind='stdout' | 'stderr' | 'file_data', id, data)\n"
+	     "  ExitEvent(kind='exit', id, exit_code, flags, duration_us)\n"
+	     "  ErrorEvent(kind='error' | 'file_error', id, code, message)\n"
+	     "  AckEvent(kind='pong' | 'reseeded', id)\n"
+	     "  FileDoneEvent(kind='file_done', id, total)\n"
+	     "  FileEntriesEvent(kind='file_entries', id, entries: list[FileEntry(name, is_dir,\n"
+	     "                   size)])\n"
+	     "  EofEvent(kind='eof')  last, once the other side closed the channel (and on every\n"
+	     "                        later call)\n"
 	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
 	     "lists the events decoded before the violation in the same call. Sticky: every\n"
 	     "later call raises it again.");
@@ -190,7 +192,7 @@ PyDoc_STRVAR(read_events_doc,
 static PyObject *vm_read_events(VmObject *self, PyObject *unused)
 {
 	(void)unused;
-	return sbx_py_read_events(&self->vm, vm_state(self)->protocol_error);
+	return sbx_py_read_events(&self->vm, vm_state(self));
 }
 
 /* The requests and flush (py_requests.c). */

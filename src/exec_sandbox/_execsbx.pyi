@@ -2,7 +2,7 @@
 from collections.abc import Sequence
 from os import PathLike
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Literal, TypeAlias, final
 
 _Path: TypeAlias = str | bytes | PathLike[str]
 
@@ -47,8 +47,97 @@ PATH_MAX: int
 PATH_COMPONENT_MAX: int
 RESEED_BYTES: int
 
+# read_events() values: struct sequences (attributes, and tuple positions), kind first.
+@final
+class ReadyEvent(tuple[str, int, int, str]):
+    @property
+    def kind(self) -> Literal["ready"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def protocol_version(self) -> int: ...
+    @property
+    def agent_version(self) -> str: ...
+
+@final
+class OutputEvent(tuple[str, int, bytes]):
+    @property
+    def kind(self) -> Literal["stdout", "stderr", "file_data"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def data(self) -> bytes: ...
+
+@final
+class ExitEvent(tuple[str, int, int, int, int]):
+    @property
+    def kind(self) -> Literal["exit"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def duration_us(self) -> int: ...
+
+@final
+class ErrorEvent(tuple[str, int, int, str]):
+    @property
+    def kind(self) -> Literal["error", "file_error"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def code(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+
+@final
+class AckEvent(tuple[str, int]):
+    @property
+    def kind(self) -> Literal["pong", "reseeded"]: ...
+    @property
+    def id(self) -> int: ...
+
+@final
+class FileDoneEvent(tuple[str, int, int]):
+    @property
+    def kind(self) -> Literal["file_done"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+
+@final
+class FileEntry(tuple[bytes, bool, int]):
+    @property
+    def name(self) -> bytes: ...
+    @property
+    def is_dir(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+
+@final
+class FileEntriesEvent(tuple[str, int, list[FileEntry]]):
+    @property
+    def kind(self) -> Literal["file_entries"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def entries(self) -> list[FileEntry]: ...
+
+@final
+class EofEvent(tuple[str]):
+    @property
+    def kind(self) -> Literal["eof"]: ...
+
+Event: TypeAlias = (
+    ReadyEvent | OutputEvent | ExitEvent | ErrorEvent | AckEvent | FileDoneEvent
+    | FileEntriesEvent | EofEvent
+)
+
 class ProtocolError(OSError):
-    events: list[tuple[Any, ...]]
+    events: list[Event]
 
 def build_qemu_argv(
     *,
@@ -104,7 +193,7 @@ class Vm:
     def jail_status(self) -> list[tuple[str, bool, str]]: ...
     def resource_usage(self) -> tuple[int | None, int | None] | None: ...
     def cgroup_dirs(self) -> list[str]: ...
-    def read_events(self) -> list[tuple[Any, ...]]: ...
+    def read_events(self) -> list[Event]: ...
     def send_exec(
         self,
         id: int,

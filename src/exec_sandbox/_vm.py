@@ -80,6 +80,7 @@ FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
 FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
+FileEntry = _execsbx.FileEntry  # name, is_dir, size: one entry of a listing
 FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
 FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
@@ -358,7 +359,7 @@ class FileTransfer:
     id: int
     done: asyncio.Future[int]
     on_data: Callable[[bytes], None] | None = None
-    on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
+    on_entries: Callable[[list[FileEntry]], None] | None = None
 
 
 @dataclass
@@ -784,7 +785,7 @@ class GuestVm:
     # --- file transfers (sessions) ---
 
     def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
-                      on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None,
+                      on_entries: Callable[[list[FileEntry]], None] | None = None,
                       ) -> FileTransfer:  # fmt: skip
         """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
         release it with close_transfer()."""
@@ -857,9 +858,9 @@ class GuestVm:
         for event in events:
             self._dispatch(event)
 
-    def _dispatch(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "eof":
+    def _dispatch(self, event: _execsbx.Event) -> None:
+        kind = event.kind
+        if event.kind == "eof":
             self._loop.remove_reader(self._vm.channel_fd)
             if not self._ready.done():
                 # Before READY nothing was dispatched: QEMU failed to start (bad kernel or
@@ -869,10 +870,10 @@ class GuestVm:
                 return
             self._fail(CommunicationOutcomeUnknownError("the channel to the guest was closed"))
             return
-        exec_id = event[1]
-        if kind == "ready":
+        exec_id = event.id
+        if event.kind == "ready":
             if not self._ready.done():
-                version = event[2]
+                version = event.protocol_version
                 if version != PROTOCOL_VERSION:
                     # Images built by another version of this library: nothing it would send
                     # could be trusted to mean the same. Retrying cannot help.
@@ -888,10 +889,12 @@ class GuestVm:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
-        if kind == "error" and exec_id in self._acks:
+        if event.kind == "error" and exec_id in self._acks:
             waiter = self._acks[exec_id]
             if not waiter.done():
-                waiter.set_exception(GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+                waiter.set_exception(
+                    GuestAgentError(f"guest agent error {event.code}: {event.message}")
+                )
             return
         if kind.startswith("file_"):
             self._dispatch_file(kind, exec_id, event)
@@ -900,38 +903,41 @@ class GuestVm:
         if run is None:
             log.debug("event %s for unknown execution %d ignored", kind, exec_id)
             return
-        if kind in ("stdout", "stderr"):
+        if isinstance(event, _execsbx.OutputEvent):  # stdout, stderr (file_data went above)
             stream = run.stdout if kind == "stdout" else run.stderr
             limit = run.limits[0] if kind == "stdout" else run.limits[1]
             # The guest enforces the limit; a guest that ignores it is cut off here.
-            if stream.byte_count + len(event[2]) > limit:
+            if stream.byte_count + len(event.data) > limit:
                 self._complete(run, GuestAgentError(f"guest sent more {kind} than its limit"))
                 self.close()
                 return
-            stream.feed(event[2])
-        elif kind == "exit":
-            self._complete(run, (event[2], event[3], event[4]))
-        elif kind == "error":
-            self._complete(run, GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+            stream.feed(event.data)
+        elif event.kind == "exit":
+            self._complete(run, (event.exit_code, event.flags, event.duration_us))
+        elif event.kind == "error":
+            self._complete(run, GuestAgentError(f"guest agent error {event.code}: {event.message}"))
 
-    def _dispatch_file(self, kind: str, transfer_id: int, event: tuple[Any, ...]) -> None:
+    def _dispatch_file(self, kind: str, transfer_id: int, event: _execsbx.Event) -> None:
         transfer = self._transfers.get(transfer_id)
         if transfer is None or transfer.done.done():
             log.debug("event %s for unknown transfer %d ignored", kind, transfer_id)
             return
-        if kind == "file_done":
-            transfer.done.set_result(event[2])
-        elif kind == "file_error":
-            transfer.done.set_exception(GuestFileError(event[2], event[3]))
-        else:
-            sink = transfer.on_data if kind == "file_data" else transfer.on_entries
+        if event.kind == "file_done":
+            transfer.done.set_result(event.total)
+        elif event.kind == "file_error":
+            transfer.done.set_exception(GuestFileError(event.code, event.message))
+        elif isinstance(event, (_execsbx.OutputEvent, _execsbx.FileEntriesEvent)):
+            # file_data: on_data(bytes); file_entries: on_entries(list[FileEntry]).
+            sink: Callable[[Any], None] | None = (
+                transfer.on_data if kind == "file_data" else transfer.on_entries
+            )
             if sink is None:
                 # The guest answered a request with the wrong kind of data: a lie costs the VM.
                 self._fail(GuestAgentError(f"guest sent {kind} for a request that expects none"))
                 self.close()
                 return
             try:
-                sink(event[2])
+                sink(event.data if isinstance(event, _execsbx.OutputEvent) else event.entries)
             except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
                 transfer.done.set_exception(exc)
 

@@ -213,9 +213,9 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
 async def list_files(vm: GuestVm, path: bytes) -> list[FileInfo]:
     entries: list[FileInfo] = []
 
-    def on_entries(batch: list[tuple[bytes, bool, int]]) -> None:
-        for name, is_dir, size in batch:
-            entries.append(FileInfo(name.decode("utf-8", "replace"), bool(is_dir), int(size)))
+    def on_entries(batch: list[_vm.FileEntry]) -> None:
+        for e in batch:
+            entries.append(FileInfo(e.name.decode("utf-8", "replace"), e.is_dir, e.size))
 
     transfer = vm.open_transfer(on_entries=on_entries)
     try:

@@ -309,6 +309,17 @@ def test_vm_events_eof_and_exit_status(tmp_path: Path) -> None:
         ("eof",),
     ]
     assert vm.read_events() == [("eof",)]
+    # Typed values: each kind its own type, its fields by name, at the positions above.
+    ready_ev, out, _, exit_ev, error, pong, eof = events
+    assert type(ready_ev) is _execsbx.ReadyEvent and ready_ev.agent_version == "sbx-agent test"
+    assert (ready_ev.kind, ready_ev.id, ready_ev.protocol_version) == ("ready", 0, 1)
+    assert type(out) is _execsbx.OutputEvent
+    assert (out.kind, out.id, out.data) == ("stdout", 5, b"out")
+    assert type(exit_ev) is _execsbx.ExitEvent
+    assert (exit_ev.exit_code, exit_ev.flags, exit_ev.duration_us) == (137, 2, 12345)
+    assert type(error) is _execsbx.ErrorEvent and (error.code, error.message) == (2, "busy \ufffd")
+    assert type(pong) is _execsbx.AckEvent and (pong.kind, pong.id) == ("pong", 7)
+    assert type(eof) is _execsbx.EofEvent and eof.kind == "eof" and not hasattr(eof, "id")
     assert wait_exit(vm) == 3
     with pytest.raises(BrokenPipeError):
         vm.send_ping(1)
@@ -532,7 +543,7 @@ def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
         vm.close()
 
 
-def test_file_events_decode_to_tuples(tmp_path: Path) -> None:
+def test_file_events_decode_to_typed_values(tmp_path: Path) -> None:
     entries = (struct.pack("<I", 2) + b"\x01" + struct.pack("<Q", 4096) + sstr(b"dir")
                + b"\x00" + struct.pack("<Q", 5) + sstr(b"a\xff.txt"))  # fmt: skip
     guest = (
@@ -552,6 +563,14 @@ def test_file_events_decode_to_tuples(tmp_path: Path) -> None:
             ("file_error", 11, 2, "gone"),
             ("eof",),
         ]
+        data, done, listing, error = events[1:5]
+        assert (data.kind, data.data) == ("file_data", b"file bytes")
+        assert type(done) is _execsbx.FileDoneEvent and done.total == 10
+        assert type(listing) is _execsbx.FileEntriesEvent
+        first = listing.entries[0]
+        assert type(first) is _execsbx.FileEntry
+        assert (first.name, first.is_dir, first.size) == (b"dir", True, 4096)
+        assert (error.kind, error.code, error.message) == ("file_error", 2, "gone")
     finally:
         vm.close()
 
