@@ -6,6 +6,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+/* CPython's C API predates const: keyword lists are char *[] and slot values void *, filled with
+ * string literals (and docstrings) that -Wwrite-strings makes const. In the binding files only,
+ * those two warnings are off; the rest of the shared list (warnings.mk) holds. */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wincompatible-pointer-types-discards-qualifiers"
+#else
+#pragma GCC diagnostic ignored "-Wdiscarded-qualifiers"
+#endif
+#pragma GCC diagnostic ignored "-Wcast-qual"
+
 /* The struct sequence types read_events() returns (py_events.c). */
 enum sbx_py_event_type {
 	SBX_PY_READY_EVENT,

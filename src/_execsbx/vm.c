@@ -16,10 +16,8 @@
 
 /* QEMU gets a fixed, minimal environment: nothing of the host's (tokens, proxies, LD_*)
  * leaks into it. */
-static char *const qemu_envp[] = {
-	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	NULL,
-};
+static char qemu_path[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+static char *const qemu_envp[] = {qemu_path, NULL};
 
 void sbx_vm_init(struct sbx_vm *vm)
 {

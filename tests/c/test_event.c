@@ -321,6 +321,11 @@ static void test_file_entries(void)
 	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
 }
 
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
 /* The bytes of one encoded frame after its header must be want[0..n). */
 static void check_payload(const struct sbx_buf *b, uint8_t type, uint32_t id, const char *want,
 			  size_t n)
@@ -329,8 +334,8 @@ static void check_payload(const struct sbx_buf *b, uint8_t type, uint32_t id, co
 	if (b->len != SBX_FRAME_HEADER_SIZE + n)
 		return;
 	CHECK_EQ(b->data[4], type);
-	CHECK_EQ(b->data[8] | b->data[9] << 8 | b->data[10] << 16 | (uint32_t)b->data[11] << 24, id);
-	CHECK_EQ(b->data[0] | b->data[1] << 8 | b->data[2] << 16 | (uint32_t)b->data[3] << 24, n);
+	CHECK_EQ(le32(b->data + 8), id);
+	CHECK_EQ(le32(b->data), n);
 	CHECK(memcmp(b->data + SBX_FRAME_HEADER_SIZE, want, n) == 0);
 }
 
