@@ -46,18 +46,20 @@ int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n);
  * frame; <0: the guest broke the protocol (sticky: every later call returns it too). */
 int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev);
 
-/* Queue a frame, then try to write. 0 or -EINVAL/-EMSGSIZE (bad request, *why explains),
- * -ENOBUFS (queue full), -ENOMEM, or a write error (-EPIPE ...); the frame stays queued after
- * a write error. */
-int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why);
-int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id);
+/* Queue a frame, then try to write. 0, or -errno with e filled: -EINVAL/-EMSGSIZE (a bad
+ * request), -ENOBUFS (queue full), -ENOMEM, or a write error (-EPIPE ...; the frame stays
+ * queued). */
+int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, struct sbx_err *e);
+int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id, struct sbx_err *e);
 /* n must be SBX_RESEED_BYTES. */
 int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
-			     uint64_t realtime_ns);
-int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language);
-int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, const char **why);
-/* Write as much of the queue as the socket takes now. 0 or -errno (EAGAIN is not an error). */
-int sbx_channel_flush(struct sbx_channel *ch);
+			     uint64_t realtime_ns, struct sbx_err *e);
+int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language,
+			       struct sbx_err *e);
+int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, struct sbx_err *e);
+/* Write as much of the queue as the socket takes now. 0 or -errno with e filled (EAGAIN is not
+ * an error). */
+int sbx_channel_flush(struct sbx_channel *ch, struct sbx_err *e);
 /* Bytes queued and not yet written. */
 size_t sbx_channel_pending(const struct sbx_channel *ch);
 

@@ -5,43 +5,41 @@
 #include <errno.h>
 #include <string.h>
 
-static int fail(const char **why, const char *msg, int err)
+static int fail(struct sbx_err *err, const char *msg, int code)
 {
-	if (why)
-		*why = msg;
-	return err;
+	return sbx_err_set(err, code, "%s", msg);
 }
 
-static int validate(const struct sbx_exec_req *r, const char **why)
+static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
 {
 	if (!sbx_language_valid(r->language))
-		return fail(why, "unknown language", -EINVAL);
+		return fail(err, "unknown language", -EINVAL);
 	if (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX)
-		return fail(why, "timeout_ms out of range (1 .. 300000)", -EINVAL);
+		return fail(err, "timeout_ms out of range (1 .. 300000)", -EINVAL);
 	if (r->code_len > SBX_CODE_MAX)
-		return fail(why, "code longer than CODE_MAX", -EMSGSIZE);
+		return fail(err, "code longer than CODE_MAX", -EMSGSIZE);
 	if (r->env_count > SBX_ENV_MAX_COUNT)
-		return fail(why, "more than 100 environment variables", -EMSGSIZE);
+		return fail(err, "more than 100 environment variables", -EMSGSIZE);
 	for (size_t i = 0; i < r->env_count; i++) {
 		const struct sbx_env_var *e = &r->env[i];
 		if (e->name_len == 0)
-			return fail(why, "empty environment variable name", -EINVAL);
+			return fail(err, "empty environment variable name", -EINVAL);
 		if (e->name_len > SBX_ENV_NAME_MAX)
-			return fail(why, "environment variable name too long", -EMSGSIZE);
+			return fail(err, "environment variable name too long", -EMSGSIZE);
 		if (e->value_len > SBX_ENV_VALUE_MAX)
-			return fail(why, "environment variable value too long", -EMSGSIZE);
+			return fail(err, "environment variable value too long", -EMSGSIZE);
 		if (memchr(e->name, '=', e->name_len) || memchr(e->name, 0, e->name_len))
-			return fail(why, "environment variable name contains '=' or NUL", -EINVAL);
+			return fail(err, "environment variable name contains '=' or NUL", -EINVAL);
 		if (e->value_len && memchr(e->value, 0, e->value_len))
-			return fail(why, "environment variable value contains NUL", -EINVAL);
+			return fail(err, "environment variable value contains NUL", -EINVAL);
 	}
 	return 0;
 }
 
-int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why)
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, struct sbx_err *err)
 {
 	size_t start;
-	int rc = validate(r, why);
+	int rc = validate(r, err);
 	if (rc < 0)
 		return rc;
 	size_t before = b->len;
@@ -67,30 +65,32 @@ int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char 
 		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
 	if (rc < 0) {
 		b->len = before; /* drop the partial frame */
-		return fail(why, rc == -EMSGSIZE ? "EXEC frame larger than HOST_FRAME_MAX" : "out of memory", rc);
+		return fail(err, rc == -EMSGSIZE ? "EXEC frame larger than HOST_FRAME_MAX" : "out of memory", rc);
 	}
 	return 0;
 }
 
-int sbx_encode_ping(struct sbx_buf *b, uint32_t id)
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id, struct sbx_err *err)
 {
 	size_t start;
 	size_t before = b->len;
 	int rc = sbx_frame_begin(b, SBX_MSG_PING, id, &start);
 	if (rc == 0)
 		rc = sbx_frame_end(b, start, 0);
-	if (rc < 0)
+	if (rc < 0) {
 		b->len = before;
-	return rc;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
 }
 
 int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
-		      uint64_t realtime_ns)
+		      uint64_t realtime_ns, struct sbx_err *err)
 {
 	size_t start;
 	size_t before = b->len;
 	if (n != SBX_RESEED_BYTES)
-		return -EINVAL;
+		return sbx_err_set(err, -EINVAL, "seed must be %u bytes", SBX_RESEED_BYTES);
 	int rc = sbx_frame_begin(b, SBX_MSG_RESEED, id, &start);
 	if (rc == 0)
 		rc = sbx_buf_append(b, seed, n);
@@ -98,15 +98,17 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
 		rc = sbx_put_u64(b, realtime_ns);
 	if (rc == 0)
 		rc = sbx_frame_end(b, start, SBX_RESEED_PAYLOAD_SIZE);
-	if (rc < 0)
+	if (rc < 0) {
 		b->len = before;
-	return rc;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
 }
 
-int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *err)
 {
 	if (!sbx_language_valid(language))
-		return -EINVAL;
+		return sbx_err_set(err, -EINVAL, "unknown language %u", language);
 	size_t start;
 	size_t before = b->len;
 	int rc = sbx_frame_begin(b, SBX_MSG_PRESTART, id, &start);
@@ -114,48 +116,50 @@ int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
 		rc = sbx_buf_append(b, &language, 1);
 	if (rc == 0)
 		rc = sbx_frame_end(b, start, 1);
-	if (rc < 0)
+	if (rc < 0) {
 		b->len = before;
-	return rc;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
 }
 
-static int validate_file(const struct sbx_file_req *r, const char **why)
+static int validate_file(const struct sbx_file_req *r, struct sbx_err *err)
 {
 	int with_path = r->type == SBX_MSG_FILE_WRITE_BEGIN || r->type == SBX_MSG_FILE_READ ||
 			r->type == SBX_MSG_FILE_LIST;
 	switch (r->type) {
 	case SBX_MSG_FILE_WRITE_BEGIN:
 		if (r->flag & ~SBX_FILE_EXECUTABLE)
-			return fail(why, "unknown file mode flag", -EINVAL);
+			return fail(err, "unknown file mode flag", -EINVAL);
 		break;
 	case SBX_MSG_FILE_WRITE_DATA:
 		if (r->data_len > SBX_HOST_FRAME_MAX)
-			return fail(why, "payload larger than HOST_FRAME_MAX", -EMSGSIZE);
+			return fail(err, "payload larger than HOST_FRAME_MAX", -EMSGSIZE);
 		break;
 	case SBX_MSG_FILE_WRITE_END:
 		if (r->flag > 1)
-			return fail(why, "FILE_WRITE_END is commit (1) or abort (0)", -EINVAL);
+			return fail(err, "FILE_WRITE_END is commit (1) or abort (0)", -EINVAL);
 		break;
 	case SBX_MSG_FILE_READ:
 	case SBX_MSG_FILE_LIST:
 		break;
 	default:
-		return fail(why, "not a file-transfer message type", -EINVAL);
+		return fail(err, "not a file-transfer message type", -EINVAL);
 	}
 	if (!with_path)
 		return 0;
 	if (r->path_len > SBX_PATH_MAX)
-		return fail(why, "path longer than PATH_MAX", -EMSGSIZE);
+		return fail(err, "path longer than PATH_MAX", -EMSGSIZE);
 	if (r->path_len == 0 && r->type != SBX_MSG_FILE_LIST)
-		return fail(why, "empty path", -EINVAL);
+		return fail(err, "empty path", -EINVAL);
 	if (r->path_len && memchr(r->path, 0, r->path_len))
-		return fail(why, "path contains NUL", -EINVAL);
+		return fail(err, "path contains NUL", -EINVAL);
 	return 0;
 }
 
-int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, const char **why)
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, struct sbx_err *err)
 {
-	int rc = validate_file(r, why);
+	int rc = validate_file(r, err);
 	if (rc < 0)
 		return rc;
 	size_t start, before = b->len;
@@ -183,7 +187,7 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, con
 		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
 	if (rc < 0) {
 		b->len = before; /* drop the partial frame */
-		return fail(why, rc == -EMSGSIZE ? "FILE frame larger than HOST_FRAME_MAX"
+		return fail(err, rc == -EMSGSIZE ? "FILE frame larger than HOST_FRAME_MAX"
 						 : "out of memory", rc);
 	}
 	return 0;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "frame.h"
+#include "sbx_err.h"
 
 struct sbx_env_var {
 	const uint8_t *name;
@@ -27,10 +28,10 @@ struct sbx_exec_req {
 	int session; /* nonzero: SESSION_EXEC (run in the session's REPL) instead of EXEC */
 };
 
-/* Append one EXEC frame to b. Returns 0, or -EINVAL (bad language/timeout/env name: *why says
- * which), -EMSGSIZE (a field or the whole frame over its limit: *why says which) or -ENOMEM.
+/* Append one EXEC frame to b. Returns 0, or -EINVAL (bad language/timeout/env name: e says
+ * which), -EMSGSIZE (a field or the whole frame over its limit: e says which) or -ENOMEM.
  * On failure b is left as it was. */
-int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, const char **why);
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, struct sbx_err *e);
 /* One file-transfer request (layouts in protocol.h). The pointers are the caller's. */
 struct sbx_file_req {
 	uint8_t type;       /* SBX_MSG_FILE_WRITE_BEGIN .. SBX_MSG_FILE_LIST */
@@ -44,15 +45,16 @@ struct sbx_file_req {
 };
 
 /* Append the request's frame. Returns 0, or -EINVAL (another type, an unknown mode bit, an empty
- * path where one is needed, a NUL in the path: *why says which), -EMSGSIZE (path over PATH_MAX,
+ * path where one is needed, a NUL in the path: e says which), -EMSGSIZE (path over PATH_MAX,
  * data over HOST_FRAME_MAX) or -ENOMEM. On failure b is left as it was. */
-int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, const char **why);
-/* Append one PING frame. */
-int sbx_encode_ping(struct sbx_buf *b, uint32_t id);
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, struct sbx_err *e);
+/* Append one PING frame (0 or -ENOMEM). */
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id, struct sbx_err *e);
 /* Append one RESEED frame; n must be SBX_RESEED_BYTES (-EINVAL otherwise). */
 int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
-		      uint64_t realtime_ns);
-/* PRESTART: one byte, the language whose interpreter the guest pre-starts. */
-int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language);
+		      uint64_t realtime_ns, struct sbx_err *e);
+/* PRESTART: one byte, the language whose interpreter the guest pre-starts (-EINVAL for
+ * another). */
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *e);
 
 #endif /* SBX_REQUEST_H */

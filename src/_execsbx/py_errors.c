@@ -30,15 +30,22 @@ int sbx_raise_if_closed(int closed)
 	return 0;
 }
 
-PyObject *sbx_raise_request_error(int rc, const char *why, const char *where)
+PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename)
 {
-	if (rc == -EINVAL || rc == -EMSGSIZE) {
-		PyErr_SetString(PyExc_ValueError, why ? why : "invalid request");
+	if (e->code == ENOMEM)
+		return PyErr_NoMemory();
+	if (e->syscall)
+		return sbx_raise_os_error(e->code, e->msg, filename);
+	if (e->code == EINVAL || e->code == EMSGSIZE) {
+		PyErr_SetString(PyExc_ValueError, e->msg);
 		return NULL;
 	}
-	if (rc == -ENOMEM)
-		return PyErr_NoMemory();
-	return sbx_raise_os_error(-rc, where, NULL);
+	PyObject *exc = PyObject_CallFunction(PyExc_OSError, "is", e->code, e->msg);
+	if (exc) {
+		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
 }
 
 PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_channel *ch,

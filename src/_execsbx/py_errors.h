@@ -12,9 +12,10 @@
 PyObject *sbx_raise_os_error(int err, const char *where, PyObject *filename);
 /* ValueError("I/O operation on closed Vm") and -1 if closed, else 0. */
 int sbx_raise_if_closed(int closed);
-/* The result of queueing a request (0 or -errno from agent_channel.h) as an exception:
- * ValueError(why) for -EINVAL/-EMSGSIZE, MemoryError, else OSError(-rc, where). */
-PyObject *sbx_raise_request_error(int rc, const char *why, const char *where);
+/* The exception for a filled struct sbx_err (sbx_err.h): MemoryError for ENOMEM; ValueError(msg)
+ * for an invalid request (EINVAL, EMSGSIZE without a failed system call); for a failed system
+ * call OSError(code, "<strerror> (from <step>)"[, filename]); else OSError(code, msg). */
+PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename);
 /* ProtocolError(errno, text) for the channel's sticky error; its .events is events (a list, new
  * reference stolen; NULL: an empty list). protocol_error is the module's ProtocolError type. */
 PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_channel *ch,

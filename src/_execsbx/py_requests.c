@@ -29,10 +29,10 @@ static int to_u32(PyObject *o, const char *name, uint32_t *out)
 }
 
 /* Turn a queueing/flush result into the return value (bytes still pending) or an exception. */
-static PyObject *pending_or_raise(struct sbx_vm *vm, int rc, const char *why, const char *where)
+static PyObject *pending_or_raise(struct sbx_vm *vm, int rc, const struct sbx_err *e)
 {
 	if (rc < 0)
-		return sbx_raise_request_error(rc, why, where);
+		return sbx_raise_err(e, NULL);
 	return PyLong_FromSize_t(sbx_channel_pending(&vm->ch));
 }
 
@@ -101,9 +101,9 @@ PyObject *sbx_py_send_exec(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
 	req.code = code.buf;
 	req.code_len = (size_t)code.len;
 	req.session = session;
-	const char *why = NULL;
-	int rc = sbx_channel_queue_exec(&vm->ch, &req, &why);
-	result = pending_or_raise(vm, rc, why, rc == -ENOBUFS ? "send_exec" : "send");
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_exec(&vm->ch, &req, &err);
+	result = pending_or_raise(vm, rc, &err);
 out:
 	PyMem_Free(vars);
 	Py_XDECREF(seq);
@@ -119,8 +119,9 @@ PyObject *sbx_py_send_ping(struct sbx_vm *vm, PyObject *o_id)
 	uint32_t id;
 	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &id) < 0)
 		return NULL;
-	int rc = sbx_channel_queue_ping(&vm->ch, id);
-	return pending_or_raise(vm, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_ping(&vm->ch, id, &err);
+	return pending_or_raise(vm, rc, &err);
 }
 
 const char sbx_py_send_prestart_doc[] =
@@ -138,13 +139,9 @@ PyObject *sbx_py_send_prestart(struct sbx_vm *vm, PyObject *args)
 		return NULL;
 	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &id) < 0)
 		return NULL;
-	int rc = sbx_channel_queue_prestart(&vm->ch, id, language);
-	if (rc == -EINVAL) {
-		PyErr_Format(PyExc_ValueError, "unknown language %u", language);
-		return NULL;
-	}
-	return pending_or_raise(vm, rc, "PRESTART frame",
-				rc == -ENOBUFS ? "send_prestart" : "send");
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_prestart(&vm->ch, id, language, &err);
+	return pending_or_raise(vm, rc, &err);
 }
 
 const char sbx_py_send_reseed_doc[] =
@@ -168,20 +165,21 @@ PyObject *sbx_py_send_reseed(struct sbx_vm *vm, PyObject *args)
 		PyErr_Format(PyExc_ValueError, "seed must be %u bytes", SBX_RESEED_BYTES);
 		goto out;
 	}
+	struct sbx_err err = {0};
 	int rc = sbx_channel_queue_reseed(&vm->ch, id, seed.buf, (size_t)seed.len,
-					  (uint64_t)realtime_ns);
-	result = pending_or_raise(vm, rc, "RESEED frame", rc == -ENOBUFS ? "send_reseed" : "send");
+					  (uint64_t)realtime_ns, &err);
+	result = pending_or_raise(vm, rc, &err);
 out:
 	PyBuffer_Release(&seed);
 	return result;
 }
 
-/* Queue one file request (agent_request.h); where names the method for an OSError. */
-static PyObject *queue_file(struct sbx_vm *vm, const struct sbx_file_req *r, const char *where)
+/* Queue one file request (agent_request.h). */
+static PyObject *queue_file(struct sbx_vm *vm, const struct sbx_file_req *r)
 {
-	const char *why = NULL;
-	int rc = sbx_channel_queue_file(&vm->ch, r, &why);
-	return pending_or_raise(vm, rc, why, rc == -ENOBUFS ? where : "send");
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_file(&vm->ch, r, &err);
+	return pending_or_raise(vm, rc, &err);
 }
 
 #define FILE_SEND_NOTE                                                                         \
@@ -207,7 +205,7 @@ PyObject *sbx_py_send_file_write_begin(struct sbx_vm *vm, PyObject *args)
 		r.path = path.buf;
 		r.path_len = (size_t)path.len;
 		r.flag = executable ? SBX_FILE_EXECUTABLE : 0;
-		result = queue_file(vm, &r, "send_file_write_begin");
+		result = queue_file(vm, &r);
 	}
 	PyBuffer_Release(&path);
 	return result;
@@ -228,7 +226,7 @@ PyObject *sbx_py_send_file_write_data(struct sbx_vm *vm, PyObject *args)
 	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
 		r.data = data.buf;
 		r.data_len = (size_t)data.len;
-		result = queue_file(vm, &r, "send_file_write_data");
+		result = queue_file(vm, &r);
 	}
 	PyBuffer_Release(&data);
 	return result;
@@ -249,12 +247,11 @@ PyObject *sbx_py_send_file_write_end(struct sbx_vm *vm, PyObject *args)
 	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0)
 		return NULL;
 	r.flag = commit ? 1 : 0;
-	return queue_file(vm, &r, "send_file_write_end");
+	return queue_file(vm, &r);
 }
 
 /* FILE_READ and FILE_LIST: a path and nothing else. */
-static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type, const char *fmt,
-				const char *where)
+static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type, const char *fmt)
 {
 	PyObject *o_id, *result = NULL;
 	Py_buffer path;
@@ -264,7 +261,7 @@ static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type,
 	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
 		r.path = path.buf;
 		r.path_len = (size_t)path.len;
-		result = queue_file(vm, &r, where);
+		result = queue_file(vm, &r);
 	}
 	PyBuffer_Release(&path);
 	return result;
@@ -277,7 +274,7 @@ const char sbx_py_send_file_read_doc[] =
 
 PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args)
 {
-	return send_file_path(vm, args, SBX_MSG_FILE_READ, "Oy*:send_file_read", "send_file_read");
+	return send_file_path(vm, args, SBX_MSG_FILE_READ, "Oy*:send_file_read");
 }
 
 const char sbx_py_send_file_list_doc[] =
@@ -288,7 +285,7 @@ const char sbx_py_send_file_list_doc[] =
 
 PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args)
 {
-	return send_file_path(vm, args, SBX_MSG_FILE_LIST, "Oy*:send_file_list", "send_file_list");
+	return send_file_path(vm, args, SBX_MSG_FILE_LIST, "Oy*:send_file_list");
 }
 
 const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
@@ -298,5 +295,7 @@ PyObject *sbx_py_flush(struct sbx_vm *vm)
 {
 	if (sbx_raise_if_closed(vm->closed) < 0)
 		return NULL;
-	return pending_or_raise(vm, sbx_channel_flush(&vm->ch), NULL, "send");
+	struct sbx_err err = {0};
+	int rc = sbx_channel_flush(&vm->ch, &err);
+	return pending_or_raise(vm, rc, &err);
 }

@@ -6,6 +6,9 @@
 #include "agent_request.h"
 #include "test.h"
 
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
+
 struct payload {
 	uint8_t b[SBX_GUEST_FRAME_MAX];
 	size_t n;
@@ -166,9 +169,9 @@ static void test_reseed_encoding(void)
 	uint8_t seed[SBX_RESEED_BYTES];
 	for (size_t i = 0; i < sizeof(seed); i++)
 		seed[i] = (uint8_t)(i * 7 + 1);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1, 0, &E), -EINVAL);
 	CHECK_EQ(b.len, 0);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed), 0x0102030405060708ull), 0);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed), 0x0102030405060708ull, &E), 0);
 	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + SBX_RESEED_PAYLOAD_SIZE);
 	struct sbx_reader r;
 	struct sbx_frame f;
@@ -191,10 +194,10 @@ static void test_prestart_encoding(void)
 {
 	struct sbx_buf b = {0};
 	/* Only known languages; nothing is left half-written. */
-	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW + 1), -EINVAL);
-	CHECK_EQ(sbx_encode_prestart(&b, 6, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW + 1, &E), -EINVAL);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, 0, &E), -EINVAL);
 	CHECK_EQ(b.len, 0);
-	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT), 0);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT, &E), 0);
 	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 1);
 	struct sbx_reader r;
 	struct sbx_frame f;
@@ -343,7 +346,7 @@ static void check_payload(const struct sbx_buf *b, uint8_t type, uint32_t id, co
 static void test_file_request_encoding(void)
 {
 	struct sbx_buf b = {0};
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_BEGIN, .id = 5,
 				 .path = (const uint8_t *)"d/x", .path_len = 3,
 				 .flag = SBX_FILE_EXECUTABLE};
@@ -380,13 +383,13 @@ static void test_file_request_limits(void)
 	static uint8_t big[SBX_PATH_MAX + 1];
 	memset(big, 'a', sizeof(big));
 	struct sbx_buf b = {0};
-	CHECK_EQ(sbx_encode_ping(&b, 1), 0);
+	CHECK_EQ(sbx_encode_ping(&b, 1, &E), 0);
 	size_t before = b.len;
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	struct {
 		struct sbx_file_req r;
 		int err;
-		const char *why;
+		const char *msg;
 	} bad[] = {
 		{{.type = SBX_MSG_EXEC}, -EINVAL, "not a file-transfer message type"},
 		{{.type = SBX_MSG_FILE_DATA}, -EINVAL, "not a file-transfer message type"},
@@ -403,9 +406,9 @@ static void test_file_request_limits(void)
 		 -EINVAL, "path contains NUL"},
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		why = NULL;
+		sbx_err_clear(&why);
 		CHECK_EQ(sbx_encode_file_request(&b, &bad[i].r, &why), bad[i].err);
-		CHECK_STR(why, bad[i].why);
+		CHECK_STR(why.msg, bad[i].msg);
 		CHECK_EQ(b.len, before);
 	}
 	/* PATH_MAX itself is fine. */
@@ -427,7 +430,7 @@ static void test_exec_roundtrip(void)
 		.code = (const uint8_t *)"print(1)", .code_len = 8,
 	};
 	struct sbx_buf b = {0};
-	CHECK_EQ(sbx_encode_exec(&b, &r, NULL), 0);
+	CHECK_EQ(sbx_encode_exec(&b, &r, &E), 0);
 	struct sbx_reader rd;
 	struct sbx_frame f;
 	sbx_reader_init(&rd, SBX_HOST_FRAME_MAX);
@@ -463,7 +466,7 @@ static void test_exec_roundtrip(void)
 
 	/* PING. */
 	size_t before = b.len;
-	CHECK_EQ(sbx_encode_ping(&b, 0xffffffffu), 0);
+	CHECK_EQ(sbx_encode_ping(&b, 0xffffffffu, &E), 0);
 	CHECK_EQ(b.len, before + 12);
 	CHECK_EQ(b.data[before + 4], SBX_MSG_PING);
 	sbx_reader_free(&rd);
@@ -478,8 +481,8 @@ static void test_exec_validation(void)
 		.code = (const uint8_t *)"true", .code_len = 4,
 	};
 	struct sbx_buf b = {0};
-	const char *why;
-	CHECK_EQ(sbx_encode_exec(&b, &ok, NULL), 0);
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_encode_exec(&b, &ok, &E), 0);
 	size_t len = b.len;
 
 	struct sbx_exec_req r = ok;
@@ -536,9 +539,9 @@ static void test_exec_validation(void)
 	r.env_count = SBX_ENV_MAX_COUNT + 1;
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
 	r.env_count = SBX_ENV_MAX_COUNT;
-	why = NULL;
+	sbx_err_clear(&why);
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
-	CHECK(why && strstr(why, "HOST_FRAME_MAX"));
+	CHECK(strstr(why.msg, "HOST_FRAME_MAX"));
 	CHECK_EQ(b.len, len); /* every failure left the buffer as it was */
 	free(big);
 	sbx_buf_free(&b);

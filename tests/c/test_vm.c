@@ -9,6 +9,9 @@
 
 #include "forced_fallbacks.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
 #include "vm.h"
 
 static struct sbx_vm VM;
@@ -86,7 +89,7 @@ static void test_lifecycle_kill(void)
 	CHECK_STR(buf, "hello-console\n");
 	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf)), 0); /* nothing more: no blocking */
 
-	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1), 0);
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1, &E), 0);
 	CHECK_EQ(sbx_channel_pending(&VM.ch), 0);
 	int code = 12345;
 	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
@@ -118,7 +121,7 @@ static void test_exit_and_eof(void)
 	CHECK_EQ(wait_exit(5000, &code), 1);
 	CHECK_EQ(code, 3);
 	/* Writing to a dead peer: an error, not SIGPIPE. */
-	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2), -EPIPE);
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2, &E), -EPIPE);
 	sbx_vm_close(&VM);
 	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
 	CHECK_EQ(code, 3);
