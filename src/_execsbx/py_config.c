@@ -5,6 +5,8 @@
 #include <limits.h>
 #include <string.h>
 
+#include "py_errors.h"
+
 void sbx_parsed_config_release(struct sbx_parsed_config *pc)
 {
 	Py_CLEAR(pc->qemu_binary);
@@ -93,16 +95,10 @@ fail:
 char **sbx_build_argv_or_raise(const struct sbx_vm_config *cfg)
 {
 	char **argv = NULL;
-	const char *why = "invalid VM configuration";
-	int rc = sbx_qemu_argv_build(cfg, &argv, &why);
-	if (rc == -ENOMEM) {
-		PyErr_NoMemory();
-		return NULL;
-	}
-	if (rc < 0) {
-		PyErr_SetString(PyExc_ValueError, why);
+	struct sbx_err err = {0};
+	if (sbx_qemu_argv_build(cfg, &argv, &err) < 0) {
+		sbx_raise_err(&err, NULL);
 		return NULL;
 	}
 	return argv;
 }
-

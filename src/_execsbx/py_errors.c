@@ -36,7 +36,8 @@ PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename)
 		return PyErr_NoMemory();
 	if (e->syscall)
 		return sbx_raise_os_error(e->code, e->msg, filename);
-	if (e->code == EINVAL || e->code == EMSGSIZE) {
+	/* Without a failed system call, EBADF means the object was closed (like Python's files). */
+	if (e->code == EINVAL || e->code == EMSGSIZE || e->code == E2BIG || e->code == EBADF) {
 		PyErr_SetString(PyExc_ValueError, e->msg);
 		return NULL;
 	}

@@ -13,7 +13,8 @@ PyObject *sbx_raise_os_error(int err, const char *where, PyObject *filename);
 /* ValueError("I/O operation on closed Vm") and -1 if closed, else 0. */
 int sbx_raise_if_closed(int closed);
 /* The exception for a filled struct sbx_err (sbx_err.h): MemoryError for ENOMEM; ValueError(msg)
- * for an invalid request (EINVAL, EMSGSIZE without a failed system call); for a failed system
+ * for an invalid request or configuration, or a closed object (EINVAL, EMSGSIZE, E2BIG, EBADF
+ * without a failed system call); for a failed system
  * call OSError(code, "<strerror> (from <step>)"[, filename]); else OSError(code, msg). */
 PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename);
 /* ProtocolError(errno, text) for the channel's sticky error; its .events is events (a list, new

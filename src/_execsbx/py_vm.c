@@ -76,14 +76,13 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	/* Returns right after the fork: whether QEMU's exec worked is told by spawn_fd becoming
 	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
 	 * tied to it. */
-	const char *where = "spawn";
+	struct sbx_err err = {0};
 	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, jcfg.enabled ? &jcfg : NULL,
-			      &where);
+			      &err);
 	sbx_argv_free(argv);
 	sbx_parsed_config_release(&pc);
 	if (rc < 0) {
-		if (!PyErr_Occurred())
-			sbx_raise_os_error(-rc, where ? where : "spawn", NULL);
+		sbx_raise_err(&err, NULL);
 		Py_DECREF(self);
 		return NULL;
 	}
@@ -93,27 +92,24 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 /* 1, 0, or -1 with the exception of a start that failed before QEMU's exec. */
 static int spawn_result(VmObject *self, int blocking)
 {
-	const char *where = NULL;
+	struct sbx_err err = {0};
 	int rc;
 	if (blocking) {
 		Py_BEGIN_ALLOW_THREADS
-		rc = sbx_vm_start_check(&self->vm, 1, &where);
+		rc = sbx_vm_start_check(&self->vm, 1, &err);
 		Py_END_ALLOW_THREADS
 	} else {
-		rc = sbx_vm_start_check(&self->vm, 0, &where);
+		rc = sbx_vm_start_check(&self->vm, 0, &err);
 	}
 	if (rc >= 0)
 		return rc;
-	if (rc == -EBADF && !where) {
-		PyErr_SetString(PyExc_ValueError, "this Vm's start is no longer known (closed)");
-		return -1;
-	}
+	/* A missing or unusable QEMU binary: the OSError names it (FileNotFoundError ...). */
 	PyObject *filename = NULL;
-	if (where && strcmp(where, "execve") == 0)
+	if (err.syscall && strcmp(err.msg, "execve") == 0)
 		filename = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(self->qemu_binary),
 							    PyBytes_GET_SIZE(self->qemu_binary));
 	if (!PyErr_Occurred())
-		sbx_raise_os_error(-rc, where ? where : "spawn", filename);
+		sbx_raise_err(&err, filename);
 	Py_XDECREF(filename);
 	return -1;
 }

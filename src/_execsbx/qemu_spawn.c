@@ -309,15 +309,11 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 }
 
 int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
-		    struct sbx_spawn_pending *pending, const char **where)
+		    struct sbx_spawn_pending *pending, struct sbx_err *err)
 {
 	struct child_plan plan = {.req = req};
 	int pipefd[2];
-	const char *dummy;
 
-	if (!where)
-		where = &dummy;
-	*where = NULL;
 	out->pid = -1;
 	out->pidfd = -1;
 	pending->err_fd = -1;
@@ -325,25 +321,21 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	pending->jail = NULL;
 	if (req->channel_fd < 0 || req->console_fd < 0 || (req->with_qmp && req->qmp_fd < 0) ||
 	    !req->path || !req->argv || !req->envp) {
-		*where = "spawn";
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "spawn");
 	}
 
 	_cleanup_close_ int devnull = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOCTTY);
 	if (devnull < 0) {
-		*where = "open(/dev/null)";
-		return -errno;
+		return sbx_err_sys(err, -errno, "open(/dev/null)");
 	}
 	/* The parent's end is non-blocking: sbx_spawn_finish polls it (the child never reads it). */
 	if (pipe2(pipefd, O_CLOEXEC) < 0 || fcntl(pipefd[0], F_SETFL, O_NONBLOCK) < 0) {
-		*where = "pipe2";
-		return -errno;
+		return sbx_err_sys(err, -errno, "pipe2");
 	}
 	_cleanup_close_ int err_r = pipefd[0];
 	_cleanup_close_ int err_w = pipefd[1];
 	if (pipe2(pipefd, O_CLOEXEC) < 0) {
-		*where = "pipe2";
-		return -errno;
+		return sbx_err_sys(err, -errno, "pipe2");
 	}
 	_cleanup_close_ int go_r = pipefd[0];
 	_cleanup_close_ int go_w = pipefd[1];
@@ -371,8 +363,7 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	int fork_errno = errno;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (pid < 0) {
-		*where = "fork";
-		return -fork_errno;
+		return sbx_err_sys(err, -fork_errno, "fork");
 	}
 	_cleanup_child_ pid_t child = pid;
 
@@ -384,15 +375,13 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 		gw = write(go_w, "g", 1);
 	while (gw < 0 && errno == EINTR);
 	if (gw != 1) {
-		*where = "write(go pipe)";
-		return gw < 0 ? -errno : -EIO;
+		return sbx_err_sys(err, gw < 0 ? -errno : -EIO, "write(go pipe)");
 	}
 
 	/* A pidfd refers to this child whether it is still starting, running or already a zombie. */
 	int pidfd = sbx_pidfd_open(child);
 	if (pidfd < 0 && pidfd != -ENOSYS) {
-		*where = "pidfd_open";
-		return pidfd;
+		return sbx_err_sys(err, pidfd, "pidfd_open");
 	}
 	/* Until execve the child holds the only write end of the error pipe: EOF on err_r means it
 	 * exec'd. go_w stays open until then too (the child's check after a user switch). */
@@ -412,15 +401,10 @@ void sbx_spawn_pending_close(struct sbx_spawn_pending *p)
 	sbx_close_fd(&p->go_fd);
 }
 
-int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **where)
+int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, struct sbx_err *err)
 {
-	const char *dummy;
-	if (!where)
-		where = &dummy;
-	*where = NULL;
 	if (p->err_fd < 0) {
-		*where = "spawn";
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "spawn");
 	}
 	struct child_report rep;
 	ssize_t n;
@@ -438,41 +422,38 @@ int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **whe
 		if (errno == EINTR)
 			continue;
 		if (errno != EAGAIN) {
-			int err = errno;
+			int saved = errno;
 			sbx_spawn_pending_close(p);
-			*where = "read(error pipe)";
-			return -err;
+			return sbx_err_sys(err, -saved, "read(error pipe)");
 		}
 		if (!blocking)
 			return 0;
 		struct pollfd pfd = {.fd = p->err_fd, .events = POLLIN};
 		if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
-			int err = errno;
+			int saved = errno;
 			sbx_spawn_pending_close(p);
-			*where = "poll(error pipe)";
-			return -err;
+			return sbx_err_sys(err, -saved, "poll(error pipe)");
 		}
 	}
 	sbx_spawn_pending_close(p);
 	if (n == 0)
 		return 1; /* exec'd */
-	if ((size_t)n != sizeof(rep)) {
-		*where = "read(error pipe)";
-		return -EIO;
-	}
-	*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
+	if ((size_t)n != sizeof(rep))
+		return sbx_err_sys(err, -EIO, "read(error pipe)");
+	/* The child's step (a string literal: the same address in this copy of the program). */
+	const char *step = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
 	if (rep.step == STEP_JAIL && rep.what)
-		*where = rep.what;
-	return rep.err > 0 ? -rep.err : -EIO;
+		step = rep.what;
+	return sbx_err_sys(err, rep.err > 0 ? -rep.err : -EIO, "%s", step);
 }
 
-int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
+int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, struct sbx_err *err)
 {
 	struct sbx_spawn_pending pending;
-	int rc = sbx_spawn_start(req, out, &pending, where);
+	int rc = sbx_spawn_start(req, out, &pending, err);
 	if (rc < 0)
 		return rc;
-	rc = sbx_spawn_finish(&pending, 1, where);
+	rc = sbx_spawn_finish(&pending, 1, err);
 	if (rc == 1)
 		return 0;
 	/* The child failed before its exec (it exits by itself) or could not be watched. */

@@ -21,7 +21,7 @@ struct sbx_vm {
 				 * for its status and the cgroup's usage figures. */
 	struct sbx_spawn_pending spawn; /* open while QEMU has not exec'd yet (sbx_vm_start) */
 	int spawn_rc;           /* sbx_vm_start_check's answer once known: 1, or -errno */
-	const char *spawn_where; /* the failed step when spawn_rc < 0 (a string literal) */
+	struct sbx_err spawn_err; /* why, when spawn_rc < 0 */
 };
 
 /* What sbx_vm_begin_close leaves to release outside of any lock: a SIGKILLed child to reap and
@@ -38,31 +38,31 @@ void sbx_vm_init(struct sbx_vm *vm);
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
  * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
  * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. On failure
- * returns -errno with *where naming the failing call, and vm is still in the closed state. */
+ * returns -errno with err naming the failing call, and vm is still in the closed state. */
 struct sbx_jail_config;
 int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		 const struct sbx_jail_config *cfg, const char **where);
+		 const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* The fd that becomes readable once the started child has exec'd or failed; -1 once that is
  * known (or without a start in progress). */
 int sbx_vm_spawn_fd(const struct sbx_vm *vm);
-/* 1 once QEMU has exec'd; 0 while not yet (blocking=0); -errno with *where (e.g. "execve") if it
+/* 1 once QEMU has exec'd; 0 while not yet (blocking=0); -errno with err (e.g. the step "execve") if it
  * failed before exec (the child exits; close the vm to reap it). The answer is kept: later calls
  * return it again. */
-int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where);
+int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err);
 /* Create both socketpairs and spawn argv[0] with the fd layout of qemu_spawn.h. On failure returns
- * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
+ * -errno with err naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where);
+int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, struct sbx_err *err);
 /* The same, plus (with_qmp != 0) a third socketpair whose QEMU end is fd 5 in the child, for
  * `-chardev socket,id=qmp,fd=5 -mon chardev=qmp,mode=control` (qemu_argv.h: cfg.qmp), and
  * (mem_fd >= 0) a copy of mem_fd as fd 6, the guest RAM's backing file (cfg.mem_fd). The caller
  * keeps mem_fd. */
 int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    const char **where);
+		    struct sbx_err *err);
 /* sbx_vm_spawn_ex inside the host jail (jail.h) configured by cfg. Layers the host cannot
  * provide are off with a reason in vm->jail->status. */
 int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, const char **where);
+			const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
 int sbx_vm_kill(struct sbx_vm *vm);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;

@@ -22,6 +22,9 @@
 #include "qemu_spawn.h"
 #include "test.h"
 
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
+
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
 
 /* Run sh -c script under a jail; returns the exit status and what it wrote to stdout. */
@@ -33,12 +36,12 @@ static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t 
 	char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1};
 	struct sbx_child c;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	int rc = sbx_spawn(&req, &c, &where);
 	close(chan[1]);
 	close(con[1]);
 	if (rc < 0) {
-		fprintf(stderr, "spawn: %s: %s\n", where, strerror(-rc));
+		fprintf(stderr, "spawn: %s: %s\n", where.msg, strerror(-rc));
 		close(chan[0]);
 		close(con[0]);
 		return -1;
@@ -130,7 +133,7 @@ static void test_snapshot_fds_survive_the_jail(void)
 			NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram};
 	struct sbx_child c;
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan[1]);
 	close(con[1]);
 	close(qmp[1]);
@@ -285,7 +288,7 @@ static void test_parent_death_kills_child_after_user_switch(void)
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1};
 		struct sbx_child c;
-		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
 			_exit(2);
 		_exit(0);
@@ -349,10 +352,10 @@ static int spawn_as_nobody_while_threads_churn(int rounds)
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1};
 		struct sbx_child c;
-		const char *where = NULL;
+		struct sbx_err where = {0};
 		int rc = sbx_spawn(&req, &c, &where);
 		if (rc < 0) {
-			fprintf(stderr, "round %d: spawn: %s: %s\n", i, where, strerror(-rc));
+			fprintf(stderr, "round %d: spawn: %s: %s\n", i, where.msg, strerror(-rc));
 			bad = 1;
 		} else {
 			int st = 0;

@@ -17,6 +17,9 @@
 #include "qemu_spawn.h"
 #include "test.h"
 
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
+
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
 
 struct pair {
@@ -46,7 +49,7 @@ static void sleep_ms(long ms)
 
 /* Spawn argv with fresh channel/console pairs; the child ends are closed afterwards. */
 static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan, struct pair *con,
-		      const char **where)
+		      struct sbx_err *where)
 {
 	*chan = mkpair();
 	*con = mkpair();
@@ -145,9 +148,9 @@ static void test_exec_failure_enoent(void)
 	char *const argv[] = {"/nonexistent/qemu-system-x86_64", "-M", "microvm", NULL};
 	struct sbx_child c = {123, 456};
 	struct pair chan, con;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &where), -ENOENT);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	CHECK_EQ(c.pid, -1);
 	CHECK_EQ(c.pidfd, -1);
 	/* The failed child was reaped: no zombie left for us. */
@@ -168,9 +171,9 @@ static void test_exec_failure_eacces(void)
 	char *const argv[] = {tmpl, NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &where), -EACCES);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	unlink(tmpl);
 	close(chan.host);
 	close(con.host);
@@ -189,7 +192,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 					    NULL, 0, -1, 0, -1};
 		struct sbx_child c;
 		struct sbx_spawn_pending p;
-		const char *where = NULL;
+		struct sbx_err where = {0};
 		CHECK_EQ(sbx_spawn_start(&req, &c, &p, &where), 0);
 		close(chan.child);
 		close(con.child);
@@ -203,7 +206,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 		reap(&c, &st);
 		if (i == 0) {
 			CHECK_EQ(rc, -ENOENT);
-			CHECK_STR(where, "execve");
+			CHECK_STR(where.msg, "execve");
 			CHECK_EQ(sbx_status_to_returncode(st), 127);
 		} else {
 			CHECK_EQ(rc, 1);
@@ -219,7 +222,7 @@ static void test_bad_request(void)
 	char *const argv[] = {"/bin/true", NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1};
 	struct sbx_child c;
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), -EBADF);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
 
 static void test_exit_status(void)
@@ -227,7 +230,7 @@ static void test_exit_status(void)
 	char *const argv[] = {"/bin/sh", "-c", "exit 7", NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	CHECK(c.pid > 0);
 	CHECK_EQ(c.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 	int st;
@@ -258,7 +261,7 @@ static void test_fd_layout_and_privs(void)
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
 	close(con.child);
 	sigaction(SIGTERM, &old_term, NULL);
@@ -325,7 +328,7 @@ static void test_overlapping_fds(void)
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1};
 		struct sbx_child c;
-		CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan_at);
 		close(con_at);
 		dup2(saved_stdin, 0);
@@ -359,7 +362,7 @@ static void test_stdio(void)
 			      NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	char buf[256];
 	read_all(con.host, buf, sizeof(buf));
 	CHECK_STR(buf, "out\nerr\nnull\n");
@@ -376,7 +379,7 @@ static void test_environment(void)
 	struct sbx_child c;
 	struct pair chan, con;
 	setenv("SBX_SECRET_TEST", "leak", 1);
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	char buf[4096];
 	read_all(chan.host, buf, sizeof(buf));
 	CHECK(strstr(buf, "PATH=/usr/bin:/bin") != NULL);
@@ -400,7 +403,7 @@ static void test_parent_death_kills_child(void)
 		struct pair chan = mkpair(), con = mkpair();
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
 		struct sbx_child c;
-		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
 			_exit(2);
 		_exit(0);
@@ -433,7 +436,7 @@ static void test_without_pidfd_signal_and_reap_by_pid(void)
 	char *const argv[] = {"/bin/sleep", "30", NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	CHECK_EQ(c.pidfd, -1);
 	int st = 0;
 	CHECK_EQ(sbx_child_wait(&c, 0, &st), 0); /* still running */
@@ -453,7 +456,7 @@ static void test_without_waitid_pidfd_reaps_by_pid(void)
 	char *const argv[] = {"/bin/sh", "-c", "exit 7", NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	int st = 0;
 	CHECK_EQ(sbx_child_wait(&c, 1, &st), 1);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7);
@@ -474,7 +477,7 @@ static void test_without_close_range_inherited_fds_are_closed(void)
 	char *const argv[] = {"/bin/sleep", "30", NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	close(leak);
 	close(leak_hi);
 	unsigned long long fds = 0;

@@ -67,7 +67,7 @@ static void test_lifecycle_kill(void)
 			      "printf '" READY_FRAME "' >&3; echo hello-console; exec sleep 30", NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.closed, 1);
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), 0);
 	CHECK_EQ(VM.closed, 0);
 	CHECK(VM.child.pid > 0 && VM.console_fd >= 0 && VM.ch.fd >= 0);
@@ -110,7 +110,7 @@ static void test_exit_and_eof(void)
 {
 	char *const argv[] = {"/bin/sh", "-c", "printf '" STDOUT_FRAME "' >&3; exit 3", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
 	struct sbx_event ev;
 	CHECK_EQ(wait_event(SBX_EV_STDOUT, 5000, &ev), 1);
 	CHECK_EQ(ev.id, 5);
@@ -132,7 +132,7 @@ static void test_close_running(void)
 	/* close() on a live child: SIGKILL + blocking reap, no zombie left. */
 	char *const argv[] = {"/bin/sleep", "30", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
 	pid_t pid = VM.child.pid;
 	sbx_vm_close(&VM);
 	CHECK_EQ(kill(pid, 0), -1);
@@ -146,9 +146,9 @@ static void test_spawn_failure_leaves_closed(void)
 {
 	char *const argv[] = {"/nonexistent/qemu", NULL};
 	sbx_vm_init(&VM);
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), -ENOENT);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	CHECK_EQ(VM.closed, 1);
 	CHECK(VM.child.pid == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
 	sbx_vm_close(&VM);
@@ -164,7 +164,7 @@ static void test_qmp_socket(void)
 			      NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.qmp_fd, -1);
-	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, &E), 0);
 	CHECK(VM.qmp_fd >= 0);
 	CHECK_EQ(write(VM.qmp_fd, "hello\n", 6), 6);
 	char buf[64] = {0};
@@ -181,7 +181,7 @@ static void test_qmp_socket(void)
 
 	char *const argv2[] = {"/bin/sh", "-c", "if [ -e /proc/self/fd/5 ]; then exit 1; else exit 0; fi", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv2, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv2, &E), 0);
 	CHECK_EQ(VM.qmp_fd, -1);
 	int code;
 	CHECK_EQ(wait_exit(5000, &code), 1);
