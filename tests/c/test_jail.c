@@ -168,10 +168,11 @@ static void test_cgroup_limits_written_and_removed(void)
 {
 	struct sbx_cgroup cg;
 	struct sbx_cgroup_limits lim = {.memory_bytes = 96u << 20, .cpu_percent = 150, .pids_max = 7};
-	char why[256] = "";
-	int rc = sbx_cgroup_create(&cg, "sbx-ctest-2", &lim, why, sizeof(why));
+	struct sbx_err why = {0};
+	char text[300];
+	int rc = sbx_cgroup_create(&cg, "sbx-ctest-2", &lim, &why);
 	if (rc < 0)
-		fprintf(stderr, "cgroup: %s\n", why);
+		fprintf(stderr, "cgroup: %s\n", sbx_err_text(&why, text, sizeof(text)));
 	CHECK_EQ(rc, 0);
 	uint64_t v = 0;
 	int found_mem = 0, found_pids = 0, found_cpu = 0;
