@@ -46,12 +46,12 @@ int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n)
 	return rc;
 }
 
-ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max)
+ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max, struct sbx_err *err)
 {
-	if (ch->error)
-		return ch->error;
+	if (ch->error) /* the guest broke the protocol: reported by sbx_channel_next_event */
+		return sbx_err_set(err, ch->error, "the guest broke the protocol");
 	if (ch->fd < 0)
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "recv");
 	if (ch->eof)
 		return 0;
 	if (max > sizeof(ch->scratch))
@@ -69,14 +69,18 @@ ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max)
 			ch->eof = 1;
 			return 0;
 		}
-		return -errno;
+		return sbx_err_sys(err, -errno, "recv");
 	}
 	if (n == 0) {
 		ch->eof = 1;
 		return 0;
 	}
 	int rc = sbx_channel_ingest(ch, ch->scratch, (size_t)n);
-	return rc < 0 ? rc : n;
+	if (rc == -ENOMEM)
+		return sbx_err_set(err, rc, "out of memory");
+	if (rc < 0)
+		return sbx_err_set(err, rc, "the guest broke the protocol");
+	return n;
 }
 
 int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev)

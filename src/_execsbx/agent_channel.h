@@ -37,9 +37,10 @@ int sbx_channel_take_fd(struct sbx_channel *ch);
 
 /* One non-blocking read of at most min(max, SBX_CHANNEL_READ_CHUNK) bytes, fed to the decoder.
  * Returns the byte count (> 0), 0 when nothing is available now or the peer closed (then
- * ch->eof is set; ECONNRESET counts as closed), or -errno. Drain every event with
- * sbx_channel_next_event before reading again. */
-ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max);
+ * ch->eof is set; ECONNRESET counts as closed), or -errno with err filled (the sticky protocol
+ * error, -ENOMEM, or recv's). Drain every event with sbx_channel_next_event before reading
+ * again. */
+ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max, struct sbx_err *err);
 /* Feed bytes that came from elsewhere (tests, fuzzer). 0 or the sticky error / -ENOMEM. */
 int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n);
 /* 1: *ev holds the next event (pointers valid until the next read/ingest); 0: no complete

@@ -7,7 +7,9 @@
 #include "event.h"
 #include "protocol.h"
 
-PyObject *sbx_raise_os_error(int err, const char *where, PyObject *filename)
+/* OSError(err, "<strerror> (from <where>)"[, filename]), mapped by CPython to its subclass
+ * (FileNotFoundError, BrokenPipeError, ...). err is positive. */
+static PyObject *raise_os_error(int err, const char *where, PyObject *filename)
 {
 	PyObject *msg = PyUnicode_FromFormat("%s (from %s)", strerror(err), where);
 	if (!msg)
@@ -35,7 +37,7 @@ PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename)
 	if (e->code == ENOMEM)
 		return PyErr_NoMemory();
 	if (e->syscall)
-		return sbx_raise_os_error(e->code, e->msg, filename);
+		return raise_os_error(e->code, e->msg, filename);
 	/* Without a failed system call, EBADF means the object was closed (like Python's files). */
 	if (e->code == EINVAL || e->code == EMSGSIZE || e->code == E2BIG || e->code == EBADF) {
 		PyErr_SetString(PyExc_ValueError, e->msg);

@@ -7,9 +7,6 @@
 
 #include "agent_channel.h"
 
-/* OSError(err, "<strerror> (from <where>)"[, filename]), mapped by CPython to its subclass
- * (FileNotFoundError, BrokenPipeError, ...). err is positive. */
-PyObject *sbx_raise_os_error(int err, const char *where, PyObject *filename);
 /* ValueError("I/O operation on closed Vm") and -1 if closed, else 0. */
 int sbx_raise_if_closed(int closed);
 /* The exception for a filled struct sbx_err (sbx_err.h): MemoryError for ENOMEM; ValueError(msg)

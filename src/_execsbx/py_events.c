@@ -212,15 +212,12 @@ PyObject *sbx_py_read_events(struct sbx_vm *vm, const sbx_module_state *st)
 		}
 		if (budget == 0)
 			break;
-		ssize_t n = sbx_channel_read(ch, budget);
+		struct sbx_err err = {0};
+		ssize_t n = sbx_channel_read(ch, budget, &err);
 		if (n < 0) {
 			if (ch->error)
 				continue; /* reported by sbx_channel_next_event above */
-			if (n == -ENOMEM) {
-				PyErr_NoMemory();
-				goto fail;
-			}
-			sbx_raise_os_error((int)-n, "recv", NULL);
+			sbx_raise_err(&err, NULL);
 			goto fail;
 		}
 		if (n == 0 && !ch->eof)

@@ -254,10 +254,12 @@ static PyObject *vm_read_console(VmObject *self, PyObject *unused)
 	PyObject *buf = PyBytes_FromStringAndSize(NULL, SBX_READ_CONSOLE_MAX);
 	if (!buf)
 		return NULL;
-	ssize_t n = sbx_vm_read_console(&self->vm, PyBytes_AS_STRING(buf), SBX_READ_CONSOLE_MAX);
+	struct sbx_err err = {0};
+	ssize_t n = sbx_vm_read_console(&self->vm, PyBytes_AS_STRING(buf), SBX_READ_CONSOLE_MAX,
+					&err);
 	if (n < 0) {
 		Py_DECREF(buf);
-		return sbx_raise_os_error((int)-n, "recv", NULL);
+		return sbx_raise_err(&err, NULL);
 	}
 	if (_PyBytes_Resize(&buf, n) < 0)
 		return NULL;
@@ -273,9 +275,10 @@ static PyObject *vm_poll_exit(VmObject *self, PyObject *unused)
 {
 	(void)unused;
 	int code;
-	int rc = sbx_vm_poll_exit(&self->vm, &code);
+	struct sbx_err err = {0};
+	int rc = sbx_vm_poll_exit(&self->vm, &code, &err);
 	if (rc < 0)
-		return sbx_raise_os_error(-rc, "waitid", NULL);
+		return sbx_raise_err(&err, NULL);
 	if (rc == 0)
 		Py_RETURN_NONE;
 	return PyLong_FromLong(code);
@@ -286,9 +289,9 @@ PyDoc_STRVAR(kill_doc, "kill() -> None\n\nSIGKILL QEMU. Idempotent; a no-op once
 static PyObject *vm_kill(VmObject *self, PyObject *unused)
 {
 	(void)unused;
-	int rc = sbx_vm_kill(&self->vm);
-	if (rc < 0)
-		return sbx_raise_os_error(-rc, "pidfd_send_signal", NULL);
+	struct sbx_err err = {0};
+	if (sbx_vm_kill(&self->vm, &err) < 0)
+		return sbx_raise_err(&err, NULL);
 	Py_RETURN_NONE;
 }
 

@@ -193,23 +193,27 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	return 0; /* the QEMU ends are closed here: QEMU holds the only copies */
 }
 
-int sbx_vm_kill(struct sbx_vm *vm)
+int sbx_vm_kill(struct sbx_vm *vm, struct sbx_err *err)
 {
 	if (vm->reaped || vm->child.pid <= 0)
 		return 0;
 	int rc = sbx_child_signal(&vm->child, SIGKILL);
-	return rc == -ESRCH ? 0 : rc; /* already gone (a zombie waiting to be reaped) */
+	if (rc == -ESRCH)
+		return 0; /* already gone (a zombie waiting to be reaped) */
+	return rc < 0 ? sbx_err_sys(err, rc, "pidfd_send_signal") : 0;
 }
 
-int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode)
+int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode, struct sbx_err *err)
 {
 	if (!vm->reaped) {
 		if (vm->child.pid <= 0)
 			return 0; /* closing in another thread: not reaped yet */
 		int status;
 		int rc = sbx_child_wait(&vm->child, 0, &status);
-		if (rc <= 0)
-			return rc;
+		if (rc < 0)
+			return sbx_err_sys(err, rc, "waitid");
+		if (rc == 0)
+			return 0;
 		vm->reaped = 1;
 		vm->wait_status = status;
 	}
@@ -217,11 +221,11 @@ int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode)
 	return 1;
 }
 
-ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
+ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n, struct sbx_err *err)
 {
 	size_t got = 0;
 	if (vm->console_fd < 0)
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "recv");
 	while (got < n) {
 		ssize_t r = recv(vm->console_fd, (char *)buf + got, n - got, MSG_DONTWAIT);
 		if (r < 0 && errno == EINTR)
@@ -231,7 +235,7 @@ ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
 				break;
 			if (got)
 				break;
-			return -errno;
+			return sbx_err_sys(err, -errno, "recv");
 		}
 		if (r == 0)
 			break;
@@ -242,7 +246,8 @@ ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
 
 void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 {
-	sbx_vm_kill(vm);
+	struct sbx_err ignored = {0}; /* a failed kill shows in the reap that follows */
+	sbx_vm_kill(vm, &ignored);
 	r->child = vm->child;
 	r->reaped = vm->reaped;
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);

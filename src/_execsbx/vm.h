@@ -64,13 +64,13 @@ int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 			const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
-int sbx_vm_kill(struct sbx_vm *vm);
+int sbx_vm_kill(struct sbx_vm *vm, struct sbx_err *err);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;
  * -errno on error. After a successful close this keeps returning the final status. */
-int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode);
+int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode, struct sbx_err *err);
 /* Non-blocking read from the console socket into buf, up to n bytes (several reads if they
  * come). Returns the count (0 for nothing now or EOF) or -errno. */
-ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n);
+ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n, struct sbx_err *err);
 
 /* Closing in two halves, so that a caller holding a lock (the GIL) can drop it for the blocking
  * part: begin (non-blocking) kills the child, moves every fd into *r and marks vm closed (every

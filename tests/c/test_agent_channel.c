@@ -47,7 +47,7 @@ static int pump(int counts[8], uint32_t *last_len)
 		}
 		if (rc < 0)
 			return rc;
-		ssize_t n = sbx_channel_read(&CH, 1 << 20);
+		ssize_t n = sbx_channel_read(&CH, 1 << 20, &E);
 		if (n < 0)
 			return (int)n;
 		if (n == 0)
@@ -77,7 +77,7 @@ static void test_events_and_eof(void)
 	close(peer);
 	CHECK_EQ(pump(counts, NULL), 0);
 	CHECK_EQ(CH.eof, 1);
-	CHECK_EQ(sbx_channel_read(&CH, 100), 0);
+	CHECK_EQ(sbx_channel_read(&CH, 100, &E), 0);
 	sbx_channel_destroy(&CH);
 	CHECK_EQ(CH.fd, -1);
 	sbx_channel_destroy(&CH); /* idempotent */
@@ -128,7 +128,7 @@ static void test_protocol_error_sticky(void)
 	CHECK_EQ(CH.error_frame_type, SBX_MSG_EXEC);
 	struct sbx_event ev;
 	CHECK_EQ(sbx_channel_next_event(&CH, &ev), -EPROTO);
-	CHECK_EQ(sbx_channel_read(&CH, 100), -EPROTO);
+	CHECK_EQ(sbx_channel_read(&CH, 100, &E), -EPROTO);
 	CHECK_EQ(sbx_channel_ingest(&CH, "x", 1), -EPROTO);
 	close(peer);
 	sbx_channel_destroy(&CH);

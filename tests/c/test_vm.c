@@ -38,7 +38,7 @@ static int wait_event(int want, int timeout_ms, struct sbx_event *out)
 				return rc;
 			if (VM.ch.eof)
 				return want == 0 ? 1 : -EPIPE;
-			ssize_t n = sbx_channel_read(&VM.ch, 1 << 20);
+			ssize_t n = sbx_channel_read(&VM.ch, 1 << 20, &E);
 			if (n < 0)
 				return (int)n;
 			if (n == 0 && !VM.ch.eof)
@@ -53,7 +53,7 @@ static int wait_event(int want, int timeout_ms, struct sbx_event *out)
 static int wait_exit(int timeout_ms, int *code)
 {
 	for (int waited = 0; waited <= timeout_ms; waited += 5) {
-		int rc = sbx_vm_poll_exit(&VM, code);
+		int rc = sbx_vm_poll_exit(&VM, code, &E);
 		if (rc != 0)
 			return rc;
 		usleep(5000);
@@ -80,29 +80,29 @@ static void test_lifecycle_kill(void)
 	char buf[256];
 	ssize_t n = 0;
 	for (int i = 0; i < 500 && n == 0; i++) {
-		n = sbx_vm_read_console(&VM, buf, sizeof(buf) - 1);
+		n = sbx_vm_read_console(&VM, buf, sizeof(buf) - 1, &E);
 		if (n == 0)
 			usleep(2000);
 	}
 	CHECK_EQ(n, 14);
 	buf[n > 0 ? n : 0] = 0;
 	CHECK_STR(buf, "hello-console\n");
-	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf)), 0); /* nothing more: no blocking */
+	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf), &E), 0); /* nothing more: no blocking */
 
 	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1, &E), 0);
 	CHECK_EQ(sbx_channel_pending(&VM.ch), 0);
 	int code = 12345;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
-	CHECK_EQ(sbx_vm_kill(&VM), 0);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 0);
+	CHECK_EQ(sbx_vm_kill(&VM, &E), 0);
 	CHECK_EQ(wait_exit(5000, &code), 1);
 	CHECK_EQ(code, -SIGKILL);
-	CHECK_EQ(sbx_vm_kill(&VM), 0); /* reaped: no-op */
+	CHECK_EQ(sbx_vm_kill(&VM, &E), 0); /* reaped: no-op */
 	sbx_vm_close(&VM);
 	CHECK_EQ(VM.closed, 1);
 	CHECK(VM.child.pid == -1 && VM.child.pidfd == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
 	sbx_vm_close(&VM); /* idempotent */
 	code = 0;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, -SIGKILL);
 }
 
@@ -123,7 +123,7 @@ static void test_exit_and_eof(void)
 	/* Writing to a dead peer: an error, not SIGPIPE. */
 	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2, &E), -EPIPE);
 	sbx_vm_close(&VM);
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, 3);
 }
 
@@ -138,7 +138,7 @@ static void test_close_running(void)
 	CHECK_EQ(kill(pid, 0), -1);
 	CHECK_EQ(errno, ESRCH);
 	int code;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, -SIGKILL);
 }
 
@@ -153,7 +153,7 @@ static void test_spawn_failure_leaves_closed(void)
 	CHECK(VM.child.pid == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
 	sbx_vm_close(&VM);
 	int code;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 0);
 }
 
 static void test_qmp_socket(void)
