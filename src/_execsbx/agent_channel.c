@@ -102,6 +102,23 @@ int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev)
 	return 1;
 }
 
+void sbx_channel_error(const struct sbx_channel *ch, struct sbx_err *err)
+{
+	int t = ch->error_frame_type;
+	if (!ch->error)
+		sbx_err_clear(err);
+	else if (t < 0)
+		sbx_err_set(err, ch->error, "%s",
+			    ch->error == -EMSGSIZE ? "guest sent a frame larger than GUEST_FRAME_MAX"
+						   : "guest sent a malformed frame header");
+	else if ((t >= SBX_MSG_READY && t <= SBX_MSG_FILE_ERROR) || t == SBX_MSG_RESEEDED)
+		sbx_err_set(err, ch->error, "guest sent a malformed %s frame%s",
+			    sbx_event_kind_name((enum sbx_event_kind)t),
+			    ch->error == -EMSGSIZE ? " (a string over its limit)" : "");
+	else
+		sbx_err_set(err, ch->error, "guest sent a frame of unexpected type %d", t);
+}
+
 size_t sbx_channel_pending(const struct sbx_channel *ch)
 {
 	return ch->out.len - ch->out_off;

@@ -61,6 +61,9 @@ int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r,
 /* Write as much of the queue as the socket takes now. 0 or -errno with e filled (EAGAIN is not
  * an error). */
 int sbx_channel_flush(struct sbx_channel *ch, struct sbx_err *e);
+/* The sticky protocol error, explained (-EPROTO/-EMSGSIZE and what the guest got wrong); err
+ * cleared when there is none. */
+void sbx_channel_error(const struct sbx_channel *ch, struct sbx_err *err);
 /* Bytes queued and not yet written. */
 size_t sbx_channel_pending(const struct sbx_channel *ch);
 

@@ -4,8 +4,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "event.h"
-#include "protocol.h"
 
 /* OSError(err, "<strerror> (from <where>)"[, filename]), mapped by CPython to its subclass
  * (FileNotFoundError, BrokenPipeError, ...). err is positive. */
@@ -51,29 +49,10 @@ PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename)
 	return NULL;
 }
 
-PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_channel *ch,
+PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_err *e,
 				   PyObject *events)
 {
-	PyObject *msg;
-	if (ch->error_frame_type < 0)
-		msg = PyUnicode_FromString(ch->error == -EMSGSIZE
-						   ? "guest sent a frame larger than GUEST_FRAME_MAX"
-						   : "guest sent a malformed frame header");
-	else if ((ch->error_frame_type >= SBX_MSG_READY &&
-		  ch->error_frame_type <= SBX_MSG_FILE_ERROR) ||
-		 ch->error_frame_type == SBX_MSG_RESEEDED)
-		msg = PyUnicode_FromFormat(
-			"guest sent a malformed %s frame%s",
-			sbx_event_kind_name((enum sbx_event_kind)ch->error_frame_type),
-			ch->error == -EMSGSIZE ? " (a string over its limit)" : "");
-	else
-		msg = PyUnicode_FromFormat("guest sent a frame of unexpected type %d",
-					   ch->error_frame_type);
-	if (!msg) {
-		Py_XDECREF(events);
-		return NULL;
-	}
-	PyObject *exc = PyObject_CallFunction(protocol_error, "iN", -ch->error, msg);
+	PyObject *exc = PyObject_CallFunction(protocol_error, "is", e->code, e->msg);
 	if (!events)
 		events = PyList_New(0);
 	if (exc && events && PyObject_SetAttrString(exc, "events", events) == 0)

@@ -14,9 +14,10 @@ int sbx_raise_if_closed(int closed);
  * without a failed system call); for a failed system
  * call OSError(code, "<strerror> (from <step>)"[, filename]); else OSError(code, msg). */
 PyObject *sbx_raise_err(const struct sbx_err *e, PyObject *filename);
-/* ProtocolError(errno, text) for the channel's sticky error; its .events is events (a list, new
- * reference stolen; NULL: an empty list). protocol_error is the module's ProtocolError type. */
-PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_channel *ch,
+/* ProtocolError(e->code, e->msg) for the channel's sticky error (sbx_channel_error); its .events
+ * is events (a list, new reference stolen; NULL: an empty list). protocol_error is the module's
+ * ProtocolError type. */
+PyObject *sbx_raise_protocol_error(PyObject *protocol_error, const struct sbx_err *e,
 				   PyObject *events);
 
 #endif /* SBX_PY_ERRORS_H */

@@ -185,13 +185,22 @@ static PyObject *eof_value(const sbx_module_state *st)
 	return make(st, SBX_PY_EOF_EVENT, 1, items);
 }
 
+/* The channel's sticky protocol error as ProtocolError (events: stolen, may be NULL). */
+static PyObject *protocol_error(const sbx_module_state *st, const struct sbx_channel *ch,
+				PyObject *events)
+{
+	struct sbx_err err;
+	sbx_channel_error(ch, &err);
+	return sbx_raise_protocol_error(st->protocol_error, &err, events);
+}
+
 PyObject *sbx_py_read_events(struct sbx_vm *vm, const sbx_module_state *st)
 {
 	struct sbx_channel *ch = &vm->ch;
 	if (sbx_raise_if_closed(vm->closed) < 0)
 		return NULL;
 	if (ch->error)
-		return sbx_raise_protocol_error(st->protocol_error, ch, NULL);
+		return protocol_error(st, ch, NULL);
 	PyObject *list = PyList_New(0);
 	if (!list)
 		return NULL;
@@ -204,7 +213,7 @@ PyObject *sbx_py_read_events(struct sbx_vm *vm, const sbx_module_state *st)
 			if (sbx_py_append_new(list, event_value(st, &ev)) < 0)
 				goto fail;
 		if (rc < 0) /* raise now: the fd may never be readable again to report it later */
-			return sbx_raise_protocol_error(st->protocol_error, ch, list);
+			return protocol_error(st, ch, list);
 		if (ch->eof) {
 			if (sbx_py_append_new(list, eof_value(st)) < 0)
 				goto fail;

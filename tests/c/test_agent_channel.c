@@ -130,6 +130,10 @@ static void test_protocol_error_sticky(void)
 	CHECK_EQ(sbx_channel_next_event(&CH, &ev), -EPROTO);
 	CHECK_EQ(sbx_channel_read(&CH, 100, &E), -EPROTO);
 	CHECK_EQ(sbx_channel_ingest(&CH, "x", 1), -EPROTO);
+	struct sbx_err why;
+	sbx_channel_error(&CH, &why);
+	CHECK_EQ(why.code, EPROTO);
+	CHECK_STR(why.msg, "guest sent a frame of unexpected type 64");
 	close(peer);
 	sbx_channel_destroy(&CH);
 
@@ -138,6 +142,9 @@ static void test_protocol_error_sticky(void)
 	uint8_t hdr[12] = {0xff, 0xff, 0xff, 0x7f, SBX_MSG_STDOUT};
 	CHECK_EQ(write(peer, hdr, 12), 12);
 	CHECK_EQ(pump(counts, NULL), -EMSGSIZE);
+	sbx_channel_error(&CH, &why);
+	CHECK_EQ(why.code, EMSGSIZE);
+	CHECK_STR(why.msg, "guest sent a frame larger than GUEST_FRAME_MAX");
 	CHECK_EQ(CH.error_frame_type, -1);
 	close(peer);
 	sbx_channel_destroy(&CH);
