@@ -8,20 +8,17 @@ from glob import glob
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-# Warnings are errors, named one by one so that a new compiler does not silently add some.
-WARNINGS = [
-    "-Wall",
-    "-Wextra",
-    "-Werror",
-    "-Werror=vla",
-    "-Werror=implicit-fallthrough",
-    "-Werror=strict-prototypes",
-    "-Werror=missing-prototypes",
-    "-Werror=shadow",
-    "-Werror=format=2",
-    "-Werror=implicit-function-declaration",
-    "-Werror=incompatible-pointer-types",
-]
+
+def shared_warnings(path: str = "src/shared/warnings.mk") -> list[str]:
+    """SBX_WARNINGS of the warning list all three C builds read (a make assignment)."""
+    with open(path) as f:
+        text = f.read().replace("\\\n", " ")
+    for line in text.splitlines():
+        name, sep, value = line.partition(":=")
+        if sep and name.strip() == "SBX_WARNINGS":
+            return value.split()
+    raise SystemExit(f"{path}: no SBX_WARNINGS")
+
 
 # What `sbx setup` builds the guest images from, copied into the package as exec_sandbox/_recipe/
 # with this repository's layout, so that images/build.sh runs the same from either place (one
@@ -44,6 +41,7 @@ RECIPE = [
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
     "src/shared/*.[ch]",
+    "src/shared/warnings.mk",
 ]
 
 
@@ -81,8 +79,9 @@ setup(
             sources=sorted(glob("src/_execsbx/*.c")) + ["src/shared/frame.c"],
             include_dirs=["src/shared", "src/_execsbx"],
             # A changed header rebuilds every source (setuptools otherwise compares .c files only).
-            depends=sorted(glob("src/_execsbx/*.h") + glob("src/shared/*.h")),
-            extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *WARNINGS],
+            depends=sorted(glob("src/_execsbx/*.h") + glob("src/shared/*.h"))
+            + ["src/shared/warnings.mk"],
+            extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *shared_warnings()],
             libraries=["seccomp"],
         )
     ],

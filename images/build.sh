@@ -11,7 +11,7 @@ recipe_root=$(cd "$images_src_dir/.." && pwd)
 # The source directory is mapped away in the debug info, so that the binary (whose hash is part
 # of the root image's key) is the same whether built from a checkout or an installed package.
 HASH_EXTRA="$(gcc --version | head -n1) $(dpkg-query -W -f='${Version}' libc6-dev 2>/dev/null || true)"
-agent_key=$(inputs_hash "$recipe_root/guest/Makefile" "$recipe_root"/guest/src/*.[ch] "$recipe_root"/src/shared/*.[ch])
+agent_key=$(inputs_hash "$recipe_root/guest/Makefile" "$recipe_root"/guest/src/*.[ch] "$recipe_root"/src/shared/*.[ch] "$recipe_root/src/shared/warnings.mk")
 agent="$images_dir/agent-$agent_key/sbx-agent"
 if [ -x "$agent" ]; then
 	step "guest agent $agent_key: cached"; reuse "$(dirname "$agent")"

@@ -27,17 +27,6 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-/* Explain in why[] and return err (a -errno). */
-__attribute__((format(printf, 4, 5))) static int fail(char *why, size_t len, int err,
-						     const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(why, len, fmt, ap);
-	va_end(ap);
-	return err;
-}
-
 static int write_file(const char *dir, const char *file, const char *text)
 {
 	char path[PATH_MAX + 64];
@@ -211,7 +200,7 @@ __attribute__((format(printf, 5, 6))) static int plan_write(struct sbx_cgroup *c
 }
 
 static int plan_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		   char *why, size_t len)
+		   struct sbx_err *err)
 {
 	char own[PATH_MAX], mount[2 * PATH_MAX];
 	const char *m = NULL;
@@ -220,7 +209,7 @@ static int plan_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgr
 	else if (is_fs(CGROUP_ROOT "/unified", CGROUP2_SUPER_MAGIC))
 		m = CGROUP_ROOT "/unified";
 	if (!m || own_cgroup("", own, sizeof(own)) < 0)
-		return fail(why, len, -ENOTSUP, "no cgroup2 hierarchy");
+		return sbx_err_set(err, -ENOTSUP, "no cgroup2 hierarchy");
 	snprintf(mount, sizeof(mount), "%s%s/cgroup.subtree_control", m,
 		 strcmp(own, "/") == 0 ? "" : own);
 	char ctl[256] = "";
@@ -232,23 +221,23 @@ static int plan_v2(struct sbx_cgroup *cg, const char *name, const struct sbx_cgr
 	}
 	/* Delegated: the controllers are enabled for this cgroup's children. */
 	if (!strstr(ctl, "memory") || !strstr(ctl, "cpu") || !strstr(ctl, "pids"))
-		return fail(why, len, -ENOTSUP, "cgroup v2 at %s: memory/cpu/pids not delegated to %s",
+		return sbx_err_set(err, -ENOTSUP, "cgroup v2 at %s: memory/cpu/pids not delegated to %s",
 			    m, own);
 	int rc = dir_path(cg->dirs[0], m, own, name);
 	if (rc < 0)
-		return fail(why, len, rc, "cgroup v2: path under %s: %s", own, strerror(-rc));
+		return sbx_err_set(err, rc, "cgroup v2: path under %s: %s", own, strerror(-rc));
 	cg->ndirs = 1;
 	cg->version = 2;
 	cg->has_memory = cg->has_cpu = cg->has_cpuacct = cg->has_pids = 1;
 	if (lim->memory_bytes && ((rc = plan_write(cg, 0, "memory.max", 0, "%llu",
 						   (unsigned long long)lim->memory_bytes)) < 0 ||
 				  (rc = plan_write(cg, 0, "memory.swap.max", 0, "0")) < 0))
-		return fail(why, len, rc, "cgroup v2: too many limits");
+		return sbx_err_set(err, rc, "cgroup v2: too many limits");
 	if (lim->cpu_percent &&
 	    (rc = plan_write(cg, 0, "cpu.max", 0, "%llu 100000", lim->cpu_percent * 1000ull)) < 0)
-		return fail(why, len, rc, "cgroup v2: too many limits");
+		return sbx_err_set(err, rc, "cgroup v2: too many limits");
 	if (lim->pids_max && (rc = plan_write(cg, 0, "pids.max", 0, "%u", lim->pids_max)) < 0)
-		return fail(why, len, rc, "cgroup v2: too many limits");
+		return sbx_err_set(err, rc, "cgroup v2: too many limits");
 	return 0;
 }
 
@@ -256,7 +245,7 @@ static const char *const v1_controllers[SBX_CGROUP_MAX_DIRS] = {"memory", "cpu",
 								  "pids"};
 
 static int plan_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		   char *why, size_t len)
+		   struct sbx_err *err)
 {
 	int *has[SBX_CGROUP_MAX_DIRS] = {&cg->has_memory, &cg->has_cpu, &cg->has_cpuacct,
 					 &cg->has_pids};
@@ -266,7 +255,7 @@ static int plan_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgr
 		char mount[PATH_MAX], own[PATH_MAX], real[PATH_MAX];
 		snprintf(mount, sizeof(mount), CGROUP_ROOT "/%s", v1_controllers[i]);
 		if (!is_fs(mount, CGROUP_SUPER_MAGIC) || own_cgroup(v1_controllers[i], own, sizeof(own)) < 0)
-			return fail(why, len, -ENOTSUP, "no cgroup v1 %s controller mounted at %s",
+			return sbx_err_set(err, -ENOTSUP, "no cgroup v1 %s controller mounted at %s",
 				    v1_controllers[i], mount);
 		/* cpu and cpuacct are often one hierarchy ("cpu,cpuacct"): one directory then. */
 		if (!realpath(mount, real))
@@ -275,7 +264,7 @@ static int plan_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgr
 		int n = snprintf(dir, sizeof(dir), "%s%s/%s", real, strcmp(own, "/") == 0 ? "" : own,
 				 name);
 		if (n < 0 || n >= PATH_MAX)
-			return fail(why, len, -ENAMETOOLONG, "cgroup path too long");
+			return sbx_err_set(err, -ENAMETOOLONG, "cgroup path too long");
 		*has[i] = 1;
 		at[i] = cg->ndirs;
 		for (unsigned j = 0; j < cg->ndirs; j++)
@@ -292,33 +281,34 @@ static int plan_v1(struct sbx_cgroup *cg, const char *name, const struct sbx_cgr
 				     (unsigned long long)lim->memory_bytes)) < 0 ||
 		    (rc = plan_write(cg, at[0], "memory.memsw.limit_in_bytes", 1, "%llu",
 				     (unsigned long long)lim->memory_bytes)) < 0)
-			return fail(why, len, rc, "cgroup v1: too many limits");
+			return sbx_err_set(err, rc, "cgroup v1: too many limits");
 	}
 	if (lim->cpu_percent &&
 	    ((rc = plan_write(cg, at[1], "cpu.cfs_period_us", 0, "100000")) < 0 ||
 	     (rc = plan_write(cg, at[1], "cpu.cfs_quota_us", 0, "%llu", lim->cpu_percent * 1000ull)) <
 		     0))
-		return fail(why, len, rc, "cgroup v1: too many limits");
+		return sbx_err_set(err, rc, "cgroup v1: too many limits");
 	if (lim->pids_max && (rc = plan_write(cg, at[3], "pids.max", 0, "%u", lim->pids_max)) < 0)
-		return fail(why, len, rc, "cgroup v1: too many limits");
+		return sbx_err_set(err, rc, "cgroup v1: too many limits");
 	return 0;
 }
 
 int sbx_cgroup_plan(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		    char *why, size_t why_len)
+		    struct sbx_err *err)
 {
-	char why2[256] = "";
+	struct sbx_err v2 = {0};
 	memset(cg, 0, sizeof(*cg));
-	if (plan_v2(cg, name, lim, why2, sizeof(why2)) == 0)
+	if (plan_v2(cg, name, lim, &v2) == 0)
 		return 0;
 	memset(cg, 0, sizeof(*cg));
-	int rc = plan_v1(cg, name, lim, why, why_len);
+	int rc = plan_v1(cg, name, lim, err);
 	if (rc == 0)
 		return 0;
 	memset(cg, 0, sizeof(*cg));
-	size_t used = strlen(why);
-	snprintf(why + used, why_len - used, "; %s", why2);
-	return rc;
+	/* Why neither: v1's reason, then v2's. */
+	char t1[sizeof(err->msg)], t2[sizeof(v2.msg)];
+	return sbx_err_set(err, rc, "%s; %s", sbx_err_text(err, t1, sizeof(t1)),
+			   sbx_err_text(&v2, t2, sizeof(t2)));
 }
 
 /* Async-signal-safe: only syscalls on strings prepared by sbx_cgroup_plan. */
@@ -367,16 +357,16 @@ int sbx_cgroup_materialize(const struct sbx_cgroup *cg, int enter, const char **
 }
 
 int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		      char *why, size_t why_len)
+		      struct sbx_err *err)
 {
-	int rc = sbx_cgroup_plan(cg, name, lim, why, why_len);
+	int rc = sbx_cgroup_plan(cg, name, lim, err);
 	if (rc < 0)
 		return rc;
 	const char *what = "cgroup";
 	rc = sbx_cgroup_materialize(cg, 0, &what);
 	if (rc < 0) {
 		sbx_cgroup_remove(cg);
-		return fail(why, why_len, rc, "cgroup v%d: %s: %s", cg->version, what, strerror(-rc));
+		return sbx_err_sys(err, rc, "cgroup v%d: %s", cg->version, what);
 	}
 	return 0;
 }

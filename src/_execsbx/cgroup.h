@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "sbx_err.h"
+
 #define SBX_CGROUP_MAX_DIRS 4
 #define SBX_CGROUP_MAX_WRITES 8
 
@@ -39,9 +41,9 @@ struct sbx_cgroup {
 
 /* Find where cgroups can be made and plan the VM's (name: a unique leaf name): its directories
  * and limit files, without creating anything (reads /proc/self/cgroup and the cgroup mounts).
- * 0, or -errno with why[] explaining (e.g. "no cgroup v1 memory controller mounted"). */
+ * 0, or -errno with err explaining (e.g. "no cgroup v1 memory controller mounted"). */
 int sbx_cgroup_plan(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		    char *why, size_t why_len);
+		    struct sbx_err *err);
 /* Create the planned directories and write the limits; with enter != 0 also move the calling
  * process into every directory. Async-signal-safe (mkdir, open, write, close on planned strings):
  * the spawned child does it for itself between fork and exec, so that the parent's event loop
@@ -52,7 +54,7 @@ int sbx_cgroup_materialize(const struct sbx_cgroup *cg, int enter, const char **
 /* Plan and materialize in the calling process, without entering. On failure nothing is left
  * behind. */
 int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
-		      char *why, size_t why_len);
+		      struct sbx_err *err);
 /* Move pid into every directory of the cgroup. 0 or -errno. */
 int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid);
 /* CPU time in ns and peak memory in bytes so far (each UINT64_MAX if unknown). */

@@ -48,13 +48,14 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	j->enabled = 1;
 
 	/* seccomp */
-	const char *why = "";
-	int rc = sbx_seccomp_program(&j->bpf, &why);
+	struct sbx_err err = {0};
+	char text[sizeof(err.msg) + 64];
+	int rc = sbx_seccomp_program(&j->bpf, &err);
 	if (rc == -ENOMEM)
 		return rc;
 	if (rc < 0)
-		set_status(j, SBX_LAYER_SECCOMP, 0, "cannot build the filter: %s: %s", why,
-			   strerror(-rc));
+		set_status(j, SBX_LAYER_SECCOMP, 0, "cannot build the filter: %s",
+			   sbx_err_text(&err, text, sizeof(text)));
 	else
 		set_status(j, SBX_LAYER_SECCOMP, 1, "deny-list filter of %u BPF instructions",
 			   (unsigned)j->bpf->len);
@@ -68,15 +69,15 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 
 	/* cgroup */
 	struct sbx_cgroup_limits lim = {cfg->memory_bytes, cfg->cpu_percent, cfg->pids_max};
-	char cwhy[sizeof(j->status[0].detail) - 32] = "";
+	sbx_err_clear(&err);
 	if (!name || !name[0] || strchr(name, '/'))
 		return -EINVAL;
 	if (!lim.memory_bytes && !lim.cpu_percent && !lim.pids_max)
-		rc = -EINVAL, snprintf(cwhy, sizeof(cwhy), "no limits requested by the caller");
+		rc = sbx_err_set(&err, -EINVAL, "no limits requested by the caller");
 	else
-		rc = sbx_cgroup_plan(&j->cg, name, &lim, cwhy, sizeof(cwhy));
+		rc = sbx_cgroup_plan(&j->cg, name, &lim, &err);
 	if (rc < 0)
-		set_status(j, SBX_LAYER_CGROUP, 0, "%s", cwhy);
+		set_status(j, SBX_LAYER_CGROUP, 0, "%s", sbx_err_text(&err, text, sizeof(text)));
 	else
 		set_status(j, SBX_LAYER_CGROUP, 1,
 			   "v%d: memory %llu MiB, cpu %u%%, pids %u", j->cg.version,

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "protocol.h"
-#include "spawn.h" /* the fds the child finds the two sockets at */
+#include "qemu_spawn.h" /* the fds the child finds the two sockets at */
 
 struct argv_builder {
 	char **v;
@@ -55,11 +55,9 @@ __attribute__((format(printf, 2, 3))) static void addf(struct argv_builder *b, c
 	add_owned(b, rc < 0 ? NULL : s);
 }
 
-static int reject(const char **why, const char *msg)
+static int reject(struct sbx_err *err, const char *msg)
 {
-	if (why)
-		*why = msg;
-	return -EINVAL;
+	return sbx_err_set(err, -EINVAL, "%s", msg);
 }
 
 static int has_control_chars(const char *s)
@@ -73,14 +71,14 @@ static int has_control_chars(const char *s)
 /* kernel and rootfs: no ',' because QEMU's option parser would split "file=a,b" into two options
  * (escaping by doubling would work, but no sane image path needs a comma); no control characters
  * (they only ever come from a bug). Relative paths are fine: see the -drive line. */
-static int check_path(const char *p, const char **why, const char *empty, const char *comma)
+static int check_path(const char *p, struct sbx_err *err, const char *empty, const char *comma)
 {
 	if (!p || !p[0])
-		return reject(why, empty);
+		return reject(err, empty);
 	if (strchr(p, ','))
-		return reject(why, comma);
+		return reject(err, comma);
 	if (has_control_chars(p))
-		return reject(why, "paths must not contain control characters");
+		return reject(err, "paths must not contain control characters");
 	return 0;
 }
 
@@ -97,54 +95,54 @@ static int check_path(const char *p, const char **why, const char *empty, const 
  * keep the defaults. */
 #define TCG_BOOT_ARGS " lapic_timer_khz=1000000 no_timer_check tsc=reliable"
 
-int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why)
+int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struct sbx_err *err)
 {
 	int rc;
 	const char *extra = cfg->kernel_cmdline_extra ? cfg->kernel_cmdline_extra : "";
 
 	*argv_out = NULL;
 	if (!cfg->qemu_binary || !cfg->qemu_binary[0])
-		return reject(why, "qemu_binary must not be empty");
-	rc = check_path(cfg->kernel, why, "kernel must not be empty",
+		return reject(err, "qemu_binary must not be empty");
+	rc = check_path(cfg->kernel, err, "kernel must not be empty",
 			"kernel path must not contain ','");
 	if (rc < 0)
 		return rc;
-	rc = check_path(cfg->rootfs, why, "rootfs must not be empty",
+	rc = check_path(cfg->rootfs, err, "rootfs must not be empty",
 			"rootfs path must not contain ','");
 	if (rc < 0)
 		return rc;
 	if (cfg->memory_mb < SBX_VM_MEMORY_MB_MIN || cfg->memory_mb > SBX_VM_MEMORY_MB_MAX)
-		return reject(why, "memory_mb out of range (16 .. 1048576)");
+		return reject(err, "memory_mb out of range (16 .. 1048576)");
 	if (cfg->vcpus < 1 || cfg->vcpus > SBX_VM_VCPUS_MAX)
-		return reject(why, "vcpus out of range (1 .. 255)");
+		return reject(err, "vcpus out of range (1 .. 255)");
 	if (!cfg->accel || (strcmp(cfg->accel, "kvm") != 0 && strcmp(cfg->accel, "tcg") != 0))
-		return reject(why, "accel must be \"kvm\" or \"tcg\"");
+		return reject(err, "accel must be \"kvm\" or \"tcg\"");
 	if (has_control_chars(extra))
-		return reject(why, "kernel_cmdline_extra must not contain control characters");
+		return reject(err, "kernel_cmdline_extra must not contain control characters");
 	const char *mem_path = cfg->mem_path && cfg->mem_path[0] ? cfg->mem_path : NULL;
 	if (mem_path && cfg->mem_fd)
-		return reject(why, "mem_path and mem_fd exclude each other");
+		return reject(err, "mem_path and mem_fd exclude each other");
 	if (cfg->mem_fd)
 		mem_path = SBX_CHILD_MEM_FD_PATH;
 	else if (mem_path) {
-		rc = check_path(mem_path, why, "mem_path must not be empty",
+		rc = check_path(mem_path, err, "mem_path must not be empty",
 				"mem_path must not contain ','");
 		if (rc < 0)
 			return rc;
 	}
 	if (cfg->incoming && !cfg->qmp)
-		return reject(why, "incoming needs qmp (the migration is started over QMP)");
+		return reject(err, "incoming needs qmp (the migration is started over QMP)");
 	if (!cfg->layer != !cfg->layer_kind)
-		return reject(why, "layer and layer_kind go together");
+		return reject(err, "layer and layer_kind go together");
 	if (cfg->layer) {
-		rc = check_path(cfg->layer, why, "layer must not be empty",
+		rc = check_path(cfg->layer, err, "layer must not be empty",
 				"layer path must not contain ','");
 		if (rc < 0)
 			return rc;
 		size_t n = strlen(cfg->layer_kind);
 		if (n == 0 || n > SBX_LAYER_KIND_MAX ||
 		    strspn(cfg->layer_kind, "abcdefghijklmnopqrstuvwxyz") != n)
-			return reject(why, "layer_kind must be 1..10 lower-case letters");
+			return reject(err, "layer_kind must be 1..10 lower-case letters");
 	}
 
 	struct argv_builder b = {0};
@@ -218,9 +216,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	     strcmp(cfg->accel, "tcg") == 0 ? TCG_BOOT_ARGS : "", extra[0] ? " " : "", extra);
 	if (!b.err && strlen(b.v[b.n - 1]) > SBX_KERNEL_CMDLINE_MAX) {
 		sbx_argv_free(b.v);
-		if (why)
-			*why = "kernel command line too long";
-		return -E2BIG;
+		return sbx_err_set(err, -E2BIG, "kernel command line too long");
 	}
 
 	/* The root disk: raw image, read-only on the QEMU side too, as /dev/vda. A relative path
@@ -242,7 +238,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	}
 
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel. Both
-	 * chardevs are sockets the host already holds the other end of (spawn.c puts them at
+	 * chardevs are sockets the host already holds the other end of (qemu_spawn.c puts them at
 	 * fds 3 and 4): no paths, no listening sockets, nothing another process could connect to. */
 	add(&b, "-device");
 	add(&b, "virtio-serial-device,max_ports=2");
@@ -270,7 +266,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 
 	if (b.err) {
 		sbx_argv_free(b.v);
-		return b.err;
+		return sbx_err_set(err, b.err, "out of memory building the QEMU command line");
 	}
 	*argv_out = b.v;
 	return 0;

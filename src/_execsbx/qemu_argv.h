@@ -3,6 +3,8 @@
 #ifndef SBX_QEMU_ARGV_H
 #define SBX_QEMU_ARGV_H
 
+#include "sbx_err.h"
+
 /* Bounds enforced by sbx_qemu_argv_build (-EINVAL outside them). */
 #define SBX_VM_MEMORY_MB_MIN 16u
 #define SBX_VM_MEMORY_MB_MAX (1024u * 1024u)
@@ -41,9 +43,9 @@ struct sbx_vm_config {
 #define SBX_LAYER_KIND_MAX 10u
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with
- * sbx_argv_free) and 0 is returned. On failure: -EINVAL (invalid config; *why, if why is not
- * NULL, points to a static explanation), -E2BIG (kernel command line too long) or -ENOMEM. */
-int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const char **why);
+ * sbx_argv_free) and 0 is returned. On failure, with err filled: -EINVAL (invalid config),
+ * -E2BIG (kernel command line too long) or -ENOMEM. */
+int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struct sbx_err *err);
 void sbx_argv_free(char **argv);
 /* Number of entries before the NULL. */
 unsigned sbx_argv_count(char *const *argv);

@@ -46,7 +46,7 @@ static int add_rule(scmp_filter_ctx ctx, const struct sbx_seccomp_rule *r, int n
 	return -EINVAL;
 }
 
-int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
+int sbx_seccomp_build(struct sbx_bpf *out, struct sbx_err *err)
 {
 	out->insns = NULL;
 	out->len = 0;
@@ -54,8 +54,7 @@ int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
 	 * would otherwise dodge every rule) kill the process: SCMP_FLTATR_ACT_BADARCH's default. */
 	__attribute__((cleanup(release_ctx))) scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
 	if (!ctx) {
-		*why = "seccomp_init";
-		return -ENOMEM;
+		return sbx_err_sys(err, -ENOMEM, "seccomp_init");
 	}
 	for (size_t i = 0; i < sbx_seccomp_rule_count; i++) {
 		const struct sbx_seccomp_rule *r = &sbx_seccomp_rules[i];
@@ -64,31 +63,26 @@ int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
 			continue; /* not a syscall of this architecture */
 		int rc = add_rule(ctx, r, nr);
 		if (rc < 0) {
-			*why = "seccomp_rule_add";
-			return rc;
+			return sbx_err_sys(err, rc, "seccomp_rule_add");
 		}
 	}
 	/* libseccomp 2.5 exports to an fd only: a memfd keeps it off the file system. */
 	_cleanup_close_ int fd = memfd_create("sbx-seccomp", MFD_CLOEXEC);
 	if (fd < 0) {
-		*why = "memfd_create";
-		return -errno;
+		return sbx_err_sys(err, -errno, "memfd_create");
 	}
 	int rc = seccomp_export_bpf(ctx, fd);
 	if (rc < 0) {
-		*why = "seccomp_export_bpf";
-		return rc;
+		return sbx_err_sys(err, rc, "seccomp_export_bpf");
 	}
 	off_t size = lseek(fd, 0, SEEK_END);
 	if (size <= 0 || size % (off_t)sizeof(struct sock_filter) != 0 ||
 	    size / (off_t)sizeof(struct sock_filter) > BPF_MAXINSNS) {
-		*why = "seccomp_export_bpf (size)";
-		return -EIO;
+		return sbx_err_sys(err, -EIO, "seccomp_export_bpf (size)");
 	}
 	_cleanup_free_ struct sock_filter *insns = malloc((size_t)size);
 	if (!insns) {
-		*why = "malloc";
-		return -ENOMEM;
+		return sbx_err_sys(err, -ENOMEM, "malloc");
 	}
 	size_t got = 0;
 	while (got < (size_t)size) {
@@ -96,8 +90,7 @@ int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0) {
-			*why = "pread(seccomp filter)";
-			return n < 0 ? -errno : -EIO;
+			return sbx_err_sys(err, n < 0 ? -errno : -EIO, "pread(seccomp filter)");
 		}
 		got += (size_t)n;
 	}
@@ -109,21 +102,21 @@ int sbx_seccomp_build(struct sbx_bpf *out, const char **why)
 static struct {
 	pthread_once_t once;
 	int rc;
-	const char *why;
+	struct sbx_err err;
 	struct sbx_bpf bpf;
 } program = {.once = PTHREAD_ONCE_INIT};
 
 static void build_program(void)
 {
-	program.why = "";
-	program.rc = sbx_seccomp_build(&program.bpf, &program.why);
+	program.rc = sbx_seccomp_build(&program.bpf, &program.err);
 }
 
-int sbx_seccomp_program(const struct sbx_bpf **out, const char **why)
+int sbx_seccomp_program(const struct sbx_bpf **out, struct sbx_err *err)
 {
 	pthread_once(&program.once, build_program);
 	*out = program.rc < 0 ? NULL : &program.bpf;
-	*why = program.why;
+	if (program.rc < 0)
+		*err = program.err;
 	return program.rc;
 }
 

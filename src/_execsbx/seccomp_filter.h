@@ -6,20 +6,22 @@
 
 #include <linux/filter.h>
 
+#include "sbx_err.h"
+
 struct sbx_bpf {
 	struct sock_filter *insns; /* heap; NULL when empty */
 	unsigned short len;        /* instruction count */
 };
 
-/* Compile the policy into *out for the native architecture. 0, or -errno with *why set to a static
- * explanation. Syscalls that the architecture does not have are skipped (they cannot be called). */
-int sbx_seccomp_build(struct sbx_bpf *out, const char **why);
+/* Compile the policy into *out for the native architecture. 0, or -errno with err naming the
+ * failed step. Syscalls that the architecture does not have are skipped (they cannot be called). */
+int sbx_seccomp_build(struct sbx_bpf *out, struct sbx_err *err);
 void sbx_bpf_free(struct sbx_bpf *bpf);
 /* The program of sbx_seccomp_build, compiled once per process on first use (thread-safe) and
  * shared by every spawn: the policy is fixed, and compiling it with libseccomp costs about a
  * millisecond that would otherwise be paid per VM, on the caller's event loop. 0 and *out
- * (valid until exit, never to be freed), or the first build's -errno and *why, every time. */
-int sbx_seccomp_program(const struct sbx_bpf **out, const char **why);
+ * (valid until exit, never to be freed), or the first build's -errno and err, every time. */
+int sbx_seccomp_program(const struct sbx_bpf **out, struct sbx_err *err);
 /* Install the filter on the calling thread (needs no_new_privs or CAP_SYS_ADMIN). 0 or -errno.
  * Async-signal-safe. */
 int sbx_seccomp_load(const struct sbx_bpf *bpf);

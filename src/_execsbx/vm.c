@@ -16,10 +16,8 @@
 
 /* QEMU gets a fixed, minimal environment: nothing of the host's (tokens, proxies, LD_*)
  * leaks into it. */
-static char *const qemu_envp[] = {
-	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	NULL,
-};
+static char qemu_path[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+static char *const qemu_envp[] = {qemu_path, NULL};
 
 void sbx_vm_init(struct sbx_vm *vm)
 {
@@ -35,7 +33,7 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->spawn.go_fd = -1;
 	vm->spawn.jail = NULL;
 	vm->spawn_rc = 0;
-	vm->spawn_where = NULL;
+	sbx_err_clear(&vm->spawn_err);
 	sbx_channel_init(&vm->ch, -1);
 }
 
@@ -48,33 +46,27 @@ static int set_nonblock(int fd)
 }
 
 static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    struct sbx_jail *jail, const char **where);
+		    struct sbx_jail *jail, struct sbx_err *err);
 
 int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		 const struct sbx_jail_config *cfg, const char **where)
+		 const struct sbx_jail_config *cfg, struct sbx_err *err)
 {
-	const char *dummy;
-	if (!where)
-		where = &dummy;
 	if (!cfg)
-		return start_in(vm, argv, with_qmp, mem_fd, NULL, where);
+		return start_in(vm, argv, with_qmp, mem_fd, NULL, err);
 	static unsigned long counter;
 	char name[64];
 	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
 		 __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
 	struct sbx_jail *jail = calloc(1, sizeof(*jail));
-	if (!jail) {
-		*where = "malloc";
-		return -ENOMEM;
-	}
+	if (!jail)
+		return sbx_err_sys(err, -ENOMEM, "malloc");
 	int rc = sbx_jail_prepare(jail, cfg, name);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
-		*where = "jail";
-		return rc;
+		return sbx_err_sys(err, rc, "jail");
 	}
-	rc = start_in(vm, argv, with_qmp, mem_fd, jail, where);
+	rc = start_in(vm, argv, with_qmp, mem_fd, jail, err);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
@@ -93,31 +85,28 @@ int sbx_vm_spawn_fd(const struct sbx_vm *vm)
 	return vm->spawn.err_fd;
 }
 
-int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where)
+int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err)
 {
-	const char *dummy;
-	if (!where)
-		where = &dummy;
 	if (vm->spawn_rc == 0) {
 		if (vm->spawn.err_fd < 0)
-			return -EBADF; /* never started */
-		int rc = sbx_spawn_finish(&vm->spawn, blocking, &vm->spawn_where);
+			return sbx_err_set(err, -EBADF, "this Vm's start is no longer known (closed)");
+		int rc = sbx_spawn_finish(&vm->spawn, blocking, &vm->spawn_err);
 		if (rc == 0)
 			return 0;
 		vm->spawn_rc = rc;
 	}
-	*where = vm->spawn_where;
+	*err = vm->spawn_err;
 	return vm->spawn_rc;
 }
 
 /* Start, wait for the exec, and on failure leave nothing behind. */
 static int spawn_and_wait(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			  const struct sbx_jail_config *cfg, const char **where)
+			  const struct sbx_jail_config *cfg, struct sbx_err *err)
 {
-	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, cfg, where);
+	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, cfg, err);
 	if (rc < 0)
 		return rc;
-	rc = sbx_vm_start_check(vm, 1, where);
+	rc = sbx_vm_start_check(vm, 1, err);
 	if (rc == 1)
 		return 0;
 	sbx_vm_destroy(vm);
@@ -125,43 +114,40 @@ static int spawn_and_wait(struct sbx_vm *vm, char *const *argv, int with_qmp, in
 	return rc;
 }
 
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where)
+int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, struct sbx_err *err)
 {
-	return spawn_and_wait(vm, argv, 0, -1, NULL, where);
+	return spawn_and_wait(vm, argv, 0, -1, NULL, err);
 }
 
 int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    const char **where)
+		    struct sbx_err *err)
 {
-	return spawn_and_wait(vm, argv, with_qmp, mem_fd, NULL, where);
+	return spawn_and_wait(vm, argv, with_qmp, mem_fd, NULL, err);
 }
 
 int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, const char **where)
+			const struct sbx_jail_config *cfg, struct sbx_err *err)
 {
-	return spawn_and_wait(vm, argv, with_qmp, mem_fd, cfg, where);
+	return spawn_and_wait(vm, argv, with_qmp, mem_fd, cfg, err);
 }
 
 static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    struct sbx_jail *jail, const char **where)
+		    struct sbx_jail *jail, struct sbx_err *err)
 {
 	int chan[2], con[2], qmp[2] = {-1, -1};
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
-		*where = "socketpair";
-		return -errno;
+		return sbx_err_sys(err, -errno, "socketpair");
 	}
 	_cleanup_close_ int chan_host = chan[0];
 	_cleanup_close_ int chan_qemu = chan[1];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con) < 0) {
-		*where = "socketpair";
-		return -errno;
+		return sbx_err_sys(err, -errno, "socketpair");
 	}
 	_cleanup_close_ int con_host = con[0];
 	_cleanup_close_ int con_qemu = con[1];
 	if (with_qmp && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0) {
-		*where = "socketpair";
-		return -errno;
+		return sbx_err_sys(err, -errno, "socketpair");
 	}
 	_cleanup_close_ int qmp_host = qmp[0];
 	_cleanup_close_ int qmp_qemu = qmp[1];
@@ -172,8 +158,7 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	if (rc == 0 && with_qmp)
 		rc = set_nonblock(qmp_host);
 	if (rc < 0) {
-		*where = "fcntl(O_NONBLOCK)";
-		return rc;
+		return sbx_err_sys(err, rc, "fcntl(O_NONBLOCK)");
 	}
 
 	struct sbx_spawn_req req = {
@@ -190,7 +175,7 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	};
 	struct sbx_child child;
 	struct sbx_spawn_pending pending;
-	rc = sbx_spawn_start(&req, &child, &pending, where);
+	rc = sbx_spawn_start(&req, &child, &pending, err);
 	if (rc < 0)
 		return rc;
 
@@ -202,29 +187,33 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	vm->closed = 0;
 	vm->spawn = pending;
 	vm->spawn_rc = 0;
-	vm->spawn_where = NULL;
+	sbx_err_clear(&vm->spawn_err);
 	sbx_channel_destroy(&vm->ch);
 	sbx_channel_init(&vm->ch, TAKE_FD(chan_host));
 	return 0; /* the QEMU ends are closed here: QEMU holds the only copies */
 }
 
-int sbx_vm_kill(struct sbx_vm *vm)
+int sbx_vm_kill(struct sbx_vm *vm, struct sbx_err *err)
 {
 	if (vm->reaped || vm->child.pid <= 0)
 		return 0;
 	int rc = sbx_child_signal(&vm->child, SIGKILL);
-	return rc == -ESRCH ? 0 : rc; /* already gone (a zombie waiting to be reaped) */
+	if (rc == -ESRCH)
+		return 0; /* already gone (a zombie waiting to be reaped) */
+	return rc < 0 ? sbx_err_sys(err, rc, "pidfd_send_signal") : 0;
 }
 
-int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode)
+int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode, struct sbx_err *err)
 {
 	if (!vm->reaped) {
 		if (vm->child.pid <= 0)
 			return 0; /* closing in another thread: not reaped yet */
 		int status;
 		int rc = sbx_child_wait(&vm->child, 0, &status);
-		if (rc <= 0)
-			return rc;
+		if (rc < 0)
+			return sbx_err_sys(err, rc, "waitid");
+		if (rc == 0)
+			return 0;
 		vm->reaped = 1;
 		vm->wait_status = status;
 	}
@@ -232,11 +221,11 @@ int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode)
 	return 1;
 }
 
-ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
+ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n, struct sbx_err *err)
 {
 	size_t got = 0;
 	if (vm->console_fd < 0)
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "recv");
 	while (got < n) {
 		ssize_t r = recv(vm->console_fd, (char *)buf + got, n - got, MSG_DONTWAIT);
 		if (r < 0 && errno == EINTR)
@@ -246,7 +235,7 @@ ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
 				break;
 			if (got)
 				break;
-			return -errno;
+			return sbx_err_sys(err, -errno, "recv");
 		}
 		if (r == 0)
 			break;
@@ -257,7 +246,8 @@ ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n)
 
 void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 {
-	sbx_vm_kill(vm);
+	struct sbx_err ignored = {0}; /* a failed kill shows in the reap that follows */
+	sbx_vm_kill(vm, &ignored);
 	r->child = vm->child;
 	r->reaped = vm->reaped;
 	r->fds[0] = sbx_channel_take_fd(&vm->ch);

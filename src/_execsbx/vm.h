@@ -1,13 +1,13 @@
 /* One QEMU process and the host ends of its two sockets, without Python: started from a ready
- * argv (qemu_argv.h), polled, killed and closed. The Python type in vm_type.c wraps this. */
+ * argv (qemu_argv.h), polled, killed and closed. The Python type in py_vm.c wraps this. */
 #ifndef SBX_VM_H
 #define SBX_VM_H
 
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "channel.h"
-#include "spawn.h"
+#include "agent_channel.h"
+#include "qemu_spawn.h"
 
 struct sbx_vm {
 	struct sbx_child child; /* pid/pidfd: -1 once closed */
@@ -21,7 +21,7 @@ struct sbx_vm {
 				 * for its status and the cgroup's usage figures. */
 	struct sbx_spawn_pending spawn; /* open while QEMU has not exec'd yet (sbx_vm_start) */
 	int spawn_rc;           /* sbx_vm_start_check's answer once known: 1, or -errno */
-	const char *spawn_where; /* the failed step when spawn_rc < 0 (a string literal) */
+	struct sbx_err spawn_err; /* why, when spawn_rc < 0 */
 };
 
 /* What sbx_vm_begin_close leaves to release outside of any lock: a SIGKILLed child to reap and
@@ -35,42 +35,42 @@ struct sbx_vm_remains {
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
 void sbx_vm_init(struct sbx_vm *vm);
-/* Create the socketpairs and start argv[0] (spawn.h: sbx_spawn_start) with the fd layout of
- * spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
+/* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
+ * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
  * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. On failure
- * returns -errno with *where naming the failing call, and vm is still in the closed state. */
+ * returns -errno with err naming the failing call, and vm is still in the closed state. */
 struct sbx_jail_config;
 int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		 const struct sbx_jail_config *cfg, const char **where);
+		 const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* The fd that becomes readable once the started child has exec'd or failed; -1 once that is
  * known (or without a start in progress). */
 int sbx_vm_spawn_fd(const struct sbx_vm *vm);
-/* 1 once QEMU has exec'd; 0 while not yet (blocking=0); -errno with *where (e.g. "execve") if it
+/* 1 once QEMU has exec'd; 0 while not yet (blocking=0); -errno with err (e.g. the step "execve") if it
  * failed before exec (the child exits; close the vm to reap it). The answer is kept: later calls
  * return it again. */
-int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where);
-/* Create both socketpairs and spawn argv[0] with the fd layout of spawn.h. On failure returns
- * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
+int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err);
+/* Create both socketpairs and spawn argv[0] with the fd layout of qemu_spawn.h. On failure returns
+ * -errno with err naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where);
+int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, struct sbx_err *err);
 /* The same, plus (with_qmp != 0) a third socketpair whose QEMU end is fd 5 in the child, for
  * `-chardev socket,id=qmp,fd=5 -mon chardev=qmp,mode=control` (qemu_argv.h: cfg.qmp), and
  * (mem_fd >= 0) a copy of mem_fd as fd 6, the guest RAM's backing file (cfg.mem_fd). The caller
  * keeps mem_fd. */
 int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    const char **where);
+		    struct sbx_err *err);
 /* sbx_vm_spawn_ex inside the host jail (jail.h) configured by cfg. Layers the host cannot
  * provide are off with a reason in vm->jail->status. */
 int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, const char **where);
+			const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
-int sbx_vm_kill(struct sbx_vm *vm);
+int sbx_vm_kill(struct sbx_vm *vm, struct sbx_err *err);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;
  * -errno on error. After a successful close this keeps returning the final status. */
-int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode);
+int sbx_vm_poll_exit(struct sbx_vm *vm, int *returncode, struct sbx_err *err);
 /* Non-blocking read from the console socket into buf, up to n bytes (several reads if they
  * come). Returns the count (0 for nothing now or EOF) or -errno. */
-ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n);
+ssize_t sbx_vm_read_console(struct sbx_vm *vm, void *buf, size_t n, struct sbx_err *err);
 
 /* Closing in two halves, so that a caller holding a lock (the GIL) can drop it for the blocking
  * part: begin (non-blocking) kills the child, moves every fd into *r and marks vm closed (every

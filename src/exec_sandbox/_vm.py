@@ -12,7 +12,7 @@ over the agent channel, and `migration.py` saves and loads a VM's state over QMP
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import _execsbx
 from .models import Language
@@ -38,17 +38,21 @@ PROTOCOL_LIMITS: dict[str, int] = {
 # The guest broke the protocol (raised by the C decoder): the VM is not to be trusted any more.
 ProtocolError = _execsbx.ProtocolError
 
-# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame): limits, frame
-# types, the mode flag and FILE_ERROR kinds, as the C core defines them.
+# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame, the C core
+# encodes it): limits, the requests, the mode flag and FILE_ERROR kinds, as the C core defines
+# them.
 FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
-FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
-MSG_FILE_WRITE_BEGIN = int(_execsbx.MSG_FILE_WRITE_BEGIN)
-MSG_FILE_WRITE_DATA = int(_execsbx.MSG_FILE_WRITE_DATA)
-MSG_FILE_WRITE_END = int(_execsbx.MSG_FILE_WRITE_END)
-MSG_FILE_READ = int(_execsbx.MSG_FILE_READ)
-MSG_FILE_LIST = int(_execsbx.MSG_FILE_LIST)
+FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
+FileEntry = _execsbx.FileEntry  # name, is_dir, size: one entry of a listing
+# The guest's events, typed by the C decoder (struct sequences read by attribute; `Event` is their
+# union, tagged by `kind`, for the type checker only).
+from ._execsbx import FileEntriesEvent as FileEntriesEvent  # noqa: E402
+from ._execsbx import OutputEvent as OutputEvent  # noqa: E402 - stdout, stderr, file_data
+
+if TYPE_CHECKING:
+    from ._execsbx import Event as Event
 FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
 FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TypeVar, Union
@@ -67,10 +66,6 @@ def guest_path(path: object, *, allow_empty: bool = False) -> bytes:
     return "/".join(parts).encode("utf-8")
 
 
-def _str_payload(data: bytes, extra: bytes = b"") -> bytes:
-    return struct.pack("<I", len(data)) + data + extra
-
-
 def _raise_for(exc: GuestFileError, path: bytes) -> None:
     shown = path.decode("utf-8", "replace") or "."
     if exc.kind == _vm.FILE_ERR_PATH:
@@ -121,26 +116,23 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
     if isinstance(content, Path):
         with content.open("rb") as source:
             return await write_file(vm, path, source, make_executable)
-    mode = _vm.FILE_EXECUTABLE if make_executable else 0
     transfer = vm.open_transfer()
     sent = 0
     committed = False
     try:
-        vm.send_file_frame(_vm.MSG_FILE_WRITE_BEGIN, transfer.id,
-                           _str_payload(path, bytes([mode])))  # fmt: skip
+        vm.send_file_frame("write_begin", transfer.id, path, make_executable)
         for chunk in _chunks(content):
             sent += len(chunk)
             if sent > FILE_SIZE_MAX:
                 raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
             if transfer.done.done():
                 break  # the guest refused: stop sending, the error is raised below
-            if vm.send_file_frame(_vm.MSG_FILE_WRITE_DATA, transfer.id, chunk) > (
+            if vm.send_file_frame("write_data", transfer.id, chunk) > (
                 _QUEUE_HIGH_WATER
             ):
                 await _unless_stalled(vm, vm.wait_flushed(), lambda: vm.bytes_flushed)
         committed = not transfer.done.done()
-        vm.send_file_frame(_vm.MSG_FILE_WRITE_END, transfer.id,
-                           b"\x01" if committed else b"\x00")  # fmt: skip
+        vm.send_file_frame("write_end", transfer.id, committed)
         if not committed:
             await transfer.done  # raises the guest's error
         return await _settle(vm, transfer, lambda: vm.bytes_flushed)
@@ -150,7 +142,7 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
     except BaseException:
         if not committed and vm.alive:
             # Reading the source failed (or the caller gave up): the guest drops the temp file.
-            vm.send_file_frame(_vm.MSG_FILE_WRITE_END, transfer.id, b"\x00")
+            vm.send_file_frame("write_end", transfer.id, False)
         raise
     finally:
         vm.close_transfer(transfer)
@@ -206,7 +198,7 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
 
     transfer = vm.open_transfer(on_data=on_data)
     try:
-        vm.send_file_frame(_vm.MSG_FILE_READ, transfer.id, _str_payload(path))
+        vm.send_file_frame("read", transfer.id, path)
         total = await _settle(vm, transfer, lambda: received)
     except GuestFileError as exc:
         _raise_for(exc, path)
@@ -222,13 +214,13 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
 async def list_files(vm: GuestVm, path: bytes) -> list[FileInfo]:
     entries: list[FileInfo] = []
 
-    def on_entries(batch: list[tuple[bytes, bool, int]]) -> None:
-        for name, is_dir, size in batch:
-            entries.append(FileInfo(name.decode("utf-8", "replace"), bool(is_dir), int(size)))
+    def on_entries(batch: list[_vm.FileEntry]) -> None:
+        for e in batch:
+            entries.append(FileInfo(e.name.decode("utf-8", "replace"), e.is_dir, e.size))
 
     transfer = vm.open_transfer(on_entries=on_entries)
     try:
-        vm.send_file_frame(_vm.MSG_FILE_LIST, transfer.id, _str_payload(path))
+        vm.send_file_frame("list", transfer.id, path)
         total = await _settle(vm, transfer, lambda: len(entries))
     except GuestFileError as exc:
         _raise_for(exc, path)

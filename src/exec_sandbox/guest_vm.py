@@ -24,6 +24,11 @@ from ._vm import (
     LANGUAGE_CODES,
     PROTOCOL_VERSION,
     RESEED_BYTES,
+    Event,
+    FileEntriesEvent,
+    FileEntry,
+    FileRequest,
+    OutputEvent,
     ProtocolError,
 )
 from .errors import (
@@ -73,7 +78,7 @@ class FileTransfer:
     id: int
     done: asyncio.Future[int]
     on_data: Callable[[bytes], None] | None = None
-    on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
+    on_entries: Callable[[list[FileEntry]], None] | None = None
 
 
 class GuestVm:
@@ -308,7 +313,7 @@ class GuestVm:
     # --- file transfers (sessions) ---
 
     def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
-                      on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None,
+                      on_entries: Callable[[list[FileEntry]], None] | None = None,
                       ) -> FileTransfer:  # fmt: skip
         """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
         release it with close_transfer()."""
@@ -324,11 +329,12 @@ class GuestVm:
         if transfer.done.done() and not transfer.done.cancelled():
             transfer.done.exception()  # retrieved: nobody may be waiting any more
 
-    def send_file_frame(self, msg_type: int, transfer_id: int, payload: bytes | memoryview) -> int:
-        """Queue one FILE_* frame; returns the bytes still queued for the guest."""
+    def send_file_frame(self, request: FileRequest, transfer_id: int, *args: object) -> int:
+        """Queue one FILE_* frame, encoded by the C core (Vm.send_file_<request>(transfer_id,
+        *args)); returns the bytes still queued for the guest."""
         if self._broken is not None:
             raise self._broken
-        pending = int(self._vm.send_file_frame(msg_type, transfer_id, payload))
+        pending = int(getattr(self._vm, f"send_file_{request}")(transfer_id, *args))
         self._want_write(pending)
         return pending
 
@@ -380,9 +386,9 @@ class GuestVm:
         for event in events:
             self._dispatch(event)
 
-    def _dispatch(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "eof":
+    def _dispatch(self, event: Event) -> None:
+        kind = event.kind
+        if event.kind == "eof":
             self._loop.remove_reader(self._vm.channel_fd)
             if not self._ready.done():
                 # Before READY nothing was dispatched: QEMU failed to start (bad kernel or
@@ -392,10 +398,10 @@ class GuestVm:
                 return
             self._fail(CommunicationOutcomeUnknownError("the channel to the guest was closed"))
             return
-        exec_id = event[1]
-        if kind == "ready":
+        exec_id = event.id
+        if event.kind == "ready":
             if not self._ready.done():
-                version = event[2]
+                version = event.protocol_version
                 if version != PROTOCOL_VERSION:
                     # Images built by another version of this library: nothing it would send
                     # could be trusted to mean the same. Retrying cannot help.
@@ -411,10 +417,12 @@ class GuestVm:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
             return
-        if kind == "error" and exec_id in self._acks:
+        if event.kind == "error" and exec_id in self._acks:
             waiter = self._acks[exec_id]
             if not waiter.done():
-                waiter.set_exception(GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+                waiter.set_exception(
+                    GuestAgentError(f"guest agent error {event.code}: {event.message}")
+                )
             return
         if kind.startswith("file_"):
             self._dispatch_file(kind, exec_id, event)
@@ -423,38 +431,41 @@ class GuestVm:
         if run is None:
             log.debug("event %s for unknown execution %d ignored", kind, exec_id)
             return
-        if kind in ("stdout", "stderr"):
+        if isinstance(event, OutputEvent):  # stdout, stderr (file_data went above)
             stream = run.stdout if kind == "stdout" else run.stderr
             limit = run.limits[0] if kind == "stdout" else run.limits[1]
             # The guest enforces the limit; a guest that ignores it is cut off here.
-            if stream.byte_count + len(event[2]) > limit:
+            if stream.byte_count + len(event.data) > limit:
                 self._complete(run, GuestAgentError(f"guest sent more {kind} than its limit"))
                 self.close()
                 return
-            stream.feed(event[2])
-        elif kind == "exit":
-            self._complete(run, (event[2], event[3], event[4]))
-        elif kind == "error":
-            self._complete(run, GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+            stream.feed(event.data)
+        elif event.kind == "exit":
+            self._complete(run, (event.exit_code, event.flags, event.duration_us))
+        elif event.kind == "error":
+            self._complete(run, GuestAgentError(f"guest agent error {event.code}: {event.message}"))
 
-    def _dispatch_file(self, kind: str, transfer_id: int, event: tuple[Any, ...]) -> None:
+    def _dispatch_file(self, kind: str, transfer_id: int, event: Event) -> None:
         transfer = self._transfers.get(transfer_id)
         if transfer is None or transfer.done.done():
             log.debug("event %s for unknown transfer %d ignored", kind, transfer_id)
             return
-        if kind == "file_done":
-            transfer.done.set_result(event[2])
-        elif kind == "file_error":
-            transfer.done.set_exception(GuestFileError(event[2], event[3]))
-        else:
-            sink = transfer.on_data if kind == "file_data" else transfer.on_entries
+        if event.kind == "file_done":
+            transfer.done.set_result(event.total)
+        elif event.kind == "file_error":
+            transfer.done.set_exception(GuestFileError(event.code, event.message))
+        elif isinstance(event, (OutputEvent, FileEntriesEvent)):
+            # file_data: on_data(bytes); file_entries: on_entries(list[FileEntry]).
+            sink: Callable[[Any], None] | None = (
+                transfer.on_data if kind == "file_data" else transfer.on_entries
+            )
             if sink is None:
                 # The guest answered a request with the wrong kind of data: a lie costs the VM.
                 self._fail(GuestAgentError(f"guest sent {kind} for a request that expects none"))
                 self.close()
                 return
             try:
-                sink(event[2])
+                sink(event.data if isinstance(event, OutputEvent) else event.entries)
             except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
                 transfer.done.set_exception(exc)
 

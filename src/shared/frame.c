@@ -216,7 +216,7 @@ int sbx_decode_exit(const struct sbx_frame *f, struct sbx_exit *out)
 	if (sbx_get_u32(&c, &code) < 0 || sbx_get_u32(&c, &out->flags) < 0 ||
 	    sbx_get_u64(&c, &out->duration_us) < 0)
 		return -EPROTO;
-	if (out->flags & ~SBX_EXIT_FLAGS_ALL)
+	if (out->flags & ~(uint32_t)SBX_EXIT_FLAGS_ALL)
 		return -EPROTO;
 	out->exit_code = (int32_t)code;
 	/* A status outside what a process can report is a lie: 0..255, 128+signal, or -1. */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "channel.h"
+#include "agent_channel.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -38,7 +38,7 @@ static void check_event(const struct sbx_event *ev)
 		break;
 	case SBX_EV_EXIT:
 		REQUIRE(ev->len == 0);
-		REQUIRE((ev->exit.flags & ~SBX_EXIT_FLAGS_ALL) == 0);
+		REQUIRE((ev->exit.flags & ~(uint32_t)SBX_EXIT_FLAGS_ALL) == 0);
 		REQUIRE(ev->exit.exit_code >= -1 && ev->exit.exit_code <= 255);
 		break;
 	case SBX_EV_ERROR:

@@ -1,5 +1,8 @@
 /* A minimal test harness: TEST functions run by RUN; CHECK* record failures without stopping;
- * TEST_MAIN_END prints "<name>: N passed, M failed" (tests, not checks) and sets the exit code. */
+ * SKIP(reason) ends a test that cannot run here, SKIP_ALL(reason) (in main, before the RUNs)
+ * every test of the file; each skip prints "SKIP <test>: <reason>". TEST_MAIN_END prints
+ * "<name>: N passed, M failed, K skipped" (tests, not checks) and sets the exit code: a skip is
+ * neither a pass nor a failure (tests/c/Makefile sums the three). */
 #ifndef SBX_TEST_H
 #define SBX_TEST_H
 
@@ -7,7 +10,22 @@
 #include <stdio.h>
 #include <string.h>
 
-static int t_tests_passed, t_tests_failed, t_checks_failed_here;
+/* Tests spell argv and envp as arrays of string literals and const strings (execve takes
+ * char *const[]), which -Wwrite-strings makes const: in test code only, the two warnings that
+ * follow from it are off. */
+#pragma GCC diagnostic ignored "-Wdiscarded-qualifiers"
+#pragma GCC diagnostic ignored "-Wcast-qual"
+
+static int t_tests_passed, t_tests_failed, t_tests_skipped, t_checks_failed_here;
+static const char *t_skip_reason, *t_skip_all_reason;
+
+#define SKIP(reason)                         \
+	do {                                 \
+		t_skip_reason = (reason);    \
+		return;                      \
+	} while (0)
+
+#define SKIP_ALL(reason) (t_skip_all_reason = (reason))
 
 #define CHECK(cond)                                                                       \
 	do {                                                                              \
@@ -37,22 +55,28 @@ static int t_tests_passed, t_tests_failed, t_checks_failed_here;
 		}                                                                             \
 	} while (0)
 
-#define RUN(fn)                                                              \
-	do {                                                                 \
-		t_checks_failed_here = 0;                                    \
-		fn();                                                        \
-		if (t_checks_failed_here) {                                  \
-			t_tests_failed++;                                    \
-			fprintf(stderr, "FAIL %s\n", #fn);                   \
-		} else {                                                     \
-			t_tests_passed++;                                    \
-		}                                                            \
+#define RUN(fn)                                                                        \
+	do {                                                                           \
+		t_checks_failed_here = 0;                                              \
+		t_skip_reason = t_skip_all_reason;                                     \
+		if (!t_skip_reason)                                                    \
+			fn();                                                          \
+		if (t_checks_failed_here) {                                            \
+			t_tests_failed++;                                              \
+			fprintf(stderr, "FAIL %s\n", #fn);                             \
+		} else if (t_skip_reason) {                                            \
+			t_tests_skipped++;                                             \
+			printf("SKIP %s: %s\n", #fn, t_skip_reason);                   \
+		} else {                                                               \
+			t_tests_passed++;                                              \
+		}                                                                      \
 	} while (0)
 
-#define TEST_MAIN_END(name)                                                                  \
-	do {                                                                                 \
-		printf("%s: %d passed, %d failed\n", name, t_tests_passed, t_tests_failed); \
-		return t_tests_failed ? 1 : 0;                                               \
+#define TEST_MAIN_END(name)                                                              \
+	do {                                                                             \
+		printf("%s: %d passed, %d failed, %d skipped\n", name, t_tests_passed,    \
+		       t_tests_failed, t_tests_skipped);                                 \
+		return t_tests_failed ? 1 : 0;                                           \
 	} while (0)
 
 #endif /* SBX_TEST_H */

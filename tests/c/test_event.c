@@ -1,10 +1,13 @@
-/* Unit tests of guest->host payload validation (event.c) and host->guest encoding (request.c). */
+/* Unit tests of guest->host payload validation (event.c) and host->guest encoding (agent_request.c). */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "event.h"
-#include "request.h"
+#include "agent_request.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
 
 struct payload {
 	uint8_t b[SBX_GUEST_FRAME_MAX];
@@ -166,9 +169,9 @@ static void test_reseed_encoding(void)
 	uint8_t seed[SBX_RESEED_BYTES];
 	for (size_t i = 0; i < sizeof(seed); i++)
 		seed[i] = (uint8_t)(i * 7 + 1);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed) - 1, 0, &E), -EINVAL);
 	CHECK_EQ(b.len, 0);
-	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed), 0x0102030405060708ull), 0);
+	CHECK_EQ(sbx_encode_reseed(&b, 5, seed, sizeof(seed), 0x0102030405060708ull, &E), 0);
 	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + SBX_RESEED_PAYLOAD_SIZE);
 	struct sbx_reader r;
 	struct sbx_frame f;
@@ -191,10 +194,10 @@ static void test_prestart_encoding(void)
 {
 	struct sbx_buf b = {0};
 	/* Only known languages; nothing is left half-written. */
-	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW + 1), -EINVAL);
-	CHECK_EQ(sbx_encode_prestart(&b, 6, 0), -EINVAL);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_RAW + 1, &E), -EINVAL);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, 0, &E), -EINVAL);
 	CHECK_EQ(b.len, 0);
-	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT), 0);
+	CHECK_EQ(sbx_encode_prestart(&b, 6, SBX_LANG_JAVASCRIPT, &E), 0);
 	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 1);
 	struct sbx_reader r;
 	struct sbx_frame f;
@@ -321,17 +324,96 @@ static void test_file_entries(void)
 	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
 }
 
-static void test_file_frame_encoding(void)
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The bytes of one encoded frame after its header must be want[0..n). */
+static void check_payload(const struct sbx_buf *b, uint8_t type, uint32_t id, const char *want,
+			  size_t n)
+{
+	CHECK_EQ(b->len, SBX_FRAME_HEADER_SIZE + n);
+	if (b->len != SBX_FRAME_HEADER_SIZE + n)
+		return;
+	CHECK_EQ(b->data[4], type);
+	CHECK_EQ(le32(b->data + 8), id);
+	CHECK_EQ(le32(b->data), n);
+	CHECK(memcmp(b->data + SBX_FRAME_HEADER_SIZE, want, n) == 0);
+}
+
+/* Each FILE_* request in the layout of protocol.h, byte for byte (what the guest parses). */
+static void test_file_request_encoding(void)
 {
 	struct sbx_buf b = {0};
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_READ, 5, "\1\0\0\0x", 5), 0);
-	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
-	CHECK_EQ(b.data[4], SBX_MSG_FILE_READ);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_EXEC, 5, NULL, 0), -EINVAL);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_SESSION_EXEC, 5, NULL, 0), -EINVAL);
-	CHECK_EQ(sbx_encode_file_frame(&b, SBX_MSG_FILE_WRITE_DATA, 5, NULL, SBX_HOST_FRAME_MAX + 1),
-		 -EMSGSIZE);
-	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 5);
+	struct sbx_err why = {0};
+	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_BEGIN, .id = 5,
+				 .path = (const uint8_t *)"d/x", .path_len = 3,
+				 .flag = SBX_FILE_EXECUTABLE};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_BEGIN, 5, "\3\0\0\0d/x\1", 8);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_DATA, .id = 6,
+				  .data = (const uint8_t *)"abc", .data_len = 3};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_DATA, 6, "abc", 3);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_DATA, .id = 6}; /* empty is fine */
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_DATA, 6, "", 0);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_WRITE_END, .id = 7, .flag = 1};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_END, 7, "\1", 1);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_READ, .id = 8,
+				  .path = (const uint8_t *)"a.txt", .path_len = 5};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_READ, 8, "\5\0\0\0a.txt", 9);
+	b.len = 0;
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_LIST, .id = 9}; /* "" = the home */
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_LIST, 9, "\0\0\0\0", 4);
+	sbx_buf_free(&b);
+}
+
+/* What the guest would refuse is refused here, with a reason, and leaves the buffer as it was. */
+static void test_file_request_limits(void)
+{
+	static uint8_t big[SBX_PATH_MAX + 1];
+	memset(big, 'a', sizeof(big));
+	struct sbx_buf b = {0};
+	CHECK_EQ(sbx_encode_ping(&b, 1, &E), 0);
+	size_t before = b.len;
+	struct sbx_err why = {0};
+	struct {
+		struct sbx_file_req r;
+		int err;
+		const char *msg;
+	} bad[] = {
+		{{.type = SBX_MSG_EXEC}, -EINVAL, "not a file-transfer message type"},
+		{{.type = SBX_MSG_FILE_DATA}, -EINVAL, "not a file-transfer message type"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = big, .path_len = 1, .flag = 2}, -EINVAL,
+		 "unknown file mode flag"},
+		{{.type = SBX_MSG_FILE_WRITE_END, .flag = 2}, -EINVAL,
+		 "FILE_WRITE_END is commit (1) or abort (0)"},
+		{{.type = SBX_MSG_FILE_WRITE_DATA, .data = big, .data_len = SBX_HOST_FRAME_MAX + 1},
+		 -EMSGSIZE, "payload larger than HOST_FRAME_MAX"},
+		{{.type = SBX_MSG_FILE_READ, .path = big, .path_len = SBX_PATH_MAX + 1}, -EMSGSIZE,
+		 "path longer than PATH_MAX"},
+		{{.type = SBX_MSG_FILE_READ, .path = big, .path_len = 0}, -EINVAL, "empty path"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = (const uint8_t *)"a\0b", .path_len = 3},
+		 -EINVAL, "path contains NUL"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		sbx_err_clear(&why);
+		CHECK_EQ(sbx_encode_file_request(&b, &bad[i].r, &why), bad[i].err);
+		CHECK_STR(why.msg, bad[i].msg);
+		CHECK_EQ(b.len, before);
+	}
+	/* PATH_MAX itself is fine. */
+	struct sbx_file_req ok = {.type = SBX_MSG_FILE_LIST, .path = big, .path_len = SBX_PATH_MAX};
+	CHECK_EQ(sbx_encode_file_request(&b, &ok, &why), 0);
 	sbx_buf_free(&b);
 }
 
@@ -348,7 +430,7 @@ static void test_exec_roundtrip(void)
 		.code = (const uint8_t *)"print(1)", .code_len = 8,
 	};
 	struct sbx_buf b = {0};
-	CHECK_EQ(sbx_encode_exec(&b, &r, NULL), 0);
+	CHECK_EQ(sbx_encode_exec(&b, &r, &E), 0);
 	struct sbx_reader rd;
 	struct sbx_frame f;
 	sbx_reader_init(&rd, SBX_HOST_FRAME_MAX);
@@ -384,7 +466,7 @@ static void test_exec_roundtrip(void)
 
 	/* PING. */
 	size_t before = b.len;
-	CHECK_EQ(sbx_encode_ping(&b, 0xffffffffu), 0);
+	CHECK_EQ(sbx_encode_ping(&b, 0xffffffffu, &E), 0);
 	CHECK_EQ(b.len, before + 12);
 	CHECK_EQ(b.data[before + 4], SBX_MSG_PING);
 	sbx_reader_free(&rd);
@@ -399,8 +481,8 @@ static void test_exec_validation(void)
 		.code = (const uint8_t *)"true", .code_len = 4,
 	};
 	struct sbx_buf b = {0};
-	const char *why;
-	CHECK_EQ(sbx_encode_exec(&b, &ok, NULL), 0);
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_encode_exec(&b, &ok, &E), 0);
 	size_t len = b.len;
 
 	struct sbx_exec_req r = ok;
@@ -457,9 +539,9 @@ static void test_exec_validation(void)
 	r.env_count = SBX_ENV_MAX_COUNT + 1;
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
 	r.env_count = SBX_ENV_MAX_COUNT;
-	why = NULL;
+	sbx_err_clear(&why);
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EMSGSIZE);
-	CHECK(why && strstr(why, "HOST_FRAME_MAX"));
+	CHECK(strstr(why.msg, "HOST_FRAME_MAX"));
 	CHECK_EQ(b.len, len); /* every failure left the buffer as it was */
 	free(big);
 	sbx_buf_free(&b);
@@ -477,7 +559,8 @@ int main(void)
 	RUN(test_prestart_encoding);
 	RUN(test_file_data_and_done);
 	RUN(test_file_entries);
-	RUN(test_file_frame_encoding);
+	RUN(test_file_request_encoding);
+	RUN(test_file_request_limits);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
 	TEST_MAIN_END("test_event");

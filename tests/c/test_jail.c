@@ -11,14 +11,19 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cgroup.h"
+#include "forced_fallbacks.h"
 #include "jail.h"
-#include "spawn.h"
+#include "qemu_spawn.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
 
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
 
@@ -31,12 +36,12 @@ static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t 
 	char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1};
 	struct sbx_child c;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	int rc = sbx_spawn(&req, &c, &where);
 	close(chan[1]);
 	close(con[1]);
 	if (rc < 0) {
-		fprintf(stderr, "spawn: %s: %s\n", where, strerror(-rc));
+		fprintf(stderr, "spawn: %s: %s\n", where.msg, strerror(-rc));
 		close(chan[0]);
 		close(con[0]);
 		return -1;
@@ -63,6 +68,8 @@ static struct sbx_jail_config full_config(void)
 
 static void test_all_layers_in_force(void)
 {
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("namespaces refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
 	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-1"), 0);
@@ -107,6 +114,8 @@ static void test_all_layers_in_force(void)
  * with write(2) stays impossible (RLIMIT_FSIZE 0); QEMU writes the RAM through its mapping. */
 static void test_snapshot_fds_survive_the_jail(void)
 {
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("its read-only mount tree needs namespaces, refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
 	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-fds"), 0);
@@ -124,7 +133,7 @@ static void test_snapshot_fds_survive_the_jail(void)
 			NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram};
 	struct sbx_child c;
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan[1]);
 	close(con[1]);
 	close(qmp[1]);
@@ -159,10 +168,11 @@ static void test_cgroup_limits_written_and_removed(void)
 {
 	struct sbx_cgroup cg;
 	struct sbx_cgroup_limits lim = {.memory_bytes = 96u << 20, .cpu_percent = 150, .pids_max = 7};
-	char why[256] = "";
-	int rc = sbx_cgroup_create(&cg, "sbx-ctest-2", &lim, why, sizeof(why));
+	struct sbx_err why = {0};
+	char text[300];
+	int rc = sbx_cgroup_create(&cg, "sbx-ctest-2", &lim, &why);
 	if (rc < 0)
-		fprintf(stderr, "cgroup: %s\n", why);
+		fprintf(stderr, "cgroup: %s\n", sbx_err_text(&why, text, sizeof(text)));
 	CHECK_EQ(rc, 0);
 	uint64_t v = 0;
 	int found_mem = 0, found_pids = 0, found_cpu = 0;
@@ -279,7 +289,7 @@ static void test_parent_death_kills_child_after_user_switch(void)
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1};
 		struct sbx_child c;
-		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
 			_exit(2);
 		_exit(0);
@@ -343,10 +353,10 @@ static int spawn_as_nobody_while_threads_churn(int rounds)
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1};
 		struct sbx_child c;
-		const char *where = NULL;
+		struct sbx_err where = {0};
 		int rc = sbx_spawn(&req, &c, &where);
 		if (rc < 0) {
-			fprintf(stderr, "round %d: spawn: %s: %s\n", i, where, strerror(-rc));
+			fprintf(stderr, "round %d: spawn: %s: %s\n", i, where.msg, strerror(-rc));
 			bad = 1;
 		} else {
 			int st = 0;
@@ -386,7 +396,7 @@ static void test_user_switch_while_other_threads_churn(void)
 	CHECK(worker > 0);
 	if (worker <= 0)
 		return;
-	int pidfd = sbx_pidfd_open(worker);
+	int pidfd = (int)syscall(SYS_pidfd_open, worker, 0); /* the test's own, never forced off */
 	CHECK(pidfd >= 0);
 	struct pollfd pfd = {.fd = pidfd, .events = POLLIN};
 	int ready = poll(&pfd, 1, 120 * 1000);
@@ -401,20 +411,40 @@ static void test_user_switch_while_other_threads_churn(void)
 	close(pidfd);
 }
 
+/* A kernel that refuses clone(CLONE_NEW*) (e.g. unprivileged user namespaces off): spawn falls
+ * back to a plain fork, QEMU runs outside new namespaces, and the layer says why. */
+static void test_namespaces_refused_by_clone_fall_back_to_fork(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.refuse_namespaces = 1;
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-9"), 0);
+	CHECK(j.status[SBX_LAYER_NAMESPACES].active); /* planned ... */
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "test $$ -ne 1", out, sizeof(out)), 0); /* ... not PID 1 */
+	CHECK(!j.status[SBX_LAYER_NAMESPACES].active); /* ... and off, with clone's reason */
+	CHECK(strstr(j.status[SBX_LAYER_NAMESPACES].detail, "refused: Operation not permitted"));
+	CHECK(j.status[SBX_LAYER_SECCOMP].active); /* the other layers hold */
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+	sbx_forced_fallbacks = saved;
+}
+
 int main(void)
 {
-	if (geteuid() != 0) {
-		printf("test_jail: skipped (needs root for cgroups and namespaces), 0 passed, 0 failed\n");
-		return 0;
-	}
+	const char *name = force_fallbacks_from_env("test_jail");
+	if (geteuid() != 0)
+		SKIP_ALL("needs root for cgroups and namespaces");
 	RUN(test_all_layers_in_force);
 	RUN(test_snapshot_fds_survive_the_jail);
 	RUN(test_cgroup_limits_written_and_removed);
 	RUN(test_namespaces_refused_is_recorded);
+	RUN(test_namespaces_refused_by_clone_fall_back_to_fork);
 	RUN(test_cgroup_the_child_cannot_make_is_off_with_its_reason);
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
 	RUN(test_parent_death_kills_child_after_user_switch);
 	RUN(test_user_switch_while_other_threads_churn);
-	TEST_MAIN_END("test_jail");
+	TEST_MAIN_END(name);
 }

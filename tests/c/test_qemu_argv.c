@@ -6,6 +6,9 @@
 #include "qemu_argv.h"
 #include "test.h"
 
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
+
 static struct sbx_vm_config base(void)
 {
 	return (struct sbx_vm_config){
@@ -58,7 +61,7 @@ static void test_full_tcg_command_line(void)
 	};
 	struct sbx_vm_config c = base();
 	char **argv = NULL;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK(argv != NULL);
 	if (!argv)
 		return;
@@ -75,29 +78,29 @@ static void test_accel_kvm_vs_tcg(void)
 	struct sbx_vm_config c = base();
 	char **argv;
 	c.accel = "kvm";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-accel"), "kvm");
 	CHECK_STR(opt_value(argv, "-cpu"), "host");
 	/* The TCG boot shortcuts (timer calibration) are not for a CPU with a TSC-deadline timer. */
 	CHECK(strstr(opt_value(argv, "-append"), "lapic_timer_khz") == NULL);
 	sbx_argv_free(argv);
 	c.accel = "tcg";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-accel"), "tcg,tb-size=128");
 	CHECK_STR(opt_value(argv, "-cpu"), "max,-erms");
 	CHECK(strstr(opt_value(argv, "-append"), " lapic_timer_khz=1000000 no_timer_check tsc=reliable") != NULL);
 	sbx_argv_free(argv);
 
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	c.accel = "hvf";
 	argv = (char **)1;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
 	CHECK(argv == NULL);
-	CHECK(why != NULL);
+	CHECK(why.msg[0] != 0);
 	c.accel = "KVM";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.accel = NULL;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 }
 
 static void test_memory_and_vcpus(void)
@@ -106,24 +109,24 @@ static void test_memory_and_vcpus(void)
 	char **argv;
 	c.memory_mb = 4096;
 	c.vcpus = 4;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-m"), "4096");
 	CHECK_STR(opt_value(argv, "-smp"), "4");
 	sbx_argv_free(argv);
 
 	c = base();
 	c.memory_mb = SBX_VM_MEMORY_MB_MIN - 1;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.memory_mb = SBX_VM_MEMORY_MB_MAX + 1;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.memory_mb = SBX_VM_MEMORY_MB_MIN;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	sbx_argv_free(argv);
 	c = base();
 	c.vcpus = 0;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.vcpus = SBX_VM_VCPUS_MAX + 1;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 }
 
 static void test_append_line(void)
@@ -134,21 +137,21 @@ static void test_append_line(void)
 	struct sbx_vm_config c = base();
 	char **argv;
 	c.kernel_cmdline_extra = NULL;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-append"), fixed);
 	sbx_argv_free(argv);
 
 	c.kernel_cmdline_extra = "tsc=reliable tsc_khz=2600000";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	char want[512];
 	snprintf(want, sizeof(want), "%s %s", fixed, c.kernel_cmdline_extra);
 	CHECK_STR(opt_value(argv, "-append"), want);
 	sbx_argv_free(argv);
 
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	c.kernel_cmdline_extra = "a\nb";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK(why && strstr(why, "control"));
+	CHECK(strstr(why.msg, "control"));
 
 	/* The kernel truncates at 2047 bytes: too long is refused, not silently cut. */
 	char *lng = malloc(SBX_KERNEL_CMDLINE_MAX + 1);
@@ -156,7 +159,7 @@ static void test_append_line(void)
 	memset(lng, 'x', room);
 	lng[room] = 0;
 	c.kernel_cmdline_extra = lng;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_EQ(strlen(opt_value(argv, "-append")), SBX_KERNEL_CMDLINE_MAX);
 	sbx_argv_free(argv);
 	lng[room] = 'x';
@@ -169,19 +172,19 @@ static void test_comma_rejection(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	c.rootfs = "/images/root,file=/etc/shadow";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK(why && strstr(why, "','"));
+	CHECK(strstr(why.msg, "','"));
 	c.rootfs = "/images/root,";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c = base();
 	c.kernel = "/a,b/vmlinux";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
 	/* A comma in the QEMU binary path is fine: it is only execve's path and argv[0]. */
 	c = base();
 	c.qemu_binary = "/opt/q,emu/qemu-system-x86_64";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(argv[0], "/opt/q,emu/qemu-system-x86_64");
 	sbx_argv_free(argv);
 }
@@ -190,42 +193,42 @@ static void test_relative_and_empty_paths(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	/* A relative rootfs must never be read as a block protocol ("nbd:...", "json:{...}"). */
 	c.rootfs = "json:{\"driver\":\"nbd\"}";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-drive"),
 		  "file=./json:{\"driver\":\"nbd\"},if=none,id=root,format=raw,readonly=on");
 	sbx_argv_free(argv);
 	c.rootfs = "images/rootfs.erofs";
 	c.kernel = "vmlinux";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-drive"),
 		  "file=./images/rootfs.erofs,if=none,id=root,format=raw,readonly=on");
 	CHECK_STR(opt_value(argv, "-kernel"), "vmlinux");
 	sbx_argv_free(argv);
 	c.rootfs = "";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK(why && strstr(why, "empty"));
+	CHECK(strstr(why.msg, "empty"));
 	c.rootfs = NULL;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c = base();
 	c.kernel = "";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.kernel = "/boot/vm\tlinux";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c = base();
 	c.qemu_binary = "";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 	c.qemu_binary = NULL;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), -EINVAL);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 }
 
 static void test_drive_and_channel(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-drive"),
 		  "file=/images/rootfs.erofs,if=none,id=root,format=raw,readonly=on");
 	CHECK_STR(opt_value(argv, "-kernel"), "/images/vmlinux");
@@ -245,7 +248,7 @@ static void test_snapshot_template_and_clone(void)
 	struct sbx_vm_config c = base();
 	char **argv;
 	/* Without snapshot options: no QMP, anonymous RAM (still the backend ram0), no -incoming. */
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK(find(argv, "-mon") < 0);
 	CHECK_STR(opt_value(argv, "-object"), "memory-backend-ram,id=ram0,size=256M");
 	CHECK(find(argv, "-incoming") < 0);
@@ -255,7 +258,7 @@ static void test_snapshot_template_and_clone(void)
 	c.qmp = 1;
 	c.mem_path = "/cache/snap/ram";
 	c.mem_shared = 1;
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-M"),
 		  "microvm,x-option-roms=off,isa-serial=off,acpi=off,memory-backend=ram0");
 	CHECK_STR(opt_value(argv, "-object"),
@@ -269,29 +272,29 @@ static void test_snapshot_template_and_clone(void)
 	c.mem_shared = 0;
 	c.incoming = 1;
 	c.mem_path = "snap/ram";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-object"),
 		  "memory-backend-file,id=ram0,size=256M,mem-path=./snap/ram,share=off");
 	CHECK_STR(opt_value(argv, "-incoming"), "defer");
 	sbx_argv_free(argv);
 
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	c.mem_path = "/a,b";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why, "mem_path must not contain ','");
+	CHECK_STR(why.msg, "mem_path must not contain ','");
 	c.mem_path = "/cache/ram";
 	c.qmp = 0;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK(strstr(why, "incoming needs qmp") != NULL);
+	CHECK(strstr(why.msg, "incoming needs qmp") != NULL);
 }
 
 static void test_package_layer(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	const char *why = NULL;
+	struct sbx_err why = {0};
 	/* No layer: one disk. */
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK(find(argv, "file=/cache/layer.erofs,if=none,id=layer,format=raw,readonly=on") < 0);
 	sbx_argv_free(argv);
 
@@ -299,7 +302,7 @@ static void test_package_layer(void)
 	 * serial for the agent. */
 	c.layer = "/cache/layer.erofs";
 	c.layer_kind = "python";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	int root = find(argv, "virtio-blk-device,drive=root");
 	int layer = find(argv, "virtio-blk-device,drive=layer,serial=sbx-layer-python");
 	CHECK(root > 0);
@@ -308,24 +311,24 @@ static void test_package_layer(void)
 	sbx_argv_free(argv);
 
 	c.layer = "rel/layer";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK(find(argv, "file=./rel/layer,if=none,id=layer,format=raw,readonly=on") > 0);
 	sbx_argv_free(argv);
 
 	c.layer = "/a,file=/etc/shadow";
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why, "layer path must not contain ','");
+	CHECK_STR(why.msg, "layer path must not contain ','");
 	c.layer = "/cache/layer.erofs";
 	static const char *const bad_kinds[] = {"", "Python", "py,serial=x", "a-b",
 						"abcdefghijk"};
 	for (size_t i = 0; i < sizeof(bad_kinds) / sizeof(bad_kinds[0]); i++) {
 		c.layer_kind = bad_kinds[i];
 		CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-		CHECK(strstr(why, "layer_kind") != NULL);
+		CHECK(strstr(why.msg, "layer_kind") != NULL);
 	}
 	c.layer_kind = NULL;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why, "layer and layer_kind go together");
+	CHECK_STR(why.msg, "layer and layer_kind go together");
 }
 
 int main(void)

@@ -125,7 +125,7 @@ static uint32_t action(const char *name, uint32_t arch, uint64_t a0, uint64_t a1
 
 static void test_build(void)
 {
-	const char *why = "";
+	struct sbx_err why = {0};
 	CHECK_EQ(sbx_seccomp_build(&BPF, &why), 0);
 	CHECK(BPF.len > 10);
 }

@@ -7,8 +7,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "vm.h"
+#include "forced_fallbacks.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
+#include "vm.h"
 
 static struct sbx_vm VM;
 
@@ -34,7 +38,7 @@ static int wait_event(int want, int timeout_ms, struct sbx_event *out)
 				return rc;
 			if (VM.ch.eof)
 				return want == 0 ? 1 : -EPIPE;
-			ssize_t n = sbx_channel_read(&VM.ch, 1 << 20);
+			ssize_t n = sbx_channel_read(&VM.ch, 1 << 20, &E);
 			if (n < 0)
 				return (int)n;
 			if (n == 0 && !VM.ch.eof)
@@ -49,7 +53,7 @@ static int wait_event(int want, int timeout_ms, struct sbx_event *out)
 static int wait_exit(int timeout_ms, int *code)
 {
 	for (int waited = 0; waited <= timeout_ms; waited += 5) {
-		int rc = sbx_vm_poll_exit(&VM, code);
+		int rc = sbx_vm_poll_exit(&VM, code, &E);
 		if (rc != 0)
 			return rc;
 		usleep(5000);
@@ -63,10 +67,11 @@ static void test_lifecycle_kill(void)
 			      "printf '" READY_FRAME "' >&3; echo hello-console; exec sleep 30", NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.closed, 1);
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), 0);
 	CHECK_EQ(VM.closed, 0);
-	CHECK(VM.child.pid > 0 && VM.child.pidfd >= 0 && VM.console_fd >= 0 && VM.ch.fd >= 0);
+	CHECK(VM.child.pid > 0 && VM.console_fd >= 0 && VM.ch.fd >= 0);
+	CHECK_EQ(VM.child.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 	struct sbx_event ev;
 	CHECK_EQ(wait_event(SBX_EV_READY, 5000, &ev), 1);
 	CHECK_EQ(ev.protocol_version, 1);
@@ -75,29 +80,29 @@ static void test_lifecycle_kill(void)
 	char buf[256];
 	ssize_t n = 0;
 	for (int i = 0; i < 500 && n == 0; i++) {
-		n = sbx_vm_read_console(&VM, buf, sizeof(buf) - 1);
+		n = sbx_vm_read_console(&VM, buf, sizeof(buf) - 1, &E);
 		if (n == 0)
 			usleep(2000);
 	}
 	CHECK_EQ(n, 14);
 	buf[n > 0 ? n : 0] = 0;
 	CHECK_STR(buf, "hello-console\n");
-	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf)), 0); /* nothing more: no blocking */
+	CHECK_EQ(sbx_vm_read_console(&VM, buf, sizeof(buf), &E), 0); /* nothing more: no blocking */
 
-	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1), 0);
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 1, &E), 0);
 	CHECK_EQ(sbx_channel_pending(&VM.ch), 0);
 	int code = 12345;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
-	CHECK_EQ(sbx_vm_kill(&VM), 0);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 0);
+	CHECK_EQ(sbx_vm_kill(&VM, &E), 0);
 	CHECK_EQ(wait_exit(5000, &code), 1);
 	CHECK_EQ(code, -SIGKILL);
-	CHECK_EQ(sbx_vm_kill(&VM), 0); /* reaped: no-op */
+	CHECK_EQ(sbx_vm_kill(&VM, &E), 0); /* reaped: no-op */
 	sbx_vm_close(&VM);
 	CHECK_EQ(VM.closed, 1);
 	CHECK(VM.child.pid == -1 && VM.child.pidfd == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
 	sbx_vm_close(&VM); /* idempotent */
 	code = 0;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, -SIGKILL);
 }
 
@@ -105,7 +110,7 @@ static void test_exit_and_eof(void)
 {
 	char *const argv[] = {"/bin/sh", "-c", "printf '" STDOUT_FRAME "' >&3; exit 3", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
 	struct sbx_event ev;
 	CHECK_EQ(wait_event(SBX_EV_STDOUT, 5000, &ev), 1);
 	CHECK_EQ(ev.id, 5);
@@ -116,9 +121,9 @@ static void test_exit_and_eof(void)
 	CHECK_EQ(wait_exit(5000, &code), 1);
 	CHECK_EQ(code, 3);
 	/* Writing to a dead peer: an error, not SIGPIPE. */
-	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2), -EPIPE);
+	CHECK_EQ(sbx_channel_queue_ping(&VM.ch, 2, &E), -EPIPE);
 	sbx_vm_close(&VM);
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, 3);
 }
 
@@ -127,13 +132,13 @@ static void test_close_running(void)
 	/* close() on a live child: SIGKILL + blocking reap, no zombie left. */
 	char *const argv[] = {"/bin/sleep", "30", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
 	pid_t pid = VM.child.pid;
 	sbx_vm_close(&VM);
 	CHECK_EQ(kill(pid, 0), -1);
 	CHECK_EQ(errno, ESRCH);
 	int code;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 1);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 1);
 	CHECK_EQ(code, -SIGKILL);
 }
 
@@ -141,14 +146,14 @@ static void test_spawn_failure_leaves_closed(void)
 {
 	char *const argv[] = {"/nonexistent/qemu", NULL};
 	sbx_vm_init(&VM);
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), -ENOENT);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	CHECK_EQ(VM.closed, 1);
 	CHECK(VM.child.pid == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
 	sbx_vm_close(&VM);
 	int code;
-	CHECK_EQ(sbx_vm_poll_exit(&VM, &code), 0);
+	CHECK_EQ(sbx_vm_poll_exit(&VM, &code, &E), 0);
 }
 
 static void test_qmp_socket(void)
@@ -159,7 +164,7 @@ static void test_qmp_socket(void)
 			      NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.qmp_fd, -1);
-	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, &E), 0);
 	CHECK(VM.qmp_fd >= 0);
 	CHECK_EQ(write(VM.qmp_fd, "hello\n", 6), 6);
 	char buf[64] = {0};
@@ -176,7 +181,7 @@ static void test_qmp_socket(void)
 
 	char *const argv2[] = {"/bin/sh", "-c", "if [ -e /proc/self/fd/5 ]; then exit 1; else exit 0; fi", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv2, NULL), 0);
+	CHECK_EQ(sbx_vm_spawn(&VM, argv2, &E), 0);
 	CHECK_EQ(VM.qmp_fd, -1);
 	int code;
 	CHECK_EQ(wait_exit(5000, &code), 1);
@@ -186,10 +191,11 @@ static void test_qmp_socket(void)
 
 int main(void)
 {
+	const char *name = force_fallbacks_from_env("test_vm");
 	RUN(test_lifecycle_kill);
 	RUN(test_exit_and_eof);
 	RUN(test_close_running);
 	RUN(test_spawn_failure_leaves_closed);
 	RUN(test_qmp_socket);
-	TEST_MAIN_END("test_vm");
+	TEST_MAIN_END(name);
 }

@@ -309,6 +309,17 @@ def test_vm_events_eof_and_exit_status(tmp_path: Path) -> None:
         ("eof",),
     ]
     assert vm.read_events() == [("eof",)]
+    # Typed values: each kind its own type, its fields by name, at the positions above.
+    ready_ev, out, _, exit_ev, error, pong, eof = events
+    assert type(ready_ev) is _execsbx.ReadyEvent and ready_ev.agent_version == "sbx-agent test"
+    assert (ready_ev.kind, ready_ev.id, ready_ev.protocol_version) == ("ready", 0, 1)
+    assert type(out) is _execsbx.OutputEvent
+    assert (out.kind, out.id, out.data) == ("stdout", 5, b"out")
+    assert type(exit_ev) is _execsbx.ExitEvent
+    assert (exit_ev.exit_code, exit_ev.flags, exit_ev.duration_us) == (137, 2, 12345)
+    assert type(error) is _execsbx.ErrorEvent and (error.code, error.message) == (2, "busy \ufffd")
+    assert type(pong) is _execsbx.AckEvent and (pong.kind, pong.id) == ("pong", 7)
+    assert type(eof) is _execsbx.EofEvent and eof.kind == "eof" and not hasattr(eof, "id")
     assert wait_exit(vm) == 3
     with pytest.raises(BrokenPipeError):
         vm.send_ping(1)
@@ -532,7 +543,7 @@ def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
         vm.close()
 
 
-def test_file_events_decode_to_tuples(tmp_path: Path) -> None:
+def test_file_events_decode_to_typed_values(tmp_path: Path) -> None:
     entries = (struct.pack("<I", 2) + b"\x01" + struct.pack("<Q", 4096) + sstr(b"dir")
                + b"\x00" + struct.pack("<Q", 5) + sstr(b"a\xff.txt"))  # fmt: skip
     guest = (
@@ -552,6 +563,14 @@ def test_file_events_decode_to_tuples(tmp_path: Path) -> None:
             ("file_error", 11, 2, "gone"),
             ("eof",),
         ]
+        data, done, listing, error = events[1:5]
+        assert (data.kind, data.data) == ("file_data", b"file bytes")
+        assert type(done) is _execsbx.FileDoneEvent and done.total == 10
+        assert type(listing) is _execsbx.FileEntriesEvent
+        first = listing.entries[0]
+        assert type(first) is _execsbx.FileEntry
+        assert (first.name, first.is_dir, first.size) == (b"dir", True, 4096)
+        assert (error.kind, error.code, error.message) == ("file_error", 2, "gone")
     finally:
         vm.close()
 
@@ -590,16 +609,52 @@ def test_malformed_file_events_are_protocol_errors(tmp_path: Path, bad: bytes) -
         vm.close()
 
 
-def test_send_file_frame_and_session_exec(tmp_path: Path) -> None:
+def test_file_requests_go_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
+    """Stand-in QEMU (no VM) recording what the host writes to the channel: each send_file_*()
+    puts exactly one frame on the wire, encoded by the extension as protocol.h lays it out."""
+    wire = tmp_path / "wire"
+    vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
+    want = (
+        frame(_execsbx.MSG_FILE_WRITE_BEGIN, 3, sstr(b"d/x") + bytes([_execsbx.FILE_EXECUTABLE]))
+        + frame(_execsbx.MSG_FILE_WRITE_DATA, 3, b"xyz")
+        + frame(_execsbx.MSG_FILE_WRITE_END, 3, b"\x01")
+        + frame(_execsbx.MSG_FILE_WRITE_BEGIN, 4, sstr(b"y") + b"\x00")
+        + frame(_execsbx.MSG_FILE_WRITE_END, 4, b"\x00")
+        + frame(_execsbx.MSG_FILE_READ, 5, sstr(b"a.txt"))
+        + frame(_execsbx.MSG_FILE_LIST, 6, sstr(b""))
+    )
+    try:
+        vm.send_file_write_begin(3, b"d/x", True)
+        vm.send_file_write_data(3, memoryview(b"xyz"))
+        vm.send_file_write_end(3, True)
+        vm.send_file_write_begin(4, b"y", False)
+        vm.send_file_write_end(4, False)
+        vm.send_file_read(5, b"a.txt")
+        assert vm.send_file_list(6, b"") >= 0
+        deadline = time.monotonic() + 10
+        while vm.flush() and time.monotonic() < deadline:
+            select.select([], [vm.fileno()], [], 1)
+        while time.monotonic() < deadline and (
+            not wire.exists() or wire.stat().st_size < len(want)
+        ):
+            time.sleep(0.01)
+        assert wire.read_bytes() == want
+    finally:
+        vm.close()
+
+
+def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> None:
     vm = make_vm(fake_qemu(tmp_path, b""))
     try:
-        assert vm.send_file_frame(_execsbx.MSG_FILE_READ, 3, sstr(b"a.txt")) >= 0
-        assert vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, memoryview(b"xyz")) >= 0
-        for msg_type in (64, 65, 66, 72, 300):
-            with pytest.raises(ValueError):
-                vm.send_file_frame(msg_type, 3, b"")
-        with pytest.raises(ValueError):
-            vm.send_file_frame(_execsbx.MSG_FILE_WRITE_DATA, 3, b"x" * (2 * 1024 * 1024 + 1))
+        with pytest.raises(ValueError, match="payload larger than HOST_FRAME_MAX"):
+            vm.send_file_write_data(3, b"x" * (_execsbx.HOST_FRAME_MAX + 1))
+        with pytest.raises(ValueError, match="path longer than PATH_MAX"):
+            vm.send_file_read(3, b"a" * (_execsbx.PATH_MAX + 1))
+        with pytest.raises(ValueError, match="empty path"):
+            vm.send_file_write_begin(3, b"", False)
+        with pytest.raises(ValueError, match="path contains NUL"):
+            vm.send_file_read(3, b"a\x00b")
+        assert vm.flush() == 0  # nothing was queued
         assert vm.send_exec(1, 1, 1000, 10, 10, [], b"pass", session=True) >= 0
     finally:
         vm.close()

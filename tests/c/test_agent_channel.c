@@ -6,8 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "channel.h"
+#include "agent_channel.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
 
 static struct sbx_channel CH; /* 64 KiB scratch: keep it off the stack */
 
@@ -44,7 +47,7 @@ static int pump(int counts[8], uint32_t *last_len)
 		}
 		if (rc < 0)
 			return rc;
-		ssize_t n = sbx_channel_read(&CH, 1 << 20);
+		ssize_t n = sbx_channel_read(&CH, 1 << 20, &E);
 		if (n < 0)
 			return (int)n;
 		if (n == 0)
@@ -74,7 +77,7 @@ static void test_events_and_eof(void)
 	close(peer);
 	CHECK_EQ(pump(counts, NULL), 0);
 	CHECK_EQ(CH.eof, 1);
-	CHECK_EQ(sbx_channel_read(&CH, 100), 0);
+	CHECK_EQ(sbx_channel_read(&CH, 100, &E), 0);
 	sbx_channel_destroy(&CH);
 	CHECK_EQ(CH.fd, -1);
 	sbx_channel_destroy(&CH); /* idempotent */
@@ -125,8 +128,12 @@ static void test_protocol_error_sticky(void)
 	CHECK_EQ(CH.error_frame_type, SBX_MSG_EXEC);
 	struct sbx_event ev;
 	CHECK_EQ(sbx_channel_next_event(&CH, &ev), -EPROTO);
-	CHECK_EQ(sbx_channel_read(&CH, 100), -EPROTO);
+	CHECK_EQ(sbx_channel_read(&CH, 100, &E), -EPROTO);
 	CHECK_EQ(sbx_channel_ingest(&CH, "x", 1), -EPROTO);
+	struct sbx_err why;
+	sbx_channel_error(&CH, &why);
+	CHECK_EQ(why.code, EPROTO);
+	CHECK_STR(why.msg, "guest sent a frame of unexpected type 64");
 	close(peer);
 	sbx_channel_destroy(&CH);
 
@@ -135,6 +142,9 @@ static void test_protocol_error_sticky(void)
 	uint8_t hdr[12] = {0xff, 0xff, 0xff, 0x7f, SBX_MSG_STDOUT};
 	CHECK_EQ(write(peer, hdr, 12), 12);
 	CHECK_EQ(pump(counts, NULL), -EMSGSIZE);
+	sbx_channel_error(&CH, &why);
+	CHECK_EQ(why.code, EMSGSIZE);
+	CHECK_STR(why.msg, "guest sent a frame larger than GUEST_FRAME_MAX");
 	CHECK_EQ(CH.error_frame_type, -1);
 	close(peer);
 	sbx_channel_destroy(&CH);
@@ -164,10 +174,10 @@ static void test_flush_partial(void)
 		code[i] = (uint8_t)(i * 7);
 	struct sbx_exec_req r = {.id = 3, .language = SBX_LANG_PYTHON, .timeout_ms = 1000,
 				 .code = code, .code_len = code_len};
-	CHECK_EQ(sbx_channel_queue_exec(&CH, &r, NULL), 0);
+	CHECK_EQ(sbx_channel_queue_exec(&CH, &r, &E), 0);
 	size_t total = sbx_channel_pending(&CH) + 0;
 	CHECK(total > 0);               /* the socket could not take it all */
-	CHECK_EQ(sbx_channel_queue_ping(&CH, 4), 0);
+	CHECK_EQ(sbx_channel_queue_ping(&CH, 4, &E), 0);
 	CHECK_EQ(sbx_channel_pending(&CH), total + 12);
 
 	/* Be the guest: read everything while the host flushes. */
@@ -177,7 +187,7 @@ static void test_flush_partial(void)
 	uint8_t *tmp = malloc(1 << 16);
 	int frames = 0, flushes = 0;
 	while (frames < 2) {
-		CHECK_EQ(sbx_channel_flush(&CH), 0);
+		CHECK_EQ(sbx_channel_flush(&CH, &E), 0);
 		flushes++;
 		ssize_t n = recv(peer, tmp, 1 << 16, MSG_DONTWAIT);
 		if (n > 0)
@@ -207,19 +217,19 @@ static void test_flush_partial(void)
 	r.code = code;
 	int rc = 0;
 	for (int i = 0; i < 20 && rc == 0; i++)
-		rc = sbx_channel_queue_exec(&CH, &r, NULL);
+		rc = sbx_channel_queue_exec(&CH, &r, &E);
 	CHECK_EQ(rc, -ENOBUFS);
 	CHECK(sbx_channel_pending(&CH) <= SBX_CHANNEL_OUT_MAX);
 
 	/* Peer gone: EPIPE, no SIGPIPE (MSG_NOSIGNAL), the frame stays queued. */
 	close(peer);
 	size_t before = sbx_channel_pending(&CH);
-	CHECK_EQ(sbx_channel_queue_ping(&CH, 9), -EPIPE);
+	CHECK_EQ(sbx_channel_queue_ping(&CH, 9, &E), -EPIPE);
 	CHECK(sbx_channel_pending(&CH) >= before);
-	CHECK_EQ(sbx_channel_flush(&CH), -EPIPE);
+	CHECK_EQ(sbx_channel_flush(&CH, &E), -EPIPE);
 	sbx_reader_free(&rd);
 	sbx_channel_destroy(&CH);
-	CHECK_EQ(sbx_channel_flush(&CH), 0); /* nothing queued after destroy */
+	CHECK_EQ(sbx_channel_flush(&CH, &E), 0); /* nothing queued after destroy */
 	free(tmp);
 	free(code);
 }
@@ -230,5 +240,5 @@ int main(void)
 	RUN(test_many_max_frames);
 	RUN(test_protocol_error_sticky);
 	RUN(test_flush_partial);
-	TEST_MAIN_END("test_channel");
+	TEST_MAIN_END("test_agent_channel");
 }

@@ -1,8 +1,8 @@
-/* fork+exec of QEMU: see spawn.h. The child half (child_exec) runs between fork() and execve()
+/* fork+exec of QEMU: see qemu_spawn.h. The child half (child_exec) runs between fork() and execve()
  * in a copy of a possibly multi-threaded process: it may only make async-signal-safe calls and
  * touch memory prepared before fork() (no malloc, no stdio, no locks). */
 #define _GNU_SOURCE 1
-#include "spawn.h"
+#include "qemu_spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +20,13 @@
 
 #include "cleanup.h"
 #include "jail.h"
+
+#ifdef SBX_TESTING
+struct sbx_forced_fallbacks sbx_forced_fallbacks;
+#define FORCED(which) (sbx_forced_fallbacks.which)
+#else
+#define FORCED(which) 0
+#endif
 
 /* glibc < 2.36 has no P_PIDFD in idtype_t; the kernel's value is 3 (linux/wait.h). */
 #define SBX_P_PIDFD ((idtype_t)3)
@@ -121,7 +128,9 @@ static int close_from(unsigned lo, unsigned hi, unsigned max_fd)
 	if (lo > hi)
 		return 0;
 #ifdef SYS_close_range
-	if (syscall(SYS_close_range, lo, hi, 0) == 0)
+	if (FORCED(no_close_range))
+		errno = ENOSYS;
+	else if (syscall(SYS_close_range, lo, hi, 0) == 0)
 		return 0;
 	if (errno != ENOSYS && errno != EINVAL)
 		return -1;
@@ -276,9 +285,13 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 		/* No stack argument: the child continues on a copy of this stack, like fork().
 		 * glibc's atfork handlers do not run, which is fine: the child only makes raw
 		 * async-signal-safe calls before execve. */
-		long pid = syscall(SYS_clone,
-				   (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
-				   NULL, NULL, 0);
+		long pid = -1;
+		if (FORCED(refuse_namespaces))
+			errno = EPERM;
+		else
+			pid = syscall(SYS_clone,
+				      (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
+				      NULL, NULL, 0);
 		if (pid == 0)
 			child_exec(plan);
 		if (pid > 0)
@@ -296,15 +309,11 @@ static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
 }
 
 int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
-		    struct sbx_spawn_pending *pending, const char **where)
+		    struct sbx_spawn_pending *pending, struct sbx_err *err)
 {
 	struct child_plan plan = {.req = req};
 	int pipefd[2];
-	const char *dummy;
 
-	if (!where)
-		where = &dummy;
-	*where = NULL;
 	out->pid = -1;
 	out->pidfd = -1;
 	pending->err_fd = -1;
@@ -312,25 +321,21 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	pending->jail = NULL;
 	if (req->channel_fd < 0 || req->console_fd < 0 || (req->with_qmp && req->qmp_fd < 0) ||
 	    !req->path || !req->argv || !req->envp) {
-		*where = "spawn";
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "spawn");
 	}
 
 	_cleanup_close_ int devnull = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOCTTY);
 	if (devnull < 0) {
-		*where = "open(/dev/null)";
-		return -errno;
+		return sbx_err_sys(err, -errno, "open(/dev/null)");
 	}
 	/* The parent's end is non-blocking: sbx_spawn_finish polls it (the child never reads it). */
 	if (pipe2(pipefd, O_CLOEXEC) < 0 || fcntl(pipefd[0], F_SETFL, O_NONBLOCK) < 0) {
-		*where = "pipe2";
-		return -errno;
+		return sbx_err_sys(err, -errno, "pipe2");
 	}
 	_cleanup_close_ int err_r = pipefd[0];
 	_cleanup_close_ int err_w = pipefd[1];
 	if (pipe2(pipefd, O_CLOEXEC) < 0) {
-		*where = "pipe2";
-		return -errno;
+		return sbx_err_sys(err, -errno, "pipe2");
 	}
 	_cleanup_close_ int go_r = pipefd[0];
 	_cleanup_close_ int go_w = pipefd[1];
@@ -358,8 +363,7 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	int fork_errno = errno;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (pid < 0) {
-		*where = "fork";
-		return -fork_errno;
+		return sbx_err_sys(err, -fork_errno, "fork");
 	}
 	_cleanup_child_ pid_t child = pid;
 
@@ -371,15 +375,13 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 		gw = write(go_w, "g", 1);
 	while (gw < 0 && errno == EINTR);
 	if (gw != 1) {
-		*where = "write(go pipe)";
-		return gw < 0 ? -errno : -EIO;
+		return sbx_err_sys(err, gw < 0 ? -errno : -EIO, "write(go pipe)");
 	}
 
 	/* A pidfd refers to this child whether it is still starting, running or already a zombie. */
 	int pidfd = sbx_pidfd_open(child);
 	if (pidfd < 0 && pidfd != -ENOSYS) {
-		*where = "pidfd_open";
-		return pidfd;
+		return sbx_err_sys(err, pidfd, "pidfd_open");
 	}
 	/* Until execve the child holds the only write end of the error pipe: EOF on err_r means it
 	 * exec'd. go_w stays open until then too (the child's check after a user switch). */
@@ -399,15 +401,10 @@ void sbx_spawn_pending_close(struct sbx_spawn_pending *p)
 	sbx_close_fd(&p->go_fd);
 }
 
-int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **where)
+int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, struct sbx_err *err)
 {
-	const char *dummy;
-	if (!where)
-		where = &dummy;
-	*where = NULL;
 	if (p->err_fd < 0) {
-		*where = "spawn";
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "spawn");
 	}
 	struct child_report rep;
 	ssize_t n;
@@ -425,41 +422,38 @@ int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **whe
 		if (errno == EINTR)
 			continue;
 		if (errno != EAGAIN) {
-			int err = errno;
+			int saved = errno;
 			sbx_spawn_pending_close(p);
-			*where = "read(error pipe)";
-			return -err;
+			return sbx_err_sys(err, -saved, "read(error pipe)");
 		}
 		if (!blocking)
 			return 0;
 		struct pollfd pfd = {.fd = p->err_fd, .events = POLLIN};
 		if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
-			int err = errno;
+			int saved = errno;
 			sbx_spawn_pending_close(p);
-			*where = "poll(error pipe)";
-			return -err;
+			return sbx_err_sys(err, -saved, "poll(error pipe)");
 		}
 	}
 	sbx_spawn_pending_close(p);
 	if (n == 0)
 		return 1; /* exec'd */
-	if ((size_t)n != sizeof(rep)) {
-		*where = "read(error pipe)";
-		return -EIO;
-	}
-	*where = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
+	if ((size_t)n != sizeof(rep))
+		return sbx_err_sys(err, -EIO, "read(error pipe)");
+	/* The child's step (a string literal: the same address in this copy of the program). */
+	const char *step = rep.step >= 0 && rep.step < STEP__COUNT ? step_names[rep.step] : "spawn";
 	if (rep.step == STEP_JAIL && rep.what)
-		*where = rep.what;
-	return rep.err > 0 ? -rep.err : -EIO;
+		step = rep.what;
+	return sbx_err_sys(err, rep.err > 0 ? -rep.err : -EIO, "%s", step);
 }
 
-int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where)
+int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, struct sbx_err *err)
 {
 	struct sbx_spawn_pending pending;
-	int rc = sbx_spawn_start(req, out, &pending, where);
+	int rc = sbx_spawn_start(req, out, &pending, err);
 	if (rc < 0)
 		return rc;
-	rc = sbx_spawn_finish(&pending, 1, where);
+	rc = sbx_spawn_finish(&pending, 1, err);
 	if (rc == 1)
 		return 0;
 	/* The child failed before its exec (it exits by itself) or could not be watched. */
@@ -472,6 +466,8 @@ int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char
 int sbx_pidfd_open(pid_t pid)
 {
 #ifdef SYS_pidfd_open
+	if (FORCED(no_pidfd))
+		return -ENOSYS;
 	long fd = syscall(SYS_pidfd_open, pid, 0);
 	if (fd < 0)
 		return -errno;
@@ -520,10 +516,15 @@ int sbx_child_wait(const struct sbx_child *c, int blocking, int *status)
 		siginfo_t si;
 		memset(&si, 0, sizeof(si));
 		int rc;
-		while ((rc = waitid(SBX_P_PIDFD, (id_t)c->pidfd, &si, WEXITED | (blocking ? 0 : WNOHANG))) <
-			       0 &&
-		       errno == EINTR)
-			;
+		do {
+			if (FORCED(no_waitid_pidfd)) {
+				rc = -1;
+				errno = EINVAL;
+			} else {
+				rc = waitid(SBX_P_PIDFD, (id_t)c->pidfd, &si,
+					    WEXITED | (blocking ? 0 : WNOHANG));
+			}
+		} while (rc < 0 && errno == EINTR);
 		if (rc == 0) {
 			if (si.si_pid == 0)
 				return 0;

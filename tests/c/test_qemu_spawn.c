@@ -1,4 +1,4 @@
-/* Tests of fork+exec (spawn.c) with real children: /bin/sh and /bin/sleep stand in for QEMU. */
+/* Tests of fork+exec (qemu_spawn.c) with real children: /bin/sh and /bin/sleep stand in for QEMU. */
 #define _GNU_SOURCE 1
 #include <dirent.h>
 #include <errno.h>
@@ -13,8 +13,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "spawn.h"
+#include "forced_fallbacks.h"
+#include "qemu_spawn.h"
 #include "test.h"
+
+/* Where a test does not look at the explanation of an error. */
+static struct sbx_err E;
 
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
 
@@ -45,7 +49,7 @@ static void sleep_ms(long ms)
 
 /* Spawn argv with fresh channel/console pairs; the child ends are closed afterwards. */
 static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan, struct pair *con,
-		      const char **where)
+		      struct sbx_err *where)
 {
 	*chan = mkpair();
 	*con = mkpair();
@@ -144,9 +148,9 @@ static void test_exec_failure_enoent(void)
 	char *const argv[] = {"/nonexistent/qemu-system-x86_64", "-M", "microvm", NULL};
 	struct sbx_child c = {123, 456};
 	struct pair chan, con;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &where), -ENOENT);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	CHECK_EQ(c.pid, -1);
 	CHECK_EQ(c.pidfd, -1);
 	/* The failed child was reaped: no zombie left for us. */
@@ -167,9 +171,9 @@ static void test_exec_failure_eacces(void)
 	char *const argv[] = {tmpl, NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	const char *where = NULL;
+	struct sbx_err where = {0};
 	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &where), -EACCES);
-	CHECK_STR(where, "execve");
+	CHECK_STR(where.msg, "execve");
 	unlink(tmpl);
 	close(chan.host);
 	close(con.host);
@@ -188,11 +192,12 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 					    NULL, 0, -1, 0, -1};
 		struct sbx_child c;
 		struct sbx_spawn_pending p;
-		const char *where = NULL;
+		struct sbx_err where = {0};
 		CHECK_EQ(sbx_spawn_start(&req, &c, &p, &where), 0);
 		close(chan.child);
 		close(con.child);
-		CHECK(c.pid > 0 && c.pidfd >= 0 && p.err_fd >= 0 && p.go_fd >= 0);
+		CHECK(c.pid > 0 && p.err_fd >= 0 && p.go_fd >= 0);
+		CHECK_EQ(c.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 		struct pollfd pfd = {.fd = p.err_fd, .events = POLLIN};
 		CHECK_EQ(poll(&pfd, 1, 10000), 1);
 		int rc = sbx_spawn_finish(&p, 0, &where);
@@ -201,7 +206,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 		reap(&c, &st);
 		if (i == 0) {
 			CHECK_EQ(rc, -ENOENT);
-			CHECK_STR(where, "execve");
+			CHECK_STR(where.msg, "execve");
 			CHECK_EQ(sbx_status_to_returncode(st), 127);
 		} else {
 			CHECK_EQ(rc, 1);
@@ -217,7 +222,7 @@ static void test_bad_request(void)
 	char *const argv[] = {"/bin/true", NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1};
 	struct sbx_child c;
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), -EBADF);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
 
 static void test_exit_status(void)
@@ -225,9 +230,9 @@ static void test_exit_status(void)
 	char *const argv[] = {"/bin/sh", "-c", "exit 7", NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	CHECK(c.pid > 0);
-	CHECK(c.pidfd >= 0);
+	CHECK_EQ(c.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
 	int st;
 	reap(&c, &st);
 	CHECK(WIFEXITED(st));
@@ -256,7 +261,7 @@ static void test_fd_layout_and_privs(void)
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
-	CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
 	close(con.child);
 	sigaction(SIGTERM, &old_term, NULL);
@@ -323,7 +328,7 @@ static void test_overlapping_fds(void)
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1};
 		struct sbx_child c;
-		CHECK_EQ(sbx_spawn(&req, &c, NULL), 0);
+		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan_at);
 		close(con_at);
 		dup2(saved_stdin, 0);
@@ -357,7 +362,7 @@ static void test_stdio(void)
 			      NULL};
 	struct sbx_child c;
 	struct pair chan, con;
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	char buf[256];
 	read_all(con.host, buf, sizeof(buf));
 	CHECK_STR(buf, "out\nerr\nnull\n");
@@ -374,7 +379,7 @@ static void test_environment(void)
 	struct sbx_child c;
 	struct pair chan, con;
 	setenv("SBX_SECRET_TEST", "leak", 1);
-	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, NULL), 0);
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
 	char buf[4096];
 	read_all(chan.host, buf, sizeof(buf));
 	CHECK(strstr(buf, "PATH=/usr/bin:/bin") != NULL);
@@ -398,7 +403,7 @@ static void test_parent_death_kills_child(void)
 		struct pair chan = mkpair(), con = mkpair();
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
 		struct sbx_child c;
-		pid_t pid = sbx_spawn(&req, &c, NULL) == 0 ? c.pid : -1;
+		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
 			_exit(2);
 		_exit(0);
@@ -422,8 +427,77 @@ static void test_parent_death_kills_child(void)
 	prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
 }
 
+/* Kernel < 5.3 (no pidfd_open): the child has no pidfd, and signalling and reaping go through
+ * its pid (kill, waitpid). */
+static void test_without_pidfd_signal_and_reap_by_pid(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_pidfd = 1;
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
+	CHECK_EQ(c.pidfd, -1);
+	int st = 0;
+	CHECK_EQ(sbx_child_wait(&c, 0, &st), 0); /* still running */
+	CHECK_EQ(sbx_child_signal(&c, SIGKILL), 0);
+	CHECK_EQ(sbx_child_wait(&c, 1, &st), 1);
+	CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
+/* Kernel 5.3 (pidfd_open, but waitid(P_PIDFD) is EINVAL): reaped with waitpid, status intact. */
+static void test_without_waitid_pidfd_reaps_by_pid(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_waitid_pidfd = 1;
+	char *const argv[] = {"/bin/sh", "-c", "exit 7", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
+	int st = 0;
+	CHECK_EQ(sbx_child_wait(&c, 1, &st), 1);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+	if (c.pidfd >= 0)
+		close(c.pidfd);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
+/* Kernel < 5.9 (no close_range): the child closes inherited fds one by one; none survives. */
+static void test_without_close_range_inherited_fds_are_closed(void)
+{
+	struct sbx_forced_fallbacks saved = sbx_forced_fallbacks;
+	sbx_forced_fallbacks.no_close_range = 1;
+	int leak = open("/dev/null", O_RDONLY); /* inheritable, low and high */
+	int leak_hi = fcntl(leak, F_DUPFD, 50);
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	struct sbx_child c;
+	struct pair chan, con;
+	CHECK_EQ(spawn_argv(argv, &c, &chan, &con, &E), 0);
+	close(leak);
+	close(leak_hi);
+	unsigned long long fds = 0;
+	for (int i = 0; i < 200; i++) {
+		fds = open_fds(c.pid);
+		if (fds == 0x1f)
+			break;
+		sleep_ms(10);
+	}
+	CHECK_EQ(fds, 0x1f); /* exactly 0, 1, 2, 3, 4 */
+	sbx_child_signal(&c, SIGKILL);
+	reap(&c, NULL);
+	close(chan.host);
+	close(con.host);
+	sbx_forced_fallbacks = saved;
+}
+
 int main(void)
 {
+	const char *name = force_fallbacks_from_env("test_qemu_spawn");
 	RUN(test_exec_failure_enoent);
 	RUN(test_exec_failure_eacces);
 	RUN(test_start_reports_the_exec_through_the_error_pipe);
@@ -434,5 +508,8 @@ int main(void)
 	RUN(test_stdio);
 	RUN(test_environment);
 	RUN(test_parent_death_kills_child);
-	TEST_MAIN_END("test_spawn");
+	RUN(test_without_pidfd_signal_and_reap_by_pid);
+	RUN(test_without_waitid_pidfd_reaps_by_pid);
+	RUN(test_without_close_range_inherited_fds_are_closed);
+	TEST_MAIN_END(name);
 }

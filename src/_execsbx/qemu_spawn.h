@@ -13,6 +13,8 @@
 
 #include <sys/types.h>
 
+#include "sbx_err.h"
+
 struct sbx_jail;
 
 #define SBX_CHILD_CHANNEL_FD 3
@@ -52,20 +54,20 @@ struct sbx_spawn_pending {
 
 /* Start the child and return right after the fork, without waiting for its exec: 0 with *out
  * filled (the caller owns pid and pidfd, and must reap) and *pending open; -errno (no child
- * left, *where set) otherwise. Wait for pending->err_fd to be readable (e.g. on an event loop),
+ * left, err names the step) otherwise. Wait for pending->err_fd to be readable (e.g. on an event loop),
  * then call sbx_spawn_finish. */
 int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
-		    struct sbx_spawn_pending *pending, const char **where);
+		    struct sbx_spawn_pending *pending, struct sbx_err *err);
 /* How the start ended: 1 once the child has exec'd, 0 while it has not (blocking=0 only),
- * -errno with *where naming the failed step (e.g. "execve") when it failed before exec; it then
+ * -errno with err naming the failed step (e.g. "execve") when it failed before exec; it then
  * exits by itself, and the caller still reaps it. Closes *pending unless it returns 0. */
-int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, const char **where);
+int sbx_spawn_finish(struct sbx_spawn_pending *p, int blocking, struct sbx_err *err);
 void sbx_spawn_pending_close(struct sbx_spawn_pending *p);
 
 /* Start the child and wait until it has exec'd. On success returns 0 and fills *out (the caller
  * owns pid and pidfd and must reap). On failure returns -errno, the child (if any) is already
- * killed and reaped, and *where names the failing call, e.g. "execve", "fork", "dup2". */
-int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, const char **where);
+ * killed and reaped, and err names the failing call, e.g. "execve", "fork", "dup2". */
+int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, struct sbx_err *err);
 
 /* pidfd_open(2) through syscall(2); -errno on failure. */
 int sbx_pidfd_open(pid_t pid);
@@ -77,5 +79,18 @@ int sbx_child_signal(const struct sbx_child *c, int sig);
 int sbx_child_wait(const struct sbx_child *c, int blocking, int *status);
 /* Decode a waitpid status like subprocess.Popen.returncode: exit code, or -signal. */
 int sbx_status_to_returncode(int status);
+
+#ifdef SBX_TESTING
+/* Test-only (tests/c builds with -DSBX_TESTING; the extension has no such symbol): make this
+ * process behave as on a kernel without the feature, so that the paths kept for old kernels run
+ * on this one. Set before spawning; the child reads its copy. */
+struct sbx_forced_fallbacks {
+	int no_pidfd;          /* pidfd_open fails with ENOSYS (< 5.3): kill(2), waitpid(2) */
+	int no_waitid_pidfd;   /* waitid(P_PIDFD) fails with EINVAL (< 5.4): waitpid(2) */
+	int no_close_range;    /* close_range fails with ENOSYS (< 5.9): the close loop */
+	int refuse_namespaces; /* clone(CLONE_NEW*) fails with EPERM: a plain fork, layer off */
+};
+extern struct sbx_forced_fallbacks sbx_forced_fallbacks;
+#endif
 
 #endif /* SBX_SPAWN_H */

@@ -10,7 +10,7 @@
 
 #include "event.h"
 #include "frame.h"
-#include "request.h"
+#include "agent_request.h"
 
 /* Queued outgoing bytes beyond which queueing fails with -ENOBUFS (the guest is not reading). */
 #define SBX_CHANNEL_OUT_MAX (8u * 1024u * 1024u)
@@ -37,28 +37,33 @@ int sbx_channel_take_fd(struct sbx_channel *ch);
 
 /* One non-blocking read of at most min(max, SBX_CHANNEL_READ_CHUNK) bytes, fed to the decoder.
  * Returns the byte count (> 0), 0 when nothing is available now or the peer closed (then
- * ch->eof is set; ECONNRESET counts as closed), or -errno. Drain every event with
- * sbx_channel_next_event before reading again. */
-ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max);
+ * ch->eof is set; ECONNRESET counts as closed), or -errno with err filled (the sticky protocol
+ * error, -ENOMEM, or recv's). Drain every event with sbx_channel_next_event before reading
+ * again. */
+ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max, struct sbx_err *err);
 /* Feed bytes that came from elsewhere (tests, fuzzer). 0 or the sticky error / -ENOMEM. */
 int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n);
 /* 1: *ev holds the next event (pointers valid until the next read/ingest); 0: no complete
  * frame; <0: the guest broke the protocol (sticky: every later call returns it too). */
 int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev);
 
-/* Queue a frame, then try to write. 0 or -EINVAL/-EMSGSIZE (bad request, *why explains),
- * -ENOBUFS (queue full), -ENOMEM, or a write error (-EPIPE ...); the frame stays queued after
- * a write error. */
-int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why);
-int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id);
+/* Queue a frame, then try to write. 0, or -errno with e filled: -EINVAL/-EMSGSIZE (a bad
+ * request), -ENOBUFS (queue full), -ENOMEM, or a write error (-EPIPE ...; the frame stays
+ * queued). */
+int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, struct sbx_err *e);
+int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id, struct sbx_err *e);
 /* n must be SBX_RESEED_BYTES. */
 int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
-			     uint64_t realtime_ns);
-int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language);
-int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
-				 const void *payload, size_t len);
-/* Write as much of the queue as the socket takes now. 0 or -errno (EAGAIN is not an error). */
-int sbx_channel_flush(struct sbx_channel *ch);
+			     uint64_t realtime_ns, struct sbx_err *e);
+int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language,
+			       struct sbx_err *e);
+int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, struct sbx_err *e);
+/* Write as much of the queue as the socket takes now. 0 or -errno with e filled (EAGAIN is not
+ * an error). */
+int sbx_channel_flush(struct sbx_channel *ch, struct sbx_err *e);
+/* The sticky protocol error, explained (-EPROTO/-EMSGSIZE and what the guest got wrong); err
+ * cleared when there is none. */
+void sbx_channel_error(const struct sbx_channel *ch, struct sbx_err *err);
 /* Bytes queued and not yet written. */
 size_t sbx_channel_pending(const struct sbx_channel *ch);
 

@@ -1,6 +1,6 @@
-/* Host end of the agent channel: see channel.h. */
+/* Host end of the agent channel: see agent_channel.h. */
 #define _GNU_SOURCE 1
-#include "channel.h"
+#include "agent_channel.h"
 
 #include <errno.h>
 #include <string.h>
@@ -46,12 +46,12 @@ int sbx_channel_ingest(struct sbx_channel *ch, const void *data, size_t n)
 	return rc;
 }
 
-ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max)
+ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max, struct sbx_err *err)
 {
-	if (ch->error)
-		return ch->error;
+	if (ch->error) /* the guest broke the protocol: reported by sbx_channel_next_event */
+		return sbx_err_set(err, ch->error, "the guest broke the protocol");
 	if (ch->fd < 0)
-		return -EBADF;
+		return sbx_err_sys(err, -EBADF, "recv");
 	if (ch->eof)
 		return 0;
 	if (max > sizeof(ch->scratch))
@@ -69,14 +69,18 @@ ssize_t sbx_channel_read(struct sbx_channel *ch, size_t max)
 			ch->eof = 1;
 			return 0;
 		}
-		return -errno;
+		return sbx_err_sys(err, -errno, "recv");
 	}
 	if (n == 0) {
 		ch->eof = 1;
 		return 0;
 	}
 	int rc = sbx_channel_ingest(ch, ch->scratch, (size_t)n);
-	return rc < 0 ? rc : n;
+	if (rc == -ENOMEM)
+		return sbx_err_set(err, rc, "out of memory");
+	if (rc < 0)
+		return sbx_err_set(err, rc, "the guest broke the protocol");
+	return n;
 }
 
 int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev)
@@ -98,16 +102,33 @@ int sbx_channel_next_event(struct sbx_channel *ch, struct sbx_event *ev)
 	return 1;
 }
 
+void sbx_channel_error(const struct sbx_channel *ch, struct sbx_err *err)
+{
+	int t = ch->error_frame_type;
+	if (!ch->error)
+		sbx_err_clear(err);
+	else if (t < 0)
+		sbx_err_set(err, ch->error, "%s",
+			    ch->error == -EMSGSIZE ? "guest sent a frame larger than GUEST_FRAME_MAX"
+						   : "guest sent a malformed frame header");
+	else if ((t >= SBX_MSG_READY && t <= SBX_MSG_FILE_ERROR) || t == SBX_MSG_RESEEDED)
+		sbx_err_set(err, ch->error, "guest sent a malformed %s frame%s",
+			    sbx_event_kind_name((enum sbx_event_kind)t),
+			    ch->error == -EMSGSIZE ? " (a string over its limit)" : "");
+	else
+		sbx_err_set(err, ch->error, "guest sent a frame of unexpected type %d", t);
+}
+
 size_t sbx_channel_pending(const struct sbx_channel *ch)
 {
 	return ch->out.len - ch->out_off;
 }
 
-int sbx_channel_flush(struct sbx_channel *ch)
+int sbx_channel_flush(struct sbx_channel *ch, struct sbx_err *e)
 {
 	while (ch->out_off < ch->out.len) {
 		if (ch->fd < 0)
-			return -EBADF;
+			return sbx_err_sys(e, -EBADF, "send");
 		ssize_t n = send(ch->fd, ch->out.data + ch->out_off, ch->out.len - ch->out_off,
 				 MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (n < 0) {
@@ -115,7 +136,7 @@ int sbx_channel_flush(struct sbx_channel *ch)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				return 0;
-			return -errno;
+			return sbx_err_sys(e, -errno, "send");
 		}
 		ch->out_off += (size_t)n;
 	}
@@ -139,48 +160,45 @@ static size_t begin_queue(struct sbx_channel *ch)
 /* Close what begin_queue opened: rc is the encoder's result. A frame that would push the queue
  * past SBX_CHANNEL_OUT_MAX is taken back (-ENOBUFS): a guest that stops reading must not make
  * the host buffer without bound. Otherwise write what the socket takes now. */
-static int commit_queue(struct sbx_channel *ch, size_t before, int rc)
+static int commit_queue(struct sbx_channel *ch, size_t before, int rc, struct sbx_err *e)
 {
 	if (rc < 0)
 		return rc;
 	if (ch->out.len > SBX_CHANNEL_OUT_MAX) {
 		ch->out.len = before;
-		return -ENOBUFS;
+		return sbx_err_set(e, -ENOBUFS, "too many bytes queued for the guest");
 	}
-	return sbx_channel_flush(ch);
+	return sbx_channel_flush(ch, e);
 }
 
-int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, const char **why)
+int sbx_channel_queue_exec(struct sbx_channel *ch, const struct sbx_exec_req *r, struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	int rc = commit_queue(ch, before, sbx_encode_exec(&ch->out, r, why));
-	if (rc == -ENOBUFS && ch->out.len == before && why)
-		*why = "too many bytes queued for the guest";
-	return rc;
+	return commit_queue(ch, before, sbx_encode_exec(&ch->out, r, e), e);
 }
 
-int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id)
+int sbx_channel_queue_ping(struct sbx_channel *ch, uint32_t id, struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_ping(&ch->out, id));
+	return commit_queue(ch, before, sbx_encode_ping(&ch->out, id, e), e);
 }
 
 int sbx_channel_queue_reseed(struct sbx_channel *ch, uint32_t id, const uint8_t *seed, size_t n,
-			     uint64_t realtime_ns)
+			     uint64_t realtime_ns, struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_reseed(&ch->out, id, seed, n, realtime_ns));
+	return commit_queue(ch, before, sbx_encode_reseed(&ch->out, id, seed, n, realtime_ns, e), e);
 }
 
-int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language)
+int sbx_channel_queue_prestart(struct sbx_channel *ch, uint32_t id, uint8_t language,
+			       struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_prestart(&ch->out, id, language));
+	return commit_queue(ch, before, sbx_encode_prestart(&ch->out, id, language, e), e);
 }
 
-int sbx_channel_queue_file_frame(struct sbx_channel *ch, uint8_t type, uint32_t id,
-				 const void *payload, size_t len)
+int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r, struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_file_frame(&ch->out, type, id, payload, len));
+	return commit_queue(ch, before, sbx_encode_file_request(&ch->out, r, e), e);
 }

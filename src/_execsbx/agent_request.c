@@ -1,0 +1,194 @@
+/* Encoding of host -> guest frames. The guest re-validates everything; checking here too turns a
+ * caller's mistake into a clear error instead of an ERROR(BAD_REQUEST) from the guest. */
+#include "agent_request.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int fail(struct sbx_err *err, const char *msg, int code)
+{
+	return sbx_err_set(err, code, "%s", msg);
+}
+
+static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
+{
+	if (!sbx_language_valid(r->language))
+		return fail(err, "unknown language", -EINVAL);
+	if (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX)
+		return fail(err, "timeout_ms out of range (1 .. 300000)", -EINVAL);
+	if (r->code_len > SBX_CODE_MAX)
+		return fail(err, "code longer than CODE_MAX", -EMSGSIZE);
+	if (r->env_count > SBX_ENV_MAX_COUNT)
+		return fail(err, "more than 100 environment variables", -EMSGSIZE);
+	for (size_t i = 0; i < r->env_count; i++) {
+		const struct sbx_env_var *e = &r->env[i];
+		if (e->name_len == 0)
+			return fail(err, "empty environment variable name", -EINVAL);
+		if (e->name_len > SBX_ENV_NAME_MAX)
+			return fail(err, "environment variable name too long", -EMSGSIZE);
+		if (e->value_len > SBX_ENV_VALUE_MAX)
+			return fail(err, "environment variable value too long", -EMSGSIZE);
+		if (memchr(e->name, '=', e->name_len) || memchr(e->name, 0, e->name_len))
+			return fail(err, "environment variable name contains '=' or NUL", -EINVAL);
+		if (e->value_len && memchr(e->value, 0, e->value_len))
+			return fail(err, "environment variable value contains NUL", -EINVAL);
+	}
+	return 0;
+}
+
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, struct sbx_err *err)
+{
+	size_t start;
+	int rc = validate(r, err);
+	if (rc < 0)
+		return rc;
+	size_t before = b->len;
+	rc = sbx_frame_begin(b, r->session ? SBX_MSG_SESSION_EXEC : SBX_MSG_EXEC, r->id, &start);
+	if (rc == 0)
+		rc = sbx_put_u8(b, (uint8_t)r->language);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->timeout_ms);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->stdout_limit);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->stderr_limit);
+	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->env_count);
+	for (size_t i = 0; rc == 0 && i < r->env_count; i++) {
+		rc = sbx_put_str(b, r->env[i].name, r->env[i].name_len);
+		if (rc == 0)
+			rc = sbx_put_str(b, r->env[i].value, r->env[i].value_len);
+	}
+	if (rc == 0)
+		rc = sbx_put_str(b, r->code, r->code_len);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(err, rc == -EMSGSIZE ? "EXEC frame larger than HOST_FRAME_MAX" : "out of memory", rc);
+	}
+	return 0;
+}
+
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id, struct sbx_err *err)
+{
+	size_t start;
+	size_t before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_PING, id, &start);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, 0);
+	if (rc < 0) {
+		b->len = before;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
+}
+
+int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
+		      uint64_t realtime_ns, struct sbx_err *err)
+{
+	size_t start;
+	size_t before = b->len;
+	if (n != SBX_RESEED_BYTES)
+		return sbx_err_set(err, -EINVAL, "seed must be %u bytes", SBX_RESEED_BYTES);
+	int rc = sbx_frame_begin(b, SBX_MSG_RESEED, id, &start);
+	if (rc == 0)
+		rc = sbx_buf_append(b, seed, n);
+	if (rc == 0)
+		rc = sbx_put_u64(b, realtime_ns);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_RESEED_PAYLOAD_SIZE);
+	if (rc < 0) {
+		b->len = before;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
+}
+
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *err)
+{
+	if (!sbx_language_valid(language))
+		return sbx_err_set(err, -EINVAL, "unknown language %u", language);
+	size_t start;
+	size_t before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_PRESTART, id, &start);
+	if (rc == 0)
+		rc = sbx_buf_append(b, &language, 1);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, 1);
+	if (rc < 0) {
+		b->len = before;
+		return fail(err, "out of memory", rc);
+	}
+	return 0;
+}
+
+static int validate_file(const struct sbx_file_req *r, struct sbx_err *err)
+{
+	int with_path = r->type == SBX_MSG_FILE_WRITE_BEGIN || r->type == SBX_MSG_FILE_READ ||
+			r->type == SBX_MSG_FILE_LIST;
+	switch (r->type) {
+	case SBX_MSG_FILE_WRITE_BEGIN:
+		if (r->flag & ~SBX_FILE_EXECUTABLE)
+			return fail(err, "unknown file mode flag", -EINVAL);
+		break;
+	case SBX_MSG_FILE_WRITE_DATA:
+		if (r->data_len > SBX_HOST_FRAME_MAX)
+			return fail(err, "payload larger than HOST_FRAME_MAX", -EMSGSIZE);
+		break;
+	case SBX_MSG_FILE_WRITE_END:
+		if (r->flag > 1)
+			return fail(err, "FILE_WRITE_END is commit (1) or abort (0)", -EINVAL);
+		break;
+	case SBX_MSG_FILE_READ:
+	case SBX_MSG_FILE_LIST:
+		break;
+	default:
+		return fail(err, "not a file-transfer message type", -EINVAL);
+	}
+	if (!with_path)
+		return 0;
+	if (r->path_len > SBX_PATH_MAX)
+		return fail(err, "path longer than PATH_MAX", -EMSGSIZE);
+	if (r->path_len == 0 && r->type != SBX_MSG_FILE_LIST)
+		return fail(err, "empty path", -EINVAL);
+	if (r->path_len && memchr(r->path, 0, r->path_len))
+		return fail(err, "path contains NUL", -EINVAL);
+	return 0;
+}
+
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, struct sbx_err *err)
+{
+	int rc = validate_file(r, err);
+	if (rc < 0)
+		return rc;
+	size_t start, before = b->len;
+	rc = sbx_frame_begin(b, r->type, r->id, &start);
+	if (rc == 0) {
+		switch (r->type) {
+		case SBX_MSG_FILE_WRITE_BEGIN:
+			rc = sbx_put_str(b, r->path, r->path_len);
+			if (rc == 0)
+				rc = sbx_put_u8(b, r->flag);
+			break;
+		case SBX_MSG_FILE_WRITE_DATA:
+			if (r->data_len > 0)
+				rc = sbx_buf_append(b, r->data, r->data_len);
+			break;
+		case SBX_MSG_FILE_WRITE_END:
+			rc = sbx_put_u8(b, r->flag);
+			break;
+		default: /* READ, LIST */
+			rc = sbx_put_str(b, r->path, r->path_len);
+			break;
+		}
+	}
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(err, rc == -EMSGSIZE ? "FILE frame larger than HOST_FRAME_MAX"
+						 : "out of memory", rc);
+	}
+	return 0;
+}

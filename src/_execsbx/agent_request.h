@@ -1,0 +1,60 @@
+/* Host -> guest frames (EXEC, PING, RESEED, PRESTART, FILE_*), validated against protocol.h's limits before encoding. */
+#ifndef SBX_REQUEST_H
+#define SBX_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "sbx_err.h"
+
+struct sbx_env_var {
+	const uint8_t *name;
+	size_t name_len;
+	const uint8_t *value;
+	size_t value_len;
+};
+
+struct sbx_exec_req {
+	uint32_t id;
+	uint32_t language; /* enum sbx_language */
+	uint32_t timeout_ms;
+	uint32_t stdout_limit;
+	uint32_t stderr_limit;
+	const struct sbx_env_var *env;
+	size_t env_count;
+	const uint8_t *code;
+	size_t code_len;
+	int session; /* nonzero: SESSION_EXEC (run in the session's REPL) instead of EXEC */
+};
+
+/* Append one EXEC frame to b. Returns 0, or -EINVAL (bad language/timeout/env name: e says
+ * which), -EMSGSIZE (a field or the whole frame over its limit: e says which) or -ENOMEM.
+ * On failure b is left as it was. */
+int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, struct sbx_err *e);
+/* One file-transfer request (layouts in protocol.h). The pointers are the caller's. */
+struct sbx_file_req {
+	uint8_t type;       /* SBX_MSG_FILE_WRITE_BEGIN .. SBX_MSG_FILE_LIST */
+	uint32_t id;        /* the transfer's id, the same for every frame of a write */
+	const uint8_t *path; /* WRITE_BEGIN, READ, LIST: relative to the guest home ("" = home for
+			      * LIST only) */
+	size_t path_len;
+	uint8_t flag;       /* WRITE_BEGIN: enum sbx_file_mode bits; WRITE_END: 1 commit, 0 abort */
+	const uint8_t *data; /* WRITE_DATA */
+	size_t data_len;
+};
+
+/* Append the request's frame. Returns 0, or -EINVAL (another type, an unknown mode bit, an empty
+ * path where one is needed, a NUL in the path: e says which), -EMSGSIZE (path over PATH_MAX,
+ * data over HOST_FRAME_MAX) or -ENOMEM. On failure b is left as it was. */
+int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, struct sbx_err *e);
+/* Append one PING frame (0 or -ENOMEM). */
+int sbx_encode_ping(struct sbx_buf *b, uint32_t id, struct sbx_err *e);
+/* Append one RESEED frame; n must be SBX_RESEED_BYTES (-EINVAL otherwise). */
+int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_t n,
+		      uint64_t realtime_ns, struct sbx_err *e);
+/* PRESTART: one byte, the language whose interpreter the guest pre-starts (-EINVAL for
+ * another). */
+int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *e);
+
+#endif /* SBX_REQUEST_H */

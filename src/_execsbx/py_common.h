@@ -1,0 +1,51 @@
+/* What every Python binding file (py_*.c) includes: Python.h and the module's state. The rest of
+ * src/_execsbx is plain C and never includes Python.h. */
+#ifndef SBX_PY_COMMON_H
+#define SBX_PY_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* CPython's C API predates const: keyword lists are char *[] and slot values void *, filled with
+ * string literals (and docstrings) that -Wwrite-strings makes const. In the binding files only,
+ * those two warnings are off; the rest of the shared list (warnings.mk) holds. */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wincompatible-pointer-types-discards-qualifiers"
+#else
+#pragma GCC diagnostic ignored "-Wdiscarded-qualifiers"
+#endif
+#pragma GCC diagnostic ignored "-Wcast-qual"
+
+/* The struct sequence types read_events() returns (py_events.c). */
+enum sbx_py_event_type {
+	SBX_PY_READY_EVENT,
+	SBX_PY_OUTPUT_EVENT,
+	SBX_PY_EXIT_EVENT,
+	SBX_PY_ERROR_EVENT,
+	SBX_PY_ACK_EVENT,
+	SBX_PY_FILE_DONE_EVENT,
+	SBX_PY_FILE_ENTRIES_EVENT,
+	SBX_PY_EOF_EVENT,
+	SBX_PY_FILE_ENTRY,
+	SBX_PY_EVENT_TYPES
+};
+
+/* Per-module state (multi-phase init: no static PyObject*), owned by py_module.c. */
+typedef struct {
+	PyTypeObject *vm_type;
+	PyObject *protocol_error; /* exec_sandbox._execsbx.ProtocolError, a subclass of OSError */
+	PyTypeObject *event_types[SBX_PY_EVENT_TYPES];
+} sbx_module_state;
+
+/* Append a new reference to list, dropping it; -1 (exception set) if item is NULL or the
+ * append fails. */
+static inline int sbx_py_append_new(PyObject *list, PyObject *item)
+{
+	if (!item)
+		return -1;
+	int rc = PyList_Append(list, item);
+	Py_DECREF(item);
+	return rc;
+}
+
+#endif /* SBX_PY_COMMON_H */
