@@ -17,14 +17,13 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._vm import (
     EXIT_TIMED_OUT,
     LANGUAGE_CODES,
     PROTOCOL_VERSION,
     RESEED_BYTES,
-    Event,
     FileEntriesEvent,
     FileEntry,
     FileRequest,
@@ -43,6 +42,9 @@ from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, Outp
 from .jail import report_layers
 from .models import Language
 from . import qemu_process
+
+if TYPE_CHECKING:
+    from ._vm import Event
 from .qmp import QmpClient
 from .vm_registry import VmRegistry
 from .vm_spec import VmSpec
