@@ -67,6 +67,7 @@ def build_qemu_argv(
     mem_fd: int = ...,
     layer: _Path | None = ...,
     layer_kind: str | None = ...,
+    net_port: bool = ...,
 ) -> list[str]: ...
 def seccomp_rules() -> list[tuple[str, str, str]]: ...
 def tsc_khz() -> int: ...
@@ -77,6 +78,7 @@ class Vm:
     channel_fd: int
     console_fd: int
     qmp_fd: int
+    net_fd: int
     spawn_fd: int
     closed: bool
     def __init__(
@@ -98,6 +100,7 @@ class Vm:
         qemu_sandbox: bool = ...,
         layer: _Path | None = ...,
         layer_kind: str | None = ...,
+        net_port: bool = ...,
     ) -> None: ...
     def check_spawn(self) -> bool: ...
     def wait_spawn(self) -> None: ...
