@@ -83,7 +83,9 @@ setup(
             # A changed header rebuilds every source (setuptools otherwise compares .c files only).
             depends=sorted(glob("src/_execsbx/*.h") + glob("src/shared/*.h")),
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *WARNINGS],
-            libraries=["seccomp"],
+            # liburing drives the network relay (net_relay.c); without liburing-dev the build
+            # stops at `#include <liburing.h>` (scripts/install-system-deps.sh installs it).
+            libraries=["seccomp", "uring"],
         )
     ],
 )

@@ -11,6 +11,7 @@
 /* Per-module state (multi-phase init: no static PyObject*). */
 typedef struct {
 	PyTypeObject *vm_type;
+	PyTypeObject *net_ring_type; /* net_ring_type.c */
 	PyObject *protocol_error; /* exec_sandbox._execsbx.ProtocolError, a subclass of OSError */
 } sbx_module_state;
 
@@ -39,5 +40,7 @@ PyObject *sbx_raise_os_error(int err, const char *where, PyObject *filename);
 
 /* vm_type.c */
 int sbx_vm_type_add(PyObject *module, sbx_module_state *st);
+/* net_ring_type.c */
+int sbx_net_ring_type_add(PyObject *module, sbx_module_state *st);
 
 #endif /* SBX_BINDING_H */

@@ -277,6 +277,8 @@ static int module_exec(PyObject *m)
 		return -1;
 	if (sbx_vm_type_add(m, st) < 0)
 		return -1;
+	if (sbx_net_ring_type_add(m, st) < 0)
+		return -1;
 	return add_constants(m);
 }
 
@@ -284,6 +286,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_VISIT(st->vm_type);
+	Py_VISIT(st->net_ring_type);
 	Py_VISIT(st->protocol_error);
 	return 0;
 }
@@ -292,6 +295,7 @@ static int module_clear(PyObject *m)
 {
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_CLEAR(st->vm_type);
+	Py_CLEAR(st->net_ring_type);
 	Py_CLEAR(st->protocol_error);
 	return 0;
 }

@@ -71,19 +71,26 @@ class SessionSnapshot:
 
 @dataclass(frozen=True)
 class PortMapping:
-    """A guest port exposed on a host port (None: chosen by the host)."""
+    """A guest port exposed on a host port (None: chosen by the host). TCP only."""
 
     internal: int
     external: int | None = None
+    protocol: str = "tcp"
 
 
 @dataclass(frozen=True)
 class ExposedPort:
-    """A guest port reachable from the host at host:external."""
+    """A guest port reachable from the host at host:external (bound to 127.0.0.1 only)."""
 
     internal: int
     external: int
     host: str = "127.0.0.1"
+    protocol: str = "tcp"
+
+    @property
+    def url(self) -> str:
+        """http://host:external, for a web server in the guest."""
+        return f"http://{self.host}:{self.external}"
 
 
 @dataclass(frozen=True)
