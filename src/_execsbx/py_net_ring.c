@@ -2,13 +2,14 @@
  * method makes one relay call and returns primitives; the policy and the event loop stay in
  * Python (exec_sandbox/network/). File descriptors passed in are duplicated, so the caller keeps
  * and closes its own. */
-#include "binding.h"
+#include "py_net_ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include "net_relay.h"
+#include "py_errors.h"
 
 typedef struct {
 	PyObject_HEAD
@@ -300,7 +301,7 @@ static PyType_Spec net_ring_spec = {
 	.slots = net_ring_slots,
 };
 
-int sbx_net_ring_type_add(PyObject *module, sbx_module_state *st)
+int sbx_py_net_ring_type_add(PyObject *module, sbx_module_state *st)
 {
 	st->net_ring_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &net_ring_spec, NULL);
 	if (!st->net_ring_type)
