@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox._vm import GuestVm  # noqa: E402
-from exec_sandbox.scheduler import _Phases  # noqa: E402
+from exec_sandbox.guest_vm import GuestVm  # noqa: E402
+from exec_sandbox.provisioning import Phases as _Phases  # noqa: E402
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),
@@ -91,7 +91,7 @@ async def latency(cache: Path, runs: int) -> None:
 
 async def channel_round_trip(cache: Path) -> None:
     async with Scheduler(config(cache)) as sched:
-        vm, _ = await sched._start_pool_vm("python")
+        vm, _ = await sched._provisioner.start_pool_vm("python")
         try:
             times = []
             for _ in range(300):
@@ -161,10 +161,10 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
                 for count in counts:
                     while len(vms) < count:
                         if warm:
-                            vm, restored = await sched._start_pool_vm("python")
+                            vm, restored = await sched._provisioner.start_pool_vm("python")
                         else:
                             phases = _Phases()
-                            vm = await sched._start_vm("python", cfg_memory(sched), phases)
+                            vm = await sched._provisioner.start_vm("python", cfg_memory(sched), phases)
                             restored = phases.l1_hit
                         assert restored == snapshots
                         vms.append(vm)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import IO, TypeVar, Union
 
 from . import _vm
-from ._vm import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX, FileTransfer, GuestFileError, GuestVm
+from ._vm import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX
+from .guest_vm import FileTransfer, GuestFileError, GuestVm
 from .errors import GuestAgentError, InputValidationError, SandboxError
 from .models import FileInfo
 

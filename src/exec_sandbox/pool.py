@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from ._vm import GuestVm
+from .guest_vm import GuestVm
 from .admission import Admission, Budget, Ticket
 from .errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
 from .models import LANGUAGES, Language

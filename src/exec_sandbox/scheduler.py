@@ -11,24 +11,14 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
-from . import _logging, host, limits
-from ._vm import (
-    EXIT_SIGKILL,
-    EXIT_STDERR_LIMIT,
-    EXIT_STDOUT_LIMIT,
-    OOM_NOTE,
-    ExecRequest,
-    GuestVm,
-    OutputCallback,
-    VmRegistry,
-    VmSpec,
-    wait_released,
-)
+from . import _logging, limits
+from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .admission import Admission, Budget, Ticket
 from .config import SchedulerConfig
 from .errors import OutputLimitError, SandboxError, SnapshotError, VmConfigError
-from .images import GuestImages, load_images
-from .jail import jail_options, usage_figures
+from .execution import ExecRequest, OutputCallback
+from .guest_vm import GuestVm
+from .jail import usage_figures
 from .models import (
     ExecutionResult,
     Language,
@@ -38,18 +28,10 @@ from .models import (
     TimingBreakdown,
 )
 from .packages.layer import PackageLayer
-from .packages.layers import PackageLayers
-from .packages.specs import PackageSpec, merge_packages, validate_packages
 from .pool import PooledVm, WarmPool
-from .qmp import QmpError
-from .snapshots import (
-    TEMPLATE_PRESTART_LANGUAGES,
-    Snapshot,
-    SnapshotCache,
-    SnapshotIntegrityError,
-    qemu_version,
-    snapshot_key,
-)
+from .provisioning import VCPUS, Foreground, Phases, Provisioner, VmFactory
+from .qemu_process import wait_released
+from .results import EXIT_SIGKILL, OOM_NOTE
 from .session import Session, SessionHooks
 from .session_snapshots import (
     SessionSnapshotStore,
@@ -66,6 +48,7 @@ from .validation import (
     validate_memory,
     validate_timeout,
 )
+from .vm_registry import VmRegistry
 
 log = logging.getLogger("exec_sandbox")
 
@@ -82,7 +65,10 @@ class Scheduler:
     schedules the snapshot for that configuration in the background).
     """
 
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, config: SchedulerConfig | None = None, *,
+                 _vm_factory: VmFactory | None = None) -> None:  # fmt: skip
+        """`_vm_factory` (unit tests only): where VMs come from instead of QEMU
+        (provisioning.VmFactory)."""
         _logging.configure_from_env()
         self.config = config if config is not None else SchedulerConfig()
         max_vms = self.config.max_concurrent_vms or 1
@@ -97,38 +83,23 @@ class Scheduler:
         # Every VM this scheduler spawned, booting ones included (close() kills them all).
         self._registry = VmRegistry()
         self._sessions: set[Session] = set()
-        self._images: GuestImages | None = None
-        self._accel = ""
         self._started = False
         self._closed = False
-        self._snapshots = (
-            SnapshotCache(self.config.memory_snapshot_cache_dir)
-            if self.config.memory_snapshots
-            else None
-        )
-        self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
+        # run() calls and session openings in progress: background work (pool refills, snapshot
+        # builds) waits until there is none before it starts a VM, so that on a small host it
+        # never competes with a request for CPU.
+        self._foreground = Foreground()
+        self._provisioner = Provisioner(self.config, self._admission, self._registry,
+                                        self._foreground, _vm_factory)  # fmt: skip
         self._session_store = SessionSnapshotStore(
             self.config.memory_snapshot_cache_dir / "sessions",
             ttl_seconds=self.config.session_snapshot_ttl_seconds,
             max_bytes=self.config.session_snapshot_max_mb << 20,
         )
-        # Package layers (packages/): the cache, and each language's default set (config).
-        self._layers = PackageLayers(self.config.disk_snapshot_cache_dir / "packages",
-                                     self.config.package_cache_max_mb << 20)  # fmt: skip
-        self._default_packages: dict[str, tuple[PackageSpec, ...]] = {
-            lang: validate_packages(specs, lang, strict=self.config.enable_package_validation)  # type: ignore[arg-type]
-            for lang, specs in self.config.default_packages.items()
-        }
-        # The layer identity of the pool's VMs per language (None: no default packages).
-        self._pool_layers: dict[str, str | None] = {}
-        self._snapshot_failed: set[str] = set()
-        self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, _VCPUS,
-                              self._admission, self._start_pool_vm,
-                              self._wait_foreground_quiet)  # fmt: skip
-        # run() calls in progress: background work (pool refills, snapshot builds) waits for
-        # this to drop to 0 before it starts a VM, so that on a small host it never competes
-        # with a request for CPU.
-        self._foreground_active = 0
+        # The pool gets its VMs from provisioning, never from the scheduler.
+        self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, VCPUS,
+                              self._admission, self._provisioner.start_pool_vm,
+                              self._foreground.wait_quiet)  # fmt: skip
         self._admission.set_reclaim(self._pool.reclaim_one)
 
     async def __aenter__(self) -> Scheduler:
@@ -144,16 +115,10 @@ class Scheduler:
         Starts filling the warm pool in the background."""
         if self._started:
             return
-        self._images = load_images(self.config.images_dir)
-        loop = asyncio.get_running_loop()
-        # The KVM probe starts QEMU once and the TSC measurement sleeps: keep both off the loop.
-        qemu = await loop.run_in_executor(None, host.qemu_binary)
-        self._accel = await loop.run_in_executor(None, host.accelerator)
-        await loop.run_in_executor(None, host.tsc_khz)
-        if self._snapshots is not None:
-            await loop.run_in_executor(None, qemu_version, qemu)
+        await self._provisioner.start()
         self._started = True
-        log.debug("scheduler ready: accel=%s images=%s", self._accel, self._images)
+        log.debug("scheduler ready: accel=%s images=%s", self._provisioner.accel,
+                  self._provisioner.images)  # fmt: skip
         if not self._closed:
             self._pool.start()
 
@@ -168,16 +133,7 @@ class Scheduler:
             await session.close()
         self._admission.close()
         await self._pool.close()
-        await self._layers.close()
-        builds = list(self._snapshot_builds.values())
-        for task in builds:
-            task.cancel()
-        for task in builds:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._snapshot_builds.clear()
+        await self._provisioner.close()
         for vm in list(self._vms):
             vm.close()
         self._vms.clear()
@@ -186,12 +142,11 @@ class Scheduler:
         # Every QEMU killed so far (here, by retired runs, the pool, sessions) reaped and its
         # cgroup gone before this returns: nothing of the scheduler outlives close().
         await wait_released()
-        if self._snapshots is not None:
-            self._snapshots.close()
+        self._provisioner.close_snapshot_cache()
 
     @property
     def accelerator(self) -> str:
-        return self._accel
+        return self._provisioner.accel
 
     def capacity(self) -> HostCapacity:
         """What this scheduler could take now: a snapshot of admission and the warm pool, read
@@ -224,28 +179,16 @@ class Scheduler:
         booted. False when snapshots are off or could not be built (the reason is logged)."""
         language = validate_language(language)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
-        specs = self._packages_of(language, packages)
+        specs = self._provisioner.packages_of(language, packages)
         await self.start()
-        if self._snapshots is None:
-            return False
-        layer = await self._layer_for(language, specs, None)
-        spec = self._spec(memory, layer)
-        key = snapshot_key(spec, language)
-        if self._snapshots.lookup(key, memory) is not None:
-            return True
-        task = self._schedule_snapshot(spec, language, key, force=True)
-        return task is not None and await asyncio.shield(task) is not None
+        return await self._provisioner.prepare_snapshot(language, memory, specs)
 
     async def wait_snapshots(self, timeout: float | None = None) -> bool:
         """Wait for the L1 snapshot builds in progress (started by cold boots or
         prepare_snapshot()) to finish, at most `timeout` seconds; they go on in the background
         if it expires. True when none is left in progress. A process about to exit calls this
         so that its build is published rather than cancelled by close() (`sbx run` does)."""
-        builds = list(self._snapshot_builds.values())
-        if not builds:
-            return True
-        _done, pending = await asyncio.wait(builds, timeout=timeout)
-        return not pending
+        return await self._provisioner.wait_snapshots(timeout)
 
     async def run(
         self,
@@ -280,22 +223,19 @@ class Scheduler:
         timeout_ms = validate_timeout(timeout)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         env = validate_env(env_vars)
-        specs = self._packages_of(language, packages)
+        specs = self._provisioner.packages_of(language, packages)
         _refuse_unsupported(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
         at = time.monotonic()
-        layer = await self._layer_for(language, specs, on_boot_log)
+        layer = await self._provisioner.layer_for(language, specs, on_boot_log)
         packages_ms = _ms(time.monotonic() - at)
 
-        self._foreground_active += 1
-        try:
+        with self._foreground.busy():
             result = await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
                                      allow_network, layer, started, on_stdout, on_stderr,
                                      on_boot_log)  # fmt: skip
-        finally:
-            self._foreground_active -= 1
         if layer is None:
             return result
         return replace(result, packages=layer.report,
@@ -399,19 +339,16 @@ class Scheduler:
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         validate_env(env_vars)
         packages_language = language if _packages_language is None else validate_language(_packages_language)
-        specs = self._packages_of(packages_language, packages)
+        specs = self._provisioner.packages_of(packages_language, packages)
         _refuse_unsupported(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
-        layer = await self._layer_for(packages_language, specs, on_boot_log)
+        layer = await self._provisioner.layer_for(packages_language, specs, on_boot_log)
 
-        self._foreground_active += 1
-        try:
+        with self._foreground.busy():
             vm, ticket, phases = await self._acquire_vm(language, memory, False, layer,
                                                         on_boot_log)  # fmt: skip
-        finally:
-            self._foreground_active -= 1
         session = self._adopt_session(
             vm, ticket, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
             on_stderr=on_stderr, boot_ms=phases.boot_ms + phases.restore_ms,
@@ -473,7 +410,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         meta = self._session_store.load(snapshot_id)
         layer = self._snapshot_layer(meta)
-        spec = self._spec(int(meta["machine"]["memory_mb"]), layer)
+        spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
         check_machine(meta, spec)
         settings = meta["session"]
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
@@ -545,7 +482,7 @@ class Scheduler:
         saved = meta.get("layer")
         if not saved:
             return None
-        stored = self._layers.store.lookup(str(saved["key"]))
+        stored = self._provisioner.layers.store.lookup(str(saved["key"]))
         if stored is None:
             raise SnapshotError(
                 f"session snapshot {meta.get('id')} needs package layer {saved['key']}, which is "
@@ -557,12 +494,12 @@ class Scheduler:
 
     async def _acquire_vm(self, language: Language, memory: int, allow_network: bool,
                           layer: PackageLayer | None, on_boot_log: OutputCallback | None
-                          ) -> tuple[GuestVm, Ticket, _Phases]:  # fmt: skip
+                          ) -> tuple[GuestVm, Ticket, Phases]:  # fmt: skip
         """A VM and its ticket for one run() or session: the pool first, else admission and
         an L1 restore or a cold boot."""
-        phases = _Phases()
+        phases = Phases()
         pooled = None
-        if self._pool_layers.get(language) == (None if layer is None else layer.identity):
+        if self._provisioner.pool_serves(language, layer):
             pooled = await self._take_pooled(language, memory, allow_network, phases)
         if pooled is not None and self._closed:
             pooled.vm.close()
@@ -573,10 +510,11 @@ class Scheduler:
             phases.l1_hit = pooled.restored
             return pooled.vm, pooled.ticket, phases
         admit_at = time.monotonic()
-        ticket = await self._admission.acquire(memory, _VCPUS)
+        ticket = await self._admission.acquire(memory, VCPUS)
         phases.admission_ms = _ms(time.monotonic() - admit_at)
         try:
-            vm = await self._start_vm(language, memory, phases, layer, on_boot_log=on_boot_log)
+            vm = await self._provisioner.start_vm(language, memory, phases, layer,
+                                                  on_boot_log=on_boot_log)  # fmt: skip
             if self._closed:
                 vm.close()
                 raise SandboxError("the scheduler was closed while the VM started")
@@ -586,7 +524,7 @@ class Scheduler:
         return vm, ticket, phases
 
     async def _take_pooled(self, language: Language, memory: int, allow_network: bool,
-                           phases: _Phases) -> PooledVm | None:  # fmt: skip
+                           phases: Phases) -> PooledVm | None:  # fmt: skip
         """A healthy idle pooled VM for this configuration (the caller owns it), or None.
 
         Health: the pool hands out only VMs whose QEMU is alive. A VM proved its agent answers
@@ -623,174 +561,6 @@ class Scheduler:
 
         asyncio.get_running_loop().call_soon(retire)
 
-    # --- starting VMs ---
-
-    def _packages_of(self, language: Language, packages: Sequence[str] | None) -> tuple[PackageSpec, ...]:
-        """The packages a call's VM gets: the scheduler's default set of the language with the
-        call's own on top (validated before anything starts)."""
-        requested = validate_packages(packages, language,
-                                      strict=self.config.enable_package_validation)  # fmt: skip
-        return merge_packages(self._default_packages.get(language, ()), requested)
-
-    async def _layer_for(self, language: Language, specs: tuple[PackageSpec, ...],
-                         on_progress: OutputCallback | None) -> PackageLayer | None:  # fmt: skip
-        """The package layer of specs: cached, or built now (progress lines go to on_progress,
-        the call's boot log)."""
-        if not specs:
-            return None
-        assert self._images is not None
-
-        def progress(message: str) -> None:
-            log.info("packages: %s", message)
-            if on_progress is not None:
-                on_progress(f"[packages] {message}\n")
-
-        return await self._layers.get(language, specs, self._images, progress)
-
-    def _spec(self, memory_mb: int, layer: PackageLayer | None = None) -> VmSpec:
-        assert self._images is not None
-        return VmSpec(
-            qemu_binary=host.qemu_binary(),
-            images=self._images,
-            accel=self._accel,
-            memory_mb=memory_mb,
-            vcpus=_VCPUS,
-            kernel_cmdline_extra=_kernel_cmdline_extra(),
-            jail=jail_options(memory_mb, _VCPUS),
-            qemu_sandbox=True,
-            layer=layer,
-            # QMP on every VM: a session's VM can be paused or forked (session_snapshots.py).
-            qmp=True,
-            registry=self._registry,
-        )
-
-    async def _start_vm(self, language: Language, memory_mb: int, phases: _Phases,
-                        layer: PackageLayer | None = None, *,
-                        on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
-        """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot)."""
-        spec = self._spec(memory_mb, layer)
-        if self._snapshots is not None:
-            key = snapshot_key(spec, language)
-            snapshot = self._snapshots.lookup(key, memory_mb)
-            if snapshot is None:
-                self._schedule_snapshot(spec, language, key)
-            else:
-                at = time.monotonic()
-                try:
-                    # A sealed memfd copy of the RAM file, not the file (snapshots.RamFiles).
-                    ram_fd = await asyncio.get_running_loop().run_in_executor(
-                        None, self._snapshots.ram_files.fd_for, snapshot
-                    )
-                    vm = await GuestVm.restore(
-                        replace(spec, mem_fd=ram_fd, mem_shared=False),
-                        str(snapshot.state),
-                        timeout=limits.RESTORE_TIMEOUT_SECONDS,
-                        on_boot_log=on_boot_log,
-                    )
-                except SnapshotIntegrityError as exc:
-                    # Damaged since it was built (checked on the copy clones would map): a
-                    # rebuild fixes that, once; damaged again, this scheduler gives up on it.
-                    rebuild = self._snapshots.discard_corrupt(key)
-                    log.warning("memory snapshot %s is corrupt (%s): cold boot instead; the "
-                                "snapshot is discarded%s", key, exc,
-                                " and rebuilt" if rebuild else "")  # fmt: skip
-                    if rebuild:
-                        self._schedule_snapshot(spec, language, key)
-                    else:
-                        self._snapshot_failed.add(key)
-                except (SandboxError, QmpError, OSError) as exc:
-                    if self._closed:
-                        raise SandboxError("the scheduler was closed while the VM started") from exc
-                    log.warning("restoring memory snapshot %s failed (%s): cold boot instead; "
-                                "the snapshot is discarded", key, exc)  # fmt: skip
-                    self._snapshots.invalidate(key)
-                    # Not rebuilt automatically: a snapshot this QEMU cannot load would fail
-                    # again (prepare_snapshot() still rebuilds it on request).
-                    self._snapshot_failed.add(key)
-                else:
-                    phases.restore_ms = _ms(vm.restore_seconds)
-                    phases.connect_ms = _ms(vm.connect_seconds)
-                    phases.l1_hit = True
-                    log.debug("restored %s in %.0f ms", key, (time.monotonic() - at) * 1000)
-                    return vm
-        at = time.monotonic()
-        vm = await GuestVm.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
-                                on_boot_log=on_boot_log)  # fmt: skip
-        phases.boot_ms = _ms(time.monotonic() - at)
-        return vm
-
-    async def _start_pool_vm(self, language: Language) -> tuple[GuestVm, bool]:
-        phases = _Phases()
-        # The pool holds VMs of the default configuration, with the language's default packages.
-        layer = await self._layer_for(language, self._default_packages.get(language, ()), None)
-        self._pool_layers[language] = None if layer is None else layer.identity
-        vm = await self._start_vm(language, self.config.default_memory_mb, phases, layer)
-        try:
-            # The interpreter of the next run starts now, off the request path (after the RESEED
-            # of a clone; never in a template: none is taken of this VM). The warm-up then runs
-            # through it, along the very path a pool hit takes: cold-booted, that pages the
-            # interpreter in; in any VM, it has this QEMU process translate the agent's and the
-            # kernel's side of a hit (TCG keeps translations per process), ~0.1 s that a hit
-            # would otherwise pay. Then the interpreter for the hit: a new process, whose own
-            # first-time work the bootstraps do before their ready (guest/src/bootstrap.c). A
-            # clone of a template that holds a parked interpreter has the first one already
-            # (one interpreter start, and its memory, saved).
-            parked = phases.l1_hit and language in TEMPLATE_PRESTART_LANGUAGES
-            if parked or await vm.prestart(language):
-                await vm.warm_up(language)
-                await vm.prestart(language)
-            else:
-                await vm.warm_up(language)
-        except BaseException:
-            vm.close()
-            raise
-        return vm, phases.l1_hit
-
-    def _schedule_snapshot(self, spec: VmSpec, language: Language, key: str, *,
-                           force: bool = False) -> asyncio.Task[Snapshot | None] | None:  # fmt: skip
-        """Build the snapshot for key in the background (once at a time per key; a key that
-        failed is not retried by this scheduler unless forced)."""
-        if self._snapshots is None or self._closed:
-            return None
-        task = self._snapshot_builds.get(key)
-        if task is not None:
-            return task
-        if key in self._snapshot_failed and not force:
-            return None
-        task = asyncio.create_task(self._build_snapshot(spec, language, key),
-                                   name=f"snapshot-{key}")  # fmt: skip
-        self._snapshot_builds[key] = task
-        task.add_done_callback(lambda _t: self._snapshot_builds.pop(key, None))
-        return task
-
-    async def _wait_foreground_quiet(self) -> None:
-        """Return once no run() is in progress: on a 2-core host, a background boot next to a
-        request makes the request slower."""
-        while self._foreground_active > 0:
-            await asyncio.sleep(_QUIET_POLL_SECONDS)
-
-    async def _build_snapshot(self, spec: VmSpec, language: Language, key: str) -> Snapshot | None:
-        assert self._snapshots is not None
-        await self._wait_foreground_quiet()
-        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus, background=True)
-        try:
-            at = time.monotonic()
-            snapshot = await self._snapshots.build(
-                spec, language, key, boot_timeout=limits.BOOT_TIMEOUT_SECONDS
-            )
-            log.info("memory snapshot %s built in %.1f s", key, time.monotonic() - at)
-            self._snapshot_failed.discard(key)
-            return snapshot
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("building memory snapshot %s failed (%s): fresh VMs of this "
-                        "configuration cold boot", key, exc)  # fmt: skip
-            self._snapshot_failed.add(key)
-            return None
-        finally:
-            ticket.release()
-
 
 @dataclass(frozen=True)
 class HostCapacity:
@@ -813,33 +583,12 @@ class HostCapacity:
         return self.waiting == 0 and (self.free_vms > 0 or sum(self.warm_pool.values()) > 0)
 
 
-@dataclass
-class _Phases:
-    """What one run() went through (filled in as it goes)."""
-
-    admission_ms: int = 0
-    boot_ms: int = 0
-    restore_ms: int = 0
-    connect_ms: int = 0
-    pool_hit: bool = False
-    l1_hit: bool = False
-
-
-# Every VM has one vCPU: the guest runs one program at a time, and under TCG a second vCPU
-# costs a host thread without making a single-threaded interpreter faster.
-_VCPUS = 1
-_QUIET_POLL_SECONDS = 0.05
 _POOL_PING_TIMEOUT_SECONDS = 2.0
 _POOL_RECHECK_SECONDS = 5.0
 
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
-
-
-def _kernel_cmdline_extra() -> str:
-    khz = host.tsc_khz()
-    return f"tsc_early_khz={khz}" if khz > 0 else ""
 
 
 def _refuse_unsupported(allow_network: bool, allowed_domains: Sequence[str] | None,

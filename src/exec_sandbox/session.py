@@ -19,15 +19,10 @@ from types import TracebackType
 from typing import TypeVar
 
 from . import files, limits
-from ._vm import (
-    EXIT_SIGKILL,
-    EXIT_STDERR_LIMIT,
-    EXIT_STDOUT_LIMIT,
-    OOM_NOTE,
-    ExecRequest,
-    GuestVm,
-    OutputCallback,
-)
+from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
+from .execution import ExecRequest, OutputCallback
+from .guest_vm import GuestVm
+from .results import EXIT_SIGKILL, OOM_NOTE
 from .errors import (
     CommunicationError,
     InputValidationError,

@@ -32,7 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ._vm import GuestVm, VmSpec, ram_memfd
+from . import migration
+from .guest_vm import GuestVm
+from .vm_spec import VmSpec
 from .digest import fd_sha256, file_sha256
 from .errors import SnapshotError
 from .models import SessionSnapshot
@@ -236,7 +238,7 @@ async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str,
     stopped: the caller closes it (pause) or runs it on (cont)."""
     with store.build_dir() as build:
         state = build / STATE_FILE
-        await vm.save_state(str(state))
+        await migration.save_state(vm, str(state))
         size, digest = await asyncio.get_running_loop().run_in_executor(
             None, lambda: (state.stat().st_size, file_sha256(state))
         )
@@ -262,8 +264,8 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
 async def load_vm(spec: VmSpec, state: str, *, timeout: float) -> GuestVm:
     """A running VM from a full state file: its RAM anonymous, its RNG reseeded and clock set
     before this returns."""
-    return await GuestVm.restore(replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
-                                 state, timeout=timeout, ram_in_stream=True)  # fmt: skip
+    return await migration.restore(replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
+                                   state, timeout=timeout, ram_in_stream=True)  # fmt: skip
 
 
 async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
@@ -272,16 +274,16 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
     memfd, sealed, is a template, and the copies are its copy-on-write clones, sharing every
     page none of them has written (as L1 clones share a template's). Each copy is reseeded."""
     full = work / "full"
-    await vm.save_state(str(full))  # on failure the parent runs on (or is dead)
-    await vm.cont()
+    await migration.save_state(vm, str(full))  # on failure the parent runs on (or is dead)
+    await migration.cont(vm)
     await vm.reseed()  # its clock stood still during the save
-    ram = ram_memfd(vm.spec.memory_mb)
+    ram = migration.ram_memfd(vm.spec.memory_mb)
     try:
         spec = replace(vm.spec, mem_fd=ram, mem_path=None)
-        maker = await GuestVm.restore(replace(spec, mem_shared=True), str(full), timeout=timeout,
-                                      ram_in_stream=True, run=False)  # fmt: skip
+        maker = await migration.restore(replace(spec, mem_shared=True), str(full), timeout=timeout,
+                                        ram_in_stream=True, run=False)  # fmt: skip
         try:
-            await maker.save_snapshot(str(work / "devices"))
+            await migration.save_devices(maker, str(work / "devices"))
         finally:
             await maker.aclose()
         full.unlink()
@@ -293,8 +295,8 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
         )
         fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                     | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
-        tasks = [asyncio.ensure_future(GuestVm.restore(replace(spec, mem_shared=False),
-                                                       str(work / "devices"), timeout=timeout))
+        tasks = [asyncio.ensure_future(migration.restore(replace(spec, mem_shared=False),
+                                                         str(work / "devices"), timeout=timeout))
                  for _ in range(count)]  # fmt: skip
         try:
             return list(await asyncio.gather(*tasks))

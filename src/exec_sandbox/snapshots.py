@@ -62,7 +62,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from ._vm import GuestVm, VmSpec
+from .guest_vm import GuestVm
+from .migration import save_devices
+from .vm_spec import VmSpec
 from .models import Language
 
 log = logging.getLogger("exec_sandbox")
@@ -252,7 +254,7 @@ class SnapshotCache:
                 # clone depends on the RESEED it gets (the security test relies on this to
                 # notice a clone that was not reseeded). It also stamps the clock.
                 await vm.reseed()
-                await vm.save_snapshot(str(work / "state"))
+                await save_devices(vm, str(work / "state"))
             finally:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.

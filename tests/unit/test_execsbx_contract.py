@@ -609,7 +609,8 @@ def test_send_file_frame_and_session_exec(tmp_path: Path) -> None:
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
     boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
-    from exec_sandbox._vm import GuestVm, VmSpec
+    from exec_sandbox.guest_vm import GuestVm
+    from exec_sandbox.vm_spec import VmSpec
     from exec_sandbox.errors import VmPermanentError
     from exec_sandbox.images import GuestImages
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from exec_sandbox import host
-from exec_sandbox._vm import VmSpec
+from exec_sandbox.vm_spec import VmSpec
 from exec_sandbox.images import GuestImages
 from exec_sandbox.snapshots import snapshot_key
 

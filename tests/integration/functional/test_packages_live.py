@@ -65,7 +65,7 @@ async def test_the_second_run_needs_no_index(cache_dir: Path, images_ready: None
         assert result.stdout == "1.16.0\n"
         assert result.packages is not None
         assert result.packages.cache_hit and not result.packages.resolved
-        assert scheduler._layers.resolves == 0 and scheduler._layers.builds == 0
+        assert scheduler._provisioner.layers.resolves == 0 and scheduler._provisioner.layers.builds == 0
 
 
 async def test_an_unknown_package_is_refused(sched: Scheduler) -> None:

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from exec_sandbox import host
-from exec_sandbox._vm import ExecRequest, GuestVm, VmSpec
+from exec_sandbox.execution import ExecRequest
+from exec_sandbox.guest_vm import GuestVm
+from exec_sandbox.vm_spec import VmSpec
 from exec_sandbox.images import load_images
 from exec_sandbox.paths import images_dir
 

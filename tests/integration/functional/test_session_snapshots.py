@@ -206,7 +206,7 @@ async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, ima
 
 async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import exec_sandbox._vm as vm_module
+    import exec_sandbox.migration as vm_module
 
     session = await sched.session()
     await session.exec("data = list(range(1000))")

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from exec_sandbox import Scheduler, host, limits
-from exec_sandbox._vm import ExecOutcome, ExecRequest, GuestVm, VmSpec
+from exec_sandbox.execution import ExecOutcome, ExecRequest
+from exec_sandbox.guest_vm import GuestVm
+from exec_sandbox.vm_spec import VmSpec
 from exec_sandbox.images import load_images
 from exec_sandbox.jail import jail_options
 from exec_sandbox.models import Language

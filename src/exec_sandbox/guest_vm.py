@@ -1,0 +1,564 @@
+"""A booted guest, spoken to over the agent channel (`GuestVm`): the asyncio face of one QEMU.
+
+The C core's Vm (`_vm.start_qemu`) owns the QEMU process and three file descriptors: the agent
+channel (a socket whose bytes are decoded into events in C), the guest console (boot log, QEMU's
+own errors) and a pidfd that becomes readable when QEMU exits; VMs made for memory snapshots have
+a fourth, the QMP socket (`qmp.py`, driven by `migration.py`). GuestVm registers those fds with
+the running loop (`add_reader`), so that nothing here ever blocks the loop, and turns events into
+futures: executions, request/response round trips (PING, PRESTART, RESEED) and file transfers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._vm import (
+    EXIT_TIMED_OUT,
+    LANGUAGE_CODES,
+    PROTOCOL_VERSION,
+    RESEED_BYTES,
+    ProtocolError,
+)
+from .errors import (
+    CommunicationError,
+    CommunicationOutcomeUnknownError,
+    GuestAgentError,
+    VmPermanentError,
+    VmTimeoutError,
+    VmTransientError,
+)
+from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
+from .jail import report_layers
+from .models import Language
+from . import qemu_process
+from .qmp import QmpClient
+from .vm_registry import VmRegistry
+from .vm_spec import VmSpec
+
+log = logging.getLogger("exec_sandbox")
+
+# Languages with a pre-started interpreter (PRESTART): all of them (even bash: under TCG, creating
+# its process costs ~0.1 s).
+_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript", "raw"})
+_CONSOLE_TAIL_BYTES = 16 * 1024
+# Trivial programs that page an interpreter in (warm_up).
+# Each prints, so that the output path is warmed up too.
+_WARM_UP_CODE: dict[Language, bytes] = {
+    "python": b"print(0)\n",
+    "javascript": b"console.log(0);\n",
+    "raw": b"echo 0\n",
+}
+
+
+
+class GuestFileError(Exception):
+    """The guest refused or failed a file transfer (FILE_ERROR); `kind` is a FILE_ERR_* code."""
+
+    def __init__(self, kind: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class FileTransfer:
+    """One file request in flight: FILE_DATA / FILE_ENTRIES go to the callbacks, FILE_DONE or
+    FILE_ERROR settles `done` (with the count, or a GuestFileError)."""
+
+    id: int
+    done: asyncio.Future[int]
+    on_data: Callable[[bytes], None] | None = None
+    on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None
+
+
+
+class GuestVm:
+    """A booted VM whose guest agent has said READY. Create with `await GuestVm.boot(...)`."""
+
+    spec: VmSpec  # what it was started with (set by spawn)
+
+    def __init__(self, vm: Any, loop: asyncio.AbstractEventLoop,
+                 on_boot_log: OutputCallback | None) -> None:  # fmt: skip
+        self._vm = vm
+        self._loop = loop
+        self._on_boot_log = on_boot_log
+        self._console_tail = bytearray()
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._exited: asyncio.Future[int] = loop.create_future()
+        self._runs: dict[int, Execution] = {}
+        self._transfers: dict[int, FileTransfer] = {}
+        self._flushed: list[asyncio.Future[None]] = []
+        # Bytes the guest has taken off the channel (flow control: a file transfer whose queue
+        # does not shrink for a long time means a stalled guest or QEMU).
+        self.bytes_flushed = 0
+        self._pending = 0
+        self._next_id = 1
+        self._registry: VmRegistry | None = None
+        self._broken: BaseException | None = None
+        self._writing = False
+        self._acks: dict[int, asyncio.Future[None]] = {}
+        self._released: asyncio.Task[None] | None = None  # set by close()
+        self.qmp: QmpClient | None = None
+        # Filled in by migration.restore(): QEMU start -> guest running, and the RESEED round trip.
+        self.restore_seconds = 0.0
+        self.connect_seconds = 0.0
+        self.pid: int = vm.pid
+        loop.add_reader(vm.channel_fd, self._on_channel)
+        loop.add_reader(vm.console_fd, self._on_console)
+        loop.add_reader(vm.pidfd, self._on_qemu_exit)
+
+    @classmethod
+    async def boot(cls, spec: VmSpec, *, boot_timeout: float,
+                   on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
+        """Start QEMU and wait until the guest agent is ready. Raises VmTimeoutError or
+        VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
+        guest = await cls.spawn(spec, incoming=False, on_boot_log=on_boot_log)
+        try:
+            await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
+        except asyncio.TimeoutError:
+            guest.close()
+            raise VmTimeoutError(
+                f"guest did not become ready within {boot_timeout:.0f} s{guest.console_hint()}"
+            ) from None
+        except BaseException:
+            guest.close()
+            raise
+        return guest
+
+
+    @classmethod
+    async def spawn(cls, spec: VmSpec, *, incoming: bool,
+                    on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+        """Start QEMU for spec and register its fds; not yet READY (boot() waits for that,
+        migration.restore() loads a state into it)."""
+        vm = await qemu_process.spawn(spec, incoming=incoming)
+        report_layers(vm.jail_status())
+        loop = asyncio.get_running_loop()
+        guest = cls(vm, loop, on_boot_log)
+        guest.spec = spec
+        if spec.registry is not None:
+            guest._registry = spec.registry
+            spec.registry.add(guest)
+        return guest
+
+    def mark_running(self) -> None:
+        """A loaded state runs (migration.restore): the guest sent READY before its snapshot
+        was taken and never sends it again."""
+        if not self._ready.done():
+            self._ready.set_result(None)
+
+    @property
+    def qmp_fd(self) -> int:
+        """The QMP socket (-1 for a VM started without one)."""
+        return int(self._vm.qmp_fd)
+
+    def console_hint(self) -> str:
+        """The console's last lines, for an error message."""
+        tail = self.console_tail.strip().splitlines()[-10:]
+        return ("; console:\n  " + "\n  ".join(tail)) if tail else ""
+
+    async def reseed(self, timeout: float = 10.0) -> None:
+        """Give the guest kernel fresh entropy from the host and the host's clock, and wait
+        until its CRNG is reseeded (every clone of one snapshot starts from the same RNG state
+        and the clock of the moment the snapshot was taken)."""
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done
+        try:
+            self._want_write(
+                self._vm.send_reseed(req_id, os.urandom(RESEED_BYTES), time.time_ns())
+            )
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not acknowledge RESEED in time") from None
+        finally:
+            self._acks.pop(req_id, None)
+
+    async def warm_up(self, language: Language) -> None:
+        """Make this VM ready to serve `language` fast: run a trivial program once, so the
+        interpreter's files are in the guest page cache (and, through a pre-started interpreter,
+        that path translated by QEMU). A one-shot process, never the session REPL: templates are
+        made after this, and a REPL cloned into many VMs would share its user-space RNG state
+        (docs/design.md, "Speed tiers")."""
+        outcome = await self.execute(
+            ExecRequest(
+                language=language,
+                code=_WARM_UP_CODE[language],
+                timeout_ms=60_000,
+                env=[],
+                stdout_limit=4096,
+                stderr_limit=4096,
+            )
+        )
+        if outcome.exit_code != 0:
+            raise VmTransientError(
+                f"warm-up of {language} exited with {outcome.exit_code}: {outcome.stderr[:300]}"
+            )
+
+    async def prestart(self, language: Language, timeout: float = 60.0) -> bool:
+        """Have the guest start the interpreter for the next one-shot EXEC of `language` now,
+        waiting on a bootstrap for its code (protocol.h, PRESTART): a pool hit then skips the
+        interpreter's start-up. After the RESEED of a restored VM; in a snapshot template only
+        for the languages of snapshots.TEMPLATE_PRESTART_LANGUAGES. False for a language
+        without one."""
+        if language not in _PRESTART_LANGUAGES:
+            return False
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done  # PONG acknowledges it; an ERROR fails it
+        try:
+            self._want_write(self._vm.send_prestart(req_id, LANGUAGE_CODES[language]))
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not acknowledge PRESTART in time") from None
+        finally:
+            self._acks.pop(req_id, None)
+        return True
+
+    async def ping(self, timeout: float = 5.0) -> None:
+        """One channel round trip to the agent (PING/PONG)."""
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id += 1
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._acks[req_id] = done  # PONG completes it like RESEEDED
+        try:
+            self._want_write(self._vm.send_ping(req_id))
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except asyncio.TimeoutError:
+            raise VmTimeoutError("the guest did not answer PING in time") from None
+        finally:
+            self._acks.pop(req_id, None)
+
+    @property
+    def alive(self) -> bool:
+        return self._broken is None and self._released is None
+
+    @property
+    def jail_status(self) -> list[tuple[str, bool, str]]:
+        """(layer, active, detail) of the host jail around this VM's QEMU."""
+        return list(self._vm.jail_status())
+
+    def resource_usage(self) -> tuple[int | None, int | None] | None:
+        """(cpu_ns, memory_peak_bytes) of QEMU from its cgroup: so far while it runs, final
+        once closed; None without a cgroup. While it runs this reads cgroup files, which can
+        wait on kernel locks: call it from an executor thread (the GIL is released)."""
+        usage = self._vm.resource_usage()
+        return None if usage is None else (usage[0], usage[1])
+
+    @property
+    def console_tail(self) -> str:
+        return self._console_tail.decode(errors="replace")
+
+    async def execute(self, request: ExecRequest) -> ExecOutcome:
+        """Run code in the guest and wait for its exit. Output streams to the callbacks."""
+        if self._broken is not None:
+            raise self._broken
+        exec_id = self._next_id
+        self._next_id += 1
+        run = Execution(
+            stdout=OutputStream("stdout", request.on_stdout),
+            stderr=OutputStream("stderr", request.on_stderr),
+            done=self._loop.create_future(),
+            limits=(request.stdout_limit, request.stderr_limit),
+        )
+        self._runs[exec_id] = run
+        try:
+            try:
+                pending = self._vm.send_exec(
+                    exec_id,
+                    LANGUAGE_CODES[request.language],
+                    request.timeout_ms,
+                    request.stdout_limit,
+                    request.stderr_limit,
+                    request.env,
+                    request.code,
+                    session=request.session,
+                )
+            except OSError as exc:
+                # The channel is gone (QEMU died before its exit reached the loop): the VM can
+                # run nothing more, and the caller gets the library's error, not an OSError.
+                error = CommunicationError(f"cannot send to the guest: {exc}")
+                self._fail(error)
+                raise error from exc
+            self._want_write(pending)
+            # The guest enforces the timeout; the host waits a little longer and then gives up
+            # on a guest that stalls, so that a hostile guest cannot hold the caller.
+            from .limits import HOST_TIMEOUT_GRACE_SECONDS
+
+            deadline = request.timeout_ms / 1000 + HOST_TIMEOUT_GRACE_SECONDS
+            try:
+                exit_code, flags, duration_us = await asyncio.wait_for(
+                    asyncio.shield(run.done), deadline
+                )
+            except asyncio.TimeoutError:
+                log.warning("guest did not report the end of execution %d in time: killing the VM",
+                            exec_id)  # fmt: skip
+                self.close()
+                exit_code, flags, duration_us = -1, EXIT_TIMED_OUT, int(deadline * 1e6)
+            return ExecOutcome(
+                stdout=run.stdout.text(),
+                stderr=run.stderr.text(),
+                exit_code=exit_code,
+                flags=flags,
+                duration_us=duration_us,
+            )
+        finally:
+            self._runs.pop(exec_id, None)
+
+    # --- file transfers (sessions) ---
+
+    def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
+                      on_entries: Callable[[list[tuple[bytes, bool, int]]], None] | None = None,
+                      ) -> FileTransfer:  # fmt: skip
+        """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
+        release it with close_transfer()."""
+        if self._broken is not None:
+            raise self._broken
+        transfer = FileTransfer(self._next_id, self._loop.create_future(), on_data, on_entries)
+        self._next_id += 1
+        self._transfers[transfer.id] = transfer
+        return transfer
+
+    def close_transfer(self, transfer: FileTransfer) -> None:
+        self._transfers.pop(transfer.id, None)
+        if transfer.done.done() and not transfer.done.cancelled():
+            transfer.done.exception()  # retrieved: nobody may be waiting any more
+
+    def send_file_frame(self, msg_type: int, transfer_id: int, payload: bytes | memoryview) -> int:
+        """Queue one FILE_* frame; returns the bytes still queued for the guest."""
+        if self._broken is not None:
+            raise self._broken
+        pending = int(self._vm.send_file_frame(msg_type, transfer_id, payload))
+        self._want_write(pending)
+        return pending
+
+    async def wait_flushed(self) -> None:
+        """Wait until every queued byte went to the guest (flow control for big writes)."""
+        if self._broken is not None:
+            raise self._broken
+        if not self._writing:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._flushed.append(waiter)
+        await waiter
+
+    def close(self) -> None:
+        """Kill QEMU now and fail whatever waits on this VM. Reaping QEMU, closing the fds and
+        removing its cgroup follow without blocking the loop: aclose() waits for them, and
+        Scheduler.close() for those of every VM (wait_released). Idempotent."""
+        if self._registry is not None:
+            self._registry.discard(self)
+        if self._released is not None:
+            return
+        for fd in (self._vm.channel_fd, self._vm.console_fd, self._vm.pidfd):
+            if fd >= 0:
+                self._loop.remove_reader(fd)
+        if self._writing:
+            self._loop.remove_writer(self._vm.channel_fd)
+            self._writing = False
+        if self.qmp is not None:
+            self.qmp.close()
+        self._released = qemu_process.release(self._loop, self._vm)
+        self._fail(VmTransientError("the VM was closed"))
+
+    async def aclose(self) -> None:
+        """close(), then wait until QEMU is reaped and its cgroup removed."""
+        self.close()
+        assert self._released is not None
+        await asyncio.shield(self._released)
+
+    # --- event handlers, called by the loop ---
+
+    def _on_channel(self) -> None:
+        try:
+            events = self._vm.read_events()
+        except ProtocolError as exc:
+            self._loop.remove_reader(self._vm.channel_fd)
+            self._fail(GuestAgentError(f"guest agent broke the protocol: {exc}"))
+            self.close()
+            return
+        for event in events:
+            self._dispatch(event)
+
+    def _dispatch(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "eof":
+            self._loop.remove_reader(self._vm.channel_fd)
+            if not self._ready.done():
+                # Before READY nothing was dispatched: QEMU failed to start (bad kernel or
+                # image, too much memory, not QEMU at all). Its exit, due any moment, fails
+                # the boot with VmTransientError and QEMU's own message from the console
+                # socket; a QEMU that lingers is caught by the boot timeout.
+                return
+            self._fail(CommunicationOutcomeUnknownError("the channel to the guest was closed"))
+            return
+        exec_id = event[1]
+        if kind == "ready":
+            if not self._ready.done():
+                version = event[2]
+                if version != PROTOCOL_VERSION:
+                    # Images built by another version of this library: nothing it would send
+                    # could be trusted to mean the same. Retrying cannot help.
+                    self._ready.set_exception(VmPermanentError(
+                        f"the guest agent speaks protocol version {version}, this library "
+                        f"{PROTOCOL_VERSION}: rebuild the guest images (sbx setup)"
+                    ))  # fmt: skip
+                else:
+                    self._ready.set_result(None)
+            return
+        if kind in ("pong", "reseeded"):
+            waiter = self._acks.get(exec_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+            return
+        if kind == "error" and exec_id in self._acks:
+            waiter = self._acks[exec_id]
+            if not waiter.done():
+                waiter.set_exception(GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+            return
+        if kind.startswith("file_"):
+            self._dispatch_file(kind, exec_id, event)
+            return
+        run = self._runs.get(exec_id)
+        if run is None:
+            log.debug("event %s for unknown execution %d ignored", kind, exec_id)
+            return
+        if kind in ("stdout", "stderr"):
+            stream = run.stdout if kind == "stdout" else run.stderr
+            limit = run.limits[0] if kind == "stdout" else run.limits[1]
+            # The guest enforces the limit; a guest that ignores it is cut off here.
+            if stream.byte_count + len(event[2]) > limit:
+                self._complete(run, GuestAgentError(f"guest sent more {kind} than its limit"))
+                self.close()
+                return
+            stream.feed(event[2])
+        elif kind == "exit":
+            self._complete(run, (event[2], event[3], event[4]))
+        elif kind == "error":
+            self._complete(run, GuestAgentError(f"guest agent error {event[2]}: {event[3]}"))
+
+    def _dispatch_file(self, kind: str, transfer_id: int, event: tuple[Any, ...]) -> None:
+        transfer = self._transfers.get(transfer_id)
+        if transfer is None or transfer.done.done():
+            log.debug("event %s for unknown transfer %d ignored", kind, transfer_id)
+            return
+        if kind == "file_done":
+            transfer.done.set_result(event[2])
+        elif kind == "file_error":
+            transfer.done.set_exception(GuestFileError(event[2], event[3]))
+        else:
+            sink = transfer.on_data if kind == "file_data" else transfer.on_entries
+            if sink is None:
+                # The guest answered a request with the wrong kind of data: a lie costs the VM.
+                self._fail(GuestAgentError(f"guest sent {kind} for a request that expects none"))
+                self.close()
+                return
+            try:
+                sink(event[2])
+            except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
+                transfer.done.set_exception(exc)
+
+    def _complete(self, run: Execution, outcome: tuple[int, int, int] | BaseException) -> None:
+        if run.done.done():
+            return
+        if isinstance(outcome, BaseException):
+            run.done.set_exception(outcome)
+        else:
+            run.done.set_result(outcome)
+
+    def _on_console(self) -> None:
+        data = self._vm.read_console()
+        if not data:
+            self._loop.remove_reader(self._vm.console_fd)
+            return
+        self._console_tail += data
+        del self._console_tail[:-_CONSOLE_TAIL_BYTES]
+        if self._on_boot_log is not None:
+            try:
+                self._on_boot_log(data.decode(errors="replace"))
+            except Exception as exc:
+                warnings.warn(f"on_boot_log callback raised {exc!r}; disabled", RuntimeWarning,
+                              stacklevel=1)  # fmt: skip
+                self._on_boot_log = None
+
+    def _on_qemu_exit(self) -> None:
+        status = self._vm.poll_exit()
+        if status is None:
+            return
+        self._loop.remove_reader(self._vm.pidfd)
+        # Drain what the console still holds: it usually says why QEMU stopped.
+        while data := self._vm.read_console():
+            self._console_tail += data
+        del self._console_tail[:-_CONSOLE_TAIL_BYTES]
+        if not self._exited.done():
+            self._exited.set_result(status)
+        self._fail(VmTransientError(f"QEMU exited with status {status}{self.console_hint()}"))
+
+    def _want_write(self, pending: int) -> None:
+        self._pending = pending
+        if pending > 0 and not self._writing:
+            self._writing = True
+            self._loop.add_writer(self._vm.channel_fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        try:
+            pending = self._vm.flush()
+        except OSError as exc:
+            self._loop.remove_writer(self._vm.channel_fd)
+            self._writing = False
+            self._fail(CommunicationOutcomeUnknownError(f"writing to the guest failed: {exc}"))
+            return
+        if pending < self._pending:
+            self.bytes_flushed += self._pending - pending
+        self._pending = pending
+        if pending == 0:
+            self._loop.remove_writer(self._vm.channel_fd)
+            self._writing = False
+            waiters, self._flushed = self._flushed, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        """The VM can no longer run anything: fail whoever waits on it."""
+        if self._broken is None:
+            self._broken = error
+        if not self._ready.done():
+            self._ready.set_exception(error)
+            self._ready.exception()  # mark retrieved: boot() may already have given up
+        for waiter in list(self._acks.values()):
+            if not waiter.done():
+                waiter.set_exception(error)
+                waiter.exception()
+        for run in list(self._runs.values()):
+            if not run.done.done():
+                run.done.set_exception(
+                    error
+                    if not isinstance(error, VmTransientError)
+                    else CommunicationOutcomeUnknownError(str(error))
+                )
+                run.done.exception()  # retrieved here: execute() may have stopped waiting
+        for transfer in list(self._transfers.values()):
+            if not transfer.done.done():
+                transfer.done.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                transfer.done.exception()
+        waiters, self._flushed = self._flushed, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(CommunicationOutcomeUnknownError(str(error)))
+                waiter.exception()
+

@@ -1,0 +1,212 @@
+"""Saving and loading a VM's state over QMP (QEMU's migration), for the snapshot code: L1
+templates (`snapshots.py`), paused and forked sessions (`session_snapshots.py`).
+
+Two kinds of stream: a device-state stream of a VM whose RAM is a shared file (x-ignore-shared:
+the file is the snapshot's memory, the stream holds only device state, ~50 KB), and a full
+stream, RAM included (a paused session). Streams go through a pipe the host drains into the file:
+a jailed QEMU may not write files (RLIMIT_FSIZE 0) and cannot open one by path (read-only mounts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from .errors import SnapshotError, VmTimeoutError
+from .execution import OutputCallback
+from .guest_vm import GuestVm
+from .qmp import QmpClient, QmpError
+from .vm_spec import VmSpec
+
+# A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
+_STATE_MAX_BYTES = 64 * 1024 * 1024
+_STATE_DRAIN_TIMEOUT_SECONDS = 30.0
+_QMP_CONNECT_TIMEOUT_SECONDS = 10.0
+_IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
+# migrate-set-parameters max-bandwidth (bytes/s): as fast as the host can write.
+_UNCAPPED_BANDWIDTH = 1 << 40
+
+
+async def restore(spec: VmSpec, state_path: str, *, timeout: float,
+                  on_boot_log: OutputCallback | None = None,
+                  ram_in_stream: bool = False, run: bool = True) -> GuestVm:  # fmt: skip
+    """Start a clone of a memory snapshot: QEMU maps spec.mem_path (the template's RAM)
+    privately, loads the device state from state_path over QMP and resumes. The guest's
+    RNG is reseeded before this returns, so nothing runs on the template's RNG state.
+
+    ram_in_stream: state_path is a full stream (a paused session: RAM included), loaded
+    into spec's RAM, which may then be a shared file (making a fork template). run=False
+    leaves the VM stopped after the load (no cont, no RESEED): it is only saved again.
+
+    Raises VmTransientError (or QmpError, VmTimeoutError) if the clone does not come up;
+    the VM is gone then."""
+    guest = await GuestVm.spawn(spec, incoming=True, on_boot_log=on_boot_log)
+    try:
+        await asyncio.wait_for(_load(guest, state_path, timeout, ram_in_stream, run), timeout)
+    except asyncio.TimeoutError:
+        guest.close()
+        raise VmTimeoutError(
+            f"snapshot restore did not finish within {timeout:.0f} s{guest.console_hint()}"
+        ) from None
+    except BaseException:
+        guest.close()
+        raise
+    return guest
+
+
+
+async def _load(guest: GuestVm, state_path: str, timeout: float, ram_in_stream: bool,
+                run: bool) -> None:  # fmt: skip
+    started = time.monotonic()
+    guest.qmp = qmp = await QmpClient.connect(guest.qmp_fd, timeout)
+    # A template's stream has no RAM (it is in the shared file); a full stream has it, and
+    # a destination that ignores shared RAM would refuse pages for its shared file.
+    if not ram_in_stream:
+        await qmp.execute("migrate-set-capabilities", _IGNORE_SHARED)
+    fd = os.open(state_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        await qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+    finally:
+        os.close(fd)  # QEMU holds its own copy now
+    await qmp.execute("migrate-incoming", {"uri": "fd:state"})
+    await _wait_migration(qmp)
+    if not run:
+        guest.restore_seconds = time.monotonic() - started
+        return
+    await qmp.execute("cont")
+    guest.mark_running()
+    running = time.monotonic()
+    guest.restore_seconds = running - started
+    await guest.reseed()
+    guest.connect_seconds = time.monotonic() - running
+
+
+async def save_devices(vm: GuestVm, state_path: str) -> None:
+    """Stop vm and write its device state to state_path. Its RAM must be in a shared mem_path
+    file (VmSpec.mem_shared): with x-ignore-shared the stream skips it, so saving costs
+    milliseconds. The VM stays stopped; the caller destroys it."""
+    await _save(vm, state_path, ram=False, limit=_STATE_MAX_BYTES)
+
+
+async def save_state(vm: GuestVm, state_path: str) -> None:
+    """Stop vm and write its whole state, RAM included, to state_path (a paused or forked
+    session). The VM stays stopped: close() it, or cont() to go on running."""
+    await _save(vm, state_path, ram=True,
+                limit=vm.spec.memory_mb * 1024 * 1024 + _STATE_MAX_BYTES)  # fmt: skip
+
+
+async def cont(vm: GuestVm) -> None:
+    """Run a VM stopped by save_state() again (QEMU takes its disks back)."""
+    await (await monitor(vm)).execute("cont")
+
+
+async def monitor(vm: GuestVm) -> QmpClient:
+    """The VM's QMP client, connected on first use (QEMU's greeting waits in the socket):
+    not on the boot path, where a VM killed mid-boot must not leave a handshake waiting."""
+    if vm.qmp is None:
+        if vm.qmp_fd < 0:
+            raise QmpError("this VM has no QMP monitor")
+        vm.qmp = await QmpClient.connect(vm.qmp_fd, _QMP_CONNECT_TIMEOUT_SECONDS)
+    return vm.qmp
+
+
+def ram_memfd(memory_mb: int) -> int:
+    """An empty memfd of the guest's RAM size, sealable: the RAM file of a fork template
+    (session_snapshots.fork_vms). The caller closes it once the VMs mapping it are spawned
+    (QEMU has its own copy)."""
+    fd = os.memfd_create("sbx-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, memory_mb * 1024 * 1024)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+async def _save(vm: GuestVm, state_path: str, *, ram: bool, limit: int) -> None:
+    qmp = await monitor(vm)
+    await qmp.execute(
+        "migrate-set-capabilities",
+        {"capabilities": [{"capability": "x-ignore-shared", "state": not ram}]},
+    )
+    if ram:
+        # The default 128 MiB/s cap would make a 192 MiB guest's save take over a second.
+        await qmp.execute("migrate-set-parameters", {"max-bandwidth": _UNCAPPED_BANDWIDTH})
+    await qmp.execute("stop")
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    copier = asyncio.get_running_loop().run_in_executor(
+        None, _drain_to_file, read_end, state_path, limit
+    )
+    try:
+        try:
+            await qmp.execute("getfd", {"fdname": "state"}, fds=[write_end])
+        finally:
+            os.close(write_end)  # QEMU holds its own copy; EOF once it closes that
+        await qmp.execute("migrate", {"uri": "fd:state"})
+        await _wait_migration(qmp)
+        # QEMU closes its copy of the pipe when the migration has completed: EOF.
+        await asyncio.wait_for(asyncio.shield(copier), _STATE_DRAIN_TIMEOUT_SECONDS)
+    except asyncio.CancelledError:
+        # The copier thread ends at EOF, once QEMU is gone: end both here, so that the
+        # thread's files are closed before this returns.
+        vm.close()
+        await asyncio.wait({copier})
+        _retrieve(copier)
+        raise
+    except BaseException as exc:
+        # The guest is intact, only stopped (a full disk, a stream over its limit, a failed
+        # migration): cancel the migration, and give the VM its run back.
+        await _abandon_save(vm, qmp, copier)
+        raise SnapshotError(f"saving the VM's state failed: {exc}") from exc
+
+
+async def _abandon_save(vm: GuestVm, qmp: QmpClient, copier: asyncio.Future[None]) -> None:
+    try:
+        await asyncio.wait_for(qmp.execute("migrate_cancel"), _QMP_CONNECT_TIMEOUT_SECONDS)
+    except Exception:  # noqa: BLE001 - the VM is ended below if it cannot go on
+        pass
+    _done, pending = await asyncio.wait({copier}, timeout=_STATE_DRAIN_TIMEOUT_SECONDS)
+    if pending:  # QEMU still holds the pipe: only its end ends the copier
+        vm.close()
+        await asyncio.wait({copier})
+    _retrieve(copier)
+    if vm.alive:
+        try:
+            await asyncio.wait_for(qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
+        except Exception:  # noqa: BLE001 - a VM that cannot run on is of no use
+            vm.close()
+
+
+async def _wait_migration(qmp: QmpClient) -> None:
+    while True:
+        info = await qmp.execute("query-migrate")
+        status = info.get("status") if isinstance(info, dict) else None
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled", None):
+            detail = info.get("error-desc", "") if isinstance(info, dict) else ""
+            raise QmpError(f"migration {status}: {str(detail)[:300]}")
+        await asyncio.sleep(0.002)
+
+
+def _drain_to_file(read_end: int, path: str, limit: int) -> None:
+    """Copy a pipe into a new file until EOF (blocking; owns read_end). OSError over limit."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            total = 0
+            while chunk := os.read(read_end, 1 << 16):
+                total += len(chunk)
+                if total > limit:
+                    raise OSError(f"migration stream over {limit} bytes")
+                os.write(fd, chunk)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(read_end)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()

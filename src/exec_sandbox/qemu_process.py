@@ -1,0 +1,127 @@
+"""Starting and releasing QEMU processes without blocking the loop.
+
+`_vm.start_qemu()` (the C core) returns right after the fork; `spawn()` awaits QEMU's exec on the
+spawn error pipe (`spawn_fd`). `release()` SIGKILLs QEMU at once, awaits its pidfd, and leaves
+the reap, the fds and the cgroup's removal (which may retry for a while when the kernel is slow
+to empty it) to an executor thread. Every such release is tracked until it is done:
+`wait_released()` (Scheduler.close() awaits it) returns once none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from ._vm import start_qemu
+from .errors import VmPermanentError, VmTransientError
+from .vm_spec import VmSpec
+
+# Releases in progress (see the module docstring), per loop.
+_releasing: set[asyncio.Task[None]] = set()
+# One fork per turn of the loop: a fork copies this process's page tables (2-4 ms of CPU here),
+# and 8 VMs started at once would otherwise fork back to back in one turn, holding the loop for
+# 8 times that. The lock is released on the loop's next turn (call_soon), so other callbacks run
+# between two forks.
+_spawn_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Wait until fd is readable, through the loop."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_ready() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, on_ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def spawn(spec: VmSpec, *, incoming: bool) -> Any:
+    """A running QEMU for spec (the C core's Vm), its exec confirmed. Raises VmPermanentError
+    (no such binary) or VmTransientError; SandboxError when spec's registry is closed."""
+    loop = asyncio.get_running_loop()
+    spawn_lock = _spawn_locks.setdefault(loop, asyncio.Lock())
+    await spawn_lock.acquire()
+    if spec.registry is not None and spec.registry.closed:
+        loop.call_soon(spawn_lock.release)
+        spec.registry.check_open()
+    try:
+        try:
+            vm = start_qemu(spec, incoming=incoming)
+        finally:
+            loop.call_soon(spawn_lock.release)
+    except FileNotFoundError as exc:
+        raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
+    except OSError as exc:
+        raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+    if spec.registry is not None:
+        spec.registry.starting(vm)
+    try:
+        await wait_started(loop, vm)
+        if spec.registry is not None:
+            spec.registry.check_open()  # closed while QEMU was starting: it goes at once
+    except BaseException:
+        release(loop, vm)
+        raise
+    finally:
+        if spec.registry is not None:
+            spec.registry.started(vm)
+    return vm
+
+
+async def wait_started(loop: asyncio.AbstractEventLoop, vm: Any) -> None:
+    """Wait for QEMU's exec; the error the child reported before it, as VmPermanentError (no
+    such binary) or VmTransientError."""
+    while True:
+        try:
+            if vm.check_spawn():
+                return
+        except FileNotFoundError as exc:
+            raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
+        except OSError as exc:
+            raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+        await readable(loop, vm.spawn_fd)
+
+
+def release(loop: asyncio.AbstractEventLoop, vm: Any) -> asyncio.Task[None]:
+    """SIGKILL QEMU now; reap it, close its fds and remove its cgroup without blocking the
+    loop. The task is tracked until done (wait_released)."""
+    vm.kill()
+    task = loop.create_task(_reap_and_close(loop, vm), name=f"release-qemu-{vm.pid}")
+    _releasing.add(task)
+    task.add_done_callback(_releasing.discard)
+    return task
+
+
+async def _reap_and_close(loop: asyncio.AbstractEventLoop, vm: Any) -> None:
+    try:
+        # The pidfd is readable once QEMU has exited (also once reaped); without one (Linux
+        # < 5.3) the reap below waits for it in the thread instead. Not reaped here: reaping a
+        # PID namespace's init flushes its /proc entries, milliseconds on a busy host.
+        if vm.pidfd >= 0:
+            await readable(loop, vm.pidfd)
+    except BaseException:
+        vm.close()  # cancelled (the loop is going away): finish here rather than leave QEMU
+        raise
+    # Reaps (at once: it has exited), closes the fds, reads the cgroup's figures and removes it.
+    # Not on the loop: removing a cgroup retries while the kernel still holds it (cgroup.c).
+    closing = loop.run_in_executor(None, vm.close)
+    try:
+        await asyncio.shield(closing)
+    except asyncio.CancelledError:
+        await asyncio.wait({closing})  # a thread cannot be stopped: let it finish first
+        raise
+
+
+async def wait_released() -> None:
+    """Wait until every VM closed on this loop so far is reaped and its cgroup removed."""
+    loop = asyncio.get_running_loop()
+    while pending := [task for task in _releasing if task.get_loop() is loop]:
+        await asyncio.wait(pending)
