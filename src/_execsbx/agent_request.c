@@ -2,6 +2,8 @@
  * caller's mistake into a clear error instead of an ERROR(BAD_REQUEST) from the guest. */
 #include "agent_request.h"
 
+#include "net_protocol.h"
+
 #include <errno.h>
 #include <string.h>
 
@@ -122,7 +124,8 @@ int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language)
 int sbx_encode_file_frame(struct sbx_buf *b, uint8_t type, uint32_t id, const void *payload,
 			  size_t len)
 {
-	if (type < SBX_MSG_FILE_WRITE_BEGIN || type > SBX_MSG_FILE_LIST)
+	/* NET_CONFIG (net_protocol.h) is built by the caller too: the host's own policy, sent once. */
+	if ((type < SBX_MSG_FILE_WRITE_BEGIN || type > SBX_MSG_FILE_LIST) && type != SBX_MSG_NET_CONFIG)
 		return -EINVAL;
 	if (len > SBX_HOST_FRAME_MAX)
 		return -EMSGSIZE;

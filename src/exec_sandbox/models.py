@@ -94,6 +94,29 @@ class ExposedPort:
 
 
 @dataclass(frozen=True)
+class NetworkConnection:
+    """One connection attempt.
+
+    direction: "outbound" (guest code connected to name:port) or "inbound" (a host client of an
+    exposed port; name is "127.0.0.1", port the guest port); allowed: the host let it through
+    (and, outbound, connected); reason: why it was refused or failed ("" otherwise);
+    addresses: what the host resolved the name to (outbound); bytes_sent: guest -> peer;
+    bytes_received: peer -> guest; duration_ms: from the request to the end of the stream (or
+    the refusal); started_at: time.time() of the request."""
+
+    direction: Literal["outbound", "inbound"]
+    name: str
+    port: int
+    allowed: bool
+    reason: str = ""
+    addresses: tuple[str, ...] = ()
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    duration_ms: int = 0
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True)
 class FileInfo:
     """One entry of Session.list_files()."""
 
@@ -120,6 +143,8 @@ class ExecutionResult:
     l1_cache_hit: bool = False
     exposed_ports: list[ExposedPort] = field(default_factory=list)
     packages: PackagesReport | None = None  # None: the VM had no package layer
+    # The network connections of the call (of this exec, for a session's): allowed and refused.
+    network_log: list[NetworkConnection] = field(default_factory=list)
 
     @property
     def timed_out(self) -> bool:

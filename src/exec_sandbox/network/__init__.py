@@ -6,7 +6,7 @@ hands this package only events. Here: which names and ports a VM may reach (name
 addresses never (addresses.py), resolving and connecting (policy.py), exposed ports (ports.py),
 the connection log (audit.py), and the per-scheduler hub that ties them to the loop (hub.py)."""
 
-from .audit import NetworkConnection
+from ..models import NetworkConnection
 from .names import NetworkValidationError
 from .request import NetworkRequest, parse_network_request
 

@@ -49,7 +49,8 @@ _V6_DENIED = [
 _V6_PRIVATE = [("fc00::/7", "unique local (ULA)")]
 
 
-def _nets(table: list[tuple[str, str]]) -> list[tuple[ipaddress._BaseNetwork, str]]:
+def _nets(table: list[tuple[str, str]]
+          ) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]]:  # fmt: skip
     return [(ipaddress.ip_network(net), why) for net, why in table]
 
 

@@ -9,11 +9,13 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
 
-from .._execsbx import NetRing
+from .._vm import NetRing
 from ..models import ExposedPort
 from . import policy as p
-from .audit import NetworkConnection, PendingConnection
+from ..models import NetworkConnection
+from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
 
 log = logging.getLogger(__name__)
@@ -120,11 +122,10 @@ class VmNetwork:
 
     # --- events from the relay ---
 
-    def _on_event(self, event: tuple[object, ...]) -> None:
+    def _on_event(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
         if kind == "open":
             _, _relay, stream, name, port = event
-            assert isinstance(stream, int) and isinstance(name, str) and isinstance(port, int)
             rec = PendingConnection("outbound", name, port)
             self._pending[stream] = rec
             task = asyncio.get_running_loop().create_task(self._decide(stream, rec))
@@ -132,26 +133,26 @@ class VmNetwork:
             task.add_done_callback(self._tasks.discard)
         elif kind == "connected":
             _, _relay, stream, status = event
-            rec = self._pending.get(stream)  # type: ignore[arg-type]
-            if rec is None:
+            waiting = self._pending.get(stream)
+            if waiting is None:
                 return
             if status == p.OK:
-                rec.allowed = True
+                waiting.allowed = True
             else:
-                rec.reason = f"nothing accepted the connection in the guest (status {status})"
-                self._log.append(self._pending.pop(stream).finish())  # type: ignore[arg-type]
+                waiting.reason = f"nothing accepted the connection in the guest (status {status})"
+                self._log.append(self._pending.pop(stream).finish())
         elif kind == "closed":
             _, _relay, stream, to_guest, from_guest, reset = event
-            rec = self._pending.pop(stream, None)  # type: ignore[arg-type]
-            if rec is None:
+            ended = self._pending.pop(stream, None)
+            if ended is None:
                 return
-            rec.bytes_received = int(to_guest)  # type: ignore[call-overload]
-            rec.bytes_sent = int(from_guest)  # type: ignore[call-overload]
-            if not rec.allowed and not rec.reason:
-                rec.reason = "closed by the guest before the host decided"
-            elif reset and not rec.reason:
-                rec.reason = "reset"
-            self._log.append(rec.finish())
+            ended.bytes_received = int(to_guest)
+            ended.bytes_sent = int(from_guest)
+            if not ended.allowed and not ended.reason:
+                ended.reason = "closed by the guest before the host decided"
+            elif reset and not ended.reason:
+                ended.reason = "reset"
+            self._log.append(ended.finish())
         elif kind == "violation":
             log.warning("VM network protocol violation: %s", event[2])
             self._on_violation(str(event[2]))
