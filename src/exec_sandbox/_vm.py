@@ -287,6 +287,9 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
+    # The network port (issue 13, src/shared/net_protocol.h): a third virtio-serial port whose host
+    # end is Vm.net_fd. Part of the device layout.
+    net_port: bool = False
     # Where the VM registers itself from spawn to close (not part of what starts the VM).
     registry: VmRegistry | None = field(default=None, compare=False, hash=False)
 
@@ -455,6 +458,7 @@ class GuestVm:
                     jail=spec.jail,
                     layer=None if spec.layer is None else str(spec.layer.path),
                     layer_kind=None if spec.layer is None else spec.layer.kind,
+                    net_port=spec.net_port,
                 )
             finally:
                 loop.call_soon(spawn_lock.release)
