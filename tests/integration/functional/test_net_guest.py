@@ -382,3 +382,58 @@ async def test_a_host_that_overruns_the_window_costs_the_stream_not_the_vm(
     await port.send(HEADER.pack(4, DATA, 1, 0, 5) + b"oops")
     await vm.ping()
     assert (await vm.execute(_py("print(6 * 7)"))).stdout == "42\n"
+
+
+async def serve_http(port: NetPortStandIn, streams: int) -> list[tuple[int, bytes]]:
+    """The stand-in as an HTTP server behind every OPEN: answers each request with its path,
+    then half-closes; returns (port, request) per stream."""
+    state: dict[int, dict[str, object]] = {}
+    seen: list[tuple[int, bytes]] = []
+    done = 0
+    while done < streams:
+        t, sid, p = await port.next(timeout=60)
+        if t == OPEN:
+            (dport,) = struct.unpack_from("<I", p)
+            state[sid] = {"req": b"", "port": dport, "answered": False}
+            await port.send(frame(OPENED, sid, u32(OK) + string(b"")))
+        elif t == DATA:
+            st = state[sid]
+            st["req"] = req = st["req"] + p  # type: ignore[operator]
+            await port.send(frame(CREDIT, sid, u32(len(p))))
+            if b"\r\n\r\n" in req and not st["answered"]:
+                path = req.split(b" ", 2)[1]
+                body = b"hello " + path
+                head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                await port.send(frame(DATA, sid, head % len(body) + body))
+                await port.send(frame(SHUTDOWN, sid))
+                st["answered"] = True
+                seen.append((st["port"], req))  # type: ignore[arg-type]
+        elif t == CLOSE:
+            await port.send(frame(CLOSE, sid, u32(0)))
+            done += 1
+        else:
+            assert t in (CREDIT, SHUTDOWN), t
+    return seen
+
+
+async def test_real_clients_resolve_and_connect_through_the_stub(
+    net_vm: tuple[GuestVm, NetPortStandIn],
+) -> None:
+    vm, port = net_vm
+    await send_agent_frame(vm, NET_CONFIG, 905, net_config(["allowed.test"], [8080]))
+    script = (
+        "curl -sS --max-time 30 http://allowed.test/curl; echo\n"
+        "curl -sS --max-time 30 http://api.allowed.test:8080/extra-port; echo\n"
+        "python3 -c \"import urllib.request as u; "
+        "print(u.urlopen('http://allowed.test/urllib', timeout=30).read().decode())\"\n"
+        "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\" 2>/dev/null\n"
+        "curl -sS --max-time 5 http://refused.example/ 2>&1 | head -c 60; echo\n"
+    )
+    run = asyncio.create_task(vm.execute(ExecRequest("raw", script.encode(), 120_000, [], 1 << 16, 1 << 16)))
+    seen = await serve_http(port, 4)
+    r = await run
+    assert r.stdout.splitlines()[:4] == [
+        "hello /curl", "hello /extra-port", "hello /urllib", "hello /node"], r  # fmt: skip
+    assert "Could not resolve host: refused.example" in r.stdout.splitlines()[4], r
+    assert [p for p, _ in seen] == [80, 8080, 80, 80]
+    assert b"Host: api.allowed.test:8080" in seen[1][1]
