@@ -90,6 +90,12 @@ class VmNetwork:
     def take_log_since(self, index: int) -> list[NetworkConnection]:
         return self.log[index:]
 
+    def inject_from_guest(self, data: bytes) -> None:
+        """TESTS ONLY: handle data as if the guest had written it on its port (a lying guest:
+        user code cannot open the port itself). At most one maximal frame per call."""
+        self.hub._ring.ingest(self.relay, data)
+        self.hub._on_ready()
+
     # --- exposed ports ---
 
     def serve(self, listeners: list[tuple[socket.socket, ExposedPort]]) -> None:
