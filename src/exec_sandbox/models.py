@@ -101,6 +101,7 @@ class NetworkConnection:
     exposed port; name is "127.0.0.1", port the guest port); allowed: the host let it through
     (and, outbound, connected); reason: why it was refused or failed ("" otherwise);
     addresses: what the host resolved the name to (outbound); bytes_sent: guest -> peer;
+    (both byte counts are known once the stream has ended: see still_open);
     bytes_received: peer -> guest; duration_ms: from the request to the end of the stream (or
     the refusal); started_at: time.time() of the request."""
 
@@ -114,6 +115,7 @@ class NetworkConnection:
     bytes_received: int = 0
     duration_ms: int = 0
     started_at: float = 0.0
+    still_open: bool = False  # the stream was still open when the log was read (bytes: 0 so far)
 
 
 @dataclass(frozen=True)

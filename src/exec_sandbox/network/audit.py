@@ -27,12 +27,12 @@ class PendingConnection:
     bytes_received: int = 0
     ended_mono: float | None = None
 
-    def finish(self) -> NetworkConnection:
+    def finish(self, still_open: bool = False) -> NetworkConnection:
         end = self.ended_mono if self.ended_mono is not None else time.monotonic()
         return NetworkConnection(
             direction=self.direction, name=self.name, port=self.port, allowed=self.allowed,
             reason=self.reason, addresses=self.addresses, bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received,
             duration_ms=max(0, round((end - self.started_mono) * 1000)),
-            started_at=self.started_at,
+            started_at=self.started_at, still_open=still_open,
         )  # fmt: skip

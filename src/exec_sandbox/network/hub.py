@@ -85,7 +85,8 @@ class VmNetwork:
     @property
     def log(self) -> list[NetworkConnection]:
         """Finished connections, oldest first, then those still open (as they stand now)."""
-        return [*self._log, *(rec.finish() for rec in self._pending.values() if rec.allowed)]
+        return [*self._log,
+                *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed)]  # fmt: skip
 
     def take_log_since(self, index: int) -> list[NetworkConnection]:
         return self.log[index:]
