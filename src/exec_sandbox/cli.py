@@ -300,7 +300,8 @@ async def _execute(scheduler: Scheduler | ClusterScheduler, progress: _Progress,
         # runs: a session of one exec().
         session = await scheduler.session(**options)
         async with session:
-            for exposed in session.exposed_ports:
+            # A cluster session's ports are on its worker's loopback: none to show here.
+            for exposed in getattr(session, "exposed_ports", []):
                 progress.clear()
                 sys.stderr.write(f"sbx: guest port {exposed.internal} at {exposed.url}\n")
             for local, guest in uploads:
