@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -72,6 +73,7 @@ struct relay {
 	struct relay *next;
 	uint32_t id;
 	int fd;
+	int is_socket; /* recv/send (io_uring waits on a socket itself, O_NONBLOCK or not) */
 	int dead;      /* failed, port closed or closed by the owner: no more frames */
 	int forgotten; /* sbx_net_relay_close called: the id is free */
 	struct op read_op, write_op;
@@ -697,11 +699,19 @@ static int submit_op(struct op *op)
 	} else {
 		switch (op->kind) {
 		case OP_PORT_READ:
-			io_uring_prep_read(sqe, fd, rl->rbuf, PORT_READ_CHUNK, (uint64_t)-1);
+			if (rl->is_socket)
+				io_uring_prep_recv(sqe, fd, rl->rbuf, PORT_READ_CHUNK, 0);
+			else
+				io_uring_prep_read(sqe, fd, rl->rbuf, PORT_READ_CHUNK, (uint64_t)-1);
 			break;
 		case OP_PORT_WRITE:
-			io_uring_prep_write(sqe, fd, rl->outfly.data + rl->fly_off,
-					    (unsigned)(rl->outfly.len - rl->fly_off), (uint64_t)-1);
+			if (rl->is_socket)
+				io_uring_prep_send(sqe, fd, rl->outfly.data + rl->fly_off,
+						   rl->outfly.len - rl->fly_off, MSG_NOSIGNAL);
+			else
+				io_uring_prep_write(sqe, fd, rl->outfly.data + rl->fly_off,
+						    (unsigned)(rl->outfly.len - rl->fly_off),
+						    (uint64_t)-1);
 			break;
 		case OP_SOCK_RECV: {
 			uint32_t room = SBX_NET_WINDOW - s->out_unacked;
@@ -867,8 +877,12 @@ int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay)
 		free(rl);
 		return -ENOMEM;
 	}
+	struct stat st;
 	rl->ring = r;
 	rl->fd = port_fd;
+	/* A socket (the VM's socketpair): recv/send, which io_uring retries on readiness itself
+	 * even for an O_NONBLOCK fd, where read/write would come back with -EAGAIN every time. */
+	rl->is_socket = fstat(port_fd, &st) == 0 && S_ISSOCK(st.st_mode);
 	rl->id = ++r->next_relay_id ? r->next_relay_id : ++r->next_relay_id;
 	rl->next_host_id = HOST_STREAM_BIT;
 	rl->read_op = (struct op){.kind = OP_PORT_READ, .owner = rl};
