@@ -163,3 +163,37 @@ def test_net_config_payload_layout() -> None:
     assert payload[off:] == struct.pack("<I", 3) + b"PEM"
     anything = build_net_config(NetworkPolicy(outbound=True), b"")
     assert anything[4:8] == struct.pack("<I", 1) and anything[8:13] == struct.pack("<I", 1) + b"*"
+
+
+def test_scheduler_config_network_fields_are_checked(tmp_path: "object") -> None:
+    from exec_sandbox import SchedulerConfig, VmConfigError
+
+    assert SchedulerConfig().network_allow_private_ranges is False
+    assert SchedulerConfig().network_test_hosts == {}
+    with pytest.raises(VmConfigError, match="network_allow_private_ranges"):
+        SchedulerConfig(network_allow_private_ranges="yes")  # type: ignore[arg-type]
+    with pytest.raises(VmConfigError, match="network_test_hosts"):
+        SchedulerConfig(network_test_hosts={"a.test": 80})  # type: ignore[dict-item]
+    with pytest.raises(VmConfigError, match="network_ca_bundle"):
+        SchedulerConfig(network_ca_bundle=3)  # type: ignore[arg-type]
+
+
+async def test_run_refuses_bad_network_input_before_any_vm() -> None:
+    from exec_sandbox import Scheduler, SchedulerConfig
+
+    sched = Scheduler(SchedulerConfig(max_concurrent_vms=1))
+    cases = [
+        {"allow_network": True, "allowed_domains": ["https://example.org"]},
+        {"allow_network": True, "allowed_domains": ["*"]},
+        {"allow_network": True, "allowed_domains": ["bad name.org"]},
+        {"allow_network": True, "allowed_domains": ["a" * 64 + ".org"]},
+        {"expose_ports": [0]},
+        {"expose_ports": list(range(9000, 9011))},
+    ]
+    for kwargs in cases:
+        with pytest.raises(NetworkValidationError):
+            await sched.run("print(1)", **kwargs)  # type: ignore[arg-type]
+        with pytest.raises(NetworkValidationError):
+            await sched.session(**kwargs)  # type: ignore[arg-type]
+    assert not sched._started  # validation came first: nothing was even looked up
+    await sched.close()
