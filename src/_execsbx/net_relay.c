@@ -64,6 +64,7 @@ struct stream {
 	uint32_t credit_owed;   /* of those, bytes written to the socket: the next CREDIT */
 	uint32_t out_unacked;   /* bytes sent to the guest it has not credited back */
 	int guest_shut, wr_shut_done, sock_eof, eof_sent;
+	int closed_by_guest; /* its CLOSE(0) came while bytes for the socket were still queued */
 	int detached; /* the id is free; freed by reap() once no operation is busy */
 	uint64_t to_guest, from_guest;
 };
@@ -101,6 +102,8 @@ struct sbx_net_ring {
 
 static void relay_fail(struct relay *rl, enum sbx_net_event_kind kind, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+struct stream;
+static void finish_guest_close(struct stream *s, uint32_t code);
 
 /* ---- events ---- */
 
@@ -336,7 +339,7 @@ static void arm_stream(struct stream *s)
 	if (rl->dead || s->detached || s->state != S_OPEN || s->fd < 0)
 		return;
 	int err = 0;
-	if (!s->recv_op.busy && !s->sock_eof && s->out_unacked < SBX_NET_WINDOW)
+	if (!s->recv_op.busy && !s->sock_eof && !s->closed_by_guest && s->out_unacked < SBX_NET_WINDOW)
 		err = submit_op(&s->recv_op);
 	if (!err && !s->send_op.busy && s->wlen > 0)
 		err = submit_op(&s->send_op);
@@ -351,6 +354,10 @@ static void close_from_host(struct stream *s, uint32_t code)
 	struct relay *rl = s->relay;
 	if (s->detached || s->state == S_CLOSING)
 		return;
+	if (s->closed_by_guest) { /* the guest's CLOSE came already: answer it, free the id */
+		finish_guest_close(s, code);
+		return;
+	}
 	s->state = S_CLOSING;
 	kill_socket(s);
 	struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_CLOSED, rl->id, s->id);
@@ -412,6 +419,10 @@ static void on_send(struct stream *s, int res)
 	s->from_guest += n;
 	s->credit_owed += n;
 	shut_write_if_drained(s);
+	if (s->closed_by_guest && s->wlen == 0) {
+		finish_guest_close(s, SBX_NET_CLOSE_DONE);
+		return;
+	}
 	arm_stream(s);
 	flush_port(s->relay);
 	check_done(s);
@@ -470,22 +481,39 @@ static void on_data(struct relay *rl, struct stream *s, const struct sbx_net_fra
 	arm_stream(s);
 }
 
+/* The guest's CLOSE takes effect: CLOSED to Python, CLOSE answered, the id freed. */
+static void finish_guest_close(struct stream *s, uint32_t code)
+{
+	struct relay *rl = s->relay;
+	remember(rl, s->id);
+	struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_CLOSED, rl->id, s->id);
+	if (ev) {
+		ev->status = code;
+		ev->bytes_to_guest = s->to_guest;
+		ev->bytes_from_guest = s->from_guest;
+	}
+	if (s->state != S_OPENING &&
+	    queue_u32_frame(rl, SBX_NET_MSG_CLOSE, s->id, SBX_NET_CLOSE_DONE) < 0)
+		return;
+	flush_port(rl);
+	detach_stream(s);
+}
+
 static void on_close(struct relay *rl, struct stream *s, const struct sbx_net_frame *f)
 {
-	remember(rl, s->id);
-	if (s->state != S_CLOSING) {
-		struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_CLOSED, rl->id, s->id);
-		if (ev) {
-			ev->status = f->value;
-			ev->bytes_to_guest = s->to_guest;
-			ev->bytes_from_guest = s->from_guest;
-		}
-		if (s->state != S_OPENING && queue_u32_frame(rl, SBX_NET_MSG_CLOSE, s->id,
-							     SBX_NET_CLOSE_DONE) < 0)
-			return;
-		flush_port(rl);
+	if (s->state == S_CLOSING) {
+		remember(rl, s->id);
+		detach_stream(s);
+		return;
 	}
-	detach_stream(s);
+	if (s->state == S_OPEN && f->value == SBX_NET_CLOSE_DONE && s->wlen > 0 && s->fd >= 0) {
+		/* A graceful close: the bytes it sent before still go to the peer, then the write
+		 * side shuts, then the CLOSE is answered (the id stays taken until then). */
+		s->guest_shut = 1;
+		s->closed_by_guest = 1;
+		return;
+	}
+	finish_guest_close(s, f->value);
 }
 
 static void on_frame(struct relay *rl, const struct sbx_frame *fr)

@@ -382,6 +382,37 @@ static void test_guest_refusing_connect_ends_the_stream(void)
 	stop(&g);
 }
 
+static void test_guest_close_after_data_still_delivers_the_data(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[1024];
+	int peer;
+	uint32_t stream = 0;
+	/* A guest server that writes its answer and closes at once (an exposed port's reply). */
+	CHECK_EQ(sbx_net_connect(ring, relay, 7000, peer_pair(&peer), &stream), 0);
+	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_OK);
+	guest_send(&g, SBX_NET_MSG_DATA, stream, "bye now", 7);
+	guest_u32(&g, SBX_NET_MSG_CLOSE, stream, SBX_NET_CLOSE_DONE);
+	char got[16] = {0};
+	CHECK_EQ(peer_read(peer, got, sizeof(got) - 1), 7);
+	CHECK_STR(got, "bye now");
+	CHECK_EQ(peer_read(peer, got, sizeof(got)), 0);
+	int saw_close = 0, saw_closed = 0;
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		saw_close |= f.type == SBX_NET_MSG_CLOSE;
+	while (sbx_net_ring_next_event(ring, &ev) == 1)
+		saw_closed |= ev.kind == SBX_NET_EV_CLOSED && ev.bytes_from_guest == 7;
+	CHECK(saw_close);
+	CHECK(saw_closed);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	close(peer);
+	stop(&g);
+}
+
 static void test_port_eof_is_reported_and_close_frees_everything(void)
 {
 	struct guest g;
@@ -447,6 +478,7 @@ int main(void)
 	RUN(test_credit_beyond_sent_kills_the_relay);
 	RUN(test_host_connect_to_a_guest_port);
 	RUN(test_guest_refusing_connect_ends_the_stream);
+	RUN(test_guest_close_after_data_still_delivers_the_data);
 	RUN(test_port_eof_is_reported_and_close_frees_everything);
 	RUN(test_bulk_transfer_respects_windows);
 	TEST_MAIN_END("test_net_relay");
