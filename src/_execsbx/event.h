@@ -1,5 +1,6 @@
 /* Guest -> host frames turned into events: the one place that validates a frame's payload.
- * The Python binding turns a struct sbx_event into a tuple; the fuzzer runs the same code. */
+ * The Python binding (py_events.c) turns a struct sbx_event into a Python value; the fuzzer
+ * runs the same code. */
 #ifndef SBX_EVENT_H
 #define SBX_EVENT_H
 

@@ -1,5 +1,5 @@
 /* Namespaces for the QEMU child: which ones to make, and what to do inside them before exec. The
- * PID namespace is made by clone() itself (spawn.c), so that QEMU is PID 1 of it; the others by
+ * PID namespace is made by clone() itself (qemu_spawn.c), so that QEMU is PID 1 of it; the others by
  * the child (sbx_ns_setup_child), so that their cost is not the parent's. */
 #ifndef SBX_NAMESPACES_H
 #define SBX_NAMESPACES_H

@@ -1,13 +1,13 @@
 /* One QEMU process and the host ends of its two sockets, without Python: started from a ready
- * argv (qemu_argv.h), polled, killed and closed. The Python type in vm_type.c wraps this. */
+ * argv (qemu_argv.h), polled, killed and closed. The Python type in py_vm.c wraps this. */
 #ifndef SBX_VM_H
 #define SBX_VM_H
 
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "channel.h"
-#include "spawn.h"
+#include "agent_channel.h"
+#include "qemu_spawn.h"
 
 struct sbx_vm {
 	struct sbx_child child; /* pid/pidfd: -1 once closed */
@@ -37,8 +37,8 @@ struct sbx_vm_remains {
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
 void sbx_vm_init(struct sbx_vm *vm);
-/* Create the socketpairs and start argv[0] (spawn.h: sbx_spawn_start) with the fd layout of
- * spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
+/* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
+ * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
  * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. with_net: a
  * fourth socketpair whose QEMU end is fd 7 (qemu_argv.h: cfg.net_port), its host end in
  * vm->net_fd. On failure
@@ -53,7 +53,7 @@ int sbx_vm_spawn_fd(const struct sbx_vm *vm);
  * failed before exec (the child exits; close the vm to reap it). The answer is kept: later calls
  * return it again. */
 int sbx_vm_start_check(struct sbx_vm *vm, int blocking, const char **where);
-/* Create both socketpairs and spawn argv[0] with the fd layout of spawn.h. On failure returns
+/* Create both socketpairs and spawn argv[0] with the fd layout of qemu_spawn.h. On failure returns
  * -errno with *where naming the failing call, and vm is still in the closed state. Blocks until
  * the child has exec'd (typically a few ms). */
 int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, const char **where);

@@ -1,4 +1,4 @@
-# Type stub of the C extension (src/_execsbx/). Keep in step with module.c and vm_type.c.
+# Type stub of the C extension (src/_execsbx/). Keep in step with py_module.c and py_vm.c.
 from collections.abc import Sequence
 from os import PathLike
 from types import TracebackType

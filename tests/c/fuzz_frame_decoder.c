@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "channel.h"
+#include "agent_channel.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

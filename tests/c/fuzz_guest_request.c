@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "frame.h"
-#include "../../guest/src/request.h" /* not src/_execsbx/request.h, first on -I */
+#include "../../guest/src/request.h" /* the guest's decoder; the host's is agent_request.h */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

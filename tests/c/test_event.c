@@ -1,9 +1,9 @@
-/* Unit tests of guest->host payload validation (event.c) and host->guest encoding (request.c). */
+/* Unit tests of guest->host payload validation (event.c) and host->guest encoding (agent_request.c). */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "event.h"
-#include "request.h"
+#include "agent_request.h"
 #include "test.h"
 
 struct payload {

@@ -17,7 +17,7 @@
 
 #include "cgroup.h"
 #include "jail.h"
-#include "spawn.h"
+#include "qemu_spawn.h"
 #include "test.h"
 
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};

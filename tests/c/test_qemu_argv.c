@@ -5,7 +5,7 @@
 #include "net_protocol.h"
 #include "protocol.h"
 #include "qemu_argv.h"
-#include "spawn.h"
+#include "qemu_spawn.h"
 #include "test.h"
 
 static struct sbx_vm_config base(void)

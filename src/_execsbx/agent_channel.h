@@ -10,7 +10,7 @@
 
 #include "event.h"
 #include "frame.h"
-#include "request.h"
+#include "agent_request.h"
 
 /* Queued outgoing bytes beyond which queueing fails with -ENOBUFS (the guest is not reading). */
 #define SBX_CHANNEL_OUT_MAX (8u * 1024u * 1024u)

@@ -1,6 +1,6 @@
 /* Encoding of host -> guest frames. The guest re-validates everything; checking here too turns a
  * caller's mistake into a clear error instead of an ERROR(BAD_REQUEST) from the guest. */
-#include "request.h"
+#include "agent_request.h"
 
 #include <errno.h>
 #include <string.h>

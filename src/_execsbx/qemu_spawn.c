@@ -1,8 +1,8 @@
-/* fork+exec of QEMU: see spawn.h. The child half (child_exec) runs between fork() and execve()
+/* fork+exec of QEMU: see qemu_spawn.h. The child half (child_exec) runs between fork() and execve()
  * in a copy of a possibly multi-threaded process: it may only make async-signal-safe calls and
  * touch memory prepared before fork() (no malloc, no stdio, no locks). */
 #define _GNU_SOURCE 1
-#include "spawn.h"
+#include "qemu_spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "spawn.h"
+#include "qemu_spawn.h"
 #include "test.h"
 
 static char *const ENVP[] = {"PATH=/usr/bin:/bin", NULL};
@@ -470,5 +470,5 @@ int main(void)
 	RUN(test_stdio);
 	RUN(test_environment);
 	RUN(test_parent_death_kills_child);
-	TEST_MAIN_END("test_spawn");
+	TEST_MAIN_END("test_qemu_spawn");
 }

@@ -6,7 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "channel.h"
+#include "agent_channel.h"
 #include "test.h"
 
 static struct sbx_channel CH; /* 64 KiB scratch: keep it off the stack */
@@ -230,5 +230,5 @@ int main(void)
 	RUN(test_many_max_frames);
 	RUN(test_protocol_error_sticky);
 	RUN(test_flush_partial);
-	TEST_MAIN_END("test_channel");
+	TEST_MAIN_END("test_agent_channel");
 }

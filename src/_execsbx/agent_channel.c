@@ -1,6 +1,6 @@
-/* Host end of the agent channel: see channel.h. */
+/* Host end of the agent channel: see agent_channel.h. */
 #define _GNU_SOURCE 1
-#include "channel.h"
+#include "agent_channel.h"
 
 #include <errno.h>
 #include <string.h>

@@ -1,0 +1,219 @@
+/* Vm.send_*() and flush(): Python arguments -> host->guest frames (agent_request.h) queued on
+ * the VM's channel. Each returns the bytes still pending, or NULL with ValueError (a request over
+ * the protocol's limits), MemoryError or OSError (a write error) set. */
+#include "py_requests.h"
+
+#include <errno.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "py_errors.h"
+
+/* A Python int in 0 .. 2**32-1; ValueError otherwise. */
+static int to_u32(PyObject *o, const char *name, uint32_t *out)
+{
+	if (!PyLong_Check(o)) {
+		PyErr_Format(PyExc_TypeError, "%s must be an int", name);
+		return -1;
+	}
+	int overflow;
+	long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+	if (v == -1 && PyErr_Occurred())
+		return -1;
+	if (overflow || v < 0 || v > (long long)UINT32_MAX) {
+		PyErr_Format(PyExc_ValueError, "%s must be in 0 .. 2**32-1", name);
+		return -1;
+	}
+	*out = (uint32_t)v;
+	return 0;
+}
+
+/* Turn a queueing/flush result into the return value (bytes still pending) or an exception. */
+static PyObject *pending_or_raise(struct sbx_vm *vm, int rc, const char *why, const char *where)
+{
+	if (rc < 0)
+		return sbx_raise_request_error(rc, why, where);
+	return PyLong_FromSize_t(sbx_channel_pending(&vm->ch));
+}
+
+const char sbx_py_send_exec_doc[] =
+	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code,\n"
+	     "          session=False) -> int\n\n"
+	     "session=True sends SESSION_EXEC: the code runs in the VM's persistent REPL.\n"
+	     "Queue an EXEC frame and write what the socket takes now; returns the bytes still\n"
+	     "pending (call flush() when fileno() is writable until it returns 0).\n"
+	     "env: list of (name: bytes, value: bytes); code: bytes-like.\n"
+	     "ValueError for a request over the protocol limits; OSError for a write error\n"
+	     "(e.g. BrokenPipeError once QEMU is gone; the frame stays queued).";
+
+PyObject *sbx_py_send_exec(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"id", "language", "timeout_ms", "stdout_limit", "stderr_limit",
+				 "env", "code", "session", NULL};
+	PyObject *o_id, *o_lang, *o_timeout, *o_out, *o_err, *o_env;
+	Py_buffer code;
+	struct sbx_exec_req req = {0};
+	struct sbx_env_var *vars = NULL;
+	PyObject *seq = NULL, *result = NULL;
+
+	int session = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOy*|p:send_exec", kwlist, &o_id, &o_lang,
+					 &o_timeout, &o_out, &o_err, &o_env, &code, &session))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0)
+		goto out;
+	if (to_u32(o_id, "id", &req.id) < 0 || to_u32(o_lang, "language", &req.language) < 0 ||
+	    to_u32(o_timeout, "timeout_ms", &req.timeout_ms) < 0 ||
+	    to_u32(o_out, "stdout_limit", &req.stdout_limit) < 0 ||
+	    to_u32(o_err, "stderr_limit", &req.stderr_limit) < 0)
+		goto out;
+	seq = PySequence_Fast(o_env, "env must be a sequence of (bytes, bytes) pairs");
+	if (!seq)
+		goto out;
+	Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+	if (count > (Py_ssize_t)SBX_ENV_MAX_COUNT) {
+		PyErr_SetString(PyExc_ValueError, "more than 100 environment variables");
+		goto out;
+	}
+	vars = PyMem_Calloc(count ? (size_t)count : 1, sizeof(*vars));
+	if (!vars) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	/* Borrowed references: seq owns the items, the items own their bytes, and the GIL is held
+	 * until encoding is done. */
+	for (Py_ssize_t i = 0; i < count; i++) {
+		PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+		if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 0)) ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+			PyErr_SetString(PyExc_TypeError, "env items must be (bytes, bytes) tuples");
+			goto out;
+		}
+		PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+		vars[i].name = (const uint8_t *)PyBytes_AS_STRING(name);
+		vars[i].name_len = (size_t)PyBytes_GET_SIZE(name);
+		vars[i].value = (const uint8_t *)PyBytes_AS_STRING(value);
+		vars[i].value_len = (size_t)PyBytes_GET_SIZE(value);
+	}
+	req.env = vars;
+	req.env_count = (size_t)count;
+	req.code = code.buf;
+	req.code_len = (size_t)code.len;
+	req.session = session;
+	const char *why = NULL;
+	int rc = sbx_channel_queue_exec(&vm->ch, &req, &why);
+	result = pending_or_raise(vm, rc, why, rc == -ENOBUFS ? "send_exec" : "send");
+out:
+	PyMem_Free(vars);
+	Py_XDECREF(seq);
+	PyBuffer_Release(&code);
+	return result;
+}
+
+const char sbx_py_send_ping_doc[] = "send_ping(id) -> int\n\nQueue a PING frame and try to write; "
+			    "returns the bytes still pending.";
+
+PyObject *sbx_py_send_ping(struct sbx_vm *vm, PyObject *o_id)
+{
+	uint32_t id;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &id) < 0)
+		return NULL;
+	int rc = sbx_channel_queue_ping(&vm->ch, id);
+	return pending_or_raise(vm, rc, "PING frame", rc == -ENOBUFS ? "send_ping" : "send");
+}
+
+const char sbx_py_send_prestart_doc[] =
+	     "send_prestart(id, language) -> int\n\n"
+	     "Queue a PRESTART frame (language: LANG_PYTHON or LANG_JAVASCRIPT) and try to write;\n"
+	     "returns the bytes still pending. The guest answers ('pong', id) once the interpreter\n"
+	     "waits for the next EXEC, or ('error', id, code, message).";
+
+PyObject *sbx_py_send_prestart(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id;
+	unsigned char language;
+	uint32_t id;
+	if (!PyArg_ParseTuple(args, "Ob:send_prestart", &o_id, &language))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &id) < 0)
+		return NULL;
+	int rc = sbx_channel_queue_prestart(&vm->ch, id, language);
+	if (rc == -EINVAL) {
+		PyErr_Format(PyExc_ValueError, "unknown language %u", language);
+		return NULL;
+	}
+	return pending_or_raise(vm, rc, "PRESTART frame",
+				rc == -ENOBUFS ? "send_prestart" : "send");
+}
+
+const char sbx_py_send_reseed_doc[] =
+	     "send_reseed(id, seed, realtime_ns=0) -> int\n\n"
+	     "Queue a RESEED frame carrying seed (exactly RESEED_BYTES bytes from the host's CSPRNG)\n"
+	     "and the host's wall clock in ns (0: leave the guest clock alone), and try to write;\n"
+	     "returns the bytes still pending. The guest answers ('reseeded', id).";
+
+PyObject *sbx_py_send_reseed(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id;
+	Py_buffer seed;
+	uint32_t id;
+	unsigned long long realtime_ns = 0;
+	if (!PyArg_ParseTuple(args, "Oy*|K:send_reseed", &o_id, &seed, &realtime_ns))
+		return NULL;
+	PyObject *result = NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &id) < 0)
+		goto out;
+	if (seed.len != (Py_ssize_t)SBX_RESEED_BYTES) {
+		PyErr_Format(PyExc_ValueError, "seed must be %u bytes", SBX_RESEED_BYTES);
+		goto out;
+	}
+	int rc = sbx_channel_queue_reseed(&vm->ch, id, seed.buf, (size_t)seed.len,
+					  (uint64_t)realtime_ns);
+	result = pending_or_raise(vm, rc, "RESEED frame", rc == -ENOBUFS ? "send_reseed" : "send");
+out:
+	PyBuffer_Release(&seed);
+	return result;
+}
+
+const char sbx_py_send_file_frame_doc[] =
+	     "send_file_frame(type, id, payload) -> int\n\n"
+	     "Queue one file-transfer frame (MSG_FILE_WRITE_BEGIN .. MSG_FILE_LIST) with a payload\n"
+	     "built by the caller; returns the bytes still pending. ValueError for another type\n"
+	     "or a payload over HOST_FRAME_MAX; BufferError (ENOBUFS as OSError) when the queue\n"
+	     "is full: wait for flush() to return 0 before sending more.";
+
+PyObject *sbx_py_send_file_frame(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_type, *o_id;
+	Py_buffer payload;
+	uint32_t type, id;
+	if (!PyArg_ParseTuple(args, "OOy*:send_file_frame", &o_type, &o_id, &payload))
+		return NULL;
+	PyObject *result = NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_type, "type", &type) < 0 || to_u32(o_id, "id", &id) < 0)
+		goto out;
+	if (type > 255) {
+		PyErr_SetString(PyExc_ValueError, "not a file-transfer message type");
+		goto out;
+	}
+	int rc = sbx_channel_queue_file_frame(&vm->ch, (uint8_t)type, id, payload.buf,
+					      (size_t)payload.len);
+	result = pending_or_raise(vm, rc,
+				  rc == -EINVAL ? "not a file-transfer message type"
+						: "payload larger than HOST_FRAME_MAX",
+				  rc == -ENOBUFS ? "send_file_frame" : "send");
+out:
+	PyBuffer_Release(&payload);
+	return result;
+}
+
+const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
+			"now; returns the bytes still pending.";
+
+PyObject *sbx_py_flush(struct sbx_vm *vm)
+{
+	if (sbx_raise_if_closed(vm->closed) < 0)
+		return NULL;
+	return pending_or_raise(vm, sbx_channel_flush(&vm->ch), NULL, "send");
+}

@@ -1,0 +1,20 @@
+/* Vm.send_*() and Vm.flush() (py_requests.c), with their docstrings for the Vm type's method
+ * table (py_vm.c). */
+#ifndef SBX_PY_REQUESTS_H
+#define SBX_PY_REQUESTS_H
+
+#include "py_common.h"
+
+#include "vm.h"
+
+extern const char sbx_py_send_exec_doc[], sbx_py_send_ping_doc[], sbx_py_send_prestart_doc[],
+	sbx_py_send_reseed_doc[], sbx_py_send_file_frame_doc[], sbx_py_flush_doc[];
+
+PyObject *sbx_py_send_exec(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
+PyObject *sbx_py_send_ping(struct sbx_vm *vm, PyObject *o_id);
+PyObject *sbx_py_send_prestart(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_reseed(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_file_frame(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_flush(struct sbx_vm *vm);
+
+#endif /* SBX_PY_REQUESTS_H */

@@ -1,0 +1,486 @@
+/* exec_sandbox._execsbx.Vm: a heap type wrapping struct sbx_vm (vm.h). Every method is
+ * non-blocking (the constructor returns right after the fork; spawn_fd tells when the exec
+ * happened) except wait_spawn() and close()/dealloc (reaping a SIGKILLed QEMU and removing its
+ * cgroup, GIL released: an event loop calls close() once the pidfd is readable, from a thread).
+ * Nothing here calls back into Python code. What the methods do lives with its owner: requests in
+ * py_requests.c, events in py_events.c, the jail in py_jail.c; errors become exceptions in
+ * py_errors.c. */
+#include "py_vm.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "py_config.h"
+#include "py_errors.h"
+#include "py_events.h"
+#include "py_jail.h"
+#include "py_requests.h"
+#include "vm.h"
+
+/* Per read_console() call. */
+#define SBX_READ_CONSOLE_MAX (64u * 1024u)
+
+typedef struct {
+	PyObject_HEAD
+	struct sbx_vm vm;
+	PyObject *qemu_binary; /* bytes: the filename of an execve error */
+} VmObject;
+
+static sbx_module_state *vm_state(VmObject *self)
+{
+	/* The type is not subclassable, so Py_TYPE(self) is the heap type made from module. */
+	return PyType_GetModuleState(Py_TYPE(self));
+}
+
+static int check_open(VmObject *self)
+{
+	return sbx_raise_if_closed(self->vm.closed);
+}
+
+static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	struct sbx_parsed_config pc;
+	struct sbx_jail_config jcfg;
+	/* "jail" is Vm's own; the rest is shared with build_qemu_argv. */
+	PyObject *rest = kwds ? PyDict_Copy(kwds) : PyDict_New();
+	if (!rest)
+		return NULL;
+	PyObject *o_jail = PyDict_GetItemString(rest, "jail"); /* borrowed */
+	Py_XINCREF(o_jail);
+	if (o_jail && PyDict_DelItemString(rest, "jail") < 0) {
+		Py_DECREF(o_jail);
+		Py_DECREF(rest);
+		return NULL;
+	}
+	int prc = sbx_py_parse_jail(o_jail, &jcfg);
+	Py_XDECREF(o_jail);
+	if (prc < 0 || sbx_parse_vm_config(args, rest, "Vm", 1, &pc) < 0) {
+		Py_DECREF(rest);
+		return NULL;
+	}
+	Py_DECREF(rest);
+	char **argv = sbx_build_argv_or_raise(&pc.cfg);
+	if (!argv) {
+		sbx_parsed_config_release(&pc);
+		return NULL;
+	}
+	VmObject *self = (VmObject *)type->tp_alloc(type, 0);
+	if (!self) {
+		sbx_argv_free(argv);
+		sbx_parsed_config_release(&pc);
+		return NULL;
+	}
+	sbx_vm_init(&self->vm);
+	self->qemu_binary = Py_NewRef(pc.qemu_binary);
+
+	/* Returns right after the fork: whether QEMU's exec worked is told by spawn_fd becoming
+	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
+	 * tied to it. */
+	const char *where = "spawn";
+	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, pc.cfg.net_port,
+			      jcfg.enabled ? &jcfg : NULL,
+			      &where);
+	sbx_argv_free(argv);
+	sbx_parsed_config_release(&pc);
+	if (rc < 0) {
+		if (!PyErr_Occurred())
+			sbx_raise_os_error(-rc, where ? where : "spawn", NULL);
+		Py_DECREF(self);
+		return NULL;
+	}
+	return (PyObject *)self;
+}
+
+/* 1, 0, or -1 with the exception of a start that failed before QEMU's exec. */
+static int spawn_result(VmObject *self, int blocking)
+{
+	const char *where = NULL;
+	int rc;
+	if (blocking) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = sbx_vm_start_check(&self->vm, 1, &where);
+		Py_END_ALLOW_THREADS
+	} else {
+		rc = sbx_vm_start_check(&self->vm, 0, &where);
+	}
+	if (rc >= 0)
+		return rc;
+	if (rc == -EBADF && !where) {
+		PyErr_SetString(PyExc_ValueError, "this Vm's start is no longer known (closed)");
+		return -1;
+	}
+	PyObject *filename = NULL;
+	if (where && strcmp(where, "execve") == 0)
+		filename = PyUnicode_DecodeFSDefaultAndSize(PyBytes_AS_STRING(self->qemu_binary),
+							    PyBytes_GET_SIZE(self->qemu_binary));
+	if (!PyErr_Occurred())
+		sbx_raise_os_error(-rc, where ? where : "spawn", filename);
+	Py_XDECREF(filename);
+	return -1;
+}
+
+PyDoc_STRVAR(check_spawn_doc,
+	     "check_spawn() -> bool\n\n"
+	     "Non-blocking: True once QEMU has exec'd, False while the child is still on its way\n"
+	     "(wait for spawn_fd to be readable). If it failed before its exec, raises the\n"
+	     "OSError(errno, '... (from <step>)') Vm() used to raise (FileNotFoundError with the\n"
+	     "binary as filename for a missing QEMU), every time it is asked; close() reaps it.");
+
+static PyObject *vm_check_spawn(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int rc = spawn_result(self, 0);
+	if (rc < 0)
+		return NULL;
+	return PyBool_FromLong(rc);
+}
+
+PyDoc_STRVAR(wait_spawn_doc,
+	     "wait_spawn() -> None\n\n"
+	     "Blocking (the GIL released): check_spawn() once the outcome is known. For callers\n"
+	     "without an event loop.");
+
+static PyObject *vm_wait_spawn(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (spawn_result(self, 1) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+/* kill + reap + close, with the GIL released for the blocking reap. */
+static void vm_do_close(VmObject *self)
+{
+	struct sbx_vm_remains r;
+	int status;
+	sbx_vm_begin_close(&self->vm, &r);
+	Py_BEGIN_ALLOW_THREADS
+	status = sbx_vm_finish_close(&r);
+	Py_END_ALLOW_THREADS
+	sbx_vm_set_final_status(&self->vm, status);
+	sbx_vm_keep_jail(&self->vm, &r);
+}
+
+static void vm_dealloc(VmObject *self)
+{
+	PyTypeObject *tp = Py_TYPE(self);
+	vm_do_close(self);
+	sbx_vm_destroy(&self->vm);
+	Py_CLEAR(self->qemu_binary);
+	tp->tp_free((PyObject *)self);
+	Py_DECREF(tp);
+}
+
+PyDoc_STRVAR(read_events_doc,
+	     "read_events() -> list[tuple]\n\n"
+	     "Non-blocking: read what the channel has now (at most 1 MiB per call) and return\n"
+	     "every complete frame as an event tuple:\n"
+	     "  ('ready', id, protocol_version, agent_version)\n"
+	     "  ('stdout', id, data) / ('stderr', id, data)\n"
+	     "  ('exit', id, exit_code, flags, duration_us)\n"
+	     "  ('error', id, code, message)\n"
+	     "  ('pong', id)\n"
+	     "  ('file_data', id, data) / ('file_done', id, n) / ('file_error', id, code, message)\n"
+	     "  ('file_entries', id, [(name: bytes, is_dir, size), ...])\n"
+	     "  ('reseeded', id)\n"
+	     "  ('eof',)  last, once the other side closed the channel (and on every later call)\n"
+	     "A protocol violation raises ProtocolError (errno EPROTO or EMSGSIZE); its .events\n"
+	     "lists the events decoded before the violation in the same call. Sticky: every\n"
+	     "later call raises it again.");
+
+static PyObject *vm_read_events(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return sbx_py_read_events(&self->vm, vm_state(self)->protocol_error);
+}
+
+/* The requests and flush (py_requests.c). */
+static PyObject *vm_send_exec(VmObject *self, PyObject *args, PyObject *kwds)
+{
+	return sbx_py_send_exec(&self->vm, args, kwds);
+}
+
+static PyObject *vm_send_ping(VmObject *self, PyObject *o_id)
+{
+	return sbx_py_send_ping(&self->vm, o_id);
+}
+
+static PyObject *vm_send_prestart(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_prestart(&self->vm, args);
+}
+
+static PyObject *vm_send_reseed(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_reseed(&self->vm, args);
+}
+
+static PyObject *vm_send_file_frame(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_file_frame(&self->vm, args);
+}
+
+static PyObject *vm_flush(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return sbx_py_flush(&self->vm);
+}
+
+PyDoc_STRVAR(read_console_doc, "read_console() -> bytes\n\nNon-blocking: what the console "
+			       "socket has now (at most 64 KiB); b'' if nothing or at EOF.");
+
+static PyObject *vm_read_console(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	PyObject *buf = PyBytes_FromStringAndSize(NULL, SBX_READ_CONSOLE_MAX);
+	if (!buf)
+		return NULL;
+	ssize_t n = sbx_vm_read_console(&self->vm, PyBytes_AS_STRING(buf), SBX_READ_CONSOLE_MAX);
+	if (n < 0) {
+		Py_DECREF(buf);
+		return sbx_raise_os_error((int)-n, "recv", NULL);
+	}
+	if (_PyBytes_Resize(&buf, n) < 0)
+		return NULL;
+	return buf;
+}
+
+PyDoc_STRVAR(poll_exit_doc,
+	     "poll_exit() -> int | None\n\n"
+	     "Non-blocking: None while QEMU runs, else its status like subprocess's returncode\n"
+	     "(exit code, or -signal). Keeps returning it once reaped, also after close().");
+
+static PyObject *vm_poll_exit(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int code;
+	int rc = sbx_vm_poll_exit(&self->vm, &code);
+	if (rc < 0)
+		return sbx_raise_os_error(-rc, "waitid", NULL);
+	if (rc == 0)
+		Py_RETURN_NONE;
+	return PyLong_FromLong(code);
+}
+
+PyDoc_STRVAR(kill_doc, "kill() -> None\n\nSIGKILL QEMU. Idempotent; a no-op once reaped or closed.");
+
+static PyObject *vm_kill(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	int rc = sbx_vm_kill(&self->vm);
+	if (rc < 0)
+		return sbx_raise_os_error(-rc, "pidfd_send_signal", NULL);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(close_doc, "close() -> None\n\nSIGKILL QEMU, reap it (blocking, briefly; the GIL is "
+			"released) and close every fd. Idempotent.");
+
+static PyObject *vm_close(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	vm_do_close(self);
+	Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(fileno_doc, "fileno() -> int\n\nThe channel socket (for add_reader/add_writer).");
+
+static PyObject *vm_fileno(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	return PyLong_FromLong(self->vm.ch.fd);
+}
+
+PyDoc_STRVAR(jail_status_doc,
+	     "jail_status() -> list[tuple[str, bool, str]]\n\n"
+	     "(layer, active, detail) for each host jail layer: seccomp, namespaces, cgroup,\n"
+	     "rlimits, user. detail says what is in force or why the layer is off. Empty when\n"
+	     "the Vm was made with jail=None.");
+
+static PyObject *vm_jail_status(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return sbx_py_jail_status(self->vm.jail);
+}
+
+PyDoc_STRVAR(resource_usage_doc,
+	     "resource_usage() -> tuple[int | None, int | None] | None\n\n"
+	     "(cpu_ns, memory_peak_bytes) of QEMU as its cgroup counts them: so far while it runs,\n"
+	     "final once the Vm was closed (read just before the cgroup was removed). None without\n"
+	     "a cgroup; an item is None when the cgroup had no such counter.");
+
+static PyObject *vm_resource_usage(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return sbx_py_resource_usage(self->vm.jail);
+}
+
+PyDoc_STRVAR(cgroup_dirs_doc,
+	     "cgroup_dirs() -> list[str]\n\nThe directories of QEMU's cgroup while it runs\n"
+	     "(one for v2; memory, cpu, cpuacct, pids for v1); [] without one or once closed.");
+
+static PyObject *vm_cgroup_dirs(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return sbx_py_cgroup_dirs(self->vm.jail);
+}
+
+static PyObject *vm_enter(VmObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *vm_exit(VmObject *self, PyObject *args)
+{
+	(void)args;
+	vm_do_close(self);
+	Py_RETURN_FALSE;
+}
+
+static PyObject *get_pid(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong((long)self->vm.child.pid);
+}
+
+static PyObject *get_pidfd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.child.pidfd);
+}
+
+static PyObject *get_channel_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.ch.fd);
+}
+
+static PyObject *get_console_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.console_fd);
+}
+
+static PyObject *get_qmp_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.qmp_fd);
+}
+
+static PyObject *get_net_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.net_fd);
+}
+
+static PyObject *get_spawn_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(sbx_vm_spawn_fd(&self->vm));
+}
+
+static PyObject *get_closed(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(self->vm.closed);
+}
+
+static PyGetSetDef vm_getset[] = {
+	{"pid", (getter)get_pid, NULL, "QEMU's pid; -1 once closed", NULL},
+	{"pidfd", (getter)get_pidfd, NULL, "a pidfd for QEMU; -1 once closed (or no pidfd support)",
+	 NULL},
+	{"channel_fd", (getter)get_channel_fd, NULL, "host end of the agent channel; -1 once closed",
+	 NULL},
+	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
+	{"qmp_fd", (getter)get_qmp_fd, NULL,
+	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
+	{"net_fd", (getter)get_net_fd, NULL,
+	 "host end of the network port (O_NONBLOCK, owned and closed by the Vm); -1 without\n"
+	 "net_port=True or once closed",
+	 NULL},
+	{"spawn_fd", (getter)get_spawn_fd, NULL,
+	 "readable once QEMU has exec'd or failed to (then call check_spawn()); -1 once known",
+	 NULL},
+	{"closed", (getter)get_closed, NULL, "True once close() ran", NULL},
+	{NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef vm_methods[] = {
+	{"read_events", (PyCFunction)vm_read_events, METH_NOARGS, read_events_doc},
+	{"send_exec", (PyCFunction)(void (*)(void))vm_send_exec, METH_VARARGS | METH_KEYWORDS,
+	 sbx_py_send_exec_doc},
+	{"send_ping", (PyCFunction)vm_send_ping, METH_O, sbx_py_send_ping_doc},
+	{"send_reseed", (PyCFunction)vm_send_reseed, METH_VARARGS, sbx_py_send_reseed_doc},
+	{"send_prestart", (PyCFunction)vm_send_prestart, METH_VARARGS, sbx_py_send_prestart_doc},
+	{"send_file_frame", (PyCFunction)vm_send_file_frame, METH_VARARGS,
+	 sbx_py_send_file_frame_doc},
+	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},
+	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
+	{"check_spawn", (PyCFunction)vm_check_spawn, METH_NOARGS, check_spawn_doc},
+	{"wait_spawn", (PyCFunction)vm_wait_spawn, METH_NOARGS, wait_spawn_doc},
+	{"poll_exit", (PyCFunction)vm_poll_exit, METH_NOARGS, poll_exit_doc},
+	{"kill", (PyCFunction)vm_kill, METH_NOARGS, kill_doc},
+	{"close", (PyCFunction)vm_close, METH_NOARGS, close_doc},
+	{"fileno", (PyCFunction)vm_fileno, METH_NOARGS, fileno_doc},
+	{"jail_status", (PyCFunction)vm_jail_status, METH_NOARGS, jail_status_doc},
+	{"resource_usage", (PyCFunction)vm_resource_usage, METH_NOARGS, resource_usage_doc},
+	{"cgroup_dirs", (PyCFunction)vm_cgroup_dirs, METH_NOARGS, cgroup_dirs_doc},
+	{"__enter__", (PyCFunction)vm_enter, METH_NOARGS, NULL},
+	{"__exit__", (PyCFunction)vm_exit, METH_VARARGS, NULL},
+	{NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(vm_doc,
+	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
+	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
+	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, layer=None, layer_kind=None,\n"
+	     "   net_port=False, jail=None)\n\n"
+	     "Start QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
+	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
+	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"
+	     "guest RAM's backing file; with net_port=True the network port at fd 7, its host\n"
+	     "end in .net_fd). Returns right after the fork: spawn_fd becomes readable\n"
+	     "when QEMU has exec'd or failed to, and check_spawn() tells which (wait_spawn()\n"
+	     "blocks for it). OSError(errno, '... (from <syscall>)') if it cannot be started,\n"
+	     "from here (fork, pipes) or from check_spawn (the child's steps up to execve),\n"
+	     "ValueError for an invalid configuration.\n\n"
+	     "jail: None, or a dict (every key optional) {'network': 0|1, 'memory_mb',\n"
+	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep)}:\n"
+	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"
+	     "see jail_status() for what the host allowed.\n\n"
+	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
+	     "a thread that lives as long as the Vm (e.g. the event loop's).");
+
+static PyType_Slot vm_slots[] = {
+	{Py_tp_new, (void *)vm_new},
+	{Py_tp_dealloc, (void *)vm_dealloc},
+	{Py_tp_methods, vm_methods},
+	{Py_tp_getset, vm_getset},
+	{Py_tp_doc, (void *)vm_doc},
+	{0, NULL},
+};
+
+static PyType_Spec vm_spec = {
+	.name = "exec_sandbox._execsbx.Vm",
+	.basicsize = sizeof(VmObject),
+	.itemsize = 0,
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+#else
+	.flags = Py_TPFLAGS_DEFAULT,
+#endif
+	.slots = vm_slots,
+};
+
+int sbx_py_vm_type_add(PyObject *module, sbx_module_state *st)
+{
+	st->vm_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &vm_spec, NULL);
+	if (!st->vm_type)
+		return -1;
+	return PyModule_AddType(module, st->vm_type);
+}
