@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -29,6 +30,7 @@
 #define ACCEPTS_PER_CALL 16
 /* Credit back once this much is written (or the socket took everything pending). */
 #define CREDIT_BATCH (SBX_NET_WINDOW / 4u)
+#define SBX_NET_NOFILE 8192u
 
 enum tag {
 	TAG_PORT = 1,
@@ -742,9 +744,8 @@ __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, i
 }
 
 int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int port_fd,
-		      bool test_mode, char *msg, size_t cap)
+		      bool test_mode, bool own_net_ns, char *msg, size_t cap)
 {
-	_cleanup_close_ int port = port_fd; /* owned from here on, whatever the outcome */
 	struct sbx_net_config probe;
 	const char *why = "?";
 	int rc = sbx_net_parse_config(payload, len, &probe, &why);
@@ -754,6 +755,14 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		return refuse(msg, cap, -EALREADY, "NET_CONFIG: already configured");
 	if (port_fd < 0 && test_mode)
 		return refuse(msg, cap, -ENODEV, "NET_CONFIG: no network port (test mode)");
+	/* A test agent on the host (no --boot namespaces) must not add addresses to the host's lo
+	 * nor bind its port 53: outbound is the VM's (or a namespaced test's). */
+	if (test_mode && !own_net_ns && (probe.flags & SBX_NET_CONFIG_OUTBOUND))
+		return refuse(msg, cap, -EPERM, "NET_CONFIG: outbound needs the VM's network namespace");
+	/* The caller keeps its fd (test mode): the net module works on its own copy. */
+	_cleanup_close_ int port = port_fd >= 0 ? fcntl(port_fd, F_DUPFD_CLOEXEC, 3) : -1;
+	if (port_fd >= 0 && port < 0)
+		return refuse(msg, cap, -errno, "NET_CONFIG: dup: %s", strerror(errno));
 	if (port < 0 && (rc = sbx_channel_find_port(SBX_NET_PORT_NAME, PORT_WAIT_MS, &port)) < 0)
 		return refuse(msg, cap, rc, "NET_CONFIG: no port %s: %s", SBX_NET_PORT_NAME,
 			      strerror(-rc));
@@ -777,6 +786,18 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		return refuse(msg, cap, rc, "NET_CONFIG: epoll: %s", strerror(-rc));
 	}
 	n->port_events = EPOLLIN;
+	/* Every name with an address holds a listener per port (up to 128 x 18) besides the
+	 * streams: more than PID 1's default 1024 fds. User code has its own limit (spawn.c). */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < SBX_NET_NOFILE) {
+		struct rlimit want = {SBX_NET_NOFILE,
+				      rl.rlim_max > SBX_NET_NOFILE ? rl.rlim_max : SBX_NET_NOFILE};
+		if (setrlimit(RLIMIT_NOFILE, &want) < 0) {
+			want.rlim_cur = rl.rlim_max;
+			want.rlim_max = rl.rlim_max;
+			setrlimit(RLIMIT_NOFILE, &want); /* test mode without privilege: what there is */
+		}
+	}
 	if (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) {
 		if ((rc = add_synthetic_range()) < 0 || (rc = open_dns(n)) < 0) {
 			sbx_close_fd(&n->epfd);
