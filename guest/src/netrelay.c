@@ -116,6 +116,8 @@ static size_t out_pending(const struct sbx_net *n)
 static void send_frame(struct sbx_net *n, uint8_t type, uint32_t id, const uint32_t *value,
 		       const void *data, size_t len, bool as_str)
 {
+	if (n->broken)
+		return;
 	size_t start;
 	int rc = sbx_frame_begin(&n->out, type, id, &start);
 	if (rc == 0 && value)
@@ -507,11 +509,15 @@ static void host_frame(struct sbx_net *n, const struct sbx_frame *f)
 	}
 }
 
-/* The host broke the framing: nothing more is read from the port, every stream is reset. */
+/* The host broke the framing, or closed its end: the port is done. Every stream is reset, queued
+ * output dropped, and from now on connections to the listeners are reset at once (send_frame
+ * drops everything), so that nothing piles up for a port nobody reads. */
 static void port_broken(struct sbx_net *n, int rc)
 {
 	sbx_log("net port: %s: closing every stream", strerror(-rc));
 	n->broken = true;
+	n->out.len = 0;
+	n->out_off = 0;
 	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
 		if (n->streams[i].state != SBX_NS_FREE)
 			stream_free(n, &n->streams[i]);
@@ -526,8 +532,14 @@ static void port_read(struct sbx_net *n)
 		ssize_t r = read(n->port_fd, buf, sizeof(buf));
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r <= 0)
-			return; /* EAGAIN, or the host end closed (virtio-serial: it may reopen) */
+		if (r < 0)
+			return; /* EAGAIN */
+		if (r == 0) {
+			/* The host end closed (QEMU's chardev socket: it never reopens). Its EPOLLHUP
+			 * would wake the loop without end: the port is done. */
+			port_broken(n, -ECONNRESET);
+			return;
+		}
 		int rc = sbx_reader_feed(&n->reader, buf, (size_t)r);
 		struct sbx_frame f;
 		while (rc >= 0 && (rc = sbx_reader_next(&n->reader, &f)) == 1)
@@ -591,12 +603,12 @@ static void on_accept(struct sbx_net *n, uint32_t index)
 		socklen_t len = sizeof(sa);
 		const char *name;
 		size_t name_len;
-		struct sbx_net_stream *s = free_slot(n);
+		struct sbx_net_stream *s = n->broken ? NULL : free_slot(n);
 		if (!s || getsockname(fd, (struct sockaddr *)&sa, &len) < 0 ||
 		    sa.sin_family != AF_INET ||
 		    sbx_name_table_find_addr(&n->table, ntohl(sa.sin_addr.s_addr), &name,
 					     &name_len) < 0) {
-			/* Over the stream limit: the client sees a reset at once. */
+			/* Over the stream limit, or the port is done: the client sees a reset. */
 			struct linger lg = {.l_onoff = 1, .l_linger = 0};
 			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 			close(fd);
@@ -846,7 +858,7 @@ void sbx_net_handle(struct sbx_net *n)
 	/* The port: readable unless broken; writable interest only while output waits. A port
 	 * whose host end is closed reports EPOLLHUP without end: leave it out then. */
 	uint32_t pev = n->broken ? 0 : EPOLLIN;
-	if (out_pending(n))
+	if (out_pending(n) && !n->broken)
 		pev |= EPOLLOUT;
 	if (pev != n->port_events) {
 		struct epoll_event e = {.events = pev, .data.u64 = tag(TAG_PORT, 0)};
