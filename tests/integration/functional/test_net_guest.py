@@ -14,8 +14,12 @@ import asyncio
 import hashlib
 import os
 import select
+import shutil
+import ssl
 import struct
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -437,3 +441,89 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
     assert "Could not resolve host: refused.example" in r.stdout.splitlines()[4], r
     assert [p for p, _ in seen] == [80, 8080, 80, 80]
     assert b"Host: api.allowed.test:8080" in seen[1][1]
+
+
+def make_test_ca(d: Path) -> tuple[bytes, Path, Path]:
+    """A throwaway CA and a certificate for allowed.test signed by it: (CA PEM, cert, key)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem",
+                    "-subj", "/CN=exec-sandbox test CA", "-days", "1",
+                    "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", "keyUsage=critical,keyCertSign"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["openssl", "req", *ec, "-keyout", d / "leaf.key", "-out", d / "leaf.csr",
+                    "-subj", "/CN=allowed.test"], check=True, capture_output=True)  # fmt: skip
+    (d / "ext").write_text("subjectAltName=DNS:allowed.test\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", d / "leaf.csr", "-CA", d / "ca.pem",
+                    "-CAkey", d / "ca.key", "-CAcreateserial", "-out", d / "leaf.pem", "-days", "1",
+                    "-extfile", d / "ext"], check=True, capture_output=True)  # fmt: skip
+    return (d / "ca.pem").read_bytes(), d / "leaf.pem", d / "leaf.key"
+
+
+async def serve_https(port: NetPortStandIn, streams: int, ctx: ssl.SSLContext) -> int:
+    """The stand-in as an HTTPS server behind every OPEN (TLS in memory BIOs over the stream);
+    returns how many requests it answered."""
+    tls: dict[int, tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, list[bytes]]] = {}
+    answered = done = 0
+
+    async def flush(sid: int) -> None:
+        out = tls[sid][2].read()
+        for i in range(0, len(out), DATA_MAX):
+            await port.send(frame(DATA, sid, out[i : i + DATA_MAX]))
+
+    while done < streams:
+        t, sid, p = await port.next(timeout=90)
+        if t == OPEN:
+            inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            tls[sid] = (ctx.wrap_bio(inc, out, server_side=True), inc, out, [b""])
+            await port.send(frame(OPENED, sid, u32(OK) + string(b"")))
+        elif t == DATA:
+            obj, inc, _, req = tls[sid]
+            inc.write(p)
+            await port.send(frame(CREDIT, sid, u32(len(p))))
+            try:
+                obj.do_handshake()
+                while chunk := obj.read(1 << 16):  # b"": the client's close_notify
+                    req[0] += chunk
+            except ssl.SSLWantReadError:
+                pass
+            except (ssl.SSLError, ssl.SSLZeroReturnError):
+                pass  # e.g. the client refused our certificate: it says so on its side
+            if b"\r\n\r\n" in req[0]:
+                req[0] = b""
+                body = b"trusted hello"
+                obj.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                          % (len(body), body))  # fmt: skip
+                answered += 1
+            await flush(sid)
+        elif t == SHUTDOWN:
+            await port.send(frame(SHUTDOWN, sid))  # the client is done: so is this side
+        elif t == CLOSE:
+            await port.send(frame(CLOSE, sid, u32(0)))
+            done += 1
+        else:
+            assert t == CREDIT, t
+    return answered
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test CA")
+async def test_net_config_ca_bundle_is_what_every_client_trusts(
+    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+) -> None:
+    vm, port = net_vm
+    ca, cert, key = make_test_ca(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    await send_agent_frame(vm, NET_CONFIG, 906, net_config(["allowed.test"], [], ca))
+    script = (
+        "curl -sS --max-time 60 https://allowed.test/; echo\n"
+        "python3 -c \"import urllib.request as u; "
+        "print(u.urlopen('https://allowed.test/', timeout=60).read().decode())\"\n"
+        "node -e \"fetch('https://allowed.test/').then(r => r.text()).then(console.log)\" 2>/dev/null\n"
+    )
+    run = asyncio.create_task(vm.execute(ExecRequest("raw", script.encode(), 180_000, [], 1 << 16, 1 << 16)))
+    answered = await serve_https(port, 3, ctx)
+    r = await run
+    # Signed by a CA only NET_CONFIG brought: curl (the system bundle), python (SSL_CERT_FILE)
+    # and node (NODE_EXTRA_CA_CERTS) all verified the certificate.
+    assert r.stdout.splitlines() == ["trusted hello"] * 3, r
+    assert answered == 3
