@@ -75,6 +75,12 @@ static void handle_net_config(struct sbx_agent *a, const struct sbx_frame *f)
 				   a->cfg.test_mode, a->cfg.boot, msg, sizeof(msg));
 	if (rc == 0) {
 		sbx_close_fd(&a->net_test_fd); /* the net module has its own copy */
+		/* node reads NODE_EXTRA_CA_CERTS once, at its start: a node started before this
+		 * NET_CONFIG (PRESTART) would never trust the bundle it brought. Python, curl & co.
+		 * open their bundle when they first need it. */
+		if (a->net.cfg.ca_bundle && a->runner.pre.pid > 0 &&
+		    a->runner.pre.language == SBX_LANG_JAVASCRIPT)
+			sbx_runner_discard_prestarted(&a->runner);
 		sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
 		return;
 	}

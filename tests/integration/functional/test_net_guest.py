@@ -527,3 +527,22 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
     # and node (NODE_EXTRA_CA_CERTS) all verified the certificate.
     assert r.stdout.splitlines() == ["trusted hello"] * 3, r
     assert answered == 3
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test CA")
+async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
+    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+) -> None:
+    # node reads NODE_EXTRA_CA_CERTS once at its start: a pooled VM's pre-started node (PRESTART
+    # comes before NET_CONFIG there) must not serve the run, or the host's CA is not trusted.
+    vm, port = net_vm
+    ca, cert, key = make_test_ca(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    assert await vm.prestart("javascript")
+    await send_agent_frame(vm, NET_CONFIG, 907, net_config(["allowed.test"], [], ca))
+    code = "fetch('https://allowed.test/').then(r => r.text()).then(console.log, e => console.log(String(e.cause)))"
+    run = asyncio.create_task(vm.execute(ExecRequest("javascript", code.encode(), 120_000, [], 1 << 16, 1 << 16)))
+    await serve_https(port, 1, ctx)
+    r = await run
+    assert r.stdout == "trusted hello\n", r
