@@ -393,7 +393,8 @@ static void stream_on_event(struct sbx_net *n, struct sbx_net_stream *s, uint32_
 
 /* --- frames from the host -------------------------------------------------------------------- */
 
-static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct sbx_net_host_msg *m)
+static void host_data(struct sbx_net *n, struct sbx_net_stream *s,
+		      const struct sbx_net_host_msg *m)
 {
 	if (s->state == SBX_NS_CLOSING)
 		return; /* sent before it saw our NET_CLOSE */
@@ -401,8 +402,8 @@ static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct 
 	    m->len > SBX_NET_WINDOW - s->recv_inflight) {
 		/* Data before the stream is open, after the host's half close, or past the window:
 		 * the host broke the stream's contract. It costs the stream, not the VM. */
-		sbx_log("net stream %u: DATA out of contract (%u bytes, %u in flight): reset", s->id,
-			m->len, s->recv_inflight);
+		sbx_log("net stream %u: DATA out of contract (%u bytes, %u in flight): reset",
+			s->id, m->len, s->recv_inflight);
 		stream_end(n, s, true);
 		return;
 	}
@@ -414,7 +415,8 @@ static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct 
 	stream_drain(n, s);
 }
 
-static void host_opened(struct sbx_net *n, struct sbx_net_stream *s, const struct sbx_net_host_msg *m)
+static void host_opened(struct sbx_net *n, struct sbx_net_stream *s,
+			const struct sbx_net_host_msg *m)
 {
 	if (s->state != SBX_NS_OPENING) {
 		sbx_log("net stream %u: unexpected OPENED", s->id);
@@ -535,8 +537,8 @@ static void port_read(struct sbx_net *n)
 		if (r < 0)
 			return; /* EAGAIN */
 		if (r == 0) {
-			/* The host end closed (QEMU's chardev socket: it never reopens). Its EPOLLHUP
-			 * would wake the loop without end: the port is done. */
+			/* The host end closed (QEMU's chardev socket: it never reopens). Its
+			 * EPOLLHUP would wake the loop without end: the port is done. */
 			port_broken(n, -ECONNRESET);
 			return;
 		}
@@ -634,9 +636,11 @@ static void on_dns(struct sbx_net *n)
 		int entry;
 		/* MSG_TRUNC: r is the datagram's real size, so an oversized one is seen as such. */
 		size_t qn = (size_t)r > sizeof(q) ? sizeof(q) : (size_t)r;
-		size_t len = sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
+		size_t len =
+			sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
+		/* Listeners before the answer: a connect may follow at once. */
 		if (entry >= 0)
-			open_listeners(n, (uint32_t)entry); /* before the answer: a connect may follow */
+			open_listeners(n, (uint32_t)entry);
 		if (len)
 			sendto(n->dns_fd, reply, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
 	}
@@ -716,7 +720,8 @@ static int open_dns(struct sbx_net *n)
  * reads half a bundle). */
 static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, size_t len)
 {
-	_cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	_cleanup_close_ int fd =
+		open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd < 0)
 		return -errno;
 	while (len) {
@@ -742,7 +747,9 @@ static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, 
 static int install_ca(const uint8_t *pem, size_t len)
 {
 	int rc = install_ca_at(SBX_NET_CA_FILE, SBX_NET_CA_FILE ".new", pem, len);
-	return rc < 0 ? rc : install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
+	if (rc < 0)
+		return rc;
+	return install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
 }
 
 __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, int rc,
@@ -770,7 +777,8 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 	/* A test agent on the host (no --boot namespaces) must not add addresses to the host's lo
 	 * nor bind its port 53: outbound is the VM's (or a namespaced test's). */
 	if (test_mode && !own_net_ns && (probe.flags & SBX_NET_CONFIG_OUTBOUND))
-		return refuse(msg, cap, -EPERM, "NET_CONFIG: outbound needs the VM's network namespace");
+		return refuse(msg, cap, -EPERM,
+			      "NET_CONFIG: outbound needs the VM's network namespace");
 	/* The caller keeps its fd (test mode): the net module works on its own copy. */
 	_cleanup_close_ int port = port_fd >= 0 ? fcntl(port_fd, F_DUPFD_CLOEXEC, 3) : -1;
 	if (port_fd >= 0 && port < 0)
@@ -807,13 +815,15 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		if (setrlimit(RLIMIT_NOFILE, &want) < 0) {
 			want.rlim_cur = rl.rlim_max;
 			want.rlim_max = rl.rlim_max;
-			setrlimit(RLIMIT_NOFILE, &want); /* test mode without privilege: what there is */
+			/* test mode without privilege: what there is */
+			setrlimit(RLIMIT_NOFILE, &want);
 		}
 	}
 	if (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) {
 		if ((rc = add_synthetic_range()) < 0 || (rc = open_dns(n)) < 0) {
 			sbx_close_fd(&n->epfd);
-			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s", strerror(-rc));
+			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s",
+				      strerror(-rc));
 		}
 	}
 	n->port_fd = TAKE_FD(port);
@@ -862,7 +872,9 @@ void sbx_net_handle(struct sbx_net *n)
 		pev |= EPOLLOUT;
 	if (pev != n->port_events) {
 		struct epoll_event e = {.events = pev, .data.u64 = tag(TAG_PORT, 0)};
-		int op = n->port_events == 0 ? EPOLL_CTL_ADD : pev == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+		int op = n->port_events == 0 ? EPOLL_CTL_ADD
+			 : pev == 0          ? EPOLL_CTL_DEL
+					     : EPOLL_CTL_MOD;
 		if (epoll_ctl(n->epfd, op, n->port_fd, &e) == 0)
 			n->port_events = pev;
 	}

@@ -107,8 +107,8 @@ class Agent:
                    *extra]
         else:
             cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
-        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds], stdout=subprocess.PIPE,
-                                     stderr=sys.stderr)
+        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds],
+                                     stdout=subprocess.PIPE, stderr=sys.stderr)
         theirs.close()
         self.buf = b""
         line = self.proc.stdout.readline()
@@ -190,7 +190,8 @@ def decode_error(payload: bytes) -> tuple[int, str]:
 
 # net_protocol.h (issue 13)
 NET_CONFIG = 104
-NET_CONNECTED, NET_CONNECT, NET_DATA, NET_CREDIT, NET_SHUTDOWN, NET_CLOSE = 49, 113, 120, 121, 122, 123
+NET_CONNECTED, NET_CONNECT = 49, 113
+NET_DATA, NET_CREDIT, NET_SHUTDOWN, NET_CLOSE = 120, 121, 122, 123
 NET_WINDOW, NET_DATA_MAX = 256 * 1024, 60 * 1024
 
 

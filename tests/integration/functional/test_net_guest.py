@@ -31,7 +31,8 @@ from exec_sandbox.paths import images_dir
 pytestmark = pytest.mark.vm
 
 # src/shared/net_protocol.h
-OPEN, CONNECTED, OPENED, CONNECT, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 112, 113, 120, 121, 122, 123
+OPEN, CONNECTED, OPENED, CONNECT = 48, 49, 112, 113
+DATA, CREDIT, SHUTDOWN, CLOSE = 120, 121, 122, 123
 NET_CONFIG = 104
 OUTBOUND = 1
 WINDOW = 256 * 1024
@@ -134,8 +135,8 @@ async def send_agent_frame(vm: GuestVm, type_: int, req_id: int, payload: bytes)
 
 def _spec(net_port: bool) -> VmSpec:
     return VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=256,
-                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}", net_port=net_port)  # fmt: skip
+                  accel=host.accelerator(), memory_mb=256, net_port=net_port,
+                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
 
 
 @pytest.fixture
@@ -151,6 +152,10 @@ async def net_vm(images_ready: None) -> AsyncIterator[tuple[GuestVm, NetPortStan
 
 def _py(code: str, timeout_ms: int = 60_000) -> ExecRequest:
     return ExecRequest("python", code.encode(), timeout_ms, [], 1 << 20, 1 << 16)
+
+
+def _raw(script: str) -> ExecRequest:
+    return ExecRequest("raw", script.encode(), 180_000, [], 1 << 16, 1 << 16)
 
 
 CA = b"-----BEGIN CERTIFICATE-----\nTEST STAND-IN BUNDLE\n-----END CERTIFICATE-----\n"
@@ -184,7 +189,8 @@ async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: Non
             "import socket, time\n"
             "print(open('/etc/resolv.conf').read().split())\n"
             "t = time.monotonic()\n"
-            "try:\n    socket.gethostbyname('example.org')\nexcept OSError as e:\n    print('failed')\n"
+            "try:\n    socket.gethostbyname('example.org')\n"
+            "except OSError as e:\n    print('failed')\n"
             "print(time.monotonic() - t < 5)\n"))  # fmt: skip
         assert r.stdout.splitlines()[1:] == ["failed", "True"], r
         assert r.stdout.splitlines()[0].startswith("['nameserver', '127.0.0.53'"), r
@@ -192,7 +198,9 @@ async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: Non
         vm.close()
 
 
-async def test_dns_stub_listeners_and_a_relayed_stream(net_vm: tuple[GuestVm, NetPortStandIn]) -> None:
+async def test_dns_stub_listeners_and_a_relayed_stream(
+    net_vm: tuple[GuestVm, NetPortStandIn],
+) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 901, net_config(["allowed.test"], [8080], CA))
     big = os.urandom(700 * 1024)  # more than two windows host -> guest
@@ -301,7 +309,9 @@ async def test_refused_open_resets_the_client(net_vm: tuple[GuestVm, NetPortStan
         await port.next(timeout=1)
 
 
-async def test_net_connect_reaches_a_guest_http_server(net_vm: tuple[GuestVm, NetPortStandIn]) -> None:
+async def test_net_connect_reaches_a_guest_http_server(
+    net_vm: tuple[GuestVm, NetPortStandIn],
+) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 903, net_config([], [], flags=0))  # ports only
     hid = 0x80000001
@@ -311,7 +321,8 @@ async def test_net_connect_reaches_a_guest_http_server(net_vm: tuple[GuestVm, Ne
     assert (id_, payload) == (hid, u32(CONNECT_FAILED))
     server = ("import http.server, os\n"
               "os.chdir('/tmp'); open('hello.txt', 'w').write('served from the guest')\n"
-              "s = http.server.HTTPServer(('127.0.0.1', 8000), http.server.SimpleHTTPRequestHandler)\n"
+              "s = http.server.HTTPServer(('127.0.0.1', 8000),\n"
+              "                           http.server.SimpleHTTPRequestHandler)\n"
               "s.handle_request()\n")  # fmt: skip
     run = asyncio.create_task(vm.execute(_py(server)))
     for _ in range(200):
@@ -430,10 +441,11 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
         "curl -sS --max-time 30 http://api.allowed.test:8080/extra-port; echo\n"
         "python3 -c \"import urllib.request as u; "
         "print(u.urlopen('http://allowed.test/urllib', timeout=30).read().decode())\"\n"
-        "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\" 2>/dev/null\n"
+        "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\""
+        " 2>/dev/null\n"
         "curl -sS --max-time 5 http://refused.example/ 2>&1 | head -c 60; echo\n"
     )
-    run = asyncio.create_task(vm.execute(ExecRequest("raw", script.encode(), 120_000, [], 1 << 16, 1 << 16)))
+    run = asyncio.create_task(vm.execute(_raw(script)))
     seen = await serve_http(port, 4)
     r = await run
     assert r.stdout.splitlines()[:4] == [
@@ -449,7 +461,8 @@ def make_test_ca(d: Path) -> tuple[bytes, Path, Path]:
     subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem",
                     "-subj", "/CN=exec-sandbox test CA", "-days", "1",
                     "-addext", "basicConstraints=critical,CA:TRUE",
-                    "-addext", "keyUsage=critical,keyCertSign"], check=True, capture_output=True)  # fmt: skip
+                    "-addext", "keyUsage=critical,keyCertSign"],
+                   check=True, capture_output=True)  # fmt: skip
     subprocess.run(["openssl", "req", *ec, "-keyout", d / "leaf.key", "-out", d / "leaf.csr",
                     "-subj", "/CN=allowed.test"], check=True, capture_output=True)  # fmt: skip
     (d / "ext").write_text("subjectAltName=DNS:allowed.test\n")
@@ -505,7 +518,10 @@ async def serve_https(port: NetPortStandIn, streams: int, ctx: ssl.SSLContext) -
     return answered
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test CA")
+NO_OPENSSL = "needs the openssl command to make a test CA"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
 async def test_net_config_ca_bundle_is_what_every_client_trusts(
     net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
 ) -> None:
@@ -518,9 +534,10 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
         "curl -sS --max-time 60 https://allowed.test/; echo\n"
         "python3 -c \"import urllib.request as u; "
         "print(u.urlopen('https://allowed.test/', timeout=60).read().decode())\"\n"
-        "node -e \"fetch('https://allowed.test/').then(r => r.text()).then(console.log)\" 2>/dev/null\n"
+        "node -e \"fetch('https://allowed.test/').then(r => r.text()).then(console.log)\""
+        " 2>/dev/null\n"
     )
-    run = asyncio.create_task(vm.execute(ExecRequest("raw", script.encode(), 180_000, [], 1 << 16, 1 << 16)))
+    run = asyncio.create_task(vm.execute(_raw(script)))
     answered = await serve_https(port, 3, ctx)
     r = await run
     # Signed by a CA only NET_CONFIG brought: curl (the system bundle), python (SSL_CERT_FILE)
@@ -529,7 +546,7 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
     assert answered == 3
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a test CA")
+@pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
 async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
     net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
 ) -> None:
@@ -541,8 +558,10 @@ async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
     ctx.load_cert_chain(cert, key)
     assert await vm.prestart("javascript")
     await send_agent_frame(vm, NET_CONFIG, 907, net_config(["allowed.test"], [], ca))
-    code = "fetch('https://allowed.test/').then(r => r.text()).then(console.log, e => console.log(String(e.cause)))"
-    run = asyncio.create_task(vm.execute(ExecRequest("javascript", code.encode(), 120_000, [], 1 << 16, 1 << 16)))
+    code = ("fetch('https://allowed.test/')"
+            ".then(r => r.text()).then(console.log, e => console.log(String(e.cause)))")
+    js = ExecRequest("javascript", code.encode(), 120_000, [], 1 << 16, 1 << 16)
+    run = asyncio.create_task(vm.execute(js))
     await serve_https(port, 1, ctx)
     r = await run
     assert r.stdout == "trusted hello\n", r
