@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -29,6 +30,7 @@
 #define ACCEPTS_PER_CALL 16
 /* Credit back once this much is written (or the socket took everything pending). */
 #define CREDIT_BATCH (SBX_NET_WINDOW / 4u)
+#define SBX_NET_NOFILE 8192u
 
 enum tag {
 	TAG_PORT = 1,
@@ -114,6 +116,8 @@ static size_t out_pending(const struct sbx_net *n)
 static void send_frame(struct sbx_net *n, uint8_t type, uint32_t id, const uint32_t *value,
 		       const void *data, size_t len, bool as_str)
 {
+	if (n->broken)
+		return;
 	size_t start;
 	int rc = sbx_frame_begin(&n->out, type, id, &start);
 	if (rc == 0 && value)
@@ -389,7 +393,8 @@ static void stream_on_event(struct sbx_net *n, struct sbx_net_stream *s, uint32_
 
 /* --- frames from the host -------------------------------------------------------------------- */
 
-static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct sbx_net_host_msg *m)
+static void host_data(struct sbx_net *n, struct sbx_net_stream *s,
+		      const struct sbx_net_host_msg *m)
 {
 	if (s->state == SBX_NS_CLOSING)
 		return; /* sent before it saw our NET_CLOSE */
@@ -397,8 +402,8 @@ static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct 
 	    m->len > SBX_NET_WINDOW - s->recv_inflight) {
 		/* Data before the stream is open, after the host's half close, or past the window:
 		 * the host broke the stream's contract. It costs the stream, not the VM. */
-		sbx_log("net stream %u: DATA out of contract (%u bytes, %u in flight): reset", s->id,
-			m->len, s->recv_inflight);
+		sbx_log("net stream %u: DATA out of contract (%u bytes, %u in flight): reset",
+			s->id, m->len, s->recv_inflight);
 		stream_end(n, s, true);
 		return;
 	}
@@ -410,7 +415,8 @@ static void host_data(struct sbx_net *n, struct sbx_net_stream *s, const struct 
 	stream_drain(n, s);
 }
 
-static void host_opened(struct sbx_net *n, struct sbx_net_stream *s, const struct sbx_net_host_msg *m)
+static void host_opened(struct sbx_net *n, struct sbx_net_stream *s,
+			const struct sbx_net_host_msg *m)
 {
 	if (s->state != SBX_NS_OPENING) {
 		sbx_log("net stream %u: unexpected OPENED", s->id);
@@ -505,11 +511,15 @@ static void host_frame(struct sbx_net *n, const struct sbx_frame *f)
 	}
 }
 
-/* The host broke the framing: nothing more is read from the port, every stream is reset. */
+/* The host broke the framing, or closed its end: the port is done. Every stream is reset, queued
+ * output dropped, and from now on connections to the listeners are reset at once (send_frame
+ * drops everything), so that nothing piles up for a port nobody reads. */
 static void port_broken(struct sbx_net *n, int rc)
 {
 	sbx_log("net port: %s: closing every stream", strerror(-rc));
 	n->broken = true;
+	n->out.len = 0;
+	n->out_off = 0;
 	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
 		if (n->streams[i].state != SBX_NS_FREE)
 			stream_free(n, &n->streams[i]);
@@ -524,8 +534,14 @@ static void port_read(struct sbx_net *n)
 		ssize_t r = read(n->port_fd, buf, sizeof(buf));
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r <= 0)
-			return; /* EAGAIN, or the host end closed (virtio-serial: it may reopen) */
+		if (r < 0)
+			return; /* EAGAIN */
+		if (r == 0) {
+			/* The host end closed (QEMU's chardev socket: it never reopens). Its
+			 * EPOLLHUP would wake the loop without end: the port is done. */
+			port_broken(n, -ECONNRESET);
+			return;
+		}
 		int rc = sbx_reader_feed(&n->reader, buf, (size_t)r);
 		struct sbx_frame f;
 		while (rc >= 0 && (rc = sbx_reader_next(&n->reader, &f)) == 1)
@@ -589,12 +605,12 @@ static void on_accept(struct sbx_net *n, uint32_t index)
 		socklen_t len = sizeof(sa);
 		const char *name;
 		size_t name_len;
-		struct sbx_net_stream *s = free_slot(n);
+		struct sbx_net_stream *s = n->broken ? NULL : free_slot(n);
 		if (!s || getsockname(fd, (struct sockaddr *)&sa, &len) < 0 ||
 		    sa.sin_family != AF_INET ||
 		    sbx_name_table_find_addr(&n->table, ntohl(sa.sin_addr.s_addr), &name,
 					     &name_len) < 0) {
-			/* Over the stream limit: the client sees a reset at once. */
+			/* Over the stream limit, or the port is done: the client sees a reset. */
 			struct linger lg = {.l_onoff = 1, .l_linger = 0};
 			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 			close(fd);
@@ -620,9 +636,11 @@ static void on_dns(struct sbx_net *n)
 		int entry;
 		/* MSG_TRUNC: r is the datagram's real size, so an oversized one is seen as such. */
 		size_t qn = (size_t)r > sizeof(q) ? sizeof(q) : (size_t)r;
-		size_t len = sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
+		size_t len =
+			sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
+		/* Listeners before the answer: a connect may follow at once. */
 		if (entry >= 0)
-			open_listeners(n, (uint32_t)entry); /* before the answer: a connect may follow */
+			open_listeners(n, (uint32_t)entry);
 		if (len)
 			sendto(n->dns_fd, reply, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
 	}
@@ -702,7 +720,8 @@ static int open_dns(struct sbx_net *n)
  * reads half a bundle). */
 static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, size_t len)
 {
-	_cleanup_close_ int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	_cleanup_close_ int fd =
+		open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
 	if (fd < 0)
 		return -errno;
 	while (len) {
@@ -728,7 +747,9 @@ static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, 
 static int install_ca(const uint8_t *pem, size_t len)
 {
 	int rc = install_ca_at(SBX_NET_CA_FILE, SBX_NET_CA_FILE ".new", pem, len);
-	return rc < 0 ? rc : install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
+	if (rc < 0)
+		return rc;
+	return install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
 }
 
 __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, int rc,
@@ -742,9 +763,8 @@ __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, i
 }
 
 int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int port_fd,
-		      bool test_mode, char *msg, size_t cap)
+		      bool test_mode, bool own_net_ns, char *msg, size_t cap)
 {
-	_cleanup_close_ int port = port_fd; /* owned from here on, whatever the outcome */
 	struct sbx_net_config probe;
 	const char *why = "?";
 	int rc = sbx_net_parse_config(payload, len, &probe, &why);
@@ -754,6 +774,15 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		return refuse(msg, cap, -EALREADY, "NET_CONFIG: already configured");
 	if (port_fd < 0 && test_mode)
 		return refuse(msg, cap, -ENODEV, "NET_CONFIG: no network port (test mode)");
+	/* A test agent on the host (no --boot namespaces) must not add addresses to the host's lo
+	 * nor bind its port 53: outbound is the VM's (or a namespaced test's). */
+	if (test_mode && !own_net_ns && (probe.flags & SBX_NET_CONFIG_OUTBOUND))
+		return refuse(msg, cap, -EPERM,
+			      "NET_CONFIG: outbound needs the VM's network namespace");
+	/* The caller keeps its fd (test mode): the net module works on its own copy. */
+	_cleanup_close_ int port = port_fd >= 0 ? fcntl(port_fd, F_DUPFD_CLOEXEC, 3) : -1;
+	if (port_fd >= 0 && port < 0)
+		return refuse(msg, cap, -errno, "NET_CONFIG: dup: %s", strerror(errno));
 	if (port < 0 && (rc = sbx_channel_find_port(SBX_NET_PORT_NAME, PORT_WAIT_MS, &port)) < 0)
 		return refuse(msg, cap, rc, "NET_CONFIG: no port %s: %s", SBX_NET_PORT_NAME,
 			      strerror(-rc));
@@ -777,10 +806,24 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		return refuse(msg, cap, rc, "NET_CONFIG: epoll: %s", strerror(-rc));
 	}
 	n->port_events = EPOLLIN;
+	/* Every name with an address holds a listener per port (up to 128 x 18) besides the
+	 * streams: more than PID 1's default 1024 fds. User code has its own limit (spawn.c). */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < SBX_NET_NOFILE) {
+		struct rlimit want = {SBX_NET_NOFILE,
+				      rl.rlim_max > SBX_NET_NOFILE ? rl.rlim_max : SBX_NET_NOFILE};
+		if (setrlimit(RLIMIT_NOFILE, &want) < 0) {
+			want.rlim_cur = rl.rlim_max;
+			want.rlim_max = rl.rlim_max;
+			/* test mode without privilege: what there is */
+			setrlimit(RLIMIT_NOFILE, &want);
+		}
+	}
 	if (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) {
 		if ((rc = add_synthetic_range()) < 0 || (rc = open_dns(n)) < 0) {
 			sbx_close_fd(&n->epfd);
-			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s", strerror(-rc));
+			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s",
+				      strerror(-rc));
 		}
 	}
 	n->port_fd = TAKE_FD(port);
@@ -825,11 +868,13 @@ void sbx_net_handle(struct sbx_net *n)
 	/* The port: readable unless broken; writable interest only while output waits. A port
 	 * whose host end is closed reports EPOLLHUP without end: leave it out then. */
 	uint32_t pev = n->broken ? 0 : EPOLLIN;
-	if (out_pending(n))
+	if (out_pending(n) && !n->broken)
 		pev |= EPOLLOUT;
 	if (pev != n->port_events) {
 		struct epoll_event e = {.events = pev, .data.u64 = tag(TAG_PORT, 0)};
-		int op = n->port_events == 0 ? EPOLL_CTL_ADD : pev == 0 ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+		int op = n->port_events == 0 ? EPOLL_CTL_ADD
+			 : pev == 0          ? EPOLL_CTL_DEL
+					     : EPOLL_CTL_MOD;
 		if (epoll_ctl(n->epfd, op, n->port_fd, &e) == 0)
 			n->port_events = pev;
 	}

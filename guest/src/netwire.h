@@ -16,7 +16,8 @@
 struct sbx_net_config {
 	uint32_t flags;
 	uint32_t name_count;
-	const uint8_t *names[SBX_NET_NAMES_MAX]; /* validated patterns (sbx_net_name_valid) or "*" */
+	/* validated patterns (sbx_net_name_valid) or "*" */
+	const uint8_t *names[SBX_NET_NAMES_MAX];
 	uint32_t name_len[SBX_NET_NAMES_MAX];
 	uint32_t port_count;
 	uint16_t ports[SBX_NET_EXTRA_PORTS_MAX]; /* 1..65535, none 80 or 443, no duplicates kept */

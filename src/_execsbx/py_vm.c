@@ -366,16 +366,16 @@ static PyObject *get_console_fd(VmObject *self, void *closure)
 	return PyLong_FromLong(self->vm.console_fd);
 }
 
-static PyObject *get_net_fd(VmObject *self, void *closure)
-{
-	(void)closure;
-	return PyLong_FromLong(self->vm.net_fd);
-}
-
 static PyObject *get_qmp_fd(VmObject *self, void *closure)
 {
 	(void)closure;
 	return PyLong_FromLong(self->vm.qmp_fd);
+}
+
+static PyObject *get_net_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.net_fd);
 }
 
 static PyObject *get_spawn_fd(VmObject *self, void *closure)
@@ -397,12 +397,12 @@ static PyGetSetDef vm_getset[] = {
 	{"channel_fd", (getter)get_channel_fd, NULL, "host end of the agent channel; -1 once closed",
 	 NULL},
 	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
+	{"qmp_fd", (getter)get_qmp_fd, NULL,
+	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
 	{"net_fd", (getter)get_net_fd, NULL,
 	 "host end of the network port (O_NONBLOCK, owned and closed by the Vm); -1 without\n"
 	 "net_port=True or once closed",
 	 NULL},
-	{"qmp_fd", (getter)get_qmp_fd, NULL,
-	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
 	{"spawn_fd", (getter)get_spawn_fd, NULL,
 	 "readable once QEMU has exec'd or failed to (then call check_spawn()); -1 once known",
 	 NULL},

@@ -245,8 +245,8 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, const
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel, and a
 	 * third, the network port, only for a VM that asked for it (a plain VM's device layout, and
 	 * hence its snapshots, stay as they were). Every chardev is a socket the host already holds
-	 * the other end of (qemu_spawn.c puts them at fds 3, 4 and 7): no paths, no listening sockets,
-	 * nothing another process could connect to. */
+	 * the other end of (qemu_spawn.c puts them at fds 3, 4 and 7): no paths, no listening
+	 * sockets, nothing another process could connect to. */
 	add(&b, "-device");
 	addf(&b, "virtio-serial-device,max_ports=%d", cfg->net_port ? 3 : 2);
 	add(&b, "-chardev");

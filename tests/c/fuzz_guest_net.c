@@ -73,7 +73,8 @@ static void net_port_stream(const uint8_t *data, size_t size, uint32_t seed)
 				REQUIRE(m.value >= 1 && m.value <= 65535 && (m.id & 0x80000000u));
 				break;
 			case SBX_NET_MSG_OPENED:
-				REQUIRE(m.value <= SBX_NET_STATUS_MAX && m.len <= SBX_NET_MESSAGE_MAX);
+				REQUIRE(m.value <= SBX_NET_STATUS_MAX);
+				REQUIRE(m.len <= SBX_NET_MESSAGE_MAX);
 				REQUIRE(!(m.id & 0x80000000u));
 				break;
 			case SBX_NET_MSG_CLOSE:

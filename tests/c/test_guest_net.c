@@ -238,7 +238,8 @@ static void test_dns(void)
 	CHECK_EQ(ancount(r), 1);
 	CHECK_EQ(entry, 0);
 	CHECK(r[n - 4] == 198 && r[n - 3] == 18 && r[n - 2] == 0 && r[n - 1] == 1);
-	/* a second name: the next address; the first again, case aside: its address, no new entry */
+	/* a second name: the next address; the first again (case aside): its own address, no new
+	 * entry */
 	qn = query(q, "www.allowed.test", SBX_DNS_TYPE_A, 0x0100, 1);
 	n = sbx_dns_answer(&c, &t, q, qn, r, sizeof(r), &entry);
 	CHECK(entry == 1 && r[n - 1] == 2);

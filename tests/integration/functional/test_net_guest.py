@@ -14,8 +14,12 @@ import asyncio
 import hashlib
 import os
 import select
+import shutil
+import ssl
 import struct
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +33,8 @@ from exec_sandbox.paths import images_dir
 pytestmark = pytest.mark.vm
 
 # src/shared/net_protocol.h
-OPEN, CONNECTED, OPENED, CONNECT, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 112, 113, 120, 121, 122, 123
+OPEN, CONNECTED, OPENED, CONNECT = 48, 49, 112, 113
+DATA, CREDIT, SHUTDOWN, CLOSE = 120, 121, 122, 123
 NET_CONFIG = 104
 OUTBOUND = 1
 WINDOW = 256 * 1024
@@ -132,8 +137,8 @@ async def send_agent_frame(vm: GuestVm, type_: int, req_id: int, payload: bytes)
 
 def _spec(net_port: bool) -> VmSpec:
     return VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=256,
-                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}", net_port=net_port)  # fmt: skip
+                  accel=host.accelerator(), memory_mb=256, net_port=net_port,
+                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
 
 
 @pytest.fixture
@@ -149,6 +154,10 @@ async def net_vm(images_ready: None) -> AsyncIterator[tuple[GuestVm, NetPortStan
 
 def _py(code: str, timeout_ms: int = 60_000) -> ExecRequest:
     return ExecRequest("python", code.encode(), timeout_ms, [], 1 << 20, 1 << 16)
+
+
+def _raw(script: str) -> ExecRequest:
+    return ExecRequest("raw", script.encode(), 180_000, [], 1 << 16, 1 << 16)
 
 
 CA = b"-----BEGIN CERTIFICATE-----\nTEST STAND-IN BUNDLE\n-----END CERTIFICATE-----\n"
@@ -182,7 +191,8 @@ async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: Non
             "import socket, time\n"
             "print(open('/etc/resolv.conf').read().split())\n"
             "t = time.monotonic()\n"
-            "try:\n    socket.gethostbyname('example.org')\nexcept OSError as e:\n    print('failed')\n"
+            "try:\n    socket.gethostbyname('example.org')\n"
+            "except OSError as e:\n    print('failed')\n"
             "print(time.monotonic() - t < 5)\n"))  # fmt: skip
         assert r.stdout.splitlines()[1:] == ["failed", "True"], r
         assert r.stdout.splitlines()[0].startswith("['nameserver', '127.0.0.53'"), r
@@ -190,7 +200,9 @@ async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: Non
         vm.close()
 
 
-async def test_dns_stub_listeners_and_a_relayed_stream(net_vm: tuple[GuestVm, NetPortStandIn]) -> None:
+async def test_dns_stub_listeners_and_a_relayed_stream(
+    net_vm: tuple[GuestVm, NetPortStandIn],
+) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 901, net_config(["allowed.test"], [8080], CA))
     big = os.urandom(700 * 1024)  # more than two windows host -> guest
@@ -299,7 +311,9 @@ async def test_refused_open_resets_the_client(net_vm: tuple[GuestVm, NetPortStan
         await port.next(timeout=1)
 
 
-async def test_net_connect_reaches_a_guest_http_server(net_vm: tuple[GuestVm, NetPortStandIn]) -> None:
+async def test_net_connect_reaches_a_guest_http_server(
+    net_vm: tuple[GuestVm, NetPortStandIn],
+) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 903, net_config([], [], flags=0))  # ports only
     hid = 0x80000001
@@ -309,7 +323,8 @@ async def test_net_connect_reaches_a_guest_http_server(net_vm: tuple[GuestVm, Ne
     assert (id_, payload) == (hid, u32(CONNECT_FAILED))
     server = ("import http.server, os\n"
               "os.chdir('/tmp'); open('hello.txt', 'w').write('served from the guest')\n"
-              "s = http.server.HTTPServer(('127.0.0.1', 8000), http.server.SimpleHTTPRequestHandler)\n"
+              "s = http.server.HTTPServer(('127.0.0.1', 8000),\n"
+              "                           http.server.SimpleHTTPRequestHandler)\n"
               "s.handle_request()\n")  # fmt: skip
     run = asyncio.create_task(vm.execute(_py(server)))
     for _ in range(200):
@@ -428,10 +443,11 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
         "curl -sS --max-time 30 http://api.allowed.test:8080/extra-port; echo\n"
         "python3 -c \"import urllib.request as u; "
         "print(u.urlopen('http://allowed.test/urllib', timeout=30).read().decode())\"\n"
-        "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\" 2>/dev/null\n"
+        "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\""
+        " 2>/dev/null\n"
         "curl -sS --max-time 5 http://refused.example/ 2>&1 | head -c 60; echo\n"
     )
-    run = asyncio.create_task(vm.execute(ExecRequest("raw", script.encode(), 120_000, [], 1 << 16, 1 << 16)))
+    run = asyncio.create_task(vm.execute(_raw(script)))
     seen = await serve_http(port, 4)
     r = await run
     assert r.stdout.splitlines()[:4] == [
@@ -439,3 +455,115 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
     assert "Could not resolve host: refused.example" in r.stdout.splitlines()[4], r
     assert [p for p, _ in seen] == [80, 8080, 80, 80]
     assert b"Host: api.allowed.test:8080" in seen[1][1]
+
+
+def make_test_ca(d: Path) -> tuple[bytes, Path, Path]:
+    """A throwaway CA and a certificate for allowed.test signed by it: (CA PEM, cert, key)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem",
+                    "-subj", "/CN=exec-sandbox test CA", "-days", "1",
+                    "-addext", "basicConstraints=critical,CA:TRUE",
+                    "-addext", "keyUsage=critical,keyCertSign"],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["openssl", "req", *ec, "-keyout", d / "leaf.key", "-out", d / "leaf.csr",
+                    "-subj", "/CN=allowed.test"], check=True, capture_output=True)  # fmt: skip
+    (d / "ext").write_text("subjectAltName=DNS:allowed.test\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", d / "leaf.csr", "-CA", d / "ca.pem",
+                    "-CAkey", d / "ca.key", "-CAcreateserial", "-out", d / "leaf.pem", "-days", "1",
+                    "-extfile", d / "ext"], check=True, capture_output=True)  # fmt: skip
+    return (d / "ca.pem").read_bytes(), d / "leaf.pem", d / "leaf.key"
+
+
+async def serve_https(port: NetPortStandIn, streams: int, ctx: ssl.SSLContext) -> int:
+    """The stand-in as an HTTPS server behind every OPEN (TLS in memory BIOs over the stream);
+    returns how many requests it answered."""
+    tls: dict[int, tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO, list[bytes]]] = {}
+    answered = done = 0
+
+    async def flush(sid: int) -> None:
+        out = tls[sid][2].read()
+        for i in range(0, len(out), DATA_MAX):
+            await port.send(frame(DATA, sid, out[i : i + DATA_MAX]))
+
+    while done < streams:
+        t, sid, p = await port.next(timeout=90)
+        if t == OPEN:
+            inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            tls[sid] = (ctx.wrap_bio(inc, out, server_side=True), inc, out, [b""])
+            await port.send(frame(OPENED, sid, u32(OK) + string(b"")))
+        elif t == DATA:
+            obj, inc, _, req = tls[sid]
+            inc.write(p)
+            await port.send(frame(CREDIT, sid, u32(len(p))))
+            try:
+                obj.do_handshake()
+                while chunk := obj.read(1 << 16):  # b"": the client's close_notify
+                    req[0] += chunk
+            except ssl.SSLWantReadError:
+                pass
+            except (ssl.SSLError, ssl.SSLZeroReturnError):
+                pass  # e.g. the client refused our certificate: it says so on its side
+            if b"\r\n\r\n" in req[0]:
+                req[0] = b""
+                body = b"trusted hello"
+                obj.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                          % (len(body), body))  # fmt: skip
+                answered += 1
+            await flush(sid)
+        elif t == SHUTDOWN:
+            await port.send(frame(SHUTDOWN, sid))  # the client is done: so is this side
+        elif t == CLOSE:
+            await port.send(frame(CLOSE, sid, u32(0)))
+            done += 1
+        else:
+            assert t == CREDIT, t
+    return answered
+
+
+NO_OPENSSL = "needs the openssl command to make a test CA"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
+async def test_net_config_ca_bundle_is_what_every_client_trusts(
+    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+) -> None:
+    vm, port = net_vm
+    ca, cert, key = make_test_ca(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    await send_agent_frame(vm, NET_CONFIG, 906, net_config(["allowed.test"], [], ca))
+    script = (
+        "curl -sS --max-time 60 https://allowed.test/; echo\n"
+        "python3 -c \"import urllib.request as u; "
+        "print(u.urlopen('https://allowed.test/', timeout=60).read().decode())\"\n"
+        "node -e \"fetch('https://allowed.test/').then(r => r.text()).then(console.log)\""
+        " 2>/dev/null\n"
+    )
+    run = asyncio.create_task(vm.execute(_raw(script)))
+    answered = await serve_https(port, 3, ctx)
+    r = await run
+    # Signed by a CA only NET_CONFIG brought: curl (the system bundle), python (SSL_CERT_FILE)
+    # and node (NODE_EXTRA_CA_CERTS) all verified the certificate.
+    assert r.stdout.splitlines() == ["trusted hello"] * 3, r
+    assert answered == 3
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
+async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
+    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+) -> None:
+    # node reads NODE_EXTRA_CA_CERTS once at its start: a pooled VM's pre-started node (PRESTART
+    # comes before NET_CONFIG there) must not serve the run, or the host's CA is not trusted.
+    vm, port = net_vm
+    ca, cert, key = make_test_ca(tmp_path)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    assert await vm.prestart("javascript")
+    await send_agent_frame(vm, NET_CONFIG, 907, net_config(["allowed.test"], [], ca))
+    code = ("fetch('https://allowed.test/')"
+            ".then(r => r.text()).then(console.log, e => console.log(String(e.cause)))")
+    js = ExecRequest("javascript", code.encode(), 120_000, [], 1 << 16, 1 << 16)
+    run = asyncio.create_task(vm.execute(js))
+    await serve_https(port, 1, ctx)
+    r = await run
+    assert r.stdout == "trusted hello\n", r
