@@ -40,7 +40,9 @@ def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> 
             "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
             "s.bind(('127.0.0.1', 7000)); s.listen()\n"
             "print('listening', flush=True)\n"
-            "c, _ = s.accept(); c.sendall(b'hi from sbx'); c.close()\n")  # fmt: skip
+            "c, _ = s.accept(); c.sendall(b'hi from sbx'); c.shutdown(socket.SHUT_WR)\n"
+            # The run (and its VM) ends with the code: wait for the client to be done first.
+            "c.recv(1); c.close()\n")  # fmt: skip
     proc = subprocess.Popen([*SBX, "run", "--expose", "7000", "-c", code], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)})  # fmt: skip
@@ -51,7 +53,10 @@ def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> 
         port = int(line.rsplit(":", 1)[1])
         assert proc.stdout.readline() == "listening\n"
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
-            assert conn.recv(100) == b"hi from sbx"
+            got = b""
+            while chunk := conn.recv(100):
+                got += chunk
+            assert got == b"hi from sbx"
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
