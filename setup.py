@@ -82,7 +82,9 @@ setup(
             depends=sorted(glob("src/_execsbx/*.h") + glob("src/shared/*.h"))
             + ["src/shared/warnings.mk"],
             extra_compile_args=["-std=gnu11", "-fvisibility=hidden", *shared_warnings()],
-            libraries=["seccomp"],
+            # liburing drives the network relay (net_relay.c); without liburing-dev the build
+            # stops at `#include <liburing.h>` (scripts/install-system-deps.sh installs it).
+            libraries=["seccomp", "uring"],
         )
     ],
 )

@@ -32,6 +32,7 @@ struct sbx_config {
 			       * uid's processes after each run (safe only as PID 1 of the guest or
 			       * of a PID namespace, which boot implies) */
 	int channel_fd;       /* test mode: the channel; otherwise -1 until the port is found */
+	int net_fd;           /* test mode: the network port's stand-in (--net-fd), else -1 */
 	char run_dir[256];    /* root-owned directory holding the code file */
 	char home_dir[256];   /* working directory and HOME of user code */
 	const char *interpreter[4]; /* indexed by enum sbx_language */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cleanup.h"
 #include "request.h"
 #include "reseed.h"
 
@@ -65,6 +66,32 @@ static void handle_prestart(struct sbx_agent *a, const struct sbx_frame *f)
 	sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
 }
 
+/* NET_CONFIG (issue 13): answered PONG once the net port, the DNS stub and the CA bundle are in
+ * place, so that the host starts user code only after that. */
+static void handle_net_config(struct sbx_agent *a, const struct sbx_frame *f)
+{
+	char msg[256];
+	int rc = sbx_net_configure(&a->net, f->payload, f->payload_len, a->net_test_fd,
+				   a->cfg.test_mode, a->cfg.boot, msg, sizeof(msg));
+	if (rc == 0) {
+		sbx_close_fd(&a->net_test_fd); /* the net module has its own copy */
+		/* node reads NODE_EXTRA_CA_CERTS once, at its start: a node started before this
+		 * NET_CONFIG (PRESTART) would never trust the bundle it brought. Python, curl & co.
+		 * open their bundle when they first need it. */
+		if (a->net.cfg.ca_bundle && a->runner.pre.pid > 0 &&
+		    a->runner.pre.language == SBX_LANG_JAVASCRIPT)
+			sbx_runner_discard_prestarted(&a->runner);
+		sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
+		return;
+	}
+	sbx_log("%s", msg);
+	sbx_channel_send_error(&a->ch, f->id,
+			       rc == -EPROTO || rc == -EMSGSIZE || rc == -EALREADY || rc == -EPERM
+				       ? SBX_ERR_BAD_REQUEST
+				       : SBX_ERR_INTERNAL,
+			       "%s", msg);
+}
+
 void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 {
 	struct sbx_agent *a = ctx;
@@ -100,6 +127,9 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 	case SBX_MSG_FILE_READ:
 	case SBX_MSG_FILE_LIST:
 		sbx_files_handle(&a->files, f);
+		break;
+	case SBX_MSG_NET_CONFIG:
+		handle_net_config(a, f);
 		break;
 	default:
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,

@@ -3,7 +3,8 @@
  *
  * Test mode (--channel-fd N, or SBX_AGENT_TEST_CHANNEL_FD=N): runs as an ordinary host process on a
  * given fd (a socketpair end), with no mounts and no uid switch, user code under a private work
- * directory, and exits when the peer closes the channel. Anything else must be PID 1: this program
+ * directory, and exits when the peer closes the channel. --net-fd M: the network port's stand-in
+ * (a socketpair end too), used once NET_CONFIG arrives. Anything else must be PID 1: this program
  * would otherwise remount the host's /proc.
  *
  * Test mode with --boot: also the boot steps and the uid switch, as in the VM. Only as PID 1 of a
@@ -49,7 +50,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: sbx-agent                 (as PID 1 of the guest)\n"
 		"       sbx-agent --channel-fd N [--work-dir DIR] [--interpreter LANG=PATH]...\n"
-		"                 [--driver-dir DIR]\n"
+		"                 [--driver-dir DIR] [--net-fd M]\n"
 		"                                 (test mode; LANG is python, javascript or raw)\n"
 		"       sbx-agent --channel-fd N --boot [--interpreter LANG=PATH]...\n"
 		"                                 (test mode as PID 1 of fresh namespaces)\n");
@@ -99,6 +100,9 @@ static int parse_args(struct sbx_config *cfg, int argc, char **argv, const char 
 		} else if (strcmp(arg, "--boot") == 0) {
 			boot = true;
 			i--; /* takes no value */
+		} else if (strcmp(arg, "--net-fd") == 0 && val) {
+			if ((cfg->net_fd = parse_fd(val)) < 0)
+				return -EINVAL;
 		} else if (strcmp(arg, "--work-dir") == 0 && val) {
 			*work_dir = val;
 		} else if (strcmp(arg, "--driver-dir") == 0 && val) {
@@ -156,6 +160,7 @@ static void boot_steps(struct sbx_config *cfg)
 		sbx_log("sethostname: %s", strerror(-rc));
 	if ((rc = sbx_loopback_up()) < 0)
 		sbx_log("loopback up: %s", strerror(-rc));
+	sbx_net_boot_trust();
 	snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s", SBX_RUN_DIR);
 	snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s", SBX_HOME_DIR);
 }
@@ -197,9 +202,9 @@ static void shutdown_test_mode(struct sbx_agent *a)
 __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 {
 	for (;;) {
-		struct pollfd p[10];
+		struct pollfd p[11];
 		int n = 0, timeout = -1;
-		int ci = -1, oi = -1, ei = -1, di = -1, roi = -1, rei = -1, rci = -1;
+		int ci = -1, oi = -1, ei = -1, di = -1, roi = -1, rei = -1, rci = -1, ni = -1;
 		struct sbx_runner *r = &a->runner;
 		struct sbx_repl *s = &a->repl;
 
@@ -246,6 +251,11 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			p[n++] = (struct pollfd){.fd = s->control_r, .events = POLLIN};
 		}
 
+		if (sbx_net_poll_fd(&a->net) >= 0) {
+			ni = n;
+			p[n++] = (struct pollfd){.fd = sbx_net_poll_fd(&a->net), .events = POLLIN};
+		}
+
 		if (poll(p, (nfds_t)n, timeout) < 0) {
 			if (errno != EINTR) {
 				sbx_log("poll: %s", strerror(errno));
@@ -282,6 +292,8 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 		if (p[sti].revents)
 			sbx_repl_on_timer(s);
 		sbx_files_pump(&a->files);
+		if (ni >= 0 && p[ni].revents)
+			sbx_net_handle(&a->net);
 		if (ci >= 0) {
 			switch (sbx_channel_handle(&a->ch, p[ci].revents, sbx_dispatch_frame, a)) {
 			case SBX_CHAN_HANGUP:
@@ -309,6 +321,7 @@ int main(int argc, char **argv)
 	int rc;
 
 	cfg->channel_fd = -1;
+	cfg->net_fd = -1;
 	cfg->interpreter[SBX_LANG_PYTHON] = "/usr/bin/python3";
 	cfg->interpreter[SBX_LANG_JAVASCRIPT] = "/usr/bin/node";
 	cfg->interpreter[SBX_LANG_RAW] = "/bin/bash";
@@ -353,6 +366,8 @@ int main(int argc, char **argv)
 	if ((rc = sbx_repl_init(&agent.repl, cfg, &agent.ch)) < 0)
 		fatal(cfg, "timerfd", rc);
 	sbx_files_init(&agent.files, cfg, &agent.ch);
+	sbx_net_init(&agent.net);
+	agent.net_test_fd = cfg->net_fd;
 
 	static const char ready[] = "sbx-agent: ready\n";
 	ssize_t w = write(STDOUT_FILENO, ready, sizeof(ready) - 1);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "netrelay.h"
 #include "cleanup.h"
 
 enum spawn_step {
@@ -278,9 +279,19 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 		"PYTHONUNBUFFERED=1",
 		"PYTHONDONTWRITEBYTECODE=1",
 	};
+	/* One CA bundle for every client (netrelay.h): the image's, or the host's once NET_CONFIG
+	 * brought it. Fixed paths, filled later: interpreters started before NET_CONFIG read the
+	 * right file when they first need it. */
+	static const char *const trust[] = {
+		"SSL_CERT_FILE=" SBX_NET_CA_FILE,
+		"REQUESTS_CA_BUNDLE=" SBX_NET_CA_FILE,
+		"PIP_CERT=" SBX_NET_CA_FILE,
+		"NODE_EXTRA_CA_CERTS=" SBX_NET_NODE_CA_FILE,
+	};
+	const size_t n_trust = sbx_net_trust_ready() ? sizeof(trust) / sizeof(trust[0]) : 0;
 	const size_t n_base = sizeof(base) / sizeof(base[0]);
 	const uint32_t n_req = req ? req->env_count : 0;
-	char **envp = calloc(n_base + n_req + 1, sizeof(char *));
+	char **envp = calloc(n_base + n_trust + n_req + 1, sizeof(char *));
 	if (!envp)
 		return -ENOMEM;
 	size_t count = 0;
@@ -290,6 +301,12 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 			e = strdup(base[i]);
 		else if (asprintf(&e, "HOME=%s", home) < 0)
 			e = NULL;
+		if (!e)
+			goto oom;
+		envp[count++] = e;
+	}
+	for (size_t i = 0; i < n_trust; i++) {
+		char *e = strdup(trust[i]);
 		if (!e)
 			goto oom;
 		envp[count++] = e;

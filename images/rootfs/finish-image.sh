@@ -41,5 +41,21 @@ finish_image() {
 	[ "$flags" = 1 ] || { echo "bytecode of the image was not recompiled:"; tail -n 20 "$r.compileall.log"; return 1; } >&2
 	rm -f "$r.compileall.log"
 
+	# Network by name (issue 13): the guest has no network device; names resolve through the
+	# agent's DNS stub (guest/src/netrelay.h), never through the resolver of the host that built
+	# the image. In a VM without network nothing listens there: a lookup fails at once (the
+	# kernel answers "port unreachable" on loopback). One attempt: the stub answers at once or
+	# not at all.
+	rm -f "$r/etc/resolv.conf"
+	printf 'nameserver 127.0.0.53\noptions attempts:1 timeout:2\n' >"$r/etc/resolv.conf"
+	# One CA bundle for every client: the system bundle's path becomes a link to the file the
+	# agent points it at (the image's bundle at boot, the host's after NET_CONFIG), and the
+	# image's own bundle moves to where the agent's boot link finds it.
+	if [ -f "$r/etc/ssl/certs/ca-certificates.crt" ] && [ ! -L "$r/etc/ssl/certs/ca-certificates.crt" ]; then
+		install -d -m 0755 "$r/usr/lib/sbx"
+		mv "$r/etc/ssl/certs/ca-certificates.crt" "$r/usr/lib/sbx/ca-certificates.crt"
+		ln -s /run/sbx/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
+	fi
+
 	printf '{"python": "%s", "glibc": "%s", "tree": "%s"}\n' "$py" "$glibc" "$tree_key" >"$facts"
 }

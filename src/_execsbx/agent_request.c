@@ -2,6 +2,8 @@
  * caller's mistake into a clear error instead of an ERROR(BAD_REQUEST) from the guest. */
 #include "agent_request.h"
 
+#include "net_protocol.h"
+
 #include <errno.h>
 #include <string.h>
 
@@ -189,6 +191,26 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, str
 		b->len = before; /* drop the partial frame */
 		return fail(err, rc == -EMSGSIZE ? "FILE frame larger than HOST_FRAME_MAX"
 						 : "out of memory", rc);
+	}
+	return 0;
+}
+
+int sbx_encode_net_config(struct sbx_buf *b, uint32_t id, const uint8_t *payload, size_t len,
+			  struct sbx_err *err)
+{
+	if (len == 0)
+		return fail(err, "empty NET_CONFIG payload", -EINVAL);
+	if (len > SBX_HOST_FRAME_MAX)
+		return fail(err, "NET_CONFIG larger than HOST_FRAME_MAX", -EMSGSIZE);
+	size_t start, before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_NET_CONFIG, id, &start);
+	if (rc == 0)
+		rc = sbx_buf_append(b, payload, len);
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before;
+		return fail(err, "out of memory", rc);
 	}
 	return 0;
 }

@@ -57,4 +57,9 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
  * another). */
 int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *e);
 
+/* NET_CONFIG (net_protocol.h): the payload the host's network policy built (exec_sandbox/network/
+ * config_frame.py), framed here; at most HOST_FRAME_MAX bytes (-EMSGSIZE), never empty (-EINVAL). */
+int sbx_encode_net_config(struct sbx_buf *b, uint32_t id, const uint8_t *payload, size_t len,
+			  struct sbx_err *e);
+
 #endif /* SBX_REQUEST_H */

@@ -33,6 +33,7 @@ enum sbx_py_event_type {
 /* Per-module state (multi-phase init: no static PyObject*), owned by py_module.c. */
 typedef struct {
 	PyTypeObject *vm_type;
+	PyTypeObject *net_ring_type; /* py_net_ring.c */
 	PyObject *protocol_error; /* exec_sandbox._execsbx.ProtocolError, a subclass of OSError */
 	PyTypeObject *event_types[SBX_PY_EVENT_TYPES];
 } sbx_module_state;

@@ -29,25 +29,26 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 {
 	static char *kwlist[] = {"qemu_binary", "kernel", "rootfs", "memory_mb", "vcpus",
 				 "accel", "kernel_cmdline_extra", "qmp", "mem_path", "mem_shared",
-				 "incoming", "qemu_sandbox", "mem_fd", "layer", "layer_kind", NULL};
+				 "incoming", "qemu_sandbox", "mem_fd", "layer", "layer_kind", "net_port",
+				 NULL};
 	int memory_mb = INT_MIN, vcpus = defaults ? 1 : INT_MIN;
 	const char *accel = defaults ? "tcg" : NULL;
 	const char *extra = "";
 	const char *layer_kind = NULL;
 	int qmp = 0, mem_shared = 0, incoming = 0;
-	int qemu_sandbox = 0;
+	int qemu_sandbox = 0, net_port = 0;
 	int mem_fd = -1;
 	char fmt[64];
 
 	memset(pc, 0, sizeof(*pc));
 	/* All keyword-only ("$" needs "|", so required ones are checked by hand below). */
-	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iisspO&pppiO&z:%s", fname);
+	PyOS_snprintf(fmt, sizeof(fmt), "|$O&O&O&iisspO&pppiO&zp:%s", fname);
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, PyUnicode_FSConverter,
 					 &pc->qemu_binary, PyUnicode_FSConverter, &pc->kernel,
 					 PyUnicode_FSConverter, &pc->rootfs, &memory_mb, &vcpus, &accel,
 					 &extra, &qmp, fs_converter_or_none, &pc->mem_path,
 					 &mem_shared, &incoming, &qemu_sandbox, &mem_fd,
-					 fs_converter_or_none, &pc->layer, &layer_kind))
+					 fs_converter_or_none, &pc->layer, &layer_kind, &net_port))
 		goto fail;
 	const char *missing = !pc->qemu_binary      ? "qemu_binary"
 			      : !pc->kernel         ? "kernel"
@@ -80,6 +81,7 @@ int sbx_parse_vm_config(PyObject *args, PyObject *kwds, const char *fname, int d
 	pc->cfg.qemu_sandbox = qemu_sandbox;
 	pc->cfg.layer = pc->layer ? PyBytes_AS_STRING(pc->layer) : NULL;
 	pc->cfg.layer_kind = layer_kind; /* owned by the str argument, alive for the call */
+	pc->cfg.net_port = net_port;
 	if (mem_fd < -1) {
 		PyErr_SetString(PyExc_ValueError, "mem_fd must be a file descriptor or -1");
 		goto fail;

@@ -8,6 +8,7 @@
 #include "protocol.h"
 #include "py_config.h"
 #include "py_events.h"
+#include "py_net_ring.h"
 #include "py_vm.h"
 #include "seccomp_policy.h"
 #include "tsc.h"
@@ -18,7 +19,7 @@ PyDoc_STRVAR(build_qemu_argv_doc,
 	     "build_qemu_argv(*, qemu_binary, kernel, rootfs, memory_mb, vcpus, accel,\n"
 	     "                kernel_cmdline_extra='', qmp=False, mem_path=None,\n"
 	     "                mem_shared=False, incoming=False, qemu_sandbox=False,\n"
-	     "                mem_fd=-1, layer=None, layer_kind=None)\n"
+	     "                mem_fd=-1, layer=None, layer_kind=None, net_port=False)\n"
 	     "                -> list[str]\n\n"
 	     "The QEMU command line Vm() would run. ValueError on an invalid configuration\n"
 	     "(',' in a kernel/rootfs path, accel not 'kvm'/'tcg', memory_mb out of range, ...).");
@@ -161,6 +162,8 @@ static int module_exec(PyObject *m)
 		return -1;
 	if (sbx_py_vm_type_add(m, st) < 0 || sbx_py_event_types_add(m, st) < 0)
 		return -1;
+	if (sbx_py_net_ring_type_add(m, st) < 0)
+		return -1;
 	return add_constants(m);
 }
 
@@ -168,6 +171,7 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 {
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_VISIT(st->vm_type);
+	Py_VISIT(st->net_ring_type);
 	Py_VISIT(st->protocol_error);
 	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
 		Py_VISIT(st->event_types[i]);
@@ -178,6 +182,7 @@ static int module_clear(PyObject *m)
 {
 	sbx_module_state *st = PyModule_GetState(m);
 	Py_CLEAR(st->vm_type);
+	Py_CLEAR(st->net_ring_type);
 	Py_CLEAR(st->protocol_error);
 	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
 		Py_CLEAR(st->event_types[i]);

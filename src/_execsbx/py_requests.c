@@ -288,6 +288,28 @@ PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args)
 	return send_file_path(vm, args, SBX_MSG_FILE_LIST, "Oy*:send_file_list");
 }
 
+const char sbx_py_send_net_config_doc[] =
+	"send_net_config(id, payload) -> int\n\n"
+	"Queue NET_CONFIG with payload (bytes, as exec_sandbox/network/config_frame.py builds it):\n"
+	"answered by an ACK (PONG) or ERROR. Returns the bytes still pending.";
+
+PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *result = NULL;
+	Py_buffer payload;
+	uint32_t id;
+	if (!PyArg_ParseTuple(args, "Oy*:send_net_config", &o_id, &payload))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &id) == 0) {
+		struct sbx_err err = {0};
+		int rc = sbx_channel_queue_net_config(&vm->ch, id, payload.buf, (size_t)payload.len,
+						      &err);
+		result = pending_or_raise(vm, rc, &err);
+	}
+	PyBuffer_Release(&payload);
+	return result;
+}
+
 const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
 			"now; returns the bytes still pending.";
 

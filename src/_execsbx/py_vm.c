@@ -77,8 +77,8 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
 	 * tied to it. */
 	struct sbx_err err = {0};
-	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, jcfg.enabled ? &jcfg : NULL,
-			      &err);
+	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, pc.cfg.net_port,
+			      jcfg.enabled ? &jcfg : NULL, &err);
 	sbx_argv_free(argv);
 	sbx_parsed_config_release(&pc);
 	if (rc < 0) {
@@ -230,6 +230,11 @@ static PyObject *vm_send_file_write_end(VmObject *self, PyObject *args)
 static PyObject *vm_send_file_read(VmObject *self, PyObject *args)
 {
 	return sbx_py_send_file_read(&self->vm, args);
+}
+
+static PyObject *vm_send_net_config(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_net_config(&self->vm, args);
 }
 
 static PyObject *vm_send_file_list(VmObject *self, PyObject *args)
@@ -392,6 +397,12 @@ static PyObject *get_qmp_fd(VmObject *self, void *closure)
 	return PyLong_FromLong(self->vm.qmp_fd);
 }
 
+static PyObject *get_net_fd(VmObject *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->vm.net_fd);
+}
+
 static PyObject *get_spawn_fd(VmObject *self, void *closure)
 {
 	(void)closure;
@@ -413,6 +424,10 @@ static PyGetSetDef vm_getset[] = {
 	{"console_fd", (getter)get_console_fd, NULL, "host end of the console; -1 once closed", NULL},
 	{"qmp_fd", (getter)get_qmp_fd, NULL,
 	 "host end of the QMP socket (O_NONBLOCK); -1 without qmp=True or once closed", NULL},
+	{"net_fd", (getter)get_net_fd, NULL,
+	 "host end of the network port (O_NONBLOCK, owned and closed by the Vm); -1 without\n"
+	 "net_port=True or once closed",
+	 NULL},
 	{"spawn_fd", (getter)get_spawn_fd, NULL,
 	 "readable once QEMU has exec'd or failed to (then call check_spawn()); -1 once known",
 	 NULL},
@@ -434,6 +449,8 @@ static PyMethodDef vm_methods[] = {
 	{"send_file_write_end", (PyCFunction)vm_send_file_write_end, METH_VARARGS,
 	 sbx_py_send_file_write_end_doc},
 	{"send_file_read", (PyCFunction)vm_send_file_read, METH_VARARGS, sbx_py_send_file_read_doc},
+	{"send_net_config", (PyCFunction)vm_send_net_config, METH_VARARGS,
+	 sbx_py_send_net_config_doc},
 	{"send_file_list", (PyCFunction)vm_send_file_list, METH_VARARGS, sbx_py_send_file_list_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
@@ -455,11 +472,12 @@ PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
 	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
 	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, layer=None, layer_kind=None,\n"
-	     "   jail=None)\n\n"
+	     "   net_port=False, jail=None)\n\n"
 	     "Start QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
 	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"
-	     "guest RAM's backing file). Returns right after the fork: spawn_fd becomes readable\n"
+	     "guest RAM's backing file; with net_port=True the network port at fd 7, its host\n"
+	     "end in .net_fd). Returns right after the fork: spawn_fd becomes readable\n"
 	     "when QEMU has exec'd or failed to, and check_spawn() tells which (wait_spawn()\n"
 	     "blocks for it). OSError(errno, '... (from <syscall>)') if it cannot be started,\n"
 	     "from here (fork, pipes) or from check_spawn (the child's steps up to execve),\n"

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "net_protocol.h"
 #include "protocol.h"
 #include "qemu_spawn.h" /* the fds the child finds the two sockets at */
 
@@ -237,11 +238,13 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 		addf(&b, "virtio-blk-device,drive=layer,serial=sbx-layer-%s", cfg->layer_kind);
 	}
 
-	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel. Both
-	 * chardevs are sockets the host already holds the other end of (qemu_spawn.c puts them at
-	 * fds 3 and 4): no paths, no listening sockets, nothing another process could connect to. */
+	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel, and a
+	 * third, the network port, only for a VM that asked for it (a plain VM's device layout, and
+	 * hence its snapshots, stay as they were). Every chardev is a socket the host already holds
+	 * the other end of (qemu_spawn.c puts them at fds 3, 4 and 7): no paths, no listening
+	 * sockets, nothing another process could connect to. */
 	add(&b, "-device");
-	add(&b, "virtio-serial-device,max_ports=2");
+	addf(&b, "virtio-serial-device,max_ports=%d", cfg->net_port ? 3 : 2);
 	add(&b, "-chardev");
 	addf(&b, "socket,id=con,fd=%d", SBX_CHILD_CONSOLE_FD);
 	add(&b, "-device");
@@ -250,6 +253,12 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	addf(&b, "socket,id=agent,fd=%d", SBX_CHILD_CHANNEL_FD);
 	add(&b, "-device");
 	add(&b, "virtserialport,chardev=agent,name=" SBX_CHANNEL_PORT_NAME);
+	if (cfg->net_port) {
+		add(&b, "-chardev");
+		addf(&b, "socket,id=net,fd=%d", SBX_CHILD_NET_FD);
+		add(&b, "-device");
+		add(&b, "virtserialport,chardev=net,name=" SBX_NET_PORT_NAME);
+	}
 
 	/* QMP for snapshots: on a socket the host holds the other end of, like the chardevs above. */
 	if (cfg->qmp) {

@@ -3,6 +3,8 @@
  *     1  console socket        2  console socket
  *     3  channel socket        4  console socket
  *     5  QMP socket (only when requested)
+ *     6  guest RAM file (only when requested)
+ *     7  network port socket (only when requested: issue 13's net port)
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *
@@ -24,7 +26,9 @@ struct sbx_jail;
 /* How QEMU opens it: a magic link to the host's open file, so it works inside the jail's
  * read-only mount tree and QEMU gets that one file, not a writable directory. */
 #define SBX_CHILD_MEM_FD_PATH "/proc/self/fd/6"
-#define SBX_CHILD_FIRST_CLOSED_FD 7
+/* The host end of the network port (net_protocol.h), a chardev like the agent channel. */
+#define SBX_CHILD_NET_FD 7
+#define SBX_CHILD_FIRST_CLOSED_FD 8
 
 struct sbx_spawn_req {
 	const char *path;   /* execve path: no PATH search */
@@ -38,6 +42,8 @@ struct sbx_spawn_req {
 	int qmp_fd;         /* with_qmp: becomes fd 5 */
 	int with_mem;       /* 0: no guest RAM file, fd 6 stays closed */
 	int mem_fd;         /* with_mem: the guest RAM's backing file, becomes fd 6 */
+	int with_net;       /* 0: no network port socket, fd 7 stays closed */
+	int net_fd;         /* with_net: becomes fd 7 */
 };
 
 struct sbx_child {

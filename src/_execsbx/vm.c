@@ -25,6 +25,7 @@ void sbx_vm_init(struct sbx_vm *vm)
 	vm->child.pidfd = -1;
 	vm->console_fd = -1;
 	vm->qmp_fd = -1;
+	vm->net_fd = -1;
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 1;
@@ -45,14 +46,14 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
-static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
 		    struct sbx_jail *jail, struct sbx_err *err);
 
-int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
 		 const struct sbx_jail_config *cfg, struct sbx_err *err)
 {
 	if (!cfg)
-		return start_in(vm, argv, with_qmp, mem_fd, NULL, err);
+		return start_in(vm, argv, with_qmp, mem_fd, with_net, NULL, err);
 	static unsigned long counter;
 	char name[64];
 	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
@@ -66,7 +67,7 @@ int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 		free(jail);
 		return sbx_err_sys(err, rc, "jail");
 	}
-	rc = start_in(vm, argv, with_qmp, mem_fd, jail, err);
+	rc = start_in(vm, argv, with_qmp, mem_fd, with_net, jail, err);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
@@ -103,7 +104,7 @@ int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err)
 static int spawn_and_wait(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 			  const struct sbx_jail_config *cfg, struct sbx_err *err)
 {
-	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, cfg, err);
+	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, 0, cfg, err);
 	if (rc < 0)
 		return rc;
 	rc = sbx_vm_start_check(vm, 1, err);
@@ -131,10 +132,10 @@ int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int 
 	return spawn_and_wait(vm, argv, with_qmp, mem_fd, cfg, err);
 }
 
-static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
 		    struct sbx_jail *jail, struct sbx_err *err)
 {
-	int chan[2], con[2], qmp[2] = {-1, -1};
+	int chan[2], con[2], qmp[2] = {-1, -1}, net[2] = {-1, -1};
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
 		return sbx_err_sys(err, -errno, "socketpair");
@@ -151,12 +152,19 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	}
 	_cleanup_close_ int qmp_host = qmp[0];
 	_cleanup_close_ int qmp_qemu = qmp[1];
+	if (with_net && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, net) < 0) {
+		return sbx_err_sys(err, -errno, "socketpair");
+	}
+	_cleanup_close_ int net_host = net[0];
+	_cleanup_close_ int net_qemu = net[1];
 	/* Only the host ends: O_NONBLOCK is per open file, QEMU's ends stay as QEMU wants. */
 	int rc = set_nonblock(chan_host);
 	if (rc == 0)
 		rc = set_nonblock(con_host);
 	if (rc == 0 && with_qmp)
 		rc = set_nonblock(qmp_host);
+	if (rc == 0 && with_net)
+		rc = set_nonblock(net_host);
 	if (rc < 0) {
 		return sbx_err_sys(err, rc, "fcntl(O_NONBLOCK)");
 	}
@@ -172,6 +180,8 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 		.jail = jail,
 		.with_mem = mem_fd >= 0,
 		.mem_fd = mem_fd,
+		.with_net = with_net,
+		.net_fd = net_qemu,
 	};
 	struct sbx_child child;
 	struct sbx_spawn_pending pending;
@@ -182,6 +192,7 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 	vm->child = child;
 	vm->console_fd = TAKE_FD(con_host);
 	vm->qmp_fd = with_qmp ? TAKE_FD(qmp_host) : -1;
+	vm->net_fd = with_net ? TAKE_FD(net_host) : -1;
 	vm->reaped = 0;
 	vm->wait_status = 0;
 	vm->closed = 0;
@@ -255,12 +266,14 @@ void sbx_vm_begin_close(struct sbx_vm *vm, struct sbx_vm_remains *r)
 	r->fds[2] = vm->qmp_fd;
 	r->fds[3] = vm->spawn.err_fd;
 	r->fds[4] = vm->spawn.go_fd;
+	r->fds[5] = vm->net_fd;
 	vm->spawn.err_fd = -1;
 	vm->spawn.go_fd = -1;
 	r->jail = vm->jail;
 	vm->jail = NULL;
 	vm->console_fd = -1;
 	vm->qmp_fd = -1;
+	vm->net_fd = -1;
 	vm->child.pid = -1;
 	vm->child.pidfd = -1;
 	vm->closed = 1;
@@ -308,7 +321,7 @@ void sbx_vm_close(struct sbx_vm *vm)
 {
 	struct sbx_vm_remains r;
 	if (vm->closed && vm->child.pid <= 0 && vm->console_fd < 0 && vm->qmp_fd < 0 &&
-	    vm->ch.fd < 0 && vm->spawn.err_fd < 0 && vm->spawn.go_fd < 0)
+	    vm->net_fd < 0 && vm->ch.fd < 0 && vm->spawn.err_fd < 0 && vm->spawn.go_fd < 0)
 		return;
 	sbx_vm_begin_close(vm, &r);
 	sbx_vm_set_final_status(vm, sbx_vm_finish_close(&r));

@@ -13,6 +13,7 @@ struct sbx_vm {
 	struct sbx_child child; /* pid/pidfd: -1 once closed */
 	int console_fd;         /* host end of the console socket, O_NONBLOCK; -1 once closed */
 	int qmp_fd;             /* host end of the QMP socket, O_NONBLOCK; -1 if none or closed */
+	int net_fd;             /* host end of the network port, O_NONBLOCK; -1 if none or closed */
 	int reaped;             /* wait_status is valid */
 	int wait_status;        /* waitpid-style status word */
 	int closed;
@@ -29,7 +30,8 @@ struct sbx_vm {
 struct sbx_vm_remains {
 	struct sbx_child child;
 	int reaped;
-	int fds[5];            /* channel, console, QMP, spawn's two pipes (-1 when absent) */
+	int fds[6];            /* channel, console, QMP, spawn's two pipes, net port (-1 when
+				* absent) */
 	struct sbx_jail *jail; /* finished (usage read, cgroup removed) after the reap */
 };
 
@@ -37,10 +39,12 @@ struct sbx_vm_remains {
 void sbx_vm_init(struct sbx_vm *vm);
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
  * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
- * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. On failure
+ * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. with_net: a
+ * fourth socketpair whose QEMU end is fd 7 (qemu_argv.h: cfg.net_port), its host end in
+ * vm->net_fd. On failure
  * returns -errno with err naming the failing call, and vm is still in the closed state. */
 struct sbx_jail_config;
-int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
 		 const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* The fd that becomes readable once the started child has exec'd or failed; -1 once that is
  * known (or without a start in progress). */

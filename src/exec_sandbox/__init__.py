@@ -26,11 +26,13 @@ from .models import (
     ExecutionResult,
     ExposedPort,
     FileInfo,
+    NetworkConnection,
     PackagesReport,
     PortMapping,
     SessionSnapshot,
     TimingBreakdown,
 )
+from .network.names import NetworkValidationError
 from .scheduler import Scheduler
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "ExecutionResult",
     "ExposedPort",
     "FileInfo",
+    "NetworkConnection",
+    "NetworkValidationError",
     "GuestAgentError",
     "InputValidationError",
     "OutputLimitError",

@@ -58,6 +58,11 @@ FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
 FILE_ERR_PROTOCOL = int(_execsbx.FILE_ERR_PROTOCOL)
 
+# The network relay (network/hub.py): one NetRing per scheduler; NET_CONFIG goes on the agent
+# channel like a file frame (GuestVm.send_net_config).
+NetRing = _execsbx.NetRing
+MSG_NET_CONFIG = 104  # SBX_MSG_NET_CONFIG, src/shared/net_protocol.h
+
 
 def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
     """Fork QEMU for spec (returns right after the fork: qemu_process.spawn awaits its exec).
@@ -79,6 +84,7 @@ def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
         jail=spec.jail,
         layer=None if spec.layer is None else str(spec.layer.path),
         layer_kind=None if spec.layer is None else spec.layer.kind,
+        net_port=spec.net_port,
     )
 
 

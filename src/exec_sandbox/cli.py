@@ -28,7 +28,7 @@ from .cli_common import (
     resolve_source,
     run_command,
 )
-from .models import ExecutionResult, Language
+from .models import ExecutionResult, Language, PortMapping
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
@@ -57,7 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--download", action="append", default=[], metavar="GUEST[:LOCAL]",
                      help="copy a guest file to the host after the code ran "
                           "(default: its name, in the current directory)")
-    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--network", action="store_true",
+                     help="let the code connect out by name (any public name, or --allow-domain)")
+    run.add_argument("--allow-domain", action="append", default=[], dest="allowed_domains",
+                     metavar="D", help="allow this name and its subdomains (name:port opens "
+                     "another port besides 80 and 443); implies --network")
+    run.add_argument("--expose", action="append", default=[], metavar="PORT[:HOST]",
+                     help="reach guest PORT at 127.0.0.1:HOST (a free port without HOST)")
+    run.add_argument("--json", action="store_true",
+                     help="print the result as JSON (with the connection log)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
     run.add_argument("--cluster", metavar="ADDRESS",
@@ -102,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         env = parse_env(args.env)
         uploads = [_parse_upload(spec) for spec in args.upload]
         downloads = [_parse_download(spec) for spec in args.download]
+        args.expose = [_parse_expose(spec) for spec in args.expose]
     except ValueError as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -160,6 +169,14 @@ def _parse_download(spec: str) -> tuple[str, Path]:
     if not guest:
         raise ValueError(f"--download expects GUEST[:LOCAL], got {spec!r}")
     return guest, Path(local) if local else Path(Path(guest).name)
+
+
+def _parse_expose(spec: str) -> PortMapping:
+    """PORT or PORT:HOST (both numbers; ranges are checked by the scheduler)."""
+    internal, _, external = spec.partition(":")
+    if not internal.isdigit() or (external and not external.isdigit()):
+        raise ValueError(f"--expose {spec!r}: expected PORT or PORT:HOST_PORT")
+    return PortMapping(int(internal), int(external) if external else None)
 
 
 async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
@@ -226,16 +243,24 @@ async def _execute(scheduler: Scheduler | ClusterScheduler, progress: _Progress,
         "timeout_seconds": args.timeout,
         "memory_mb": args.memory,
         "env_vars": env or None,
+        "allow_network": args.network or bool(args.allowed_domains),
+        "allowed_domains": args.allowed_domains or None,
+        "expose_ports": args.expose or None,
         "on_stdout": out if stream else None,
         "on_stderr": err if stream else None,
         "on_boot_log": boot_log,
     }
     try:
-        if not uploads and not downloads:
+        if not uploads and not downloads and not args.expose:
             return await scheduler.run(code, **options)
-        # Files need a VM that outlives the code: a session of one exec().
+        # Files need a VM that outlives the code, and exposed ports are shown before the code
+        # runs: a session of one exec().
         session = await scheduler.session(**options)
         async with session:
+            # A cluster session's ports are on its worker's loopback: none to show here.
+            for exposed in getattr(session, "exposed_ports", []):
+                progress.clear()
+                sys.stderr.write(f"sbx: guest port {exposed.internal} at {exposed.url}\n")
             for local, guest in uploads:
                 await session.write_file(guest, local)
             result = await session.exec(code)

@@ -70,6 +70,17 @@ class SchedulerConfig:
     # Paused sessions (Session.pause()): kept this long since last used, and under this size.
     session_snapshot_ttl_seconds: int = 7 * 24 * 3600
     session_snapshot_max_mb: int = 20 * 1024
+    # Network (issue 13). An operator's choice, never a per-call one: let streams reach private
+    # ranges (RFC 1918, CGNAT, IPv6 ULA); loopback, link-local and this host stay denied.
+    network_allow_private_ranges: bool = False
+    # The CA bundle (PEM) the guest trusts for TLS; None: the host's system bundle (so that a
+    # TLS-intercepting proxy the host trusts works in the guest too).
+    network_ca_bundle: Path | None = None
+    # TESTS ONLY: {"name" or "name:port": "address" or "address:port"} replaces the host's
+    # resolver for exactly these names and lets their streams reach that address even on the
+    # deny list (the tests' servers on 127.0.0.1). Every other name keeps the default policy,
+    # and these names must still be in allowed_domains.
+    network_test_hosts: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.warm_pool_size = _check_pool_size(self.warm_pool_size)
@@ -95,7 +106,8 @@ class SchedulerConfig:
             if not isinstance(value, (str, os.PathLike)):
                 raise VmConfigError(f"{name} must be a path, got {value!r}")
             setattr(self, name, Path(value))
-        for name in ("enable_package_validation", "memory_snapshots"):
+        for name in ("enable_package_validation", "memory_snapshots",
+                     "network_allow_private_ranges"):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise VmConfigError(f"{name} must be a bool")
         if self.admission_queue_size is not None:
@@ -110,6 +122,14 @@ class SchedulerConfig:
         self.default_packages = _check_default_packages(
             self.default_packages, self.enable_package_validation
         )
+        if self.network_ca_bundle is not None:
+            if not isinstance(self.network_ca_bundle, (str, os.PathLike)):
+                raise VmConfigError(f"network_ca_bundle must be a path, got {self.network_ca_bundle!r}")
+            self.network_ca_bundle = Path(self.network_ca_bundle)
+        if not isinstance(self.network_test_hosts, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.network_test_hosts.items()
+        ):
+            raise VmConfigError("network_test_hosts must map names to addresses (str -> str)")
         value = self.admission_timeout_seconds
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3600:
             raise VmConfigError(

@@ -41,13 +41,16 @@ from .errors import (
 from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
 from .jail import report_layers
 from .models import Language
-from . import qemu_process
+from . import _vm, qemu_process
 
 if TYPE_CHECKING:
     from ._vm import Event
 from .qmp import QmpClient
 from .vm_registry import VmRegistry
 from .vm_spec import VmSpec
+
+if TYPE_CHECKING:
+    from .network.hub import VmNetwork
 
 log = logging.getLogger("exec_sandbox")
 
@@ -110,6 +113,8 @@ class GuestVm:
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._released: asyncio.Task[None] | None = None  # set by close()
         self.qmp: QmpClient | None = None
+        # The VM's network (network/hub.py VmNetwork), attached by the scheduler; closed here.
+        self.network: VmNetwork | None = None
         # Filled in by migration.restore(): QEMU start -> guest running, and the RESEED round trip.
         self.restore_seconds = 0.0
         self.connect_seconds = 0.0
@@ -211,6 +216,25 @@ class GuestVm:
             timeout, "the guest did not acknowledge PRESTART in time",
         )  # fmt: skip
         return True
+
+    async def send_net_config(self, payload: bytes, timeout: float = 10.0) -> None:
+        """NET_CONFIG (network/config_frame.py): the agent answers PONG once its DNS stub,
+        listeners and CA bundle are set, or ERROR (raised as GuestAgentError)."""
+        await self._round_trip(lambda req_id: int(self._vm.send_net_config(req_id, payload)),
+                               timeout, "the guest did not acknowledge NET_CONFIG in time")  # fmt: skip
+
+    @property
+    def net_fd(self) -> int:
+        """The host end of the network port (-1 for a VM without one)."""
+        return int(self._vm.net_fd)
+
+    def fail_network(self, why: str) -> None:
+        """The guest broke the network protocol (network/hub.py): like a bad frame on the agent
+        channel, it costs the guest its VM."""
+        log.warning("VM %d broke the network protocol (%s): killed", self.pid, why)
+        error = CommunicationError(f"the guest broke the network protocol: {why}")
+        self._fail(error)
+        self.close()
 
     async def ping(self, timeout: float = 5.0) -> None:
         """One channel round trip to the agent (PING/PONG)."""
@@ -366,6 +390,8 @@ class GuestVm:
             self._writing = False
         if self.qmp is not None:
             self.qmp.close()
+        if self.network is not None:
+            self.network.close()  # listeners and streams go with the VM
         self._released = qemu_process.release(self._loop, self._vm)
         self._fail(VmTransientError("the VM was closed"))
 

@@ -71,19 +71,51 @@ class SessionSnapshot:
 
 @dataclass(frozen=True)
 class PortMapping:
-    """A guest port exposed on a host port (None: chosen by the host)."""
+    """A guest port exposed on a host port (None: chosen by the host). TCP only."""
 
     internal: int
     external: int | None = None
+    protocol: str = "tcp"
 
 
 @dataclass(frozen=True)
 class ExposedPort:
-    """A guest port reachable from the host at host:external."""
+    """A guest port reachable from the host at host:external (bound to 127.0.0.1 only)."""
 
     internal: int
     external: int
     host: str = "127.0.0.1"
+    protocol: str = "tcp"
+
+    @property
+    def url(self) -> str:
+        """http://host:external, for a web server in the guest."""
+        return f"http://{self.host}:{self.external}"
+
+
+@dataclass(frozen=True)
+class NetworkConnection:
+    """One connection attempt.
+
+    direction: "outbound" (guest code connected to name:port) or "inbound" (a host client of an
+    exposed port; name is "127.0.0.1", port the guest port); allowed: the host let it through
+    (and, outbound, connected); reason: why it was refused or failed ("" otherwise);
+    addresses: what the host resolved the name to (outbound); bytes_sent: guest -> peer;
+    (both byte counts are known once the stream has ended: see still_open);
+    bytes_received: peer -> guest; duration_ms: from the request to the end of the stream (or
+    the refusal); started_at: time.time() of the request."""
+
+    direction: Literal["outbound", "inbound"]
+    name: str
+    port: int
+    allowed: bool
+    reason: str = ""
+    addresses: tuple[str, ...] = ()
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    duration_ms: int = 0
+    started_at: float = 0.0
+    still_open: bool = False  # the stream was still open when the log was read (bytes: 0 so far)
 
 
 @dataclass(frozen=True)
@@ -113,6 +145,8 @@ class ExecutionResult:
     l1_cache_hit: bool = False
     exposed_ports: list[ExposedPort] = field(default_factory=list)
     packages: PackagesReport | None = None  # None: the VM had no package layer
+    # The network connections of the call (of this exec, for a session's): allowed and refused.
+    network_log: list[NetworkConnection] = field(default_factory=list)
 
     @property
     def timed_out(self) -> bool:

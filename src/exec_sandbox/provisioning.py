@@ -245,9 +245,11 @@ class Provisioner:
 
     async def start_vm(self, language: Language, memory_mb: int, phases: Phases,
                        layer: PackageLayer | None = None, *,
-                       on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
-        """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot)."""
-        spec = self.spec(memory_mb, layer)
+                       on_boot_log: OutputCallback | None = None,
+                       net_port: bool = False) -> GuestVm:  # fmt: skip
+        """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot).
+        net_port: the VM gets the network port (its own snapshots: the device layout differs)."""
+        spec = replace(self.spec(memory_mb, layer), net_port=net_port)
         if self.snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self.snapshots.lookup(key, memory_mb)

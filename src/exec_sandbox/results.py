@@ -4,11 +4,13 @@ an OOM kill gets its note appended to stderr, and the rest becomes an ExecutionR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from . import limits
 from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .errors import OutputLimitError
 from .execution import ExecOutcome
-from .models import ExecutionResult, TimingBreakdown
+from .models import ExecutionResult, ExposedPort, NetworkConnection, TimingBreakdown
 
 # A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
 # always the guest kernel's OOM killer.
@@ -26,8 +28,9 @@ _SESSION_OOM_NOTE = "The session is closed (the REPL and its state are gone).\n"
 
 def shape_result(outcome: ExecOutcome, *, timeout_seconds: float, in_session: bool,
                  timing: TimingBreakdown, cpu_ms: int | None = None, peak_mb: int | None = None,
-                 warm_pool_hit: bool = False,
-                 l1_cache_hit: bool = False) -> ExecutionResult:  # fmt: skip
+                 warm_pool_hit: bool = False, l1_cache_hit: bool = False,
+                 exposed_ports: Sequence[ExposedPort] = (),
+                 network_log: Sequence[NetworkConnection] = ()) -> ExecutionResult:  # fmt: skip
     """The ExecutionResult of outcome (cpu_ms, peak_mb: QEMU's figures from its cgroup).
     Raises OutputLimitError, carrying the output up to the limit, when the guest cut the code
     off at a limit."""
@@ -53,4 +56,6 @@ def shape_result(outcome: ExecOutcome, *, timeout_seconds: float, in_session: bo
         timing=timing,
         warm_pool_hit=warm_pool_hit,
         l1_cache_hit=l1_cache_hit,
+        exposed_ports=list(exposed_ports),
+        network_log=list(network_log),
     )

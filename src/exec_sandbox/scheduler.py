@@ -27,6 +27,9 @@ from .models import (
     SessionSnapshot,
     TimingBreakdown,
 )
+from .network import parse_network_request
+from .network.hub import NetworkHub
+from .network.setup import NetworkSetup
 from .packages.layer import PackageLayer
 from .pool import PooledVm, WarmPool
 from .provisioning import VCPUS, Foreground, Phases, Provisioner, VmFactory
@@ -84,6 +87,7 @@ class Scheduler:
         # Every VM this scheduler spawned, booting ones included (close() kills them all).
         self._registry = VmRegistry()
         self._sessions: set[Session] = set()
+        self._network_hub: NetworkHub | None = None  # network/hub.py, started on first use
         self._started = False
         self._closed = False
         # run() calls and session openings in progress: background work (pool refills, snapshot
@@ -137,6 +141,9 @@ class Scheduler:
         await self._provisioner.close()
         for lease in list(self._leases):
             lease.discard()
+        if self._network_hub is not None:
+            self._network_hub.close()
+            self._network_hub = None
         self._registry.close()  # whatever the steps above started while they ran
         await self._registry.wait_started()
         # Every QEMU killed so far (here, by retired runs, the pool, sessions) reaped and its
@@ -224,34 +231,42 @@ class Scheduler:
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
         env = validate_env(env_vars)
         specs = self._provisioner.packages_of(language, packages)
-        _refuse_unsupported(allow_network, allowed_domains, expose_ports)
+        net_request = parse_network_request(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
         at = time.monotonic()
         layer = await self._provisioner.layer_for(language, specs, on_boot_log)
         packages_ms = _ms(time.monotonic() - at)
+        net = None if net_request is None else await NetworkSetup.prepare(net_request, self.config)
 
-        with self._foreground.busy():
-            result = await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
-                                     allow_network, layer, started, on_stdout, on_stderr,
-                                     on_boot_log)  # fmt: skip
+        try:
+            with self._foreground.busy():
+                result = await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
+                                         net, layer, started, on_stdout, on_stderr,
+                                         on_boot_log)  # fmt: skip
+        finally:
+            if net is not None:
+                net.discard()
         if layer is None:
             return result
         return replace(result, packages=layer.report,
                        timing=replace(result.timing, packages_ms=packages_ms))  # fmt: skip
 
     async def _run(self, code_bytes: bytes, language: Language, timeout: int, timeout_ms: int,
-                   memory: int, env: list[tuple[bytes, bytes]], allow_network: bool,
+                   memory: int, env: list[tuple[bytes, bytes]], net: NetworkSetup | None,
                    layer: PackageLayer | None, started: float, on_stdout: OutputCallback | None,
                    on_stderr: OutputCallback | None,
                    on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
-        lease, phases = await self._acquire_lease(language, memory, allow_network, layer,
+        lease, phases = await self._acquire_lease(language, memory, net is not None, layer,
                                                   on_boot_log)  # fmt: skip
         vm = lease.vm
-        setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
-                    - phases.connect_ms)  # fmt: skip
+        exposed = [] if net is None else net.exposed
         try:
+            if net is not None:
+                await net.attach(self._hub(), vm)
+            setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
+                        - phases.connect_ms)  # fmt: skip
             ready_at = time.monotonic()
             outcome = await vm.execute(
                 ExecRequest(
@@ -297,7 +312,15 @@ class Scheduler:
             peak_mb=peak_mb,
             warm_pool_hit=phases.pool_hit,
             l1_cache_hit=phases.l1_hit,
+            exposed_ports=exposed,
+            network_log=[] if vm.network is None else vm.network.log,
         )
+
+    def _hub(self) -> NetworkHub:
+        """The scheduler's network relay, started on first use (closed by close())."""
+        if self._network_hub is None:
+            self._network_hub = NetworkHub(asyncio.get_running_loop())
+        return self._network_hub
 
     async def session(
         self,
@@ -329,15 +352,26 @@ class Scheduler:
         validate_env(env_vars)
         packages_language = language if _packages_language is None else validate_language(_packages_language)
         specs = self._provisioner.packages_of(packages_language, packages)
-        _refuse_unsupported(allow_network, allowed_domains, expose_ports)
+        net_request = parse_network_request(allow_network, allowed_domains, expose_ports)
         if self._closed:
             raise SandboxError("the scheduler is closed")
         await self.start()
         layer = await self._provisioner.layer_for(packages_language, specs, on_boot_log)
+        net = None if net_request is None else await NetworkSetup.prepare(net_request, self.config)
 
-        with self._foreground.busy():
-            lease, phases = await self._acquire_lease(language, memory, False, layer,
-                                                      on_boot_log)  # fmt: skip
+        try:
+            with self._foreground.busy():
+                lease, phases = await self._acquire_lease(language, memory, net is not None,
+                                                          layer, on_boot_log)  # fmt: skip
+            if net is not None:
+                try:
+                    await net.attach(self._hub(), lease.vm)
+                except BaseException:
+                    await lease.release()
+                    raise
+        finally:
+            if net is not None:
+                net.discard()
         session = self._adopt_session(
             lease, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
             on_stderr=on_stderr, boot_ms=phases.boot_ms + phases.restore_ms,
@@ -493,15 +527,16 @@ class Scheduler:
                                 resolved=False, size_bytes=size)  # fmt: skip
         return PackageLayer(key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report)
 
-    async def _acquire_lease(self, language: Language, memory: int, allow_network: bool,
+    async def _acquire_lease(self, language: Language, memory: int, network: bool,
                              layer: PackageLayer | None, on_boot_log: OutputCallback | None
                              ) -> tuple[Lease[GuestVm], Phases]:  # fmt: skip
         """A VM and its ticket for one run() or session: the pool first, else admission and
-        an L1 restore or a cold boot (provisioning.py)."""
+        an L1 restore or a cold boot (provisioning.py). network: the VM gets the network port
+        (never a pooled VM: those have none; its L1 snapshots are its own)."""
         phases = Phases()
         pooled = None
-        if self._provisioner.pool_serves(language, layer):
-            pooled = await self._take_pooled(language, memory, allow_network, phases)
+        if not network and self._provisioner.pool_serves(language, layer):
+            pooled = await self._take_pooled(language, memory, False, phases)
         if pooled is not None and self._closed:
             pooled.lease.discard()
             raise SandboxError("the scheduler was closed while the VM started")
@@ -513,7 +548,8 @@ class Scheduler:
 
         async def start() -> GuestVm:
             vm = await self._provisioner.start_vm(language, memory, phases, layer,
-                                                  on_boot_log=on_boot_log)  # fmt: skip
+                                                  on_boot_log=on_boot_log,
+                                                  net_port=network)  # fmt: skip
             if self._closed:
                 vm.close()
                 raise SandboxError("the scheduler was closed while the VM started")
@@ -575,12 +611,3 @@ _POOL_RECHECK_SECONDS = 5.0
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
-
-
-def _refuse_unsupported(allow_network: bool, allowed_domains: Sequence[str] | None,
-                        expose_ports: Sequence[int | PortMapping] | None) -> None:  # fmt: skip
-    """Features of the API that this version does not implement yet fail loudly, never silently."""
-    if allow_network or allowed_domains:
-        raise VmConfigError("network access is not supported by this version yet")
-    if expose_ports:
-        raise VmConfigError("exposing ports is not supported by this version yet")

@@ -31,6 +31,8 @@ from .errors import (
 )
 from .models import (
     ExecutionResult,
+    ExposedPort,
+    NetworkConnection,
     FileInfo,
     Language,
     PackagesReport,
@@ -170,6 +172,7 @@ class Session:
 
         async def run() -> ExecutionResult:
             dispatched = time.monotonic()
+            log_since = time.time()
             outcome = await self._vm.execute(request)
             done = time.monotonic()
             self.exec_count += 1
@@ -190,9 +193,23 @@ class Session:
                     execute_ms=_ms(done - dispatched),
                     total_ms=_ms(time.monotonic() - started),
                 ),
+                exposed_ports=self.exposed_ports,
+                network_log=[c for c in self.network_log if c.started_at >= log_since],
             )
 
         return await self._serialised(run)
+
+    @property
+    def exposed_ports(self) -> list[ExposedPort]:
+        """The guest ports reachable from the host (expose_ports), while the session is open."""
+        network = self._vm.network
+        return [] if network is None or self.closed else list(network.exposed)
+
+    @property
+    def network_log(self) -> list[NetworkConnection]:
+        """Every connection of the session so far, allowed or refused (oldest first)."""
+        network = self._vm.network
+        return [] if network is None else network.log
 
     async def write_file(self, path: str, content: files.Content, *,
                          make_executable: bool = False) -> None:  # fmt: skip

@@ -132,6 +132,8 @@ def machine_identity(spec: VmSpec) -> dict[str, object]:
         "memory_mb": spec.memory_mb,
         "vcpus": spec.vcpus,
         "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
+        # The network port changes the device layout (kept out of plain VMs' keys: unchanged).
+        **({"net_port": True} if spec.net_port else {}),
     }
 
 

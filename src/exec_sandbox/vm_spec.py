@@ -34,5 +34,8 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
+    # The network port (issue 13, network/): a third virtio-serial port for allow_network or
+    # expose_ports. Part of the device layout, hence of the snapshot keys.
+    net_port: bool = False
     # Where the VM registers itself from spawn to close (not part of what starts the VM).
     registry: VmRegistry | None = field(default=None, compare=False, hash=False)

@@ -95,7 +95,7 @@ def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_00
 
 
 class Agent:
-    def __init__(self, *extra: str, boot: bool = False) -> None:
+    def __init__(self, *extra: str, boot: bool = False, pass_fds: tuple[int, ...] = ()) -> None:
         self.work = tempfile.TemporaryDirectory(prefix="sbx-agent-test.")
         ours, theirs = socket.socketpair()
         self.sock = ours
@@ -107,8 +107,8 @@ class Agent:
                    *extra]
         else:
             cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
-        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], stdout=subprocess.PIPE,
-                                     stderr=sys.stderr)
+        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds],
+                                     stdout=subprocess.PIPE, stderr=sys.stderr)
         theirs.close()
         self.buf = b""
         line = self.proc.stdout.readline()
@@ -187,6 +187,143 @@ def decode_error(payload: bytes) -> tuple[int, str]:
 
 
 # --- tests ---------------------------------------------------------------------------------------
+
+# net_protocol.h (issue 13)
+NET_CONFIG = 104
+NET_CONNECTED, NET_CONNECT = 49, 113
+NET_DATA, NET_CREDIT, NET_SHUTDOWN, NET_CLOSE = 120, 121, 122, 123
+NET_WINDOW, NET_DATA_MAX = 256 * 1024, 60 * 1024
+
+
+class NetPeer:
+    """The host end of the net port in test mode (--net-fd): frames over a socketpair."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def send(self, t: int, sid: int, payload: bytes = b"") -> None:
+        self.sock.sendall(frame(t, sid, payload))
+
+    def recv(self, timeout: float = 5.0) -> tuple[int, int, bytes] | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= HEADER.size:
+                length, t, flags, reserved, sid = HEADER.unpack_from(self.buf)
+                assert flags == 0 and reserved == 0 and length <= 64 * 1024
+                if len(self.buf) >= HEADER.size + length:
+                    payload = self.buf[HEADER.size:HEADER.size + length]
+                    self.buf = self.buf[HEADER.size + length:]
+                    return t, sid, payload
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+
+def test_net_relay_in_test_mode() -> None:
+    """NET_CONNECT (exposed ports) through the agent's relay, against a server on the host's
+    loopback: credit flow control both ways, half closes, a clean close, a refused connect, and a
+    host that overruns the window losing only that stream. (Outbound, the DNS stub and the
+    listeners change lo and need the VM: tests/integration/functional/test_net_guest.py.)"""
+    ours, theirs = socket.socketpair()
+    a = Agent("--net-fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
+    theirs.close()
+    net = NetPeer(ours)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    try:
+        assert a.expect()[0] == READY
+        config = struct.pack("<III", 0, 0, 0) + s(b"")
+        outbound = struct.pack("<III", 1, 0, 0) + s(b"")
+        a.send(frame(NET_CONFIG, 3, outbound))  # would touch the host's lo: refused
+        t, fid, payload = a.expect()
+        assert (t, fid) == (ERROR, 3) and "network namespace" in decode_error(payload)[1]
+        a.send(frame(NET_CONFIG, 4, config))
+        assert a.expect() == (PONG, 4, b"")
+        a.send(frame(NET_CONFIG, 5, config))
+        t, fid, payload = a.expect()
+        assert (t, fid) == (ERROR, 5) and decode_error(payload)[0] == 1  # BAD_REQUEST: twice
+
+        hid = 0x80000001
+        net.send(NET_CONNECT, hid, struct.pack("<I", port))
+        assert net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
+        conn, _ = server.accept()
+        net.send(NET_DATA, hid, b"ping")
+        assert conn.recv(100) == b"ping"
+        assert net.recv() == (NET_CREDIT, hid, struct.pack("<I", 4))
+        # Guest -> host: never more than a window before the host credits.
+        conn.setblocking(False)
+        blob = os.urandom(600 * 1024)
+        sent = 0
+        got = b""
+        while len(got) < NET_WINDOW:
+            try:
+                sent += conn.send(blob[sent:])
+            except BlockingIOError:
+                pass
+            f = net.recv(timeout=10)
+            assert f is not None and f[0] == NET_DATA and 1 <= len(f[2]) <= NET_DATA_MAX, f
+            got += f[2]
+        assert len(got) == NET_WINDOW and net.recv(timeout=0.5) is None, len(got)  # and no more
+        while len(got) < len(blob):
+            net.send(NET_CREDIT, hid, struct.pack("<I", NET_WINDOW // 4))
+            while True:
+                try:
+                    sent += conn.send(blob[sent:]) if sent < len(blob) else 0
+                except BlockingIOError:
+                    pass
+                f = net.recv(timeout=0.3)
+                if f is None:
+                    break
+                got += f[2]
+        assert got == blob
+        # Half closes both ways, then the agent's CLOSE(done), answered.
+        conn.setblocking(True)
+        conn.shutdown(socket.SHUT_WR)
+        assert net.recv() == (NET_SHUTDOWN, hid, b"")
+        net.send(NET_SHUTDOWN, hid)
+        assert conn.recv(10) == b""
+        conn.close()
+        assert net.recv() == (NET_CLOSE, hid, struct.pack("<I", 0))
+        net.send(NET_CLOSE, hid, struct.pack("<I", 0))
+        # Nothing listens: refused at once, and the id is free for the next try.
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+        closed.close()
+        net.send(NET_CONNECT, hid, struct.pack("<I", dead))
+        assert net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 4))
+        # A host past the window (the server does not read): CLOSE(reset), the agent lives on.
+        net.send(NET_CONNECT, hid, struct.pack("<I", port))
+        assert net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
+        stuck, _ = server.accept()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        closing = None
+        for _ in range(200):
+            net.send(NET_DATA, hid, b"x" * NET_DATA_MAX)
+            f = net.recv(timeout=0.01)
+            while f is not None and f[0] == NET_CREDIT:
+                f = net.recv(timeout=0.01)
+            if f is not None:
+                closing = f
+                break
+        assert closing == (NET_CLOSE, hid, struct.pack("<I", 1)), closing
+        net.send(NET_CLOSE, hid, struct.pack("<I", 1))
+        stuck.close()
+        # Broken framing on the net port costs the port, not the agent.
+        ours.sendall(HEADER.pack(4, NET_DATA, 1, 0, 5) + b"oops")
+        a.send(frame(PING, 6))
+        assert a.expect() == (PONG, 6, b"")
+    finally:
+        server.close()
+        ours.close()
+        assert a.close() == 0
 
 def test_ready_and_ping(a: Agent) -> None:
     a.send(frame(PING, 7))
@@ -882,6 +1019,7 @@ def main() -> int:
         report(fn.__name__, lambda fn=fn: fresh(fn))
     for fn in STANDALONE:
         report(fn.__name__, fn)
+    report("test_net_relay_in_test_mode", test_net_relay_in_test_mode)
     for fn in (test_session_state_survives_errors_and_timeout_resets_it,
                test_session_output_limit_interrupts_but_keeps_state,
                test_session_forged_completion_neither_ends_nor_shifts_results,

@@ -2,8 +2,10 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "net_protocol.h"
 #include "protocol.h"
 #include "qemu_argv.h"
+#include "qemu_spawn.h"
 #include "test.h"
 
 /* Where a test does not look at the explanation of an error. */
@@ -331,6 +333,34 @@ static void test_package_layer(void)
 	CHECK_STR(why.msg, "layer and layer_kind go together");
 }
 
+/* The network port (issue 13): a third virtserialport on fd 7, named as net_protocol.h says,
+ * only when asked for; a plain VM keeps its two ports (its device layout is its snapshot key). */
+static void test_network_port(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(find(argv, "virtio-serial-device,max_ports=2") > 0);
+	CHECK(find(argv, "socket,id=net,fd=7") < 0);
+	CHECK(find(argv, "virtserialport,chardev=net,name=" SBX_NET_PORT_NAME) < 0);
+	sbx_argv_free(argv);
+
+	c.net_port = 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, NULL), 0);
+	CHECK(find(argv, "virtio-serial-device,max_ports=3") > 0);
+	CHECK(find(argv, "virtio-serial-device,max_ports=2") < 0);
+	int agent = find(argv, "virtserialport,chardev=agent,name=" SBX_CHANNEL_PORT_NAME);
+	int chardev = find(argv, "socket,id=net,fd=7");
+	int port = find(argv, "virtserialport,chardev=net,name=" SBX_NET_PORT_NAME);
+	CHECK(agent > 0);
+	CHECK(chardev > agent);
+	CHECK(port > chardev);
+	CHECK_STR(argv[chardev - 1], "-chardev");
+	CHECK_STR(argv[port - 1], "-device");
+	CHECK_EQ(SBX_CHILD_NET_FD, 7);
+	sbx_argv_free(argv);
+}
+
 int main(void)
 {
 	RUN(test_full_tcg_command_line);
@@ -342,5 +372,6 @@ int main(void)
 	RUN(test_drive_and_channel);
 	RUN(test_snapshot_template_and_clone);
 	RUN(test_package_layer);
+	RUN(test_network_port);
 	TEST_MAIN_END("test_qemu_argv");
 }

@@ -53,7 +53,7 @@ static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan
 {
 	*chan = mkpair();
 	*con = mkpair();
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1, 0, -1};
 	int rc = sbx_spawn(&req, c, where);
 	close(chan->child);
 	close(con->child);
@@ -189,7 +189,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 	for (int i = 0; i < 2; i++) {
 		struct pair chan = mkpair(), con = mkpair();
 		struct sbx_spawn_req req = {argvs[i][0], argvs[i], ENVP, chan.child, con.child,
-					    NULL, 0, -1, 0, -1};
+					    NULL, 0, -1, 0, -1, 0, -1};
 		struct sbx_child c;
 		struct sbx_spawn_pending p;
 		struct sbx_err where = {0};
@@ -220,7 +220,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 static void test_bad_request(void)
 {
 	char *const argv[] = {"/bin/true", NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1, 0, -1};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
@@ -260,7 +260,7 @@ static void test_fd_layout_and_privs(void)
 	chan = mkpair();
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1};
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
 	close(con.child);
@@ -310,6 +310,41 @@ static void test_fd_layout_and_privs(void)
 	close(con.host);
 }
 
+/* The network port's socket (issue 13) lands at fd 7, and only when asked for: with it the child
+ * holds 0..4 and 7, nothing at 5 or 6. */
+static void test_net_port_fd(void)
+{
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	struct pair chan = mkpair(), con = mkpair(), net = mkpair();
+	ino_t net_ino = my_ino(net.child);
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1,
+				    1, net.child};
+	struct sbx_child c;
+	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
+	close(chan.child);
+	close(con.child);
+	close(net.child);
+	unsigned long long fds = 0;
+	for (int i = 0; i < 200; i++) {
+		fds = open_fds(c.pid);
+		if (fds == 0x9f)
+			break;
+		sleep_ms(10);
+	}
+	CHECK_EQ(fds, 0x9f); /* 0..4 and 7 */
+	CHECK(fd_ino(c.pid, SBX_CHILD_NET_FD) == net_ino);
+	int st;
+	CHECK_EQ(sbx_child_signal(&c, SIGKILL), 0);
+	reap(&c, &st);
+	close(chan.host);
+	close(con.host);
+	close(net.host);
+
+	/* with_net and no fd: refused before any fork. */
+	req.net_fd = -1;
+	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
+}
+
 static void test_overlapping_fds(void)
 {
 	/* Sources sitting on the target numbers, crossed: channel at 4 and console at 3, then
@@ -326,7 +361,7 @@ static void test_overlapping_fds(void)
 		close(con.child);
 		char *const argv[] = {"/bin/sh", "-c",
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1, 0, -1};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan_at);
@@ -401,7 +436,7 @@ static void test_parent_death_kills_child(void)
 	if (middle == 0) {
 		char *const argv[] = {"/bin/sleep", "30", NULL};
 		struct pair chan = mkpair(), con = mkpair();
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
@@ -504,6 +539,7 @@ int main(void)
 	RUN(test_bad_request);
 	RUN(test_exit_status);
 	RUN(test_fd_layout_and_privs);
+	RUN(test_net_port_fd);
 	RUN(test_overlapping_fds);
 	RUN(test_stdio);
 	RUN(test_environment);

@@ -491,6 +491,39 @@ def test_vm_qmp_socket_is_fd_5_of_the_child(tmp_path: Path) -> None:
     assert make_vm(qemu).qmp_fd == -1
 
 
+def test_vm_net_port_socket_is_fd_7_of_the_child(tmp_path: Path) -> None:
+    # Issue 13's network port: its own socketpair, QEMU's end at fd 7, the host's end in net_fd
+    # (owned and closed by the Vm); a plain VM has neither, nor the port on QEMU's command line.
+    qemu = fake_qemu(tmp_path, b"", then='read line <&7; echo "net:$line" >&7; exec sleep 60')
+    vm = make_vm(qemu, net_port=True)
+    try:
+        assert vm.net_fd >= 0 and vm.net_fd not in (vm.channel_fd, vm.console_fd, vm.qmp_fd)
+        os.write(vm.net_fd, b"hello\n")
+        select.select([vm.net_fd], [], [], 10)
+        assert os.read(vm.net_fd, 100) == b"net:hello\n"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            comm = Path(f"/proc/{vm.pid}/comm").read_text().strip()
+            fds = sorted(int(fd) for fd in os.listdir(f"/proc/{vm.pid}/fd"))
+            if comm == "sleep" and fds == [0, 1, 2, 3, 4, 7]:
+                break
+            time.sleep(0.01)
+        assert (comm, fds) == ("sleep", [0, 1, 2, 3, 4, 7])
+    finally:
+        net_fd = vm.net_fd
+        vm.close()
+    assert vm.net_fd == -1 and not fd_is_open(net_fd)
+    plain = make_vm(qemu)
+    try:
+        assert plain.net_fd == -1
+    finally:
+        plain.close()
+    assert "virtserialport,chardev=net,name=org.execsandbox.net.0" in argv(net_port=True)
+    assert "virtio-serial-device,max_ports=3" in argv(net_port=True)
+    assert "virtio-serial-device,max_ports=2" in argv()
+    assert not any("chardev=net" in a for a in argv())
+
+
 def test_vm_mem_fd_is_fd_6_of_the_child(tmp_path: Path) -> None:
     ram = tmp_path / "ram"
     ram.write_bytes(b"")

@@ -24,6 +24,8 @@ def test_every_input_changes_the_key() -> None:
         snapshot_key(replace(spec, kernel_cmdline_extra="tsc_early_khz=1"), "python"),
         snapshot_key(replace(spec, images=replace(images, kernel_hash="k2")), "python"),
         snapshot_key(replace(spec, images=replace(images, rootfs_hash="r2")), "python"),
+        # The network port is part of the device layout: network VMs have their own snapshots.
+        snapshot_key(replace(spec, net_port=True), "python"),
     ]
     assert len(set(variants)) == len(variants) and base not in variants
     # The paths of the images do not matter, their content hashes do.

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exec_sandbox import ExecutionResult, SandboxError, Scheduler, SnapshotError
+from exec_sandbox.network import parse_network_request
 
 from ._bridge import Runner
 
@@ -112,20 +113,33 @@ def _read_id(entry: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def network_options(allow_network: bool, allowed_domains: Sequence[str] | None
+                    ) -> dict[str, Any]:  # fmt: skip
+    """The network keyword arguments of run()/session() for an integration's settings, validated
+    at once (NetworkValidationError), so that a bad setting fails when the tool is made."""
+    parse_network_request(allow_network, allowed_domains, None)
+    return {"allow_network": allow_network,
+            "allowed_domains": list(allowed_domains) if allowed_domains is not None else None}
+
+
 class SessionPool:
     """One live Session per key, opened on first use, reopened if it closed (idle timeout, VM
     death). Every coroutine runs through the Runner, so the sessions live on one loop."""
 
     def __init__(self, runner: Runner, *, language: str = "python",
                  timeout_seconds: int | None = None, packages: Sequence[str] | None = None,
-                 persist: str | None = None) -> None:  # fmt: skip
+                 persist: str | None = None, allow_network: bool = False,
+                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         """persist: a namespace under which closing pauses each key's session to disk and a
-        later get() of the key (also in a new process) resumes it (SavedSessions)."""
+        later get() of the key (also in a new process) resumes it (SavedSessions).
+        allow_network / allowed_domains: as Scheduler.session() (checked here, before any VM)."""
+        network_options(allow_network, allowed_domains)
         self.runner = runner
         self._saved = SavedSessions(persist) if persist else None
         self.language = language
         self.timeout_seconds = timeout_seconds
         self.packages = list(packages) if packages else None
+        self.network = network_options(allow_network, allowed_domains)
         self._sessions: dict[str, Session] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -142,6 +156,7 @@ class SessionPool:
                     language=self.language,  # type: ignore[arg-type]
                     timeout_seconds=self.timeout_seconds,
                     packages=self.packages,
+                    **self.network,
                 )
                 self._sessions[key] = session
             return session

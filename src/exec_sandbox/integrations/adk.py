@@ -58,13 +58,18 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
     # resumes it later, also in a new process (an agent's thread gets its variables and files
     # back after a restart).
     persist_sessions: bool = False
+    # Network by name (Scheduler.session): off by default; allowed_domains None = any public name.
+    allow_network: bool = False
+    allowed_domains: list[str] | None = None
     _pool: SessionPool = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         self._pool = SessionPool(Runner(self.scheduler), language="python",
                                  timeout_seconds=self.timeout_seconds, packages=self.packages,
-                                 persist="adk" if self.persist_sessions else None)  # fmt: skip
+                                 persist="adk" if self.persist_sessions else None,
+                                 allow_network=self.allow_network,
+                                 allowed_domains=self.allowed_domains)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     def execute_code(self, invocation_context: InvocationContext,
@@ -86,7 +91,8 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
             else:
                 session = await scheduler.session(language="python",
                                                   timeout_seconds=self.timeout_seconds,
-                                                  packages=self.packages)  # fmt: skip
+                                                  packages=self.packages,
+                                                  **self._pool.network)  # fmt: skip
             try:
                 return await _run(session, request)
             finally:

@@ -35,7 +35,7 @@ from deepagents.backends.sandbox import BaseSandbox
 from exec_sandbox import OutputLimitError, SandboxError, Scheduler
 
 from ._bridge import Runner
-from ._common import SavedSessions
+from ._common import SavedSessions, network_options
 from ._sandbox_glob import glob_command, parse_glob_output, search_root
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ class ExecSandboxBackend(BaseSandbox):
                  memory_mb: int = DEFAULT_MEMORY_MB,
                  file_contract: FileContract = "standard",
                  packages: Sequence[str] | None = None,
-                 session_key: str | None = None) -> None:  # fmt: skip
+                 session_key: str | None = None, allow_network: bool = False,
+                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         if file_contract not in ("standard", "deepagents"):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
@@ -89,6 +90,8 @@ class ExecSandboxBackend(BaseSandbox):
         self._memory_mb = memory_mb
         # Python packages (name==version) for the python3 that the agent's commands run.
         self._packages = list(packages) if packages else None
+        # Network by name for the agent's commands (checked now, before any VM).
+        self._network = network_options(allow_network, allowed_domains)
         # With a key (e.g. the agent's thread id), close() pauses the VM to disk and a backend
         # made later with the same key, also in a new process, resumes it: files, cwd and env.
         self._saved = SavedSessions("deepagents") if session_key else None
@@ -293,7 +296,7 @@ class ExecSandboxBackend(BaseSandbox):
                     return resumed
             session = await scheduler.session(
                 language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb,
-                packages=self._packages, _packages_language="python",
+                packages=self._packages, _packages_language="python", **self._network,
             )
             self._holder[:] = [session]
             setup = await session.exec(_SETUP)

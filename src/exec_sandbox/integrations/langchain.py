@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from exec_sandbox import ExecutionResult, SandboxError, Scheduler
 
 from ._bridge import Runner
-from ._common import LANGUAGES, SessionPool, result_artifact, result_text
+from ._common import LANGUAGES, SessionPool, network_options, result_artifact, result_text
 
 _DEFAULT_THREAD = "default"
 
@@ -47,11 +47,16 @@ class _SandboxToolBase(BaseTool):
     handle_tool_error: bool = True
     scheduler: Scheduler | None = None
     timeout_seconds: int | None = None
+    # Network by name (Scheduler.run): off by default; allowed_domains None = any public name.
+    allow_network: bool = False
+    allowed_domains: list[str] | None = None
     _runner: Runner = PrivateAttr()
+    _network: dict[str, Any] = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         self._runner = Runner(self.scheduler)
+        self._network = network_options(self.allow_network, self.allowed_domains)
 
 
 def _checked_language(language: str) -> str:
@@ -82,7 +87,8 @@ class ExecSandboxTool(_SandboxToolBase):
         try:
             result = self._runner.run(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds, packages=packages)  # fmt: skip
+                                timeout_seconds=self.timeout_seconds, packages=packages,
+                                **self._network)  # fmt: skip
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
@@ -95,7 +101,8 @@ class ExecSandboxTool(_SandboxToolBase):
         try:
             result = await self._runner.arun(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds, packages=packages)  # fmt: skip
+                                timeout_seconds=self.timeout_seconds, packages=packages,
+                                **self._network)  # fmt: skip
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
@@ -127,7 +134,8 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         super().model_post_init(context)
         _checked_language(self.language)
         self._pool = SessionPool(self._runner, language=self.language,
-                                 timeout_seconds=self.timeout_seconds, packages=self.packages)  # fmt: skip
+                                 timeout_seconds=self.timeout_seconds, packages=self.packages,
+                                 **self._network)  # fmt: skip
         # An abandoned tool must not keep its VMs until the idle timeout.
         weakref.finalize(self, _close_quietly, self._pool)
 

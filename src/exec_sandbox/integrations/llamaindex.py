@@ -15,7 +15,7 @@ from llama_index.core.tools.tool_spec.base import BaseToolSpec
 from exec_sandbox import ExecutionResult, SandboxError, Scheduler
 
 from ._bridge import Runner
-from ._common import LANGUAGES, SessionPool, result_text
+from ._common import LANGUAGES, SessionPool, network_options, result_text
 
 _KEY = "codeact"
 
@@ -25,11 +25,15 @@ class ExecSandboxCodeExecutor:
     to hand to the agent; `close()` destroys the VM (a new one starts on the next call)."""
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
-                 language: str = "python", packages: Sequence[str] | None = None) -> None:  # fmt: skip
+                 language: str = "python", packages: Sequence[str] | None = None,
+                 allow_network: bool = False,
+                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         if language not in LANGUAGES:
             raise ValueError(f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}")
         self._pool = SessionPool(Runner(scheduler), language=language,
-                                 timeout_seconds=timeout_seconds, packages=packages)  # fmt: skip
+                                 timeout_seconds=timeout_seconds, packages=packages,
+                                 allow_network=allow_network,
+                                 allowed_domains=allowed_domains)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     async def execute(self, code: str) -> str:
@@ -53,13 +57,16 @@ class ExecSandboxCodeExecutor:
 
 def create_code_execute_fn(scheduler: Scheduler | None = None, *,
                            timeout_seconds: int | None = None, language: str = "python",
-                           packages: Sequence[str] | None = None
+                           packages: Sequence[str] | None = None, allow_network: bool = False,
+                           allowed_domains: Sequence[str] | None = None
                            ) -> Callable[[str], Awaitable[str]]:  # fmt: skip
     """The async `code_execute_fn(code: str) -> str` for CodeActAgent, with state kept across
     calls (and `packages` installed). The function's `executor` attribute holds its
     ExecSandboxCodeExecutor (to close)."""
     executor = ExecSandboxCodeExecutor(scheduler, timeout_seconds=timeout_seconds,
-                                       language=language, packages=packages)  # fmt: skip
+                                       language=language, packages=packages,
+                                       allow_network=allow_network,
+                                       allowed_domains=allowed_domains)  # fmt: skip
 
     async def code_execute_fn(code: str) -> str:
         """Execute code in a sandboxed interpreter; state persists between calls."""
@@ -75,8 +82,10 @@ class ExecSandboxToolSpec(BaseToolSpec):
     spec_functions = [("run_code", "arun_code")]
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
-                 packages: Sequence[str] | None = None) -> None:  # fmt: skip
+                 packages: Sequence[str] | None = None, allow_network: bool = False,
+                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         self._runner = Runner(scheduler)
+        self._network = network_options(allow_network, allowed_domains)
         self._timeout = timeout_seconds
         # Installed for python runs (pinned names, name==version).
         self._packages = list(packages) if packages else None
@@ -94,7 +103,8 @@ class ExecSandboxToolSpec(BaseToolSpec):
             result = self._runner.run(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
                                 timeout_seconds=self._timeout,
-                                packages=self._packages if language == "python" else None)  # fmt: skip
+                                packages=self._packages if language == "python" else None,
+                                **self._network)  # fmt: skip
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"
@@ -108,7 +118,8 @@ class ExecSandboxToolSpec(BaseToolSpec):
             result = await self._runner.arun(
                 lambda s: s.run(code, language=language,  # type: ignore[arg-type]
                                 timeout_seconds=self._timeout,
-                                packages=self._packages if language == "python" else None)  # fmt: skip
+                                packages=self._packages if language == "python" else None,
+                                **self._network)  # fmt: skip
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"

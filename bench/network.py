@@ -1,0 +1,166 @@
+"""Network by name (issue 13), in one run on this machine:
+
+1. connect latency: guest code connects to a name and reads the first byte a host loopback
+   server sends on accept, against the same from a host process;
+2. bulk throughput, host -> guest (download) and guest -> host (upload), against the same
+   transfer between two host processes;
+3. the C/io_uring relay against a plain asyncio relay (bench/net_asyncio_relay.py) on the same
+   VMs' workload: throughput, and the bench process's CPU time per MB moved (the relay and the
+   event loop; the servers run in a child process so that their CPU is not counted).
+
+    .venv/bin/python bench/network.py --mb 64 --connects 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from net_asyncio_relay import AsyncioHub  # noqa: E402
+
+from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+
+CHUNK = b"x" * 65536
+
+
+def _servers(ready: multiprocessing.connection.Connection, total: int) -> None:
+    """Child process: first-byte, download and upload servers on 127.0.0.1."""
+
+    def first_byte(conn: socket.socket) -> None:
+        conn.sendall(b"!")
+        conn.close()
+
+    def download(conn: socket.socket) -> None:
+        left = total
+        while left > 0:
+            conn.sendall(CHUNK[: min(left, len(CHUNK))])
+            left -= len(CHUNK)
+        conn.close()
+
+    def upload(conn: socket.socket) -> None:
+        got = 0
+        while data := conn.recv(262144):
+            got += len(data)
+        conn.sendall(str(got).encode())
+        conn.close()
+
+    ports = []
+    for handler in (first_byte, download, upload):
+        lsock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        ports.append(lsock.getsockname()[1])
+
+        def loop(lsock: socket.socket = lsock, handler=handler) -> None:  # type: ignore[no-untyped-def]
+            while True:
+                conn, _ = lsock.accept()
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                threading.Thread(target=handler, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=loop, daemon=True).start()
+    ready.send(ports)
+    threading.Event().wait()
+
+
+CLIENT = """
+import json, socket, sys, time
+host, ports, total, connects = sys.argv[1] if len(sys.argv) > 1 else HOST, PORTS, TOTAL, CONNECTS
+lat = []
+for _ in range(connects):
+    t = time.perf_counter()
+    s = socket.create_connection((host, ports[0])); s.recv(1); s.close()
+    lat.append((time.perf_counter() - t) * 1000)
+t = time.perf_counter(); s = socket.create_connection((host, ports[1])); n = 0
+while True:
+    d = s.recv(262144)
+    if not d: break
+    n += len(d)
+s.close(); down = n / (time.perf_counter() - t) / 1e6
+buf = b"y" * 65536
+t = time.perf_counter(); s = socket.create_connection((host, ports[2])); left = total
+while left > 0:
+    s.sendall(buf[: min(left, len(buf))]); left -= len(buf)
+s.shutdown(socket.SHUT_WR); got = int(s.recv(64)); s.close()
+up = got / (time.perf_counter() - t) / 1e6
+lat.sort()
+print(json.dumps({"connect_p50_ms": lat[len(lat) // 2], "connect_p90_ms": lat[int(len(lat) * 0.9)],
+                  "down_MBps": down, "up_MBps": up, "bytes": [n, got]}))
+"""
+
+
+def client_code(host: str, ports: list[int], total: int, connects: int) -> str:
+    return (f"HOST, PORTS, TOTAL, CONNECTS = {host!r}, {ports!r}, {total}, {connects}\n" + CLIENT)
+
+
+async def in_guest(sched: Scheduler, ports: list[int], total: int, connects: int
+                   ) -> tuple[dict[str, float], float]:  # fmt: skip
+    """The client in a VM through the relay: its figures, and the bench process's CPU seconds
+    while it ran (relay + loop)."""
+    session = await sched.session(allow_network=True, timeout_seconds=300,
+                                  allowed_domains=["bench.test", "bench.test:81",
+                                                   "bench.test:82"])  # fmt: skip
+    async with session:
+        code = client_code("bench.test", [80, 81, 82], total, connects)
+        cpu = time.process_time()
+        result = await session.exec(code)
+        cpu = time.process_time() - cpu
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout), cpu
+
+
+def on_host(ports: list[int], total: int, connects: int) -> dict[str, float]:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", client_code("127.0.0.1", ports, total, connects)],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return json.loads(out)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mb", type=int, default=64, help="MB each way per transfer")
+    ap.add_argument("--connects", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    total = args.mb << 20
+    parent, child = multiprocessing.Pipe()
+    proc = multiprocessing.Process(target=_servers, args=(child, total), daemon=True)
+    proc.start()
+    ports = parent.recv()
+    hosts = {"bench.test:80": f"127.0.0.1:{ports[0]}", "bench.test:81": f"127.0.0.1:{ports[1]}",
+             "bench.test:82": f"127.0.0.1:{ports[2]}"}  # fmt: skip
+    rows: dict[str, list[dict[str, float]]] = {"host": [], "c-io_uring": [], "asyncio": []}
+    with tempfile.TemporaryDirectory() as cache:
+        config = SchedulerConfig(max_concurrent_vms=2, memory_snapshot_cache_dir=Path(cache),
+                                 network_test_hosts=hosts)  # fmt: skip
+        async with Scheduler(config) as c_sched, Scheduler(config) as a_sched:
+            a_sched._network_hub = AsyncioHub()  # type: ignore[assignment]  # the baseline
+            for r in range(args.rounds):  # interleaved: every side sees the same host load
+                rows["host"].append(on_host(ports, total, args.connects))
+                for name, sched in (("c-io_uring", c_sched), ("asyncio", a_sched)):
+                    figures, cpu = await in_guest(sched, ports, total, args.connects)
+                    figures["cpu_ms_per_MB"] = cpu * 1000 / (2 * total / 1e6)
+                    rows[name].append(figures)
+                print(f"round {r + 1}: " + json.dumps({k: v[-1] for k, v in rows.items()}),
+                      file=sys.stderr)  # fmt: skip
+            a_sched._network_hub = None
+    proc.kill()
+    print(f"{'':12} {'connect p50':>12} {'p90':>8} {'down MB/s':>10} {'up MB/s':>8} {'CPU ms/MB':>10}")
+    for name, results in rows.items():
+        med = lambda key: statistics.median(r[key] for r in results)  # noqa: E731
+        cpu = f"{med('cpu_ms_per_MB'):10.2f}" if "cpu_ms_per_MB" in results[0] else f"{'-':>10}"
+        print(f"{name:12} {med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms "
+              f"{med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

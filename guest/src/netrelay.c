@@ -1,0 +1,881 @@
+/* The guest's half of the network: see netrelay.h. */
+#include "netrelay.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "channel.h"
+#include "cleanup.h"
+
+#define PORT_WAIT_MS 2000u
+#define READ_CHUNK (64u * 1024u)
+#define PORT_READS_PER_CALL 8
+#define DNS_QUERIES_PER_CALL 16
+#define ACCEPTS_PER_CALL 16
+/* Credit back once this much is written (or the socket took everything pending). */
+#define CREDIT_BATCH (SBX_NET_WINDOW / 4u)
+#define SBX_NET_NOFILE 8192u
+
+enum tag {
+	TAG_PORT = 1,
+	TAG_DNS,
+	TAG_LISTENER,
+	TAG_STREAM,
+};
+
+static uint64_t tag(enum tag t, uint32_t index)
+{
+	return (uint64_t)t << 32 | index;
+}
+
+static uint16_t listen_port(const struct sbx_net *n, uint32_t k)
+{
+	return k == 0 ? 80 : k == 1 ? 443 : n->cfg.ports[k - 2];
+}
+
+/* --- boot ------------------------------------------------------------------------------------ */
+
+void sbx_net_boot_trust(void)
+{
+	if (symlink(SBX_NET_IMAGE_CA_FILE, SBX_NET_CA_FILE) < 0 && errno != EEXIST)
+		sbx_log("symlink %s: %s", SBX_NET_CA_FILE, strerror(errno));
+	if (symlink("/dev/null", SBX_NET_NODE_CA_FILE) < 0 && errno != EEXIST)
+		sbx_log("symlink %s: %s", SBX_NET_NODE_CA_FILE, strerror(errno));
+}
+
+bool sbx_net_trust_ready(void)
+{
+	struct stat st;
+	return lstat(SBX_NET_CA_FILE, &st) == 0 && lstat(SBX_NET_NODE_CA_FILE, &st) == 0;
+}
+
+void sbx_net_init(struct sbx_net *n)
+{
+	memset(n, 0, sizeof(*n));
+	n->epfd = n->port_fd = n->dns_fd = -1;
+	for (uint32_t i = 0; i < SBX_NET_TABLE_MAX; i++)
+		for (uint32_t k = 0; k < SBX_NET_LISTEN_PORTS; k++)
+			n->listen_fd[i][k] = -1;
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		n->streams[i].fd = -1;
+	n->next_id = 1;
+	sbx_reader_init(&n->reader, SBX_NET_FRAME_MAX);
+}
+
+int sbx_net_poll_fd(const struct sbx_net *n)
+{
+	return n->configured ? n->epfd : -1;
+}
+
+/* --- output to the net port ------------------------------------------------------------------ */
+
+static void port_flush(struct sbx_net *n)
+{
+	while (n->port_fd >= 0 && n->out_off < n->out.len) {
+		ssize_t w = write(n->port_fd, n->out.data + n->out_off, n->out.len - n->out_off);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno != EAGAIN)
+				sbx_log("net port write: %s", strerror(errno));
+			break;
+		}
+		n->out_off += (size_t)w;
+	}
+	if (n->out_off == n->out.len) {
+		n->out.len = 0;
+		n->out_off = 0;
+	} else if (n->out_off > n->out.len / 2) {
+		sbx_buf_consume(&n->out, n->out_off);
+		n->out_off = 0;
+	}
+}
+
+static size_t out_pending(const struct sbx_net *n)
+{
+	return n->out.len - n->out_off;
+}
+
+/* A frame with an optional u32 and an optional byte run (str when as_str, else raw). */
+static void send_frame(struct sbx_net *n, uint8_t type, uint32_t id, const uint32_t *value,
+		       const void *data, size_t len, bool as_str)
+{
+	if (n->broken)
+		return;
+	size_t start;
+	int rc = sbx_frame_begin(&n->out, type, id, &start);
+	if (rc == 0 && value)
+		rc = sbx_put_u32(&n->out, *value);
+	if (rc == 0 && as_str)
+		rc = sbx_put_str(&n->out, data, len);
+	else if (rc == 0 && len)
+		rc = sbx_buf_append(&n->out, data, len);
+	if (rc == 0)
+		rc = sbx_frame_end(&n->out, start, SBX_NET_FRAME_MAX);
+	if (rc < 0) {
+		n->out.len = start;
+		sbx_log("net frame %u: %s", type, strerror(-rc));
+	}
+}
+
+static void send_u32(struct sbx_net *n, uint8_t type, uint32_t id, uint32_t v)
+{
+	send_frame(n, type, id, &v, NULL, 0, false);
+}
+
+/* --- streams --------------------------------------------------------------------------------- */
+
+static struct sbx_net_stream *find_stream(struct sbx_net *n, uint32_t id)
+{
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		if (n->streams[i].state != SBX_NS_FREE && n->streams[i].id == id)
+			return &n->streams[i];
+	return NULL;
+}
+
+static struct sbx_net_stream *free_slot(struct sbx_net *n)
+{
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		if (n->streams[i].state == SBX_NS_FREE)
+			return &n->streams[i];
+	return NULL;
+}
+
+static uint32_t slot_index(const struct sbx_net *n, const struct sbx_net_stream *s)
+{
+	return (uint32_t)(s - n->streams);
+}
+
+static void stream_start(struct sbx_net *n, struct sbx_net_stream *s, uint32_t id, int fd,
+			 enum sbx_net_stream_state state)
+{
+	struct sbx_buf keep = s->pending; /* its allocation is reused */
+	memset(s, 0, sizeof(*s));
+	s->pending = keep;
+	s->pending.len = 0;
+	s->id = id;
+	s->fd = fd;
+	s->state = state;
+	s->send_credit = SBX_NET_WINDOW;
+	s->events = 0;
+	struct epoll_event ev = {.events = 0, .data.u64 = tag(TAG_STREAM, slot_index(n, s))};
+	if (state == SBX_NS_CONNECTING)
+		ev.events = s->events = EPOLLOUT;
+	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+		sbx_log("epoll add stream: %s", strerror(errno));
+}
+
+/* Close the socket; reset: with an RST (SO_LINGER 0), so that the peer sees a reset, not an EOF. */
+static void stream_close_socket(struct sbx_net *n, struct sbx_net_stream *s, bool reset)
+{
+	if (s->fd < 0)
+		return;
+	epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+	if (reset) {
+		struct linger lg = {.l_onoff = 1, .l_linger = 0};
+		setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	}
+	sbx_close_fd(&s->fd);
+	s->events = 0;
+}
+
+static void stream_free(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	stream_close_socket(n, s, true);
+	s->state = SBX_NS_FREE;
+	s->id = 0;
+	s->pending.len = 0;
+	s->pending_off = 0;
+	if (s->pending.cap > 64u * 1024u)
+		sbx_buf_free(&s->pending);
+}
+
+/* The stream is over on this side: socket gone, NET_CLOSE sent, waiting for the host's. */
+static void stream_end(struct sbx_net *n, struct sbx_net_stream *s, bool reset)
+{
+	stream_close_socket(n, s, reset);
+	s->pending.len = 0;
+	s->pending_off = 0;
+	if (s->state == SBX_NS_CLOSING)
+		return;
+	send_u32(n, SBX_NET_MSG_CLOSE, s->id, reset ? SBX_NET_CLOSE_RESET : SBX_NET_CLOSE_DONE);
+	s->state = SBX_NS_CLOSING;
+}
+
+/* The socket failed (error, reset, the client gone) in whatever state the stream is in. */
+static void stream_fail(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	switch (s->state) {
+	case SBX_NS_OPENING:
+		/* NET_OPENED is still to come: it decides between freeing and NET_CLOSE. */
+		stream_close_socket(n, s, true);
+		s->sock_failed = true;
+		break;
+	case SBX_NS_CONNECTING:
+		send_u32(n, SBX_NET_MSG_CONNECTED, s->id, SBX_NET_CONNECT_FAILED);
+		stream_free(n, s);
+		break;
+	case SBX_NS_OPEN:
+		stream_end(n, s, true);
+		break;
+	case SBX_NS_FREE:
+	case SBX_NS_CLOSING:
+		break;
+	}
+}
+
+/* Both directions finished and everything written: a clean end. */
+static void stream_check_done(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	if (s->state == SBX_NS_OPEN && s->eof_sent && s->wr_shut)
+		stream_end(n, s, false);
+}
+
+static void stream_credit(struct sbx_net *n, struct sbx_net_stream *s, bool force)
+{
+	if (s->to_credit && (force || s->to_credit >= CREDIT_BATCH)) {
+		send_u32(n, SBX_NET_MSG_CREDIT, s->id, s->to_credit);
+		s->recv_inflight -= s->to_credit;
+		s->to_credit = 0;
+	}
+}
+
+/* Write what is pending to the socket; then the half close if the host asked for it. */
+static void stream_drain(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	while (s->fd >= 0 && s->pending_off < s->pending.len) {
+		ssize_t w = send(s->fd, s->pending.data + s->pending_off,
+				 s->pending.len - s->pending_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN)
+				break;
+			stream_fail(n, s);
+			return;
+		}
+		s->pending_off += (size_t)w;
+		s->to_credit += (uint32_t)w;
+	}
+	bool empty = s->pending_off == s->pending.len;
+	if (empty) {
+		s->pending.len = 0;
+		s->pending_off = 0;
+	}
+	stream_credit(n, s, empty);
+	if (empty && s->host_shut && !s->wr_shut && s->fd >= 0) {
+		shutdown(s->fd, SHUT_WR);
+		s->wr_shut = true;
+		stream_check_done(n, s);
+	}
+}
+
+/* One read from the socket into a NET_DATA frame, within the host's credit. */
+static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	uint32_t want = s->send_credit < SBX_NET_DATA_MAX ? s->send_credit : SBX_NET_DATA_MAX;
+	if (want == 0 || s->eof_sent || s->fd < 0)
+		return;
+	size_t start;
+	if (sbx_frame_begin(&n->out, SBX_NET_MSG_DATA, s->id, &start) < 0 ||
+	    sbx_buf_reserve(&n->out, want) < 0) {
+		n->out.len = start;
+		return;
+	}
+	ssize_t r;
+	do
+		r = recv(s->fd, n->out.data + n->out.len, want, MSG_DONTWAIT);
+	while (r < 0 && errno == EINTR);
+	if (r > 0) {
+		n->out.len += (size_t)r;
+		sbx_frame_end(&n->out, start, SBX_NET_FRAME_MAX);
+		s->send_credit -= (uint32_t)r;
+		return;
+	}
+	n->out.len = start;
+	if (r == 0) {
+		send_frame(n, SBX_NET_MSG_SHUTDOWN, s->id, NULL, NULL, 0, false);
+		s->eof_sent = true;
+		stream_check_done(n, s);
+	} else if (errno != EAGAIN) {
+		stream_fail(n, s);
+	}
+}
+
+/* The epoll mask a stream needs now; applied only when it changes. */
+static void stream_update_events(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	if (s->fd < 0)
+		return;
+	uint32_t ev = 0;
+	if (s->state == SBX_NS_CONNECTING || s->pending_off < s->pending.len)
+		ev |= EPOLLOUT;
+	if (s->state == SBX_NS_OPEN && !s->eof_sent && s->send_credit > 0 &&
+	    out_pending(n) < SBX_NET_OUT_HIGH_WATER)
+		ev |= EPOLLIN;
+	struct epoll_event e = {.events = ev, .data.u64 = tag(TAG_STREAM, slot_index(n, s))};
+	if (s->parked) {
+		if (ev && epoll_ctl(n->epfd, EPOLL_CTL_ADD, s->fd, &e) == 0) {
+			s->parked = false;
+			s->events = ev;
+		}
+		return;
+	}
+	if (ev == s->events)
+		return;
+	if (epoll_ctl(n->epfd, EPOLL_CTL_MOD, s->fd, &e) == 0)
+		s->events = ev;
+}
+
+static void stream_park(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	if (epoll_ctl(n->epfd, EPOLL_CTL_DEL, s->fd, NULL) == 0) {
+		s->parked = true;
+		s->events = 0;
+	}
+}
+
+static void stream_on_event(struct sbx_net *n, struct sbx_net_stream *s, uint32_t ev)
+{
+	if (s->fd < 0)
+		return;
+	if (s->state == SBX_NS_CONNECTING) {
+		int err = 0;
+		socklen_t len = sizeof(err);
+		if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+			err = errno;
+		if (err || (ev & EPOLLERR)) {
+			stream_fail(n, s);
+			return;
+		}
+		send_u32(n, SBX_NET_MSG_CONNECTED, s->id, SBX_NET_OK);
+		s->state = SBX_NS_OPEN;
+		return;
+	}
+	if (s->state == SBX_NS_OPENING) {
+		/* Nothing is read before NET_OPENED; only a failure can be reported (epoll reports
+		 * EPOLLERR and EPOLLHUP whatever the mask). */
+		if (ev & (EPOLLERR | EPOLLHUP))
+			stream_fail(n, s);
+		return;
+	}
+	if (s->state != SBX_NS_OPEN)
+		return;
+	if (ev & EPOLLERR) {
+		stream_fail(n, s);
+		return;
+	}
+	if (ev & EPOLLOUT)
+		stream_drain(n, s);
+	if (s->fd < 0 || s->state != SBX_NS_OPEN)
+		return;
+	if ((ev & (EPOLLIN | EPOLLHUP)) && !s->eof_sent && s->send_credit > 0)
+		stream_read(n, s); /* what is left in the receive buffer, then EOF */
+	else if (ev & EPOLLHUP)
+		stream_park(n, s); /* back in once there is credit or data to write */
+}
+
+/* --- frames from the host -------------------------------------------------------------------- */
+
+static void host_data(struct sbx_net *n, struct sbx_net_stream *s,
+		      const struct sbx_net_host_msg *m)
+{
+	if (s->state == SBX_NS_CLOSING)
+		return; /* sent before it saw our NET_CLOSE */
+	if (s->state != SBX_NS_OPEN || s->host_shut ||
+	    m->len > SBX_NET_WINDOW - s->recv_inflight) {
+		/* Data before the stream is open, after the host's half close, or past the window:
+		 * the host broke the stream's contract. It costs the stream, not the VM. */
+		sbx_log("net stream %u: DATA out of contract (%u bytes, %u in flight): reset",
+			s->id, m->len, s->recv_inflight);
+		stream_end(n, s, true);
+		return;
+	}
+	s->recv_inflight += m->len;
+	if (sbx_buf_append(&s->pending, m->data, m->len) < 0) {
+		stream_end(n, s, true);
+		return;
+	}
+	stream_drain(n, s);
+}
+
+static void host_opened(struct sbx_net *n, struct sbx_net_stream *s,
+			const struct sbx_net_host_msg *m)
+{
+	if (s->state != SBX_NS_OPENING) {
+		sbx_log("net stream %u: unexpected OPENED", s->id);
+		return;
+	}
+	if (m->value != SBX_NET_OK) {
+		/* Refused: the client sees a reset. No NET_CLOSE follows a failed open. */
+		stream_free(n, s);
+		return;
+	}
+	s->state = SBX_NS_OPEN;
+	if (s->sock_failed)
+		stream_end(n, s, true);
+}
+
+static void host_connect(struct sbx_net *n, const struct sbx_net_host_msg *m)
+{
+	if (find_stream(n, m->id)) {
+		sbx_log("net: CONNECT for live stream %u ignored", m->id);
+		return;
+	}
+	struct sbx_net_stream *s = free_slot(n);
+	if (!s) {
+		send_u32(n, SBX_NET_MSG_CONNECTED, m->id, SBX_NET_TOO_MANY);
+		return;
+	}
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		send_u32(n, SBX_NET_MSG_CONNECTED, m->id, SBX_NET_CONNECT_FAILED);
+		return;
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)m->value),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+		close(fd);
+		send_u32(n, SBX_NET_MSG_CONNECTED, m->id, SBX_NET_CONNECT_FAILED);
+		return;
+	}
+	/* Even a connect that completed at once is reported from the event loop (EPOLLOUT). */
+	stream_start(n, s, m->id, fd, SBX_NS_CONNECTING);
+}
+
+static void host_frame(struct sbx_net *n, const struct sbx_frame *f)
+{
+	struct sbx_net_host_msg m;
+	const char *why = "?";
+	if (sbx_net_parse_host_frame(f, &m, &why) < 0) {
+		sbx_log("net port: bad frame type %u id %u: %s", f->type, f->id, why);
+		return;
+	}
+	if (m.type == SBX_NET_MSG_CONNECT) {
+		host_connect(n, &m);
+		return;
+	}
+	struct sbx_net_stream *s = find_stream(n, m.id);
+	if (!s) {
+		/* A late frame for a stream this side has freed (the host's CLOSE crossed ours). */
+		return;
+	}
+	switch (m.type) {
+	case SBX_NET_MSG_OPENED:
+		host_opened(n, s, &m);
+		break;
+	case SBX_NET_MSG_DATA:
+		host_data(n, s, &m);
+		break;
+	case SBX_NET_MSG_CREDIT:
+		if (s->state != SBX_NS_OPEN)
+			break;
+		if (m.value > SBX_NET_WINDOW - s->send_credit) {
+			sbx_log("net stream %u: CREDIT past the window: reset", s->id);
+			stream_end(n, s, true);
+			break;
+		}
+		s->send_credit += m.value;
+		break;
+	case SBX_NET_MSG_SHUTDOWN:
+		if (s->state != SBX_NS_OPEN)
+			break;
+		s->host_shut = true;
+		stream_drain(n, s);
+		break;
+	case SBX_NET_MSG_CLOSE:
+		/* Answer unless ours was already sent; either way the id is free now. */
+		if (s->state == SBX_NS_OPEN)
+			send_u32(n, SBX_NET_MSG_CLOSE, s->id, m.value);
+		stream_free(n, s);
+		break;
+	default:
+		break;
+	}
+}
+
+/* The host broke the framing, or closed its end: the port is done. Every stream is reset, queued
+ * output dropped, and from now on connections to the listeners are reset at once (send_frame
+ * drops everything), so that nothing piles up for a port nobody reads. */
+static void port_broken(struct sbx_net *n, int rc)
+{
+	sbx_log("net port: %s: closing every stream", strerror(-rc));
+	n->broken = true;
+	n->out.len = 0;
+	n->out_off = 0;
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		if (n->streams[i].state != SBX_NS_FREE)
+			stream_free(n, &n->streams[i]);
+	epoll_ctl(n->epfd, EPOLL_CTL_DEL, n->port_fd, NULL);
+	n->port_events = 0;
+}
+
+static void port_read(struct sbx_net *n)
+{
+	static uint8_t buf[READ_CHUNK];
+	for (int i = 0; i < PORT_READS_PER_CALL && !n->broken; i++) {
+		ssize_t r = read(n->port_fd, buf, sizeof(buf));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return; /* EAGAIN */
+		if (r == 0) {
+			/* The host end closed (QEMU's chardev socket: it never reopens). Its
+			 * EPOLLHUP would wake the loop without end: the port is done. */
+			port_broken(n, -ECONNRESET);
+			return;
+		}
+		int rc = sbx_reader_feed(&n->reader, buf, (size_t)r);
+		struct sbx_frame f;
+		while (rc >= 0 && (rc = sbx_reader_next(&n->reader, &f)) == 1)
+			host_frame(n, &f);
+		if (rc < 0) {
+			port_broken(n, rc);
+			return;
+		}
+	}
+}
+
+/* --- outbound: listeners and the DNS stub ---------------------------------------------------- */
+
+static void open_listeners(struct sbx_net *n, uint32_t entry)
+{
+	uint32_t addr = sbx_name_table_addr(entry);
+	uint32_t nports = 2 + n->cfg.port_count;
+	for (uint32_t k = 0; k < nports; k++) {
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd < 0) {
+			sbx_log("net listener: %s", strerror(errno));
+			return;
+		}
+		int one = 1;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		struct sockaddr_in sa = {.sin_family = AF_INET,
+					 .sin_port = htons(listen_port(n, k)),
+					 .sin_addr.s_addr = htonl(addr)};
+		struct epoll_event ev = {.events = EPOLLIN,
+					 .data.u64 = tag(TAG_LISTENER,
+							 entry * SBX_NET_LISTEN_PORTS + k)};
+		if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0 ||
+		    epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+			/* e.g. user code bound the wildcard on an extra port first */
+			sbx_log("net listener port %u: %s", listen_port(n, k), strerror(errno));
+			close(fd);
+			continue;
+		}
+		n->listen_fd[entry][k] = fd;
+	}
+}
+
+static uint32_t new_guest_id(struct sbx_net *n)
+{
+	for (;;) {
+		uint32_t id = n->next_id;
+		n->next_id = id >= 0x7fffffffu ? 1 : id + 1;
+		if (!find_stream(n, id))
+			return id;
+	}
+}
+
+static void on_accept(struct sbx_net *n, uint32_t index)
+{
+	int lfd = n->listen_fd[index / SBX_NET_LISTEN_PORTS][index % SBX_NET_LISTEN_PORTS];
+	for (int i = 0; i < ACCEPTS_PER_CALL; i++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			return;
+		struct sockaddr_in sa;
+		socklen_t len = sizeof(sa);
+		const char *name;
+		size_t name_len;
+		struct sbx_net_stream *s = n->broken ? NULL : free_slot(n);
+		if (!s || getsockname(fd, (struct sockaddr *)&sa, &len) < 0 ||
+		    sa.sin_family != AF_INET ||
+		    sbx_name_table_find_addr(&n->table, ntohl(sa.sin_addr.s_addr), &name,
+					     &name_len) < 0) {
+			/* Over the stream limit, or the port is done: the client sees a reset. */
+			struct linger lg = {.l_onoff = 1, .l_linger = 0};
+			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+			close(fd);
+			continue;
+		}
+		uint32_t id = new_guest_id(n);
+		uint32_t port = ntohs(sa.sin_port);
+		send_frame(n, SBX_NET_MSG_OPEN, id, &port, name, name_len, true);
+		stream_start(n, s, id, fd, SBX_NS_OPENING);
+	}
+}
+
+static void on_dns(struct sbx_net *n)
+{
+	uint8_t q[SBX_DNS_MSG_MAX + 1], reply[SBX_DNS_MSG_MAX];
+	for (int i = 0; i < DNS_QUERIES_PER_CALL; i++) {
+		struct sockaddr_storage from;
+		socklen_t flen = sizeof(from);
+		ssize_t r = recvfrom(n->dns_fd, q, sizeof(q), MSG_DONTWAIT | MSG_TRUNC,
+				     (struct sockaddr *)&from, &flen);
+		if (r < 0)
+			return;
+		int entry;
+		/* MSG_TRUNC: r is the datagram's real size, so an oversized one is seen as such. */
+		size_t qn = (size_t)r > sizeof(q) ? sizeof(q) : (size_t)r;
+		size_t len =
+			sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
+		/* Listeners before the answer: a connect may follow at once. */
+		if (entry >= 0)
+			open_listeners(n, (uint32_t)entry);
+		if (len)
+			sendto(n->dns_fd, reply, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
+	}
+}
+
+/* 198.18.0.1/15 on lo through rtnetlink: with the /15 prefix the kernel adds a local route for
+ * the whole range (as 127.0.0.1/8 does for 127/8), so every synthetic address is bindable and a
+ * connect to one without a listener is refused at once. */
+static int add_synthetic_range(void)
+{
+	_cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (fd < 0)
+		return -errno;
+	struct {
+		struct nlmsghdr nh;
+		struct ifaddrmsg ifa;
+		struct rtattr a1;
+		uint32_t local;
+		struct rtattr a2;
+		uint32_t address;
+	} req;
+	memset(&req, 0, sizeof(req));
+	unsigned lo = if_nametoindex("lo");
+	if (!lo)
+		return -errno;
+	uint32_t addr = htonl(SBX_NET_SYNTHETIC_BASE + 1u);
+	req.nh.nlmsg_len = sizeof(req);
+	req.nh.nlmsg_type = RTM_NEWADDR;
+	req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+	req.nh.nlmsg_seq = 1;
+	req.ifa.ifa_family = AF_INET;
+	req.ifa.ifa_prefixlen = SBX_NET_SYNTHETIC_PREFIX;
+	req.ifa.ifa_scope = RT_SCOPE_HOST;
+	req.ifa.ifa_index = lo;
+	req.a1.rta_len = RTA_LENGTH(4);
+	req.a1.rta_type = IFA_LOCAL;
+	req.local = addr;
+	req.a2.rta_len = RTA_LENGTH(4);
+	req.a2.rta_type = IFA_ADDRESS;
+	req.address = addr;
+	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
+		return -errno;
+	struct {
+		struct nlmsghdr nh;
+		struct nlmsgerr err;
+	} ack;
+	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
+	if (r < 0)
+		return -errno;
+	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
+		return -EPROTO;
+	return ack.err.error == -EEXIST ? 0 : ack.err.error;
+}
+
+static int open_dns(struct sbx_net *n)
+{
+	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(53)};
+	inet_pton(AF_INET, SBX_NET_DNS_ADDR, &sa.sin_addr);
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag(TAG_DNS, 0)};
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		int err = errno;
+		close(fd);
+		return -err;
+	}
+	n->dns_fd = fd;
+	return 0;
+}
+
+/* --- configuration --------------------------------------------------------------------------- */
+
+/* The host's CA bundle replaces the symlink at path (written aside, then renamed: a client never
+ * reads half a bundle). */
+static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, size_t len)
+{
+	_cleanup_close_ int fd =
+		open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+	if (fd < 0)
+		return -errno;
+	while (len) {
+		ssize_t w = write(fd, pem, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int err = w < 0 ? errno : EIO;
+			unlink(tmp);
+			return -err;
+		}
+		pem += w;
+		len -= (size_t)w;
+	}
+	if (fchmod(fd, 0644) < 0 || rename(tmp, path) < 0) {
+		int err = errno;
+		unlink(tmp);
+		return -err;
+	}
+	return 0;
+}
+
+static int install_ca(const uint8_t *pem, size_t len)
+{
+	int rc = install_ca_at(SBX_NET_CA_FILE, SBX_NET_CA_FILE ".new", pem, len);
+	if (rc < 0)
+		return rc;
+	return install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
+}
+
+__attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, int rc,
+							 const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, cap, fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int port_fd,
+		      bool test_mode, bool own_net_ns, char *msg, size_t cap)
+{
+	struct sbx_net_config probe;
+	const char *why = "?";
+	int rc = sbx_net_parse_config(payload, len, &probe, &why);
+	if (rc < 0)
+		return refuse(msg, cap, rc, "bad NET_CONFIG: %s", why);
+	if (n->configured)
+		return refuse(msg, cap, -EALREADY, "NET_CONFIG: already configured");
+	if (port_fd < 0 && test_mode)
+		return refuse(msg, cap, -ENODEV, "NET_CONFIG: no network port (test mode)");
+	/* A test agent on the host (no --boot namespaces) must not add addresses to the host's lo
+	 * nor bind its port 53: outbound is the VM's (or a namespaced test's). */
+	if (test_mode && !own_net_ns && (probe.flags & SBX_NET_CONFIG_OUTBOUND))
+		return refuse(msg, cap, -EPERM,
+			      "NET_CONFIG: outbound needs the VM's network namespace");
+	/* The caller keeps its fd (test mode): the net module works on its own copy. */
+	_cleanup_close_ int port = port_fd >= 0 ? fcntl(port_fd, F_DUPFD_CLOEXEC, 3) : -1;
+	if (port_fd >= 0 && port < 0)
+		return refuse(msg, cap, -errno, "NET_CONFIG: dup: %s", strerror(errno));
+	if (port < 0 && (rc = sbx_channel_find_port(SBX_NET_PORT_NAME, PORT_WAIT_MS, &port)) < 0)
+		return refuse(msg, cap, rc, "NET_CONFIG: no port %s: %s", SBX_NET_PORT_NAME,
+			      strerror(-rc));
+	int fl = fcntl(port, F_GETFL);
+	if (fl < 0 || fcntl(port, F_SETFL, fl | O_NONBLOCK) < 0)
+		return refuse(msg, cap, -errno, "NET_CONFIG: net port: %s", strerror(errno));
+	_cleanup_free_ uint8_t *buf = malloc(len ? len : 1);
+	if (!buf)
+		return refuse(msg, cap, -ENOMEM, "NET_CONFIG: out of memory");
+	memcpy(buf, payload, len);
+	sbx_net_parse_config(buf, len, &n->cfg, &why); /* the same bytes: cannot fail now */
+	if (n->cfg.ca_bundle && (rc = install_ca(n->cfg.ca_bundle, n->cfg.ca_len)) < 0)
+		return refuse(msg, cap, rc, "NET_CONFIG: CA bundle: %s", strerror(-rc));
+	n->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (n->epfd < 0)
+		return refuse(msg, cap, -errno, "NET_CONFIG: epoll: %s", strerror(errno));
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag(TAG_PORT, 0)};
+	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, port, &ev) < 0) {
+		rc = -errno;
+		sbx_close_fd(&n->epfd);
+		return refuse(msg, cap, rc, "NET_CONFIG: epoll: %s", strerror(-rc));
+	}
+	n->port_events = EPOLLIN;
+	/* Every name with an address holds a listener per port (up to 128 x 18) besides the
+	 * streams: more than PID 1's default 1024 fds. User code has its own limit (spawn.c). */
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < SBX_NET_NOFILE) {
+		struct rlimit want = {SBX_NET_NOFILE,
+				      rl.rlim_max > SBX_NET_NOFILE ? rl.rlim_max : SBX_NET_NOFILE};
+		if (setrlimit(RLIMIT_NOFILE, &want) < 0) {
+			want.rlim_cur = rl.rlim_max;
+			want.rlim_max = rl.rlim_max;
+			/* test mode without privilege: what there is */
+			setrlimit(RLIMIT_NOFILE, &want);
+		}
+	}
+	if (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) {
+		if ((rc = add_synthetic_range()) < 0 || (rc = open_dns(n)) < 0) {
+			sbx_close_fd(&n->epfd);
+			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s",
+				      strerror(-rc));
+		}
+	}
+	n->port_fd = TAKE_FD(port);
+	n->cfg_buf = TAKE_PTR(buf);
+	n->configured = true;
+	return 0;
+}
+
+/* --- the loop -------------------------------------------------------------------------------- */
+
+void sbx_net_handle(struct sbx_net *n)
+{
+	if (!n->configured)
+		return;
+	struct epoll_event evs[32];
+	int k = epoll_wait(n->epfd, evs, 32, 0);
+	for (int i = 0; i < k; i++) {
+		uint32_t index = (uint32_t)evs[i].data.u64;
+		switch ((enum tag)(evs[i].data.u64 >> 32)) {
+		case TAG_PORT:
+			if (evs[i].events & EPOLLOUT)
+				port_flush(n);
+			if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+				port_read(n);
+			break;
+		case TAG_DNS:
+			on_dns(n);
+			break;
+		case TAG_LISTENER:
+			on_accept(n, index);
+			break;
+		case TAG_STREAM:
+			if (index < SBX_NET_STREAMS_MAX)
+				stream_on_event(n, &n->streams[index], evs[i].events);
+			break;
+		}
+	}
+	port_flush(n);
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		if (n->streams[i].state != SBX_NS_FREE)
+			stream_update_events(n, &n->streams[i]);
+	/* The port: readable unless broken; writable interest only while output waits. A port
+	 * whose host end is closed reports EPOLLHUP without end: leave it out then. */
+	uint32_t pev = n->broken ? 0 : EPOLLIN;
+	if (out_pending(n) && !n->broken)
+		pev |= EPOLLOUT;
+	if (pev != n->port_events) {
+		struct epoll_event e = {.events = pev, .data.u64 = tag(TAG_PORT, 0)};
+		int op = n->port_events == 0 ? EPOLL_CTL_ADD
+			 : pev == 0          ? EPOLL_CTL_DEL
+					     : EPOLL_CTL_MOD;
+		if (epoll_ctl(n->epfd, op, n->port_fd, &e) == 0)
+			n->port_events = pev;
+	}
+}

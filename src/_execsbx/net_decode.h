@@ -1,0 +1,28 @@
+/* Guest -> host frames of the NET port (net_protocol.h) turned into validated records: the one
+ * place that reads a guest's net frame. Pure (no I/O, no allocation), so the fuzzer runs it as
+ * is. The relay (net_relay.c) applies the stream rules (windows, ids, counts) on top. */
+#ifndef SBX_NET_DECODE_H
+#define SBX_NET_DECODE_H
+
+#include <stdint.h>
+
+#include "frame.h"
+#include "net_protocol.h"
+
+struct sbx_net_frame {
+	uint8_t type;      /* SBX_NET_MSG_OPEN, _CONNECTED, _DATA, _CREDIT, _SHUTDOWN or _CLOSE */
+	uint32_t stream;   /* never 0; OPEN: bit 31 clear; CONNECTED: bit 31 set */
+	uint32_t value;    /* OPEN: port; CONNECTED: status; CREDIT: bytes; CLOSE: close code */
+	const uint8_t *data; /* OPEN: the name; DATA: the bytes (both point into the frame) */
+	uint32_t len;
+};
+
+/* 0 and *out filled, or -EPROTO (a type the guest may not send, a bad field, trailing bytes) /
+ * -EMSGSIZE (a name or DATA over its limit). */
+int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out);
+
+/* 1 if name is a name the guest may send in OPEN: 1..SBX_NET_NAME_MAX bytes of lowercase ASCII
+ * letters, digits, '-' and '.', not starting or ending with '.', no empty label. */
+int sbx_net_name_ok(const uint8_t *name, uint32_t len);
+
+#endif /* SBX_NET_DECODE_H */

@@ -1,0 +1,319 @@
+/* exec_sandbox._execsbx.NetRing: the Python face of net_relay.h (one per Scheduler). Thin: each
+ * method makes one relay call and returns primitives; the policy and the event loop stay in
+ * Python (exec_sandbox/network/). File descriptors passed in are duplicated, so the caller keeps
+ * and closes its own. */
+#include "py_net_ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "net_relay.h"
+#include "py_errors.h"
+
+/* The relay's calls return -errno and name no step themselves: the step is named here, and
+ * py_errors.c raises (docs/c-conventions.md). */
+static PyObject *raise_sys(int neg_errno, const char *step)
+{
+	struct sbx_err err = {0};
+	sbx_err_sys(&err, neg_errno, "%s", step);
+	return sbx_raise_err(&err, NULL);
+}
+
+typedef struct {
+	PyObject_HEAD
+	struct sbx_net_ring *ring; /* NULL once closed */
+} NetRingObject;
+
+static int check_open(NetRingObject *self)
+{
+	if (!self->ring) {
+		PyErr_SetString(PyExc_ValueError, "I/O operation on closed NetRing");
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *net_ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"entries", NULL};
+	unsigned entries = 1024;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$I:NetRing", kwlist, &entries))
+		return NULL;
+	NetRingObject *self = (NetRingObject *)type->tp_alloc(type, 0);
+	if (!self)
+		return NULL;
+	int rc = sbx_net_ring_new(entries, &self->ring);
+	if (rc < 0) {
+		self->ring = NULL;
+		Py_DECREF(self);
+		return raise_sys(rc, "io_uring_queue_init");
+	}
+	return (PyObject *)self;
+}
+
+static void net_ring_dealloc(NetRingObject *self)
+{
+	PyTypeObject *tp = Py_TYPE(self);
+	sbx_net_ring_free(self->ring);
+	self->ring = NULL;
+	tp->tp_free(self);
+	Py_DECREF(tp);
+}
+
+static PyObject *net_ring_close(NetRingObject *self, PyObject *unused)
+{
+	(void)unused;
+	sbx_net_ring_free(self->ring);
+	self->ring = NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *net_ring_fileno(NetRingObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	return PyLong_FromLong(sbx_net_ring_fd(self->ring));
+}
+
+static PyObject *event_tuple(const struct sbx_net_event *ev)
+{
+	switch (ev->kind) {
+	case SBX_NET_EV_OPEN:
+		return Py_BuildValue("(sIIsI)", "open", ev->relay, ev->stream, ev->text, ev->port);
+	case SBX_NET_EV_CONNECTED:
+		return Py_BuildValue("(sIII)", "connected", ev->relay, ev->stream, ev->status);
+	case SBX_NET_EV_CLOSED:
+		return Py_BuildValue("(sIIKKO)", "closed", ev->relay, ev->stream,
+				     (unsigned long long)ev->bytes_to_guest,
+				     (unsigned long long)ev->bytes_from_guest,
+				     ev->status ? Py_True : Py_False);
+	case SBX_NET_EV_VIOLATION:
+		return Py_BuildValue("(sIs)", "violation", ev->relay, ev->text);
+	case SBX_NET_EV_PORT_CLOSED:
+		return Py_BuildValue("(sIs)", "port_closed", ev->relay, ev->text);
+	}
+	return Py_BuildValue("(sI)", "unknown", ev->relay);
+}
+
+static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	int rc = sbx_net_ring_run(self->ring);
+	PyObject *list = PyList_New(0);
+	if (!list)
+		return NULL;
+	struct sbx_net_event ev;
+	while (sbx_net_ring_next_event(self->ring, &ev) == 1) {
+		PyObject *t = event_tuple(&ev);
+		if (!t || PyList_Append(list, t) < 0) {
+			Py_XDECREF(t);
+			Py_DECREF(list);
+			return NULL;
+		}
+		Py_DECREF(t);
+	}
+	if (rc < 0) {
+		Py_DECREF(list);
+		return raise_sys(rc, "io_uring_submit");
+	}
+	return list;
+}
+
+/* A CLOEXEC duplicate of fd, or -1 with OSError set. */
+static int dup_fd(int fd)
+{
+	int copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (copy < 0)
+		raise_sys(-errno, "fcntl(F_DUPFD_CLOEXEC)");
+	return copy;
+}
+
+static PyObject *net_ring_add_relay(NetRingObject *self, PyObject *arg)
+{
+	if (check_open(self) < 0)
+		return NULL;
+	int fd = PyObject_AsFileDescriptor(arg);
+	if (fd < 0)
+		return NULL;
+	int copy = dup_fd(fd);
+	if (copy < 0)
+		return NULL;
+	uint32_t relay;
+	int rc = sbx_net_relay_add(self->ring, copy, &relay);
+	if (rc < 0) {
+		close(copy);
+		return raise_sys(rc, "io_uring_get_sqe");
+	}
+	return PyLong_FromUnsignedLong(relay);
+}
+
+static PyObject *net_ring_close_relay(NetRingObject *self, PyObject *arg)
+{
+	if (check_open(self) < 0)
+		return NULL;
+	unsigned long relay = PyLong_AsUnsignedLong(arg);
+	if (relay == (unsigned long)-1 && PyErr_Occurred())
+		return NULL;
+	return PyBool_FromLong(sbx_net_relay_close(self->ring, (uint32_t)relay) == 0);
+}
+
+static PyObject *net_ring_open_reply(NetRingObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"relay", "stream", "status", "reason", "sock", NULL};
+	unsigned relay, stream, status;
+	const char *reason = "";
+	Py_ssize_t reason_len = 0;
+	PyObject *sock = Py_None;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "III|s#O:open_reply", kwlist, &relay, &stream,
+					 &status, &reason, &reason_len, &sock))
+		return NULL;
+	if (check_open(self) < 0)
+		return NULL;
+	int copy = -1;
+	if (sock != Py_None) {
+		int fd = PyObject_AsFileDescriptor(sock);
+		if (fd < 0 || (copy = dup_fd(fd)) < 0)
+			return NULL;
+	}
+	int rc = sbx_net_open_reply(self->ring, relay, stream, status, reason, (size_t)reason_len,
+				    copy);
+	if (rc == -EINVAL) {
+		PyErr_SetString(PyExc_ValueError, "open_reply: a socket with status 0 only, a "
+						  "known status otherwise");
+		return NULL;
+	}
+	return PyBool_FromLong(rc == 0);
+}
+
+static PyObject *net_ring_connect(NetRingObject *self, PyObject *args)
+{
+	unsigned relay, port;
+	PyObject *sock;
+	if (!PyArg_ParseTuple(args, "IIO:connect", &relay, &port, &sock))
+		return NULL;
+	if (check_open(self) < 0)
+		return NULL;
+	int fd = PyObject_AsFileDescriptor(sock);
+	int copy;
+	if (fd < 0 || (copy = dup_fd(fd)) < 0)
+		return NULL;
+	uint32_t stream;
+	int rc = sbx_net_connect(self->ring, relay, port, copy, &stream);
+	if (rc < 0)
+		return raise_sys(rc, "sbx_net_connect");
+	return PyLong_FromUnsignedLong(stream);
+}
+
+static PyObject *net_ring_ingest(NetRingObject *self, PyObject *args)
+{
+	unsigned relay;
+	Py_buffer data;
+	if (!PyArg_ParseTuple(args, "Iy*:ingest", &relay, &data))
+		return NULL;
+	int rc = check_open(self) < 0 ? -1
+		 : sbx_net_relay_ingest(self->ring, relay, data.buf, (size_t)data.len);
+	PyBuffer_Release(&data);
+	if (rc == -1 && PyErr_Occurred())
+		return NULL;
+	if (rc < 0)
+		return raise_sys(rc, "sbx_net_relay_ingest");
+	Py_RETURN_NONE;
+}
+
+static PyObject *net_ring_live(NetRingObject *self, PyObject *unused)
+{
+	(void)unused;
+	if (check_open(self) < 0)
+		return NULL;
+	return PyLong_FromSize_t(sbx_net_ring_live(self->ring));
+}
+
+static PyObject *net_ring_enter(NetRingObject *self, PyObject *unused)
+{
+	(void)unused;
+	return Py_NewRef(self);
+}
+
+static PyObject *net_ring_exit(NetRingObject *self, PyObject *args)
+{
+	(void)args;
+	return net_ring_close(self, NULL);
+}
+
+static PyObject *get_closed(NetRingObject *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(self->ring == NULL);
+}
+
+static PyMethodDef net_ring_methods[] = {
+	{"fileno", (PyCFunction)net_ring_fileno, METH_NOARGS,
+	 "fileno() -> int: the eventfd, readable when completions wait: call run() then"},
+	{"run", (PyCFunction)net_ring_run, METH_NOARGS,
+	 "run() -> list[tuple]: handle every completion; the events that resulted:\n"
+	 "('open', relay, stream, name, port), ('connected', relay, stream, status),\n"
+	 "('closed', relay, stream, bytes_to_guest, bytes_from_guest, reset),\n"
+	 "('violation', relay, why), ('port_closed', relay, why)"},
+	{"add_relay", (PyCFunction)net_ring_add_relay, METH_O,
+	 "add_relay(port_fd) -> int: relay a VM's network port (the fd is duplicated)"},
+	{"close_relay", (PyCFunction)net_ring_close_relay, METH_O,
+	 "close_relay(relay) -> bool: reset its streams and forget it; False if unknown"},
+	{"open_reply", (PyCFunction)(void (*)(void))net_ring_open_reply,
+	 METH_VARARGS | METH_KEYWORDS,
+	 "open_reply(relay, stream, status, reason='', sock=None) -> bool: answer an 'open'\n"
+	 "event; status 0 with the connected socket, else a refusal; False if the stream is gone"},
+	{"connect", (PyCFunction)net_ring_connect, METH_VARARGS,
+	 "connect(relay, guest_port, sock) -> int: a stream to 127.0.0.1:guest_port in the guest\n"
+	 "for an accepted socket; OSError(EBUSY) when the VM has the most streams"},
+	{"ingest", (PyCFunction)net_ring_ingest, METH_VARARGS,
+	 "ingest(relay, data): tests only: handle data as if the port had given it"},
+	{"live", (PyCFunction)net_ring_live, METH_NOARGS,
+	 "live() -> int: relays and streams not yet freed"},
+	{"close", (PyCFunction)net_ring_close, METH_NOARGS, "close(): close every relay and socket"},
+	{"__enter__", (PyCFunction)net_ring_enter, METH_NOARGS, NULL},
+	{"__exit__", (PyCFunction)net_ring_exit, METH_VARARGS, NULL},
+	{NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef net_ring_getset[] = {
+	{"closed", (getter)get_closed, NULL, "True once close() was called", NULL},
+	{NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(net_ring_doc,
+	     "NetRing(*, entries=1024)\n\n"
+	     "One io_uring that relays the network streams of many VMs (net_relay.h). Register\n"
+	     "fileno() on the event loop and call run() when it is readable.");
+
+static PyType_Slot net_ring_slots[] = {
+	{Py_tp_new, (void *)net_ring_new},
+	{Py_tp_dealloc, (void *)net_ring_dealloc},
+	{Py_tp_methods, net_ring_methods},
+	{Py_tp_getset, net_ring_getset},
+	{Py_tp_doc, (void *)net_ring_doc},
+	{0, NULL},
+};
+
+static PyType_Spec net_ring_spec = {
+	.name = "exec_sandbox._execsbx.NetRing",
+	.basicsize = sizeof(NetRingObject),
+	.itemsize = 0,
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+#else
+	.flags = Py_TPFLAGS_DEFAULT,
+#endif
+	.slots = net_ring_slots,
+};
+
+int sbx_py_net_ring_type_add(PyObject *module, sbx_module_state *st)
+{
+	st->net_ring_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &net_ring_spec, NULL);
+	if (!st->net_ring_type)
+		return -1;
+	return PyModule_AddType(module, st->net_ring_type);
+}

@@ -1,0 +1,211 @@
+"""The network of the VMs of one Scheduler: one NetRing (the C relay on io_uring) registered on
+the event loop, and per VM a VmNetwork that answers the guest's OPENs with the policy, opens
+streams for exposed ports, and keeps the connection log. Bytes never pass through here."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from .._vm import NetRing
+from ..models import ExposedPort
+from . import policy as p
+from ..models import NetworkConnection
+from .audit import PendingConnection
+from .policy import NetworkPolicy, Refused
+
+log = logging.getLogger(__name__)
+
+
+class NetworkHub:
+    """One per Scheduler (created on first use, closed with it)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._ring = NetRing()
+        self._vms: dict[int, VmNetwork] = {}
+        loop.add_reader(self._ring.fileno(), self._on_ready)
+
+    def attach(self, port_fd: int, policy: NetworkPolicy,
+               on_violation: Callable[[str], None]) -> VmNetwork:  # fmt: skip
+        """Start relaying a VM's network port (the fd stays the caller's: the ring has a copy)."""
+        relay = self._ring.add_relay(port_fd)
+        net = VmNetwork(self, relay, policy, on_violation)
+        self._vms[relay] = net
+        return net
+
+    def live(self) -> int:
+        """Relays and streams the C side still holds (tests: teardown is complete at 0)."""
+        return self._ring.live()
+
+    def close(self) -> None:
+        if self._ring.closed:
+            return
+        for net in list(self._vms.values()):
+            net.close()
+        self._loop.remove_reader(self._ring.fileno())
+        self._ring.close()
+
+    def _on_ready(self) -> None:
+        try:
+            events = self._ring.run()
+        except OSError as exc:  # io_uring_submit failed: the events are lost; nothing to do
+            log.error("network relay: %s", exc)
+            return
+        for event in events:
+            net = self._vms.get(event[1])
+            if net is not None:
+                net._on_event(event)
+
+    def _forget(self, net: VmNetwork) -> None:
+        if self._vms.pop(net.relay, None) is not None and not self._ring.closed:
+            self._ring.close_relay(net.relay)
+
+
+class VmNetwork:
+    """The network side of one VM: policy decisions, exposed-port listeners, the log."""
+
+    def __init__(self, hub: NetworkHub, relay: int, policy: NetworkPolicy,
+                 on_violation: Callable[[str], None]) -> None:  # fmt: skip
+        self.hub = hub
+        self.relay = relay
+        self.policy = policy
+        self.exposed: list[ExposedPort] = []
+        self._on_violation = on_violation
+        self._pending: dict[int, PendingConnection] = {}
+        self._log: list[NetworkConnection] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listeners: list[tuple[socket.socket, int]] = []
+        self._closed = False
+
+    @property
+    def log(self) -> list[NetworkConnection]:
+        """Finished connections, oldest first, then those still open (as they stand now)."""
+        return [*self._log,
+                *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed)]  # fmt: skip
+
+    def take_log_since(self, index: int) -> list[NetworkConnection]:
+        return self.log[index:]
+
+    def inject_from_guest(self, data: bytes) -> None:
+        """TESTS ONLY: handle data as if the guest had written it on its port (a lying guest:
+        user code cannot open the port itself). At most one maximal frame per call."""
+        self.hub._ring.ingest(self.relay, data)
+        self.hub._on_ready()
+
+    # --- exposed ports ---
+
+    def serve(self, listeners: list[tuple[socket.socket, ExposedPort]]) -> None:
+        """Start accepting on bound, listening sockets (owned from now on)."""
+        for sock, exposed in listeners:
+            self._listeners.append((sock, exposed.internal))
+            self.exposed.append(exposed)
+            self.hub._loop.add_reader(sock.fileno(), self._on_accept, sock, exposed.internal)
+
+    def _on_accept(self, listener: socket.socket, guest_port: int) -> None:
+        for _ in range(16):
+            try:
+                conn, _addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("accept on exposed port for guest port %d: %s", guest_port, exc)
+                return
+            rec = PendingConnection("inbound", "127.0.0.1", guest_port)
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    stream = self.hub._ring.connect(self.relay, guest_port, conn)
+                except OSError as exc:
+                    rec.reason = ("the VM has the most streams open" if exc.errno == errno.EBUSY
+                                  else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
+                    self._log.append(rec.finish())
+                    continue
+            self._pending[stream] = rec
+
+    # --- events from the relay ---
+
+    def _on_event(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "open":
+            _, _relay, stream, name, port = event
+            rec = PendingConnection("outbound", name, port)
+            self._pending[stream] = rec
+            task = asyncio.get_running_loop().create_task(self._decide(stream, rec))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif kind == "connected":
+            _, _relay, stream, status = event
+            waiting = self._pending.get(stream)
+            if waiting is None:
+                return
+            if status == p.OK:
+                waiting.allowed = True
+            else:
+                waiting.reason = f"nothing accepted the connection in the guest (status {status})"
+                self._log.append(self._pending.pop(stream).finish())
+        elif kind == "closed":
+            _, _relay, stream, to_guest, from_guest, reset = event
+            ended = self._pending.pop(stream, None)
+            if ended is None:
+                return
+            ended.bytes_received = int(to_guest)
+            ended.bytes_sent = int(from_guest)
+            if not ended.allowed and not ended.reason:
+                ended.reason = "closed by the guest before the host decided"
+            elif reset and not ended.reason:
+                ended.reason = "reset"
+            self._log.append(ended.finish())
+        elif kind == "violation":
+            log.warning("VM network protocol violation: %s", event[2])
+            self._on_violation(str(event[2]))
+        # "port_closed": the VM is going away; its close() tidies up.
+
+    async def _decide(self, stream: int, rec: PendingConnection) -> None:
+        ring = self.hub._ring
+        try:
+            why = self.policy.check(rec.name, rec.port)
+            if why is not None:
+                raise Refused(p.REFUSED_POLICY, why)
+            targets = await p.resolve(self.policy, rec.name, rec.port)
+            rec.addresses = tuple(a for a, _ in targets)
+            sock = await p.connect(targets, rec.name)
+        except Refused as refused:
+            rec.reason = refused.reason
+            rec.addresses = refused.addresses or rec.addresses
+            if self._pending.pop(stream, None) is rec:
+                self._log.append(rec.finish())
+                if not self._closed:
+                    ring.open_reply(self.relay, stream, refused.status, refused.reason[:256])
+            return
+        with sock:
+            if self._closed or self._pending.get(stream) is not rec:
+                return  # the guest gave up (or the VM went) while the host connected
+            rec.allowed = True
+            if not ring.open_reply(self.relay, stream, p.OK, "", sock):
+                rec.allowed = False
+                rec.reason = "closed by the guest before the host connected"
+
+    def close(self) -> list[NetworkConnection]:
+        """Stop everything of this VM (listeners, streams, pending decisions); returns the log.
+        Idempotent."""
+        if not self._closed:
+            self._closed = True
+            for sock, _port in self._listeners:
+                self.hub._loop.remove_reader(sock.fileno())
+                sock.close()
+            self._listeners.clear()
+            for task in self._tasks:
+                task.cancel()
+            now_open = [rec for rec in self._pending.values()]
+            self._pending.clear()
+            for rec in now_open:
+                if not rec.reason and not rec.allowed:
+                    rec.reason = "the VM was closed"
+                self._log.append(rec.finish())
+            self.hub._forget(self)
+        return list(self._log)

@@ -1,0 +1,485 @@
+/* The network relay (net_relay.c) against a stand-in guest: the test plays the guest agent on one
+ * end of a socketpair (the NET port), and the host's TCP peers on other socketpairs. A real
+ * io_uring drives it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "net_decode.h"
+#include "net_relay.h"
+#include "test.h"
+
+struct guest {
+	int fd;
+	struct sbx_reader in;
+	uint8_t buf[128 * 1024];
+};
+
+static struct sbx_net_ring *ring;
+
+/* Run the ring until it has nothing more to do for a while. */
+static void pump(void)
+{
+	for (int i = 0; i < 50; i++) {
+		struct pollfd p = {sbx_net_ring_fd(ring), POLLIN, 0};
+		if (poll(&p, 1, 20) <= 0 && i > 2)
+			return;
+		CHECK_EQ(sbx_net_ring_run(ring), 0);
+	}
+}
+
+static int next_event(struct sbx_net_event *ev)
+{
+	pump();
+	return sbx_net_ring_next_event(ring, ev);
+}
+
+static void guest_send(struct guest *g, uint8_t type, uint32_t id, const void *payload, size_t n)
+{
+	struct sbx_buf b = {0};
+	size_t start;
+	sbx_frame_begin(&b, type, id, &start);
+	if (n)
+		sbx_buf_append(&b, payload, n);
+	CHECK_EQ(sbx_frame_end(&b, start, 1u << 20), 0);
+	CHECK_EQ(write(g->fd, b.data, b.len), (ssize_t)b.len);
+	sbx_buf_free(&b);
+}
+
+static void guest_u32(struct guest *g, uint8_t type, uint32_t id, uint32_t v)
+{
+	uint8_t p[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+	guest_send(g, type, id, p, 4);
+}
+
+static void guest_open(struct guest *g, uint32_t id, const char *name, uint32_t port)
+{
+	struct sbx_buf b = {0};
+	sbx_put_u32(&b, port);
+	sbx_put_str(&b, name, strlen(name));
+	guest_send(g, SBX_NET_MSG_OPEN, id, b.data, b.len);
+	sbx_buf_free(&b);
+}
+
+/* The next frame the host sent the guest (copied into out, payload <= cap); 0 if none came. */
+static int guest_recv(struct guest *g, struct sbx_frame *f, uint8_t *out, size_t cap)
+{
+	for (int i = 0; i < 100; i++) {
+		struct sbx_frame fr;
+		int rc = sbx_reader_next(&g->in, &fr);
+		if (rc < 0)
+			return rc;
+		if (rc == 1) {
+			*f = fr;
+			size_t n = fr.payload_len < cap ? fr.payload_len : cap;
+			memcpy(out, fr.payload, n);
+			f->payload = out;
+			return 1;
+		}
+		pump();
+		struct pollfd p = {g->fd, POLLIN, 0};
+		if (poll(&p, 1, 20) > 0) {
+			ssize_t n = read(g->fd, g->buf, sizeof(g->buf));
+			if (n <= 0)
+				return 0;
+			sbx_reader_feed(&g->in, g->buf, (size_t)n);
+		}
+	}
+	return 0;
+}
+
+static uint32_t u32_at(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t start(struct guest *g)
+{
+	int sv[2];
+	uint32_t relay = 0;
+	CHECK_EQ(sbx_net_ring_new(256, &ring), 0);
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	g->fd = sv[1];
+	sbx_reader_init(&g->in, 1u << 20);
+	CHECK_EQ(sbx_net_relay_add(ring, sv[0], &relay), 0);
+	CHECK(relay != 0);
+	return relay;
+}
+
+static void stop(struct guest *g)
+{
+	close(g->fd);
+	sbx_reader_free(&g->in);
+	sbx_net_ring_free(ring);
+	ring = NULL;
+}
+
+/* A peer socket for a stream: returns the host's end (for the relay), *peer the test's end. */
+static int peer_pair(int *peer)
+{
+	int sv[2];
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	*peer = sv[1];
+	return sv[0];
+}
+
+static ssize_t peer_read(int fd, void *buf, size_t n)
+{
+	for (int i = 0; i < 100; i++) {
+		pump();
+		struct pollfd p = {fd, POLLIN, 0};
+		if (poll(&p, 1, 20) > 0)
+			return read(fd, buf, n);
+	}
+	return -1;
+}
+
+static void test_open_is_an_event_and_bytes_flow_both_ways(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[70000];
+	int peer;
+
+	guest_open(&g, 7, "api.example.org", 443);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_OPEN);
+	CHECK_EQ(ev.stream, 7);
+	CHECK_EQ(ev.port, 443);
+	CHECK_STR(ev.text, "api.example.org");
+	/* Bytes the guest sends before OPENED are kept (within the window) and delivered. */
+	guest_send(&g, SBX_NET_MSG_DATA, 7, "early ", 6);
+	pump();
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 7, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_OPENED);
+	CHECK_EQ(u32_at(f.payload), SBX_NET_OK);
+	guest_send(&g, SBX_NET_MSG_DATA, 7, "hello", 5);
+	char got[64] = {0};
+	size_t have = 0;
+	while (have < 11) {
+		ssize_t n = peer_read(peer, got + have, sizeof(got) - 1 - have);
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+	}
+	CHECK_STR(got, "early hello");
+	/* The relay credits what it wrote to the socket. */
+	uint32_t credited = 0;
+	while (credited < 11 && guest_recv(&g, &f, buf, sizeof(buf)) == 1) {
+		CHECK_EQ(f.type, SBX_NET_MSG_CREDIT);
+		CHECK_EQ(f.id, 7);
+		credited += u32_at(f.payload);
+	}
+	CHECK_EQ(credited, 11);
+	/* Peer -> guest. */
+	CHECK_EQ(write(peer, "world", 5), 5);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_DATA);
+	CHECK_EQ(f.payload_len, 5);
+	CHECK(memcmp(f.payload, "world", 5) == 0);
+	/* The peer closes: SHUTDOWN to the guest; the guest shuts too: EOF at the peer, CLOSE. */
+	shutdown(peer, SHUT_WR);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_SHUTDOWN);
+	CHECK_EQ(f.payload_len, 0);
+	guest_send(&g, SBX_NET_MSG_SHUTDOWN, 7, NULL, 0);
+	CHECK_EQ(peer_read(peer, got, sizeof(got)), 0);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_CLOSE);
+	CHECK_EQ(u32_at(f.payload), SBX_NET_CLOSE_DONE);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_CLOSED);
+	CHECK_EQ(ev.bytes_from_guest, 11);
+	CHECK_EQ(ev.bytes_to_guest, 5);
+	CHECK_EQ(ev.status, 0);
+	/* A late CREDIT crossing our CLOSE is fine; the guest's CLOSE frees the id. */
+	guest_u32(&g, SBX_NET_MSG_CREDIT, 7, 5);
+	guest_u32(&g, SBX_NET_MSG_CLOSE, 7, 0);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	CHECK_EQ(sbx_net_ring_next_event(ring, &ev), 0);
+	close(peer);
+	stop(&g);
+}
+
+static void test_refusal_is_answered_with_status_and_reason(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[1024];
+
+	guest_open(&g, 3, "evil.example", 80);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "not allowed", 11, -1), 0);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_OPENED);
+	CHECK_EQ(f.id, 3);
+	CHECK_EQ(u32_at(f.payload), SBX_NET_REFUSED_POLICY);
+	CHECK_EQ(u32_at(f.payload + 4), 11);
+	CHECK(memcmp(f.payload + 8, "not allowed", 11) == 0);
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	/* Answering twice, or for a stream that never was, is -ENOENT. */
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "x", 1, -1), -ENOENT);
+	stop(&g);
+}
+
+static void expect_violation(struct guest *g, const char *what)
+{
+	struct sbx_net_event ev;
+	int seen = 0;
+	pump();
+	while (sbx_net_ring_next_event(ring, &ev) == 1)
+		if (ev.kind == SBX_NET_EV_VIOLATION)
+			seen = 1;
+	if (!seen)
+		fprintf(stderr, "no violation for: %s\n", what);
+	CHECK(seen);
+	(void)g;
+}
+
+static void test_window_overrun_kills_the_relay(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	static uint8_t chunk[SBX_NET_DATA_MAX];
+	guest_open(&g, 1, "a.example", 80);
+	CHECK_EQ(next_event(&ev), 1);
+	/* Nobody answers, so nothing is credited: window + 1 byte breaks the protocol. */
+	for (uint32_t sent = 0; sent + SBX_NET_DATA_MAX <= SBX_NET_WINDOW; sent += SBX_NET_DATA_MAX)
+		guest_send(&g, SBX_NET_MSG_DATA, 1, chunk, SBX_NET_DATA_MAX);
+	guest_send(&g, SBX_NET_MSG_DATA, 1, chunk, SBX_NET_WINDOW % SBX_NET_DATA_MAX + 1);
+	expect_violation(&g, "window");
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 1, SBX_NET_OK, NULL, 0, dup(0)), -ENOENT);
+	CHECK_EQ(sbx_net_relay_close(ring, relay), 0);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 0);
+	stop(&g);
+}
+
+static void test_stream_count_overrun_kills_the_relay(void)
+{
+	struct guest g;
+	start(&g);
+	for (uint32_t i = 1; i <= SBX_NET_STREAMS_MAX + 1; i++)
+		guest_open(&g, i, "a.example", 80);
+	expect_violation(&g, "streams");
+	stop(&g);
+}
+
+static void test_frames_the_guest_may_not_send_kill_the_relay(void)
+{
+	static const struct {
+		const char *what;
+		uint8_t type;
+		uint32_t id;
+	} cases[] = {
+		{"DATA for an unknown stream", SBX_NET_MSG_DATA, 9},
+		{"a host -> guest type", SBX_NET_MSG_OPENED, 9},
+		{"an agent-channel type", 1, 9},
+		{"CREDIT for an unknown stream", SBX_NET_MSG_CREDIT, 9},
+		{"stream id 0", SBX_NET_MSG_SHUTDOWN, 0},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct guest g;
+		start(&g);
+		guest_u32(&g, cases[i].type, cases[i].id, 1);
+		expect_violation(&g, cases[i].what);
+		stop(&g);
+	}
+}
+
+static void test_credit_beyond_sent_kills_the_relay(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	int peer;
+	guest_open(&g, 5, "a.example", 80);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 5, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	guest_u32(&g, SBX_NET_MSG_CREDIT, 5, 1);
+	expect_violation(&g, "credit");
+	/* The relay reset the stream: the peer sees the end. */
+	char c;
+	CHECK_EQ(peer_read(peer, &c, 1), 0);
+	close(peer);
+	stop(&g);
+}
+
+static void test_host_connect_to_a_guest_port(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[1024];
+	int peer;
+	uint32_t stream = 0;
+	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peer), &stream), 0);
+	CHECK(stream & 0x80000000u);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_CONNECT);
+	CHECK_EQ(f.id, stream);
+	CHECK_EQ(u32_at(f.payload), 8000);
+	/* The client's first bytes wait for CONNECTED. */
+	CHECK_EQ(write(peer, "GET /", 5), 5);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 0);
+	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_OK);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_CONNECTED);
+	CHECK_EQ(ev.status, SBX_NET_OK);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
+	CHECK_EQ(f.type, SBX_NET_MSG_DATA);
+	CHECK_EQ(f.payload_len, 5);
+	guest_send(&g, SBX_NET_MSG_DATA, stream, "200 OK", 6);
+	char got[16] = {0};
+	CHECK_EQ(peer_read(peer, got, sizeof(got) - 1), 6);
+	CHECK_STR(got, "200 OK");
+	/* The guest closes: the peer sees EOF, CLOSED is reported, CLOSE answered. */
+	guest_u32(&g, SBX_NET_MSG_CLOSE, stream, SBX_NET_CLOSE_DONE);
+	CHECK_EQ(peer_read(peer, got, sizeof(got)), 0);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_CLOSED);
+	CHECK_EQ(ev.bytes_to_guest, 5);
+	CHECK_EQ(ev.bytes_from_guest, 6);
+	int saw_close = 0;
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		saw_close |= f.type == SBX_NET_MSG_CLOSE;
+	CHECK(saw_close);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	close(peer);
+	stop(&g);
+}
+
+static void test_guest_refusing_connect_ends_the_stream(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	int peer;
+	uint32_t stream = 0;
+	CHECK_EQ(sbx_net_connect(ring, relay, 9, peer_pair(&peer), &stream), 0);
+	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_CONNECT_FAILED);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_CONNECTED);
+	CHECK_EQ(ev.status, SBX_NET_CONNECT_FAILED);
+	char c;
+	CHECK_EQ(peer_read(peer, &c, 1), 0);
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	close(peer);
+	stop(&g);
+}
+
+static void test_guest_close_after_data_still_delivers_the_data(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[1024];
+	int peer;
+	uint32_t stream = 0;
+	/* A guest server that writes its answer and closes at once (an exposed port's reply). */
+	CHECK_EQ(sbx_net_connect(ring, relay, 7000, peer_pair(&peer), &stream), 0);
+	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_OK);
+	guest_send(&g, SBX_NET_MSG_DATA, stream, "bye now", 7);
+	guest_u32(&g, SBX_NET_MSG_CLOSE, stream, SBX_NET_CLOSE_DONE);
+	char got[16] = {0};
+	CHECK_EQ(peer_read(peer, got, sizeof(got) - 1), 7);
+	CHECK_STR(got, "bye now");
+	CHECK_EQ(peer_read(peer, got, sizeof(got)), 0);
+	int saw_close = 0, saw_closed = 0;
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		saw_close |= f.type == SBX_NET_MSG_CLOSE;
+	while (sbx_net_ring_next_event(ring, &ev) == 1)
+		saw_closed |= ev.kind == SBX_NET_EV_CLOSED && ev.bytes_from_guest == 7;
+	CHECK(saw_close);
+	CHECK(saw_closed);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 1);
+	close(peer);
+	stop(&g);
+}
+
+static void test_port_eof_is_reported_and_close_frees_everything(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	guest_open(&g, 1, "a.example", 80);
+	CHECK_EQ(next_event(&ev), 1);
+	close(g.fd);
+	g.fd = -1;
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(ev.kind, SBX_NET_EV_PORT_CLOSED);
+	CHECK_EQ(sbx_net_relay_close(ring, relay), 0);
+	pump();
+	CHECK_EQ(sbx_net_ring_live(ring), 0);
+	CHECK_EQ(sbx_net_relay_close(ring, relay), -ENOENT);
+	stop(&g);
+}
+
+static void test_bulk_transfer_respects_windows(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	static uint8_t buf[70000];
+	int peer;
+	guest_open(&g, 2, "a.example", 80);
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 2, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1); /* OPENED */
+	/* The peer writes 1 MiB without the guest crediting: the relay stops at the window. */
+	static uint8_t big[1u << 20];
+	CHECK_EQ(fcntl(peer, F_SETFL, O_NONBLOCK), 0);
+	size_t written = 0;
+	for (int i = 0; i < 200 && written < sizeof(big); i++) {
+		ssize_t n = write(peer, big + written, sizeof(big) - written);
+		if (n > 0)
+			written += (size_t)n;
+		pump();
+	}
+	uint32_t got = 0;
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		if (f.type == SBX_NET_MSG_DATA)
+			got += f.payload_len;
+	CHECK_EQ(got, SBX_NET_WINDOW);
+	guest_u32(&g, SBX_NET_MSG_CREDIT, 2, SBX_NET_WINDOW);
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		if (f.type == SBX_NET_MSG_DATA)
+			got += f.payload_len;
+	CHECK(got > SBX_NET_WINDOW);
+	CHECK(got <= 2 * SBX_NET_WINDOW);
+	close(peer);
+	stop(&g);
+}
+
+int main(void)
+{
+	RUN(test_open_is_an_event_and_bytes_flow_both_ways);
+	RUN(test_refusal_is_answered_with_status_and_reason);
+	RUN(test_window_overrun_kills_the_relay);
+	RUN(test_stream_count_overrun_kills_the_relay);
+	RUN(test_frames_the_guest_may_not_send_kill_the_relay);
+	RUN(test_credit_beyond_sent_kills_the_relay);
+	RUN(test_host_connect_to_a_guest_port);
+	RUN(test_guest_refusing_connect_ends_the_stream);
+	RUN(test_guest_close_after_data_still_delivers_the_data);
+	RUN(test_port_eof_is_reported_and_close_frees_everything);
+	RUN(test_bulk_transfer_respects_windows);
+	TEST_MAIN_END("test_net_relay");
+}

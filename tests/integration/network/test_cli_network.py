@@ -1,0 +1,70 @@
+"""`sbx run --network/--allow-domain/--expose` in a subprocess against real VMs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+SBX = [sys.executable, "-m", "exec_sandbox.cli"]
+
+
+def sbx(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(cache)}
+    return subprocess.run([*SBX, *args], capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+
+
+def test_json_prints_the_connection_log(images_ready: None, tmp_path: Path) -> None:
+    # This host's own name: the guest's stub answers it, the host refuses it (its address).
+    name = socket.gethostname().lower()
+    code = (f"import urllib.request\ntry: urllib.request.urlopen('http://{name}/', timeout=15)\n"
+            "except Exception as e: print('failed')")  # fmt: skip
+    proc = sbx("run", "--json", "--allow-domain", name, "-c", code, cache=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["stdout"] == "failed\n"
+    (entry,) = [e for e in result["network_log"] if e["name"] == name]
+    assert entry["allowed"] is False and entry["port"] == 80 and entry["reason"]
+
+
+def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> None:
+    code = ("import socket, threading\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "s.bind(('127.0.0.1', 7000)); s.listen()\n"
+            "print('listening', flush=True)\n"
+            "c, _ = s.accept(); c.sendall(b'hi from sbx'); c.shutdown(socket.SHUT_WR)\n"
+            # The run (and its VM) ends with the code: wait for the client to be done first.
+            "c.recv(1); c.close()\n")  # fmt: skip
+    proc = subprocess.Popen([*SBX, "run", "--expose", "7000", "-c", code], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)})  # fmt: skip
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        line = proc.stderr.readline()
+        assert line.startswith("sbx: guest port 7000 at http://127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        assert proc.stdout.readline() == "listening\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            got = b""
+            while chunk := conn.recv(100):
+                got += chunk
+            assert got == b"hi from sbx"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bad_network_arguments_fail_before_any_vm(tmp_path: Path) -> None:
+    for args in (["--allow-domain", "https://example.org"], ["--allow-domain", "*"],
+                 ["--expose", "70000"], ["--expose", "abc"]):  # fmt: skip
+        proc = sbx("run", *args, "-c", "print(1)", cache=tmp_path)
+        assert proc.returncode == 2 and "sbx:" in proc.stderr, (args, proc.stderr)

@@ -1,0 +1,88 @@
+"""A guest that owns its kernel can write anything on its network port. User code runs as uid
+1000 and cannot open the port, so these tests inject the frames on the host side, exactly where
+the port's bytes enter the relay (NetRing.ingest, a test hook), next to a real VM and its real
+agent. Refusals must hold; floods and overruns must cost the guest its VM and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import pytest
+
+from exec_sandbox import Scheduler, SessionClosedError
+from exec_sandbox.errors import CommunicationError
+from exec_sandbox.session import Session
+
+pytestmark = pytest.mark.vm
+
+OPEN, DATA = 48, 120
+
+
+def frame(kind: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack("<IBBHI", len(payload), kind, 0, 0, stream) + payload
+
+
+def open_frame(stream: int, name: str, port: int) -> bytes:
+    return frame(OPEN, stream, struct.pack("<II", port, len(name)) + name.encode())
+
+
+def inject(session: Session, data: bytes) -> None:
+    network = session.vm.network
+    assert network is not None
+    for at in range(0, len(data), 65536 + 12):
+        network.inject_from_guest(data[at : at + 65536 + 12])
+
+
+async def wait_for(predicate: object, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_open_for_refused_names_is_refused_and_the_vm_lives(net_scheduler: Scheduler) -> None:
+    async with await net_scheduler.session(allow_network=True,
+                                           allowed_domains=["web.test", "localhost"]) as session:  # fmt: skip
+        lies = [("evil.example", 443), ("169.254.169.254", 80), ("localhost", 80),
+                ("web.test", 22), ("2130706433", 80)]  # fmt: skip
+        for i, (name, port) in enumerate(lies):
+            inject(session, open_frame(0x7FFFFF00 + i, name, port))
+        await wait_for(lambda: len(session.network_log) >= len(lies))
+        log = {e.name: e for e in session.network_log}
+        assert not any(e.allowed for e in log.values()), log
+        assert "not in allowed_domains" in log["evil.example"].reason
+        assert "IP address" in log["169.254.169.254"].reason
+        assert "loopback" in log["localhost"].reason and log["localhost"].addresses
+        assert "port 22" in log["web.test"].reason
+        assert "IP address" in log["2130706433"].reason
+        result = await session.exec("print('still here')")
+        assert result.stdout == "still here\n"
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        pytest.param(b"".join(open_frame(i, "web.test", 80) for i in range(1, 66)), id="streams"),
+        pytest.param(open_frame(9, "web.test", 80)
+                     + b"".join(frame(DATA, 9, b"x" * 61440) for _ in range(5)), id="window"),
+        pytest.param(frame(DATA, 12345, b"no such stream"), id="unknown-stream"),
+        pytest.param(struct.pack("<IBBHI", 10 << 20, DATA, 0, 0, 1), id="oversized-frame"),
+    ],
+)  # fmt: skip
+async def test_protocol_violations_cost_the_guest_its_vm_only(net_scheduler: Scheduler,
+                                                              flood: bytes) -> None:  # fmt: skip
+    bystander = await net_scheduler.session(allow_network=True, allowed_domains=["web.test"])
+    victim = await net_scheduler.session(allow_network=True, allowed_domains=["web.test"])
+    try:
+        inject(victim, flood)
+        await wait_for(lambda: not victim.vm.alive)
+        with pytest.raises((SessionClosedError, CommunicationError)):
+            await victim.exec("print(1)")
+        code = "import urllib.request\nprint(urllib.request.urlopen('http://web.test/hello', timeout=20).status)"
+        result = await bystander.exec(code)
+        assert result.stdout == "200\n", result.stderr
+    finally:
+        await victim.close()
+        await bystander.close()
