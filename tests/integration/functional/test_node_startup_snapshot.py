@@ -19,7 +19,8 @@ pytestmark = pytest.mark.vm
 SCRIPT = (
     "const path = require('path');\n"
     "console.log(JSON.stringify([process.argv.slice(1), __filename, require.main === module,\n"
-    "  module.paths.slice(0, 2), typeof require('fs').readFileSync]));\n"
+    "  module.paths.slice(0, 2), typeof require('fs').readFileSync,\n"
+    "  new (require('console').Console)(process.stdout) instanceof console.Console]));\n"
     "try { require('./missing'); } catch (e) { console.log(e.code, e.message.split('\\n')[0]); }\n"
     "import('node:path').then((m) => { console.log(m.default === path); process.exit(4); });\n"
 )
@@ -51,4 +52,25 @@ async def test_l1_javascript_runs_start_from_the_snapshot_and_behave_like_cold_r
                                                                "module './missing'\ntrue\n")
     assert warm[2].exit_code == 1 and "Error: boom" in warm[2].stderr
     assert "at Object.<anonymous> (/run/sbx/main.js:2:1)" in warm[2].stderr, warm[2].stderr
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_pool_vms_cloned_from_a_javascript_template_park_node_from_the_snapshot(
+    images_ready: None, tmp_path: Path
+) -> None:
+    # The pre-started interpreter's bootstrap uses console.Console, which node 18 deserialises
+    # as undefined unless the entry script puts it back (snapshots._NODE_SNAPSHOT_ENTRY).
+    config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4,
+                             warm_pool_size={"javascript": 1})  # fmt: skip
+    who = "console.log(process.execArgv[0] === '--snapshot-blob');"
+    async with Scheduler(config) as sched:
+        assert await sched.prepare_snapshot("javascript")
+        hits = []
+        for _ in range(3):  # the first pooled VM may predate the template
+            await sched.wait_pool_ready(timeout=300)
+            hits.append(await sched.run(who + CRASH, language="javascript"))
+    assert all(r.warm_pool_hit for r in hits), hits
+    from_clone = [r for r in hits if r.stdout == "true\n"]
+    assert from_clone, [r.stdout for r in hits]
+    assert all(r.exit_code == 1 and "Error: boom" in r.stderr for r in hits), hits
     assert qemu_processes(parent=os.getpid()) == []
