@@ -5,15 +5,20 @@
    load; plus the channel round trip (PING) to a booted guest;
 2. sustained throughput of fresh-VM run() calls, with and without snapshots;
 3. host memory (PSS, RSS) and CPU of idle pool VMs (snapshot clones, and cold-booted VMs) for
-   1, 5 and 10 VMs.
+   1, 5 and 10 VMs;
+4. JavaScript start-up (issue 17): run() and session start per path, with node's startup
+   snapshot in the javascript template and without it (before/after), against `node -e` on the
+   host.
 
     .venv/bin/python bench/speed_tiers.py --runs 10
+    .venv/bin/python bench/speed_tiers.py --only javascript --runs 5
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -24,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig, snapshots  # noqa: E402
 from exec_sandbox.guest_vm import GuestVm  # noqa: E402
 from exec_sandbox.provisioning import Phases as _Phases  # noqa: E402
 
@@ -185,6 +190,67 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
                     vm.close()
 
 
+async def javascript_start(cache: Path, runs: int) -> None:
+    """run() and session start for JavaScript per path, before (template without node's startup
+    snapshot) and after (with it). The paths take turns, one call each, so that a change of the
+    machine's load reaches all of them alike; the host baseline is taken before each call."""
+    print("\n== 4. JavaScript start-up: run('console.log(1)') and session start (ms) ==")
+    code, host_argv = CASES["javascript"]
+    hosts: list[float] = []
+    rows: dict[str, list[float]] = {}
+    # label: (memory snapshots, node's startup snapshot in the template, path that must serve)
+    paths = {"cold boot": (False, True, "cold"), "L1 restore, before": (True, False, "l1"),
+             "L1 restore, after": (True, True, "l1")}  # fmt: skip
+
+    async def one_run(sched: Scheduler, label: str, want: str) -> None:
+        hosts.append(await host_spawn_ms(host_argv))
+        ms, result = await timed(lambda: sched.run(code, language="javascript"))
+        assert result.stdout == "1\n", result  # type: ignore[attr-defined]
+        served = ("pool" if result.warm_pool_hit else  # type: ignore[attr-defined]
+                  "l1" if result.l1_cache_hit else "cold")  # type: ignore[attr-defined]  # fmt: skip
+        assert served == want, f"{label}: served by {served}, not {want}"
+        rows.setdefault(f"run, {label}", []).append(ms)
+
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            scheds: dict[str, Scheduler] = {}
+            for label, (snaps, blob, _) in paths.items():
+                snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+                sched = await stack.enter_async_context(Scheduler(config(
+                    cache / label.replace(" ", "").replace(",", "-"), warm_pool_size=0,
+                    memory_snapshots=snaps)))  # fmt: skip
+                if snaps:
+                    assert await sched.prepare_snapshot("javascript")
+                scheds[label] = sched
+            for _ in range(runs):
+                for label, (_, blob, want) in paths.items():
+                    # Read at every lookup of the template's key: set for the path's turn.
+                    snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+                    await one_run(scheds[label], label, want)
+                    started = time.perf_counter()
+                    async with await scheds[label].session(language="javascript"):
+                        rows.setdefault(f"session start, {label}", []).append(
+                            (time.perf_counter() - started) * 1000)
+        # Pool hits: one scheduler at a time, since its refills run in the background and look
+        # the template up with the flag of the moment; before and after alternate, twice.
+        for when, blob in (("before", False), ("after", True)) * 2:
+            snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+            cfg = config(cache / f"pool-{when}", warm_pool_size={"javascript": 1})
+            async with Scheduler(cfg) as sched:
+                assert await sched.prepare_snapshot("javascript")
+                for _ in range((runs + 1) // 2):
+                    await sched.wait_pool_ready(timeout=300)
+                    await asyncio.sleep(0.5)  # let the refilled VM settle to idle
+                    await one_run(sched, f"pool hit, {when}", "pool")
+    finally:
+        snapshots.NODE_SNAPSHOT_IN_TEMPLATES = True
+    host_p50 = percentile(hosts, 50)
+    for label in sorted(rows):
+        values = rows[label]
+        print(f"  {label:<34} {summary(values)}  {percentile(values, 50) / host_p50:6.1f}x host")
+    print(f"  {'host node -e':<34} {summary(hosts)}")
+
+
 async def main(runs: int, calls: int, counts: list[int], window: float,
                sections: set[str]) -> None:  # fmt: skip
     from exec_sandbox import host
@@ -199,6 +265,8 @@ async def main(runs: int, calls: int, counts: list[int], window: float,
             await throughput(cache, calls)
         if "idle" in sections:
             await idle_cost(cache, counts, window)
+        if "javascript" in sections:
+            await javascript_start(cache, runs)
 
 
 if __name__ == "__main__":
@@ -207,7 +275,8 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--vms", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--window", type=float, default=5.0)
-    parser.add_argument("--only", nargs="+", choices=["latency", "throughput", "idle"],
-                        default=["latency", "throughput", "idle"])  # fmt: skip
+    parser.add_argument("--only", nargs="+",
+                        choices=["latency", "throughput", "idle", "javascript"],
+                        default=["latency", "throughput", "idle", "javascript"])  # fmt: skip
     args = parser.parse_args()
     asyncio.run(main(args.runs, args.calls, args.vms, args.window, set(args.only)))

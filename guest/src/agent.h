@@ -23,6 +23,15 @@
 #define SBX_HOME_DIR "/home/user"
 #define SBX_RUN_DIR "/run/sbx"
 
+/* Node's startup snapshot (docs/design.md, "JavaScript start-up"). Debian builds node without
+ * its built-in one, so every start compiles and runs node's whole bootstrap; a blob of it built
+ * by the VM's own node (V8 refuses a blob made on another CPU's feature set, so the image cannot
+ * ship one) saves most of that. A snapshot template builds it (snapshots.py) before any user code
+ * runs, so its clones have it; the agent passes --snapshot-blob to the VM's node while this file
+ * is there. In /tmp, written by uid 1000: only that user's own node processes ever read it. */
+#define SBX_NODE_SNAPSHOT "/tmp/.sbx-node-startup.blob"
+#define SBX_NODE_BINARY "/usr/bin/node"
+
 /* How the agent runs: as PID 1 in the VM, or as a test program on the host. */
 struct sbx_config {
 	bool test_mode; /* --channel-fd given: channel from the fd, exit when the peer closes it */

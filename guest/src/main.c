@@ -323,7 +323,7 @@ int main(int argc, char **argv)
 	cfg->channel_fd = -1;
 	cfg->net_fd = -1;
 	cfg->interpreter[SBX_LANG_PYTHON] = "/usr/bin/python3";
-	cfg->interpreter[SBX_LANG_JAVASCRIPT] = "/usr/bin/node";
+	cfg->interpreter[SBX_LANG_JAVASCRIPT] = SBX_NODE_BINARY;
 	cfg->interpreter[SBX_LANG_RAW] = "/bin/bash";
 	/* As the VM's PID 1, argv and the environment hold whatever kernel parameters the kernel did
 	 * not recognise: ignore them, unless this is a namespace test (first argument --channel-fd).

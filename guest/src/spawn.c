@@ -189,12 +189,20 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	umask(022);
 
 	const char *base = strrchr(s->interpreter, '/');
-	char *const argv_script[] = {unconst(base ? base + 1 : s->interpreter), unconst(s->script),
-				     NULL};
-	char *const argv_inline[] = {unconst(base ? base + 1 : s->interpreter),
-				     unconst(s->inline_flag), unconst(s->inline_code),
-				     unconst(s->script), NULL};
-	execve(s->interpreter, s->inline_flag ? argv_inline : argv_script, s->envp);
+	char *argv[7];
+	size_t argc = 0;
+	argv[argc++] = unconst(base ? base + 1 : s->interpreter);
+	if (s->opt) {
+		argv[argc++] = unconst(s->opt);
+		argv[argc++] = unconst(s->opt_value);
+	}
+	if (s->inline_flag) {
+		argv[argc++] = unconst(s->inline_flag);
+		argv[argc++] = unconst(s->inline_code);
+	}
+	argv[argc++] = unconst(s->script);
+	argv[argc] = NULL;
+	execve(s->interpreter, argv, s->envp);
 	child_fail(report_fd, STEP_EXEC, errno);
 }
 
@@ -331,11 +339,25 @@ oom:
 	return -ENOMEM;
 }
 
+/* The image's node with its startup snapshot when the VM has one (SBX_NODE_SNAPSHOT): a regular
+ * file, not a link. Only in the VM (a host test's node is another build, which the blob does not
+ * load into). Checked at each start: the template makes it after boot. */
+static bool use_node_snapshot(const struct sbx_config *cfg, uint8_t language)
+{
+	struct stat st;
+	return cfg->boot && cfg->drop_privileges && language == SBX_LANG_JAVASCRIPT &&
+	       strcmp(cfg->interpreter[language], SBX_NODE_BINARY) == 0 &&
+	       lstat(SBX_NODE_SNAPSHOT, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, const char *script,
 				char *const *envp, int stdout_fd, int stderr_fd)
 {
+	bool snapshot = use_node_snapshot(cfg, language);
 	return (struct sbx_spawn){
 		.interpreter = cfg->interpreter[language],
+		.opt = snapshot ? "--snapshot-blob" : NULL,
+		.opt_value = snapshot ? SBX_NODE_SNAPSHOT : NULL,
 		.script = script,
 		.home = cfg->home_dir,
 		.envp = envp,

@@ -12,6 +12,8 @@
 
 struct sbx_spawn {
 	const char *interpreter; /* absolute path, e.g. /usr/bin/python3 */
+	const char *opt;         /* when set: argv[1] and argv[2] (opt_value), before the rest */
+	const char *opt_value;
 	const char *script;      /* the code file, passed as the only argument */
 	const char *inline_flag; /* when set, argv is {interpreter, inline_flag, inline_code, script} */
 	const char *inline_code;

@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from .execution import ExecRequest
 from .guest_vm import GuestVm
 from .migration import save_devices
 from .vm_spec import VmSpec
@@ -96,6 +97,51 @@ _META_MAX_BYTES = 64 * 1024
 # What clones of one python template do share: the str hash seed (set iteration order).
 TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python"})
 
+# What a javascript template does instead (docs/design.md, "JavaScript start-up"): it builds node's
+# startup snapshot (its bootstrap, compiled and run once, no RNG state: each process still seeds
+# its own) with the VM's own node, where the agent finds it for every later node start
+# (guest/src/agent.h, SBX_NODE_SNAPSHOT): a clone's node then starts in about half the time. Built
+# in the VM because V8 loads a blob only on the CPU feature set it was made on. Run as the sandbox
+# user before any user code; a failure leaves a template without it (slower, not wrong).
+NODE_SNAPSHOT_PATH = "/tmp/.sbx-node-startup.blob"
+# Off only to measure what it saves (bench/speed_tiers.py: before and after in one run).
+NODE_SNAPSHOT_IN_TEMPLATES = True
+# The entry script: nothing of its own in the heap, but node 18 deserialises the global console
+# with its legacy `Console` property undefined (`new console.Console(...)` would throw); it is
+# put back, the same constructor, before anything else runs. Checked in the guest: every builtin
+# module's, the global object's, console's and process's own properties and their types are
+# those of a node started without the blob.
+_NODE_SNAPSHOT_ENTRY = (
+    "const { Console } = console;\n"
+    "require('v8').startupSnapshot.addDeserializeCallback(() => { console.Console = Console; });\n"
+)
+_NODE_SNAPSHOT_BUILD = f"""set -e
+dir=$(mktemp -d /tmp/.sbx-node-snapshot.XXXXXX)
+cat >"$dir/entry.js" <<'EOF'
+{_NODE_SNAPSHOT_ENTRY}EOF
+node --snapshot-blob "$dir/blob" --build-snapshot "$dir/entry.js"
+test "$(node --snapshot-blob "$dir/blob" -p 'typeof console.Console')" = function
+mv -f "$dir/blob" {NODE_SNAPSHOT_PATH}
+rm -rf "$dir"
+""".encode()
+_NODE_SNAPSHOT_TIMEOUT_MS = 120_000
+
+
+async def _build_node_snapshot(vm: GuestVm) -> None:
+    outcome = await vm.execute(
+        ExecRequest(
+            language="raw",
+            code=_NODE_SNAPSHOT_BUILD,
+            timeout_ms=_NODE_SNAPSHOT_TIMEOUT_MS,
+            env=[],
+            stdout_limit=4096,
+            stderr_limit=4096,
+        )
+    )
+    if outcome.exit_code != 0:
+        log.warning("javascript template without node's startup snapshot (exit %s): %s",
+                    outcome.exit_code, outcome.stderr[-300:])  # fmt: skip
+
 
 @functools.cache
 def qemu_version(qemu_binary: str) -> str:
@@ -114,6 +160,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         **machine_identity(spec),
         "language": language,
         "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
+        "node_snapshot": language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES,
         # A second disk changes the device layout, and its files are in the guest's page cache.
         "layer": None if spec.layer is None else spec.layer.identity,
     }
@@ -250,6 +297,8 @@ class SnapshotCache:
                 os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
                 await vm.warm_up(language)
+                if language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES:
+                    await _build_node_snapshot(vm)
                 if language in TEMPLATE_PRESTART_LANGUAGES:
                     await vm.prestart(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest

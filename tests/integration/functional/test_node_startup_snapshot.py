@@ -1,0 +1,76 @@
+"""Node's startup snapshot in real microVMs (docs/design.md, "JavaScript start-up"): a javascript
+template builds it, its clones start node from it, and what the code sees is what a cold run
+(node without it) sees, apart from process.execArgv."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.snapshots import NODE_SNAPSHOT_PATH
+from tests.helpers import qemu_processes
+
+pytestmark = pytest.mark.vm
+
+# Script identity, resolution (CommonJS and ESM, a missing relative module), the exit status.
+SCRIPT = (
+    "const path = require('path');\n"
+    "console.log(JSON.stringify([process.argv.slice(1), __filename, require.main === module,\n"
+    "  module.paths.slice(0, 2), typeof require('fs').readFileSync,\n"
+    "  new (require('console').Console)(process.stdout) instanceof console.Console]));\n"
+    "try { require('./missing'); } catch (e) { console.log(e.code, e.message.split('\\n')[0]); }\n"
+    "import('node:path').then((m) => { console.log(m.default === path); process.exit(4); });\n"
+)
+CRASH = "function f() { throw new Error('boom'); }\nf();\n"
+FLAGS = "console.log(process.execArgv.join(' '));\n"
+
+
+async def test_l1_javascript_runs_start_from_the_snapshot_and_behave_like_cold_runs(
+    images_ready: None, tmp_path: Path
+) -> None:
+    config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4)
+    async with Scheduler(config) as sched:
+        # Another memory size: no template of it exists, so these boot cold, without the blob.
+        cold = [await sched.run(code, language="javascript", memory_mb=256)
+                for code in (FLAGS, SCRIPT, CRASH)]  # fmt: skip
+        assert await sched.prepare_snapshot("javascript")
+        warm = [await sched.run(code, language="javascript") for code in (FLAGS, SCRIPT, CRASH)]
+        # A session opened from a clone: its REPL driver starts from the snapshot too.
+        async with await sched.session(language="javascript") as session:
+            in_session = await session.exec(FLAGS)
+    assert not any(r.l1_cache_hit for r in cold) and all(r.l1_cache_hit for r in warm)
+    assert cold[0].stdout == "\n", cold[0]
+    assert warm[0].stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", warm[0]
+    assert in_session.stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", in_session
+    for mine, theirs in zip(warm[1:], cold[1:], strict=True):
+        assert (mine.stdout, mine.stderr, mine.exit_code) == \
+            (theirs.stdout, theirs.stderr, theirs.exit_code)  # fmt: skip
+    assert warm[1].exit_code == 4 and warm[1].stdout.endswith("MODULE_NOT_FOUND Cannot find "
+                                                               "module './missing'\ntrue\n")
+    assert warm[2].exit_code == 1 and "Error: boom" in warm[2].stderr
+    assert "at Object.<anonymous> (/run/sbx/main.js:2:1)" in warm[2].stderr, warm[2].stderr
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+async def test_pool_vms_cloned_from_a_javascript_template_park_node_from_the_snapshot(
+    images_ready: None, tmp_path: Path
+) -> None:
+    # The pre-started interpreter's bootstrap uses console.Console, which node 18 deserialises
+    # as undefined unless the entry script puts it back (snapshots._NODE_SNAPSHOT_ENTRY).
+    config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4,
+                             warm_pool_size={"javascript": 1})  # fmt: skip
+    who = "console.log(process.execArgv[0] === '--snapshot-blob');"
+    async with Scheduler(config) as sched:
+        assert await sched.prepare_snapshot("javascript")
+        hits = []
+        for _ in range(3):  # the first pooled VM may predate the template
+            await sched.wait_pool_ready(timeout=300)
+            hits.append(await sched.run(who + CRASH, language="javascript"))
+    assert all(r.warm_pool_hit for r in hits), hits
+    from_clone = [r for r in hits if r.stdout == "true\n"]
+    assert from_clone, [r.stdout for r in hits]
+    assert all(r.exit_code == 1 and "Error: boom" in r.stderr for r in hits), hits
+    assert qemu_processes(parent=os.getpid()) == []
