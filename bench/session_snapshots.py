@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import re
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +45,25 @@ def pss_mb(pids: list[int]) -> float:
             if line.startswith("Pss:"):
                 total_kb += int(line.split()[1])
     return total_kb / 1024
+
+
+class StepLog(logging.Handler):
+    """Collects the fork's per-step durations (session_snapshots.StepTimer logs them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.steps: dict[str, list[float]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if " steps: " not in message:
+            return
+        for name, value in re.findall(r"([a-z+() ]+?) (\d+) ms", message.split(" steps: ", 1)[1]):
+            self.steps.setdefault(name.strip(), []).append(float(value))
+
+    def report(self) -> None:
+        for name, values in self.steps.items():
+            print(f"  fork step {name:26s} p50 {statistics.median(values):6.0f} ms  (n={len(values)})")
 
 
 async def ms(coro: Any) -> tuple[float, Any]:
@@ -78,6 +100,8 @@ async def timings(root: Path, runs: int) -> None:
             await child.close()
             await resumed.close()
             sched.delete_snapshot(snapshot)
+    print("fork(1) by step:")
+    STEPS.report()
     print(f"state on disk: {sum(sizes) / len(sizes) / 1e6:.0f} MB")
     for name, values in (("pause", pauses), ("resume", resumes), ("fork(1)", forks),
                          ("open: L1 restore", l1_opens), ("open: cold boot", cold_opens)):  # fmt: skip
@@ -115,7 +139,13 @@ async def memory(root: Path) -> None:
               f"   independent sessions {alone:7.0f} MB   ratio {(forked + template) / alone:.2f}")
 
 
+STEPS = StepLog()
+
+
 async def main() -> None:
+    logger = logging.getLogger("exec_sandbox")
+    logger.addHandler(STEPS)
+    logger.setLevel(logging.DEBUG)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()

@@ -251,6 +251,23 @@ def _write_private_json(path: Path, data: Any) -> None:
 # --- saving and loading a live VM's whole state ---
 
 
+class StepTimer:
+    """Durations of a fork's steps, logged at DEBUG (bench/session_snapshots.py prints them)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, float]] = []
+        self._last = time.monotonic()
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.append((step, now - self._last))
+        self._last = now
+
+    def log(self, what: str) -> None:
+        log.debug("%s steps: %s", what, "; ".join(f"{name} {seconds * 1000:.0f} ms"
+                                                  for name, seconds in self.steps))  # fmt: skip
+
+
 async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str, Any]) -> SessionSnapshot:
     """Stop vm and write its whole state into a new snapshot described by meta (language,
     session settings, layer; id, size, digest and machine are filled in here). The VM stays
@@ -307,19 +324,25 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
     loaded once into a VM whose RAM is a shared memfd and saved again without the RAM: that
     memfd, sealed, is a template, and the copies are its copy-on-write clones, sharing every
     page none of them has written (as L1 clones share a template's). Each copy is reseeded."""
+    steps = StepTimer()
     full = work / "full"
-    await migration.save_state(vm, str(full))  # on failure the parent runs on (or is dead)
+    await migration.save_state(vm, str(full))
+    steps.mark("parent save")  # on failure the parent runs on (or is dead)
     await migration.cont(vm)
     await vm.reseed()  # its clock stood still during the save
+    steps.mark("parent cont+reseed")
     ram = migration.ram_memfd(vm.spec.memory_mb)
     try:
         spec = replace(vm.spec, mem_fd=ram, mem_path=None)
         maker = await migration.restore(replace(spec, mem_shared=True), str(full), timeout=timeout,
                                         ram_in_stream=True, run=False)  # fmt: skip
+        steps.mark("maker spawn+load")
         try:
             await migration.save_devices(maker, str(work / "devices"))
+            steps.mark("maker device save")
         finally:
             await maker.aclose()
+            steps.mark("maker close")
         full.unlink()
         # The maker is reaped: nothing maps the memfd writably, so it can be sealed. Its holes
         # are allocated first, as for L1 templates (snapshots._sealed_copy): a copy's fault on
@@ -329,11 +352,15 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
         )
         fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                     | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
+        steps.mark("fallocate+seal")
         tasks = [asyncio.ensure_future(migration.restore(replace(spec, mem_shared=False),
                                                          str(work / "devices"), timeout=timeout))
                  for _ in range(count)]  # fmt: skip
         try:
-            return list(await asyncio.gather(*tasks))
+            copies = list(await asyncio.gather(*tasks))
+            steps.mark("clones spawn+load+reseed")
+            steps.log(f"fork({count})")
+            return copies
         except BaseException:
             # One failed, or the caller was cancelled: no copy may outlive this call.
             for task in tasks:
