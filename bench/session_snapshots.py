@@ -58,7 +58,7 @@ class StepLog(logging.Handler):
         message = record.getMessage()
         if " steps: " not in message:
             return
-        for name, value in re.findall(r"([a-z+() ]+?) (\d+) ms", message.split(" steps: ", 1)[1]):
+        for name, value in re.findall(r"([^;]+?) (\d+) ms", message.split(" steps: ", 1)[1]):
             self.steps.setdefault(name.strip(), []).append(float(value))
 
     def report(self) -> None:
