@@ -91,6 +91,20 @@ async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
     vm stops only for the stream itself. On success both are stopped: the caller cont()s vm
     and start()s the new VM (RESEED before it runs anything) or saves it again. On any failure
     or cancellation the new VM is gone and vm runs on (or is ended, if it cannot)."""
+    task = asyncio.ensure_future(_transfer(vm, spec, timeout))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Let the stream end rather than cut a QMP command short: its reply, left unread,
+        # would answer the parent's next command. Then undo it.
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            task.result().close()
+            await _run_on(vm)
+        raise
+
+
+async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     with contextlib.suppress(OSError):  # fewer switches between the two QEMUs; 64 KiB else
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
@@ -112,9 +126,10 @@ async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
         fd, write_end = write_end, -1
         await _hand_fd(qmp, fd)
         await qmp.execute("migrate", {"uri": "fd:state"})
-        await asyncio.wait_for(asyncio.gather(_wait_migration(qmp),
-                                              _wait_migration(guest.qmp, incoming_pipe=True)),
-                               timeout)  # fmt: skip
+        # One after the other, not gathered: a wait left polling a monitor after the other
+        # failed would share that monitor with _run_on's commands.
+        await asyncio.wait_for(_wait_migration(qmp), timeout)
+        await asyncio.wait_for(_wait_migration(guest.qmp, incoming_pipe=True), timeout)
         guest.restore_seconds = time.monotonic() - started
         return guest
     except BaseException as exc:
@@ -122,7 +137,7 @@ async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
             guest.close()  # the source's stream breaks (EPIPE) if it was still sending
         if source_stopped and vm.alive:
             await _run_on(vm)
-        if isinstance(exc, (asyncio.CancelledError, SnapshotError)):
+        if not isinstance(exc, Exception):
             raise
         if isinstance(exc, asyncio.TimeoutError):
             raise SnapshotError(f"streaming the VM's state did not finish within {timeout:.0f} s") from None
