@@ -132,9 +132,10 @@ async def memory(root: Path) -> None:
             alone = pss_mb([s._vm.pid for s in independent])
             for s in independent:
                 await s.close()
-        # The forks' template memfd is allocated whole (its holes filled, session_snapshots.py)
-        # and only its mapped pages are in the forks' PSS: count the guest's RAM size on top.
-        template = sched.config.default_memory_mb
+        # The template memfd of several forks is allocated whole (its holes filled,
+        # session_snapshots.py) and only its mapped pages are in the forks' PSS: count the
+        # guest's RAM size on top. A single fork has no template (its RAM is private).
+        template = sched.config.default_memory_mb if n > 1 else 0
         print(f"{n:2d}: forks {forked:7.0f} MB + template {template} MB = {forked + template:7.0f} MB"
               f"   independent sessions {alone:7.0f} MB   ratio {(forked + template) / alone:.2f}")
 

@@ -5,6 +5,7 @@ Two kinds of stream: a device-state stream of a VM whose RAM is a shared file (x
 the file is the snapshot's memory, the stream holds only device state, ~50 KB), and a full
 stream, RAM included (a paused session). Streams go through a pipe the host drains into the file:
 a jailed QEMU may not write files (RLIMIT_FSIZE 0) and cannot open one by path (read-only mounts).
+A fork's full stream goes through a pipe from one QEMU straight into another (transfer()).
 """
 
 from __future__ import annotations
