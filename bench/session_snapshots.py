@@ -63,7 +63,8 @@ class StepLog(logging.Handler):
 
     def report(self) -> None:
         for name, values in self.steps.items():
-            print(f"  fork step {name:26s} p50 {statistics.median(values):6.0f} ms  (n={len(values)})")
+            median = statistics.median(values)
+            print(f"  fork step {name:26s} p50 {median:6.0f} ms  (n={len(values)})")
 
 
 async def ms(coro: Any) -> tuple[float, Any]:

@@ -141,7 +141,9 @@ async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
         if not isinstance(exc, Exception):
             raise
         if isinstance(exc, asyncio.TimeoutError):
-            raise SnapshotError(f"streaming the VM's state did not finish within {timeout:.0f} s") from None
+            raise SnapshotError(
+                f"streaming the VM's state did not finish within {timeout:.0f} s"
+            ) from None
         raise SnapshotError(f"streaming the VM's state failed: {exc}") from exc
     finally:
         for fd in (read_end, write_end):
