@@ -306,17 +306,37 @@ async def test_a_failed_fork_stream_leaves_the_parent_running_and_no_copy(
         assert qemu_processes(parent=os.getpid()) == [parent.vm.pid]  # no copy, no receiver
 
 
-@pytest.mark.parametrize("delay", [0.05, 0.3])
+@pytest.mark.parametrize("point", ["receiver starting", "stream under way"])
 async def test_a_cancelled_fork_leaves_the_parent_running_and_no_copy(
-    sched: Scheduler, delay: float
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
+    import exec_sandbox.migration as migration_module
+    from exec_sandbox.guest_vm import GuestVm
+
+    reached = asyncio.Event()
+    spawn = GuestVm.spawn.__func__  # type: ignore[attr-defined]
+    wait_migration = migration_module._wait_migration
+
+    async def spawning(cls: type[GuestVm], spec: Any, **kwargs: Any) -> GuestVm:
+        reached.set()
+        return await spawn(cls, spec, **kwargs)
+
+    async def streaming(qmp: Any, **kwargs: Any) -> None:
+        reached.set()
+        await wait_migration(qmp, **kwargs)
+
+    if point == "receiver starting":
+        monkeypatch.setattr(GuestVm, "spawn", classmethod(spawning))
+    else:
+        monkeypatch.setattr(migration_module, "_wait_migration", streaming)
     async with await sched.session() as parent:
         await parent.exec("data = list(range(1000))")
         fork = asyncio.ensure_future(parent.fork())
-        await asyncio.sleep(delay)  # the receiver starting, or the stream under way
+        await reached.wait()  # the fork is inside that step now
         fork.cancel()
         with pytest.raises(asyncio.CancelledError):
             await fork
+        monkeypatch.undo()
         assert not parent.closed
         assert (await parent.exec("print(sum(data))")).stdout == "499500\n"
         assert qemu_processes(parent=os.getpid()) == [parent.vm.pid]
