@@ -402,21 +402,26 @@ async def _clones(maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path
                   timeout: float, steps: StepTimer) -> list[GuestVm]:  # fmt: skip
     """count copy-on-write clones of maker (stopped, its RAM the shared memfd ram); maker is
     gone when this returns, and so is every clone if it raises."""
-    try:
-        await migration.save_devices(maker, str(work / "devices"))
-        steps.mark("maker device save")
-    finally:
-        await maker.aclose()
-        steps.mark("maker close")
-    # The maker is reaped: nothing maps the memfd writably, so it can be sealed. Its holes are
-    # allocated first, as for L1 templates (snapshots._sealed_copy): a copy's fault on a hole
-    # would otherwise allocate the page in this shared file too, charged twice.
-    await asyncio.get_running_loop().run_in_executor(
+    # The memfd's holes are allocated, as for L1 templates (snapshots._sealed_copy): a copy's
+    # fault on a hole would otherwise allocate the page in this shared file too, charged twice.
+    # Filling holes changes no byte, so it runs while the maker saves its devices and ends.
+    fill = asyncio.get_running_loop().run_in_executor(
         None, os.posix_fallocate, ram, 0, spec.memory_mb * 1024 * 1024
     )
+    try:
+        try:
+            await migration.save_devices(maker, str(work / "devices"))
+            steps.mark("maker device save")
+        finally:
+            await maker.aclose()
+            steps.mark("maker close")
+    finally:
+        await asyncio.wait({fill})  # the thread uses ram, which the caller closes
+    fill.result()
+    steps.mark("fallocate (rest)")
+    # The maker is reaped: nothing maps the memfd writably, so it can be sealed.
     fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                 | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
-    steps.mark("fallocate+seal")
     tasks = [asyncio.ensure_future(migration.restore(replace(spec, mem_shared=False),
                                                      str(work / "devices"), timeout=timeout))
              for _ in range(count)]  # fmt: skip
