@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import re
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +45,26 @@ def pss_mb(pids: list[int]) -> float:
             if line.startswith("Pss:"):
                 total_kb += int(line.split()[1])
     return total_kb / 1024
+
+
+class StepLog(logging.Handler):
+    """Collects the fork's per-step durations (session_snapshots.StepTimer logs them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.steps: dict[str, list[float]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if " steps: " not in message:
+            return
+        for name, value in re.findall(r"([^;]+?) (\d+) ms", message.split(" steps: ", 1)[1]):
+            self.steps.setdefault(name.strip(), []).append(float(value))
+
+    def report(self) -> None:
+        for name, values in self.steps.items():
+            median = statistics.median(values)
+            print(f"  fork step {name:26s} p50 {median:6.0f} ms  (n={len(values)})")
 
 
 async def ms(coro: Any) -> tuple[float, Any]:
@@ -78,6 +101,8 @@ async def timings(root: Path, runs: int) -> None:
             await child.close()
             await resumed.close()
             sched.delete_snapshot(snapshot)
+    print("fork(1) by step:")
+    STEPS.report()
     print(f"state on disk: {sum(sizes) / len(sizes) / 1e6:.0f} MB")
     for name, values in (("pause", pauses), ("resume", resumes), ("fork(1)", forks),
                          ("open: L1 restore", l1_opens), ("open: cold boot", cold_opens)):  # fmt: skip
@@ -108,14 +133,21 @@ async def memory(root: Path) -> None:
             alone = pss_mb([s._vm.pid for s in independent])
             for s in independent:
                 await s.close()
-        # The forks' template memfd is allocated whole (its holes filled, session_snapshots.py)
-        # and only its mapped pages are in the forks' PSS: count the guest's RAM size on top.
-        template = sched.config.default_memory_mb
+        # The template memfd of several forks is allocated whole (its holes filled,
+        # session_snapshots.py) and only its mapped pages are in the forks' PSS: count the
+        # guest's RAM size on top. A single fork has no template (its RAM is private).
+        template = sched.config.default_memory_mb if n > 1 else 0
         print(f"{n:2d}: forks {forked:7.0f} MB + template {template} MB = {forked + template:7.0f} MB"
               f"   independent sessions {alone:7.0f} MB   ratio {(forked + template) / alone:.2f}")
 
 
+STEPS = StepLog()
+
+
 async def main() -> None:
+    logger = logging.getLogger("exec_sandbox")
+    logger.addHandler(STEPS)
+    logger.setLevel(logging.DEBUG)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()

@@ -5,11 +5,14 @@ Two kinds of stream: a device-state stream of a VM whose RAM is a shared file (x
 the file is the snapshot's memory, the stream holds only device state, ~50 KB), and a full
 stream, RAM included (a paused session). Streams go through a pipe the host drains into the file:
 a jailed QEMU may not write files (RLIMIT_FSIZE 0) and cannot open one by path (read-only mounts).
+A fork's full stream goes through a pipe from one QEMU straight into another (transfer()).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import time
 
@@ -26,6 +29,8 @@ _QMP_CONNECT_TIMEOUT_SECONDS = 10.0
 _IGNORE_SHARED = {"capabilities": [{"capability": "x-ignore-shared", "state": True}]}
 # migrate-set-parameters max-bandwidth (bytes/s): as fast as the host can write.
 _UNCAPPED_BANDWIDTH = 1 << 40
+# transfer()'s pipe: the most an unprivileged process may ask for (fs.pipe-max-size's default).
+_PIPE_BYTES = 1 << 20
 
 
 async def restore(spec: VmSpec, state_path: str, *, timeout: float,
@@ -79,6 +84,103 @@ async def _load(guest: GuestVm, state_path: str, timeout: float, ram_in_stream: 
     guest.restore_seconds = running - started
     await guest.reseed()
     guest.connect_seconds = time.monotonic() - running
+
+
+async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
+    """A new VM (spec) holding vm's whole state, RAM included, streamed QEMU to QEMU through a
+    pipe (a fork): no file is written or read, and the new QEMU starts while vm still runs, so
+    vm stops only for the stream itself. On success both are stopped: the caller cont()s vm
+    and start()s the new VM (RESEED before it runs anything) or saves it again. On any failure
+    or cancellation the new VM is gone and vm runs on (or is ended, if it cannot)."""
+    task = asyncio.ensure_future(_transfer(vm, spec, timeout))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # Let the stream end rather than cut a QMP command short: its reply, left unread,
+        # would answer the parent's next command. Then undo it.
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is None:
+            task.result().close()
+            await _run_on(vm)
+        raise
+
+
+async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # fewer switches between the two QEMUs; 64 KiB else
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+    guest: GuestVm | None = None
+    source_stopped = False
+    try:
+        guest = await GuestVm.spawn(spec, incoming=True, on_boot_log=None)
+        guest.qmp = await asyncio.wait_for(QmpClient.connect(guest.qmp_fd, timeout), timeout)
+        fd, read_end = read_end, -1
+        await _hand_fd(guest.qmp, fd)
+        await guest.qmp.execute("migrate-incoming", {"uri": "fd:state"})
+        qmp = await monitor(vm)
+        await qmp.execute("migrate-set-capabilities",
+                          {"capabilities": [{"capability": "x-ignore-shared", "state": False}]})
+        await qmp.execute("migrate-set-parameters", {"max-bandwidth": _UNCAPPED_BANDWIDTH})
+        started = time.monotonic()
+        source_stopped = True
+        await qmp.execute("stop")
+        fd, write_end = write_end, -1
+        await _hand_fd(qmp, fd)
+        await qmp.execute("migrate", {"uri": "fd:state"})
+        # One after the other, not gathered: a wait left polling a monitor after the other
+        # failed would share that monitor with _run_on's commands.
+        await asyncio.wait_for(_wait_migration(qmp), timeout)
+        await asyncio.wait_for(_wait_migration(guest.qmp, incoming_pipe=True), timeout)
+        guest.restore_seconds = time.monotonic() - started
+        return guest
+    except BaseException as exc:
+        if guest is not None:
+            guest.close()  # the source's stream breaks (EPIPE) if it was still sending
+        if source_stopped and vm.alive:
+            await _run_on(vm)
+        if not isinstance(exc, Exception):
+            raise
+        if isinstance(exc, asyncio.TimeoutError):
+            raise SnapshotError(
+                f"streaming the VM's state did not finish within {timeout:.0f} s"
+            ) from None
+        raise SnapshotError(f"streaming the VM's state failed: {exc}") from exc
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+
+
+async def start(guest: GuestVm) -> None:
+    """Run a VM made by transfer(): cont, then RESEED (fresh kernel RNG, the host's clock)
+    before anything else is sent to it."""
+    started = time.monotonic()
+    await (await monitor(guest)).execute("cont")
+    guest.mark_running()
+    await guest.reseed()
+    guest.connect_seconds = time.monotonic() - started
+
+
+async def _hand_fd(qmp: QmpClient, fd: int) -> None:
+    """Give QEMU its own copy of fd as "state" and close ours (EOF or EPIPE then follow the
+    other QEMU's end alone)."""
+    try:
+        await qmp.execute("getfd", {"fdname": "state"}, fds=[fd])
+    finally:
+        os.close(fd)
+
+
+async def _run_on(vm: GuestVm) -> None:
+    """Cancel a migration out of vm and let it run again; end it if it cannot."""
+    qmp = await monitor(vm)
+    try:
+        await asyncio.wait_for(qmp.execute("migrate_cancel"), _QMP_CONNECT_TIMEOUT_SECONDS)
+    except Exception:  # noqa: BLE001 - cont below decides whether the VM goes on
+        pass
+    try:
+        await asyncio.wait_for(qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
+    except Exception:  # noqa: BLE001 - a VM that cannot run on is of no use
+        vm.close()
 
 
 async def save_devices(vm: GuestVm, state_path: str) -> None:
@@ -177,13 +279,15 @@ async def _abandon_save(vm: GuestVm, qmp: QmpClient, copier: asyncio.Future[None
             vm.close()
 
 
-async def _wait_migration(qmp: QmpClient) -> None:
+async def _wait_migration(qmp: QmpClient, *, incoming_pipe: bool = False) -> None:
+    """Poll until the migration completed. incoming_pipe: the destination of transfer(), which
+    reports no status until the stream's first bytes arrive (the caller bounds the wait)."""
     while True:
         info = await qmp.execute("query-migrate")
         status = info.get("status") if isinstance(info, dict) else None
         if status == "completed":
             return
-        if status in ("failed", "cancelled", None):
+        if status in ("failed", "cancelled") or (status is None and not incoming_pipe):
             detail = info.get("error-desc", "") if isinstance(info, dict) else ""
             raise QmpError(f"migration {status}: {str(detail)[:300]}")
         await asyncio.sleep(0.002)

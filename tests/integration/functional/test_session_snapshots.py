@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -275,3 +276,70 @@ async def test_forks_share_their_unchanged_memory(sched: Scheduler) -> None:
         finally:
             for fork in forks:
                 await fork.close()
+
+
+@pytest.mark.parametrize("count", [1, 2])
+async def test_a_failed_fork_stream_leaves_the_parent_running_and_no_copy(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch, count: int
+) -> None:
+    from dataclasses import replace
+
+    from exec_sandbox.guest_vm import GuestVm
+
+    spawn = GuestVm.spawn.__func__  # type: ignore[attr-defined]
+
+    async def smaller_receiver(cls: type[GuestVm], spec: Any, **kwargs: Any) -> GuestVm:
+        # A receiving QEMU with less RAM than the parent: it refuses the stream part way
+        # (QEMU's RAM block length check), as a receiver that dies mid-stream would.
+        if kwargs.get("incoming"):
+            spec = replace(spec, memory_mb=spec.memory_mb // 2)
+        return await spawn(cls, spec, **kwargs)
+
+    async with await sched.session() as parent:
+        await parent.exec("data = list(range(1000))")
+        monkeypatch.setattr(GuestVm, "spawn", classmethod(smaller_receiver))
+        with pytest.raises(SnapshotError, match="streaming the VM's state failed"):
+            await parent.fork(count)
+        monkeypatch.undo()
+        assert not parent.closed
+        assert (await parent.exec("print(sum(data))")).stdout == "499500\n"
+        assert qemu_processes(parent=os.getpid()) == [parent.vm.pid]  # no copy, no receiver
+
+
+@pytest.mark.parametrize("point", ["receiver starting", "stream under way"])
+async def test_a_cancelled_fork_leaves_the_parent_running_and_no_copy(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    import exec_sandbox.migration as migration_module
+    from exec_sandbox.guest_vm import GuestVm
+
+    reached = asyncio.Event()
+    spawn = GuestVm.spawn.__func__  # type: ignore[attr-defined]
+    wait_migration = migration_module._wait_migration
+
+    async def spawning(cls: type[GuestVm], spec: Any, **kwargs: Any) -> GuestVm:
+        reached.set()
+        return await spawn(cls, spec, **kwargs)
+
+    async def streaming(qmp: Any, **kwargs: Any) -> None:
+        reached.set()
+        await wait_migration(qmp, **kwargs)
+
+    if point == "receiver starting":
+        monkeypatch.setattr(GuestVm, "spawn", classmethod(spawning))
+    else:
+        monkeypatch.setattr(migration_module, "_wait_migration", streaming)
+    async with await sched.session() as parent:
+        await parent.exec("data = list(range(1000))")
+        fork = asyncio.ensure_future(parent.fork())
+        await reached.wait()  # the fork is inside that step now
+        fork.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fork
+        monkeypatch.undo()
+        assert not parent.closed
+        assert (await parent.exec("print(sum(data))")).stdout == "499500\n"
+        assert qemu_processes(parent=os.getpid()) == [parent.vm.pid]
+        child = await parent.fork()  # the parent's monitor is still in step
+        async with child:
+            assert (await child.exec("print(len(data))")).stdout == "1000\n"
