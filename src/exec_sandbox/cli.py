@@ -28,7 +28,9 @@ from .cli_common import (
     resolve_source,
     run_command,
 )
+from .errors import InputValidationError
 from .models import ExecutionResult, Language, PortMapping
+from .network.request import parse_network_request
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
@@ -111,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         uploads = [_parse_upload(spec) for spec in args.upload]
         downloads = [_parse_download(spec) for spec in args.download]
         args.expose = [_parse_expose(spec) for spec in args.expose]
-    except ValueError as exc:
+        # Checked here too, so that bad network arguments are usage errors before anything
+        # else (the images, the accelerator) is looked at.
+        parse_network_request(args.network or bool(args.allowed_domains),
+                              args.allowed_domains or None, args.expose or None)  # fmt: skip
+    except (ValueError, InputValidationError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -11,13 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from exec_sandbox.paths import images_dir
+
 pytestmark = pytest.mark.vm
 
 SBX = [sys.executable, "-m", "exec_sandbox.cli"]
 
 
 def sbx(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(cache)}
+    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(cache),
+           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
     return subprocess.run([*SBX, *args], capture_output=True, text=True, timeout=180,
                           stdin=subprocess.DEVNULL, env=env)  # fmt: skip
 
@@ -45,7 +48,8 @@ def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> 
             "c.recv(1); c.close()\n")  # fmt: skip
     proc = subprocess.Popen([*SBX, "run", "--expose", "7000", "-c", code], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)})  # fmt: skip
+                            env={**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
+                                 "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())})  # fmt: skip
     try:
         assert proc.stderr is not None and proc.stdout is not None
         line = proc.stderr.readline()
