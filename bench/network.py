@@ -6,7 +6,10 @@
    transfer between two host processes;
 3. the C/io_uring relay against a plain asyncio relay (bench/net_asyncio_relay.py) on the same
    VMs' workload: throughput, and the bench process's CPU time per MB moved (the relay and the
-   event loop; the servers run in a child process so that their CPU is not counted).
+   event loop; the servers run in a child process so that their CPU is not counted);
+4. what a virtio-serial port itself carries here, the ceiling of any relay over one: the same
+   bytes each way as session file I/O on the agent channel (write_file: host -> guest,
+   read_file: guest -> host; 60 KiB frames, like the relay's DATA).
 
     .venv/bin/python bench/network.py --mb 64 --connects 40
 """
@@ -117,6 +120,21 @@ async def in_guest(sched: Scheduler, ports: list[int], total: int, connects: int
     return json.loads(result.stdout), cpu
 
 
+async def port_ceiling(sched: Scheduler, total: int) -> dict[str, float]:
+    """File I/O of total bytes each way over the agent channel's virtio-serial port."""
+    async with await sched.session(timeout_seconds=300, memory_mb=512) as session:
+        await session.exec(f"open('/home/user/blob', 'wb').write(b'x' * {total})")
+        at = time.monotonic()
+        data = await session.read_file("blob")
+        up = time.monotonic() - at
+        assert data is not None and len(data) == total
+        await session.exec("import os; os.remove('/home/user/blob')")  # room in the guest's tmpfs
+        at = time.monotonic()
+        await session.write_file("blob2", data)
+        down = time.monotonic() - at
+    return {"down_MBps": total / 1e6 / down, "up_MBps": total / 1e6 / up}
+
+
 def on_host(ports: list[int], total: int, connects: int) -> dict[str, float]:
     import subprocess
 
@@ -138,7 +156,8 @@ async def main() -> None:
     ports = parent.recv()
     hosts = {"bench.test:80": f"127.0.0.1:{ports[0]}", "bench.test:81": f"127.0.0.1:{ports[1]}",
              "bench.test:82": f"127.0.0.1:{ports[2]}"}  # fmt: skip
-    rows: dict[str, list[dict[str, float]]] = {"host": [], "c-io_uring": [], "asyncio": []}
+    rows: dict[str, list[dict[str, float]]] = {"host": [], "c-io_uring": [], "asyncio": [],
+                                               "port": []}  # fmt: skip
     with tempfile.TemporaryDirectory() as cache:
         config = SchedulerConfig(max_concurrent_vms=2, memory_snapshot_cache_dir=Path(cache),
                                  network_test_hosts=hosts)  # fmt: skip
@@ -150,6 +169,7 @@ async def main() -> None:
                     figures, cpu = await in_guest(sched, ports, total, args.connects)
                     figures["cpu_ms_per_MB"] = cpu * 1000 / (2 * total / 1e6)
                     rows[name].append(figures)
+                rows["port"].append(await port_ceiling(c_sched, total))
                 print(f"round {r + 1}: " + json.dumps({k: v[-1] for k, v in rows.items()}),
                       file=sys.stderr)  # fmt: skip
             a_sched._network_hub = None
@@ -158,8 +178,13 @@ async def main() -> None:
     for name, results in rows.items():
         med = lambda key: statistics.median(r[key] for r in results)  # noqa: E731
         cpu = f"{med('cpu_ms_per_MB'):10.2f}" if "cpu_ms_per_MB" in results[0] else f"{'-':>10}"
-        print(f"{name:12} {med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms "
-              f"{med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu}")  # fmt: skip
+        connect = (f"{med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms"
+                   if "connect_p50_ms" in results[0] else f"{'-':>12} {'-':>8}")  # fmt: skip
+        print(f"{name:12} {connect} {med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu}")
+    port = {k: statistics.median(r[k] for r in rows["port"]) for k in ("down_MBps", "up_MBps")}
+    relay = {k: statistics.median(r[k] for r in rows["c-io_uring"]) for k in port}
+    print("relay / port: " + ", ".join(f"{k[:-5]} {relay[k] / port[k]:.2f}" for k in port)
+          + "  (target >= 0.80)")
 
 
 if __name__ == "__main__":
