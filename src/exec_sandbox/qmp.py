@@ -83,7 +83,15 @@ class QmpClient:
             if sent != len(data):
                 # Commands are tiny; a socket that takes less than one is a QEMU not reading.
                 raise self._break(QmpError(f"QMP {command}: short write"))
-            reply = await asyncio.wait_for(self._next_reply(), timeout)
+            try:
+                reply = await asyncio.wait_for(self._next_reply(), timeout)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                # The command was sent: its reply may still come, and would then be taken for
+                # the answer to the next command. A monitor cut short mid-command is out of
+                # step for good: every later command fails instead of reading a stale reply.
+                self._break(QmpError(f"QMP {command}: cut short before its reply; the monitor "
+                                     "is out of step"))  # fmt: skip
+                raise
         if "error" in reply:
             error = reply["error"]
             desc = error.get("desc") if isinstance(error, dict) else error

@@ -109,3 +109,28 @@ async def test_hostile_or_broken_replies_raise(pair: tuple[socket.socket, socket
     with pytest.raises(QmpError):
         await client.execute("query-status", timeout=5)
     client.close()
+
+
+async def test_a_command_cut_short_breaks_the_client(pair: tuple[socket.socket, socket.socket]) -> None:
+    # QEMU answers the first command late: had the client gone on, that late reply would have
+    # been read as the answer to the second command.
+    ours, peer = pair
+    loop = asyncio.get_running_loop()
+    peer.setblocking(False)
+
+    async def serve() -> None:
+        await loop.sock_sendall(peer, GREETING)
+        await loop.sock_recv(peer, 4096)  # qmp_capabilities
+        await loop.sock_sendall(peer, b'{"return": {}}\r\n')
+        await loop.sock_recv(peer, 4096)  # the slow command
+        await asyncio.sleep(0.3)
+        await loop.sock_sendall(peer, b'{"return": {"status": "late"}}\r\n')
+
+    server = asyncio.create_task(serve())
+    client = await QmpClient.connect(ours.fileno(), timeout=5)
+    with pytest.raises(asyncio.TimeoutError):
+        await client.execute("query-migrate", timeout=0.1)
+    await server
+    with pytest.raises(QmpError, match="out of step"):
+        await client.execute("query-status")
+    client.close()
