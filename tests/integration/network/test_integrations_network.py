@@ -1,0 +1,40 @@
+"""The framework integrations' network arguments, end to end in real VMs: the LangChain tool and
+the Deep Agents backend reach an allowed name (a loopback server, conftest.py) and not another."""
+
+from __future__ import annotations
+
+import pytest
+
+from exec_sandbox import Scheduler
+
+from .conftest import BODY
+
+pytestmark = pytest.mark.vm
+
+CURL = "curl -sS --max-time 20 http://{}/hello"
+
+
+async def test_langchain_tool_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
+    pytest.importorskip("langchain_core", reason="the langchain extra is not installed")
+    from exec_sandbox.integrations.langchain import ExecSandboxTool
+
+    tool = ExecSandboxTool(scheduler=net_scheduler, allow_network=True,
+                           allowed_domains=["web.test"])  # fmt: skip
+    allowed = await tool.ainvoke({"code": CURL.format("web.test"), "language": "raw"})
+    assert allowed == BODY.decode().strip()  # the tool strips trailing whitespace
+    refused = await tool.ainvoke({"code": CURL.format("elsewhere.test"), "language": "raw"})
+    assert "Could not resolve host" in refused and "exit code: 6" in refused
+
+
+async def test_deepagents_backend_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
+    pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
+    from exec_sandbox.integrations.deepagents import ExecSandboxBackend
+
+    backend = ExecSandboxBackend(net_scheduler, allow_network=True, allowed_domains=["web.test"])
+    try:
+        allowed = await backend.aexecute(CURL.format("web.test"))
+        assert (allowed.exit_code, allowed.output) == (0, BODY.decode())
+        refused = await backend.aexecute(CURL.format("elsewhere.test"))
+        assert refused.exit_code == 6 and "Could not resolve host" in refused.output
+    finally:
+        await backend.aclose()
