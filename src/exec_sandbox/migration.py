@@ -100,7 +100,8 @@ async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
         # would answer the parent's next command. Then undo it.
         await asyncio.wait({task})
         if not task.cancelled() and task.exception() is None:
-            task.result().close()
+            # Reaped before this returns, as for any cancelled call: nothing of it runs on.
+            await task.result().aclose()
             await _run_on(vm)
         raise
 
@@ -138,6 +139,8 @@ async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
             guest.close()  # the source's stream breaks (EPIPE) if it was still sending
         if source_stopped and vm.alive:
             await _run_on(vm)
+        if guest is not None:
+            await guest.aclose()  # reaped before the failure is reported
         if not isinstance(exc, Exception):
             raise
         if isinstance(exc, asyncio.TimeoutError):
