@@ -49,4 +49,21 @@ static inline int sbx_py_append_new(PyObject *list, PyObject *item)
 	return rc;
 }
 
+/* The flags of the module's own heap types: immutable where this CPython has the flag. */
+#ifdef Py_TPFLAGS_IMMUTABLETYPE
+#define SBX_PY_TYPE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE)
+#else
+#define SBX_PY_TYPE_FLAGS Py_TPFLAGS_DEFAULT
+#endif
+
+/* Create the heap type of spec for module, keep it in *slot (module state) and add it to the
+ * module; -1 with an exception set on failure. */
+static inline int sbx_py_add_type(PyObject *module, PyType_Spec *spec, PyTypeObject **slot)
+{
+	*slot = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+	if (!*slot)
+		return -1;
+	return PyModule_AddType(module, *slot);
+}
+
 #endif /* SBX_PY_COMMON_H */

@@ -302,18 +302,11 @@ static PyType_Spec net_ring_spec = {
 	.name = "exec_sandbox._execsbx.NetRing",
 	.basicsize = sizeof(NetRingObject),
 	.itemsize = 0,
-#ifdef Py_TPFLAGS_IMMUTABLETYPE
-	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
-#else
-	.flags = Py_TPFLAGS_DEFAULT,
-#endif
+	.flags = SBX_PY_TYPE_FLAGS,
 	.slots = net_ring_slots,
 };
 
 int sbx_py_net_ring_type_add(PyObject *module, sbx_module_state *st)
 {
-	st->net_ring_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &net_ring_spec, NULL);
-	if (!st->net_ring_type)
-		return -1;
-	return PyModule_AddType(module, st->net_ring_type);
+	return sbx_py_add_type(module, &net_ring_spec, &st->net_ring_type);
 }

@@ -502,18 +502,11 @@ static PyType_Spec vm_spec = {
 	.name = "exec_sandbox._execsbx.Vm",
 	.basicsize = sizeof(VmObject),
 	.itemsize = 0,
-#ifdef Py_TPFLAGS_IMMUTABLETYPE
-	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
-#else
-	.flags = Py_TPFLAGS_DEFAULT,
-#endif
+	.flags = SBX_PY_TYPE_FLAGS,
 	.slots = vm_slots,
 };
 
 int sbx_py_vm_type_add(PyObject *module, sbx_module_state *st)
 {
-	st->vm_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &vm_spec, NULL);
-	if (!st->vm_type)
-		return -1;
-	return PyModule_AddType(module, st->vm_type);
+	return sbx_py_add_type(module, &vm_spec, &st->vm_type);
 }
