@@ -11,9 +11,9 @@ recipe_root=$(cd "$images_src_dir/.." && pwd)
 # The source directory is mapped away in the debug info, so that the binary (whose hash is part
 # of the root image's key) is the same whether built from a checkout or an installed package.
 HASH_EXTRA="$(gcc --version | head -n1) $(dpkg-query -W -f='${Version}' libc6-dev 2>/dev/null || true)"
-agent_key=$(inputs_hash "$recipe_root/guest/Makefile" "$recipe_root"/guest/src/*.[ch] "$recipe_root"/src/shared/*.[ch] "$recipe_root/src/shared/warnings.mk")
+agent_key=$(inputs_hash "$recipe_root/guest/Makefile" "$recipe_root"/guest/src/*.[ch] "$recipe_root"/guest/node/*.c "$recipe_root"/src/shared/*.[ch] "$recipe_root/src/shared/warnings.mk")
 agent="$images_dir/agent-$agent_key/sbx-agent"
-if [ -x "$agent" ]; then
+if [ -x "$agent" ] && [ -f "$(dirname "$agent")/sbx-reseed.node" ]; then
 	step "guest agent $agent_key: cached"; reuse "$(dirname "$agent")"
 else
 	step "guest agent $agent_key: compiling"
@@ -21,6 +21,7 @@ else
 	run_logged "$staging/make.log" make -s -C "$recipe_root/guest" BUILD="$staging/build" \
 		CFLAGS="-ffile-prefix-map=$recipe_root/=" VERSION=0.1.0
 	install -D -m 0755 "$staging/build/sbx-agent" "$staging/out/sbx-agent"
+	install -m 0644 "$staging/build/sbx-reseed.node" "$staging/out/sbx-reseed.node"
 	mv "$staging/out" "$(dirname "$agent")"
 fi
 kernel=$(bash "$images_src_dir/build-kernel.sh")
