@@ -37,9 +37,11 @@ RECIPE = [
     "images/rootfs/finish-image.sh",
     "guest/Makefile",
     "guest/src/*.[ch]",
+    "guest/node/*.c",
     "guest/repl/driver.py",
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
+    "guest/repl/prestart.js",
     "src/shared/*.[ch]",
     "src/shared/warnings.mk",
 ]

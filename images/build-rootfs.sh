@@ -4,7 +4,7 @@
 # where the host allows user namespaces), with the guest agent installed as /usr/sbin/sbx-agent,
 # packed as a read-only EROFS image. Two cache levels, both keyed by content hash:
 #   rootfs-tree-<H1>/      the unpacked package tree (H1: package list, make-tree.sh, suite, mirror)
-#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary + the session REPL drivers +
+#   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary and node addon + the REPL drivers +
 #                          rootfs/finish-image.sh), with rootfs-<H2>.erofs.json beside it: the
 #                          facts the host needs about the image (python version, glibc)
 # so that rebuilding the agent only re-runs mkfs.erofs. Usage: build-rootfs.sh AGENT_BINARY.
@@ -20,7 +20,8 @@ if [ "${1:-}" = --pack ]; then
 	rm -f "$stage/root/usr/sbin/sbx-agent"
 	install -m 0755 "$agent" "$stage/root/usr/sbin/sbx-agent"
 	install -d -m 0755 "$stage/root/usr/lib/sbx"
-	install -m 0644 "$images_src_dir"/../guest/repl/driver.{py,js,sh} "$stage/root/usr/lib/sbx/"
+	install -m 0644 "$images_src_dir"/../guest/repl/driver.{py,js,sh} "$images_src_dir"/../guest/repl/prestart.js "$stage/root/usr/lib/sbx/"
+	install -m 0644 "$(dirname "$agent")/sbx-reseed.node" "$stage/root/usr/lib/sbx/"
 	source "$images_src_dir/rootfs/finish-image.sh"
 	finish_image "$stage/root" "$stage/facts.json" "$tree_key"
 	run_logged "$stage/mkfs.log" mkfs.erofs -T0 "$stage/image.erofs" "$stage/root"
@@ -37,10 +38,13 @@ HASH_EXTRA="$mirror $suite"
 tree_key=$(inputs_hash "$images_src_dir/rootfs/packages.txt" "$images_src_dir/rootfs/make-tree.sh")
 tree="$images_dir/rootfs-tree-$tree_key"
 HASH_EXTRA="$tree_key"
-# The session REPL drivers (guest/repl/) go to /usr/lib/sbx beside the agent.
-drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh)
+# The session REPL drivers and node's pre-start preload (guest/repl/) go to /usr/lib/sbx.
+drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh "$images_src_dir"/../guest/repl/prestart.js)
 finish="$images_src_dir/rootfs/finish-image.sh"
-image_key=$(inputs_hash "$agent" "${drivers[@]}" "$finish")
+# The node addon (guest/node/) is built beside the agent, and installed beside the drivers.
+addon="$(dirname "$agent")/sbx-reseed.node"
+[ -f "$addon" ] || fail "node addon $addon missing: make -C guest"
+image_key=$(inputs_hash "$agent" "$addon" "${drivers[@]}" "$finish")
 image="$images_dir/rootfs-$image_key.erofs"
 reuse "$tree"
 if [ -f "$image" ] && [ -f "$image.json" ]; then

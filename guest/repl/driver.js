@@ -1,5 +1,5 @@
-// Session REPL driver for JavaScript, started by sbx-agent as the sandbox user (see
-// guest/src/repl.h). fd 3: one line per request, "<seq> <token> <dir>" (<dir> holds session-code
+// Session REPL driver for JavaScript, started by sbx-agent as the sandbox user, or a pre-started
+// node that became it (see guest/src/repl.h). fd 3: one line per request, "<seq> <token> <dir>" (<dir> holds session-code
 // and session-env, <dir>/repl/<token>.out and .err are the request's output FIFOs); fd 4:
 // "<seq> <status>\n" back once the code has finished and fds 1 and 2 are /dev/null again. The code runs through node's own
 // REPL evaluator in the global context, so const/let/function/class declarations persist between
@@ -12,7 +12,11 @@ const repl = require('repl');
 const util = require('util');
 const { PassThrough, Writable } = require('stream');
 
-const controlOut = 4;
+// fd 4, or fd 3 too when a pre-started node became this driver (guest/src/bootstrap.c): it
+// leaves the fd here, taken off at once so that the session's code does not see it.
+const controlOutKey = Symbol.for('sbx.control-out');
+const controlOut = process[controlOutKey] === 3 ? 3 : 4;
+delete process[controlOutKey];
 const realExit = process.exit.bind(process);
 
 // The REPL machinery without its terminal: no prompt, nothing echoed.

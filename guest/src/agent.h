@@ -31,6 +31,9 @@
  * is there. In /tmp, written by uid 1000: only that user's own node processes ever read it. */
 #define SBX_NODE_SNAPSHOT "/tmp/.sbx-node-startup.blob"
 #define SBX_NODE_BINARY "/usr/bin/node"
+/* What the agent runs from the image besides the interpreters: the session REPL drivers, node's
+ * pre-start preload and its addon (guest/repl/, guest/node/; images/build-rootfs.sh). */
+#define SBX_LIB_DIR "/usr/lib/sbx"
 
 /* How the agent runs: as PID 1 in the VM, or as a test program on the host. */
 struct sbx_config {
@@ -45,7 +48,7 @@ struct sbx_config {
 	char run_dir[256];    /* root-owned directory holding the code file */
 	char home_dir[256];   /* working directory and HOME of user code */
 	const char *interpreter[4]; /* indexed by enum sbx_language */
-	char driver_dir[256];       /* session REPL drivers; empty: SBX_REPL_DIR */
+	char driver_dir[256];       /* REPL drivers and node's preload; empty: SBX_LIB_DIR */
 };
 
 /* log.c: one line on the console (stderr of PID 1 is /dev/console). Never fails. */

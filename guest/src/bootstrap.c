@@ -1,37 +1,34 @@
-/* Bootstraps of the pre-started interpreters (protocol.h, SBX_MSG_PRESTART), passed inline
- * (python3 -c, node -e) so that the root image needs no new file. Each writes "r" to fd 3 (a
- * socket to the agent) once its interpreter has started, then waits there for the go ("1"),
+/* Bootstraps of the pre-started python and bash (protocol.h, SBX_MSG_PRESTART), passed inline
+ * (`python3 -c`, `bash -c`) so that the root image needs no file for them; node's is a preload
+ * file, guest/repl/prestart.js, whose header says the same for node. Each writes its ready byte
+ * to fd 3 (a socket to the agent) once its interpreter has started, then waits there for the go,
  * then runs the code file (the argument after the inline code, as in
  * `python3 -c BOOTSTRAP /run/sbx/main.py`) as the one-shot run would:
  *   python: like `python3 /run/sbx/main.py`: same sys.argv, sys.path[0], a fresh __main__
  *     namespace, __file__, the traceback of an uncaught exception without the bootstrap's frame,
  *     exit 1 after it (SIGINT re-raised after a KeyboardInterrupt, as the interpreter does);
  *     SystemExit gives the status the interpreter would give; signals act on the real process.
- *   javascript: like `node /run/sbx/main.js`: the code file is run by node's own entry point
- *     (Module.runMain: resolution, the ESM check, the main CommonJS module, require.main ===
- *     module, the same stack frames down to the entry point); process.argv is already that of the
- *     script run. What differs: the frames below the entry point in a stack trace ([eval] ones).
  *   raw: like `bash /run/sbx/main.sh`: `bash -c BOOTSTRAP /run/sbx/main.sh` sources the file, so
  *     $0, $#, BASH_SOURCE, LINENO and error messages are those of the script run; what differs:
  *     "c" in $-, "source" for "main" at the bottom of FUNCNAME, and a top-level `return` that is
  *     allowed. The report socket moves from fd 3 (scripts use `exec 3>file`) to fd 63.
- * A read of anything but "1" (EOF: the agent dropped it) exits quietly.
+ * The ready byte is "r", or "n" from a process that holds generator state it cannot refresh
+ * (runner.h, struct sbx_prestarted): bash, for $RANDOM. The go is "1", or "2" when a RESEED came
+ * while it waited (it was parked in a template and this is a clone): python has nothing to
+ * refresh (its code imports `random` and asks the kernel after the go). A read of anything else
+ * (EOF: the agent dropped it) exits quietly.
  *
  * When the code has ended as a script would, each reports it on fd 3 ("d" + the exit status byte,
  * runner.h) before the interpreter's own teardown, which the result need not wait for:
  *   python: after what the interpreter does first when a script ends, in its order (join the
  *     non-daemon threads, run the atexit callbacks, flush stdout and stderr), then os._exit();
- *   javascript: after every 'exit' listener, unless an uncaught exception ends the process (node
- *     prints it after the 'exit' event: that run ends the usual way, by the process's death);
  *   raw: when the sourced file returns (an `exit` in it, or `set -e`, ends the shell first: no
  *     report, the usual way).
  * A process killed by a signal or by os._exit() reports nothing; the agent then waits for its death.
- * Each does, before its "r", what the code's run would otherwise pay for the first time in the
- * process: python imports importlib.machinery (~50 ms under TCG), compiles once and touches stdout;
- * node (V8 compiles lazily, per process) creates process.stdout/stderr, runs console.log's
- * formatting on a sink, runs an empty script of its own as the entry point and calls its emit
- * hook (pool hit p50 88 -> 52-60 ms in A/B runs, docs/benchmarks.md); bash runs once each builtin
- * and redirection its part after the go uses (source, test, exec, printf -v: 16 -> 10.7 ms). */
+ * Each does, before its ready, what the code's run would otherwise pay for the first time in the
+ * process: python imports importlib.machinery (~50 ms under TCG), compiles once and touches
+ * stdout; bash runs once each builtin and redirection its part after the go uses (source, test,
+ * exec, printf -v: 16 -> 10.7 ms). */
 #include "bootstrap.h"
 
 const char sbx_bootstrap_python[] =
@@ -62,7 +59,7 @@ const char sbx_bootstrap_python[] =
 	"\n"
 	"    os.write(3, b\"r\")\n"
 	"    go = os.read(3, 1)\n"
-	"    if go != b\"1\":\n"
+	"    if go not in (b\"1\", b\"2\"):  # \"2\": nothing to refresh (the header above)\n"
 	"        os._exit(0)  # discarded before the go (the agent kills it anyway)\n"
 	"    try:\n"
 	"        with open(path, \"rb\", buffering=0) as f:  # one read, no buffer object\n"
@@ -116,70 +113,6 @@ const char sbx_bootstrap_python[] =
 	"# print, bytes or isinstance at its top level must not change what the bootstrap calls.\n"
 	"type(_run_main)(_run_main.__code__, {\"__builtins__\": __builtins__})()\n";
 
-const char sbx_bootstrap_javascript[] =
-	"'use strict';\n"
-	"(function runMain() {\n"
-	"\tconst fs = require('fs');\n"
-	"\tconst Module = require('module');\n"
-	"\tconst go = Buffer.alloc(1);\n"
-	"\tlet n;\n"
-
-	"\tlet running = false;\n"
-	"\tlet uncaught = false;\n"
-	"\tprocess.on('uncaughtExceptionMonitor', () => {\n"
-	"\t\tuncaught = true;\n"
-	"\t});\n"
-	"\tconst emit = process.emit;\n"
-	"\tprocess.emit = function (event, ...args) {\n"
-	"\t\tconst result = Reflect.apply(emit, this, [event, ...args]);\n"
-	"\t\tif (event === 'exit' && running && !uncaught) {\n"
-	"\t\t\ttry {\n"
-	"\t\t\t\tfs.writeSync(3, Buffer.from([0x64, Number(args[0]) & 0xff]));\n"
-	"\t\t\t} catch (e) {\n"
-	"\t\t\t\t// the code closed fd 3: the agent waits for the exit instead\n"
-	"\t\t\t}\n"
-	"\t\t}\n"
-	"\t\treturn result;\n"
-	"\t};\n"
-	"\t// Created and compiled on first use (V8 compiles lazily, per process), so paid here, before\n"
-	"\t// the ready: console output formatting and the streams, the entry point, the hook.\n"
-	"\tconst sink = {write: () => true, once: () => sink, removeListener: () => sink};\n"
-	"\tnew (require('console').Console)(sink).log('%s %d %o', 'a', 1, {a: [1]});\n"
-	"\tprocess.stdout.write('');\n"
-	"\tprocess.stderr.write('');\n"
-	"\t// The entry point's path (resolution, the ESM check, the CommonJS loader), with an empty\n"
-	"\t// script of our own, then forgotten. Best effort: without it the run is only slower.\n"
-	"\tconst prewarm = `/tmp/.sbx-prewarm-${process.pid}.js`;\n"
-	"\ttry {\n"
-	"\t\tfs.writeFileSync(prewarm, '', {flag: 'wx', mode: 0o600});\n"
-	"\t\ttry {\n"
-	"\t\t\tModule.runMain(prewarm);\n"
-	"\t\t} finally {\n"
-	"\t\t\tfs.unlinkSync(prewarm);\n"
-	"\t\t\tdelete Module._cache[prewarm];\n"
-	"\t\t}\n"
-	"\t} catch (e) {\n"
-	"\t\t// a full or read-only /tmp\n"
-	"\t}\n"
-	"\tprocess.emit('sbx-prewarm');\n"
-	"\tBuffer.from([0x64, 0]);\n"
-	"\tfs.writeSync(3, 'r');\n"
-	"\tfor (;;) {\n"
-	"\t\ttry {\n"
-	"\t\t\tn = fs.readSync(3, go, 0, 1, null);\n"
-	"\t\t\tbreak;\n"
-	"\t\t} catch (e) {\n"
-	"\t\t\tif (e.code !== 'EAGAIN' && e.code !== 'EINTR')\n"
-	"\t\t\t\tthrow e;\n"
-	"\t\t}\n"
-	"\t}\n"
-	"\tif (n !== 1 || go[0] !== 0x31)\n"
-	"\t\tprocess.exit(0); // discarded before the go (the agent kills it anyway)\n"
-	"\trunning = true;\n"
-	"\t// What `node PATH` runs: resolution, the ESM check, require.main, the module's frames.\n"
-	"\tModule.runMain(process.argv[1]);\n"
-	"})();\n";
-
 const char sbx_bootstrap_raw[] =
 	"# Before the ready: each builtin and redirection used after the go, once, on a dummy.\n"
 	"_sbx_x=0\n"
@@ -188,7 +121,7 @@ const char sbx_bootstrap_raw[] =
 	". /dev/null\n"
 	"printf -v _sbx_x %02x 0\n"
 	"unset _sbx_x\n"
-	"printf r >&3\n"
+	"printf n >&3 # $RANDOM was seeded at the start: a RESEED must kill it\n"
 	"IFS= read -r -n 1 -u 3 _sbx_go || exit 0\n"
 	"[ \"$_sbx_go\" = 1 ] || exit 0\n"
 	"unset _sbx_go BASH_EXECUTION_STRING\n"

@@ -3,7 +3,6 @@
 #define SBX_BOOTSTRAP_H
 
 extern const char sbx_bootstrap_python[];
-extern const char sbx_bootstrap_javascript[];
 extern const char sbx_bootstrap_raw[];
 
 #endif /* SBX_BOOTSTRAP_H */

@@ -31,7 +31,18 @@ static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 		return;
 	}
 	if (session) {
-		/* A session's code must not find a waiting uid-1000 interpreter it could feed. */
+		/* A waiting node becomes the session's REPL driver: its start, the dear part of a
+		 * javascript session's, is then already paid (an L1 template holds one). */
+		char driver[300];
+		int control_fd = -1;
+		pid_t pid = 0;
+		if (a->repl.pid == 0 &&
+		    sbx_repl_driver_path(&a->repl, req.language, driver, sizeof(driver)))
+			pid = sbx_runner_hand_over(&a->runner, req.language, driver, &control_fd);
+		if (pid > 0)
+			sbx_repl_adopt(&a->repl, req.language, pid, control_fd);
+		/* Any other: a session's code must not find a waiting uid-1000 interpreter it could
+		 * feed. */
 		sbx_runner_discard_prestarted(&a->runner);
 		rc = sbx_repl_start(&a->repl, f->id, &req, &code, msg, sizeof(msg));
 	} else {
@@ -114,8 +125,11 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 			sbx_channel_send_error(&a->ch, f->id, rc == -EINVAL ? SBX_ERR_BAD_REQUEST
 									  : SBX_ERR_INTERNAL,
 					       "RESEED: %s: %s", why, strerror(-rc));
-		else
+		else {
+			/* Before the answer: the host may send the EXEC that gives the go next. */
+			sbx_runner_note_reseed(&a->runner);
 			sbx_channel_send(&a->ch, SBX_MSG_RESEEDED, f->id, NULL, 0);
+		}
 		break;
 	}
 	case SBX_MSG_PRESTART:

@@ -40,7 +40,7 @@ int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_c
 	memset(r, 0, sizeof(*r));
 	r->cfg = cfg;
 	r->ch = ch;
-	r->driver_dir = cfg->driver_dir[0] ? cfg->driver_dir : SBX_REPL_DIR;
+	r->driver_dir = cfg->driver_dir[0] ? cfg->driver_dir : SBX_LIB_DIR;
 	r->control_w = r->control_r = r->out.fd = r->err.fd = r->out_hold = r->err_hold = -1;
 	r->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
 	if (r->timer_fd < 0)
@@ -140,6 +140,39 @@ static int spawn_output_fd(const char *fifo)
 	return fd;
 }
 
+bool sbx_repl_driver_path(const struct sbx_repl *r, uint8_t language, char *buf, size_t size)
+{
+	int n = snprintf(buf, size, "%s/%s", r->driver_dir, driver_names[language]);
+	return n >= 0 && (size_t)n < size;
+}
+
+static void take_driver(struct sbx_repl *r, uint8_t language, pid_t pid, int control_w,
+			int control_r)
+{
+	/* The agent's ends never block: a REPL that stops reading must not stall PID 1. */
+	fcntl(control_w, F_SETFL, O_NONBLOCK);
+	fcntl(control_r, F_SETFL, O_NONBLOCK);
+	r->pid = pid;
+	r->language = language;
+	r->control_w = control_w;
+	r->control_r = control_r;
+	r->line_len = 0;
+}
+
+void sbx_repl_adopt(struct sbx_repl *r, uint8_t language, pid_t pid, int control_fd)
+{
+	/* Two fds on the one socket: each of control_w and control_r is closed on its own. */
+	int second = fcntl(control_fd, F_DUPFD_CLOEXEC, 0);
+	if (second < 0) {
+		sbx_log("adopting the REPL: dup: %s", strerror(errno));
+		if (kill(-pid, SIGKILL) < 0 && errno != ESRCH)
+			sbx_log("kill(-%d): %s", (int)pid, strerror(errno));
+		close(control_fd);
+		return; /* the request spawns a driver instead */
+	}
+	take_driver(r, language, pid, control_fd, second);
+}
+
 /* Start the driver for `language`. Its base environment is the clean one of one-shot code; each
  * request's variables are applied by the driver. Its stdout/stderr are the current request's
  * FIFOs when one is starting, /dev/null otherwise: the driver installs each request's FIFOs
@@ -148,8 +181,7 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, bool for_request, 
 			size_t msg_size)
 {
 	char script[300];
-	int n = snprintf(script, sizeof(script), "%s/%s", r->driver_dir, driver_names[language]);
-	if (n < 0 || (size_t)n >= sizeof(script)) {
+	if (!sbx_repl_driver_path(r, language, script, sizeof(script))) {
 		snprintf(msg, msg_size, "driver path too long");
 		return -ENAMETOOLONG;
 	}
@@ -177,15 +209,8 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, bool for_request, 
 		goto out;
 	sbx_close_fd(&cin[0]);
 	sbx_close_fd(&cout[1]);
-	/* The agent's ends never block: a REPL that stops reading must not stall PID 1. */
-	fcntl(cin[1], F_SETFL, O_NONBLOCK);
-	fcntl(cout[0], F_SETFL, O_NONBLOCK);
-	r->pid = pid;
-	r->language = language;
-	r->control_w = cin[1];
-	r->control_r = cout[0];
+	take_driver(r, language, pid, cin[1], cout[0]);
 	cin[1] = cout[0] = -1;
-	r->line_len = 0;
 out:
 	sbx_env_free(envp);
 	sbx_close_fd(&out);

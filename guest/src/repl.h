@@ -1,7 +1,8 @@
 /* The session REPL: one long-lived interpreter per VM, driven by a small driver script
  * (/usr/lib/sbx/driver.{py,js,sh}) that keeps the user's state between SESSION_EXEC requests.
  *
- * The driver runs as uid 1000 in its own session, like one-shot code, with two extra fds:
+ * The driver runs as uid 1000 in its own session, like one-shot code, with two extra fds (one
+ * socket on fd 3 for both when a pre-started node became the driver, sbx_repl_adopt):
  *   fd 3  control in:  the agent writes one line per request, "<seq> <token> <dir>": <dir> holds
  *                      the root-owned files session-code (the code) and session-env
  *                      (NAME=VALUE\0...); <dir>/repl/<token>.out and .err are FIFOs made for this
@@ -37,7 +38,6 @@
 #include "request.h"
 #include "runner.h"
 
-#define SBX_REPL_DIR "/usr/lib/sbx"
 
 enum sbx_repl_phase {
 	SBX_REPL_IDLE,
@@ -77,6 +77,12 @@ struct sbx_repl {
 int sbx_repl_init(struct sbx_repl *r, const struct sbx_config *cfg, struct sbx_channel *ch);
 bool sbx_repl_busy(const struct sbx_repl *r);
 /* Start a request; on failure *code/msg describe the ERROR to send and nothing runs. */
+/* The path of the driver of `language` (false if it does not fit). */
+bool sbx_repl_driver_path(const struct sbx_repl *r, uint8_t language, char *buf, size_t size);
+/* Take a process that already runs the driver of `language` as this REPL (no REPL running):
+ * a pre-started interpreter handed over (sbx_runner_hand_over), whose one socket `control_fd`
+ * carries the request lines in and the completion lines out. */
+void sbx_repl_adopt(struct sbx_repl *r, uint8_t language, pid_t pid, int control_fd);
 int sbx_repl_start(struct sbx_repl *r, uint32_t id, const struct sbx_exec_request *req,
 		   uint32_t *code, char *msg, size_t msg_size);
 void sbx_repl_on_control(struct sbx_repl *r);

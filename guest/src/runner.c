@@ -25,9 +25,10 @@
 /* Reads per pipe in the final drain: bounds the work when a survivor keeps writing. */
 #define FINAL_DRAIN_READS 64
 
+/* Inline bootstraps (`-c CODE`); node's is a preload file beside the REPL drivers instead
+ * (`-r guest/repl/prestart.js`), so that node's own entry point runs the script after it. */
 static const char *const bootstraps[] = {
 	[SBX_LANG_PYTHON] = sbx_bootstrap_python,
-	[SBX_LANG_JAVASCRIPT] = sbx_bootstrap_javascript,
 	[SBX_LANG_RAW] = sbx_bootstrap_raw,
 };
 
@@ -170,6 +171,13 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		snprintf(msg, msg_size, "code path too long");
 		return -ENAMETOOLONG;
 	}
+	char preload[sizeof(r->cfg->driver_dir) + 16];
+	n = snprintf(preload, sizeof(preload), "%s/prestart.js",
+		     r->cfg->driver_dir[0] ? r->cfg->driver_dir : SBX_LIB_DIR);
+	if (n < 0 || (size_t)n >= sizeof(preload)) {
+		snprintf(msg, msg_size, "preload path too long");
+		return -ENAMETOOLONG;
+	}
 	/* The clean environment of a request without variables: only such requests use it. */
 	char **envp = NULL;
 	int rc = sbx_env_build(NULL, r->cfg->home_dir, &envp);
@@ -177,8 +185,8 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
 	}
-	/* go: a socket pair, fd 3 of the child. The bootstrap writes "r" once it waits for the go
-	 * (its interpreter has started), the agent writes "1" for the go. */
+	/* go: a socket pair, fd 3 of the child. The bootstrap writes its ready byte once it waits
+	 * for the go (its interpreter has started), the agent writes the go (runner.h). */
 	int out[2], err[2], go[2];
 	rc = sbx_output_pipes(out, err);
 	if (rc == 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) < 0) {
@@ -194,8 +202,9 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 		return rc;
 	}
 	struct sbx_spawn sp = sbx_user_spawn(r->cfg, language, script, envp, out[1], err[1]);
-	sp.inline_code = bootstraps[language];
-	sp.inline_flag = language == SBX_LANG_JAVASCRIPT ? "-e" : "-c";
+	bool node = language == SBX_LANG_JAVASCRIPT;
+	sp.inline_code = node ? preload : bootstraps[language];
+	sp.inline_flag = node ? "-r" : "-c";
 	sp.with_go = true;
 	sp.go_fd = go[0];
 	pid_t pid;
@@ -223,21 +232,57 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 	while (ready < 0 && errno == EINTR);
 	char c = 0;
 	ssize_t got = ready > 0 ? read(go[1], &c, 1) : 0;
-	if (got != 1 || c != 'r') {
+	if (got != 1 || (c != 'r' && c != 'n')) {
 		sbx_runner_discard_prestarted(r);
 		*code = SBX_ERR_SPAWN;
 		snprintf(msg, msg_size, "the pre-started interpreter did not get ready%s",
 			 ready == 0 ? " in time" : "");
 		return -EIO;
 	}
+	r->pre.refreshable = c == 'r';
 	return 0;
+}
+
+void sbx_runner_note_reseed(struct sbx_runner *r)
+{
+	if (r->pre.pid <= 0)
+		return;
+	if (r->pre.refreshable)
+		r->pre.reseeded = true;
+	else
+		sbx_runner_discard_prestarted(r);
+}
+
+pid_t sbx_runner_hand_over(struct sbx_runner *r, uint8_t language, const char *driver_path,
+			   int *control_fd)
+{
+	if (r->pre.pid <= 0 || r->pre.language != language || language != SBX_LANG_JAVASCRIPT)
+		return 0;
+	char go[320];
+	int n = snprintf(go, sizeof(go), "%c%s\n", r->pre.reseeded ? '4' : '3', driver_path);
+	if (n < 0 || (size_t)n >= sizeof(go) || strchr(driver_path, '\n') != NULL)
+		return 0;
+	ssize_t w;
+	do
+		w = write(r->pre.go_fd, go, (size_t)n);
+	while (w < 0 && errno == EINTR);
+	if (w != n) {
+		sbx_runner_discard_prestarted(r);
+		return 0;
+	}
+	/* Its stdout and stderr are /dev/null from now on (the bootstrap puts it there first), then
+	 * each request's FIFOs: the one-shot pipes are done with. */
+	pid_t pid = r->pre.pid;
+	*control_fd = TAKE_FD(r->pre.go_fd);
+	forget_prestarted(r);
+	return pid;
 }
 
 /* Hand the code to the pre-started interpreter: it is already running as the one-shot child. Its
  * go socket becomes *done_fd, where it reports the end of the code. */
 static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], int *done_fd, pid_t *pid)
 {
-	static const char go = '1';
+	const char go = r->pre.reseeded ? '2' : '1';
 	ssize_t w;
 	do
 		w = write(r->pre.go_fd, &go, 1);

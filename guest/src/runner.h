@@ -33,11 +33,19 @@ enum sbx_phase {
 /* A pre-started interpreter waiting for the go (see SBX_MSG_PRESTART); pid 0 when there is none.
  * After the go, its fd 3 stays open as the run's done_fd: the bootstrap reports there the end of
  * the code ("d" + exit status byte) right before it exits, so that the EXIT need not wait for the
- * interpreter's teardown, its reap and the sweep (tens of ms under TCG). */
+ * interpreter's teardown, its reap and the sweep (tens of ms under TCG).
+ *
+ * Randomness: a RESEED that comes while it waits (a template's, before its save: every clone then
+ * holds this process) leaves the process's own generators as they were. Its ready byte says what
+ * it can do about that: "r", it holds none a program can see before its code runs, or it can make
+ * them fresh when told (the go is then "2" instead of "1"); "n", it cannot, and the RESEED kills
+ * it, so that no two clones ever run code in processes with one generator state. */
 struct sbx_prestarted {
 	pid_t pid;
 	uint8_t language;
-	int go_fd; /* write end of its fd 3 */
+	bool refreshable; /* its ready byte was "r" */
+	bool reseeded;    /* a RESEED came after it started: its go is "2" */
+	int go_fd;        /* write end of its fd 3 */
 	int out_fd, err_fd;
 };
 
@@ -70,6 +78,16 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 			size_t msg_size);
 /* Kill the pre-started interpreter, if any (its death is then ignored by the reaper hooks). */
 void sbx_runner_discard_prestarted(struct sbx_runner *r);
+/* SESSION_EXEC with no REPL yet: the pre-started interpreter, if it is of `language` and its
+ * bootstrap can become the session's REPL driver (javascript: its start is the dear part of a
+ * session's start), is given that go ("3", or "4" after a RESEED, then the driver's path and a
+ * newline) and handed over: returns its pid and its fd 3 socket in *control_fd, the REPL's
+ * control in and out from then on (repl.h). 0 when there is none to hand over. */
+pid_t sbx_runner_hand_over(struct sbx_runner *r, uint8_t language, const char *driver_path,
+			   int *control_fd);
+/* A RESEED was done: the pre-started interpreter, if any, refreshes its generators at its go, or
+ * is killed if it cannot (struct sbx_prestarted). */
+void sbx_runner_note_reseed(struct sbx_runner *r);
 /* Event loop hooks. */
 void sbx_runner_on_child_exit(struct sbx_runner *r, pid_t pid, int status);
 void sbx_runner_on_timer(struct sbx_runner *r);

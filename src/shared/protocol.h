@@ -90,8 +90,9 @@ enum sbx_msg {
  * environment, stdin on /dev/null, output pipes) but on a small bootstrap that blocks until the
  * agent gives it the go; the PONG comes once the interpreter has started and waits. The next EXEC of the same language with no env variables then writes the
  * code file, gives the go and is served by that process: the interpreter's start-up is paid
- * before the request. Any other EXEC, a SESSION_EXEC or a new PRESTART kills it first. Sent to pooled
- * VMs, and to python snapshot templates before their save (docs/design.md). The bootstrap reports the
+ * before the request. A SESSION_EXEC with no REPL yet takes a waiting node as its REPL driver; any
+ * other EXEC, SESSION_EXEC or a new PRESTART kills it first. Sent to pooled VMs, and to python and
+ * javascript snapshot templates before their save (docs/design.md). The bootstrap reports the
  * code's end to the agent ("d" + status byte on its fd 3) before the interpreter's teardown: the
  * EXIT does not wait for that (docs/protocol.md, PRESTART). */
 

@@ -106,6 +106,9 @@ class Agent:
                    "--kill-child", "sh", "-c", BOOT_SCRIPT, "boot", self.work.name, AGENT, fd,
                    *extra]
         else:
+            # The drivers' directory holds node's pre-start preload too (guest/repl/prestart.js).
+            if "--driver-dir" not in extra:
+                extra = ("--driver-dir", DRIVERS, *extra)
             cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds],
                                      stdout=subprocess.PIPE, stderr=sys.stderr)
@@ -693,10 +696,11 @@ def test_prestarted_process_is_not_used_for_env_or_other_languages(a: Agent) -> 
 
 def test_prestarted_javascript(a: Agent) -> None:
     prestart(a, 45, JAVASCRIPT)
+    # execArgv as in a script run: child_process.fork() gives it to the child.
     r = a.run(46, "console.log(process.argv.length, require.main === module,"
-                  " typeof require('fs').readFileSync, __filename.endsWith('/main.js'));"
-                  " process.exit(4)", language=JAVASCRIPT)
-    assert (r["stdout"], r["stderr"], r["exit"]) == (b"2 true function true\n", b"", 4), r
+                  " typeof require('fs').readFileSync, __filename.endsWith('/main.js'),"
+                  " JSON.stringify(process.execArgv)); process.exit(4)", language=JAVASCRIPT)
+    assert (r["stdout"], r["stderr"], r["exit"]) == (b"2 true function true []\n", b"", 4), r
 
 
 def test_prestarted_python_reports_its_end_before_the_teardown(a: Agent) -> None:
@@ -886,6 +890,43 @@ raise SystemExit(3)
 """
 
 
+FORGE_JS = """
+const fs = require('fs');
+// fds 3 and 4 only (the driver's control fds when spawned; the socket on 3 when adopted):
+// writing into libuv's own fds would only crash this REPL.
+for (const fd of [3, 4]) {
+  for (const line of ['0\\n', ...Array.from({length: 64}, (_, seq) => `${seq} 0\\n`), 'zz']) {
+    try { fs.writeSync(fd, line); } catch (e) { /* not writable */ }
+  }
+}
+await new Promise((resolve) => setTimeout(resolve, 300));
+console.log('late');
+process.exit(3);
+"""
+
+
+def test_session_adopts_the_prestarted_node() -> None:
+    # A waiting node becomes the session's REPL driver (repl.h, sbx_repl_adopt): the code runs in
+    # that process (argv[1] "-r": the pre-start preload) as in a driver started for it (no hooks of the
+    # bootstrap left, the driver's argv), state persists, and the one control socket, which its
+    # code can write to, ends no request with a forged completion line.
+    a = session_agent()
+    try:
+        prestart(a, 1, JAVASCRIPT)
+        who = ("console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1').split('\\0')[1],"
+               " process.argv[1].endsWith('/driver.js'),"
+               " process.listenerCount('uncaughtExceptionMonitor'),"
+               " Symbol.for('sbx.control-out') in process);")
+        r = session_run(a, 2, "let kept = 41;\n" + who, language=JAVASCRIPT, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"], r["stderr"]) == (0, b"-r true 0 false\n", b""), r
+        r = session_run(a, 3, FORGE_JS, language=JAVASCRIPT, timeout_ms=30_000)
+        assert (r["exit"], r["stdout"]) == (3, b"late\n"), r
+        r = session_run(a, 4, "console.log(kept + 1); process.exit(5)", language=JAVASCRIPT)
+        assert (r["exit"], r["stdout"], r["stderr"]) == (5, b"42\n", b""), r
+    finally:
+        assert a.close() == 0
+
+
 def test_session_forged_completion_neither_ends_nor_shifts_results() -> None:
     # The code writes well-formed completion lines for every plausible request number to every
     # fd it has: its exec still ends with its own status and output, and the next is clean.
@@ -1023,6 +1064,7 @@ def main() -> int:
     for fn in (test_session_state_survives_errors_and_timeout_resets_it,
                test_session_output_limit_interrupts_but_keeps_state,
                test_session_forged_completion_neither_ends_nor_shifts_results,
+               test_session_adopts_the_prestarted_node,
                test_session_background_output_never_reaches_a_later_result,
                test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
                test_files_write_read_list_and_refusals):

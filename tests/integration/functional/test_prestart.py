@@ -16,10 +16,13 @@ from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
 
-# argv[1] of the process that ran the code: "-c"/"-e" only for the pre-started interpreter
-# (`python3 -c <bootstrap> /run/sbx/main.py`); a cold run is `python3 /run/sbx/main.py`.
+# argv[1] of the process that ran the code: "-c"/"-r" only for the pre-started interpreter
+# (`python3 -c <bootstrap> /run/sbx/main.py`, `node -r <preload> /run/sbx/main.js`); a cold run
+# is `python3 /run/sbx/main.py`. (A node started from the startup snapshot has its two options
+# first: WHO_JS looks for the preload's.)
 WHO_PY = "print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode())\n"
-WHO_JS = "console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1').split('\\0')[1]);"
+WHO_JS = ("console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1').split('\\0')"
+          ".includes('-r') ? '-r' : 'script');")
 
 
 @pytest.fixture
@@ -73,7 +76,7 @@ async def test_pool_hits_run_in_the_prestarted_interpreter_like_a_cold_run(
                            " require.main === module, process.argv[1]); process.exit(4)",
                            language="javascript")
         assert (r.stdout, r.stderr, r.exit_code) == (
-            "-e\nfunction true /run/sbx/main.js\n", "", 4), r
+            "-r\nfunction true /run/sbx/main.js\n", "", 4), r
         r = await pool_hit(sched, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; echo \"$0\";"
                            " echo ${BASH_EXECUTION_STRING-unset}; set | grep -c ^_sbx; exit 5",
                            language="raw")

@@ -45,3 +45,28 @@ async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: Non
         assert abs(guest_now - time.time()) < 30
     finally:
         vm.close()
+
+
+async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_generators(
+        images_ready: None) -> None:  # fmt: skip
+    """A RESEED while a pre-started interpreter waits (a template's, before its save): bash, whose
+    $RANDOM was seeded at its start, is killed, and the next run gets a fresh one; python, which
+    has nothing to refresh, stays and runs the code (runner.h, struct sbx_prestarted)."""
+    spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
+                  accel=host.accelerator(), memory_mb=192,
+                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
+    vm = await GuestVm.boot(spec, boot_timeout=60)
+    try:
+        who = b"head -c 8 /proc/$$/cmdline | tr '\\0' ' '"
+        assert await vm.prestart("raw")
+        assert (await vm.execute(_raw(who))).stdout == "bash -c "  # served by the waiting one
+        assert await vm.prestart("raw")
+        await vm.reseed()
+        assert (await vm.execute(_raw(who))).stdout == "bash /ru"  # a fresh bash
+        assert await vm.prestart("python")
+        await vm.reseed()
+        argv1 = b"print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode())"
+        r = await vm.execute(ExecRequest("python", argv1, 10_000, [], 4096, 4096))
+        assert (r.stdout, r.exit_code) == ("-c\n", 0), r
+    finally:
+        vm.close()
