@@ -9,14 +9,16 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .._vm import NetRing
-from ..models import ExposedPort
+from .._vm import NetClosedEvent, NetConnectedEvent, NetOpenEvent, NetRelayEndEvent, NetRing
+from ..models import ExposedPort, NetworkConnection
 from . import policy as p
-from ..models import NetworkConnection
 from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
+
+if TYPE_CHECKING:
+    from .._vm import NetEvent
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class NetworkHub:
             log.error("network relay: %s", exc)
             return
         for event in events:
-            net = self._vms.get(event[1])
+            net = self._vms.get(event.relay)
             if net is not None:
                 net._on_event(event)
 
@@ -129,40 +131,37 @@ class VmNetwork:
 
     # --- events from the relay ---
 
-    def _on_event(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "open":
-            _, _relay, stream, name, port = event
-            rec = PendingConnection("outbound", name, port)
-            self._pending[stream] = rec
-            task = asyncio.get_running_loop().create_task(self._decide(stream, rec))
+    def _on_event(self, event: NetEvent) -> None:
+        if isinstance(event, NetOpenEvent):
+            rec = PendingConnection("outbound", event.name, event.port)
+            self._pending[event.stream] = rec
+            task = asyncio.get_running_loop().create_task(self._decide(event.stream, rec))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        elif kind == "connected":
-            _, _relay, stream, status = event
-            waiting = self._pending.get(stream)
+        elif isinstance(event, NetConnectedEvent):
+            waiting = self._pending.get(event.stream)
             if waiting is None:
                 return
-            if status == p.OK:
+            if event.status == p.OK:
                 waiting.allowed = True
             else:
-                waiting.reason = f"nothing accepted the connection in the guest (status {status})"
-                self._log.append(self._pending.pop(stream).finish())
-        elif kind == "closed":
-            _, _relay, stream, to_guest, from_guest, reset = event
-            ended = self._pending.pop(stream, None)
+                waiting.reason = ("nothing accepted the connection in the guest "
+                                  f"(status {event.status})")  # fmt: skip
+                self._log.append(self._pending.pop(event.stream).finish())
+        elif isinstance(event, NetClosedEvent):
+            ended = self._pending.pop(event.stream, None)
             if ended is None:
                 return
-            ended.bytes_received = int(to_guest)
-            ended.bytes_sent = int(from_guest)
+            ended.bytes_received = event.bytes_to_guest
+            ended.bytes_sent = event.bytes_from_guest
             if not ended.allowed and not ended.reason:
                 ended.reason = "closed by the guest before the host decided"
-            elif reset and not ended.reason:
+            elif event.reset and not ended.reason:
                 ended.reason = "reset"
             self._log.append(ended.finish())
-        elif kind == "violation":
-            log.warning("VM network protocol violation: %s", event[2])
-            self._on_violation(str(event[2]))
+        elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
+            log.warning("VM network protocol violation: %s", event.reason)
+            self._on_violation(event.reason)
         # "port_closed": the VM is going away; its close() tidies up.
 
     async def _decide(self, stream: int, rec: PendingConnection) -> None:
