@@ -96,6 +96,10 @@ static PyStructSequence_Field closed_fields[] = {
 	{"bytes_to_guest", "bytes the host's socket gave the guest"},
 	{"bytes_from_guest", "bytes the guest gave the host's socket"},
 	{"reset", "bool: it ended in a reset or error, not a clean close"}, {NULL, NULL}};
+static PyStructSequence_Field refused_fields[] = {
+	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
+	{"name", "the name the guest wanted (str)"}, {"port", "the port it wanted"},
+	{"status", "the refusal the relay answered (TOO_MANY)"}, {NULL, NULL}};
 static PyStructSequence_Field relay_end_fields[] = {
 	KIND_FIELD, RELAY_FIELD, {"reason", "why the relay is dead (str)"}, {NULL, NULL}};
 
@@ -113,6 +117,10 @@ static PyStructSequence_Desc net_event_descs[SBX_PY_NET_EVENT_TYPES] = {
 					"The relay is dead: 'violation' (kill the VM) or "
 					"'port_closed'.",
 					relay_end_fields, 3},
+	[SBX_PY_NET_REFUSED_EVENT] = {"exec_sandbox._execsbx.NetRefusedEvent",
+				      "An OPEN the relay refused itself ('refused'): already "
+				      "answered, for the log only.",
+				      refused_fields, 6},
 };
 
 static PyObject *net_event_value(const sbx_module_state *st, const struct sbx_net_event *ev)
@@ -137,6 +145,13 @@ static PyObject *net_event_value(const sbx_module_state *st, const struct sbx_ne
 				     PyLong_FromUnsignedLongLong(ev->bytes_from_guest),
 				     PyBool_FromLong(ev->status != 0)};
 		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_CLOSED_EVENT], 6, items);
+	}
+	case SBX_NET_EV_REFUSED: {
+		PyObject *items[] = {PyUnicode_FromString("refused"), relay, stream,
+				     PyUnicode_FromString(ev->text),
+				     PyLong_FromUnsignedLong(ev->port),
+				     PyLong_FromUnsignedLong(ev->status)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_REFUSED_EVENT], 6, items);
 	}
 	case SBX_NET_EV_VIOLATION:
 	case SBX_NET_EV_PORT_CLOSED: {
@@ -314,7 +329,7 @@ static PyMethodDef net_ring_methods[] = {
 	 "fileno() -> int: the eventfd, readable when completions wait: call run() then"},
 	{"run", (PyCFunction)net_ring_run, METH_NOARGS,
 	 "run() -> list[NetEvent]: handle every completion; the events that resulted:\n"
-	 "NetOpenEvent, NetConnectedEvent, NetClosedEvent, NetRelayEndEvent"},
+	 "NetOpenEvent, NetConnectedEvent, NetClosedEvent, NetRefusedEvent, NetRelayEndEvent"},
 	{"add_relay", (PyCFunction)net_ring_add_relay, METH_O,
 	 "add_relay(port_fd) -> int: relay a VM's network port (the fd is duplicated)"},
 	{"close_relay", (PyCFunction)net_ring_close_relay, METH_O,

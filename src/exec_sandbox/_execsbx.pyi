@@ -271,6 +271,21 @@ class NetClosedEvent(tuple[str, int, int, int, int, bool]):
     def reset(self) -> bool: ...
 
 @final
+class NetRefusedEvent(tuple[str, int, int, str, int, int]):
+    @property
+    def kind(self) -> Literal["refused"]: ...
+    @property
+    def relay(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def status(self) -> int: ...
+
+@final
 class NetRelayEndEvent(tuple[str, int, str]):
     @property
     def kind(self) -> Literal["violation", "port_closed"]: ...
@@ -279,7 +294,9 @@ class NetRelayEndEvent(tuple[str, int, str]):
     @property
     def reason(self) -> str: ...
 
-NetEvent: TypeAlias = NetOpenEvent | NetConnectedEvent | NetClosedEvent | NetRelayEndEvent
+NetEvent: TypeAlias = (
+    NetOpenEvent | NetConnectedEvent | NetClosedEvent | NetRefusedEvent | NetRelayEndEvent
+)
 
 class NetRing:
     """One io_uring relaying the network streams of many VMs (net_relay.h)."""

@@ -65,6 +65,7 @@ NetRing = _execsbx.NetRing
 from ._execsbx import NetClosedEvent as NetClosedEvent  # noqa: E402
 from ._execsbx import NetConnectedEvent as NetConnectedEvent  # noqa: E402
 from ._execsbx import NetOpenEvent as NetOpenEvent  # noqa: E402
+from ._execsbx import NetRefusedEvent as NetRefusedEvent  # noqa: E402
 from ._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._vm import NetClosedEvent, NetConnectedEvent, NetOpenEvent, NetRelayEndEvent, NetRing
+from .._vm import (NetClosedEvent, NetConnectedEvent, NetOpenEvent, NetRefusedEvent,
+                   NetRelayEndEvent, NetRing)  # fmt: skip
 from ..models import ExposedPort, NetworkConnection
 from . import policy as p
 from .audit import PendingConnection
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from .._vm import NetEvent
 
 log = logging.getLogger(__name__)
+
+# Inbound (the host cannot open one more stream) and outbound (the relay refused the guest's OPEN
+# with TOO_MANY) alike: streams of both directions share the per-VM table (net_protocol.h).
+TOO_MANY_REASON = "the VM has the most streams open (both directions together)"
 
 
 class NetworkHub:
@@ -123,7 +128,7 @@ class VmNetwork:
                 try:
                     stream = self.hub._ring.connect(self.relay, guest_port, conn)
                 except OSError as exc:
-                    rec.reason = ("the VM has the most streams open" if exc.errno == errno.EBUSY
+                    rec.reason = (TOO_MANY_REASON if exc.errno == errno.EBUSY
                                   else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
                     self._log.append(rec.finish())
                     continue
@@ -159,6 +164,13 @@ class VmNetwork:
             elif event.reset and not ended.reason:
                 ended.reason = "reset"
             self._log.append(ended.finish())
+        elif isinstance(event, NetRefusedEvent):
+            # The relay answered this OPEN itself (the table was full): nothing to decide, but
+            # it was a connection attempt all the same, and the log holds every attempt.
+            refused = PendingConnection("outbound", event.name, event.port)
+            refused.reason = (TOO_MANY_REASON if event.status == p.TOO_MANY
+                              else f"refused by the relay (status {event.status})")  # fmt: skip
+            self._log.append(refused.finish())
         elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
             log.warning("VM network protocol violation: %s", event.reason)
             self._on_violation(event.reason)
