@@ -95,9 +95,6 @@ class VmNetwork:
         return [*self._log,
                 *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed)]  # fmt: skip
 
-    def take_log_since(self, index: int) -> list[NetworkConnection]:
-        return self.log[index:]
-
     def inject_from_guest(self, data: bytes) -> None:
         """TESTS ONLY: handle data as if the guest had written it on its port (a lying guest:
         user code cannot open the port itself). At most one maximal frame per call."""
