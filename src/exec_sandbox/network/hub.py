@@ -125,9 +125,8 @@ class VmNetwork:
                 try:
                     stream = self.hub._ring.connect(self.relay, guest_port, conn)
                 except OSError as exc:
-                    rec.reason = (TOO_MANY_REASON if exc.errno == errno.EBUSY
-                                  else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
-                    self._log.append(rec.finish())
+                    self._log_refused(rec, TOO_MANY_REASON if exc.errno == errno.EBUSY
+                                      else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
                     continue
             self._pending[stream] = rec
 
@@ -147,9 +146,9 @@ class VmNetwork:
             if event.status == p.OK:
                 waiting.allowed = True
             else:
-                waiting.reason = ("nothing accepted the connection in the guest "
+                del self._pending[event.stream]
+                self._log_refused(waiting, "nothing accepted the connection in the guest "
                                   f"(status {event.status})")  # fmt: skip
-                self._log.append(self._pending.pop(event.stream).finish())
         elif isinstance(event, NetClosedEvent):
             ended = self._pending.pop(event.stream, None)
             if ended is None:
@@ -164,14 +163,18 @@ class VmNetwork:
         elif isinstance(event, NetRefusedEvent):
             # The relay answered this OPEN itself (the table was full): nothing to decide, but
             # it was a connection attempt all the same, and the log holds every attempt.
-            refused = PendingConnection("outbound", event.name, event.port)
-            refused.reason = (TOO_MANY_REASON if event.status == p.TOO_MANY
+            self._log_refused(PendingConnection("outbound", event.name, event.port),
+                              TOO_MANY_REASON if event.status == p.TOO_MANY
                               else f"refused by the relay (status {event.status})")  # fmt: skip
-            self._log.append(refused.finish())
         elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
             log.warning("VM network protocol violation: %s", event.reason)
             self._on_violation(event.reason)
         # "port_closed": the VM is going away; its close() tidies up.
+
+    def _log_refused(self, rec: PendingConnection, reason: str) -> None:
+        """Log an attempt that ends without carrying a byte (refused or turned away)."""
+        rec.reason = reason
+        self._log.append(rec.finish())
 
     async def _decide(self, stream: int, rec: PendingConnection) -> None:
         ring = self.hub._ring
@@ -183,10 +186,9 @@ class VmNetwork:
             rec.addresses = tuple(a for a, _ in targets)
             sock = await p.connect(targets, rec.name)
         except Refused as refused:
-            rec.reason = refused.reason
             rec.addresses = refused.addresses or rec.addresses
             if self._pending.pop(stream, None) is rec:
-                self._log.append(rec.finish())
+                self._log_refused(rec, refused.reason)
                 if not self._closed:
                     ring.open_reply(self.relay, stream, refused.status, refused.reason[:256])
             return
