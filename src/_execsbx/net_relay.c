@@ -430,6 +430,19 @@ static void on_send(struct stream *s, int res)
 
 /* ---- frames from the guest ---- */
 
+/* An event about the OPEN frame f: its name and port (the decoder bounded the name's length). */
+static void push_open_event(struct relay *rl, enum sbx_net_event_kind kind,
+			    const struct sbx_net_frame *f, uint32_t status)
+{
+	struct sbx_net_event *ev = push_event(rl->ring, kind, rl->id, f->stream);
+	if (ev) {
+		ev->port = f->value;
+		ev->status = status;
+		memcpy(ev->text, f->data, f->len);
+		ev->text[f->len] = '\0';
+	}
+}
+
 static void on_open(struct relay *rl, const struct sbx_net_frame *f)
 {
 	if (find_stream(rl, f->stream)) {
@@ -445,18 +458,15 @@ static void on_open(struct relay *rl, const struct sbx_net_frame *f)
 		remember(rl, f->stream);
 		if (queue_opened(rl, f->stream, SBX_NET_TOO_MANY, why, sizeof(why) - 1) == 0)
 			flush_port(rl);
+		/* A connection attempt all the same: Python logs it (the audit log misses none). */
+		push_open_event(rl, SBX_NET_EV_REFUSED, f, SBX_NET_TOO_MANY);
 		return;
 	}
 	if (!new_stream(rl, f->stream, S_OPENING, -1)) {
 		relay_fail(rl, SBX_NET_EV_VIOLATION, "out of memory");
 		return;
 	}
-	struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_OPEN, rl->id, f->stream);
-	if (ev) {
-		ev->port = f->value;
-		memcpy(ev->text, f->data, f->len);
-		ev->text[f->len] = '\0';
-	}
+	push_open_event(rl, SBX_NET_EV_OPEN, f, SBX_NET_OK);
 }
 
 static void on_data(struct relay *rl, struct stream *s, const struct sbx_net_frame *f)

@@ -6,8 +6,9 @@
  * socket it has already connected (sbx_net_open_reply) or accepted (sbx_net_connect). When the
  * eventfd is readable it calls sbx_net_ring_run and takes the resulting events out with
  * sbx_net_ring_next_event: OPEN (the guest wants name:port), CONNECTED (the guest answered a
- * CONNECT), CLOSED (a stream ended, with its byte counts), VIOLATION (the guest broke the
- * protocol; its relay is dead and Python kills the VM) and PORT_CLOSED (the VM's end went away).
+ * CONNECT), CLOSED (a stream ended, with its byte counts), REFUSED (an OPEN the relay answered
+ * itself, for the connection log), VIOLATION (the guest broke the protocol; its relay is dead and
+ * Python kills the VM) and PORT_CLOSED (the VM's end went away).
  * DATA, CREDIT, SHUTDOWN and CLOSE never reach Python.
  *
  * Memory per relay is bounded: at most SBX_NET_STREAMS_MAX streams, each with one receive buffer
@@ -34,17 +35,20 @@ enum sbx_net_event_kind {
 	SBX_NET_EV_CLOSED = 3,      /* stream, bytes_to_guest, bytes_from_guest, reset */
 	SBX_NET_EV_VIOLATION = 4,   /* reason: the relay is dead, kill the VM */
 	SBX_NET_EV_PORT_CLOSED = 5, /* the port reached end of file or failed: the relay is dead */
+	SBX_NET_EV_REFUSED = 6,     /* stream, port, name, status: an OPEN the relay refused itself
+				     * (SBX_NET_TOO_MANY: host streams fill the table); already
+				     * answered, the stream never existed: for the log only */
 };
 
 struct sbx_net_event {
 	enum sbx_net_event_kind kind;
 	uint32_t relay;
 	uint32_t stream;
-	uint32_t port;   /* OPEN */
-	uint32_t status; /* CONNECTED: enum sbx_net_status; CLOSED: 1 if reset, 0 if done */
+	uint32_t port;   /* OPEN, REFUSED */
+	uint32_t status; /* CONNECTED, REFUSED: enum sbx_net_status; CLOSED: 1 if reset, 0 if done */
 	uint64_t bytes_to_guest;
 	uint64_t bytes_from_guest;
-	char text[SBX_NET_NAME_MAX + 1]; /* OPEN: the name; VIOLATION: why (NUL-terminated) */
+	char text[SBX_NET_NAME_MAX + 1]; /* OPEN, REFUSED: the name; VIOLATION: why (NUL-terminated) */
 };
 
 struct sbx_net_ring;

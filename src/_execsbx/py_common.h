@@ -30,13 +30,57 @@ enum sbx_py_event_type {
 	SBX_PY_EVENT_TYPES
 };
 
+/* The struct sequence types NetRing.run() returns (py_net_ring.c). */
+enum sbx_py_net_event_type {
+	SBX_PY_NET_OPEN_EVENT,
+	SBX_PY_NET_CONNECTED_EVENT,
+	SBX_PY_NET_CLOSED_EVENT,
+	SBX_PY_NET_RELAY_END_EVENT,
+	SBX_PY_NET_REFUSED_EVENT,
+	SBX_PY_NET_EVENT_TYPES
+};
+
 /* Per-module state (multi-phase init: no static PyObject*), owned by py_module.c. */
 typedef struct {
 	PyTypeObject *vm_type;
 	PyTypeObject *net_ring_type; /* py_net_ring.c */
 	PyObject *protocol_error; /* exec_sandbox._execsbx.ProtocolError, a subclass of OSError */
 	PyTypeObject *event_types[SBX_PY_EVENT_TYPES];
+	PyTypeObject *net_event_types[SBX_PY_NET_EVENT_TYPES];
 } sbx_module_state;
+
+/* Create n struct sequence types from descs into types[] and add them to the module. 0 or -1. */
+static inline int sbx_py_add_struct_types(PyObject *module, PyStructSequence_Desc *descs, int n,
+					  PyTypeObject **types)
+{
+	for (int i = 0; i < n; i++) {
+		types[i] = PyStructSequence_NewType(&descs[i]);
+		if (!types[i] || PyModule_AddType(module, types[i]) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* A new instance of the struct sequence type from its n fields, new references that are stolen
+ * (NULL if any is NULL: an exception is set then, and the others are dropped). */
+static inline PyObject *sbx_py_struct_new(PyTypeObject *type, int n, PyObject *items[])
+{
+	PyObject *o = NULL;
+	for (int i = 0; i < n; i++)
+		if (!items[i])
+			goto out;
+	o = PyStructSequence_New(type);
+	if (!o)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		PyStructSequence_SetItem(o, i, items[i]);
+		items[i] = NULL;
+	}
+out:
+	for (int i = 0; i < n; i++)
+		Py_XDECREF(items[i]);
+	return o;
+}
 
 /* Append a new reference to list, dropping it; -1 (exception set) if item is NULL or the
  * append fails. */

@@ -65,33 +65,14 @@ static PyStructSequence_Desc event_descs[SBX_PY_EVENT_TYPES] = {
 
 int sbx_py_event_types_add(PyObject *module, sbx_module_state *st)
 {
-	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++) {
-		st->event_types[i] = PyStructSequence_NewType(&event_descs[i]);
-		if (!st->event_types[i] || PyModule_AddType(module, st->event_types[i]) < 0)
-			return -1;
-	}
-	return 0;
+	return sbx_py_add_struct_types(module, event_descs, SBX_PY_EVENT_TYPES, st->event_types);
 }
 
 /* A new instance of type t from n new references (stolen; NULL if any is NULL). */
 static PyObject *make(const sbx_module_state *st, enum sbx_py_event_type t, int n,
 		      PyObject *items[])
 {
-	PyObject *o = NULL;
-	for (int i = 0; i < n; i++)
-		if (!items[i])
-			goto out;
-	o = PyStructSequence_New(st->event_types[t]);
-	if (!o)
-		goto out;
-	for (int i = 0; i < n; i++) {
-		PyStructSequence_SetItem(o, i, items[i]);
-		items[i] = NULL;
-	}
-out:
-	for (int i = 0; i < n; i++)
-		Py_XDECREF(items[i]);
-	return o;
+	return sbx_py_struct_new(st->event_types[t], n, items);
 }
 
 static PyObject *decode_text(const struct sbx_event *ev)

@@ -175,6 +175,8 @@ static int module_traverse(PyObject *m, visitproc visit, void *arg)
 	Py_VISIT(st->protocol_error);
 	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
 		Py_VISIT(st->event_types[i]);
+	for (int i = 0; i < SBX_PY_NET_EVENT_TYPES; i++)
+		Py_VISIT(st->net_event_types[i]);
 	return 0;
 }
 
@@ -186,6 +188,8 @@ static int module_clear(PyObject *m)
 	Py_CLEAR(st->protocol_error);
 	for (int i = 0; i < SBX_PY_EVENT_TYPES; i++)
 		Py_CLEAR(st->event_types[i]);
+	for (int i = 0; i < SBX_PY_NET_EVENT_TYPES; i++)
+		Py_CLEAR(st->net_event_types[i]);
 	return 0;
 }
 

@@ -1,11 +1,12 @@
 /* exec_sandbox._execsbx.NetRing: the Python face of net_relay.h (one per Scheduler). Thin: each
- * method makes one relay call and returns primitives; the policy and the event loop stay in
- * Python (exec_sandbox/network/). File descriptors passed in are duplicated, so the caller keeps
- * and closes its own. */
+ * method makes one relay call and returns primitives, or run() typed events; the policy and the
+ * event loop stay in Python (exec_sandbox/network/). File descriptors passed in are duplicated,
+ * so the caller keeps and closes its own. */
 #include "py_net_ring.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "net_relay.h"
@@ -77,24 +78,97 @@ static PyObject *net_ring_fileno(NetRingObject *self, PyObject *unused)
 	return PyLong_FromLong(sbx_net_ring_fd(self->ring));
 }
 
-static PyObject *event_tuple(const struct sbx_net_event *ev)
+/* NetRing.run() values: struct sequences, like Vm.read_events()'s (py_events.c). kind, relay and
+ * (but RelayEndEvent) stream come first in the positions of the tuples they replaced. */
+#define KIND_FIELD {"kind", "what happened: 'open', 'connected', 'closed', ..."}
+#define RELAY_FIELD {"relay", "the relay (VM) it is about: add_relay()'s id"}
+#define STREAM_FIELD {"stream", "the stream's id on that relay"}
+
+static PyStructSequence_Field open_fields[] = {
+	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
+	{"name", "the name the guest wants (str, lowercase ASCII; not checked yet)"},
+	{"port", "the port it wants"}, {NULL, NULL}};
+static PyStructSequence_Field connected_fields[] = {
+	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
+	{"status", "the guest's answer to connect(): 0 (OK) or a refusal status"}, {NULL, NULL}};
+static PyStructSequence_Field closed_fields[] = {
+	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
+	{"bytes_to_guest", "bytes the host's socket gave the guest"},
+	{"bytes_from_guest", "bytes the guest gave the host's socket"},
+	{"reset", "bool: it ended in a reset or error, not a clean close"}, {NULL, NULL}};
+static PyStructSequence_Field refused_fields[] = {
+	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
+	{"name", "the name the guest wanted (str)"}, {"port", "the port it wanted"},
+	{"status", "the refusal the relay answered (TOO_MANY)"}, {NULL, NULL}};
+static PyStructSequence_Field relay_end_fields[] = {
+	KIND_FIELD, RELAY_FIELD, {"reason", "why the relay is dead (str)"}, {NULL, NULL}};
+
+static PyStructSequence_Desc net_event_descs[SBX_PY_NET_EVENT_TYPES] = {
+	[SBX_PY_NET_OPEN_EVENT] = {"exec_sandbox._execsbx.NetOpenEvent",
+				   "The guest wants a connection ('open'): answer with open_reply().",
+				   open_fields, 5},
+	[SBX_PY_NET_CONNECTED_EVENT] = {"exec_sandbox._execsbx.NetConnectedEvent",
+					"The guest answered connect() ('connected').",
+					connected_fields, 4},
+	[SBX_PY_NET_CLOSED_EVENT] = {"exec_sandbox._execsbx.NetClosedEvent",
+				     "A stream ended ('closed'), with what it carried.", closed_fields,
+				     6},
+	[SBX_PY_NET_RELAY_END_EVENT] = {"exec_sandbox._execsbx.NetRelayEndEvent",
+					"The relay is dead: 'violation' (kill the VM) or "
+					"'port_closed'.",
+					relay_end_fields, 3},
+	[SBX_PY_NET_REFUSED_EVENT] = {"exec_sandbox._execsbx.NetRefusedEvent",
+				      "An OPEN the relay refused itself ('refused'): already "
+				      "answered, for the log only.",
+				      refused_fields, 6},
+};
+
+static PyObject *net_event_value(const sbx_module_state *st, const struct sbx_net_event *ev)
 {
+	PyObject *relay = PyLong_FromUnsignedLong(ev->relay);
+	PyObject *stream = PyLong_FromUnsignedLong(ev->stream);
 	switch (ev->kind) {
-	case SBX_NET_EV_OPEN:
-		return Py_BuildValue("(sIIsI)", "open", ev->relay, ev->stream, ev->text, ev->port);
-	case SBX_NET_EV_CONNECTED:
-		return Py_BuildValue("(sIII)", "connected", ev->relay, ev->stream, ev->status);
-	case SBX_NET_EV_CLOSED:
-		return Py_BuildValue("(sIIKKO)", "closed", ev->relay, ev->stream,
-				     (unsigned long long)ev->bytes_to_guest,
-				     (unsigned long long)ev->bytes_from_guest,
-				     ev->status ? Py_True : Py_False);
-	case SBX_NET_EV_VIOLATION:
-		return Py_BuildValue("(sIs)", "violation", ev->relay, ev->text);
-	case SBX_NET_EV_PORT_CLOSED:
-		return Py_BuildValue("(sIs)", "port_closed", ev->relay, ev->text);
+	case SBX_NET_EV_OPEN: {
+		PyObject *items[] = {PyUnicode_FromString("open"), relay, stream,
+				     PyUnicode_FromString(ev->text),
+				     PyLong_FromUnsignedLong(ev->port)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_OPEN_EVENT], 5, items);
 	}
-	return Py_BuildValue("(sI)", "unknown", ev->relay);
+	case SBX_NET_EV_CONNECTED: {
+		PyObject *items[] = {PyUnicode_FromString("connected"), relay, stream,
+				     PyLong_FromUnsignedLong(ev->status)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_CONNECTED_EVENT], 4, items);
+	}
+	case SBX_NET_EV_CLOSED: {
+		PyObject *items[] = {PyUnicode_FromString("closed"), relay, stream,
+				     PyLong_FromUnsignedLongLong(ev->bytes_to_guest),
+				     PyLong_FromUnsignedLongLong(ev->bytes_from_guest),
+				     PyBool_FromLong(ev->status != 0)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_CLOSED_EVENT], 6, items);
+	}
+	case SBX_NET_EV_REFUSED: {
+		PyObject *items[] = {PyUnicode_FromString("refused"), relay, stream,
+				     PyUnicode_FromString(ev->text),
+				     PyLong_FromUnsignedLong(ev->port),
+				     PyLong_FromUnsignedLong(ev->status)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_REFUSED_EVENT], 6, items);
+	}
+	case SBX_NET_EV_VIOLATION:
+	case SBX_NET_EV_PORT_CLOSED: {
+		Py_XDECREF(stream);
+		const char *kind = ev->kind == SBX_NET_EV_VIOLATION ? "violation" : "port_closed";
+		/* "replace": the reason may quote guest bytes (it never should; the log must not
+		 * fail on it). */
+		PyObject *items[] = {PyUnicode_FromString(kind), relay,
+				     PyUnicode_DecodeUTF8(ev->text, (Py_ssize_t)strlen(ev->text),
+							  "replace")};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_RELAY_END_EVENT], 3, items);
+	}
+	}
+	Py_XDECREF(relay);
+	Py_XDECREF(stream);
+	PyErr_SetString(PyExc_SystemError, "unknown network event kind");
+	return NULL;
 }
 
 static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
@@ -102,19 +176,19 @@ static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
 	(void)unused;
 	if (check_open(self) < 0)
 		return NULL;
+	const sbx_module_state *st = PyType_GetModuleState(Py_TYPE(self));
+	if (!st)
+		return NULL;
 	int rc = sbx_net_ring_run(self->ring);
 	PyObject *list = PyList_New(0);
 	if (!list)
 		return NULL;
 	struct sbx_net_event ev;
 	while (sbx_net_ring_next_event(self->ring, &ev) == 1) {
-		PyObject *t = event_tuple(&ev);
-		if (!t || PyList_Append(list, t) < 0) {
-			Py_XDECREF(t);
+		if (sbx_py_append_new(list, net_event_value(st, &ev)) < 0) {
 			Py_DECREF(list);
 			return NULL;
 		}
-		Py_DECREF(t);
 	}
 	if (rc < 0) {
 		Py_DECREF(list);
@@ -254,10 +328,8 @@ static PyMethodDef net_ring_methods[] = {
 	{"fileno", (PyCFunction)net_ring_fileno, METH_NOARGS,
 	 "fileno() -> int: the eventfd, readable when completions wait: call run() then"},
 	{"run", (PyCFunction)net_ring_run, METH_NOARGS,
-	 "run() -> list[tuple]: handle every completion; the events that resulted:\n"
-	 "('open', relay, stream, name, port), ('connected', relay, stream, status),\n"
-	 "('closed', relay, stream, bytes_to_guest, bytes_from_guest, reset),\n"
-	 "('violation', relay, why), ('port_closed', relay, why)"},
+	 "run() -> list[NetEvent]: handle every completion; the events that resulted:\n"
+	 "NetOpenEvent, NetConnectedEvent, NetClosedEvent, NetRefusedEvent, NetRelayEndEvent"},
 	{"add_relay", (PyCFunction)net_ring_add_relay, METH_O,
 	 "add_relay(port_fd) -> int: relay a VM's network port (the fd is duplicated)"},
 	{"close_relay", (PyCFunction)net_ring_close_relay, METH_O,
@@ -308,5 +380,8 @@ static PyType_Spec net_ring_spec = {
 
 int sbx_py_net_ring_type_add(PyObject *module, sbx_module_state *st)
 {
+	if (sbx_py_add_struct_types(module, net_event_descs, SBX_PY_NET_EVENT_TYPES,
+				    st->net_event_types) < 0)
+		return -1;
 	return sbx_py_add_type(module, &net_ring_spec, &st->net_ring_type);
 }

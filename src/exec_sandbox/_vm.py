@@ -59,8 +59,17 @@ FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
 FILE_ERR_PROTOCOL = int(_execsbx.FILE_ERR_PROTOCOL)
 
 # The network relay (network/hub.py): one NetRing per scheduler; NET_CONFIG goes on the agent
-# channel like a file frame (GuestVm.send_net_config).
+# channel like a file frame (GuestVm.send_net_config). NetRing.run() gives typed events (struct
+# sequences, told apart with isinstance; `NetEvent` is their union, for the type checker only).
 NetRing = _execsbx.NetRing
+from ._execsbx import NetClosedEvent as NetClosedEvent  # noqa: E402
+from ._execsbx import NetConnectedEvent as NetConnectedEvent  # noqa: E402
+from ._execsbx import NetOpenEvent as NetOpenEvent  # noqa: E402
+from ._execsbx import NetRefusedEvent as NetRefusedEvent  # noqa: E402
+from ._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402
+
+if TYPE_CHECKING:
+    from ._execsbx import NetEvent as NetEvent
 MSG_NET_CONFIG = 104  # SBX_MSG_NET_CONFIG, src/shared/net_protocol.h
 
 

@@ -282,6 +282,48 @@ static void test_stream_count_overrun_kills_the_relay(void)
 	stop(&g);
 }
 
+/* Host streams count against the same table: an OPEN that finds it full is refused by the relay
+ * itself (TOO_MANY, the VM lives), and still reported, for the connection log. */
+static void test_open_into_a_full_table_is_refused_and_reported(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_net_event ev;
+	struct sbx_frame f;
+	uint8_t buf[1024];
+	int peer;
+	uint32_t stream = 0;
+	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peer), &stream), 0);
+	for (uint32_t i = 1; i < SBX_NET_STREAMS_MAX; i++)
+		guest_open(&g, i, "a.example", 80);
+	guest_open(&g, SBX_NET_STREAMS_MAX, "full.example", 443);
+	pump();
+	int opens = 0, refused = 0;
+	while (sbx_net_ring_next_event(ring, &ev) == 1) {
+		CHECK(ev.kind == SBX_NET_EV_OPEN || ev.kind == SBX_NET_EV_REFUSED);
+		if (ev.kind == SBX_NET_EV_OPEN) {
+			opens++;
+			continue;
+		}
+		refused++;
+		CHECK_EQ(ev.relay, relay);
+		CHECK_EQ(ev.stream, SBX_NET_STREAMS_MAX);
+		CHECK_EQ(ev.port, 443);
+		CHECK_EQ(ev.status, SBX_NET_TOO_MANY);
+		CHECK(strcmp(ev.text, "full.example") == 0);
+	}
+	CHECK_EQ(opens, (int)SBX_NET_STREAMS_MAX - 1);
+	CHECK_EQ(refused, 1);
+	int answered = 0;
+	while (guest_recv(&g, &f, buf, sizeof(buf)) == 1)
+		if (f.type == SBX_NET_MSG_OPENED && f.id == SBX_NET_STREAMS_MAX &&
+		    u32_at(f.payload) == SBX_NET_TOO_MANY)
+			answered = 1;
+	CHECK(answered);
+	close(peer);
+	stop(&g);
+}
+
 static void test_frames_the_guest_may_not_send_kill_the_relay(void)
 {
 	static const struct {
@@ -480,6 +522,7 @@ int main(void)
 	RUN(test_refusal_is_answered_with_status_and_reason);
 	RUN(test_window_overrun_kills_the_relay);
 	RUN(test_stream_count_overrun_kills_the_relay);
+	RUN(test_open_into_a_full_table_is_refused_and_reported);
 	RUN(test_frames_the_guest_may_not_send_kill_the_relay);
 	RUN(test_credit_beyond_sent_kills_the_relay);
 	RUN(test_host_connect_to_a_guest_port);

@@ -712,3 +712,31 @@ async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, ve
                      memory_mb=128)  # fmt: skip
     guest = await GuestVm.boot(spec_ok, boot_timeout=10)
     await guest.aclose()
+
+
+def net_open(stream: int, name: bytes, port: int) -> bytes:
+    return frame(48, stream, struct.pack("<I", port) + sstr(name))
+
+
+def test_net_ring_events_are_typed_with_named_fields() -> None:
+    """NetRing.run() gives struct sequences (like read_events()): named fields, kind first."""
+    import socket
+
+    host, guest = socket.socketpair()
+    with host, guest, _execsbx.NetRing(entries=16) as ring:
+        relay = ring.add_relay(host.fileno())
+        ring.ingest(relay, net_open(7, b"web.test", 443))
+        events = ring.run()
+        assert [type(e) for e in events] == [_execsbx.NetOpenEvent]
+        (opened,) = events
+        assert (opened.kind, opened.relay, opened.stream, opened.name, opened.port) == (
+            "open", relay, 7, "web.test", 443)  # fmt: skip
+        ring.ingest(relay, frame(123, 7, struct.pack("<I", 0)))  # the guest's CLOSE(done)
+        (closed,) = ring.run()
+        assert isinstance(closed, _execsbx.NetClosedEvent)
+        assert (closed.kind, closed.stream, closed.bytes_to_guest, closed.bytes_from_guest,
+                closed.reset) == ("closed", 7, 0, 0, False)  # fmt: skip
+        ring.ingest(relay, frame(120, 999, b"x"))  # DATA for no stream: a violation
+        ended = [e for e in ring.run() if isinstance(e, _execsbx.NetRelayEndEvent)]
+        assert [(e.kind, e.relay) for e in ended] == [("violation", relay)]
+        assert "999" in ended[0].reason

@@ -1,7 +1,11 @@
 """The integrations take allow_network / allowed_domains like run(), and refuse bad values
-when the tool is made (no VM involved)."""
+when the tool is made (no VM involved; the real-VM checks are in tests/integration/network/
+test_integrations_network.py)."""
 
 from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,3 +56,59 @@ def test_llamaindex() -> None:
     assert fn.executor._pool.network == {"allow_network": True, "allowed_domains": None}  # type: ignore[attr-defined]
     with pytest.raises(NetworkValidationError):
         ExecSandboxToolSpec(allow_network=True, allowed_domains=["x" * 300])
+
+
+class _RecordingScheduler:
+    """STAND-IN for a Scheduler (orchestration only, no VM): records the keyword arguments of
+    run() and session() and answers with a printed line."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, object]]] = []
+
+    async def run(self, code: str, **kwargs: object) -> object:
+        self.calls.append(("run", kwargs))
+        return SimpleNamespace(stdout="ran\n", stderr="", exit_code=0)
+
+    async def session(self, **kwargs: object) -> object:
+        self.calls.append(("session", kwargs))
+
+        async def exec(code: str) -> object:
+            return SimpleNamespace(stdout="ran\n", stderr="", exit_code=0)
+
+        return SimpleNamespace(closed=False, exec=exec)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "session"])
+async def test_codeact_eval_functions_pass_the_network_to_the_vm_call(kind: str) -> None:
+    from exec_sandbox.integrations import codeact
+
+    sched = _RecordingScheduler()
+    network = {"allow_network": True, "allowed_domains": ["api.github.com"]}
+    if kind == "sync":
+        # A sync eval_fn waits for the scheduler's loop: call it from another thread.
+        fn = codeact.create_exec_sandbox_eval(sched, **network)  # type: ignore[arg-type]
+        out = await asyncio.to_thread(fn, "print(1)", {})
+    elif kind == "async":
+        afn = codeact.create_exec_sandbox_async_eval(sched, **network)  # type: ignore[arg-type]
+        out = await afn("print(1)", {})
+    else:
+        evaluator = codeact.ExecSandboxSessionEval(sched, **network)  # type: ignore[arg-type]
+        out = await evaluator.aeval("print(1)", {})
+    assert out == ("ran", {})
+    ((call, kwargs),) = sched.calls
+    assert call == ("session" if kind == "session" else "run")
+    assert (kwargs["allow_network"], kwargs["allowed_domains"]) == (True, ["api.github.com"])
+
+
+@pytest.mark.parametrize("make", ["create_exec_sandbox_eval", "create_exec_sandbox_async_eval",
+                                  "ExecSandboxSessionEval"])  # fmt: skip
+def test_codeact_refuses_bad_network_settings_before_any_vm(make: str) -> None:
+    from exec_sandbox.integrations import codeact
+
+    factory = getattr(codeact, make)
+    with pytest.raises(NetworkValidationError, match="allow_network=True"):
+        factory(allowed_domains=["api.github.com"])
+    with pytest.raises(NetworkValidationError, match="URL"):
+        factory(allow_network=True, allowed_domains=["https://api.github.com"])
+    with pytest.raises(NetworkValidationError, match="wildcard"):
+        factory(allow_network=True, allowed_domains=["*"])

@@ -4,18 +4,21 @@
 objects, so `_locals` (the agent's tools and earlier variables) is not passed in and `new_vars` is
 always empty: with the stateless functions each block starts from a clean VM; with
 `ExecSandboxSessionEval` the variables stay alive inside the thread's VM instead.
+
+Network: off by default; `allow_network` and `allowed_domains` mean what they mean for
+Scheduler.run() and are checked when the eval function is made, before any VM.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from exec_sandbox import ExecutionResult, SandboxError, Scheduler
 
 from ._bridge import Runner
-from ._common import LANGUAGES, SessionPool, result_text
+from ._common import LANGUAGES, SessionPool, network_options, result_text
 
 EvalFn = Callable[[str, dict[str, Any]], tuple[str, dict[str, Any]]]
 AsyncEvalFn = Callable[[str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
@@ -34,35 +37,47 @@ def _output(call: Callable[[], ExecutionResult]) -> str:
         return f"Error: {type(exc).__name__}: {exc}"
 
 
-def create_exec_sandbox_eval(scheduler: Scheduler | None = None, *,
-                             timeout_seconds: int | None = None,
-                             language: str = "python") -> EvalFn:  # fmt: skip
-    """A synchronous eval_fn: each code block runs in a fresh VM."""
+def _one_shot(language: str, timeout_seconds: int | None, allow_network: bool,
+              allowed_domains: Sequence[str] | None
+              ) -> Callable[[str], Callable[[Scheduler], Awaitable[ExecutionResult]]]:  # fmt: skip
+    """The run() call of one code block, with the eval function's settings checked now (before
+    any VM: a bad setting fails where the eval function is made)."""
     _check(language)
+    network = network_options(allow_network, allowed_domains)
+
+    def call(code: str) -> Callable[[Scheduler], Awaitable[ExecutionResult]]:
+        return lambda s: s.run(code, language=language,  # type: ignore[arg-type]
+                               timeout_seconds=timeout_seconds, **network)  # fmt: skip
+
+    return call
+
+
+def create_exec_sandbox_eval(scheduler: Scheduler | None = None, *,
+                             timeout_seconds: int | None = None, language: str = "python",
+                             allow_network: bool = False,
+                             allowed_domains: Sequence[str] | None = None) -> EvalFn:  # fmt: skip
+    """A synchronous eval_fn: each code block runs in a fresh VM."""
+    call = _one_shot(language, timeout_seconds, allow_network, allowed_domains)
     runner = Runner(scheduler)
 
     def eval_fn(code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        text = _output(lambda: runner.run(
-            lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                            timeout_seconds=timeout_seconds)))  # fmt: skip
-        return text, {}
+        return _output(lambda: runner.run(call(code))), {}
 
     return eval_fn
 
 
 def create_exec_sandbox_async_eval(scheduler: Scheduler | None = None, *,
-                                   timeout_seconds: int | None = None,
-                                   language: str = "python") -> AsyncEvalFn:  # fmt: skip
+                                   timeout_seconds: int | None = None, language: str = "python",
+                                   allow_network: bool = False,
+                                   allowed_domains: Sequence[str] | None = None
+                                   ) -> AsyncEvalFn:  # fmt: skip
     """An `async def` eval_fn: each code block runs in a fresh VM."""
-    _check(language)
+    call = _one_shot(language, timeout_seconds, allow_network, allowed_domains)
     runner = Runner(scheduler)
 
     async def eval_fn(code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         try:
-            result = await runner.arun(
-                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=timeout_seconds)  # fmt: skip
-            )
+            result = await runner.arun(call(code))
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}", {}
         return result_text(result), {}
@@ -79,10 +94,12 @@ class ExecSandboxSessionEval:
     """
 
     def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
-                 language: str = "python") -> None:  # fmt: skip
+                 language: str = "python", allow_network: bool = False,
+                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         _check(language)
         self._pool = SessionPool(Runner(scheduler), language=language,
-                                 timeout_seconds=timeout_seconds)  # fmt: skip
+                                 timeout_seconds=timeout_seconds, allow_network=allow_network,
+                                 allowed_domains=allowed_domains)  # fmt: skip
         weakref.finalize(self, _close_quietly, self._pool)
 
     def eval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -73,13 +73,9 @@ def denied_reason(address: str | IPAddress, *, private_ok: bool = False,
         if embedded is not None:
             why = denied_reason(embedded, private_ok=private_ok, local=local)
             return None if why is None else f"IPv4-mapped {why}"
-    for net, why in _DENIED:
+    for net, why in _DENIED if private_ok else _DENIED + _PRIVATE:
         if ip.version == net.version and ip in net:
             return why
-    if not private_ok:
-        for net, why in _PRIVATE:
-            if ip.version == net.version and ip in net:
-                return why
     if ip in (local if local is not None else host_addresses()):
         return "an address of this host"
     return None

@@ -9,16 +9,23 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .._vm import NetRing
-from ..models import ExposedPort
+from .._vm import (NetClosedEvent, NetConnectedEvent, NetOpenEvent, NetRefusedEvent,
+                   NetRelayEndEvent, NetRing)  # fmt: skip
+from ..models import ExposedPort, NetworkConnection
 from . import policy as p
-from ..models import NetworkConnection
 from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
 
+if TYPE_CHECKING:
+    from .._vm import NetEvent
+
 log = logging.getLogger(__name__)
+
+# Inbound (the host cannot open one more stream) and outbound (the relay refused the guest's OPEN
+# with TOO_MANY) alike: streams of both directions share the per-VM table (net_protocol.h).
+TOO_MANY_REASON = "the VM has the most streams open (both directions together)"
 
 
 class NetworkHub:
@@ -57,7 +64,7 @@ class NetworkHub:
             log.error("network relay: %s", exc)
             return
         for event in events:
-            net = self._vms.get(event[1])
+            net = self._vms.get(event.relay)
             if net is not None:
                 net._on_event(event)
 
@@ -87,9 +94,6 @@ class VmNetwork:
         """Finished connections, oldest first, then those still open (as they stand now)."""
         return [*self._log,
                 *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed)]  # fmt: skip
-
-    def take_log_since(self, index: int) -> list[NetworkConnection]:
-        return self.log[index:]
 
     def inject_from_guest(self, data: bytes) -> None:
         """TESTS ONLY: handle data as if the guest had written it on its port (a lying guest:
@@ -121,49 +125,56 @@ class VmNetwork:
                 try:
                     stream = self.hub._ring.connect(self.relay, guest_port, conn)
                 except OSError as exc:
-                    rec.reason = ("the VM has the most streams open" if exc.errno == errno.EBUSY
-                                  else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
-                    self._log.append(rec.finish())
+                    self._log_refused(rec, TOO_MANY_REASON if exc.errno == errno.EBUSY
+                                      else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
                     continue
             self._pending[stream] = rec
 
     # --- events from the relay ---
 
-    def _on_event(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "open":
-            _, _relay, stream, name, port = event
-            rec = PendingConnection("outbound", name, port)
-            self._pending[stream] = rec
-            task = asyncio.get_running_loop().create_task(self._decide(stream, rec))
+    def _on_event(self, event: NetEvent) -> None:
+        if isinstance(event, NetOpenEvent):
+            rec = PendingConnection("outbound", event.name, event.port)
+            self._pending[event.stream] = rec
+            task = asyncio.get_running_loop().create_task(self._decide(event.stream, rec))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        elif kind == "connected":
-            _, _relay, stream, status = event
-            waiting = self._pending.get(stream)
+        elif isinstance(event, NetConnectedEvent):
+            waiting = self._pending.get(event.stream)
             if waiting is None:
                 return
-            if status == p.OK:
+            if event.status == p.OK:
                 waiting.allowed = True
             else:
-                waiting.reason = f"nothing accepted the connection in the guest (status {status})"
-                self._log.append(self._pending.pop(stream).finish())
-        elif kind == "closed":
-            _, _relay, stream, to_guest, from_guest, reset = event
-            ended = self._pending.pop(stream, None)
+                del self._pending[event.stream]
+                self._log_refused(waiting, "nothing accepted the connection in the guest "
+                                  f"(status {event.status})")  # fmt: skip
+        elif isinstance(event, NetClosedEvent):
+            ended = self._pending.pop(event.stream, None)
             if ended is None:
                 return
-            ended.bytes_received = int(to_guest)
-            ended.bytes_sent = int(from_guest)
+            ended.bytes_received = event.bytes_to_guest
+            ended.bytes_sent = event.bytes_from_guest
             if not ended.allowed and not ended.reason:
                 ended.reason = "closed by the guest before the host decided"
-            elif reset and not ended.reason:
+            elif event.reset and not ended.reason:
                 ended.reason = "reset"
             self._log.append(ended.finish())
-        elif kind == "violation":
-            log.warning("VM network protocol violation: %s", event[2])
-            self._on_violation(str(event[2]))
+        elif isinstance(event, NetRefusedEvent):
+            # The relay answered this OPEN itself (the table was full): nothing to decide, but
+            # it was a connection attempt all the same, and the log holds every attempt.
+            self._log_refused(PendingConnection("outbound", event.name, event.port),
+                              TOO_MANY_REASON if event.status == p.TOO_MANY
+                              else f"refused by the relay (status {event.status})")  # fmt: skip
+        elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
+            log.warning("VM network protocol violation: %s", event.reason)
+            self._on_violation(event.reason)
         # "port_closed": the VM is going away; its close() tidies up.
+
+    def _log_refused(self, rec: PendingConnection, reason: str) -> None:
+        """Log an attempt that ends without carrying a byte (refused or turned away)."""
+        rec.reason = reason
+        self._log.append(rec.finish())
 
     async def _decide(self, stream: int, rec: PendingConnection) -> None:
         ring = self.hub._ring
@@ -175,10 +186,9 @@ class VmNetwork:
             rec.addresses = tuple(a for a, _ in targets)
             sock = await p.connect(targets, rec.name)
         except Refused as refused:
-            rec.reason = refused.reason
             rec.addresses = refused.addresses or rec.addresses
             if self._pending.pop(stream, None) is rec:
-                self._log.append(rec.finish())
+                self._log_refused(rec, refused.reason)
                 if not self._closed:
                     ring.open_reply(self.relay, stream, refused.status, refused.reason[:256])
             return

@@ -1,5 +1,6 @@
-"""The framework integrations' network arguments, end to end in real VMs: the LangChain tool and
-the Deep Agents backend reach an allowed name (a loopback server, conftest.py) and not another."""
+"""The framework integrations' network arguments, end to end in real VMs: the LangChain tool, the
+Deep Agents backend and the CodeAct eval functions reach an allowed name (a loopback server,
+conftest.py) and not another."""
 
 from __future__ import annotations
 
@@ -38,3 +39,33 @@ async def test_deepagents_backend_reaches_only_its_allowed_names(net_scheduler: 
         assert refused.exit_code == 6 and "Could not resolve host" in refused.output
     finally:
         await backend.aclose()
+
+
+async def test_codeact_eval_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
+    from exec_sandbox.integrations.codeact import create_exec_sandbox_async_eval
+
+    eval_fn = create_exec_sandbox_async_eval(net_scheduler, language="raw", allow_network=True,
+                                             allowed_domains=["web.test"])  # fmt: skip
+    allowed, new_vars = await eval_fn(CURL.format("web.test"), {})
+    assert (allowed, new_vars) == (BODY.decode().rstrip("\n"), {})
+    refused, _ = await eval_fn(CURL.format("elsewhere.test"), {})
+    assert "Could not resolve host" in refused and "exit code: 6" in refused
+
+
+async def test_codeact_session_eval_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
+    from exec_sandbox.integrations.codeact import ExecSandboxSessionEval
+
+    evaluator = ExecSandboxSessionEval(net_scheduler, allow_network=True,
+                                       allowed_domains=["web.test"])  # fmt: skip
+    fetch = ("import urllib.request\n"
+             "try:\n"
+             "    print(urllib.request.urlopen('http://{}/hello', timeout=20).read().decode())\n"
+             "except OSError as exc:\n"
+             "    print('FAILED', exc)\n")  # fmt: skip
+    try:
+        allowed, _ = await evaluator.aeval(fetch.format("web.test"), {})
+        assert allowed == BODY.decode().rstrip("\n")
+        refused, _ = await evaluator.aeval(fetch.format("elsewhere.test"), {})
+        assert refused.startswith("FAILED")
+    finally:
+        await evaluator.aclose()

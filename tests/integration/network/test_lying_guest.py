@@ -86,3 +86,41 @@ async def test_protocol_violations_cost_the_guest_its_vm_only(net_scheduler: Sch
     finally:
         await victim.close()
         await bystander.close()
+
+
+HOLD_SERVER_PY = ("import socket, subprocess, sys, time\n"
+                  "subprocess.Popen([sys.executable, '-c', 'import socket, time\\n"
+                  "s = socket.create_server((\"127.0.0.1\", 8000))\\nkept = []\\n"
+                  "while True: kept.append(s.accept())'])\n"  # accepts and holds, never answers
+                  "for _ in range(200):\n"
+                  "    try:\n"
+                  "        socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n"
+                  "    except OSError: time.sleep(0.05)\n")  # fmt: skip
+
+
+async def test_open_into_a_full_stream_table_is_logged_as_refused(net_scheduler: Scheduler) -> None:
+    """Streams of both directions share the VM's table of SBX_NET_STREAMS_MAX (64). When it is
+    full, the C relay answers a guest's OPEN itself with TOO_MANY; that attempt must still reach
+    the connection log. The real agent counts the same table and resets a 65th connection of user
+    code in the guest before asking; the host's refusal is for an OPEN that crosses host streams
+    in flight, a race, so the OPENs are injected here to make it certain. One real inbound
+    connection (held open by a server in the guest) is the host stream."""
+    async with await net_scheduler.session(allow_network=True, allowed_domains=["web.test"],
+                                           expose_ports=[8000]) as session:  # fmt: skip
+        assert (await session.exec(HOLD_SERVER_PY)).exit_code == 0
+        _reader, writer = await asyncio.open_connection("127.0.0.1",
+                                                        session.exposed_ports[0].external)  # fmt: skip
+        try:
+            await wait_for(lambda: any(e.direction == "inbound" and e.allowed
+                                       for e in session.network_log))  # fmt: skip
+            # 63 guest streams fill the table (nothing awaits in between: none is decided yet).
+            for i in range(63):
+                inject(session, open_frame(0x7FFFFE00 + i, "filler.example", 80))
+            inject(session, open_frame(0x7FFFFF80, "web.test", 443))
+            await wait_for(lambda: sum(e.direction == "outbound" for e in session.network_log) >= 64)
+            (crowded,) = [e for e in session.network_log if e.name == "web.test"]
+            assert (crowded.direction, crowded.port, crowded.allowed) == ("outbound", 443, False)
+            assert "most streams open" in crowded.reason
+            assert (await session.exec("print('still here')")).stdout == "still here\n"
+        finally:
+            writer.close()
