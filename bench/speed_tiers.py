@@ -6,9 +6,9 @@
 2. sustained throughput of fresh-VM run() calls, with and without snapshots;
 3. host memory (PSS, RSS) and CPU of idle pool VMs (snapshot clones, and cold-booted VMs) for
    1, 5 and 10 VMs;
-4. JavaScript start-up (issue 17): run() and session start per path, with node's startup
-   snapshot in the javascript template and without it (before/after), against `node -e` on the
-   host.
+4. JavaScript start-up (issue 17): run() and session start per path, with a node parked in the
+   javascript template and without one (before/after; both with node's startup snapshot),
+   against `node -e` on the host.
 
     .venv/bin/python bench/speed_tiers.py --runs 10
     .venv/bin/python bench/speed_tiers.py --only javascript --runs 5
@@ -191,14 +191,16 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
 
 
 async def javascript_start(cache: Path, runs: int) -> None:
-    """run() and session start for JavaScript per path, before (template without node's startup
-    snapshot) and after (with it). The paths take turns, one call each, so that a change of the
-    machine's load reaches all of them alike; the host baseline is taken before each call."""
+    """run() and session start for JavaScript per path, before (a template with node's startup
+    snapshot but no parked node: snapshots.NODE_PARKED_IN_TEMPLATES off) and after (a node parked
+    in it, which a clone's first run or session REPL uses). The paths take turns, one call each,
+    so that a change of the machine's load reaches all of them alike; the host baseline is taken
+    before each call."""
     print("\n== 4. JavaScript start-up: run('console.log(1)') and session start (ms) ==")
     code, host_argv = CASES["javascript"]
     hosts: list[float] = []
     rows: dict[str, list[float]] = {}
-    # label: (memory snapshots, node's startup snapshot in the template, path that must serve)
+    # label: (memory snapshots, node parked in the template, path that must serve)
     paths = {"cold boot": (False, True, "cold"), "L1 restore, before": (True, False, "l1"),
              "L1 restore, after": (True, True, "l1")}  # fmt: skip
 
@@ -214,8 +216,8 @@ async def javascript_start(cache: Path, runs: int) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             scheds: dict[str, Scheduler] = {}
-            for label, (snaps, blob, _) in paths.items():
-                snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+            for label, (snaps, parked, _) in paths.items():
+                snapshots.NODE_PARKED_IN_TEMPLATES = parked
                 sched = await stack.enter_async_context(Scheduler(config(
                     cache / label.replace(" ", "").replace(",", "-"), warm_pool_size=0,
                     memory_snapshots=snaps)))  # fmt: skip
@@ -223,18 +225,19 @@ async def javascript_start(cache: Path, runs: int) -> None:
                     assert await sched.prepare_snapshot("javascript")
                 scheds[label] = sched
             for _ in range(runs):
-                for label, (_, blob, want) in paths.items():
+                for label, (_, parked, want) in paths.items():
                     # Read at every lookup of the template's key: set for the path's turn.
-                    snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+                    snapshots.NODE_PARKED_IN_TEMPLATES = parked
                     await one_run(scheds[label], label, want)
+                    hosts.append(await host_spawn_ms(host_argv))
                     started = time.perf_counter()
                     async with await scheds[label].session(language="javascript"):
                         rows.setdefault(f"session start, {label}", []).append(
                             (time.perf_counter() - started) * 1000)
         # Pool hits: one scheduler at a time, since its refills run in the background and look
-        # the template up with the flag of the moment; before and after alternate, twice.
-        for when, blob in (("before", False), ("after", True)) * 2:
-            snapshots.NODE_SNAPSHOT_IN_TEMPLATES = blob
+        # the template up with the switch of the moment; before and after alternate, twice.
+        for when, parked in (("before", False), ("after", True)) * 2:
+            snapshots.NODE_PARKED_IN_TEMPLATES = parked
             cfg = config(cache / f"pool-{when}", warm_pool_size={"javascript": 1})
             async with Scheduler(cfg) as sched:
                 assert await sched.prepare_snapshot("javascript")
@@ -243,7 +246,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
                     await asyncio.sleep(0.5)  # let the refilled VM settle to idle
                     await one_run(sched, f"pool hit, {when}", "pool")
     finally:
-        snapshots.NODE_SNAPSHOT_IN_TEMPLATES = True
+        snapshots.NODE_PARKED_IN_TEMPLATES = True
     host_p50 = percentile(hosts, 50)
     for label in sorted(rows):
         values = rows[label]

@@ -42,12 +42,12 @@ from .packages.layers import PackageLayers
 from .packages.specs import PackageSpec, merge_packages, validate_packages
 from .qmp import QmpError
 from .snapshots import (
-    TEMPLATE_PRESTART_LANGUAGES,
     Snapshot,
     SnapshotCache,
     SnapshotIntegrityError,
     qemu_version,
     snapshot_key,
+    template_holds_interpreter,
 )
 from .vm_registry import VmRegistry
 from .vm_spec import VmSpec
@@ -327,7 +327,7 @@ class Provisioner:
             # first-time work the bootstraps do before their ready (guest/src/bootstrap.c). A
             # clone of a template that holds a parked interpreter has the first one already
             # (one interpreter start, and its memory, saved).
-            parked = phases.l1_hit and language in TEMPLATE_PRESTART_LANGUAGES
+            parked = phases.l1_hit and template_holds_interpreter(language)
             if parked or await vm.prestart(language):
                 await vm.warm_up(language)
                 await vm.prestart(language)

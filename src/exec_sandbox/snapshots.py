@@ -90,12 +90,24 @@ _STATE_MAX_BYTES = 64 * 1024 * 1024
 _META_MAX_BYTES = 64 * 1024
 # Languages whose template holds a pre-started interpreter (PRESTART), parked before the RNG
 # reseed and the save: a restored clone then serves its first run without starting one (the L1
-# path costs a restore, not an interpreter start). Only where the parked process holds no
-# user-space randomness that every clone would share: python seeds nothing a program sees before
-# its code runs (`random` is imported on first use, after the clone's RESEED; os.urandom and
-# secrets ask the kernel). Not node: V8 seeds Math.random when it starts. Not bash: $RANDOM.
-# What clones of one python template do share: the str hash seed (set iteration order).
-TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python"})
+# path costs a restore, not an interpreter start). Only where no two clones' programs can see one
+# generator state (docs/security.md, "Randomness in clones"): python seeds nothing a program sees
+# before its code runs (`random` is imported on first use, after the clone's RESEED; os.urandom
+# and secrets ask the kernel); node reseeds OpenSSL, V8's isolate generator and Math.random at
+# its go in each clone (guest/node/reseed.c), and a node that cannot is killed by the RESEED
+# instead (the template then holds none: slower, not wrong). Not bash: $RANDOM, which it cannot
+# reseed. What clones of one template share: the string hash seeds, the address-space layout.
+TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript"})
+# Off only to measure what parking node saves (bench/speed_tiers.py: before and after in one run).
+NODE_PARKED_IN_TEMPLATES = True
+
+
+def template_holds_interpreter(language: Language) -> bool:
+    """Whether a template of `language` is built with a parked interpreter (read at each use, so
+    that the bench's switch applies to the keys and builds of the moment)."""
+    if language == "javascript" and not NODE_PARKED_IN_TEMPLATES:
+        return False
+    return language in TEMPLATE_PRESTART_LANGUAGES
 
 # What a javascript template does instead (docs/design.md, "JavaScript start-up"): it builds node's
 # startup snapshot (its bootstrap, compiled and run once, no RNG state: each process still seeds
@@ -104,7 +116,7 @@ TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python"})
 # in the VM because V8 loads a blob only on the CPU feature set it was made on. Run as the sandbox
 # user before any user code; a failure leaves a template without it (slower, not wrong).
 NODE_SNAPSHOT_PATH = "/tmp/.sbx-node-startup.blob"
-# Off only to measure what it saves (bench/speed_tiers.py: before and after in one run).
+# Off only to measure what it saves (docs/benchmarks.md, "JavaScript start-up": set it by hand).
 NODE_SNAPSHOT_IN_TEMPLATES = True
 # The entry script: nothing of its own in the heap, but node 18 deserialises the global console
 # with its legacy `Console` property undefined (`new console.Console(...)` would throw); it is
@@ -159,7 +171,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         "format": SNAPSHOT_FORMAT,
         **machine_identity(spec),
         "language": language,
-        "template_prestart": language in TEMPLATE_PRESTART_LANGUAGES,
+        "template_prestart": template_holds_interpreter(language),
         "node_snapshot": language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES,
         # A second disk changes the device layout, and its files are in the guest's page cache.
         "layer": None if spec.layer is None else spec.layer.identity,
@@ -299,7 +311,7 @@ class SnapshotCache:
                 await vm.warm_up(language)
                 if language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES:
                     await _build_node_snapshot(vm)
-                if language in TEMPLATE_PRESTART_LANGUAGES:
+                if template_holds_interpreter(language):
                     await vm.prestart(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest
                 # kernel would not reseed it on its own for a while after a restore, and every

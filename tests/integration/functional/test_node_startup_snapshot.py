@@ -38,13 +38,17 @@ async def test_l1_javascript_runs_start_from_the_snapshot_and_behave_like_cold_r
                 for code in (FLAGS, SCRIPT, CRASH)]  # fmt: skip
         assert await sched.prepare_snapshot("javascript")
         warm = [await sched.run(code, language="javascript") for code in (FLAGS, SCRIPT, CRASH)]
-        # A session opened from a clone: its REPL driver starts from the snapshot too.
+        # A session opened from a clone: its REPL driver is the node parked in the template
+        # (started from the snapshot too; its cmdline has the pre-start preload).
         async with await sched.session(language="javascript") as session:
             in_session = await session.exec(FLAGS)
+            adopted = await session.exec("console.log(require('fs').readFileSync("
+                                         "'/proc/self/cmdline', 'latin1').split('\\0').includes('-r'))")
     assert not any(r.l1_cache_hit for r in cold) and all(r.l1_cache_hit for r in warm)
     assert cold[0].stdout == "\n", cold[0]
     assert warm[0].stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", warm[0]
     assert in_session.stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", in_session
+    assert adopted.stdout == "true\n", adopted
     for mine, theirs in zip(warm[1:], cold[1:], strict=True):
         assert (mine.stdout, mine.stderr, mine.exit_code) == \
             (theirs.stdout, theirs.stderr, theirs.exit_code)  # fmt: skip

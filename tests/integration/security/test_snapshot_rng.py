@@ -1,6 +1,7 @@
 """VMs restored from one memory snapshot must not share RNG output: the host reseeds each
 clone's kernel CRNG (RESEED) before any code runs, and what a template leaves in user space (a
-parked python, node's startup snapshot) holds no RNG state. Checked from inside the guests, three
+parked python, a parked node and its startup snapshot) holds no RNG state a clone's code sees:
+python seeds none before the code runs, node makes its own fresh at the go. Checked from inside the guests, three
 clones each."""
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ PROGRAMS = {
     "python": "import os, random, secrets\n"
               "argv1 = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode()\n"
               "print(argv1, os.urandom(16).hex(), secrets.token_hex(16), '%032x' % random.getrandbits(128))",
-    # The javascript template builds node's startup snapshot (snapshots._build_node_snapshot):
-    # every clone's node deserialises that one heap, so each of node's sources must still be
-    # seeded in the clone's own process; execArgv shows the snapshot was the one loaded.
+    # The javascript template holds a parked node too, started from node's startup snapshot:
+    # every clone runs the code in that one process (the pre-start preload's "-r" in its cmdline, one pid
+    # in all clones, the snapshot in execArgv), so each of node's generators must have been made
+    # fresh at its go (guest/node/reseed.c): OpenSSL's, V8's isolate generator (a new context's
+    # Math.random) and the main context's Math.random.
     "javascript": "const c = require('crypto');\n"
+                  "const inline = require('fs').readFileSync('/proc/self/cmdline').toString()\n"
+                  "  .split('\\0').includes('-r') ? '-r' : 'script';\n"
                   "const hex = (b) => Buffer.from(b).toString('hex');\n"
                   "const key = c.generateKeyPairSync('ed25519').publicKey\n"
                   "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
-                  "console.log(process.execArgv.join(','), Math.random(),\n"
+                  "console.log(inline, process.pid, process.execArgv.slice(0, 2).join(','), Math.random(),\n"
                   "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)),\n"
                   "  c.randomUUID(), hex(c.getRandomValues(new Uint8Array(16))), hex(key));",
     "raw": "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo",
@@ -54,8 +59,10 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
         draws = [d[1:] for d in draws]
         assert all(len(x) == 32 for d in draws for x in d), draws
     elif language == "javascript":
-        assert all(d[0] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
-        draws = [d[1:] for d in draws]
+        assert all(d[0] == "-r" for d in draws), draws
+        assert len({d[1] for d in draws}) == 1, f"not one parked process: {draws}"
+        assert all(d[2] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
+        draws = [d[3:] for d in draws]
         assert all(len(d) == 6 for d in draws), draws
     else:
         assert all(len(x) == 32 for d in draws for x in d), draws
