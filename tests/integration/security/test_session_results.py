@@ -26,11 +26,14 @@ time.sleep(1)
 print('late')
 raise SystemExit(3)
 """,
-    # Only fd 4 (the driver's control fd): other fds of node are libuv's own pipes.
+    # The driver's control fds only, fd 4 of a driver the agent started or fd 3 (one socket, in
+    # and out) of a pre-started node that became the driver: other fds of node are libuv's own.
     "javascript": """
 const fs = require('fs');
-for (const line of ['0\\n', ...Array.from({length: 64}, (_, s) => `${s} 0\\n`), 'zz']) {
-  fs.writeSync(4, line);
+for (const fd of [3, 4]) {
+  for (const line of ['0\\n', ...Array.from({length: 64}, (_, s) => `${s} 0\\n`), 'zz']) {
+    try { fs.writeSync(fd, line); } catch (e) { /* not this driver's control fd */ }
+  }
 }
 await new Promise((resolve) => setTimeout(resolve, 1000));
 console.log('late');
