@@ -5,10 +5,10 @@
  * A node started in the template holds three generators that every clone would otherwise share,
  * each seeded once when the process started:
  *   - OpenSSL's DRBGs (crypto.randomBytes, randomUUID, getRandomValues, key generation, and the
- *     entropy V8 asks node for): RAND_seed() reseeds the primary DRBG from the kernel (which the
- *     clone's RESEED made fresh) plus the bytes given as additional input; the per-thread public
- *     and private DRBGs reseed from it on their next use, because their parent's reseed count
- *     changed, and this thread's two are reseeded here at once as well;
+ *     entropy V8 asks node for): the primary DRBG is reseeded from the kernel (which the clone's
+ *     RESEED made fresh) plus fresh bytes as additional input; the per-thread public and private
+ *     DRBGs (libuv's pool threads included) reseed from it on their next use, because their
+ *     parent's reseed count changed, and this thread's two are reseeded here at once as well;
  *   - V8's per-isolate generator (base::RandomNumberGenerator, from which every context seeds its
  *     Math.random and objects get their identity hashes): given a new seed;
  *   - the Math.random state of the current (main) context: cleared, so that its next call seeds
@@ -53,7 +53,6 @@ typedef void **(*isolate_get_current_context_fn)(void *isolate);
 typedef void *(*isolate_rng_fn)(void *internal_isolate);
 typedef void (*rng_set_seed_fn)(void *rng, int64_t seed);
 typedef void (*math_random_reset_fn)(uintptr_t native_context);
-typedef void (*rand_seed_fn)(const void *buf, int num);
 typedef void *(*rand_get0_fn)(void *libctx);
 typedef int (*evp_rand_reseed_fn)(void *ctx, int prediction_resistance, const unsigned char *ent,
 				  size_t ent_len, const unsigned char *adin, size_t adin_len);
@@ -64,8 +63,7 @@ static struct {
 	isolate_rng_fn isolate_rng;
 	rng_set_seed_fn rng_set_seed;
 	math_random_reset_fn math_random_reset;
-	rand_seed_fn rand_seed;
-	rand_get0_fn rand_get0_public, rand_get0_private;
+	rand_get0_fn rand_get0_primary, rand_get0_public, rand_get0_private;
 	evp_rand_reseed_fn evp_rand_reseed;
 	const char *missing; /* the first symbol not found, or NULL */
 } sym;
@@ -86,7 +84,7 @@ static void lookup_all(void)
 	LOOKUP(isolate_rng, "_ZN2v88internal7Isolate23random_number_generatorEv");
 	LOOKUP(rng_set_seed, "_ZN2v84base21RandomNumberGenerator7SetSeedEl");
 	LOOKUP(math_random_reset, "_ZN2v88internal10MathRandom12ResetContextENS0_7ContextE");
-	LOOKUP(rand_seed, "RAND_seed");
+	LOOKUP(rand_get0_primary, "RAND_get0_primary");
 	LOOKUP(rand_get0_public, "RAND_get0_public");
 	LOOKUP(rand_get0_private, "RAND_get0_private");
 	LOOKUP(evp_rand_reseed, "EVP_RAND_reseed");
@@ -119,6 +117,34 @@ static int fresh_bytes(uint8_t *buf, size_t n)
 	return 0;
 }
 
+/* What reseed() does; a message for the exception, or NULL. */
+static const char *reseed_all(uint8_t seed[48])
+{
+	if (fresh_bytes(seed, 48) < 0)
+		return "getrandom failed";
+	/* OpenSSL: the primary DRBG (fresh entropy from its source plus 32 bytes of additional
+	 * input), then this thread's two children at once. */
+	void *drbgs[3] = {sym.rand_get0_primary(NULL), sym.rand_get0_public(NULL),
+			  sym.rand_get0_private(NULL)};
+	for (size_t i = 0; i < 3; i++) {
+		const uint8_t *adin = i == 0 ? seed : seed + 32;
+		size_t adin_len = i == 0 ? 32 : 8;
+		if (drbgs[i] == NULL || sym.evp_rand_reseed(drbgs[i], 0, NULL, 0, adin, adin_len) != 1)
+			return "EVP_RAND_reseed failed";
+	}
+	/* V8: the isolate's generator, then the main context's Math.random state. */
+	void *isolate = sym.isolate_get_current();
+	void **context_slot = isolate ? sym.get_current_context(isolate) : NULL;
+	void *rng = isolate ? sym.isolate_rng(isolate) : NULL;
+	if (context_slot == NULL || rng == NULL)
+		return "no current isolate or context";
+	int64_t v8_seed;
+	memcpy(&v8_seed, seed + 40, sizeof(v8_seed));
+	sym.rng_set_seed(rng, v8_seed);
+	sym.math_random_reset((uintptr_t)*context_slot);
+	return NULL;
+}
+
 static napi_value js_reseed(napi_env env, napi_callback_info info)
 {
 	(void)info;
@@ -127,32 +153,12 @@ static napi_value js_reseed(napi_env env, napi_callback_info info)
 		return NULL;
 	}
 	uint8_t seed[48];
-	if (fresh_bytes(seed, sizeof(seed)) < 0) {
-		napi_throw_error(env, NULL, "getrandom failed");
-		return NULL;
-	}
-	/* OpenSSL: the primary DRBG, then this thread's two children at once. */
-	sym.rand_seed(seed, 32);
-	void *drbgs[2] = {sym.rand_get0_public(NULL), sym.rand_get0_private(NULL)};
-	for (size_t i = 0; i < 2; i++) {
-		if (drbgs[i] == NULL || sym.evp_rand_reseed(drbgs[i], 0, NULL, 0, seed + 32, 8) != 1) {
-			napi_throw_error(env, NULL, "EVP_RAND_reseed failed");
-			return NULL;
-		}
-	}
-	/* V8: the isolate's generator, then the main context's Math.random state. */
-	void *isolate = sym.isolate_get_current();
-	void **context_slot = isolate ? sym.get_current_context(isolate) : NULL;
-	void *rng = isolate ? sym.isolate_rng(isolate) : NULL;
-	if (context_slot == NULL || rng == NULL) {
-		napi_throw_error(env, NULL, "no current isolate or context");
-		return NULL;
-	}
-	int64_t v8_seed;
-	memcpy(&v8_seed, seed + 40, sizeof(v8_seed));
-	sym.rng_set_seed(rng, v8_seed);
-	sym.math_random_reset((uintptr_t)*context_slot);
+	const char *failed = reseed_all(seed);
 	explicit_bzero(seed, sizeof(seed));
+	if (failed != NULL) {
+		napi_throw_error(env, NULL, failed);
+		return NULL;
+	}
 	return undefined(env);
 }
 

@@ -23,9 +23,15 @@
 // teardown, which the result need not wait for.
 'use strict';
 (function park() {
+  const Module = require('module');
+  // Node gives its preloads to every worker thread too: a worker must neither touch fd 3 (the
+  // process's one, shared) nor anything else here.
+  if (!require('worker_threads').isMainThread) {
+    delete Module._cache[__filename];
+    return;
+  }
   const fs = require('fs');
   const path = require('path');
-  const Module = require('module');
   const byte = Buffer.alloc(1);
 
   let running = false;
@@ -36,8 +42,10 @@
   process.emit = function (event, ...args) {
     const result = Reflect.apply(emit, this, [event, ...args]);
     if (event === 'exit' && running && !uncaught) {
+      // The status node exits with: an 'exit' listener may have set process.exitCode.
+      const status = process.exitCode === undefined ? args[0] : process.exitCode;
       try {
-        fs.writeSync(3, Buffer.from([0x64, Number(args[0]) & 0xff]));
+        fs.writeSync(3, Buffer.from([0x64, Number(status) & 0xff]));
       } catch (e) {
         // the code closed fd 3: the agent waits for the exit instead
       }

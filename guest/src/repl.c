@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,8 +148,9 @@ bool sbx_repl_driver_path(const struct sbx_repl *r, uint8_t language, char *buf,
 }
 
 static void take_driver(struct sbx_repl *r, uint8_t language, pid_t pid, int control_w,
-			int control_r)
+			int control_r, bool socket)
 {
+	r->control_is_socket = socket;
 	/* The agent's ends never block: a REPL that stops reading must not stall PID 1. */
 	fcntl(control_w, F_SETFL, O_NONBLOCK);
 	fcntl(control_r, F_SETFL, O_NONBLOCK);
@@ -170,7 +172,7 @@ void sbx_repl_adopt(struct sbx_repl *r, uint8_t language, pid_t pid, int control
 		close(control_fd);
 		return; /* the request spawns a driver instead */
 	}
-	take_driver(r, language, pid, control_fd, second);
+	take_driver(r, language, pid, control_fd, second, true);
 }
 
 /* Start the driver for `language`. Its base environment is the clean one of one-shot code; each
@@ -209,7 +211,7 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, bool for_request, 
 		goto out;
 	sbx_close_fd(&cin[0]);
 	sbx_close_fd(&cout[1]);
-	take_driver(r, language, pid, cin[1], cout[0]);
+	take_driver(r, language, pid, cin[1], cout[0], false);
 	cin[1] = cout[0] = -1;
 out:
 	sbx_env_free(envp);
@@ -409,8 +411,12 @@ static bool holds_fifos(const struct sbx_repl *r)
  * first has ended its own output: whatever it writes later reaches no result. */
 static bool completion_believable(const struct sbx_repl *r)
 {
+	/* What the driver has not read of the agent's writes: FIONREAD on a pipe's write end; on the
+	 * socket of an adopted driver FIONREAD would count the agent's own receive queue, SIOCOUTQ
+	 * counts what the peer has not read yet. */
 	int queued = 0;
-	if (ioctl(r->control_w, FIONREAD, &queued) < 0 || queued > 0)
+	if (ioctl(r->control_w, r->control_is_socket ? SIOCOUTQ : FIONREAD, &queued) < 0 ||
+	    queued > 0)
 		return false;
 	return !holds_fifos(r);
 }

@@ -54,6 +54,7 @@ struct sbx_repl {
 	pid_t pid;
 	uint8_t language;
 	int control_w, control_r; /* the agent's ends, -1 when closed */
+	bool control_is_socket;   /* both on one socket (sbx_repl_adopt), else two pipes */
 	struct sbx_stream out, err;
 	char line[32];
 	size_t line_len;

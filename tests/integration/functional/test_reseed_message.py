@@ -51,7 +51,8 @@ async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_genera
         images_ready: None) -> None:  # fmt: skip
     """A RESEED while a pre-started interpreter waits (a template's, before its save): bash, whose
     $RANDOM was seeded at its start, is killed, and the next run gets a fresh one; python, which
-    has nothing to refresh, stays and runs the code (runner.h, struct sbx_prestarted)."""
+    has nothing to refresh, and node, which refreshes its generators at the go, stay and run the
+    code (runner.h, struct sbx_prestarted)."""
     spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
                   accel=host.accelerator(), memory_mb=192,
                   kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
@@ -68,5 +69,12 @@ async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_genera
         argv1 = b"print(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode())"
         r = await vm.execute(ExecRequest("python", argv1, 10_000, [], 4096, 4096))
         assert (r.stdout, r.exit_code) == ("-c\n", 0), r
+        # node with its addon: stays, and runs the code after refreshing its generators.
+        assert await vm.prestart("javascript")
+        await vm.reseed()
+        preload = (b"console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1')"
+                   b".split('\\0').includes('-r'))")
+        r = await vm.execute(ExecRequest("javascript", preload, 30_000, [], 4096, 4096))
+        assert (r.stdout, r.exit_code) == ("true\n", 0), r
     finally:
         vm.close()

@@ -27,16 +27,19 @@ PROGRAMS = {
     # every clone runs the code in that one process (the pre-start preload's "-r" in its cmdline, one pid
     # in all clones, the snapshot in execArgv), so each of node's generators must have been made
     # fresh at its go (guest/node/reseed.c): OpenSSL's, V8's isolate generator (a new context's
-    # Math.random) and the main context's Math.random.
+    # Math.random) and the main context's Math.random; the callback form of randomBytes draws on
+    # a libuv pool thread, whose DRBGs reseed from the primary.
     "javascript": "const c = require('crypto');\n"
                   "const inline = require('fs').readFileSync('/proc/self/cmdline').toString()\n"
                   "  .split('\\0').includes('-r') ? '-r' : 'script';\n"
                   "const hex = (b) => Buffer.from(b).toString('hex');\n"
                   "const key = c.generateKeyPairSync('ed25519').publicKey\n"
                   "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
-                  "console.log(inline, process.pid, process.execArgv.slice(0, 2).join(','), Math.random(),\n"
+                  "c.randomBytes(16, (err, pooled) => console.log(inline, process.pid,\n"
+                  "  process.execArgv.join(','), Math.random(),\n"
                   "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)),\n"
-                  "  c.randomUUID(), hex(c.getRandomValues(new Uint8Array(16))), hex(key));",
+                  "  c.randomUUID(), hex(c.getRandomValues(new Uint8Array(16))), hex(key),\n"
+                  "  hex(pooled)));",
     "raw": "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo",
 }
 
@@ -63,9 +66,43 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
         assert len({d[1] for d in draws}) == 1, f"not one parked process: {draws}"
         assert all(d[2] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
         draws = [d[3:] for d in draws]
-        assert all(len(d) == 6 for d in draws), draws
+        assert all(len(d) == 7 for d in draws), draws
     else:
         assert all(len(x) == 32 for d in draws for x in d), draws
     for source in zip(*draws, strict=True):  # each source on its own: all clones differ
+        assert len(set(source)) == len(source), draws
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+# A session started from a clone takes the parked node as its REPL driver (go "4"): the same
+# generators, drawn from the REPL after the hand-over.
+SESSION_JS = (
+    "const c = require('crypto');\n"
+    "const hex = (b) => Buffer.from(b).toString('hex');\n"
+    "const pooled = await new Promise((resolve) => c.randomBytes(16, (e, b) => resolve(b)));\n"
+    "console.log(require('fs').readFileSync('/proc/self/cmdline').toString().split('\\0')\n"
+    "  .includes('-r') ? '-r' : 'spawned', process.pid, Math.random(),\n"
+    "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)), c.randomUUID(),\n"
+    "  hex(c.getRandomValues(new Uint8Array(16))), hex(pooled));"
+)
+
+
+async def test_javascript_sessions_of_one_snapshot_draw_different_random_bytes(
+    images_ready: None, tmp_path: Path
+) -> None:
+    config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4)
+    draws = []
+    async with Scheduler(config) as sched:
+        assert await sched.prepare_snapshot("javascript")
+        for _ in range(3):
+            async with await sched.session(language="javascript") as session:
+                result = await session.exec(SESSION_JS)
+                assert result.exit_code == 0, result
+                draws.append(result.stdout.split())
+    assert all(d[0] == "-r" for d in draws), draws
+    assert len({d[1] for d in draws}) == 1, f"not one parked process: {draws}"
+    draws = [d[2:] for d in draws]
+    assert all(len(d) == 6 for d in draws), draws
+    for source in zip(*draws, strict=True):
         assert len(set(source)) == len(source), draws
     assert qemu_processes(parent=os.getpid()) == []
