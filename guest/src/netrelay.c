@@ -8,6 +8,7 @@
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,11 @@ static uint32_t slot_index(const struct sbx_net *n, const struct sbx_net_stream 
 static void stream_start(struct sbx_net *n, struct sbx_net_stream *s, uint32_t id, int fd,
 			 enum sbx_net_stream_state state)
 {
+	/* What the host relays arrives in bursts (a frame, a batch): each should reach the client
+	 * at once, not wait behind Nagle for the ACK of the previous one (the host side sets the
+	 * same on its sockets). */
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	struct sbx_buf keep = s->pending; /* its allocation is reused */
 	memset(s, 0, sizeof(*s));
 	s->pending = keep;
