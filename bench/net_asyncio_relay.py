@@ -16,7 +16,7 @@ from exec_sandbox.network import policy as p
 
 HEADER = struct.Struct("<IBBHI")
 OPEN, OPENED, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 112, 120, 121, 122, 123
-WINDOW, DATA_MAX = 256 * 1024, 60 * 1024
+WINDOW, DATA_MAX = 1024 * 1024, 60 * 1024
 
 
 class _Stream:

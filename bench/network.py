@@ -9,7 +9,11 @@
    event loop; the servers run in a child process so that their CPU is not counted);
 4. what a virtio-serial port itself carries here, the ceiling of any relay over one: the same
    bytes each way as session file I/O on the agent channel (write_file: host -> guest,
-   read_file: guest -> host; 60 KiB frames, like the relay's DATA).
+   read_file: guest -> host; 60 KiB frames, like the relay's DATA);
+5. what the guest costs: the CPU time of the session's QEMU process (all threads: the emulated
+   vCPU and QEMU's I/O) per MB moved, per direction (a download alone, an upload alone, after
+   the client above), for the relay and for the port's own transfer. Under TCG the vCPU is the
+   bottleneck, and this figure moves much less with the host's load than MB/s does.
 
     .venv/bin/python bench/network.py --mb 64 --connects 40
 """
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import sys
@@ -35,6 +40,13 @@ from net_asyncio_relay import AsyncioHub  # noqa: E402
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 
 CHUNK = b"x" * 65536
+
+
+def vm_cpu_seconds(session: object) -> float:
+    """CPU time so far of the session's QEMU process (all its threads)."""
+    with open(f"/proc/{session.vm.pid}/stat") as f:  # type: ignore[attr-defined]
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _servers(ready: multiprocessing.connection.Connection, total: int) -> None:
@@ -100,6 +112,22 @@ print(json.dumps({"connect_p50_ms": lat[len(lat) // 2], "connect_p90_ms": lat[in
 """
 
 
+# One direction alone, for the VM's CPU per MB (the connects of CLIENT would weigh in otherwise).
+DOWN_ONLY = """
+import socket
+s = socket.create_connection((HOST, PORTS[1]))
+while s.recv(262144):
+    pass
+"""
+UP_ONLY = """
+import socket
+s = socket.create_connection((HOST, PORTS[2])); buf = b"y" * 65536; left = TOTAL
+while left > 0:
+    s.sendall(buf[: min(left, len(buf))]); left -= len(buf)
+s.shutdown(socket.SHUT_WR); s.recv(64)
+"""
+
+
 def client_code(host: str, ports: list[int], total: int, connects: int) -> str:
     return (f"HOST, PORTS, TOTAL, CONNECTS = {host!r}, {ports!r}, {total}, {connects}\n" + CLIENT)
 
@@ -116,23 +144,34 @@ async def in_guest(sched: Scheduler, ports: list[int], total: int, connects: int
         cpu = time.process_time()
         result = await session.exec(code)
         cpu = time.process_time() - cpu
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout), cpu
+        assert result.exit_code == 0, result.stderr
+        figures = json.loads(result.stdout)
+        for key, body in (("vm_down_ms_per_MB", DOWN_ONLY), ("vm_up_ms_per_MB", UP_ONLY)):
+            vm_cpu = vm_cpu_seconds(session)
+            done = await session.exec(f"HOST, PORTS, TOTAL = 'bench.test', [80, 81, 82], {total}\n"
+                                      + body)  # fmt: skip
+            assert done.exit_code == 0, done.stderr
+            figures[key] = (vm_cpu_seconds(session) - vm_cpu) * 1000 / (total / 1e6)
+    return figures, cpu
 
 
 async def port_ceiling(sched: Scheduler, total: int) -> dict[str, float]:
     """File I/O of total bytes each way over the agent channel's virtio-serial port."""
     async with await sched.session(timeout_seconds=300, memory_mb=512) as session:
         await session.exec(f"open('/home/user/blob', 'wb').write(b'x' * {total})")
-        at = time.monotonic()
+        at, vm_cpu = time.monotonic(), vm_cpu_seconds(session)
         data = await session.read_file("blob")
         up = time.monotonic() - at
+        vm_up = vm_cpu_seconds(session) - vm_cpu
         assert data is not None and len(data) == total
         await session.exec("import os; os.remove('/home/user/blob')")  # room in the guest's tmpfs
-        at = time.monotonic()
+        at, vm_cpu = time.monotonic(), vm_cpu_seconds(session)
         await session.write_file("blob2", data)
         down = time.monotonic() - at
-    return {"down_MBps": total / 1e6 / down, "up_MBps": total / 1e6 / up}
+        vm_down = vm_cpu_seconds(session) - vm_cpu
+    return {"down_MBps": total / 1e6 / down, "up_MBps": total / 1e6 / up,
+            "vm_down_ms_per_MB": vm_down * 1000 / (total / 1e6),
+            "vm_up_ms_per_MB": vm_up * 1000 / (total / 1e6)}  # fmt: skip
 
 
 def on_host(ports: list[int], total: int, connects: int) -> dict[str, float]:
@@ -174,17 +213,23 @@ async def main() -> None:
                       file=sys.stderr)  # fmt: skip
             a_sched._network_hub = None
     proc.kill()
-    print(f"{'':12} {'connect p50':>12} {'p90':>8} {'down MB/s':>10} {'up MB/s':>8} {'CPU ms/MB':>10}")
+    print(f"{'':12} {'connect p50':>12} {'p90':>8} {'down MB/s':>10} {'up MB/s':>8} {'CPU ms/MB':>10}"
+          f" {'VM ms/MB down':>14} {'up':>6}")
     for name, results in rows.items():
         med = lambda key: statistics.median(r[key] for r in results)  # noqa: E731
         cpu = f"{med('cpu_ms_per_MB'):10.2f}" if "cpu_ms_per_MB" in results[0] else f"{'-':>10}"
         connect = (f"{med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms"
                    if "connect_p50_ms" in results[0] else f"{'-':>12} {'-':>8}")  # fmt: skip
-        print(f"{name:12} {connect} {med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu}")
+        vm = (f"{med('vm_down_ms_per_MB'):14.2f} {med('vm_up_ms_per_MB'):6.2f}"
+              if "vm_down_ms_per_MB" in results[0] else f"{'-':>14} {'-':>6}")  # fmt: skip
+        print(f"{name:12} {connect} {med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu} {vm}")
     port = {k: statistics.median(r[k] for r in rows["port"]) for k in ("down_MBps", "up_MBps")}
     relay = {k: statistics.median(r[k] for r in rows["c-io_uring"]) for k in port}
     print("relay / port: " + ", ".join(f"{k[:-5]} {relay[k] / port[k]:.2f}" for k in port)
           + "  (target >= 0.80)")
+    first_byte = {k: statistics.median(r["connect_p50_ms"] for r in rows[k]) for k in ("host", "c-io_uring")}
+    print(f"first byte, relay - host: {first_byte['c-io_uring'] - first_byte['host']:.2f} ms"
+          "  (target <= 5 ms)")
 
 
 if __name__ == "__main__":

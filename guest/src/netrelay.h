@@ -66,6 +66,7 @@ struct sbx_net_stream {
 	bool eof_sent;      /* the socket said EOF: NET_SHUTDOWN sent */
 	bool host_shut;     /* NET_SHUTDOWN received: shut the socket's write side once drained */
 	bool wr_shut;
+	bool drain_due;     /* DATA appended to pending during this port read, not yet written */
 	bool parked;        /* out of the epoll set: hung up while nothing could be done (a level-
 			     * triggered EPOLLHUP would wake the loop without end) */
 	uint32_t send_credit;   /* bytes of DATA the host still takes */

@@ -139,6 +139,29 @@ int sbx_reader_feed(struct sbx_reader *r, const void *data, size_t n)
 	return sbx_buf_append(&r->buf, data, n);
 }
 
+int sbx_reader_space(struct sbx_reader *r, size_t n, uint8_t **at)
+{
+	if (r->error)
+		return r->error;
+	if (r->consumed && r->buf.cap - r->buf.len < n) {
+		sbx_buf_consume(&r->buf, r->consumed);
+		r->consumed = 0;
+	}
+	size_t limit = (size_t)r->max_payload + SBX_FRAME_HEADER_SIZE;
+	if (n > limit || r->buf.len - r->consumed > 2 * limit - n)
+		return r->error = -EMSGSIZE;
+	int rc = sbx_buf_reserve(&r->buf, n);
+	if (rc < 0)
+		return rc;
+	*at = r->buf.data + r->buf.len;
+	return 0;
+}
+
+void sbx_reader_commit(struct sbx_reader *r, size_t n)
+{
+	r->buf.len += n;
+}
+
 int sbx_reader_next(struct sbx_reader *r, struct sbx_frame *f)
 {
 	if (r->error)

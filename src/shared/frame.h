@@ -58,6 +58,11 @@ void sbx_reader_free(struct sbx_reader *r);
 int sbx_reader_feed(struct sbx_reader *r, const void *data, size_t n);
 /* 1: *f holds a frame; 0: need more bytes; <0: the stream is broken. */
 int sbx_reader_next(struct sbx_reader *r, struct sbx_frame *f);
+/* Feeding without the copy of sbx_reader_feed: *at gets room for n bytes to read() into directly,
+ * then sbx_reader_commit says how many arrived (<= n). The same limit as sbx_reader_feed applies
+ * (-EMSGSIZE). Frames already taken out move only when the room runs out, not at every call. */
+int sbx_reader_space(struct sbx_reader *r, size_t n, uint8_t **at);
+void sbx_reader_commit(struct sbx_reader *r, size_t n);
 
 /* Bounds-checked payload reader. Every get fails with -EPROTO past the end. */
 struct sbx_cursor {

@@ -195,7 +195,7 @@ def decode_error(payload: bytes) -> tuple[int, str]:
 NET_CONFIG = 104
 NET_CONNECTED, NET_CONNECT = 49, 113
 NET_DATA, NET_CREDIT, NET_SHUTDOWN, NET_CLOSE = 120, 121, 122, 123
-NET_WINDOW, NET_DATA_MAX = 256 * 1024, 60 * 1024
+NET_WINDOW, NET_DATA_MAX = 1024 * 1024, 60 * 1024
 
 
 class NetPeer:
@@ -262,7 +262,7 @@ def test_net_relay_in_test_mode() -> None:
         assert net.recv() == (NET_CREDIT, hid, struct.pack("<I", 4))
         # Guest -> host: never more than a window before the host credits.
         conn.setblocking(False)
-        blob = os.urandom(600 * 1024)
+        blob = os.urandom(2 * NET_WINDOW + 300 * 1024)
         sent = 0
         got = b""
         while len(got) < NET_WINDOW:

@@ -94,6 +94,45 @@ static void test_empty_payload_and_many_frames(void)
 	sbx_buf_free(&b);
 }
 
+/* Reading straight into the reader (sbx_reader_space/commit) decodes the same frames as feeding
+ * copies, across any split, and keeps feed's limit on what may wait. */
+static void test_space_and_commit_decode_like_feed(void)
+{
+	struct sbx_buf b = {0};
+	size_t start;
+	static uint8_t payload[3000];
+	for (uint32_t i = 0; i < 50; i++) {
+		CHECK_EQ(sbx_frame_begin(&b, SBX_MSG_STDOUT, i, &start), 0);
+		memset(payload, (int)i, sizeof(payload));
+		CHECK_EQ(sbx_buf_append(&b, payload, i * 60), 0);
+		CHECK_EQ(sbx_frame_end(&b, start, 4096), 0);
+	}
+	struct sbx_reader r;
+	struct sbx_frame f;
+	sbx_reader_init(&r, 4096);
+	uint32_t next_id = 0;
+	for (size_t off = 0, step = 1; off < b.len; step = step * 7 % 4099 + 1) {
+		size_t n = b.len - off < step ? b.len - off : step;
+		uint8_t *at;
+		CHECK_EQ(sbx_reader_space(&r, n, &at), 0);
+		memcpy(at, b.data + off, n);
+		sbx_reader_commit(&r, n);
+		off += n;
+		while (sbx_reader_next(&r, &f) == 1) {
+			CHECK_EQ(f.id, next_id);
+			CHECK_EQ(f.payload_len, next_id * 60);
+			for (uint32_t k = 0; k < f.payload_len; k++)
+				CHECK_EQ(f.payload[k], (uint8_t)next_id);
+			next_id++;
+		}
+	}
+	CHECK_EQ(next_id, 50);
+	uint8_t *at;
+	CHECK_EQ(sbx_reader_space(&r, 4096 + SBX_FRAME_HEADER_SIZE + 1, &at), -EMSGSIZE);
+	sbx_reader_free(&r);
+	sbx_buf_free(&b);
+}
+
 static void test_truncated_input(void)
 {
 	uint8_t frame[64];
@@ -356,5 +395,6 @@ int main(void)
 	RUN(test_exit_payload);
 	RUN(test_exit_roundtrip);
 	RUN(test_buf_consume);
+	RUN(test_space_and_commit_decode_like_feed);
 	TEST_MAIN_END("test_frame");
 }

@@ -165,9 +165,10 @@ static void test_host_frames(void)
 	CHECK_EQ(host_frame(SBX_NET_MSG_DATA, 3, data, 0, &m), -EPROTO);
 	CHECK_EQ(host_frame(SBX_NET_MSG_DATA, 0, data, 1, &m), -EPROTO); /* id 0 */
 	/* CREDIT: 1..window */
-	uint8_t credit[] = {0, 0, 4, 0}; /* 256 KiB */
+	uint8_t credit[] = {(uint8_t)SBX_NET_WINDOW, (uint8_t)(SBX_NET_WINDOW >> 8),
+			    (uint8_t)(SBX_NET_WINDOW >> 16), (uint8_t)(SBX_NET_WINDOW >> 24)};
 	CHECK_EQ(host_frame(SBX_NET_MSG_CREDIT, 3, credit, 4, &m), 0);
-	credit[0] = 1;
+	credit[0] = (uint8_t)(credit[0] + 1); /* window + 1 */
 	CHECK_EQ(host_frame(SBX_NET_MSG_CREDIT, 3, credit, 4, &m), -EPROTO);
 	CHECK_EQ(host_frame(SBX_NET_MSG_CREDIT, 3, p, 4, &m), -EPROTO);
 	/* SHUTDOWN: empty; CLOSE: 0 or 1 */

@@ -75,11 +75,12 @@ async def resolve(policy: NetworkPolicy, name: str, port: int) -> list[tuple[str
         return [test]  # the test hook's own servers: the one thing it marks allowed
     loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP),
-            RESOLVE_TIMEOUT_SECONDS,
-        )
-    except asyncio.TimeoutError:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the awaitable in a task of its
+        # own, loop iterations that every connection's first byte waits for.
+        async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
+            infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM,
+                                           proto=socket.IPPROTO_TCP)  # fmt: skip
+    except TimeoutError:
         raise Refused(RESOLVE_FAILED, f"resolving {name} timed out") from None
     except (OSError, UnicodeError) as exc:
         raise Refused(RESOLVE_FAILED, f"cannot resolve {name}: {exc}") from None
@@ -112,8 +113,9 @@ async def connect(targets: list[tuple[str, int]], name: str) -> socket.socket:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise TimeoutError("timed out")
-            await asyncio.wait_for(loop.sock_connect(sock, (address, port)), remaining)
-        except (OSError, asyncio.TimeoutError) as exc:
+            async with asyncio.timeout(remaining):  # see resolve(): no task of its own
+                await loop.sock_connect(sock, (address, port))
+        except OSError as exc:  # TimeoutError included
             sock.close()
             errors.append(f"{address}: {exc or 'timed out'}")
             continue

@@ -37,7 +37,7 @@ OPEN, CONNECTED, OPENED, CONNECT = 48, 49, 112, 113
 DATA, CREDIT, SHUTDOWN, CLOSE = 120, 121, 122, 123
 NET_CONFIG = 104
 OUTBOUND = 1
-WINDOW = 256 * 1024
+WINDOW = 1024 * 1024
 DATA_MAX = 60 * 1024
 OK, REFUSED_POLICY, CONNECT_FAILED = 0, 1, 4
 HEADER = struct.Struct("<IBBHI")
@@ -205,7 +205,7 @@ async def test_dns_stub_listeners_and_a_relayed_stream(
 ) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 901, net_config(["allowed.test"], [8080], CA))
-    big = os.urandom(700 * 1024)  # more than two windows host -> guest
+    big = os.urandom(2 * WINDOW + 300 * 1024)  # more than two windows host -> guest
     code = DNS_PROBE + r"""
 import errno, hashlib, os
 print(ask('allowed.test', 1))

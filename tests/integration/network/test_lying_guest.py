@@ -65,8 +65,9 @@ async def test_open_for_refused_names_is_refused_and_the_vm_lives(net_scheduler:
     "flood",
     [
         pytest.param(b"".join(open_frame(i, "web.test", 80) for i in range(1, 66)), id="streams"),
-        pytest.param(open_frame(9, "web.test", 80)
-                     + b"".join(frame(DATA, 9, b"x" * 61440) for _ in range(5)), id="window"),
+        pytest.param(open_frame(9, "web.test", 80)  # one byte past the window (1 MiB)
+                     + b"".join(frame(DATA, 9, b"x" * 61440) for _ in range(17))
+                     + frame(DATA, 9, b"x" * (1024 * 1024 - 17 * 61440 + 1)), id="window"),
         pytest.param(frame(DATA, 12345, b"no such stream"), id="unknown-stream"),
         pytest.param(struct.pack("<IBBHI", 10 << 20, DATA, 0, 0, 1), id="oversized-frame"),
     ],
