@@ -253,6 +253,20 @@ void sbx_runner_note_reseed(struct sbx_runner *r)
 		sbx_runner_discard_prestarted(r);
 }
 
+/* Write the go (runner.h) to the waiting interpreter; one that cannot take it is discarded. */
+static int send_go(struct sbx_runner *r, const char *go, size_t n)
+{
+	ssize_t w;
+	do
+		w = write(r->pre.go_fd, go, n);
+	while (w < 0 && errno == EINTR);
+	if (w == (ssize_t)n)
+		return 0;
+	int e = w < 0 ? errno : EIO;
+	sbx_runner_discard_prestarted(r);
+	return -e;
+}
+
 pid_t sbx_runner_hand_over(struct sbx_runner *r, uint8_t language, const char *driver_path,
 			   int *control_fd)
 {
@@ -260,16 +274,9 @@ pid_t sbx_runner_hand_over(struct sbx_runner *r, uint8_t language, const char *d
 		return 0;
 	char go[320];
 	int n = snprintf(go, sizeof(go), "%c%s\n", r->pre.reseeded ? '4' : '3', driver_path);
-	if (n < 0 || (size_t)n >= sizeof(go) || strchr(driver_path, '\n') != NULL)
+	if (n < 0 || (size_t)n >= sizeof(go) || strchr(driver_path, '\n') != NULL ||
+	    send_go(r, go, (size_t)n) < 0)
 		return 0;
-	ssize_t w;
-	do
-		w = write(r->pre.go_fd, go, (size_t)n);
-	while (w < 0 && errno == EINTR);
-	if (w != n) {
-		sbx_runner_discard_prestarted(r);
-		return 0;
-	}
 	/* Its stdout and stderr are /dev/null from now on (the bootstrap puts it there first), then
 	 * each request's FIFOs: the one-shot pipes are done with. */
 	pid_t pid = r->pre.pid;
@@ -283,15 +290,9 @@ pid_t sbx_runner_hand_over(struct sbx_runner *r, uint8_t language, const char *d
 static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], int *done_fd, pid_t *pid)
 {
 	const char go = r->pre.reseeded ? '2' : '1';
-	ssize_t w;
-	do
-		w = write(r->pre.go_fd, &go, 1);
-	while (w < 0 && errno == EINTR);
-	if (w != 1) {
-		int e = w < 0 ? errno : EIO;
-		sbx_runner_discard_prestarted(r);
-		return -e;
-	}
+	int rc = send_go(r, &go, 1);
+	if (rc < 0)
+		return rc;
 	out_fd[0] = TAKE_FD(r->pre.out_fd);
 	err_fd[0] = TAKE_FD(r->pre.err_fd);
 	*done_fd = TAKE_FD(r->pre.go_fd);
