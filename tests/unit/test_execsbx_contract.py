@@ -13,6 +13,7 @@ import gc
 import os
 import platform
 import select
+import socket
 import stat
 import struct
 import time
@@ -720,8 +721,6 @@ def net_open(stream: int, name: bytes, port: int) -> bytes:
 
 def test_net_ring_events_are_typed_with_named_fields() -> None:
     """NetRing.run() gives struct sequences (like read_events()): named fields, kind first."""
-    import socket
-
     host, guest = socket.socketpair()
     with host, guest, _execsbx.NetRing(entries=16) as ring:
         relay = ring.add_relay(host.fileno())

@@ -457,8 +457,9 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
     assert b"Host: api.allowed.test:8080" in seen[1][1]
 
 
-def make_test_ca(d: Path) -> tuple[bytes, Path, Path]:
-    """A throwaway CA and a certificate for allowed.test signed by it: (CA PEM, cert, key)."""
+def make_test_ca(d: Path) -> tuple[bytes, ssl.SSLContext]:
+    """A throwaway CA and a server context with a certificate for allowed.test signed by it:
+    (CA PEM, context)."""
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem",
                     "-subj", "/CN=exec-sandbox test CA", "-days", "1",
@@ -471,7 +472,9 @@ def make_test_ca(d: Path) -> tuple[bytes, Path, Path]:
     subprocess.run(["openssl", "x509", "-req", "-in", d / "leaf.csr", "-CA", d / "ca.pem",
                     "-CAkey", d / "ca.key", "-CAcreateserial", "-out", d / "leaf.pem", "-days", "1",
                     "-extfile", d / "ext"], check=True, capture_output=True)  # fmt: skip
-    return (d / "ca.pem").read_bytes(), d / "leaf.pem", d / "leaf.key"
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "leaf.pem", d / "leaf.key")
+    return (d / "ca.pem").read_bytes(), ctx
 
 
 async def serve_https(port: NetPortStandIn, streams: int, ctx: ssl.SSLContext) -> int:
@@ -528,9 +531,7 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
     net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
 ) -> None:
     vm, port = net_vm
-    ca, cert, key = make_test_ca(tmp_path)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
+    ca, ctx = make_test_ca(tmp_path)
     await send_agent_frame(vm, NET_CONFIG, 906, net_config(["allowed.test"], [], ca))
     # The test CA is valid from this second on, and a cold-booted guest's clock (the RTC's
     # whole seconds) can lag the host's: give it the host's before anything verifies.
@@ -558,9 +559,7 @@ async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
     # node reads NODE_EXTRA_CA_CERTS once at its start: a pooled VM's pre-started node (PRESTART
     # comes before NET_CONFIG there) must not serve the run, or the host's CA is not trusted.
     vm, port = net_vm
-    ca, cert, key = make_test_ca(tmp_path)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
+    ca, ctx = make_test_ca(tmp_path)
     assert await vm.prestart("javascript")
     await send_agent_frame(vm, NET_CONFIG, 907, net_config(["allowed.test"], [], ca))
     await vm.reseed()  # the guest's clock to the host's: the test CA is valid from now on

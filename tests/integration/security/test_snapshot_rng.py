@@ -16,6 +16,21 @@ from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
 
+# What node draws, in a run and in a session alike: whether the code runs in the parked node
+# (the pre-start preload's "-r" in its cmdline) and its pid, then each generator: the main
+# context's Math.random, a new context's (seeded from V8's isolate generator), OpenSSL's
+# (randomBytes, randomUUID, getRandomValues), and `pooled`, drawn by the callback form of
+# randomBytes on a libuv pool thread, whose DRBGs reseed from the primary.
+JS_DRAWS = (
+    "const c = require('crypto');\n"
+    "const hex = (b) => Buffer.from(b).toString('hex');\n"
+    "const parked = require('fs').readFileSync('/proc/self/cmdline').toString().split('\\0')\n"
+    "  .includes('-r') ? '-r' : 'spawned';\n"
+    "const draws = (pooled) => [parked, process.pid, Math.random(),\n"
+    "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)), c.randomUUID(),\n"
+    "  hex(c.getRandomValues(new Uint8Array(16))), hex(pooled)].join(' ');\n"
+)
+
 PROGRAMS = {
     # The python template holds a parked interpreter (snapshots.TEMPLATE_PRESTART_LANGUAGES):
     # its `random` and `secrets` must be seeded after the clone's RESEED too, and argv[1] "-c"
@@ -24,22 +39,14 @@ PROGRAMS = {
               "argv1 = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode()\n"
               "print(argv1, os.urandom(16).hex(), secrets.token_hex(16), '%032x' % random.getrandbits(128))",
     # The javascript template holds a parked node too, started from node's startup snapshot:
-    # every clone runs the code in that one process (the pre-start preload's "-r" in its cmdline, one pid
-    # in all clones, the snapshot in execArgv), so each of node's generators must have been made
-    # fresh at its go (guest/node/reseed.c): OpenSSL's, V8's isolate generator (a new context's
-    # Math.random) and the main context's Math.random; the callback form of randomBytes draws on
-    # a libuv pool thread, whose DRBGs reseed from the primary.
-    "javascript": "const c = require('crypto');\n"
-                  "const inline = require('fs').readFileSync('/proc/self/cmdline').toString()\n"
-                  "  .split('\\0').includes('-r') ? '-r' : 'script';\n"
-                  "const hex = (b) => Buffer.from(b).toString('hex');\n"
-                  "const key = c.generateKeyPairSync('ed25519').publicKey\n"
-                  "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
-                  "c.randomBytes(16, (err, pooled) => console.log(inline, process.pid,\n"
-                  "  process.execArgv.join(','), Math.random(),\n"
-                  "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)),\n"
-                  "  c.randomUUID(), hex(c.getRandomValues(new Uint8Array(16))), hex(key),\n"
-                  "  hex(pooled)));",
+    # every clone runs the code in that one process (one pid in all clones, the snapshot in
+    # execArgv), so each of node's generators must have been made fresh at its go
+    # (guest/node/reseed.c); an ed25519 key on top.
+    "javascript": JS_DRAWS
+                  + "const key = c.generateKeyPairSync('ed25519').publicKey\n"
+                    "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
+                    "c.randomBytes(16, (err, pooled) => console.log(draws(pooled),\n"
+                    "  process.execArgv.join(','), hex(key)));",
     "raw": "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo",
 }
 
@@ -64,8 +71,8 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
     elif language == "javascript":
         assert all(d[0] == "-r" for d in draws), draws
         assert len({d[1] for d in draws}) == 1, f"not one parked process: {draws}"
-        assert all(d[2] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
-        draws = [d[3:] for d in draws]
+        assert all(d[8] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
+        draws = [d[2:8] + d[9:] for d in draws]
         assert all(len(d) == 7 for d in draws), draws
     else:
         assert all(len(x) == 32 for d in draws for x in d), draws
@@ -76,14 +83,8 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
 
 # A session started from a clone takes the parked node as its REPL driver (go "4"): the same
 # generators, drawn from the REPL after the hand-over.
-SESSION_JS = (
-    "const c = require('crypto');\n"
-    "const hex = (b) => Buffer.from(b).toString('hex');\n"
-    "const pooled = await new Promise((resolve) => c.randomBytes(16, (e, b) => resolve(b)));\n"
-    "console.log(require('fs').readFileSync('/proc/self/cmdline').toString().split('\\0')\n"
-    "  .includes('-r') ? '-r' : 'spawned', process.pid, Math.random(),\n"
-    "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)), c.randomUUID(),\n"
-    "  hex(c.getRandomValues(new Uint8Array(16))), hex(pooled));"
+SESSION_JS = JS_DRAWS + (
+    "console.log(draws(await new Promise((resolve) => c.randomBytes(16, (e, b) => resolve(b)))));"
 )
 
 
