@@ -27,8 +27,10 @@
  * its built-in one, so every start compiles and runs node's whole bootstrap; a blob of it built
  * by the VM's own node (V8 refuses a blob made on another CPU's feature set, so the image cannot
  * ship one) saves most of that. A snapshot template builds it (snapshots.py) before any user code
- * runs, so its clones have it; the agent passes --snapshot-blob to the VM's node while this file
- * is there. In /tmp, written by uid 1000: only that user's own node processes ever read it. */
+ * runs, so its clones have it, and the host keeps a copy for cold-booted VMs of the same machine,
+ * which it writes here before their first node starts (SBX_FILE_NODE_SNAPSHOT, cputag.h). The
+ * agent passes --snapshot-blob to the VM's node while this file is there. In /tmp, written by
+ * uid 1000: only that user's own node processes ever read it. */
 #define SBX_NODE_SNAPSHOT "/tmp/.sbx-node-startup.blob"
 #define SBX_NODE_BINARY "/usr/bin/node"
 /* What the agent runs from the image besides the interpreters: the session REPL drivers, node's
@@ -49,6 +51,7 @@ struct sbx_config {
 	char home_dir[256];   /* working directory and HOME of user code */
 	const char *interpreter[4]; /* indexed by enum sbx_language */
 	char driver_dir[256];       /* REPL drivers and node's preload; empty: SBX_LIB_DIR */
+	char node_snapshot[256];    /* SBX_NODE_SNAPSHOT; in test mode, in the work directory */
 };
 
 /* log.c: one line on the console (stderr of PID 1 is /dev/console). Never fails. */

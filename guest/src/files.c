@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "cputag.h"
 #include "request.h"
 
 /* Chunks sent per pump: bounds one loop iteration's work. */
@@ -99,6 +100,21 @@ static int walk(struct sbx_files *f, const struct sbx_path_parts *p, size_t n, b
 	return fd;
 }
 
+/* The directory of node's startup snapshot (O_PATH) and, in *name, its file name: the host names
+ * it by a flag, never by a path. Returns the fd or -errno. */
+static int node_snapshot_dir(const struct sbx_files *f, const char **name)
+{
+	const char *path = f->cfg->node_snapshot;
+	const char *slash = strrchr(path, '/');
+	char dir[sizeof(f->cfg->node_snapshot)];
+	if (!slash || slash == path || slash[1] == '\0')
+		return -EINVAL;
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+	*name = slash + 1;
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
+}
+
 /* --- write ---------------------------------------------------------------------------------- */
 
 static void write_cleanup(struct sbx_files *f)
@@ -130,8 +146,10 @@ static void write_begin(struct sbx_files *f, const struct sbx_frame *fr)
 	f->write_failed = false;
 	f->write_id = fr->id;
 	f->written = 0;
-	int rc = sbx_parse_file_path(fr->payload, fr->payload_len, true, false, &p, &mode);
-	if (rc == -EPROTO || (mode & ~SBX_FILE_EXECUTABLE)) {
+	f->tag_len = 0;
+	int rc = sbx_parse_file_target(fr->payload, fr->payload_len,
+				       SBX_FILE_EXECUTABLE | SBX_FILE_NODE_SNAPSHOT, &p, &mode);
+	if (rc == -EPROTO) {
 		write_fail(f, SBX_FILE_ERR_PROTOCOL, "malformed FILE_WRITE_BEGIN", 0);
 		return;
 	}
@@ -140,10 +158,12 @@ static void write_begin(struct sbx_files *f, const struct sbx_frame *fr)
 		return;
 	}
 	f->write_mode = mode;
-	snprintf(f->final_name, sizeof(f->final_name), "%s", p.comp[p.n - 1]);
+	f->write_node_snapshot = mode & SBX_FILE_NODE_SNAPSHOT;
+	const char *name = f->write_node_snapshot ? NULL : p.comp[p.n - 1];
 	snprintf(f->tmp_name, sizeof(f->tmp_name), ".sbx-upload-%u-%u", fr->id, ++counter);
 	as_user(f);
-	int dir = walk(f, &p, p.n - 1, true);
+	int dir = f->write_node_snapshot ? node_snapshot_dir(f, &name) : walk(f, &p, p.n - 1, true);
+	snprintf(f->final_name, sizeof(f->final_name), "%s", name ? name : "");
 	if (dir < 0) {
 		as_root(f);
 		write_fail(f, file_error_kind(-dir), "opening the target directory", -dir);
@@ -172,6 +192,14 @@ static void write_data(struct sbx_files *f, const struct sbx_frame *fr)
 	}
 	const uint8_t *d = fr->payload;
 	size_t left = fr->payload_len;
+	if (f->write_node_snapshot && f->tag_len < SBX_NODE_TAG_SIZE) {
+		size_t n = SBX_NODE_TAG_SIZE - f->tag_len < left ? SBX_NODE_TAG_SIZE - f->tag_len
+								  : left;
+		memcpy(f->tag + f->tag_len, d, n);
+		f->tag_len += (uint32_t)n;
+		d += n;
+		left -= n;
+	}
 	while (left > 0) {
 		ssize_t n = write(f->write_fd, d, left);
 		if (n < 0 && errno == EINTR)
@@ -198,6 +226,17 @@ static void write_end(struct sbx_files *f, const struct sbx_frame *fr)
 		f->writing = false;
 		return;
 	}
+	if (f->write_node_snapshot) {
+		uint8_t own[SBX_NODE_TAG_SIZE];
+		if (!sbx_cpu_tag(own) || f->tag_len != SBX_NODE_TAG_SIZE ||
+		    memcmp(own, f->tag, SBX_NODE_TAG_SIZE) != 0) {
+			/* V8 would abort every node start on it. */
+			write_fail(f, SBX_FILE_ERR_PATH,
+				   "node's startup snapshot was made on another CPU", 0);
+			f->writing = false;
+			return;
+		}
+	}
 	mode_t mode = (f->write_mode & SBX_FILE_EXECUTABLE) ? 0755 : 0644;
 	as_user(f);
 	int rc = fchmod(f->write_fd, mode) < 0 ? -errno : 0;
@@ -222,16 +261,25 @@ static void read_begin(struct sbx_files *f, const struct sbx_frame *fr)
 	/* The host serialises its requests: a read still in progress is one it gave up on (its
 	 * destination failed, say). Drop it; the host ignores frames of a forgotten id. */
 	sbx_close_fd(&f->read_fd);
-	int rc = sbx_parse_file_path(fr->payload, fr->payload_len, false, false, &p, NULL);
+	uint8_t flags = 0;
+	int rc = sbx_parse_file_target(fr->payload, fr->payload_len, SBX_FILE_NODE_SNAPSHOT, &p,
+				       &flags);
 	if (rc < 0) {
 		send_error(f, fr->id, rc == -EPROTO ? SBX_FILE_ERR_PROTOCOL : SBX_FILE_ERR_PATH,
 			   "invalid path", 0);
 		return;
 	}
+	bool node_snapshot = flags & SBX_FILE_NODE_SNAPSHOT;
+	uint8_t tag[SBX_NODE_TAG_SIZE];
+	if (node_snapshot && !sbx_cpu_tag(tag)) {
+		send_error(f, fr->id, SBX_FILE_ERR_PATH, "no CPU tag on this machine", 0);
+		return;
+	}
+	const char *name = node_snapshot ? NULL : p.comp[p.n - 1];
 	as_user(f);
-	_cleanup_close_ int dir = walk(f, &p, p.n - 1, false);
-	int fd = dir < 0 ? dir
-			 : openat(dir, p.comp[p.n - 1], O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	_cleanup_close_ int dir = node_snapshot ? node_snapshot_dir(f, &name)
+						: walk(f, &p, p.n - 1, false);
+	int fd = dir < 0 ? dir : openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	int e = fd == -1 ? errno : -fd;
 	as_root(f);
 	if (fd < 0) {
@@ -244,7 +292,7 @@ static void read_begin(struct sbx_files *f, const struct sbx_frame *fr)
 		send_error(f, fr->id, SBX_FILE_ERR_PATH, "not a regular file", 0);
 		return;
 	}
-	if ((uint64_t)st.st_size > SBX_FILE_SIZE_MAX) {
+	if ((uint64_t)st.st_size + (node_snapshot ? SBX_NODE_TAG_SIZE : 0) > SBX_FILE_SIZE_MAX) {
 		close(fd);
 		send_error(f, fr->id, SBX_FILE_ERR_TOO_LARGE, "file over the size limit", 0);
 		return;
@@ -252,6 +300,7 @@ static void read_begin(struct sbx_files *f, const struct sbx_frame *fr)
 	f->read_fd = fd;
 	f->read_id = fr->id;
 	f->read_sent = 0;
+	f->read_tag_first = node_snapshot;
 }
 
 bool sbx_files_pumping(const struct sbx_files *f)
@@ -262,6 +311,17 @@ bool sbx_files_pumping(const struct sbx_files *f)
 void sbx_files_pump(struct sbx_files *f)
 {
 	static uint8_t buf[SBX_FILE_CHUNK_MAX];
+	if (f->read_fd >= 0 && f->read_tag_first && sbx_channel_wants_output(f->ch)) {
+		uint8_t tag[SBX_NODE_TAG_SIZE];
+		f->read_tag_first = false;
+		sbx_cpu_tag(tag); /* known: read_begin checked */
+		if (sbx_channel_send(f->ch, SBX_MSG_FILE_DATA, f->read_id, tag, sizeof(tag)) ==
+		    -ENOTCONN) {
+			sbx_close_fd(&f->read_fd);
+			return;
+		}
+		f->read_sent += sizeof(tag);
+	}
 	for (int i = 0; i < PUMP_CHUNKS && f->read_fd >= 0 && sbx_channel_wants_output(f->ch); i++) {
 		ssize_t n = read(f->read_fd, buf, sizeof(buf));
 		if (n < 0 && errno == EINTR)

@@ -1,4 +1,6 @@
-/* File transfer between host and the guest home (FILE_* messages of protocol.h).
+/* File transfer between host and the guest home (FILE_* messages of protocol.h), and of node's
+ * startup snapshot (SBX_FILE_NODE_SNAPSHOT: the one file outside the home the host may write or
+ * read, at cfg->node_snapshot, with the sandbox user's rights like the rest).
  *
  * Paths are resolved one component at a time from the home directory with O_NOFOLLOW, so that
  * neither a symlink nor ".." planted by user code can lead outside it; every file operation runs
@@ -32,10 +34,15 @@ struct sbx_files {
 	uint64_t written;
 	char tmp_name[64];
 	char final_name[SBX_PATH_COMPONENT_MAX + 1];
+	/* a write of node's startup snapshot: its CPU tag comes first, then the file */
+	bool write_node_snapshot;
+	uint32_t tag_len;
+	uint8_t tag[SBX_NODE_TAG_SIZE];
 	/* read in progress */
 	int read_fd;
 	uint32_t read_id;
 	uint64_t read_sent;
+	bool read_tag_first; /* node's startup snapshot: send this guest's CPU tag before it */
 };
 
 void sbx_files_init(struct sbx_files *f, const struct sbx_config *cfg, struct sbx_channel *ch);

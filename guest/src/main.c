@@ -135,7 +135,9 @@ static int setup_work_dir(struct sbx_config *cfg, const char *work_dir)
 	if ((size_t)snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s/run", work_dir) >=
 		    sizeof(cfg->run_dir) ||
 	    (size_t)snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s/home", work_dir) >=
-		    sizeof(cfg->home_dir))
+		    sizeof(cfg->home_dir) ||
+	    (size_t)snprintf(cfg->node_snapshot, sizeof(cfg->node_snapshot), "%s/node-startup.blob",
+			     work_dir) >= sizeof(cfg->node_snapshot))
 		return -ENAMETOOLONG;
 	if (mkdir(work_dir, 0755) < 0 && errno != EEXIST)
 		return -errno;
@@ -163,6 +165,7 @@ static void boot_steps(struct sbx_config *cfg)
 	sbx_net_boot_trust();
 	snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s", SBX_RUN_DIR);
 	snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s", SBX_HOME_DIR);
+	snprintf(cfg->node_snapshot, sizeof(cfg->node_snapshot), "%s", SBX_NODE_SNAPSHOT);
 }
 
 static void setup_signals(bool pid1)

@@ -139,3 +139,16 @@ int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool a
 		p->comp[p->n++] = comp;
 	return 0;
 }
+
+int sbx_parse_file_target(const uint8_t *payload, size_t len, uint8_t allowed,
+			  struct sbx_path_parts *p, uint8_t *flags)
+{
+	int rc = sbx_parse_file_path(payload, len, true, true, p, flags);
+	if (rc < 0)
+		return rc;
+	if (*flags & ~allowed)
+		return -EPROTO;
+	if (*flags & SBX_FILE_NODE_SNAPSHOT)
+		return *flags == SBX_FILE_NODE_SNAPSHOT && p->n == 0 ? 0 : -EPROTO;
+	return p->n > 0 ? 0 : -EINVAL;
+}

@@ -53,5 +53,10 @@ int sbx_path_check(const uint8_t *path, uint32_t len, bool allow_empty);
  * payload is malformed; -EINVAL when the path is not valid (sbx_path_check). */
 int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool allow_empty,
 			struct sbx_path_parts *p, uint8_t *extra);
+/* FILE_WRITE_BEGIN and FILE_READ: str path, u8 flags, none outside `allowed`. With
+ * SBX_FILE_NODE_SNAPSHOT the path is empty and no other flag is set (the file is node's startup
+ * snapshot); otherwise the path is a non-empty valid path. 0, -EPROTO or -EINVAL as above. */
+int sbx_parse_file_target(const uint8_t *payload, size_t len, uint8_t allowed,
+			  struct sbx_path_parts *p, uint8_t *flags);
 
 #endif /* SBX_REQUEST_H */

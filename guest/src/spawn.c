@@ -339,7 +339,7 @@ oom:
 	return -ENOMEM;
 }
 
-/* The image's node with its startup snapshot when the VM has one (SBX_NODE_SNAPSHOT): a regular
+/* The image's node with its startup snapshot when the VM has one (cfg->node_snapshot): a regular
  * file, not a link. Only in the VM (a host test's node is another build, which the blob does not
  * load into). Checked at each start: the template makes it after boot. */
 static bool use_node_snapshot(const struct sbx_config *cfg, uint8_t language)
@@ -347,7 +347,7 @@ static bool use_node_snapshot(const struct sbx_config *cfg, uint8_t language)
 	struct stat st;
 	return cfg->boot && cfg->drop_privileges && language == SBX_LANG_JAVASCRIPT &&
 	       strcmp(cfg->interpreter[language], SBX_NODE_BINARY) == 0 &&
-	       lstat(SBX_NODE_SNAPSHOT, &st) == 0 && S_ISREG(st.st_mode);
+	       lstat(cfg->node_snapshot, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, const char *script,
@@ -357,7 +357,7 @@ struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, 
 	return (struct sbx_spawn){
 		.interpreter = cfg->interpreter[language],
 		.opt = snapshot ? "--snapshot-blob" : NULL,
-		.opt_value = snapshot ? SBX_NODE_SNAPSHOT : NULL,
+		.opt_value = snapshot ? cfg->node_snapshot : NULL,
 		.script = script,
 		.home = cfg->home_dir,
 		.envp = envp,

@@ -131,8 +131,18 @@ static int validate_file(const struct sbx_file_req *r, struct sbx_err *err)
 			r->type == SBX_MSG_FILE_LIST;
 	switch (r->type) {
 	case SBX_MSG_FILE_WRITE_BEGIN:
-		if (r->flag & ~SBX_FILE_EXECUTABLE)
-			return fail(err, "unknown file mode flag", -EINVAL);
+	case SBX_MSG_FILE_READ:
+		if (r->flag & ~(r->type == SBX_MSG_FILE_READ
+					? (unsigned)SBX_FILE_NODE_SNAPSHOT
+					: (unsigned)(SBX_FILE_EXECUTABLE | SBX_FILE_NODE_SNAPSHOT)))
+			return fail(err, "unknown file flag", -EINVAL);
+		if (r->flag & SBX_FILE_NODE_SNAPSHOT) {
+			/* Named by the flag alone (protocol.h). */
+			if (r->flag != SBX_FILE_NODE_SNAPSHOT || r->path_len != 0)
+				return fail(err, "node's startup snapshot takes no path and no "
+						 "other flag", -EINVAL);
+			return 0;
+		}
 		break;
 	case SBX_MSG_FILE_WRITE_DATA:
 		if (r->data_len > SBX_HOST_FRAME_MAX)
@@ -142,7 +152,6 @@ static int validate_file(const struct sbx_file_req *r, struct sbx_err *err)
 		if (r->flag > 1)
 			return fail(err, "FILE_WRITE_END is commit (1) or abort (0)", -EINVAL);
 		break;
-	case SBX_MSG_FILE_READ:
 	case SBX_MSG_FILE_LIST:
 		break;
 	default:
@@ -169,6 +178,7 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, str
 	if (rc == 0) {
 		switch (r->type) {
 		case SBX_MSG_FILE_WRITE_BEGIN:
+		case SBX_MSG_FILE_READ:
 			rc = sbx_put_str(b, r->path, r->path_len);
 			if (rc == 0)
 				rc = sbx_put_u8(b, r->flag);
@@ -180,7 +190,7 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, str
 		case SBX_MSG_FILE_WRITE_END:
 			rc = sbx_put_u8(b, r->flag);
 			break;
-		default: /* READ, LIST */
+		default: /* LIST */
 			rc = sbx_put_str(b, r->path, r->path_len);
 			break;
 		}

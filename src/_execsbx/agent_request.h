@@ -37,14 +37,14 @@ struct sbx_file_req {
 	uint8_t type;       /* SBX_MSG_FILE_WRITE_BEGIN .. SBX_MSG_FILE_LIST */
 	uint32_t id;        /* the transfer's id, the same for every frame of a write */
 	const uint8_t *path; /* WRITE_BEGIN, READ, LIST: relative to the guest home ("" = home for
-			      * LIST only) */
+			      * LIST; "" with SBX_FILE_NODE_SNAPSHOT: node's startup snapshot) */
 	size_t path_len;
-	uint8_t flag;       /* WRITE_BEGIN: enum sbx_file_mode bits; WRITE_END: 1 commit, 0 abort */
+	uint8_t flag; /* WRITE_BEGIN, READ: enum sbx_file_flag bits; WRITE_END: 1 commit, 0 abort */
 	const uint8_t *data; /* WRITE_DATA */
 	size_t data_len;
 };
 
-/* Append the request's frame. Returns 0, or -EINVAL (another type, an unknown mode bit, an empty
+/* Append the request's frame. Returns 0, or -EINVAL (another type, an unknown flag, an empty
  * path where one is needed, a NUL in the path: e says which), -EMSGSIZE (path over PATH_MAX,
  * data over HOST_FRAME_MAX) or -ENOMEM. On failure b is left as it was. */
 int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, struct sbx_err *e);

@@ -188,27 +188,37 @@ static PyObject *queue_file(struct sbx_vm *vm, const struct sbx_file_req *r)
 	"more."
 
 const char sbx_py_send_file_write_begin_doc[] =
-	"send_file_write_begin(id, path, executable) -> int\n\n"
+	"send_file_write_begin(id, path, flags) -> int\n\n"
 	"Queue FILE_WRITE_BEGIN: path (bytes, relative to the guest home, at most PATH_MAX) is\n"
-	"written to a temporary file, mode 0755 if executable else 0644; FILE_WRITE_DATA and\n"
-	"FILE_WRITE_END follow with the same id. " FILE_SEND_NOTE;
+	"written to a temporary file, mode 0755 with FILE_EXECUTABLE in flags else 0644; with\n"
+	"FILE_NODE_SNAPSHOT alone and path b'', the file is node's startup snapshot instead.\n"
+	"FILE_WRITE_DATA and FILE_WRITE_END follow with the same id. " FILE_SEND_NOTE;
 
-PyObject *sbx_py_send_file_write_begin(struct sbx_vm *vm, PyObject *args)
+/* FILE_WRITE_BEGIN and FILE_READ: a path and FILE_* flags. */
+static PyObject *send_file_target(struct sbx_vm *vm, PyObject *args, uint8_t type,
+				  const char *fmt)
 {
 	PyObject *o_id, *result = NULL;
 	Py_buffer path;
-	int executable;
-	struct sbx_file_req r = {.type = SBX_MSG_FILE_WRITE_BEGIN};
-	if (!PyArg_ParseTuple(args, "Oy*p:send_file_write_begin", &o_id, &path, &executable))
+	unsigned int flags = 0;
+	struct sbx_file_req r = {.type = type};
+	if (!PyArg_ParseTuple(args, fmt, &o_id, &path, &flags))
 		return NULL;
-	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
+	if (flags > 0xff) {
+		PyErr_SetString(PyExc_ValueError, "unknown file flag");
+	} else if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0) {
 		r.path = path.buf;
 		r.path_len = (size_t)path.len;
-		r.flag = executable ? SBX_FILE_EXECUTABLE : 0;
+		r.flag = (uint8_t)flags;
 		result = queue_file(vm, &r);
 	}
 	PyBuffer_Release(&path);
 	return result;
+}
+
+PyObject *sbx_py_send_file_write_begin(struct sbx_vm *vm, PyObject *args)
+{
+	return send_file_target(vm, args, SBX_MSG_FILE_WRITE_BEGIN, "Oy*I:send_file_write_begin");
 }
 
 const char sbx_py_send_file_write_data_doc[] =
@@ -250,7 +260,7 @@ PyObject *sbx_py_send_file_write_end(struct sbx_vm *vm, PyObject *args)
 	return queue_file(vm, &r);
 }
 
-/* FILE_READ and FILE_LIST: a path and nothing else. */
+/* FILE_LIST: a path and nothing else. */
 static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type, const char *fmt)
 {
 	PyObject *o_id, *result = NULL;
@@ -268,13 +278,15 @@ static PyObject *send_file_path(struct sbx_vm *vm, PyObject *args, uint8_t type,
 }
 
 const char sbx_py_send_file_read_doc[] =
-	"send_file_read(id, path) -> int\n\n"
-	"Queue FILE_READ of path (bytes, relative to the guest home): answered by FILE_DATA\n"
-	"events, then FILE_DONE (the byte count) or FILE_ERROR. " FILE_SEND_NOTE;
+	"send_file_read(id, path, flags=0) -> int\n\n"
+	"Queue FILE_READ of path (bytes, relative to the guest home; with flags\n"
+	"FILE_NODE_SNAPSHOT and path b'', node's startup snapshot after the guest's CPU tag):\n"
+	"answered by FILE_DATA events, then FILE_DONE (the byte count) or FILE_ERROR. "
+	FILE_SEND_NOTE;
 
 PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args)
 {
-	return send_file_path(vm, args, SBX_MSG_FILE_READ, "Oy*:send_file_read");
+	return send_file_target(vm, args, SBX_MSG_FILE_READ, "Oy*|I:send_file_read");
 }
 
 const char sbx_py_send_file_list_doc[] =

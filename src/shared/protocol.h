@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#define SBX_PROTOCOL_VERSION 1u
+#define SBX_PROTOCOL_VERSION 2u
 #define SBX_CHANNEL_PORT_NAME "org.execsandbox.agent.0"
 #define SBX_FRAME_HEADER_SIZE 12u
 
@@ -64,10 +64,10 @@ enum sbx_msg {
 	SBX_MSG_PING = 65, /* empty; answered by PONG with the same id */
 	/* Sessions and files (66..95). */
 	SBX_MSG_SESSION_EXEC = 66,     /* EXEC payload, run in the session's persistent REPL */
-	SBX_MSG_FILE_WRITE_BEGIN = 67, /* str path (relative, <= SBX_PATH_MAX), u8 mode flags */
+	SBX_MSG_FILE_WRITE_BEGIN = 67, /* str path (relative, <= SBX_PATH_MAX), u8 file flags */
 	SBX_MSG_FILE_WRITE_DATA = 68,  /* raw bytes, 0..SBX_HOST_FRAME_MAX, same id as BEGIN */
 	SBX_MSG_FILE_WRITE_END = 69,   /* u8 1 = commit (rename into place), 0 = abort */
-	SBX_MSG_FILE_READ = 70,        /* str path: answered by FILE_DATA* then FILE_DONE */
+	SBX_MSG_FILE_READ = 70,        /* str path, u8 file flags: FILE_DATA* then FILE_DONE */
 	SBX_MSG_FILE_LIST = 71,        /* str path ("" = home): FILE_ENTRIES* then FILE_DONE */
 	/* Speed tiers (96..103). */
 	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
@@ -156,9 +156,16 @@ enum sbx_error {
 #define SBX_LIST_BATCH_MAX 200u
 #define SBX_LIST_ENTRIES_MAX 10000u
 
-enum sbx_file_mode {
-	SBX_FILE_EXECUTABLE = 1u << 0, /* mode 0755 instead of 0644 */
+enum sbx_file_flag {
+	SBX_FILE_EXECUTABLE = 1u << 0, /* FILE_WRITE_BEGIN: mode 0755 instead of 0644 */
+	/* FILE_WRITE_BEGIN and FILE_READ, alone and with an empty path: the file is node's startup
+	 * snapshot (docs/design.md, "JavaScript start-up"), not a home path. Its content on the
+	 * wire is a SBX_NODE_TAG_SIZE-byte tag of the guest's CPU, then the blob: the guest puts its
+	 * own tag in front on a read, and refuses a write whose tag is not its own (V8 aborts on a
+	 * blob made for another CPU feature set). The host keeps the bytes and never looks in. */
+	SBX_FILE_NODE_SNAPSHOT = 1u << 1,
 };
+#define SBX_NODE_TAG_SIZE 64u
 
 enum sbx_file_error {
 	SBX_FILE_ERR_PATH = 1,      /* invalid path, escapes the home, or a symlink on the way */

@@ -69,15 +69,26 @@ static void check_request(const struct sbx_exec_request *r, const struct sbx_fra
 static void check_file_path(const struct sbx_frame *f)
 {
 	static struct sbx_path_parts p;
-	bool with_u8 = f->type == SBX_MSG_FILE_WRITE_BEGIN;
+	bool with_u8 = f->type == SBX_MSG_FILE_WRITE_BEGIN || f->type == SBX_MSG_FILE_READ;
 	bool allow_empty = f->type == SBX_MSG_FILE_LIST;
+	uint8_t allowed = f->type == SBX_MSG_FILE_WRITE_BEGIN
+				  ? SBX_FILE_EXECUTABLE | SBX_FILE_NODE_SNAPSHOT
+				  : SBX_FILE_NODE_SNAPSHOT;
 	uint8_t extra = 0;
-	int rc = sbx_parse_file_path(f->payload, f->payload_len, with_u8, allow_empty, &p, &extra);
+	int rc = with_u8 ? sbx_parse_file_target(f->payload, f->payload_len, allowed, &p, &extra)
+			 : sbx_parse_file_path(f->payload, f->payload_len, false, true, &p, NULL);
 	if (rc < 0) {
 		REQUIRE(rc == -EPROTO || rc == -EINVAL);
 		return;
 	}
-	REQUIRE(p.n <= SBX_PATH_COMPONENTS_MAX && (p.n > 0 || allow_empty));
+	/* A flag outside the request's own never passes; node's startup snapshot is named by its
+	 * flag alone, every other target by a non-empty path. */
+	REQUIRE((extra & ~allowed) == 0);
+	if (extra & SBX_FILE_NODE_SNAPSHOT)
+		REQUIRE(extra == SBX_FILE_NODE_SNAPSHOT && p.n == 0);
+	else
+		REQUIRE(p.n > 0 || allow_empty);
+	REQUIRE(p.n <= SBX_PATH_COMPONENTS_MAX);
 	size_t total = 0;
 	for (size_t i = 0; i < p.n; i++) {
 		size_t n = strlen(p.comp[i]);

@@ -32,6 +32,7 @@ FILE_DATA, FILE_ENTRIES, FILE_DONE, FILE_ERROR = 7, 8, 9, 10
 SESSION_EXEC, WRITE_BEGIN, WRITE_DATA, WRITE_END, FILE_READ, FILE_LIST = 66, 67, 68, 69, 70, 71
 PRESTART = 97
 FILE_ERR_PATH, FILE_ERR_NOT_FOUND, FILE_ERR_PROTOCOL = 1, 2, 5
+FILE_NODE_SNAPSHOT, NODE_TAG_SIZE = 2, 64
 PYTHON, JAVASCRIPT, RAW = 1, 2, 3
 TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
 ERR_BAD_REQUEST, ERR_BUSY, ERR_SPAWN, ERR_INTERNAL = 1, 2, 3, 4
@@ -996,7 +997,7 @@ def test_files_write_read_list_and_refusals() -> None:
         a.send(frame(WRITE_END, 1, b"\x01"))
         assert file_reply(a, 1)[0] == len(data)
         assert os.access(os.path.join(home, "d/e/f.bin"), os.X_OK)
-        a.send(frame(FILE_READ, 2, s("d/e/f.bin")))
+        a.send(frame(FILE_READ, 2, s("d/e/f.bin") + b"\x00"))
         n, back, _ = file_reply(a, 2)
         assert n == len(data) and back == data
         a.send(frame(FILE_LIST, 3, s("d/e")))
@@ -1008,23 +1009,70 @@ def test_files_write_read_list_and_refusals() -> None:
         assert [e[0] for e in file_reply(a, 5)[2]] == ["e"]
         # The guest refuses what the host should have: '..', absolute, empty components.
         for i, bad in enumerate(["../x", "/etc/passwd", "a//b", ".", "a/.."]):
-            a.send(frame(FILE_READ, 10 + i, s(bad)))
+            a.send(frame(FILE_READ, 10 + i, s(bad) + b"\x00"))
             assert file_reply(a, 10 + i)[0] == -FILE_ERR_PATH, bad
         # Symlinks are never followed, wherever they are on the path.
         os.symlink("/etc", os.path.join(home, "etc"))
         os.symlink("/etc/hostname", os.path.join(home, "hostname"))
         for i, path in enumerate(["etc/hostname", "hostname"]):
-            a.send(frame(FILE_READ, 20 + i, s(path)))
+            a.send(frame(FILE_READ, 20 + i, s(path) + b"\x00"))
             assert file_reply(a, 20 + i)[0] == -FILE_ERR_PATH, path
         a.send(frame(WRITE_BEGIN, 22, s("etc/planted") + b"\x00"))
         assert file_reply(a, 22)[0] == -FILE_ERR_PATH
         a.send(frame(WRITE_END, 22, b"\x01"))  # clears the failed write; no reply
-        a.send(frame(FILE_READ, 23, s("missing")))
+        a.send(frame(FILE_READ, 23, s("missing") + b"\x00"))
         assert file_reply(a, 23)[0] == -FILE_ERR_NOT_FOUND
         a.send(frame(WRITE_DATA, 24, b"orphan"))
         assert file_reply(a, 24)[0] == -FILE_ERR_PROTOCOL
         a.send(frame(PING, 25))
         assert a.expect() == (PONG, 25, b"")
+    finally:
+        assert a.close() == 0
+
+
+def test_files_node_snapshot_slot_takes_only_its_own_cpu_tag() -> None:
+    # Node's startup snapshot is named by a flag, never a path (protocol.h); it is read out led
+    # by the guest's CPU tag, and taken in only behind that same tag.
+    a = session_agent()
+    slot = os.path.join(a.work.name, "node-startup.blob")
+    try:
+        a.send(frame(FILE_READ, 1, s("") + bytes([FILE_NODE_SNAPSHOT])))
+        assert file_reply(a, 1)[0] == -FILE_ERR_NOT_FOUND
+        with open(slot, "wb") as f:
+            f.write(b"blob made in the guest")
+        a.send(frame(FILE_READ, 2, s("") + bytes([FILE_NODE_SNAPSHOT])))
+        n, data, _ = file_reply(a, 2)
+        tag, blob = data[:NODE_TAG_SIZE], data[NODE_TAG_SIZE:]
+        assert n == len(data) and blob == b"blob made in the guest", data
+        assert tag.startswith(b"sbxcpu01") and tag != bytes(NODE_TAG_SIZE)
+
+        def write(req_id: int, content: bytes, flags: int = FILE_NODE_SNAPSHOT,
+                  path: str = "") -> int:
+            a.send(frame(WRITE_BEGIN, req_id, s(path) + bytes([flags])))
+            for i in range(0, len(content), 5):  # the tag split across frames
+                a.send(frame(WRITE_DATA, req_id, content[i:i + 5]))
+            a.send(frame(WRITE_END, req_id, b"\x01"))
+            return file_reply(a, req_id)[0]
+
+        assert write(3, tag + b"from the host") == NODE_TAG_SIZE + len(b"from the host")
+        with open(slot, "rb") as f:
+            assert f.read() == b"from the host"
+        other = bytearray(tag)
+        other[20] ^= 1  # another CPU's features
+        assert write(4, bytes(other) + b"stale") == -FILE_ERR_PATH
+        assert write(5, tag[:10]) == -FILE_ERR_PATH  # no whole tag: no blob
+        assert write(6, tag + b"x", FILE_NODE_SNAPSHOT | 1) == -FILE_ERR_PROTOCOL
+        assert write(7, tag + b"x", FILE_NODE_SNAPSHOT, "f.blob") == -FILE_ERR_PROTOCOL
+        assert write(8, tag + b"x", 4) == -FILE_ERR_PROTOCOL
+        with open(slot, "rb") as f:
+            assert f.read() == b"from the host"  # refused writes left it alone...
+        assert not [n for n in os.listdir(a.work.name) if n.startswith(".sbx-upload")]
+        os.unlink(slot)
+        os.symlink("/etc/hostname", slot)  # ...and a link there is never followed
+        a.send(frame(FILE_READ, 9, s("") + bytes([FILE_NODE_SNAPSHOT])))
+        assert file_reply(a, 9)[0] == -FILE_ERR_PATH
+        a.send(frame(FILE_READ, 10, s("x") + bytes([FILE_NODE_SNAPSHOT])))
+        assert file_reply(a, 10)[0] == -FILE_ERR_PROTOCOL
     finally:
         assert a.close() == 0
 
@@ -1054,7 +1102,7 @@ def main() -> int:
     a = Agent()
     try:
         mtype, fid, payload = a.expect()
-        assert (mtype, fid) == (READY, 0) and payload[:4] == struct.pack("<I", 1), payload
+        assert (mtype, fid) == (READY, 0) and payload[:4] == struct.pack("<I", 2), payload
         version = payload[8:].decode()
         assert version.startswith("sbx-agent "), version
         assert len(payload) == 8 + struct.unpack_from("<I", payload, 4)[0]
@@ -1085,7 +1133,8 @@ def main() -> int:
                test_session_adopts_the_prestarted_node,
                test_session_background_output_never_reaches_a_later_result,
                test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
-               test_files_write_read_list_and_refusals):
+               test_files_write_read_list_and_refusals,
+               test_files_node_snapshot_slot_takes_only_its_own_cpu_tag):
         report(fn.__name__, fn)
     if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
         report("test_boot_in_namespaces", test_boot_in_namespaces)

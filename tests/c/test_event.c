@@ -369,7 +369,17 @@ static void test_file_request_encoding(void)
 	r = (struct sbx_file_req){.type = SBX_MSG_FILE_READ, .id = 8,
 				  .path = (const uint8_t *)"a.txt", .path_len = 5};
 	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
-	check_payload(&b, SBX_MSG_FILE_READ, 8, "\5\0\0\0a.txt", 9);
+	check_payload(&b, SBX_MSG_FILE_READ, 8, "\5\0\0\0a.txt\0", 10);
+	b.len = 0;
+	/* Node's startup snapshot: named by its flag, with an empty path, both ways. */
+	r = (struct sbx_file_req){.type = SBX_MSG_FILE_READ, .id = 10,
+				  .flag = SBX_FILE_NODE_SNAPSHOT};
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_READ, 10, "\0\0\0\0\2", 5);
+	b.len = 0;
+	r.type = SBX_MSG_FILE_WRITE_BEGIN;
+	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_FILE_WRITE_BEGIN, 10, "\0\0\0\0\2", 5);
 	b.len = 0;
 	r = (struct sbx_file_req){.type = SBX_MSG_FILE_LIST, .id = 9}; /* "" = the home */
 	CHECK_EQ(sbx_encode_file_request(&b, &r, &why), 0);
@@ -393,8 +403,15 @@ static void test_file_request_limits(void)
 	} bad[] = {
 		{{.type = SBX_MSG_EXEC}, -EINVAL, "not a file-transfer message type"},
 		{{.type = SBX_MSG_FILE_DATA}, -EINVAL, "not a file-transfer message type"},
-		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = big, .path_len = 1, .flag = 2}, -EINVAL,
-		 "unknown file mode flag"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = big, .path_len = 1, .flag = 4}, -EINVAL,
+		 "unknown file flag"},
+		{{.type = SBX_MSG_FILE_READ, .path = big, .path_len = 1, .flag = SBX_FILE_EXECUTABLE},
+		 -EINVAL, "unknown file flag"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .path = big, .path_len = 1,
+		  .flag = SBX_FILE_NODE_SNAPSHOT},
+		 -EINVAL, "node's startup snapshot takes no path and no other flag"},
+		{{.type = SBX_MSG_FILE_WRITE_BEGIN, .flag = SBX_FILE_NODE_SNAPSHOT | SBX_FILE_EXECUTABLE},
+		 -EINVAL, "node's startup snapshot takes no path and no other flag"},
 		{{.type = SBX_MSG_FILE_WRITE_END, .flag = 2}, -EINVAL,
 		 "FILE_WRITE_END is commit (1) or abort (0)"},
 		{{.type = SBX_MSG_FILE_WRITE_DATA, .data = big, .data_len = SBX_HOST_FRAME_MAX + 1},

@@ -103,7 +103,7 @@ def fd_is_open(fd: int) -> bool:
 
 def test_constants() -> None:
     x = _execsbx
-    assert x.PROTOCOL_VERSION == 1
+    assert x.PROTOCOL_VERSION == 2
     assert x.CHANNEL_PORT_NAME == "org.execsandbox.agent.0"
     assert (x.LANG_PYTHON, x.LANG_JAVASCRIPT, x.LANG_RAW) == (1, 2, 3)
     assert (x.EXIT_TIMED_OUT, x.EXIT_STDOUT_LIMIT, x.EXIT_STDERR_LIMIT) == (1, 2, 4)
@@ -654,17 +654,21 @@ def test_file_requests_go_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> 
         + frame(_execsbx.MSG_FILE_WRITE_END, 3, b"\x01")
         + frame(_execsbx.MSG_FILE_WRITE_BEGIN, 4, sstr(b"y") + b"\x00")
         + frame(_execsbx.MSG_FILE_WRITE_END, 4, b"\x00")
-        + frame(_execsbx.MSG_FILE_READ, 5, sstr(b"a.txt"))
+        + frame(_execsbx.MSG_FILE_READ, 5, sstr(b"a.txt") + b"\x00")
         + frame(_execsbx.MSG_FILE_LIST, 6, sstr(b""))
+        + frame(_execsbx.MSG_FILE_WRITE_BEGIN, 7, sstr(b"") + bytes([_execsbx.FILE_NODE_SNAPSHOT]))
+        + frame(_execsbx.MSG_FILE_READ, 8, sstr(b"") + bytes([_execsbx.FILE_NODE_SNAPSHOT]))
     )
     try:
-        vm.send_file_write_begin(3, b"d/x", True)
+        vm.send_file_write_begin(3, b"d/x", _execsbx.FILE_EXECUTABLE)
         vm.send_file_write_data(3, memoryview(b"xyz"))
         vm.send_file_write_end(3, True)
-        vm.send_file_write_begin(4, b"y", False)
+        vm.send_file_write_begin(4, b"y", 0)
         vm.send_file_write_end(4, False)
         vm.send_file_read(5, b"a.txt")
         assert vm.send_file_list(6, b"") >= 0
+        vm.send_file_write_begin(7, b"", _execsbx.FILE_NODE_SNAPSHOT)
+        vm.send_file_read(8, b"", _execsbx.FILE_NODE_SNAPSHOT)
         deadline = time.monotonic() + 10
         while vm.flush() and time.monotonic() < deadline:
             select.select([], [vm.fileno()], [], 1)
@@ -685,16 +689,29 @@ def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> N
         with pytest.raises(ValueError, match="path longer than PATH_MAX"):
             vm.send_file_read(3, b"a" * (_execsbx.PATH_MAX + 1))
         with pytest.raises(ValueError, match="empty path"):
-            vm.send_file_write_begin(3, b"", False)
+            vm.send_file_write_begin(3, b"", 0)
         with pytest.raises(ValueError, match="path contains NUL"):
             vm.send_file_read(3, b"a\x00b")
+        # Node's startup snapshot is named by its flag alone; no flag outside the request's own.
+        node = _execsbx.FILE_NODE_SNAPSHOT
+        for send, path, flags in [
+            (vm.send_file_write_begin, b"x", node),
+            (vm.send_file_write_begin, b"", node | _execsbx.FILE_EXECUTABLE),
+            (vm.send_file_read, b"x", node),
+        ]:
+            with pytest.raises(ValueError, match="takes no path"):
+                send(3, path, flags)
+        for send, flags in [(vm.send_file_read, _execsbx.FILE_EXECUTABLE),
+                            (vm.send_file_write_begin, 4), (vm.send_file_read, 0x100)]:
+            with pytest.raises(ValueError, match="unknown file flag"):
+                send(3, b"x", flags)
         assert vm.flush() == 0  # nothing was queued
         assert vm.send_exec(1, 1, 1000, 10, 10, [], b"pass", session=True) >= 0
     finally:
         vm.close()
 
 
-@pytest.mark.parametrize("version", [0, 2, 0xFFFFFFFF])
+@pytest.mark.parametrize("version", [0, 1, 3, 0xFFFFFFFF])
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
     boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
@@ -709,7 +726,7 @@ async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, ve
     with pytest.raises(VmPermanentError, match=f"protocol version {version}.*sbx setup"):
         await GuestVm.boot(spec, boot_timeout=10)
     # The same stand-in announcing this library's version boots.
-    spec_ok = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(1)), images=images, accel="tcg",
+    spec_ok = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(_execsbx.PROTOCOL_VERSION)), images=images, accel="tcg",
                      memory_mb=128)  # fmt: skip
     guest = await GuestVm.boot(spec_ok, boot_timeout=10)
     await guest.aclose()
