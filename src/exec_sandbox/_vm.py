@@ -45,6 +45,11 @@ FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
 FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
+# FILE_WRITE_BEGIN/FILE_READ flags: mode 0755; node's startup snapshot (node_startup.py) in place
+# of a path, its content led by NODE_TAG_SIZE bytes of the guest's CPU tag.
+FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
+FILE_NODE_SNAPSHOT = int(_execsbx.FILE_NODE_SNAPSHOT)
+NODE_TAG_SIZE = int(_execsbx.NODE_TAG_SIZE)
 FileEntry = _execsbx.FileEntry  # name, is_dir, size: one entry of a listing
 # The guest's events, typed by the C decoder (struct sequences read by attribute; `Event` is their
 # union, tagged by `kind`, for the type checker only).

@@ -113,14 +113,20 @@ async def _settle(vm: GuestVm, transfer: FileTransfer, progress: Callable[[], in
 
 async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable: bool) -> int:
     """Stream content to path (atomically replaced in the guest). Returns the bytes written."""
+    return await write_target(vm, path, content, _vm.FILE_EXECUTABLE if make_executable else 0)
+
+
+async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -> int:
+    """write_file() with the FILE_WRITE_BEGIN flags as given (node_startup.py names node's
+    startup snapshot by a flag and no path)."""
     if isinstance(content, Path):
         with content.open("rb") as source:
-            return await write_file(vm, path, source, make_executable)
+            return await write_target(vm, path, source, flags)
     transfer = vm.open_transfer()
     sent = 0
     committed = False
     try:
-        vm.send_file_frame("write_begin", transfer.id, path, make_executable)
+        vm.send_file_frame("write_begin", transfer.id, path, flags)
         for chunk in _chunks(content):
             sent += len(chunk)
             if sent > FILE_SIZE_MAX:
@@ -172,12 +178,19 @@ def _chunks(content: bytes | bytearray | memoryview | IO[bytes]):  # type: ignor
 
 async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -> bytes | None:
     """Stream path from the guest into destination, or into the returned bytes."""
+    return await read_target(vm, path, destination, 0, FILE_SIZE_MAX)
+
+
+async def read_target(vm: GuestVm, path: bytes, destination: Destination | None, flags: int,
+                      limit: int) -> bytes | None:  # fmt: skip
+    """read_file() with the FILE_READ flags as given; the VM is closed when the guest sends more
+    than limit bytes."""
     if isinstance(destination, Path):
         # Written beside the target and renamed: a failed read leaves no partial file.
         partial = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
         try:
             with partial.open("wb") as sink:
-                await read_file(vm, path, sink)
+                await read_target(vm, path, sink, flags, limit)
             partial.replace(destination)
         finally:
             partial.unlink(missing_ok=True)
@@ -188,9 +201,9 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
     def on_data(data: bytes) -> None:
         nonlocal received
         received += len(data)
-        if received > FILE_SIZE_MAX:
+        if received > limit:
             vm.close()
-            raise GuestAgentError(f"guest sent more than {FILE_SIZE_MAX} bytes for one file")
+            raise GuestAgentError(f"guest sent more than {limit} bytes for one file")
         if destination is None:
             parts.append(data)
         else:
@@ -198,7 +211,7 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
 
     transfer = vm.open_transfer(on_data=on_data)
     try:
-        vm.send_file_frame("read", transfer.id, path)
+        vm.send_file_frame("read", transfer.id, path, flags)
         total = await _settle(vm, transfer, lambda: received)
     except GuestFileError as exc:
         _raise_for(exc, path)

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from . import host, limits, migration
+from . import host, limits, migration, node_startup
 from .admission import Admission
 from .config import SchedulerConfig
 from .errors import SandboxError
@@ -41,10 +41,12 @@ from .packages.layer import PackageLayer
 from .packages.layers import PackageLayers
 from .packages.specs import PackageSpec, merge_packages, validate_packages
 from .qmp import QmpError
+from .node_startup import NodeStartupCache, blob_key
 from .snapshots import (
     Snapshot,
     SnapshotCache,
     SnapshotIntegrityError,
+    machine_identity,
     qemu_version,
     snapshot_key,
     template_holds_interpreter,
@@ -150,8 +152,13 @@ class Provisioner:
         self._registry = registry
         self.foreground = foreground
         self._host: HostSetup | None = None
+        # Node's startup snapshot, which javascript templates leave there, is given to cold
+        # boots too (node_startup.py), also with memory snapshots off.
+        self.node_cache = NodeStartupCache(config.memory_snapshot_cache_dir)
         self.snapshots = (
-            SnapshotCache(config.memory_snapshot_cache_dir) if config.memory_snapshots else None
+            SnapshotCache(config.memory_snapshot_cache_dir, self.node_cache)
+            if config.memory_snapshots
+            else None
         )
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
         self._snapshot_failed: set[str] = set()
@@ -263,8 +270,22 @@ class Provisioner:
         at = time.monotonic()
         vm = await self.factory.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
                                      on_boot_log=on_boot_log)  # fmt: skip
+        if language == "javascript" and node_startup.GIVE_TO_COLD_BOOTS:
+            try:
+                await self._give_node_startup(vm, spec)
+            except BaseException:
+                vm.close()
+                raise
         phases.boot_ms = _ms(time.monotonic() - at)
         return vm
+
+    async def _give_node_startup(self, vm: GuestVm, spec: VmSpec) -> None:
+        """A cold-booted VM's node starts from this machine's startup snapshot when the host
+        has one (about 0.7 s less per node start under TCG); one the VM refuses is dropped."""
+        key = blob_key(machine_identity(spec))
+        blob = await self.node_cache.load(key)
+        if blob is not None and not await node_startup.install(vm, blob):
+            await self.node_cache.discard(key)
 
     async def _restore_or_none(self, spec: VmSpec, language: Language, key: str,
                                snapshot: Snapshot, phases: Phases,

@@ -62,9 +62,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
+from . import node_startup
 from .execution import ExecRequest
 from .guest_vm import GuestVm
 from .migration import save_devices
+from .node_startup import NodeStartupCache
 from .vm_spec import VmSpec
 from .models import Language
 
@@ -139,7 +141,26 @@ rm -rf "$dir"
 _NODE_SNAPSHOT_TIMEOUT_MS = 120_000
 
 
-async def _build_node_snapshot(vm: GuestVm) -> None:
+async def _give_node_snapshot(vm: GuestVm, spec: VmSpec,
+                              node_cache: NodeStartupCache | None) -> None:  # fmt: skip
+    """The template's node startup snapshot: the host's copy of this machine's when the VM takes
+    it in, else one built in the VM now, which the host keeps for other VMs when the template has
+    no package layer (node_startup.py: nothing but the image's code ran in it)."""
+    key = node_startup.blob_key(machine_identity(spec))
+    if node_cache is not None:
+        blob = await node_cache.load(key)
+        if blob is not None:
+            if await node_startup.install(vm, blob):
+                return
+            await node_cache.discard(key)
+    if not await _build_node_snapshot(vm) or node_cache is None or spec.layer is not None:
+        return
+    blob = await node_startup.read_out(vm)
+    if blob is not None:
+        await node_cache.store(key, blob)
+
+
+async def _build_node_snapshot(vm: GuestVm) -> bool:
     outcome = await vm.execute(
         ExecRequest(
             language="raw",
@@ -153,6 +174,8 @@ async def _build_node_snapshot(vm: GuestVm) -> None:
     if outcome.exit_code != 0:
         log.warning("javascript template without node's startup snapshot (exit %s): %s",
                     outcome.exit_code, outcome.stderr[-300:])  # fmt: skip
+        return False
+    return True
 
 
 @functools.cache
@@ -219,8 +242,9 @@ class Snapshot:
 
 
 class SnapshotCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, node_cache: NodeStartupCache | None = None) -> None:
         self.root = root
+        self.node_cache = node_cache  # where javascript templates keep node's startup snapshot
         self.ram_files = RamFiles()
         self._corrupt: set[str] = set()
 
@@ -310,7 +334,7 @@ class SnapshotCache:
             try:
                 await vm.warm_up(language)
                 if language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES:
-                    await _build_node_snapshot(vm)
+                    await _give_node_snapshot(vm, spec, self.node_cache)
                 if template_holds_interpreter(language):
                     await vm.prestart(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest

@@ -4,6 +4,7 @@ template builds it, its clones start node from it, and what the code sees is wha
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -77,4 +78,40 @@ async def test_pool_vms_cloned_from_a_javascript_template_park_node_from_the_sna
     from_clone = [r for r in hits if r.stdout == "true\n"]
     assert from_clone, [r.stdout for r in hits]
     assert all(r.exit_code == 1 and "Error: boom" in r.stderr for r in hits), hits
+    assert qemu_processes(parent=os.getpid()) == []
+
+
+DRAWS = (
+    "const c = require('crypto');\n"
+    "console.log(JSON.stringify([process.execArgv, Math.random(), c.randomUUID(),\n"
+    "  c.randomBytes(16).toString('hex')]));\n"
+)
+
+
+async def test_cold_javascript_vms_start_node_from_the_machines_snapshot_or_refuse_it(
+    images_ready: None, tmp_path: Path
+) -> None:
+    # The blob a template left in the cache directory is written into cold-booted VMs (here
+    # with memory snapshots off), whose node then starts from it with randomness of its own; a
+    # blob whose CPU tag is not the guest's is refused, dropped, and node starts without it.
+    async with Scheduler(SchedulerConfig(memory_snapshot_cache_dir=tmp_path)) as sched:
+        assert await sched.prepare_snapshot("javascript")
+    (blob,) = tmp_path.glob("node-startup-*.blob")
+    cold_config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, memory_snapshots=False,
+                                  max_concurrent_vms=4)  # fmt: skip
+    async with Scheduler(cold_config) as sched:
+        runs = [await sched.run(DRAWS, language="javascript") for _ in range(2)]
+        crash = await sched.run(CRASH, language="javascript")
+        data = bytearray(blob.read_bytes())
+        data[20] ^= 1  # within the CPU tag: another CPU's feature set
+        blob.write_bytes(bytes(data))
+        refused = await sched.run(DRAWS, language="javascript")
+    seen = [json.loads(r.stdout) for r in runs]
+    assert all(r.exit_code == 0 and not r.l1_cache_hit for r in runs), runs
+    assert all(s[0] == ["--snapshot-blob", NODE_SNAPSHOT_PATH] for s in seen), seen
+    for a, b in zip(seen[0][1:], seen[1][1:], strict=True):
+        assert a != b, seen  # Math.random, randomUUID, randomBytes: each VM its own
+    assert crash.exit_code == 1 and "at Object.<anonymous> (/run/sbx/main.js:2:1)" in crash.stderr
+    assert refused.exit_code == 0 and json.loads(refused.stdout)[0] == [], refused
+    assert not blob.exists()
     assert qemu_processes(parent=os.getpid()) == []

@@ -1,0 +1,159 @@
+"""Node's startup snapshot for cold-booted VMs (docs/design.md, "JavaScript start-up").
+
+Debian builds node without its built-in startup snapshot, so every node start compiles and runs
+node's whole bootstrap (~0.7 s of a ~2 s start under TCG). A javascript template builds a
+snapshot of it with the VM's own node before any user code runs (snapshots.py), and its clones
+have it. This module keeps a copy of those bytes per machine on the host, so that a cold-booted
+VM that runs JavaScript gets it too: it is written into the guest before the VM's first node
+starts.
+
+What the host handles is opaque: the guest reads the blob out with its CPU tag in front
+(protocol.h, SBX_FILE_NODE_SNAPSHOT), and takes one in only when the tag is its own (V8 aborts on a
+blob made for another CPU feature set). The host never parses either; it bounds the size.
+
+Where a blob may come from: only a template without a package layer, whose VM ran nothing but
+the image's own code (no package's install scripts, no user code) before the blob was read out.
+The blob holds node's bootstrap and no randomness: each node process still seeds V8's and
+OpenSSL's generators itself (docs/security.md, "Randomness in clones").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+
+from . import _vm, files
+from .errors import SandboxError
+from .guest_vm import GuestVm
+
+log = logging.getLogger(__name__)
+
+# Node 18's blob is ~2.4 MB; a guest that sends more than this is cut off (the VM is closed).
+BLOB_MAX = 64 * 1024 * 1024
+# Blobs of other machines (an upgraded QEMU, new images) are removed beyond this many.
+KEEP_BLOBS = 2
+# Off only to measure what it saves (bench/speed_tiers.py: cold boots before and after).
+GIVE_TO_COLD_BOOTS = True
+_PREFIX = "node-startup-"
+_SUFFIX = ".blob"
+
+
+def blob_key(machine: Mapping[str, object]) -> str:
+    """The cache key of a VM's blob, from its snapshots.machine_identity(): what decides whether
+    a blob loads is the images (node's build), QEMU, accelerator, vCPUs and kernel command line
+    (the CPU the guest sees), and the host's CPU (under KVM the guest's is the host's); not the
+    RAM size nor the network port, so one blob serves every configuration of the machine. The
+    guest checks its CPU tag on top of this."""
+    identity = {k: v for k, v in machine.items() if k not in {"memory_mb", "net_port"}}
+    identity["host_cpu"] = _host_cpu_flags()
+    identity["format"] = 1
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@cache
+def _host_cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith(("flags", "Features")):
+                    return hashlib.sha256(line.encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return "unknown"
+
+
+class NodeStartupCache:
+    """The host's copies of node's startup snapshot (tag and blob, as the guest sent them), one
+    file per blob_key in root (the memory snapshot cache directory: its pruning leaves files
+    alone)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{_PREFIX}{key}{_SUFFIX}"
+
+    async def load(self, key: str) -> bytes | None:
+        return await asyncio.to_thread(self._load, key)
+
+    def _load(self, key: str) -> bytes | None:
+        try:
+            with self._path(key).open("rb") as source:
+                data = source.read(BLOB_MAX + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("node startup snapshot %s unreadable: %s", self._path(key), exc)
+            return None
+        if not _vm.NODE_TAG_SIZE < len(data) <= BLOB_MAX:
+            self._discard(key)
+            return None
+        return data
+
+    async def store(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._store, key, data)
+
+    def _store(self, key: str, data: bytes) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        partial = self.root / f".{_PREFIX}{key}.{os.getpid()}.partial"
+        try:
+            with partial.open("wb") as sink:
+                sink.write(data)
+            os.chmod(partial, 0o600)
+            partial.replace(self._path(key))
+        finally:
+            partial.unlink(missing_ok=True)
+        self._prune(protect=key)
+
+    async def discard(self, key: str) -> None:
+        await asyncio.to_thread(self._discard, key)
+
+    def _discard(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            self._path(key).unlink()
+
+    def _prune(self, protect: str) -> None:
+        try:
+            blobs = [p for p in self.root.iterdir()
+                     if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX)]  # fmt: skip
+        except OSError:
+            return
+        blobs.sort(key=lambda p: (p != self._path(protect), -_mtime(p)))
+        for stale in blobs[KEEP_BLOBS:]:
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+async def install(vm: GuestVm, blob: bytes) -> bool:
+    """Write blob (tag and snapshot, as read_out gave them) into vm, for its next node starts.
+    False when the guest refused it (another CPU tag) or could not take it."""
+    try:
+        await files.write_target(vm, b"", blob, _vm.FILE_NODE_SNAPSHOT)
+    except (SandboxError, OSError) as exc:
+        log.warning("node startup snapshot not taken in by the VM: %s", exc)
+        return False
+    return True
+
+
+async def read_out(vm: GuestVm) -> bytes | None:
+    """The VM's node startup snapshot, led by its CPU tag; None when it has none."""
+    try:
+        data = await files.read_target(vm, b"", None, _vm.FILE_NODE_SNAPSHOT, BLOB_MAX)
+    except (SandboxError, OSError) as exc:
+        log.warning("node startup snapshot not read out of the template: %s", exc)
+        return None
+    return data if data is not None and len(data) > _vm.NODE_TAG_SIZE else None
