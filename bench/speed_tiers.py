@@ -7,8 +7,8 @@
 3. host memory (PSS, RSS) and CPU of idle pool VMs (snapshot clones, and cold-booted VMs) for
    1, 5 and 10 VMs;
 4. JavaScript start-up (issue 17): run() and session start per path, with a node parked in the
-   javascript template and without one (before/after; both with node's startup snapshot),
-   against `node -e` on the host.
+   javascript template and without one, and cold boots with node's startup snapshot and without
+   (before/after), against `node -e` on the host.
 
     .venv/bin/python bench/speed_tiers.py --runs 10
     .venv/bin/python bench/speed_tiers.py --only javascript --runs 5
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
-from exec_sandbox import Scheduler, SchedulerConfig, snapshots  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig, node_startup, snapshots  # noqa: E402
 from exec_sandbox.guest_vm import GuestVm  # noqa: E402
 from exec_sandbox.provisioning import Phases as _Phases  # noqa: E402
 
@@ -191,18 +191,23 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
 
 
 async def javascript_start(cache: Path, runs: int) -> None:
-    """run() and session start for JavaScript per path, before (a template with node's startup
-    snapshot but no parked node: snapshots.NODE_PARKED_IN_TEMPLATES off) and after (a node parked
-    in it, which a clone's first run or session REPL uses). The paths take turns, one call each,
-    so that a change of the machine's load reaches all of them alike; the host baseline is taken
-    before each call."""
+    """run() and session start for JavaScript per path. L1: before (a template with node's
+    startup snapshot but no parked node: snapshots.NODE_PARKED_IN_TEMPLATES off) and after (a node
+    parked in it, which a clone's first run or session REPL uses). Cold boot: before (node starts
+    without a startup snapshot: node_startup.GIVE_TO_COLD_BOOTS off) and after (the snapshot the
+    L1-after template left in its cache directory is written into the VM before node starts).
+    The paths take turns, one call each, so that a change of the machine's load reaches all of
+    them alike; the host baseline is taken before each call."""
     print("\n== 4. JavaScript start-up: run('console.log(1)') and session start (ms) ==")
     code, host_argv = CASES["javascript"]
     hosts: list[float] = []
     rows: dict[str, list[float]] = {}
-    # label: (memory snapshots, node parked in the template, path that must serve)
-    paths = {"cold boot": (False, True, "cold"), "L1 restore, before": (True, False, "l1"),
-             "L1 restore, after": (True, True, "l1")}  # fmt: skip
+    # label: (memory snapshots, node parked in the template, node's startup snapshot given to
+    # cold boots, cache directory, path that must serve)
+    paths = {"cold boot, before": (False, True, False, "l1-after", "cold"),
+             "cold boot, after": (False, True, True, "l1-after", "cold"),
+             "L1 restore, before": (True, False, True, "l1-before", "l1"),
+             "L1 restore, after": (True, True, True, "l1-after", "l1")}  # fmt: skip
 
     async def one_run(sched: Scheduler, label: str, want: str) -> None:
         hosts.append(await host_spawn_ms(host_argv))
@@ -216,18 +221,22 @@ async def javascript_start(cache: Path, runs: int) -> None:
     try:
         async with contextlib.AsyncExitStack() as stack:
             scheds: dict[str, Scheduler] = {}
-            for label, (snaps, parked, _) in paths.items():
+            # The L1 paths first: the after template leaves node's startup snapshot in its
+            # directory, where the cold boots of the after path find it.
+            for label, (snaps, parked, _, directory, _) in sorted(
+                    paths.items(), key=lambda item: not item[1][0]):  # fmt: skip
                 snapshots.NODE_PARKED_IN_TEMPLATES = parked
                 sched = await stack.enter_async_context(Scheduler(config(
-                    cache / label.replace(" ", "").replace(",", "-"), warm_pool_size=0,
-                    memory_snapshots=snaps)))  # fmt: skip
+                    cache / directory, warm_pool_size=0, memory_snapshots=snaps)))  # fmt: skip
                 if snaps:
                     assert await sched.prepare_snapshot("javascript")
                 scheds[label] = sched
+            assert list((cache / "l1-after").glob("node-startup-*.blob")), "no blob was kept"
             for _ in range(runs):
-                for label, (_, parked, want) in paths.items():
+                for label, (_, parked, give, _, want) in paths.items():
                     # Read at every lookup of the template's key: set for the path's turn.
                     snapshots.NODE_PARKED_IN_TEMPLATES = parked
+                    node_startup.GIVE_TO_COLD_BOOTS = give
                     await one_run(scheds[label], label, want)
                     hosts.append(await host_spawn_ms(host_argv))
                     started = time.perf_counter()
@@ -247,6 +256,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
                     await one_run(sched, f"pool hit, {when}", "pool")
     finally:
         snapshots.NODE_PARKED_IN_TEMPLATES = True
+        node_startup.GIVE_TO_COLD_BOOTS = True
     host_p50 = percentile(hosts, 50)
     for label in sorted(rows):
         values = rows[label]
