@@ -231,7 +231,7 @@ static void write_end(struct sbx_files *f, const struct sbx_frame *fr)
 		if (!sbx_cpu_tag(own) || f->tag_len != SBX_NODE_TAG_SIZE ||
 		    memcmp(own, f->tag, SBX_NODE_TAG_SIZE) != 0) {
 			/* V8 would abort every node start on it. */
-			write_fail(f, SBX_FILE_ERR_PATH,
+			write_fail(f, SBX_FILE_ERR_REFUSED,
 				   "node's startup snapshot was made on another CPU", 0);
 			f->writing = false;
 			return;
@@ -313,13 +313,16 @@ void sbx_files_pump(struct sbx_files *f)
 	static uint8_t buf[SBX_FILE_CHUNK_MAX];
 	if (f->read_fd >= 0 && f->read_tag_first && sbx_channel_wants_output(f->ch)) {
 		uint8_t tag[SBX_NODE_TAG_SIZE];
-		f->read_tag_first = false;
 		sbx_cpu_tag(tag); /* known: read_begin checked */
-		if (sbx_channel_send(f->ch, SBX_MSG_FILE_DATA, f->read_id, tag, sizeof(tag)) ==
-		    -ENOTCONN) {
+		int rc = sbx_channel_send(f->ch, SBX_MSG_FILE_DATA, f->read_id, tag, sizeof(tag));
+		if (rc < 0) {
+			/* Never the file without its tag in front. */
 			sbx_close_fd(&f->read_fd);
+			if (rc != -ENOTCONN)
+				send_error(f, f->read_id, SBX_FILE_ERR_IO, "sending the CPU tag", -rc);
 			return;
 		}
+		f->read_tag_first = false;
 		f->read_sent += sizeof(tag);
 	}
 	for (int i = 0; i < PUMP_CHUNKS && f->read_fd >= 0 && sbx_channel_wants_output(f->ch); i++) {

@@ -62,6 +62,7 @@ FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
 FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
 FILE_ERR_PROTOCOL = int(_execsbx.FILE_ERR_PROTOCOL)
+FILE_ERR_REFUSED = int(_execsbx.FILE_ERR_REFUSED)
 
 # The network relay (network/hub.py): one NetRing per scheduler; NET_CONFIG goes on the agent
 # channel like a file frame (GuestVm.send_net_config). NetRing.run() gives typed events (struct

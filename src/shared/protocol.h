@@ -173,7 +173,8 @@ enum sbx_file_error {
 	SBX_FILE_ERR_IO = 3,        /* the guest could not read or write */
 	SBX_FILE_ERR_TOO_LARGE = 4, /* over SBX_FILE_SIZE_MAX, or too many entries */
 	SBX_FILE_ERR_PROTOCOL = 5,  /* request out of sequence or malformed */
+	SBX_FILE_ERR_REFUSED = 6,   /* node's startup snapshot behind another CPU's tag */
 };
-#define SBX_FILE_ERR_MAX SBX_FILE_ERR_PROTOCOL
+#define SBX_FILE_ERR_MAX SBX_FILE_ERR_REFUSED
 
 #endif /* SBX_PROTOCOL_H */

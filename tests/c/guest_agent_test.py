@@ -32,7 +32,7 @@ FILE_DATA, FILE_ENTRIES, FILE_DONE, FILE_ERROR = 7, 8, 9, 10
 SESSION_EXEC, WRITE_BEGIN, WRITE_DATA, WRITE_END, FILE_READ, FILE_LIST = 66, 67, 68, 69, 70, 71
 PRESTART = 97
 FILE_ERR_PATH, FILE_ERR_NOT_FOUND, FILE_ERR_PROTOCOL = 1, 2, 5
-FILE_NODE_SNAPSHOT, NODE_TAG_SIZE = 2, 64
+FILE_NODE_SNAPSHOT, NODE_TAG_SIZE, FILE_ERR_REFUSED = 2, 64, 6
 PYTHON, JAVASCRIPT, RAW = 1, 2, 3
 TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
 ERR_BAD_REQUEST, ERR_BUSY, ERR_SPAWN, ERR_INTERNAL = 1, 2, 3, 4
@@ -1059,8 +1059,8 @@ def test_files_node_snapshot_slot_takes_only_its_own_cpu_tag() -> None:
             assert f.read() == b"from the host"
         other = bytearray(tag)
         other[20] ^= 1  # another CPU's features
-        assert write(4, bytes(other) + b"stale") == -FILE_ERR_PATH
-        assert write(5, tag[:10]) == -FILE_ERR_PATH  # no whole tag: no blob
+        assert write(4, bytes(other) + b"stale") == -FILE_ERR_REFUSED
+        assert write(5, tag[:10]) == -FILE_ERR_REFUSED  # no whole tag: no blob
         assert write(6, tag + b"x", FILE_NODE_SNAPSHOT | 1) == -FILE_ERR_PROTOCOL
         assert write(7, tag + b"x", FILE_NODE_SNAPSHOT, "f.blob") == -FILE_ERR_PROTOCOL
         assert write(8, tag + b"x", 4) == -FILE_ERR_PROTOCOL
