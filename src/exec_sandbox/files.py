@@ -66,8 +66,15 @@ def guest_path(path: object, *, allow_empty: bool = False) -> bytes:
     return "/".join(parts).encode("utf-8")
 
 
+class ContentRefused(SandboxError):
+    """The guest would not take what was written (FILE_ERR_REFUSED: node's startup snapshot
+    behind another CPU's tag, node_startup.py)."""
+
+
 def _raise_for(exc: GuestFileError, path: bytes) -> None:
     shown = path.decode("utf-8", "replace") or "."
+    if exc.kind == _vm.FILE_ERR_REFUSED:
+        raise ContentRefused(str(exc)) from None
     if exc.kind == _vm.FILE_ERR_PATH:
         raise InputValidationError(f"{shown}: {exc}") from None
     if exc.kind == _vm.FILE_ERR_NOT_FOUND:

@@ -25,15 +25,18 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
+import time
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
+from typing import Literal
 
 from . import _vm, files
 from .errors import SandboxError
 from .guest_vm import GuestVm
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("exec_sandbox")
 
 # Node 18's blob is ~2.4 MB; a guest that sends more than this is cut off (the VM is closed).
 BLOB_MAX = 64 * 1024 * 1024
@@ -42,6 +45,8 @@ KEEP_BLOBS = 2
 # Off only to measure what it saves (bench/speed_tiers.py: cold boots before and after).
 GIVE_TO_COLD_BOOTS = True
 _PREFIX = "node-startup-"
+_DIGEST_SIZE = 32  # the SHA-256 in front of each kept blob
+InstallOutcome = Literal["taken", "refused", "failed"]
 _SUFFIX = ".blob"
 
 
@@ -72,7 +77,9 @@ def _host_cpu_flags() -> str:
 class NodeStartupCache:
     """The host's copies of node's startup snapshot (tag and blob, as the guest sent them), one
     file per blob_key in root (the memory snapshot cache directory: its pruning leaves files
-    alone)."""
+    alone). Each file starts with the SHA-256 of what follows, checked at every load: a torn or
+    damaged file is dropped, never handed to a VM (the guest checks the tag, not the blob). A
+    failure to keep a blob is logged, never raised: the blob only saves time."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -86,13 +93,16 @@ class NodeStartupCache:
     def _load(self, key: str) -> bytes | None:
         try:
             with self._path(key).open("rb") as source:
-                data = source.read(BLOB_MAX + 1)
+                stored = source.read(_DIGEST_SIZE + BLOB_MAX + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
             log.warning("node startup snapshot %s unreadable: %s", self._path(key), exc)
             return None
-        if not _vm.NODE_TAG_SIZE < len(data) <= BLOB_MAX:
+        digest, data = stored[:_DIGEST_SIZE], stored[_DIGEST_SIZE:]
+        intact = hashlib.sha256(data).digest() == digest
+        if not intact or not _vm.NODE_TAG_SIZE < len(data) <= BLOB_MAX:
+            log.warning("node startup snapshot %s is damaged: dropped", self._path(key))
             self._discard(key)
             return None
         return data
@@ -101,15 +111,25 @@ class NodeStartupCache:
         await asyncio.to_thread(self._store, key, data)
 
     def _store(self, key: str, data: bytes) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        partial = self.root / f".{_PREFIX}{key}.{os.getpid()}.partial"
+        partial = None
         try:
-            with partial.open("wb") as sink:
+            self.root.mkdir(parents=True, exist_ok=True)
+            # Its own name per writer (schedulers of one process may store the same key at
+            # once), created 0600.
+            fd, name = tempfile.mkstemp(dir=self.root, prefix=f".{_PREFIX}{key}.",
+                                        suffix=".partial")  # fmt: skip
+            partial = Path(name)
+            with os.fdopen(fd, "wb") as sink:
+                sink.write(hashlib.sha256(data).digest())
                 sink.write(data)
-            os.chmod(partial, 0o600)
             partial.replace(self._path(key))
+            partial = None
+        except OSError as exc:
+            log.warning("node startup snapshot not kept in %s: %s", self.root, exc)
+            return
         finally:
-            partial.unlink(missing_ok=True)
+            if partial is not None:
+                partial.unlink(missing_ok=True)
         self._prune(protect=key)
 
     async def discard(self, key: str) -> None:
@@ -120,11 +140,20 @@ class NodeStartupCache:
             self._path(key).unlink()
 
     def _prune(self, protect: str) -> None:
+        """Keep the KEEP_BLOBS most recently stored blobs (always protect, the one just stored;
+        the others are of other machines: another QEMU, older images) and remove the partial
+        files of writers that died more than an hour ago."""
         try:
-            blobs = [p for p in self.root.iterdir()
-                     if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX)]  # fmt: skip
+            entries = list(self.root.iterdir())
         except OSError:
             return
+        now = time.time()
+        for partial in entries:
+            if partial.name.startswith(f".{_PREFIX}") and partial.name.endswith(".partial") \
+                    and now - _mtime(partial) > 3600:  # fmt: skip
+                with contextlib.suppress(OSError):
+                    partial.unlink()
+        blobs = [p for p in entries if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX)]
         blobs.sort(key=lambda p: (p != self._path(protect), -_mtime(p)))
         for stale in blobs[KEEP_BLOBS:]:
             with contextlib.suppress(OSError):
@@ -138,15 +167,22 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-async def install(vm: GuestVm, blob: bytes) -> bool:
-    """Write blob (tag and snapshot, as read_out gave them) into vm, for its next node starts.
-    False when the guest refused it (another CPU tag) or could not take it."""
+async def install(vm: GuestVm, blob: bytes) -> InstallOutcome:
+    """Write blob (tag and snapshot, as read_out gave them) into vm, for its next node starts:
+    "taken"; "refused" when the tag is not the guest's (drop the blob: it will never fit this
+    machine's VMs); "failed" for any other reason the VM is still fine after (keep the blob). A VM
+    broken on the way raises, as any other request to it would."""
     try:
         await files.write_target(vm, b"", blob, _vm.FILE_NODE_SNAPSHOT)
+    except files.ContentRefused as exc:
+        log.warning("node startup snapshot refused by the VM: %s", exc)
+        return "refused"
     except (SandboxError, OSError) as exc:
-        log.warning("node startup snapshot not taken in by the VM: %s", exc)
-        return False
-    return True
+        if not vm.alive:
+            raise
+        log.warning("node startup snapshot not written into the VM: %s", exc)
+        return "failed"
+    return "taken"
 
 
 async def read_out(vm: GuestVm) -> bytes | None:

@@ -284,7 +284,7 @@ class Provisioner:
         has one (about 0.7 s less per node start under TCG); one the VM refuses is dropped."""
         key = blob_key(machine_identity(spec))
         blob = await self.node_cache.load(key)
-        if blob is not None and not await node_startup.install(vm, blob):
+        if blob is not None and await node_startup.install(vm, blob) == "refused":
             await self.node_cache.discard(key)
 
     async def _restore_or_none(self, spec: VmSpec, language: Language, key: str,

@@ -150,9 +150,11 @@ async def _give_node_snapshot(vm: GuestVm, spec: VmSpec,
     if node_cache is not None:
         blob = await node_cache.load(key)
         if blob is not None:
-            if await node_startup.install(vm, blob):
+            outcome = await node_startup.install(vm, blob)
+            if outcome == "taken":
                 return
-            await node_cache.discard(key)
+            if outcome == "refused":
+                await node_cache.discard(key)
     if not await _build_node_snapshot(vm) or node_cache is None or spec.layer is not None:
         return
     blob = await node_startup.read_out(vm)

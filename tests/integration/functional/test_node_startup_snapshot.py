@@ -4,6 +4,7 @@ template builds it, its clones start node from it, and what the code sees is wha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -89,7 +90,7 @@ DRAWS = (
 
 
 async def test_cold_javascript_vms_start_node_from_the_machines_snapshot_or_refuse_it(
-    images_ready: None, tmp_path: Path
+    images_ready: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The blob a template left in the cache directory is written into cold-booted VMs (here
     # with memory snapshots off), whose node then starts from it with randomness of its own; a
@@ -102,9 +103,12 @@ async def test_cold_javascript_vms_start_node_from_the_machines_snapshot_or_refu
     async with Scheduler(cold_config) as sched:
         runs = [await sched.run(DRAWS, language="javascript") for _ in range(2)]
         crash = await sched.run(CRASH, language="javascript")
-        data = bytearray(blob.read_bytes())
-        data[20] ^= 1  # within the CPU tag: another CPU's feature set
-        blob.write_bytes(bytes(data))
+        # The host keeps a SHA-256 in front of what the guest sent (tag, then blob): flip a
+        # bit within the tag, as another CPU's feature set would differ, and keep the file
+        # intact for the host, so that the guest is the one to refuse it.
+        data = bytearray(blob.read_bytes()[32:])
+        data[20] ^= 1
+        blob.write_bytes(hashlib.sha256(data).digest() + bytes(data))
         refused = await sched.run(DRAWS, language="javascript")
     seen = [json.loads(r.stdout) for r in runs]
     assert all(r.exit_code == 0 and not r.l1_cache_hit for r in runs), runs
@@ -113,5 +117,6 @@ async def test_cold_javascript_vms_start_node_from_the_machines_snapshot_or_refu
         assert a != b, seen  # Math.random, randomUUID, randomBytes: each VM its own
     assert crash.exit_code == 1 and "at Object.<anonymous> (/run/sbx/main.js:2:1)" in crash.stderr
     assert refused.exit_code == 0 and json.loads(refused.stdout)[0] == [], refused
+    assert "refused by the VM" in caplog.text  # by the guest, not dropped as damaged
     assert not blob.exists()
     assert qemu_processes(parent=os.getpid()) == []
