@@ -9,7 +9,8 @@ starts.
 
 What the host handles is opaque: the guest reads the blob out with its CPU tag in front
 (protocol.h, SBX_FILE_NODE_SNAPSHOT), and takes one in only when the tag is its own (V8 aborts on a
-blob made for another CPU feature set). The host never parses either; it bounds the size.
+blob made for another CPU feature set). The host never parses either; it bounds the size and
+keeps a SHA-256 with each copy, so that a damaged file is never written into a VM.
 
 Where a blob may come from: only a template without a package layer, whose VM ran nothing but
 the image's own code (no package's install scripts, no user code) before the blob was read out.
@@ -44,10 +45,10 @@ BLOB_MAX = 64 * 1024 * 1024
 KEEP_BLOBS = 2
 # Off only to measure what it saves (bench/speed_tiers.py: cold boots before and after).
 GIVE_TO_COLD_BOOTS = True
-_PREFIX = "node-startup-"
-_DIGEST_SIZE = 32  # the SHA-256 in front of each kept blob
 InstallOutcome = Literal["taken", "refused", "failed"]
+_PREFIX = "node-startup-"
 _SUFFIX = ".blob"
+_DIGEST_SIZE = 32  # the SHA-256 in front of each kept blob
 
 
 def blob_key(machine: Mapping[str, object]) -> str:
