@@ -1,8 +1,11 @@
 /* libFuzzer target: arbitrary guest bytes on the NET port through the host's decoder and stream
  * state machine (net_decode.c, net_relay.c), split at pseudo-random points like the port's reads.
  * Every OPEN the relay reports is accepted with a socketpair, so that DATA, CREDIT, SHUTDOWN and
- * CLOSE reach live streams; the peers' ends are closed at once, so sends fail or succeed at random.
- * After each input the relay is closed and must free everything.
+ * CLOSE reach live streams. Streams whose id has bit 1 clear get a peer closed at once (sends
+ * fail); the others a peer that never reads, behind a small send buffer, so that sends stall and
+ * the guest's uncredited DATA piles up to the window and past it (an overrun; the target is built
+ * with a window that fits in -max_len). After each input the peers and the relay are closed, and
+ * the relay must free everything.
  *
  * Input layout: 2 bytes seed for the split points, then the byte stream. */
 #include <errno.h>
@@ -23,6 +26,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 	} while (0)
 
 static struct sbx_net_ring *ring;
+static int peers[SBX_NET_STREAMS_MAX];
+static size_t n_peers;
+
+static void close_peers(void)
+{
+	while (n_peers > 0)
+		close(peers[--n_peers]);
+}
 
 static void drain_events(uint32_t relay)
 {
@@ -36,7 +47,12 @@ static void drain_events(uint32_t relay)
 			REQUIRE(!(ev.stream & 0x80000000u) && ev.stream != 0);
 			int sv[2];
 			if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0) {
-				close(sv[1]);
+				int small = 4096;
+				if ((ev.stream & 2) && n_peers < SBX_NET_STREAMS_MAX &&
+				    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)) == 0)
+					peers[n_peers++] = sv[1];
+				else
+					close(sv[1]);
 				int rc = sbx_net_open_reply(ring, relay, ev.stream, SBX_NET_OK, NULL, 0,
 							    sv[0]);
 				REQUIRE(rc == 0 || rc == -ENOENT);
@@ -70,11 +86,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		drain_events(relay);
 		off += n;
 	}
+	close_peers(); /* stalled sends end (EPIPE) */
 	REQUIRE(sbx_net_relay_close(ring, relay) == 0);
 	close(sv[1]);
 	for (int i = 0; i < 1000 && sbx_net_ring_live(ring) > 0; i++) {
 		sbx_net_ring_run(ring);
 		drain_events(relay);
+		close_peers(); /* of OPENs drained after the close */
 		if (sbx_net_ring_live(ring) > 0)
 			usleep(10);
 	}

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 OPEN, CONNECTED, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 120, 121, 122, 123
+# The window fuzz_net_relay is built with (tests/c/Makefile), and the largest NET_DATA.
+FUZZ_NET_WINDOW, DATA_MAX = 128 * 1024, 60 * 1024
 
 
 def frame(kind: int, stream: int, payload: bytes = b"") -> bytes:
@@ -27,7 +29,9 @@ SEEDS = {
     "two_streams": open_(1, b"a.example", 80) + open_(3, b"b.example", 8080)
     + frame(DATA, 3, b"x" * 1000) + frame(CLOSE, 1, u32(1)) + frame(DATA, 3, b"y"),
     "connected": frame(CONNECTED, 0x80000000, u32(0)),
-    "window_overrun": open_(1, b"a.example", 80) + frame(DATA, 1, b"z" * 61440) * 5,
+    # Stream 3: the fuzz target gives it a peer that never reads (bit 1 of its id).
+    "window_overrun": open_(3, b"a.example", 80)
+    + frame(DATA, 3, b"z" * DATA_MAX) * (FUZZ_NET_WINDOW // DATA_MAX + 1),
     "bad_name": open_(1, b"A..b", 80),
     "host_type": frame(112, 1, u32(0) + u32(0)),
     "max_frame": frame(DATA, 1, b"q" * 65536),
