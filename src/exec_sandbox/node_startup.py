@@ -133,6 +133,17 @@ class NodeStartupCache:
                 partial.unlink(missing_ok=True)
         self._prune(protect=key)
 
+    async def give(self, vm: GuestVm, key: str) -> bool:
+        """Write key's blob into vm, if kept: True when the VM took it. One the VM refuses
+        (another CPU's tag) is dropped; after any other failure it is kept (install())."""
+        blob = await self.load(key)
+        if blob is None:
+            return False
+        outcome = await install(vm, blob)
+        if outcome == "refused":
+            await self.discard(key)
+        return outcome == "taken"
+
     async def discard(self, key: str) -> None:
         await asyncio.to_thread(self._discard, key)
 

@@ -147,14 +147,8 @@ async def _give_node_snapshot(vm: GuestVm, spec: VmSpec,
     it in, else one built in the VM now, which the host keeps for other VMs when the template has
     no package layer (node_startup.py: nothing but the image's code ran in it)."""
     key = node_startup.blob_key(machine_identity(spec))
-    if node_cache is not None:
-        blob = await node_cache.load(key)
-        if blob is not None:
-            outcome = await node_startup.install(vm, blob)
-            if outcome == "taken":
-                return
-            if outcome == "refused":
-                await node_cache.discard(key)
+    if node_cache is not None and await node_cache.give(vm, key):
+        return
     if not await _build_node_snapshot(vm) or node_cache is None or spec.layer is not None:
         return
     blob = await node_startup.read_out(vm)
