@@ -294,18 +294,26 @@ static void test_stream_count_overrun_kills_the_relay(void)
 	stop(&g);
 }
 
+/* A relay with one host stream (Python's sbx_net_connect to guest port 8000) on a fresh peer. */
+static uint32_t start_with_host_stream(struct guest *g, int *peer, uint32_t *stream)
+{
+	uint32_t relay = start(g);
+	*stream = 0;
+	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(peer), stream), 0);
+	return relay;
+}
+
 /* Host streams count against the same table: an OPEN that finds it full is refused by the relay
  * itself (TOO_MANY, the VM lives), and still reported, for the connection log. */
 static void test_open_into_a_full_table_is_refused_and_reported(void)
 {
 	struct guest g;
-	uint32_t relay = start(&g);
+	int peer;
+	uint32_t stream;
+	uint32_t relay = start_with_host_stream(&g, &peer, &stream);
 	struct sbx_net_event ev;
 	struct sbx_frame f;
 	uint8_t buf[1024];
-	int peer;
-	uint32_t stream = 0;
-	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peer), &stream), 0);
 	for (uint32_t i = 1; i < SBX_NET_STREAMS_MAX; i++)
 		guest_open(&g, i, "a.example", 80);
 	guest_open(&g, SBX_NET_STREAMS_MAX, "full.example", 443);
@@ -379,13 +387,12 @@ static void test_credit_beyond_sent_kills_the_relay(void)
 static void test_host_connect_to_a_guest_port(void)
 {
 	struct guest g;
-	uint32_t relay = start(&g);
+	int peer;
+	uint32_t stream;
+	start_with_host_stream(&g, &peer, &stream);
 	struct sbx_net_event ev;
 	struct sbx_frame f;
 	uint8_t buf[1024];
-	int peer;
-	uint32_t stream = 0;
-	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peer), &stream), 0);
 	CHECK(stream & 0x80000000u);
 	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
 	CHECK_EQ(f.type, SBX_NET_MSG_CONNECT);
