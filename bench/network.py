@@ -95,8 +95,30 @@ def _servers(ready: multiprocessing.connection.Connection, total: int) -> None:
     threading.Event().wait()
 
 
-CLIENT = """
-import json, socket, sys, time
+# The bulk transfers, one definition for the host's client, the VM's and the one-direction runs.
+# Every byte read into one reused buffer: recv(262144) would allocate 256 KiB per call, above
+# glibc's mmap threshold, i.e. 50-70 fresh pages (page faults) per MB in the guest.
+TRANSFERS = """
+import socket, time
+def download(host, port):
+    into = memoryview(bytearray(262144))
+    t = time.perf_counter(); s = socket.create_connection((host, port)); n = 0
+    while True:
+        k = s.recv_into(into)
+        if not k: break
+        n += k
+    s.close()
+    return n, n / (time.perf_counter() - t) / 1e6
+def upload(host, port, total):
+    buf = b"y" * 65536
+    t = time.perf_counter(); s = socket.create_connection((host, port)); left = total
+    while left > 0:
+        s.sendall(buf[: min(left, len(buf))]); left -= len(buf)
+    s.shutdown(socket.SHUT_WR); got = int(s.recv(64)); s.close()
+    return got, got / (time.perf_counter() - t) / 1e6
+"""
+CLIENT = TRANSFERS + """
+import json, sys
 host, ports, total, connects = sys.argv[1] if len(sys.argv) > 1 else HOST, PORTS, TOTAL, CONNECTS
 lat, lookups = [], []
 for _ in range(connects):
@@ -108,21 +130,8 @@ for _ in range(connects):
     s = socket.socket(family, kind, proto); s.connect(address); s.recv(1); s.close()
     lat.append((time.perf_counter() - looked_up) * 1000)
     lookups.append((looked_up - t) * 1000)
-# Every byte read into one reused buffer: recv(262144) would allocate 256 KiB per call, above
-# glibc's mmap threshold, i.e. 50-70 fresh pages (page faults) per MB in the guest.
-into = memoryview(bytearray(262144))
-t = time.perf_counter(); s = socket.create_connection((host, ports[1])); n = 0
-while True:
-    k = s.recv_into(into)
-    if not k: break
-    n += k
-s.close(); down = n / (time.perf_counter() - t) / 1e6
-buf = b"y" * 65536
-t = time.perf_counter(); s = socket.create_connection((host, ports[2])); left = total
-while left > 0:
-    s.sendall(buf[: min(left, len(buf))]); left -= len(buf)
-s.shutdown(socket.SHUT_WR); got = int(s.recv(64)); s.close()
-up = got / (time.perf_counter() - t) / 1e6
+n, down = download(host, ports[1])
+got, up = upload(host, ports[2], total)
 lat.sort(); lookups.sort()
 print(json.dumps({"connect_p50_ms": lat[len(lat) // 2], "connect_p90_ms": lat[int(len(lat) * 0.9)],
                   "lookup_p50_ms": lookups[len(lookups) // 2],
@@ -132,25 +141,8 @@ print(json.dumps({"connect_p50_ms": lat[len(lat) // 2], "connect_p90_ms": lat[in
 
 # One direction alone, after CLIENT (the VM's later transfers): its MB/s, and the VM's CPU per
 # MB (the connects of CLIENT would weigh in otherwise).
-DOWN_ONLY = """
-import socket, time
-into = memoryview(bytearray(262144))
-t = time.perf_counter(); s = socket.create_connection((HOST, PORTS[1])); n = 0
-while True:
-    k = s.recv_into(into)
-    if not k: break
-    n += k
-print(n / (time.perf_counter() - t) / 1e6)
-"""
-UP_ONLY = """
-import socket, time
-t = time.perf_counter()
-s = socket.create_connection((HOST, PORTS[2])); buf = b"y" * 65536; left = TOTAL
-while left > 0:
-    s.sendall(buf[: min(left, len(buf))]); left -= len(buf)
-s.shutdown(socket.SHUT_WR); got = int(s.recv(64))
-print(got / (time.perf_counter() - t) / 1e6)
-"""
+DOWN_ONLY = TRANSFERS + "print(download(HOST, PORTS[1])[1])\n"
+UP_ONLY = TRANSFERS + "print(upload(HOST, PORTS[2], TOTAL)[1])\n"
 
 
 def client_code(host: str, ports: list[int], total: int, connects: int) -> str:
