@@ -34,13 +34,15 @@
 #define PORT_IN_SLICE 4096u
 #define PORT_OUT_SLICE (32u * 1024u)
 #define PORT_OUT_SLICES 8u
-/* Bytes taken from the port per sbx_net_handle: bounded work per wake-up, but a whole window's
- * worth, so that a stream's data goes to its socket in one send (one wake-up of the reader). */
-#define PORT_READ_BUDGET SBX_NET_WINDOW
-#define DNS_QUERIES_PER_CALL 16
-#define ACCEPTS_PER_CALL 16
 /* Credit back once this much is written (or the socket took everything pending). */
 #define CREDIT_BATCH (SBX_NET_WINDOW / 4u)
+/* Bytes taken from the port per sbx_net_handle: bounded work per wake-up, and a batch goes to
+ * its socket in one send (one wake-up of the reader). A credit batch, not a window: the batch is
+ * credited only once sent, and with a whole window per batch the host stopped for every credit
+ * round trip (credit-bound 87 % of a download, docs/benchmarks.md). */
+#define PORT_READ_BUDGET CREDIT_BATCH
+#define DNS_QUERIES_PER_CALL 16
+#define ACCEPTS_PER_CALL 16
 #define SBX_NET_NOFILE 8192u
 
 enum tag {
