@@ -312,19 +312,18 @@ static void stream_drain(struct sbx_net *n, struct sbx_net_stream *s)
 	}
 }
 
-/* One read from the socket into a NET_DATA frame, within the host's credit. One per event on
- * purpose: reading on while the socket fills frames measured 40 % slower on upload
- * (bench/network.py), even with the port written after each frame; why is not known yet. */
-static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
+/* One read from the socket into a NET_DATA frame, within the host's credit. Returns true when
+ * the read filled its frame (more may be waiting). */
+static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
 {
 	uint32_t want = s->send_credit < SBX_NET_DATA_MAX ? s->send_credit : SBX_NET_DATA_MAX;
 	if (want == 0 || s->eof_sent || s->fd < 0)
-		return;
+		return false;
 	size_t start;
 	if (sbx_frame_begin(&n->out, SBX_NET_MSG_DATA, s->id, &start) < 0 ||
 	    sbx_buf_reserve(&n->out, want) < 0) {
 		n->out.len = start;
-		return;
+		return false;
 	}
 	ssize_t r;
 	do
@@ -334,7 +333,7 @@ static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
 		n->out.len += (size_t)r;
 		sbx_frame_end(&n->out, start, SBX_NET_FRAME_MAX);
 		s->send_credit -= (uint32_t)r;
-		return;
+		return (uint32_t)r == want;
 	}
 	n->out.len = start;
 	if (r == 0) {
@@ -344,6 +343,22 @@ static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
 	} else if (errno != EAGAIN) {
 		stream_fail(n, s);
 	}
+	return false;
+}
+
+/* Frames read per socket event: on while each read fills its frame (a client's 64 KiB write is a
+ * full frame and a short one), up to the port's high water; one port write then takes them all.
+ * With the guest SCHED_BATCH (main.c) the client has filled its socket before the agent runs, and
+ * one read per event measured 25-35 % slower on upload (bench/network.py, docs/benchmarks.md):
+ * every 60 KiB paid a turn of the agent's loop and a writev of its own. (Without SCHED_BATCH the
+ * agent woke per client write and reading on measured slower.) */
+#define READS_PER_EVENT 8
+
+static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
+{
+	for (int i = 0; i < READS_PER_EVENT && out_pending(n) < SBX_NET_OUT_HIGH_WATER; i++)
+		if (!stream_read_frame(n, s))
+			return;
 }
 
 /* The epoll mask a stream needs now; applied only when it changes. */
