@@ -19,8 +19,11 @@
    later ones from the one-direction runs after it; the port's from two transfers each way;
 5. what the guest costs: the CPU time of the session's QEMU process (all threads: the emulated
    vCPU and QEMU's I/O) per MB moved, per direction (a download alone, an upload alone, after
-   the client above), for the relay and for the port's own transfer. Under TCG the vCPU is the
-   bottleneck, and this figure moves much less with the host's load than MB/s does.
+   the client above), for the relay and for the port's own transfer. Under TCG the vCPU is often
+   the bottleneck, and this figure moves much less with the host's load than MB/s does.
+
+Every VM gets the same memory (VM_MEMORY_MB); one unmeasured round runs first, and the L1
+snapshot builds it starts are waited for before the measured rounds.
 
     .venv/bin/python bench/network.py --mb 64 --connects 40
 """
