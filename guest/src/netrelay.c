@@ -346,19 +346,42 @@ static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
 	return false;
 }
 
-/* Frames read per socket event: on while each read fills its frame (a client's 64 KiB write is a
- * full frame and a short one), up to the port's high water; one port write then takes them all.
+/* Frames read per stream and loop turn, at most. The first comes with the socket's event,
+ * whatever the port holds: it is what keeps every stream moving, and a hung-up socket (whose
+ * EPOLLHUP no mask removes) draining towards its EOF or the end of its credit rather than waking
+ * the loop for nothing. The rest (stream_read_more) go round the streams whose last read filled
+ * its frame, one frame each per pass, while the port is under its high water: one stream never
+ * takes the port's room from the others, and one port flush per turn carries them all.
  * With the guest SCHED_BATCH (main.c) the client has filled its socket before the agent runs, and
  * one read per event measured 25-35 % slower on upload (bench/network.py, docs/benchmarks.md):
- * every 60 KiB paid a turn of the agent's loop and a writev of its own. (Without SCHED_BATCH the
- * agent woke per client write and reading on measured slower.) */
-#define READS_PER_EVENT 8
+ * every 60 KiB paid a turn of the agent's loop and a port flush of its own. */
+#define READS_PER_TURN 8
 
 static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
 {
-	for (int i = 0; i < READS_PER_EVENT && out_pending(n) < SBX_NET_OUT_HIGH_WATER; i++)
-		if (!stream_read_frame(n, s))
-			return;
+	s->read_full = stream_read_frame(n, s);
+}
+
+static void stream_read_more(struct sbx_net *n)
+{
+	uint32_t first = n->read_from++ % SBX_NET_STREAMS_MAX;
+	for (int pass = 1; pass < READS_PER_TURN; pass++) {
+		bool more = false;
+		for (uint32_t k = 0; k < SBX_NET_STREAMS_MAX; k++) {
+			struct sbx_net_stream *s = &n->streams[(first + k) % SBX_NET_STREAMS_MAX];
+			if (!s->read_full)
+				continue;
+			if (out_pending(n) >= SBX_NET_OUT_HIGH_WATER)
+				goto done;
+			s->read_full = s->state == SBX_NS_OPEN && stream_read_frame(n, s);
+			more |= s->read_full;
+		}
+		if (!more)
+			break;
+	}
+done:
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		n->streams[i].read_full = false;
 }
 
 /* The epoll mask a stream needs now; applied only when it changes. */
@@ -582,11 +605,16 @@ static void port_read_batch(struct sbx_net *n)
 			port_broken(n, rc);
 			return;
 		}
+		/* The last read of a turn takes only the pages the budget has left: a turn ends
+		 * within a page of it. */
+		size_t left = PORT_READ_BUDGET - total;
+		size_t slices = left < READ_CHUNK ? (left + PORT_IN_SLICE - 1) / PORT_IN_SLICE
+						  : READ_CHUNK / PORT_IN_SLICE;
 		struct iovec iov[READ_CHUNK / PORT_IN_SLICE];
-		for (uint32_t i = 0; i < READ_CHUNK / PORT_IN_SLICE; i++)
+		for (size_t i = 0; i < slices; i++)
 			iov[i] = (struct iovec){.iov_base = at + i * PORT_IN_SLICE,
 						.iov_len = PORT_IN_SLICE};
-		ssize_t r = readv(n->port_fd, iov, (int)(READ_CHUNK / PORT_IN_SLICE));
+		ssize_t r = readv(n->port_fd, iov, (int)slices);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -930,6 +958,7 @@ void sbx_net_handle(struct sbx_net *n)
 			break;
 		}
 	}
+	stream_read_more(n);
 	port_flush(n);
 	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
 		if (n->streams[i].state != SBX_NS_FREE)

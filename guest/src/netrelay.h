@@ -69,6 +69,7 @@ struct sbx_net_stream {
 	bool drain_due;     /* DATA appended to pending during this port read, not yet written */
 	bool parked;        /* out of the epoll set: hung up while nothing could be done (a level-
 			     * triggered EPOLLHUP would wake the loop without end) */
+	bool read_full;     /* this turn's read filled its frame: more may be waiting */
 	uint32_t send_credit;   /* bytes of DATA the host still takes */
 	uint32_t recv_inflight; /* bytes the host sent that are not credited back yet */
 	uint32_t to_credit;     /* written to the socket, not credited yet */
@@ -92,6 +93,7 @@ struct sbx_net {
 	struct sbx_buf out;
 	size_t out_off;
 	uint32_t next_id;
+	uint32_t read_from; /* where this turn's extra reads start: every stream goes first in turn */
 	struct sbx_net_stream streams[SBX_NET_STREAMS_MAX];
 };
 

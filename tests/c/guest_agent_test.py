@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -328,6 +329,123 @@ def test_net_relay_in_test_mode() -> None:
         server.close()
         ours.close()
         assert a.close() == 0
+
+
+class NetRig:
+    """An agent in test mode with its net port configured for exposed ports only, and a server
+    on the host's loopback for its NET_CONNECTs to reach."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        # A port that holds little, like virtio-serial's queue: the agent's own buffer fills.
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        self.agent = Agent("--net-fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.net = NetPeer(ours)
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        assert self.agent.expect()[0] == READY
+        self.agent.send(frame(NET_CONFIG, 1, struct.pack("<III", 0, 0, 0) + s(b"")))
+        assert self.agent.expect() == (PONG, 1, b"")
+
+    def connect(self, hid: int) -> socket.socket:
+        self.net.send(NET_CONNECT, hid, struct.pack("<I", self.server.getsockname()[1]))
+        assert self.net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
+        return self.server.accept()[0]
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.agent.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.server.close()
+        self.net.sock.close()
+        assert self.agent.close() == 0
+
+
+def test_net_streams_share_a_backed_up_port() -> None:
+    """Three streams whose servers never stop sending, and a host slower than they are: the
+    port, not the sockets, is the bottleneck, and each stream gets its share of it. (A relay
+    that reads one socket on while the port has room starves the others.)"""
+    rig = NetRig()
+    stop = threading.Event()
+    ids = [0x80000011, 0x80000012, 0x80000013]
+    servers = [rig.connect(hid) for hid in ids]
+
+    def pour(conn: socket.socket) -> None:
+        block = b"x" * (256 * 1024)
+        try:
+            while not stop.is_set():
+                conn.sendall(block)
+        except OSError:
+            pass
+
+    pourers = [threading.Thread(target=pour, args=(c,), daemon=True) for c in servers]
+    got = dict.fromkeys(ids, 0)
+    owed = dict.fromkeys(ids, 0)
+    try:
+        for t in pourers:
+            t.start()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            f = rig.net.recv(timeout=1.0)
+            assert f is not None and f[0] == NET_DATA and f[1] in got, f
+            got[f[1]] += len(f[2])
+            owed[f[1]] += len(f[2])
+            if owed[f[1]] >= NET_WINDOW // 4:  # credit back like the host does
+                rig.net.send(NET_CREDIT, f[1], struct.pack("<I", owed[f[1]]))
+                owed[f[1]] = 0
+            time.sleep(0.0002)  # slower than the servers: the port backs up
+        shares = sorted(got.values())
+        assert shares[0] >= NET_WINDOW and shares[0] >= shares[-1] / 2, got
+    finally:
+        stop.set()
+        for c in servers:
+            c.close()
+        rig.close()
+
+
+def test_net_hung_up_stream_with_a_backed_up_port_does_not_spin() -> None:
+    """A stream closed both ways with data still unread, while another stream has filled the
+    port and the host reads nothing: the socket reports EPOLLHUP on every wait, and the agent
+    (PID 1 in the VM) must wait, not loop on it. Once the host reads again, every byte of both
+    streams and the half close arrive."""
+    rig = NetRig()
+    bulk, hung = 0x80000021, 0x80000022
+    try:
+        bulk_conn, hung_conn = rig.connect(bulk), rig.connect(hung)
+        rig.net.send(NET_SHUTDOWN, hung)
+        assert hung_conn.recv(10) == b""  # the agent shut its write side
+        bulk_blob, hung_blob = os.urandom(NET_WINDOW - 1), os.urandom(100 * 1024)
+        pour = threading.Thread(target=bulk_conn.sendall, args=(bulk_blob,), daemon=True)
+        pour.start()
+        time.sleep(0.3)  # the bulk stream fills the port past its high water
+        hung_conn.sendall(hung_blob)
+        hung_conn.close()
+        time.sleep(0.3)
+        before = rig.cpu_seconds()
+        time.sleep(1.0)
+        spent = rig.cpu_seconds() - before
+        assert spent < 0.2, f"the agent used {spent:.2f} s of CPU in 1 s while waiting"
+        got = {bulk: b"", hung: b""}
+        ends = []
+        while len(got[bulk]) < len(bulk_blob) or len(ends) < 2:
+            f = rig.net.recv(timeout=5)
+            assert f is not None and f[1] in got, (f, len(got[bulk]), ends)
+            if f[0] == NET_DATA:
+                got[f[1]] += f[2]
+                rig.net.send(NET_CREDIT, f[1], struct.pack("<I", len(f[2])))
+            else:
+                ends.append(f)
+        assert got == {bulk: bulk_blob, hung: hung_blob}
+        assert ends == [(NET_SHUTDOWN, hung, b""), (NET_CLOSE, hung, struct.pack("<I", 0))]
+        rig.net.send(NET_CLOSE, hung, struct.pack("<I", 0))
+        bulk_conn.close()
+    finally:
+        rig.close()
+
 
 def test_ready_and_ping(a: Agent) -> None:
     a.send(frame(PING, 7))
@@ -1126,7 +1244,9 @@ def main() -> int:
         report(fn.__name__, lambda fn=fn: fresh(fn))
     for fn in STANDALONE:
         report(fn.__name__, fn)
-    report("test_net_relay_in_test_mode", test_net_relay_in_test_mode)
+    for fn in (test_net_relay_in_test_mode, test_net_streams_share_a_backed_up_port,
+               test_net_hung_up_stream_with_a_backed_up_port_does_not_spin):
+        report(fn.__name__, fn)
     for fn in (test_session_state_survives_errors_and_timeout_resets_it,
                test_session_output_limit_interrupts_but_keeps_state,
                test_session_forged_completion_neither_ends_nor_shifts_results,
