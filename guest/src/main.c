@@ -13,7 +13,6 @@
  */
 #include <errno.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,14 +148,6 @@ static int setup_work_dir(struct sbx_config *cfg, const char *work_dir)
 	return 0;
 }
 
-/* The guest runs SCHED_BATCH: the agent sets it at boot and every process it starts inherits it
- * (SCHED_RESET_ON_FORK would not reset it: that flag only undoes real-time policies and negative
- * nice values). A SCHED_BATCH task's wake-ups never preempt the running one, so on the one vCPU a
- * client that sends runs on until it blocks and the agent then takes its whole burst in one turn,
- * and the agent sending to a client finishes its batch before the client reads it. Each switch
- * between two processes is dear under TCG (it flushes the emulated TLB): relayed transfers moved
- * 4-10 % more with this alone, and it is what lets netrelay.c read a client's burst per turn
- * (docs/benchmarks.md). Time slices are unchanged: a busy process still gives way at the tick. */
 static void boot_steps(struct sbx_config *cfg)
 {
 	int rc;
@@ -172,8 +163,6 @@ static void boot_steps(struct sbx_config *cfg)
 	if ((rc = sbx_loopback_up()) < 0)
 		sbx_log("loopback up: %s", strerror(-rc));
 	sbx_net_boot_trust();
-	if (sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){.sched_priority = 0}) < 0)
-		sbx_log("sched_setscheduler: %s", strerror(errno));
 	snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s", SBX_RUN_DIR);
 	snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s", SBX_HOME_DIR);
 	snprintf(cfg->node_snapshot, sizeof(cfg->node_snapshot), "%s", SBX_NODE_SNAPSHOT);

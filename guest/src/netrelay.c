@@ -352,8 +352,8 @@ static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
  * the loop for nothing. The rest (stream_read_more) go round the streams whose last read filled
  * its frame, one frame each per pass, while the port is under its high water: one stream never
  * takes the port's room from the others, and one port flush per turn carries them all.
- * With the guest SCHED_BATCH (main.c) the client has filled its socket before the agent runs, and
- * one read per event measured 25-35 % slower on upload (bench/network.py, docs/benchmarks.md):
+ * A client (SCHED_BATCH, spawn.c) often has several frames in its socket by the agent's turn,
+ * and one read per event measured 25-35 % slower on upload (bench/network.py, docs/benchmarks.md):
  * every 60 KiB paid a turn of the agent's loop and a port flush of its own. */
 #define READS_PER_TURN 8
 

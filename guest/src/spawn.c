@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ enum spawn_step {
 	STEP_CONTROL,
 	STEP_CLOSE_FDS,
 	STEP_RLIMIT,
+	STEP_SCHED,
 	STEP_SETGROUPS,
 	STEP_SETGID,
 	STEP_SETUID,
@@ -46,6 +48,7 @@ static const char *const step_names[] = {
 	[STEP_STDIN] = "stdin",           [STEP_STDOUT] = "stdout/stderr",
 	[STEP_CONTROL] = "control fds",
 	[STEP_CLOSE_FDS] = "close fds",   [STEP_RLIMIT] = "setrlimit",
+	[STEP_SCHED] = "sched_setscheduler",
 	[STEP_SETGROUPS] = "setgroups",   [STEP_SETGID] = "setgid",
 	[STEP_SETUID] = "setuid",         [STEP_UID_CHECK] = "credential check",
 	[STEP_PRCTL] = "prctl",           [STEP_CHDIR] = "chdir",
@@ -166,6 +169,17 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	if ((rc = set_limit(RLIMIT_NOFILE, 4096)) < 0 || (rc = set_limit(RLIMIT_CORE, 0)) < 0 ||
 	    (s->limit_nproc && (rc = set_limit(RLIMIT_NPROC, 256)) < 0))
 		child_fail(report_fd, STEP_RLIMIT, -rc);
+
+	/* User code runs SCHED_BATCH, the agent SCHED_OTHER. A SCHED_BATCH task's wake-ups never
+	 * preempt the running task: on the one vCPU a client the agent sends to is woken but lets
+	 * the agent finish its batch first (each switch between two processes is dear under TCG: it
+	 * flushes the emulated TLB). The agent's own wake-ups still preempt: while user code is
+	 * CPU-bound, a request, a frame or a client's bytes are handled at once rather than at the
+	 * next tick (HZ=100: up to 10 ms; docs/benchmarks.md "The agent beside CPU-bound user code").
+	 * Time slices are unchanged: user code may go back to SCHED_OTHER, and gains nothing on the
+	 * agent by it. */
+	if (sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){.sched_priority = 0}) < 0)
+		child_fail(report_fd, STEP_SCHED, errno);
 
 	if (s->drop_privileges) {
 		/* Groups first, uid last: after setuid() nothing else could be dropped. */

@@ -118,6 +118,29 @@ async def test_pid_1_cannot_be_signalled_or_traced(scheduler: Scheduler) -> None
     assert result.stdout == "EPERM\nEPERM\nEPERM\nptrace -1 EPERM\nseize -1 EPERM\n"
 
 
+
+async def test_user_code_can_neither_reschedule_the_agent_nor_outrank_it(
+        scheduler: Scheduler) -> None:  # fmt: skip
+    # The agent runs SCHED_OTHER, user code SCHED_BATCH (guest/src/spawn.c): the agent's
+    # wake-ups preempt CPU-bound user code. That holds only while user code cannot change the
+    # agent's policy or nice value, nor take a real-time policy or a nice value above the agent's.
+    result = await scheduler.run(
+        "import errno, os\n"
+        "def show(name, call, *args):\n"
+        "    try: call(*args); print(name, 'ok')\n"
+        "    except OSError as e: print(name, errno.errorcode[e.errno])\n"
+        "param = os.sched_param(0)\n"
+        "show('agent-other', os.sched_setscheduler, 1, os.SCHED_OTHER, param)\n"
+        "show('agent-idle', os.sched_setscheduler, 1, os.SCHED_IDLE, param)\n"
+        "show('fifo', os.sched_setscheduler, 0, os.SCHED_FIFO, os.sched_param(1))\n"
+        "show('rr', os.sched_setscheduler, 0, os.SCHED_RR, os.sched_param(1))\n"
+        "show('nice-up', os.setpriority, os.PRIO_PROCESS, 0, -1)\n"
+        "show('agent-nice', os.setpriority, os.PRIO_PROCESS, 1, 19)\n"
+        "print(os.sched_getscheduler(1) == os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 1))\n"
+    )
+    assert result.stdout == ("agent-other EPERM\nagent-idle EPERM\nfifo EPERM\nrr EPERM\n"
+                             "nice-up EACCES\nagent-nice EPERM\nTrue 0\n"), result.stdout
+
 async def test_kill_everything_spares_the_agent(guest: GuestVm) -> None:
     # kill(-1) reaches every process the user may signal but the caller: the background sleep
     # dies, PID 1 is out of reach, and the agent goes on answering.
