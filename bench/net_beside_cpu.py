@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from network import TRANSFERS, VM_MEMORY_MB, _servers  # noqa: E402
+from network import TRANSFERS, VM_MEMORY_MB, start_servers  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 
@@ -67,10 +66,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     total = args.mb << 20
-    parent, child = multiprocessing.Pipe()
-    proc = multiprocessing.Process(target=_servers, args=(child, total), daemon=True)
-    proc.start()
-    ports = parent.recv()
+    proc, ports = start_servers(total)
     hosts = {f"bench.test:{p}": f"127.0.0.1:{p}" for p in ports}
     rows = []
     try:

@@ -102,6 +102,15 @@ def _servers(ready: multiprocessing.connection.Connection, total: int) -> None:
     threading.Event().wait()
 
 
+def start_servers(total: int) -> tuple[multiprocessing.Process, list[int]]:
+    """_servers in a child process (its CPU is not the bench's): the process and the ports of
+    its first-byte, download and upload servers."""
+    parent, child = multiprocessing.Pipe()
+    proc = multiprocessing.Process(target=_servers, args=(child, total), daemon=True)
+    proc.start()
+    return proc, parent.recv()
+
+
 # The bulk transfers, one definition for the host's client, the VM's and the one-direction runs.
 # Every byte read into one reused buffer: recv(262144) would allocate 256 KiB per call, above
 # glibc's mmap threshold, i.e. 50-70 fresh pages (page faults) per MB in the guest.
@@ -222,10 +231,7 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     total = args.mb << 20
-    parent, child = multiprocessing.Pipe()
-    proc = multiprocessing.Process(target=_servers, args=(child, total), daemon=True)
-    proc.start()
-    ports = parent.recv()
+    proc, ports = start_servers(total)
     hosts = {"bench.test:80": f"127.0.0.1:{ports[0]}", "bench.test:81": f"127.0.0.1:{ports[1]}",
              "bench.test:82": f"127.0.0.1:{ports[2]}"}  # fmt: skip
     rows: dict[str, list[dict[str, float]]] = {"host": [], "c-io_uring": [], "asyncio": [],
