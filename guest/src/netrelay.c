@@ -183,6 +183,25 @@ static uint32_t slot_index(const struct sbx_net *n, const struct sbx_net_stream 
 	return (uint32_t)(s - n->streams);
 }
 
+/* A stream's epoll tag holds its slot and the slot's generation. The events of one epoll_wait
+ * are handled in order, and an earlier one can free a slot and start another stream in it (the
+ * host's CLOSE, then a CONNECT or an accept): the old socket's event, already returned, must not
+ * reach the new stream. */
+_Static_assert(SBX_NET_STREAMS_MAX <= 0x10000u, "a slot index fits in 16 bits of the tag");
+
+static uint64_t stream_tag(const struct sbx_net *n, const struct sbx_net_stream *s)
+{
+	return tag(TAG_STREAM, (uint32_t)s->generation << 16 | slot_index(n, s));
+}
+
+static struct sbx_net_stream *stream_of_tag(struct sbx_net *n, uint32_t index)
+{
+	uint32_t slot = index & 0xffffu;
+	if (slot >= SBX_NET_STREAMS_MAX || n->streams[slot].generation != index >> 16)
+		return NULL;
+	return &n->streams[slot];
+}
+
 static void stream_start(struct sbx_net *n, struct sbx_net_stream *s, uint32_t id, int fd,
 			 enum sbx_net_stream_state state)
 {
@@ -192,15 +211,17 @@ static void stream_start(struct sbx_net *n, struct sbx_net_stream *s, uint32_t i
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	struct sbx_buf keep = s->pending; /* its allocation is reused */
+	uint16_t generation = (uint16_t)(s->generation + 1u);
 	memset(s, 0, sizeof(*s));
 	s->pending = keep;
+	s->generation = generation;
 	s->pending.len = 0;
 	s->id = id;
 	s->fd = fd;
 	s->state = state;
 	s->send_credit = SBX_NET_WINDOW;
 	s->events = 0;
-	struct epoll_event ev = {.events = 0, .data.u64 = tag(TAG_STREAM, slot_index(n, s))};
+	struct epoll_event ev = {.events = 0, .data.u64 = stream_tag(n, s)};
 	if (state == SBX_NS_CONNECTING)
 		ev.events = s->events = EPOLLOUT;
 	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
@@ -395,7 +416,7 @@ static void stream_update_events(struct sbx_net *n, struct sbx_net_stream *s)
 	if (s->state == SBX_NS_OPEN && !s->eof_sent && s->send_credit > 0 &&
 	    out_pending(n) < SBX_NET_OUT_HIGH_WATER)
 		ev |= EPOLLIN;
-	struct epoll_event e = {.events = ev, .data.u64 = tag(TAG_STREAM, slot_index(n, s))};
+	struct epoll_event e = {.events = ev, .data.u64 = stream_tag(n, s)};
 	if (s->parked) {
 		if (ev && epoll_ctl(n->epfd, EPOLL_CTL_ADD, s->fd, &e) == 0) {
 			s->parked = false;
@@ -952,10 +973,12 @@ void sbx_net_handle(struct sbx_net *n)
 		case TAG_LISTENER:
 			on_accept(n, index);
 			break;
-		case TAG_STREAM:
-			if (index < SBX_NET_STREAMS_MAX)
-				stream_on_event(n, &n->streams[index], evs[i].events);
+		case TAG_STREAM: {
+			struct sbx_net_stream *s = stream_of_tag(n, index);
+			if (s)
+				stream_on_event(n, s, evs[i].events);
 			break;
+		}
 		}
 	}
 	stream_read_more(n);

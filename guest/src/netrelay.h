@@ -70,6 +70,7 @@ struct sbx_net_stream {
 	bool parked;        /* out of the epoll set: hung up while nothing could be done (a level-
 			     * triggered EPOLLHUP would wake the loop without end) */
 	bool read_full;     /* this turn's read filled its frame: more may be waiting */
+	uint16_t generation; /* of the slot, counted on each reuse: in its epoll tag (netrelay.c) */
 	uint32_t send_credit;   /* bytes of DATA the host still takes */
 	uint32_t recv_inflight; /* bytes the host sent that are not credited back yet */
 	uint32_t to_credit;     /* written to the socket, not credited yet */

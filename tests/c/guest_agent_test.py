@@ -17,6 +17,7 @@ import argparse
 import os
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -446,6 +447,37 @@ def test_net_hung_up_stream_with_a_backed_up_port_does_not_spin() -> None:
     finally:
         rig.close()
 
+
+def test_net_reused_slot_does_not_take_the_old_sockets_event() -> None:
+    """One wait of the agent's loop returns the port (the host's CLOSE of a stream, then a
+    CONNECT that takes the freed slot) and then the old socket's reset. The reset belongs to a
+    socket that is gone: the new stream must connect, not fail in its place."""
+    rig = NetRig()
+    old, new = 0x80000031, 0x80000032
+    try:
+        conn = rig.connect(old)
+        # A round trip first: the agent's loop has then waited again since the connect, and no
+        # earlier event of the old socket is still queued ahead of the port's.
+        rig.net.send(NET_DATA, old, b"x")
+        assert conn.recv(1) == b"x"
+        assert rig.net.recv() == (NET_CREDIT, old, struct.pack("<I", 1))
+        time.sleep(0.1)
+        os.kill(rig.agent.proc.pid, signal.SIGSTOP)  # both events wait for one epoll_wait
+        try:
+            rig.net.send(NET_CLOSE, old, struct.pack("<I", 0))
+            rig.net.send(NET_CONNECT, new, struct.pack("<I", rig.server.getsockname()[1]))
+            time.sleep(0.1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()  # an RST: EPOLLERR and EPOLLHUP on the agent's old socket
+            time.sleep(0.1)
+        finally:
+            os.kill(rig.agent.proc.pid, signal.SIGCONT)
+        assert rig.net.recv() == (NET_CLOSE, old, struct.pack("<I", 0))
+        got = rig.net.recv()
+        assert got == (NET_CONNECTED, new, struct.pack("<I", 0)), got
+        rig.server.accept()[0].close()
+    finally:
+        rig.close()
 
 def test_ready_and_ping(a: Agent) -> None:
     a.send(frame(PING, 7))
@@ -1245,7 +1277,8 @@ def main() -> int:
     for fn in STANDALONE:
         report(fn.__name__, fn)
     for fn in (test_net_relay_in_test_mode, test_net_streams_share_a_backed_up_port,
-               test_net_hung_up_stream_with_a_backed_up_port_does_not_spin):
+               test_net_hung_up_stream_with_a_backed_up_port_does_not_spin,
+               test_net_reused_slot_does_not_take_the_old_sockets_event):
         report(fn.__name__, fn)
     for fn in (test_session_state_survives_errors_and_timeout_resets_it,
                test_session_output_limit_interrupts_but_keeps_state,
