@@ -343,7 +343,11 @@ static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
 	size_t start;
 	if (sbx_frame_begin(&n->out, SBX_NET_MSG_DATA, s->id, &start) < 0 ||
 	    sbx_buf_reserve(&n->out, want) < 0) {
+		/* Out of memory. Left as it is, a hung-up socket (its EPOLLHUP cannot be masked)
+		 * would wake the loop without end: the stream is reset instead. */
 		n->out.len = start;
+		sbx_log("net stream %u: no memory for a frame: reset", s->id);
+		stream_fail(n, s);
 		return false;
 	}
 	ssize_t r;
@@ -385,15 +389,19 @@ static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)
 
 static void stream_read_more(struct sbx_net *n)
 {
-	uint32_t first = n->read_from++ % SBX_NET_STREAMS_MAX;
+	uint32_t first = n->read_from;
 	for (int pass = 1; pass < READS_PER_TURN; pass++) {
 		bool more = false;
 		for (uint32_t k = 0; k < SBX_NET_STREAMS_MAX; k++) {
-			struct sbx_net_stream *s = &n->streams[(first + k) % SBX_NET_STREAMS_MAX];
+			uint32_t slot = (first + k) % SBX_NET_STREAMS_MAX;
+			struct sbx_net_stream *s = &n->streams[slot];
 			if (!s->read_full)
 				continue;
 			if (out_pending(n) >= SBX_NET_OUT_HIGH_WATER)
 				goto done;
+			/* The next turn starts after the last stream served: when the high water
+			 * cuts a pass short, the streams it did not reach go first. */
+			n->read_from = (slot + 1) % SBX_NET_STREAMS_MAX;
 			s->read_full = s->state == SBX_NS_OPEN && stream_read_frame(n, s);
 			more |= s->read_full;
 		}
@@ -472,10 +480,14 @@ static void stream_on_event(struct sbx_net *n, struct sbx_net_stream *s, uint32_
 		stream_drain(n, s);
 	if (s->fd < 0 || s->state != SBX_NS_OPEN)
 		return;
-	if ((ev & (EPOLLIN | EPOLLHUP)) && !s->eof_sent && s->send_credit > 0)
+	/* EPOLLIN is in the mask only while the port is under its high water (so output grows at
+	 * most a frame per ready socket past it in a turn); EPOLLHUP cannot be masked, and is read
+	 * on only while the port is under it too: otherwise parked, or it would wake every wait. */
+	bool hup_room = !(ev & EPOLLHUP) || out_pending(n) < SBX_NET_OUT_HIGH_WATER;
+	if ((ev & (EPOLLIN | EPOLLHUP)) && hup_room && !s->eof_sent && s->send_credit > 0)
 		stream_read(n, s); /* what is left in the receive buffer, then EOF */
 	else if (ev & EPOLLHUP)
-		stream_park(n, s); /* back in once there is credit or data to write */
+		stream_park(n, s); /* back in once the port drains, or with credit or data to write */
 }
 
 /* --- frames from the host -------------------------------------------------------------------- */

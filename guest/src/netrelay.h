@@ -46,7 +46,8 @@
  * empty (a symlink to /dev/null) and NET_CONFIG's bundle, when there is one, is written there
  * too. */
 #define SBX_NET_NODE_CA_FILE "/run/sbx/extra-ca-certificates.crt"
-/* Above this many bytes queued for the net port, stop reading the streams' sockets. */
+/* Above this many bytes queued for the net port, stop reading the streams' sockets. Past it by at
+ * most the frames of one loop turn: one per socket event already returned (netrelay.c). */
 #define SBX_NET_OUT_HIGH_WATER (512u * 1024u)
 #define SBX_NET_LISTEN_PORTS (2u + SBX_NET_EXTRA_PORTS_MAX)
 
@@ -94,7 +95,7 @@ struct sbx_net {
 	struct sbx_buf out;
 	size_t out_off;
 	uint32_t next_id;
-	uint32_t read_from; /* where this turn's extra reads start: every stream goes first in turn */
+	uint32_t read_from; /* the slot after the last extra read: where the next turn's start */
 	struct sbx_net_stream streams[SBX_NET_STREAMS_MAX];
 };
 

@@ -14,6 +14,7 @@ Usage: guest_agent_test.py [--agent PATH] [-k SUBSTRING]   (run by `make -C gues
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import select
 import shutil
@@ -23,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 import traceback
@@ -355,6 +357,18 @@ class NetRig:
         assert self.net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
         return self.server.accept()[0]
 
+    def wait_port_full(self) -> None:
+        """Until the agent has stopped writing to its port (nobody reads it): what the port
+        holds no longer grows."""
+        seen, steady = -1, 0
+        deadline = time.monotonic() + 10
+        while steady < 3:
+            assert time.monotonic() < deadline, "the agent never filled its port"
+            time.sleep(0.05)
+            queued = struct.unpack("i", fcntl.ioctl(self.net.sock, termios.FIONREAD, b"\0" * 4))[0]
+            steady = steady + 1 if queued == seen and queued > 0 else 0
+            seen = queued
+
     def cpu_seconds(self) -> float:
         with open(f"/proc/{self.agent.proc.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -422,7 +436,7 @@ def test_net_hung_up_stream_with_a_backed_up_port_does_not_spin() -> None:
         bulk_blob, hung_blob = os.urandom(NET_WINDOW - 1), os.urandom(100 * 1024)
         pour = threading.Thread(target=bulk_conn.sendall, args=(bulk_blob,), daemon=True)
         pour.start()
-        time.sleep(0.3)  # the bulk stream fills the port past its high water
+        rig.wait_port_full()  # the bulk stream's credit is past the port and its high water
         hung_conn.sendall(hung_blob)
         hung_conn.close()
         time.sleep(0.3)
