@@ -100,7 +100,8 @@ def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_00
 
 
 class Agent:
-    def __init__(self, *extra: str, boot: bool = False, pass_fds: tuple[int, ...] = ()) -> None:
+    def __init__(self, *extra: str, boot: bool = False, pass_fds: tuple[int, ...] = (),
+                 preexec_fn=None) -> None:  # type: ignore[no-untyped-def]
         self.work = tempfile.TemporaryDirectory(prefix="sbx-agent-test.")
         ours, theirs = socket.socketpair()
         self.sock = ours
@@ -116,7 +117,8 @@ class Agent:
                 extra = ("--driver-dir", DRIVERS, *extra)
             cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds],
-                                     stdout=subprocess.PIPE, stderr=sys.stderr)
+                                     stdout=subprocess.PIPE, stderr=sys.stderr,
+                                     preexec_fn=preexec_fn)
         theirs.close()
         self.buf = b""
         line = self.proc.stdout.readline()
@@ -727,6 +729,23 @@ def test_spawn_failure() -> None:
         assert a.close() == 0
 
 
+def test_user_code_runs_sched_batch_from_the_agents_sched_other() -> None:
+    """spawn.c: user code SCHED_BATCH when the agent is SCHED_OTHER (as in the VM); an agent
+    under another policy (here SCHED_IDLE, which an unprivileged process may not leave) passes
+    its own on instead of failing every spawn."""
+    show = "import os; print(os.sched_getscheduler(0))"
+    for preexec, policy in ((None, os.SCHED_BATCH),
+                            (lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)),
+                             os.SCHED_IDLE)):  # fmt: skip
+        a = Agent(preexec_fn=preexec)
+        try:
+            assert a.expect()[0] == READY
+            r = a.run(510, show, language=PYTHON)
+            assert (r.get("exit"), r["stdout"]) == (0, f"{policy}\n".encode()), r
+        finally:
+            assert a.close() == 0
+
+
 def test_hangup_kills_the_run_and_exits() -> None:
     a = Agent()
     assert a.expect()[0] == READY
@@ -977,7 +996,8 @@ SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
           test_prestarted_bash_runs_the_script_like_bash_does, test_prestart_refusals]
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
-STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits]
+STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits,
+              test_user_code_runs_sched_batch_from_the_agents_sched_other]
 
 
 # --- sessions and files (standalone: each gets an agent with the REPL drivers) ------------------
