@@ -1,15 +1,16 @@
 """The relay and the agent beside CPU-bound user code, in one run on this machine.
 
-The guest runs SCHED_BATCH (guest/src/main.c): a wake-up never preempts the running task, so
-while user code spins, the agent (woken by the host's frames or a client's bytes) waits for the
-scheduler tick (the guest kernel has HZ=100: up to 10 ms) instead of running at once. This bench
-puts a number on that: in one session, alternately alone and beside a process that only spins,
+User code runs SCHED_BATCH, the agent SCHED_OTHER (guest/src/spawn.c). A SCHED_BATCH wake-up
+never preempts the running task: were the agent SCHED_BATCH too, then while user code spins the
+agent (woken by the host's frames or a client's bytes) would wait for the scheduler tick (the
+guest kernel has HZ=100: up to 10 ms) instead of running at once. This bench puts a number on
+it: in one session, alternately alone and beside a process that only spins,
 
 - a download and an upload through the relay (guest client <-> host loopback server),
 - the round trip of an empty `session.exec` (the agent's wake-up and the REPL's),
 
-and prints each median and the ratio beside / alone. To compare with a guest that is not
-SCHED_BATCH, build an image whose agent skips its sched_setscheduler call and run this again.
+and prints each median and the ratio beside / alone. To compare with an agent that is
+SCHED_BATCH too, build an image whose agent sets it for itself at boot and run this again.
 
     .venv/bin/python bench/net_beside_cpu.py --mb 16 --rounds 5
 """

@@ -377,9 +377,10 @@ static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
  * the loop for nothing. The rest (stream_read_more) go round the streams whose last read filled
  * its frame, one frame each per pass, while the port is under its high water: one stream never
  * takes the port's room from the others, and one port flush per turn carries them all.
- * A client (SCHED_BATCH, spawn.c) often has several frames in its socket by the agent's turn,
- * and one read per event measured 25-35 % slower on upload (bench/network.py, docs/benchmarks.md):
- * every 60 KiB paid a turn of the agent's loop and a port flush of its own. */
+ * A client that sends has often written several frames by the agent's turn (the agent was busy
+ * with the port, or the client ran on), and one read per event measured 25-35 % slower on upload
+ * (bench/network.py, docs/benchmarks.md): every 60 KiB paid a turn of the agent's loop and a
+ * port flush of its own. */
 #define READS_PER_TURN 8
 
 static void stream_read(struct sbx_net *n, struct sbx_net_stream *s)

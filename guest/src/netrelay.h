@@ -95,7 +95,7 @@ struct sbx_net {
 	struct sbx_buf out;
 	size_t out_off;
 	uint32_t next_id;
-	uint32_t read_from; /* the slot after the last extra read: where the next turn's start */
+	uint32_t read_from; /* the slot after the last extra read: where the next turn starts */
 	struct sbx_net_stream streams[SBX_NET_STREAMS_MAX];
 };
 

@@ -118,12 +118,12 @@ async def test_pid_1_cannot_be_signalled_or_traced(scheduler: Scheduler) -> None
     assert result.stdout == "EPERM\nEPERM\nEPERM\nptrace -1 EPERM\nseize -1 EPERM\n"
 
 
-
 async def test_user_code_can_neither_reschedule_the_agent_nor_outrank_it(
         scheduler: Scheduler) -> None:  # fmt: skip
     # The agent runs SCHED_OTHER, user code SCHED_BATCH (guest/src/spawn.c): the agent's
     # wake-ups preempt CPU-bound user code. That holds only while user code cannot change the
-    # agent's policy or nice value, nor take a real-time policy or a nice value above the agent's.
+    # agent's policy or nice value, nor take a real-time policy or a nice value below the agent's
+    # (a higher priority).
     result = await scheduler.run(
         "import errno, os\n"
         "def show(name, call, *args):\n"
