@@ -482,9 +482,11 @@ static void stream_on_event(struct sbx_net *n, struct sbx_net_stream *s, uint32_
 	if (s->fd < 0 || s->state != SBX_NS_OPEN)
 		return;
 	/* EPOLLIN is in the mask only while the port is under its high water (so output grows at
-	 * most a frame per ready socket past it in a turn); EPOLLHUP cannot be masked, and is read
-	 * on only while the port is under it too: otherwise parked, or it would wake every wait. */
-	bool hup_room = !(ev & EPOLLHUP) || out_pending(n) < SBX_NET_OUT_HIGH_WATER;
+	 * most a frame per ready socket past it in a turn). EPOLLHUP cannot be masked: a hung-up
+	 * socket is read on the same terms, while its mask in force has EPOLLIN (a test of the
+	 * port's fill now would let the streams ahead of it in the turn keep it out), and parked
+	 * otherwise, or it would wake every wait. */
+	bool hup_room = !(ev & EPOLLHUP) || (s->events & EPOLLIN);
 	if ((ev & (EPOLLIN | EPOLLHUP)) && hup_room && !s->eof_sent && s->send_credit > 0)
 		stream_read(n, s); /* what is left in the receive buffer, then EOF */
 	else if (ev & EPOLLHUP)
