@@ -67,6 +67,28 @@ async def test_qemu_runs_under_seccomp_filters_and_no_new_privs(scheduler: Sched
     assert int(status["Seccomp_filters"]) >= 2
 
 
+
+async def test_qemu_holds_no_fd_of_the_caller(scheduler: Scheduler, tmp_path: Path) -> None:
+    # The spawn closes every fd but QEMU's own (channel, console, QMP, RAM, net port): an fd the
+    # caller left inheritable must not reach the jailed QEMU. (tests/unit/test_execsbx_contract.py
+    # checks the fd layout with a stand-in; this is the real QEMU.)
+    marker = tmp_path / "caller-secret"
+    marker.write_text("not for QEMU")
+    leaked = os.open(marker, os.O_RDONLY)
+    os.set_inheritable(leaked, True)
+
+    def targets(pid: int) -> list[str]:
+        fd_dir = f"/proc/{pid}/fd"
+        return [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+
+    try:
+        seen, result = await _inspect_running_qemu(scheduler, targets)
+    finally:
+        os.close(leaked)
+    assert isinstance(seen, list) and result.exit_code == 0
+    assert len(seen) > 3  # QEMU's own fds are there: the listing worked
+    assert not [t for t in seen if "caller-secret" in t], seen
+
 async def test_qemu_namespaces_differ_from_the_callers(scheduler: Scheduler) -> None:
     kinds = ("mnt", "pid", "net", "uts", "ipc")
 
