@@ -234,21 +234,62 @@ class NetPeer:
             self.buf += chunk
 
 
+class NetRig:
+    """An agent in test mode with its net port (configured for exposed ports only, unless told
+    not to), and a server on the host's loopback for its NET_CONNECTs to reach."""
+
+    def __init__(self, configure: bool = True) -> None:
+        ours, theirs = socket.socketpair()
+        # A port that holds little, like virtio-serial's queue: the agent's own buffer fills.
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        self.agent = Agent("--net-fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self.net = NetPeer(ours)
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen()
+        assert self.agent.expect()[0] == READY
+        if configure:
+            self.agent.send(frame(NET_CONFIG, 1, struct.pack("<III", 0, 0, 0) + s(b"")))
+            assert self.agent.expect() == (PONG, 1, b"")
+
+    def connect(self, hid: int) -> socket.socket:
+        self.net.send(NET_CONNECT, hid, struct.pack("<I", self.server.getsockname()[1]))
+        assert self.net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
+        return self.server.accept()[0]
+
+    def wait_port_full(self) -> None:
+        """Until the agent has stopped writing to its port (nobody reads it): what the port
+        holds no longer grows."""
+        seen, steady = -1, 0
+        deadline = time.monotonic() + 10
+        while steady < 3:
+            assert time.monotonic() < deadline, "the agent never filled its port"
+            time.sleep(0.05)
+            queued = struct.unpack("i", fcntl.ioctl(self.net.sock, termios.FIONREAD, b"\0" * 4))[0]
+            steady = steady + 1 if queued == seen and queued > 0 else 0
+            seen = queued
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.agent.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        self.server.close()
+        self.net.sock.close()
+        assert self.agent.close() == 0
+
+
 def test_net_relay_in_test_mode() -> None:
     """NET_CONNECT (exposed ports) through the agent's relay, against a server on the host's
     loopback: credit flow control both ways, half closes, a clean close, a refused connect, and a
     host that overruns the window losing only that stream. (Outbound, the DNS stub and the
     listeners change lo and need the VM: tests/integration/functional/test_net_guest.py.)"""
-    ours, theirs = socket.socketpair()
-    a = Agent("--net-fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
-    theirs.close()
-    net = NetPeer(ours)
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
+    rig = NetRig(configure=False)
+    a, net, server, ours = rig.agent, rig.net, rig.server, rig.net.sock
     port = server.getsockname()[1]
     try:
-        assert a.expect()[0] == READY
         config = struct.pack("<III", 0, 0, 0) + s(b"")
         outbound = struct.pack("<III", 1, 0, 0) + s(b"")
         a.send(frame(NET_CONFIG, 3, outbound))  # would touch the host's lo: refused
@@ -331,55 +372,7 @@ def test_net_relay_in_test_mode() -> None:
         a.send(frame(PING, 6))
         assert a.expect() == (PONG, 6, b"")
     finally:
-        server.close()
-        ours.close()
-        assert a.close() == 0
-
-
-class NetRig:
-    """An agent in test mode with its net port configured for exposed ports only, and a server
-    on the host's loopback for its NET_CONNECTs to reach."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        # A port that holds little, like virtio-serial's queue: the agent's own buffer fills.
-        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        self.agent = Agent("--net-fd", str(theirs.fileno()), pass_fds=(theirs.fileno(),))
-        theirs.close()
-        self.net = NetPeer(ours)
-        self.server = socket.socket()
-        self.server.bind(("127.0.0.1", 0))
-        self.server.listen()
-        assert self.agent.expect()[0] == READY
-        self.agent.send(frame(NET_CONFIG, 1, struct.pack("<III", 0, 0, 0) + s(b"")))
-        assert self.agent.expect() == (PONG, 1, b"")
-
-    def connect(self, hid: int) -> socket.socket:
-        self.net.send(NET_CONNECT, hid, struct.pack("<I", self.server.getsockname()[1]))
-        assert self.net.recv() == (NET_CONNECTED, hid, struct.pack("<I", 0))
-        return self.server.accept()[0]
-
-    def wait_port_full(self) -> None:
-        """Until the agent has stopped writing to its port (nobody reads it): what the port
-        holds no longer grows."""
-        seen, steady = -1, 0
-        deadline = time.monotonic() + 10
-        while steady < 3:
-            assert time.monotonic() < deadline, "the agent never filled its port"
-            time.sleep(0.05)
-            queued = struct.unpack("i", fcntl.ioctl(self.net.sock, termios.FIONREAD, b"\0" * 4))[0]
-            steady = steady + 1 if queued == seen and queued > 0 else 0
-            seen = queued
-
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.agent.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def close(self) -> None:
-        self.server.close()
-        self.net.sock.close()
-        assert self.agent.close() == 0
+        rig.close()
 
 
 def test_net_streams_share_a_backed_up_port() -> None:
