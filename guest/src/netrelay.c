@@ -371,12 +371,13 @@ static bool stream_read_frame(struct sbx_net *n, struct sbx_net_stream *s)
 	return false;
 }
 
-/* Frames read per stream and loop turn, at most. The first comes with the socket's event,
- * whatever the port holds: it is what keeps every stream moving, and a hung-up socket (whose
- * EPOLLHUP no mask removes) draining towards its EOF or the end of its credit rather than waking
- * the loop for nothing. The rest (stream_read_more) go round the streams whose last read filled
- * its frame, one frame each per pass, while the port is under its high water: one stream never
- * takes the port's room from the others, and one port flush per turn carries them all.
+/* Frames read per stream and loop turn, at most. The first comes with the socket's event, on the
+ * terms of its epoll mask (set at the end of the last turn, while the port was under its high
+ * water), whatever the port holds now: it is what keeps every ready stream moving, whatever its
+ * place in the turn (stream_on_event). The rest (stream_read_more) go round the streams whose
+ * last read filled its frame, one frame each per pass, while the port is under its high water:
+ * one stream never takes the port's room from the others, and one port flush per turn carries
+ * them all.
  * A client that sends has often written several frames by the agent's turn (the agent was busy
  * with the port, or the client ran on), and one read per event measured 25-35 % slower on upload
  * (bench/network.py, docs/benchmarks.md): every 60 KiB paid a turn of the agent's loop and a
