@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from session_snapshots import DATA, config  # noqa: E402
 
-from exec_sandbox import Scheduler, migration  # noqa: E402
-from exec_sandbox import session_snapshots as snapshots  # noqa: E402
-from exec_sandbox.guest_vm import GuestVm  # noqa: E402
+from exec_sandbox import Scheduler  # noqa: E402
+from exec_sandbox.vm import migration  # noqa: E402
+from exec_sandbox.snapshots import sessions as snapshots  # noqa: E402
+from exec_sandbox.vm.guest import GuestVm  # noqa: E402
 
 TIMEOUT = 60.0
 

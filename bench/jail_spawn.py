@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile  # noqa: E402
 
 from exec_sandbox import _execsbx  # noqa: E402
-from exec_sandbox.jail import jail_options  # noqa: E402
+from exec_sandbox.vm.jail import jail_options  # noqa: E402
 
 ARGS = dict(qemu_binary="/bin/true", kernel="k", rootfs="r", memory_mb=128)
 

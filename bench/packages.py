@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile, summary  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.images import load_images  # noqa: E402
+from exec_sandbox.images.catalog import load_images  # noqa: E402
 from exec_sandbox.packages import pip_layer  # noqa: E402
 from exec_sandbox.packages.specs import validate_packages  # noqa: E402
 from exec_sandbox.packages.target import GuestTarget  # noqa: E402

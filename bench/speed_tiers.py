@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
 
-from exec_sandbox import Scheduler, SchedulerConfig, node_startup, snapshots  # noqa: E402
-from exec_sandbox.guest_vm import GuestVm  # noqa: E402
-from exec_sandbox.provisioning import Phases as _Phases  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox.snapshots import node_startup, l1  # noqa: E402
+from exec_sandbox.vm.guest import GuestVm  # noqa: E402
+from exec_sandbox.provisioning.provisioner import Phases as _Phases  # noqa: E402
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),
@@ -192,7 +193,7 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
 
 async def javascript_start(cache: Path, runs: int) -> None:
     """run() and session start for JavaScript per path. L1: before (a template with node's
-    startup snapshot but no parked node: snapshots.NODE_PARKED_IN_TEMPLATES off) and after (a node
+    startup snapshot but no parked node: l1.NODE_PARKED_IN_TEMPLATES off) and after (a node
     parked in it, which a clone's first run or session REPL uses). Cold boot: before (node starts
     without a startup snapshot: node_startup.GIVE_TO_COLD_BOOTS off) and after (the snapshot the
     L1-after template left in its cache directory is written into the VM before node starts).
@@ -225,7 +226,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
             # directory, where the cold boots of the after path find it.
             for label, (snaps, parked, _, directory, _) in sorted(
                     paths.items(), key=lambda item: not item[1][0]):  # fmt: skip
-                snapshots.NODE_PARKED_IN_TEMPLATES = parked
+                l1.NODE_PARKED_IN_TEMPLATES = parked
                 sched = await stack.enter_async_context(Scheduler(config(
                     cache / directory, warm_pool_size=0, memory_snapshots=snaps)))  # fmt: skip
                 if snaps:
@@ -235,7 +236,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
             for _ in range(runs):
                 for label, (_, parked, give, _, want) in paths.items():
                     # Read at every lookup of the template's key: set for the path's turn.
-                    snapshots.NODE_PARKED_IN_TEMPLATES = parked
+                    l1.NODE_PARKED_IN_TEMPLATES = parked
                     node_startup.GIVE_TO_COLD_BOOTS = give
                     await one_run(scheds[label], label, want)
                     hosts.append(await host_spawn_ms(host_argv))
@@ -246,7 +247,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
         # Pool hits: one scheduler at a time, since its refills run in the background and look
         # the template up with the switch of the moment; before and after alternate, twice.
         for when, parked in (("before", False), ("after", True)) * 2:
-            snapshots.NODE_PARKED_IN_TEMPLATES = parked
+            l1.NODE_PARKED_IN_TEMPLATES = parked
             cfg = config(cache / f"pool-{when}", warm_pool_size={"javascript": 1})
             async with Scheduler(cfg) as sched:
                 assert await sched.prepare_snapshot("javascript")
@@ -255,7 +256,7 @@ async def javascript_start(cache: Path, runs: int) -> None:
                     await asyncio.sleep(0.5)  # let the refilled VM settle to idle
                     await one_run(sched, f"pool hit, {when}", "pool")
     finally:
-        snapshots.NODE_PARKED_IN_TEMPLATES = True
+        l1.NODE_PARKED_IN_TEMPLATES = True
         node_startup.GIVE_TO_COLD_BOOTS = True
     host_p50 = percentile(hosts, 50)
     for label in sorted(rows):
@@ -266,9 +267,9 @@ async def javascript_start(cache: Path, runs: int) -> None:
 
 async def main(runs: int, calls: int, counts: list[int], window: float,
                sections: set[str]) -> None:  # fmt: skip
-    from exec_sandbox import host
+    from exec_sandbox.vm import host_facts
 
-    print(f"accelerator: {host.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n")
+    print(f"accelerator: {host_facts.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n")
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
         cache = Path(tmp)
         if "latency" in sections:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.images import MANIFEST_NAME
+from exec_sandbox.images.catalog import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
 from tests.helpers import open_fds, private_config, qemu_processes
 

@@ -3,7 +3,7 @@ enforces the output limits too."""
 
 from __future__ import annotations
 
-from ._vm import PROTOCOL_LIMITS
+from .vm.binding import PROTOCOL_LIMITS
 
 # From the wire protocol's header (src/shared/protocol.h), the one place they are written: the
 # host's encoder and the guest agent check the same values.

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import limits
-from ._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
+from .vm.binding import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .errors import OutputLimitError
-from .execution import ExecOutcome
+from .vm.execution import ExecOutcome
 from .models import ExecutionResult, ExposedPort, NetworkConnection, TimingBreakdown
 
 # A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost

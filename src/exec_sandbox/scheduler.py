@@ -12,13 +12,13 @@ from types import TracebackType
 from typing import Any
 
 from . import _logging, limits
-from .admission import Admission, Budget
+from .provisioning.admission import Admission, Budget
 from .config import SchedulerConfig
 from .errors import SandboxError, SnapshotError, VmConfigError
-from .execution import ExecRequest, OutputCallback
-from .guest_vm import GuestVm
-from .jail import usage_figures
-from .lease import Lease
+from .vm.execution import ExecRequest, OutputCallback
+from .vm.guest import GuestVm
+from .vm.jail import usage_figures
+from .provisioning.lease import Lease
 from .models import (
     ExecutionResult,
     Language,
@@ -29,14 +29,14 @@ from .models import (
 )
 from .network import parse_network_request
 from .network.hub import NetworkHub
-from .network.setup import NetworkSetup
+from .network.attach import NetworkSetup
 from .packages.layer import PackageLayer
-from .pool import PooledVm, WarmPool
-from .provisioning import VCPUS, Foreground, Phases, Provisioner, VmFactory
-from .qemu_process import wait_released
+from .provisioning.pool import PooledVm, WarmPool
+from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
+from .vm.process import wait_released
 from .results import shape_result
 from .session import Session, SessionHooks
-from .session_snapshots import (
+from .snapshots.sessions import (
     SessionSnapshotStore,
     check_id,
     check_machine,
@@ -51,7 +51,7 @@ from .validation import (
     validate_memory,
     validate_timeout,
 )
-from .vm_registry import VmRegistry
+from .vm.registry import VmRegistry
 
 log = logging.getLogger("exec_sandbox")
 

@@ -18,10 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from . import files, limits
-from .execution import ExecRequest, OutputCallback
-from .guest_vm import GuestVm
-from .lease import Lease
+from .vm import file_transfer
+from . import limits
+from .vm.execution import ExecRequest, OutputCallback
+from .vm.guest import GuestVm
+from .provisioning.lease import Lease
 from .results import EXIT_SIGKILL, shape_result
 from .errors import (
     CommunicationError,
@@ -211,11 +212,11 @@ class Session:
         network = self._vm.network
         return [] if network is None else network.log
 
-    async def write_file(self, path: str, content: files.Content, *,
+    async def write_file(self, path: str, content: file_transfer.Content, *,
                          make_executable: bool = False) -> None:  # fmt: skip
         """Write content (bytes, a Path or a binary file object) to path under /home/user.
         Atomic: the file appears whole or not at all. Missing directories are created."""
-        relative = files.guest_path(path)
+        relative = file_transfer.guest_path(path)
         if not isinstance(content, (bytes, bytearray, memoryview, Path)) and not hasattr(
             content, "read"
         ):
@@ -225,26 +226,26 @@ class Session:
             )
 
         async def run() -> None:
-            await files.write_file(self._vm, relative, content, make_executable)
+            await file_transfer.write_file(self._vm, relative, content, make_executable)
 
         await self._serialised(run)
 
     async def read_file(self, path: str, *,
-                        destination: files.Destination | None = None) -> bytes | None:  # fmt: skip
+                        destination: file_transfer.Destination | None = None) -> bytes | None:  # fmt: skip
         """The file's bytes, or None once written to destination (a Path or binary file)."""
-        relative = files.guest_path(path)
+        relative = file_transfer.guest_path(path)
 
         async def run() -> bytes | None:
-            return await files.read_file(self._vm, relative, destination)
+            return await file_transfer.read_file(self._vm, relative, destination)
 
         return await self._serialised(run)
 
     async def list_files(self, path: str = "") -> list[FileInfo]:
         """Entries of a directory under /home/user ("" = the home itself), sorted by name."""
-        relative = files.guest_path(path, allow_empty=True)
+        relative = file_transfer.guest_path(path, allow_empty=True)
 
         async def run() -> list[FileInfo]:
-            return await files.list_files(self._vm, relative)
+            return await file_transfer.list_files(self._vm, relative)
 
         return await self._serialised(run)
 

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox._vm import PROTOCOL_VERSION
-from exec_sandbox.execution import OutputCallback
-from exec_sandbox.guest_vm import GuestVm
-from exec_sandbox.images import GuestImages
-from exec_sandbox.provisioning import HostSetup
-from exec_sandbox.snapshots import SNAPSHOT_FORMAT, ram_digest
-from exec_sandbox.vm_spec import VmSpec
+from exec_sandbox.vm.binding import PROTOCOL_VERSION
+from exec_sandbox.vm.execution import OutputCallback
+from exec_sandbox.vm.guest import GuestVm
+from exec_sandbox.images.catalog import GuestImages
+from exec_sandbox.provisioning.provisioner import HostSetup
+from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT, ram_digest
+from exec_sandbox.vm.spec import VmSpec
 from tests.helpers import private_config
 
 _AGENT = Path(__file__).with_name("guest_stand_in_agent.py")

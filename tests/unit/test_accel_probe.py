@@ -1,4 +1,4 @@
-"""The accelerator probe (host.probe_accelerator) decides from what QEMU reports, never from how
+"""The accelerator probe (host_facts.probe_accelerator) decides from what QEMU reports, never from how
 long it lived: KVM is used only when QEMU ran the probe's guest code under it (exit status 99
 from isa-debug-exit), and the answer does not change with CPU load.
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox import host
+from exec_sandbox.vm import host_facts
 
-QEMU = host.QEMU_BINARY_NAME
+QEMU = host_facts.QEMU_BINARY_NAME
 
 
 def _kvm_openable() -> bool:
@@ -52,12 +52,12 @@ def _stand_in(tmp_path: Path, body: str) -> str:
 def test_probe_guest_code_runs_and_is_recognised_under_tcg() -> None:
     # The same probe under TCG: proves the probe's firmware and the exit-status check work, so
     # that "no" under KVM means KVM, not a broken probe.
-    assert host.probe_accelerator(QEMU, "tcg") is None
+    assert host_facts.probe_accelerator(QEMU, "tcg") is None
 
 
 @pytest.mark.skipif(not _kvm_openable(), reason="/dev/kvm cannot be opened: no QEMU probe runs")
 def test_kvm_probe_gives_the_same_answer_ten_times_under_cpu_load(busy_cpus: None) -> None:
-    answers = [host.probe_accelerator(QEMU, "kvm") for _ in range(10)]
+    answers = [host_facts.probe_accelerator(QEMU, "kvm") for _ in range(10)]
     assert len(set(answers)) == 1, answers
     # Said what it said because of QEMU's report, not a timer.
     assert answers[0] is None or "did not run guest code" in answers[0], answers[0]
@@ -67,17 +67,17 @@ def test_a_qemu_that_lives_but_runs_no_guest_code_is_not_kvm(tmp_path: Path) -> 
     # Stand-in: a QEMU that never runs guest code and never exits (the old probe called any QEMU
     # still alive after 1 s usable). Only the hang guard ends it: shortened here.
     qemu = _stand_in(tmp_path, "exec sleep 60")
-    reason = host.probe_accelerator(qemu, "kvm", hang_seconds=2.0)
+    reason = host_facts.probe_accelerator(qemu, "kvm", hang_seconds=2.0)
     assert reason is not None and "did not run the probe's guest code" in reason
 
 
 def test_qemus_own_error_is_the_reason(tmp_path: Path) -> None:
     qemu = _stand_in(tmp_path, "echo 'qemu: error: failed to set MSR 0x10a' >&2; exit 1")
-    reason = host.probe_accelerator(qemu, "kvm")
+    reason = host_facts.probe_accelerator(qemu, "kvm")
     assert reason is not None and "failed to set MSR 0x10a" in reason
 
 
 def test_only_the_probes_exit_status_means_kvm_works(tmp_path: Path) -> None:
-    assert host.probe_accelerator(_stand_in(tmp_path, "exit 99"), "kvm") is None
-    reason = host.probe_accelerator(_stand_in(tmp_path, "exit 0"), "kvm")
+    assert host_facts.probe_accelerator(_stand_in(tmp_path, "exit 99"), "kvm") is None
+    reason = host_facts.probe_accelerator(_stand_in(tmp_path, "exit 0"), "kvm")
     assert reason is not None and "exit status 0" in reason

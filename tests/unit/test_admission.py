@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from exec_sandbox import SchedulerConfig, VmCapacityError, VmConfigError
-from exec_sandbox.admission import Admission, Budget
+from exec_sandbox.provisioning.admission import Admission, Budget
 
 
 def make(max_vms: int = 2, memory_mb: int = 1000, vcpus: int = 8, *, waiters: int = 4,

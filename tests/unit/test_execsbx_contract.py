@@ -2,7 +2,7 @@
 
 A small /bin/sh script stands in for QEMU (it ignores the QEMU arguments and speaks frames on
 fd 3 with printf); that exercises spawn, the fd layout, the channel codec, poll_exit, kill and
-close exactly as exec_sandbox._vm uses them. Nothing here is evidence of sandbox behaviour
+close exactly as exec_sandbox.vm.binding uses them. Nothing here is evidence of sandbox behaviour
 (isolation, the jail, the guest's answers): that is proven against real VMs in tests/integration.
 """
 
@@ -715,10 +715,10 @@ def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> N
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
     boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
-    from exec_sandbox.guest_vm import GuestVm
-    from exec_sandbox.vm_spec import VmSpec
+    from exec_sandbox.vm.guest import GuestVm
+    from exec_sandbox.vm.spec import VmSpec
     from exec_sandbox.errors import VmPermanentError
-    from exec_sandbox.images import GuestImages
+    from exec_sandbox.images.catalog import GuestImages
 
     images = GuestImages(kernel=Path(KERNEL), rootfs=Path(ROOTFS), kernel_hash="k", rootfs_hash="r")
     spec = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(version)), images=images, accel="tcg",

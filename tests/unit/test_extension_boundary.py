@@ -1,6 +1,6 @@
-"""The C extension has one importer: `_vm.py` (docs/design.md). Every other module of the package
+"""The C extension has one importer: `vm/binding.py` (docs/architecture.md). Every other module of the package
 reaches the C core through it, so that the extension's surface the package depends on is the one
-`_vm.py` shows. Read from the source files, no VM."""
+`vm/binding.py` shows. Read from the source files, no VM."""
 
 from __future__ import annotations
 
@@ -32,5 +32,5 @@ def test_only_vm_module_imports_the_extension() -> None:
         lines = _imports_extension(ast.parse(path.read_text(), str(path)))
         if lines:
             importers[str(path.relative_to(PACKAGE))] = lines
-    assert importers == {"_vm.py": importers.get("_vm.py")}
-    assert importers.get("_vm.py"), "the checker found no import at all: it is broken"
+    assert importers == {"vm/binding.py": importers.get("vm/binding.py")}
+    assert importers.get("vm/binding.py"), "the checker found no import at all: it is broken"

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from exec_sandbox import InputValidationError
-from exec_sandbox.files import guest_path
+from exec_sandbox.vm.file_transfer import guest_path
 
 
 @pytest.mark.parametrize(

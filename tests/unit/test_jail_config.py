@@ -13,7 +13,7 @@ import pytest
 
 from exec_sandbox import _execsbx
 from exec_sandbox.errors import VmConfigError
-from exec_sandbox.jail import (
+from exec_sandbox.vm.jail import (
     QEMU_MEMORY_OVERHEAD_MB,
     QEMU_USER_ENV,
     jail_options,
@@ -83,7 +83,7 @@ def test_usage_figures_round_memory_up_and_keep_unknowns() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the layers need root (cgroups, namespaces)")
 def test_doctor_reports_each_layer_and_why() -> None:
-    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli", "doctor", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "doctor", "--json"],
                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     checks = {c["name"]: c for c in json.loads(proc.stdout)}
     for layer in ("seccomp", "namespaces", "cgroup", "rlimits"):

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from exec_sandbox.admission import Admission, Budget
+from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.errors import VmTransientError
-from exec_sandbox.lease import Lease
+from exec_sandbox.provisioning.lease import Lease
 
 
 class _StandInVm:

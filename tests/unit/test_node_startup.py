@@ -12,21 +12,22 @@ from typing import Any
 
 import pytest
 
-from exec_sandbox import _vm, files, host, node_startup, snapshots
+from exec_sandbox.vm import binding, file_transfer, host_facts
+from exec_sandbox.snapshots import node_startup, l1
 from exec_sandbox.errors import GuestAgentError, SandboxError
-from exec_sandbox.files import ContentRefused
-from exec_sandbox.images import GuestImages
-from exec_sandbox.node_startup import BLOB_MAX, KEEP_BLOBS, NodeStartupCache, blob_key
+from exec_sandbox.vm.file_transfer import ContentRefused
+from exec_sandbox.images.catalog import GuestImages
+from exec_sandbox.snapshots.node_startup import BLOB_MAX, KEEP_BLOBS, NodeStartupCache, blob_key
 from exec_sandbox.packages.layer import PackageLayer
-from exec_sandbox.snapshots import machine_identity
-from exec_sandbox.vm_spec import VmSpec
+from exec_sandbox.snapshots.l1 import machine_identity
+from exec_sandbox.vm.spec import VmSpec
 
 TAG = b"t" * 64
 
 
 def spec() -> VmSpec:
     images = GuestImages(Path("/k"), Path("/r"), kernel_hash="k1", rootfs_hash="r1")
-    return VmSpec(qemu_binary=host.qemu_binary(), images=images, accel="tcg", memory_mb=192)
+    return VmSpec(qemu_binary=host_facts.qemu_binary(), images=images, accel="tcg", memory_mb=192)
 
 
 def key(s: VmSpec) -> str:
@@ -107,12 +108,12 @@ async def test_install_tells_a_refusal_from_a_failure(
     monkeypatch: pytest.MonkeyPatch, error: Exception | None, alive: bool, outcome: str | None
 ) -> None:
     async def write_target(vm: Any, path: bytes, content: bytes, flags: int) -> int:
-        assert (path, flags) == (b"", _vm.FILE_NODE_SNAPSHOT)
+        assert (path, flags) == (b"", binding.FILE_NODE_SNAPSHOT)
         if error is not None:
             raise error
         return len(content)
 
-    monkeypatch.setattr(files, "write_target", write_target)
+    monkeypatch.setattr(file_transfer, "write_target", write_target)
     if outcome is None:
         with pytest.raises(GuestAgentError):
             await node_startup.install(_Vm(alive), TAG + b"blob")  # type: ignore[arg-type]
@@ -154,8 +155,8 @@ async def test_which_templates_give_their_blob(
 
     monkeypatch.setattr(node_startup, "install", install)
     monkeypatch.setattr(node_startup, "read_out", read_out)
-    monkeypatch.setattr(snapshots, "_build_node_snapshot", build)
-    await snapshots._give_node_snapshot(object(), s, cache)  # type: ignore[arg-type]
+    monkeypatch.setattr(l1, "_build_node_snapshot", build)
+    await l1._give_node_snapshot(object(), s, cache)  # type: ignore[arg-type]
     assert ("build" in calls) == built
     assert ("read_out" in calls) == stored
     kept = await cache.load(key(s))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import PackageNotAllowedError, VmPermanentError
-from exec_sandbox.images import GuestFacts, GuestImages
+from exec_sandbox.images.catalog import GuestFacts, GuestImages
 from exec_sandbox.packages.layers import PackageLayers
 from exec_sandbox.packages.specs import validate_packages
 from exec_sandbox.packages.store import LAYER_FILE, LayerStore

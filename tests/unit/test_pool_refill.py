@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import VmTransientError
-from exec_sandbox import pool as pool_module
+from exec_sandbox.provisioning import pool as pool_module
 from tests.unit.guest_stand_in import StandInVms, stand_in_scheduler
 
 HANG_GUARD_SECONDS = 30.0

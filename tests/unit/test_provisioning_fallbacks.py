@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, VmTransientError
-from exec_sandbox.snapshots import snapshot_key
+from exec_sandbox.snapshots.l1 import snapshot_key
 from tests.unit.guest_stand_in import StandInVms, publish_l1_snapshot, stand_in_scheduler
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exec_sandbox.qmp import QmpClient, QmpError
+from exec_sandbox.vm.qmp import QmpClient, QmpError
 
 GREETING = b'{"QMP": {"version": {"qemu": {"major": 7}}, "capabilities": []}}\r\n'
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from exec_sandbox import OutputLimitError
-from exec_sandbox._vm import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT, EXIT_TIMED_OUT
-from exec_sandbox.execution import ExecOutcome
+from exec_sandbox.vm.binding import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT, EXIT_TIMED_OUT
+from exec_sandbox.vm.execution import ExecOutcome
 from exec_sandbox.models import TimingBreakdown
 from exec_sandbox.results import OOM_NOTE, shape_result
 

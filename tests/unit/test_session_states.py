@@ -17,7 +17,7 @@ from exec_sandbox import (
     SessionClosedError,
     SnapshotError,
 )
-from exec_sandbox.qmp import QmpError
+from exec_sandbox.vm.qmp import QmpError
 from tests.unit.guest_stand_in import stand_in_scheduler
 
 

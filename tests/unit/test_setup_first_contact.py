@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox import Scheduler, SchedulerConfig, VmPermanentError, doctor, image_build
+from exec_sandbox import Scheduler, SchedulerConfig, VmPermanentError
+from exec_sandbox.cli import doctor
+from exec_sandbox.images import builder
 
 LIB = Path(__file__).resolve().parents[2] / "images" / "lib.sh"
 
@@ -48,6 +50,6 @@ def test_next_build_removes_what_a_killed_build_left(tmp_path: Path) -> None:
 
 
 def test_full_disk_is_reported_as_such(tmp_path: Path) -> None:
-    message = image_build._failure_message(
+    message = builder._failure_message(
         1, ["tar: linux-source-6.1/x.c: Cannot write: No space left on device"], tmp_path)
     assert "is full" in message and "sbx setup" in message

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exec_sandbox import image_build
+from exec_sandbox.images import builder
 
 
 def path_without(tmp_path: Path, *removed: str) -> str:
@@ -29,7 +29,7 @@ def test_missing_tool_stops_setup_with_the_apt_line(tmp_path: Path) -> None:
     images = tmp_path / "images"
     env = {**os.environ, "PATH": path_without(tmp_path, "mkfs.erofs"),
            "EXEC_SANDBOX_IMAGES_DIR": str(images)}
-    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli", "setup"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "setup"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1, proc.stderr
     sudo = "" if os.geteuid() == 0 else "sudo "
@@ -39,12 +39,12 @@ def test_missing_tool_stops_setup_with_the_apt_line(tmp_path: Path) -> None:
 
 
 def test_apt_line_names_each_package_once() -> None:
-    line = image_build.apt_install_line(["bison", "flex", "bison"])
+    line = builder.apt_install_line(["bison", "flex", "bison"])
     assert line.endswith("apt-get install -y --no-install-recommends bison flex")
 
 
 def test_recipe_is_found() -> None:
-    root = image_build.recipe_root()
+    root = builder.recipe_root()
     for part in ("images/build.sh", "images/kernel/sandbox.config", "guest/Makefile",
                  "guest/repl/driver.py", "src/shared/protocol.h"):
         assert (root / part).is_file(), part

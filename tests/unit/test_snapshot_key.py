@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from exec_sandbox import host
-from exec_sandbox.vm_spec import VmSpec
-from exec_sandbox.images import GuestImages
-from exec_sandbox.snapshots import snapshot_key
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.images.catalog import GuestImages
+from exec_sandbox.snapshots.l1 import snapshot_key
 
 
 def test_every_input_changes_the_key() -> None:
     images = GuestImages(Path("/k"), Path("/r"), kernel_hash="k1", rootfs_hash="r1")
-    spec = VmSpec(qemu_binary=host.qemu_binary(), images=images, accel="tcg", memory_mb=192)
+    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=images, accel="tcg", memory_mb=192)
     base = snapshot_key(spec, "python")
     assert snapshot_key(spec, "python") == base
     variants = [
@@ -38,7 +38,7 @@ def test_tsc_measurement_jitter_keeps_the_key() -> None:
     # host must keep its snapshots across processes (`sbx run` is one process per call), while
     # another host's TSC (other MHz) still makes another key.
     images = GuestImages(Path("/k"), Path("/r"), kernel_hash="k1", rootfs_hash="r1")
-    spec = VmSpec(qemu_binary=host.qemu_binary(), images=images, accel="tcg", memory_mb=192)
+    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=images, accel="tcg", memory_mb=192)
 
     def key(cmdline: str) -> str:
         return snapshot_key(replace(spec, kernel_cmdline_extra=cmdline), "python")

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from exec_sandbox.snapshots import KEEP_SNAPSHOTS, LEFTOVER_AGE_SECONDS, SnapshotCache
+from exec_sandbox.snapshots.l1 import KEEP_SNAPSHOTS, LEFTOVER_AGE_SECONDS, SnapshotCache
 
 
 def _key(i: int) -> str:

@@ -1,4 +1,4 @@
-"""The sealed memfd copies of snapshot RAM files that clones map (snapshots.RamFiles), and the
+"""The sealed memfd copies of snapshot RAM files that clones map (l1.RamFiles), and the
 RAM digest they are checked against once each."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox.snapshots import RamFiles, Snapshot, SnapshotIntegrityError, ram_digest
+from exec_sandbox.snapshots.l1 import RamFiles, Snapshot, SnapshotIntegrityError, ram_digest
 
 MB = 1024 * 1024
 
@@ -143,7 +143,7 @@ def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The build's digest comes from a sealed copy that RamFiles keeps: once the build directory
     is renamed into place, the first clone maps that copy instead of copying and hashing again."""
-    from exec_sandbox import snapshots
+    from exec_sandbox.snapshots import l1
 
     build = tmp_path / ".build-k"
     build.mkdir()
@@ -157,7 +157,7 @@ def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
         def no_second_copy(src: int, size: int) -> int:
             raise AssertionError("the published RAM was copied again")
 
-        monkeypatch.setattr(snapshots, "_sealed_copy", no_second_copy)
+        monkeypatch.setattr(l1, "_sealed_copy", no_second_copy)
         fd = files.fd_for(Snapshot("k", tmp_path / "k" / "ram", tmp_path / "k" / "state", digest))
         assert os.pread(fd, 8 * MB, 0) == content
     finally:

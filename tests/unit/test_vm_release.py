@@ -1,5 +1,5 @@
 """Closing a VM never blocks the loop: QEMU is SIGKILLed at once, and its reap, fds and cgroup are
-released after its pidfd is readable, in an executor thread, tracked until done (`qemu_process.release`,
+released after its pidfd is readable, in an executor thread, tracked until done (`process.release`,
 `wait_released`). With a real child (/bin/sleep standing in for QEMU) and with a stand-in that
 has no pidfd (Linux < 5.3), whose blocking reap must then happen in the thread too."""
 
@@ -10,7 +10,8 @@ import os
 import threading
 from pathlib import Path
 
-from exec_sandbox import _execsbx, qemu_process
+from exec_sandbox import _execsbx
+from exec_sandbox.vm import process
 
 
 async def test_release_kills_at_once_and_reaps_off_the_loop(tmp_path: Path) -> None:
@@ -20,11 +21,11 @@ async def test_release_kills_at_once_and_reaps_off_the_loop(tmp_path: Path) -> N
     qemu.write_text("#!/bin/sh\nexec sleep 60\n")
     qemu.chmod(0o755)
     vm = _execsbx.Vm(qemu_binary=str(qemu), kernel="k", rootfs="r", memory_mb=128)
-    await qemu_process.wait_started(asyncio.get_running_loop(), vm)  # sleep's exec worked
+    await process.wait_started(asyncio.get_running_loop(), vm)  # sleep's exec worked
     pid = vm.pid
-    task = qemu_process.release(asyncio.get_running_loop(), vm)
+    task = process.release(asyncio.get_running_loop(), vm)
     assert not vm.closed  # nothing blocking happened on the loop yet
-    await qemu_process.wait_released()
+    await process.wait_released()
     assert task.done() and vm.closed
     assert vm.poll_exit() == -9  # SIGKILLed, then reaped
     try:
@@ -57,7 +58,7 @@ class _NoPidfdVm:
 
 async def test_release_without_a_pidfd_reaps_in_a_thread() -> None:
     vm = _NoPidfdVm()
-    qemu_process.release(asyncio.get_running_loop(), vm)
+    process.release(asyncio.get_running_loop(), vm)
     assert vm.killed
-    await qemu_process.wait_released()
+    await process.wait_released()
     assert vm.closed_on is not None and vm.closed_on is not threading.main_thread()

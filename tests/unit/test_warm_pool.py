@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from exec_sandbox import SchedulerConfig, VmConfigError, VmPermanentError
-from exec_sandbox import pool as pool_module
-from exec_sandbox.admission import Admission, Budget
+from exec_sandbox.provisioning import pool as pool_module
+from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.errors import SandboxError, VmTransientError
 from exec_sandbox.models import Language
-from exec_sandbox.pool import WarmPool, fit_sizes
+from exec_sandbox.provisioning.pool import WarmPool, fit_sizes
 
 HANG_GUARD_SECONDS = 30.0
 

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import IO, Any, TypeVar
 
 from .. import _logging
-from ..execution import OutputCallback
+from ..vm.execution import OutputCallback
 from ..config import SchedulerConfig
 from ..errors import (
     CommunicationOutcomeUnknownError,

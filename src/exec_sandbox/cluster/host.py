@@ -78,7 +78,7 @@ class SandboxHost:
         """`sbx doctor` of this host (its accelerator, QEMU, images, jail layers) and its info."""
 
         async def run() -> dict[str, Any]:
-            from .. import doctor
+            from ..cli import doctor
 
             checks = await asyncio.get_running_loop().run_in_executor(None, doctor.run_checks)
             return {"info": await self._info(), "checks": doctor.as_dicts(checks),

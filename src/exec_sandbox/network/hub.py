@@ -11,15 +11,21 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .._vm import (NetClosedEvent, NetConnectedEvent, NetOpenEvent, NetRefusedEvent,
-                   NetRelayEndEvent, NetRing)  # fmt: skip
+from ..vm.binding import (
+    NetClosedEvent,
+    NetConnectedEvent,
+    NetOpenEvent,
+    NetRefusedEvent,
+    NetRelayEndEvent,
+    NetRing,
+)  # fmt: skip
 from ..models import ExposedPort, NetworkConnection
 from . import policy as p
 from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
 
 if TYPE_CHECKING:
-    from .._vm import NetEvent
+    from ..vm.binding import NetEvent
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..digest import file_sha256
-from ..images import GuestImages
+from ..images.catalog import GuestImages
 from ..models import Language, PackagesReport
 from . import erofs, npm_layer, pip_layer
 from .layer import PackageLayer

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import VmPermanentError
-from ..images import GuestImages
+from ..images.catalog import GuestImages
 
 # The sandbox is an x86_64 QEMU guest on every host.
 GUEST_ARCH = "x86_64"

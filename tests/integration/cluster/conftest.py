@@ -118,7 +118,7 @@ def own_cluster(images_dir_ready: None) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def images_dir_ready() -> None:
-    from exec_sandbox.images import MANIFEST_NAME
+    from exec_sandbox.images.catalog import MANIFEST_NAME
     from exec_sandbox.paths import images_dir
 
     manifest = images_dir() / MANIFEST_NAME

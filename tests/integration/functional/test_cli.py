@@ -14,7 +14,7 @@ import pytest
 from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
-SBX = [sys.executable, "-m", "exec_sandbox.cli"]
+SBX = [sys.executable, "-m", "exec_sandbox.cli.main"]
 
 
 def sbx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

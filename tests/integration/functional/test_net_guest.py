@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox import host
-from exec_sandbox.execution import ExecRequest
-from exec_sandbox.guest_vm import GuestVm
-from exec_sandbox.vm_spec import VmSpec
-from exec_sandbox.images import load_images
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.execution import ExecRequest
+from exec_sandbox.vm.guest import GuestVm
+from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.images.catalog import load_images
 from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
@@ -136,9 +136,9 @@ async def send_agent_frame(vm: GuestVm, type_: int, req_id: int, payload: bytes)
 
 
 def _spec(net_port: bool) -> VmSpec:
-    return VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=256, net_port=net_port,
-                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
+    return VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
+                  accel=host_facts.accelerator(), memory_mb=256, net_port=net_port,
+                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
 
 
 @pytest.fixture

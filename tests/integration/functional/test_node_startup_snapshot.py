@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.snapshots import NODE_SNAPSHOT_PATH
+from exec_sandbox.snapshots.l1 import NODE_SNAPSHOT_PATH
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm

@@ -176,7 +176,7 @@ async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_read
 def test_sbx_run_installs_packages(tmp_path: Path, images_ready: None, index: LocalIndex) -> None:
     env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
            "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
-    run = [sys.executable, "-m", "exec_sandbox.cli", "run", "--no-snapshot-wait"]
+    run = [sys.executable, "-m", "exec_sandbox.cli.main", "run", "--no-snapshot-wait"]
     proc = subprocess.run([*run, "--json", "-p", DEMO, "-c", "import sbxdemo; print(sbxdemo.VALUE)"],
                           capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr

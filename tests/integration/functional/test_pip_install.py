@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from exec_sandbox.images import MANIFEST_NAME
+from exec_sandbox.images.catalog import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
 
 # The first test to need the installed package builds it (sdist, wheel, venv, sbx setup).
@@ -165,7 +165,7 @@ def test_sdist_and_wheel_carry_the_image_recipe(installed: Installed) -> None:
 
 def test_installed_package_runs_outside_the_checkout(installed: Installed) -> None:
     proc = run([str(installed.venv / "bin" / "python"), "-c",
-                "import exec_sandbox, exec_sandbox.image_build as b; "
+                "import exec_sandbox, exec_sandbox.images.builder as b; "
                 "print(exec_sandbox.__file__); print(b.recipe_root())"],
                cwd=installed.root, env=installed.env)  # fmt: skip
     for line in proc.stdout.split():

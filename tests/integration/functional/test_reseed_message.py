@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from exec_sandbox import host
-from exec_sandbox.execution import ExecRequest
-from exec_sandbox.guest_vm import GuestVm
-from exec_sandbox.vm_spec import VmSpec
-from exec_sandbox.images import load_images
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.execution import ExecRequest
+from exec_sandbox.vm.guest import GuestVm
+from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.images.catalog import load_images
 from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
@@ -28,9 +28,9 @@ def _raw(code: bytes) -> ExecRequest:
 
 
 async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: None) -> None:
-    spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=192,
-                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
+    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
+                  accel=host_facts.accelerator(), memory_mb=192,
+                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
     vm = await GuestVm.boot(spec, boot_timeout=60)
     try:
         with pytest.raises(ValueError, match="seed must be"):
@@ -53,9 +53,9 @@ async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_genera
     $RANDOM was seeded at its start, is killed, and the next run gets a fresh one; python, which
     has nothing to refresh, and node, which refreshes its generators at the go, stay and run the
     code (runner.h, struct sbx_prestarted)."""
-    spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=192,
-                  kernel_cmdline_extra=f"tsc_early_khz={host.tsc_khz()}")  # fmt: skip
+    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
+                  accel=host_facts.accelerator(), memory_mb=192,
+                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
     vm = await GuestVm.boot(spec, boot_timeout=60)
     try:
         who = b"head -c 8 /proc/$$/cmdline | tr '\\0' ' '"

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from exec_sandbox import OutputLimitError, Scheduler
-from exec_sandbox.qemu_process import wait_released
+from exec_sandbox.vm.process import wait_released
 from exec_sandbox.limits import STDERR_LIMIT_BYTES, STDOUT_LIMIT_BYTES
 from tests.helpers import qemu_processes
 

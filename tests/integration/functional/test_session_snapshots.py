@@ -197,7 +197,7 @@ async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, ima
     async with Scheduler(private_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")) as s:
         snapshot = await (await s.session()).pause()
     env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)}
-    sbx = [sys.executable, "-m", "exec_sandbox.cli", "session"]
+    sbx = [sys.executable, "-m", "exec_sandbox.cli.main", "session"]
     listed = subprocess.run([*sbx, "list", "--json"], capture_output=True, text=True, env=env, timeout=60)
     assert [entry["id"] for entry in json.loads(listed.stdout)] == [snapshot.id]
     deleted = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
@@ -212,7 +212,7 @@ def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
            "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
 
     def sbx(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "exec_sandbox.cli", "session", *args],
+        return subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "session", *args],
                               capture_output=True, text=True, env=env, timeout=180)  # fmt: skip
 
     created = sbx("new", "--json", "-e", "WHO=cli", "-c", "import os; x = 41; print(os.environ['WHO'])")
@@ -238,7 +238,7 @@ def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
 
 async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import exec_sandbox.migration as vm_module
+    import exec_sandbox.vm.migration as vm_module
 
     session = await sched.session()
     await session.exec("data = list(range(1000))")
@@ -284,7 +284,7 @@ async def test_a_failed_fork_stream_leaves_the_parent_running_and_no_copy(
 ) -> None:
     from dataclasses import replace
 
-    from exec_sandbox.guest_vm import GuestVm
+    from exec_sandbox.vm.guest import GuestVm
 
     spawn = GuestVm.spawn.__func__  # type: ignore[attr-defined]
 
@@ -310,8 +310,8 @@ async def test_a_failed_fork_stream_leaves_the_parent_running_and_no_copy(
 async def test_a_cancelled_fork_leaves_the_parent_running_and_no_copy(
     sched: Scheduler, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
-    import exec_sandbox.migration as migration_module
-    from exec_sandbox.guest_vm import GuestVm
+    import exec_sandbox.vm.migration as migration_module
+    from exec_sandbox.vm.guest import GuestVm
 
     reached = asyncio.Event()
     spawn = GuestVm.spawn.__func__  # type: ignore[attr-defined]

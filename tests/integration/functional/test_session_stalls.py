@@ -11,7 +11,8 @@ import signal
 
 import pytest
 
-from exec_sandbox import Scheduler, SessionClosedError, files
+from exec_sandbox import Scheduler, SessionClosedError
+from exec_sandbox.vm import file_transfer
 from exec_sandbox.errors import GuestAgentError
 
 pytestmark = pytest.mark.vm
@@ -21,7 +22,7 @@ STALL = 4.0
 
 @pytest.fixture
 def short_stall(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(files, "_STALL_SECONDS", STALL)
+    monkeypatch.setattr(file_transfer, "_STALL_SECONDS", STALL)
 
 
 async def test_write_to_a_stopped_vm_ends_and_closes_the_session(

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox import Scheduler, SchedulerConfig, host
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.vm import host_facts
 from exec_sandbox.errors import CommunicationOutcomeUnknownError, VmPermanentError, VmTransientError
-from exec_sandbox.images import MANIFEST_NAME
+from exec_sandbox.images.catalog import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
 from tests.helpers import qemu_processes
 
@@ -24,11 +25,11 @@ pytestmark = pytest.mark.vm
 def fresh_host_caches() -> Iterator[None]:
     # The QEMU path and the accelerator are cached per process: keep this file's stand-ins out
     # of the other tests.
-    host.qemu_binary.cache_clear()
-    host.accelerator.cache_clear()
+    host_facts.qemu_binary.cache_clear()
+    host_facts.accelerator.cache_clear()
     yield
-    host.qemu_binary.cache_clear()
-    host.accelerator.cache_clear()
+    host_facts.qemu_binary.cache_clear()
+    host_facts.accelerator.cache_clear()
 
 
 def _config(**kw: object) -> SchedulerConfig:

@@ -15,7 +15,7 @@ from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
 
-SBX = [sys.executable, "-m", "exec_sandbox.cli"]
+SBX = [sys.executable, "-m", "exec_sandbox.cli.main"]
 
 
 def sbx(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:

@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from exec_sandbox import Scheduler, host, limits
-from exec_sandbox.execution import ExecOutcome, ExecRequest
-from exec_sandbox.guest_vm import GuestVm
-from exec_sandbox.vm_spec import VmSpec
-from exec_sandbox.images import load_images
-from exec_sandbox.jail import jail_options
+from exec_sandbox import Scheduler, limits
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.execution import ExecOutcome, ExecRequest
+from exec_sandbox.vm.guest import GuestVm
+from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.images.catalog import load_images
+from exec_sandbox.vm.jail import jail_options
 from exec_sandbox.models import Language
 from exec_sandbox.paths import images_dir
 
@@ -26,9 +27,9 @@ MEMORY_MB = 192
 @pytest.fixture
 async def guest(images_ready: None) -> AsyncIterator[GuestVm]:
     """One VM started exactly as Scheduler.run starts it, for several requests in a row."""
-    khz = host.tsc_khz()
-    spec = VmSpec(qemu_binary=host.qemu_binary(), images=load_images(images_dir()),
-                  accel=host.accelerator(), memory_mb=MEMORY_MB,
+    khz = host_facts.tsc_khz()
+    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
+                  accel=host_facts.accelerator(), memory_mb=MEMORY_MB,
                   kernel_cmdline_extra=f"tsc_early_khz={khz}" if khz else "",
                   jail=jail_options(MEMORY_MB), qemu_sandbox=True)  # fmt: skip
     vm = await GuestVm.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler
-from exec_sandbox.jail import (
+from exec_sandbox.vm.jail import (
     CPU_PERCENT_MAIN_LOOP,
     CPU_PERCENT_PER_VCPU,
     QEMU_MEMORY_OVERHEAD_MB,

@@ -11,7 +11,7 @@ import os
 import pwd
 from typing import Any
 
-from .errors import VmConfigError
+from ..errors import VmConfigError
 
 log = logging.getLogger("exec_sandbox")
 

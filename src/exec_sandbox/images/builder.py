@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .images import GuestImages, load_images
-from .paths import images_dir
+from .catalog import GuestImages, load_images
+from ..paths import images_dir
 
 # Free space a build from nothing needs in the images directory: the kernel's source and objects
 # (~2.5 GB while compiling), the package tree and two root images (~0.3 GB each).
@@ -37,11 +37,11 @@ FULL_BUILD_BYTES = 4 * 1024**3
 
 def recipe_root() -> Path:
     """The directory holding images/build.sh: the installed copy, else the source checkout."""
-    here = Path(__file__).resolve().parent
-    for root in (here / "_recipe", here.parents[1]):
+    package = Path(__file__).resolve().parents[1]  # exec_sandbox/
+    for root in (package / "_recipe", package.parents[1]):
         if (root / "images" / "build.sh").is_file():
             return root
-    raise FileNotFoundError(f"the image recipe is missing from {here / '_recipe'}: reinstall "
+    raise FileNotFoundError(f"the image recipe is missing from {package / '_recipe'}: reinstall "
                             "exec-sandbox")  # fmt: skip
 
 

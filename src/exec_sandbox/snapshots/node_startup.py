@@ -33,9 +33,9 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from . import _vm, files
-from .errors import SandboxError
-from .guest_vm import GuestVm
+from ..vm import binding, file_transfer
+from ..errors import SandboxError
+from ..vm.guest import GuestVm
 
 log = logging.getLogger("exec_sandbox")
 
@@ -102,7 +102,7 @@ class NodeStartupCache:
             return None
         digest, data = stored[:_DIGEST_SIZE], stored[_DIGEST_SIZE:]
         intact = hashlib.sha256(data).digest() == digest
-        if not intact or not _vm.NODE_TAG_SIZE < len(data) <= BLOB_MAX:
+        if not intact or not binding.NODE_TAG_SIZE < len(data) <= BLOB_MAX:
             log.warning("node startup snapshot %s is damaged: dropped", self._path(key))
             self._discard(key)
             return None
@@ -185,8 +185,8 @@ async def install(vm: GuestVm, blob: bytes) -> InstallOutcome:
     machine's VMs); "failed" for any other reason the VM is still fine after (keep the blob). A VM
     broken on the way raises, as any other request to it would."""
     try:
-        await files.write_target(vm, b"", blob, _vm.FILE_NODE_SNAPSHOT)
-    except files.ContentRefused as exc:
+        await file_transfer.write_target(vm, b"", blob, binding.FILE_NODE_SNAPSHOT)
+    except file_transfer.ContentRefused as exc:
         log.warning("node startup snapshot refused by the VM: %s", exc)
         return "refused"
     except (SandboxError, OSError) as exc:
@@ -200,8 +200,8 @@ async def install(vm: GuestVm, blob: bytes) -> InstallOutcome:
 async def read_out(vm: GuestVm) -> bytes | None:
     """The VM's node startup snapshot, led by its CPU tag; None when it has none."""
     try:
-        data = await files.read_target(vm, b"", None, _vm.FILE_NODE_SNAPSHOT, BLOB_MAX)
+        data = await file_transfer.read_target(vm, b"", None, binding.FILE_NODE_SNAPSHOT, BLOB_MAX)
     except (SandboxError, OSError) as exc:
         log.warning("node startup snapshot not read out of the template: %s", exc)
         return None
-    return data if data is not None and len(data) > _vm.NODE_TAG_SIZE else None
+    return data if data is not None and len(data) > binding.NODE_TAG_SIZE else None

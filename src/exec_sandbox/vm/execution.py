@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .models import Language
+from ..models import Language
 
 OutputCallback = Callable[[str], None]
 

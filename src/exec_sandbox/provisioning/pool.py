@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from .guest_vm import GuestVm
+from ..vm.guest import GuestVm
 from .admission import Admission, Budget
-from .errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
+from ..errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
 from .lease import Lease
-from .models import LANGUAGES, Language
+from ..models import LANGUAGES, Language
 
 log = logging.getLogger("exec_sandbox")
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import VmCapacityError
+from ..errors import VmCapacityError
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,20 @@ import sys
 import time
 from typing import Any
 
-from .cli_common import EXIT_USAGE, add_source_arguments, exit_status, parse_env, resolve_source, run_command
-from .config import SchedulerConfig
-from .errors import SnapshotError
-from .models import ExecutionResult, SessionSnapshot
-from .scheduler import Scheduler
-from .session import Session
-from .session_snapshots import SessionSnapshotStore, check_id
+from .common import (
+    EXIT_USAGE,
+    add_source_arguments,
+    exit_status,
+    parse_env,
+    resolve_source,
+    run_command,
+)
+from ..config import SchedulerConfig
+from ..errors import SnapshotError
+from ..models import ExecutionResult, SessionSnapshot
+from ..scheduler import Scheduler
+from ..session import Session
+from ..snapshots.sessions import SessionSnapshotStore, check_id
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -8,12 +8,12 @@ import json
 import sys
 from typing import Any
 
-from .errors import SandboxError
+from ..errors import SandboxError
 
 
 def doctor(address: str, as_json: bool) -> int:
     try:
-        from .cluster import ClusterScheduler
+        from ..cluster import ClusterScheduler
 
         async def collect() -> list[dict[str, Any]]:
             async with ClusterScheduler(address=address) as cluster:

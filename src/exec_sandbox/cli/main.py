@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import cli_sessions
-from .cli_common import (
+from . import session_cmds
+from .common import (
     EXIT_USAGE,
     add_source_arguments,
     exit_status,
@@ -28,13 +28,13 @@ from .cli_common import (
     resolve_source,
     run_command,
 )
-from .errors import InputValidationError
-from .models import ExecutionResult, Language, PortMapping
-from .network.request import parse_network_request
-from .scheduler import Scheduler
+from ..errors import InputValidationError
+from ..models import ExecutionResult, Language, PortMapping
+from ..network.request import parse_network_request
+from ..scheduler import Scheduler
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
-    from .cluster import ClusterScheduler
+    from ..cluster import ClusterScheduler
 
 # A template boot + warm-up + save takes 3-10 s under TCG; past this, give up (the next run cold
 # boots and tries again).
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--cluster", metavar="ADDRESS",
                         help="check every host of a Ray cluster instead of this machine: each "
                              "host's layers and capacity")  # fmt: skip
-    cli_sessions.add_parser(commands)
+    session_cmds.add_parser(commands)
     return parser
 
 
@@ -97,16 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "doctor":
         if args.cluster:
-            from . import cli_cluster
+            from . import cluster_cmds
 
-            return cli_cluster.doctor(args.cluster, args.json)
+            return cluster_cmds.doctor(args.cluster, args.json)
         return _doctor(args.json)
     if args.command == "session":
-        return cli_sessions.run(args)
+        return session_cmds.run(args)
     if args.command == "setup":
-        from . import image_build
+        from ..images import builder
 
-        return image_build.main(quiet=args.quiet, install_deps=args.install_deps)
+        return builder.main(quiet=args.quiet, install_deps=args.install_deps)
     try:
         code, language = resolve_source(args)
         env = parse_env(args.env)
@@ -201,7 +201,7 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
         sys.stderr.flush()
 
     if args.cluster:
-        from .cluster import ClusterScheduler
+        from ..cluster import ClusterScheduler
 
         # The hosts keep their snapshots: nothing of this process to wait for after the result.
         async with ClusterScheduler(address=args.cluster) as cluster:

@@ -19,7 +19,7 @@ from .request import NetworkRequest
 
 if TYPE_CHECKING:
     from ..config import SchedulerConfig
-    from ..guest_vm import GuestVm
+    from ..vm.guest import GuestVm
 
 
 class NetworkSetup:

@@ -38,13 +38,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import migration
-from .guest_vm import GuestVm
-from .vm_spec import VmSpec
-from .digest import fd_sha256, file_sha256
-from .errors import SnapshotError
-from .models import SessionSnapshot
-from .snapshots import machine_identity
+from ..vm import migration
+from ..vm.guest import GuestVm
+from ..vm.spec import VmSpec
+from ..digest import fd_sha256, file_sha256
+from ..errors import SnapshotError
+from ..models import SessionSnapshot
+from .l1 import machine_identity
 
 log = logging.getLogger("exec_sandbox")
 

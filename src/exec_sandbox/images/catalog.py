@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import VmPermanentError
+from ..errors import VmPermanentError
 
 MANIFEST_NAME = "manifest.json"
 # The one command that builds (or repairs) the images: every "no images" message names it.

@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, TypeVar, Union
 
-from . import _vm
-from ._vm import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX
-from .guest_vm import FileTransfer, GuestFileError, GuestVm
-from .errors import GuestAgentError, InputValidationError, SandboxError
-from .models import FileInfo
+from . import binding
+from .binding import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX
+from .guest import FileTransfer, GuestFileError, GuestVm
+from ..errors import GuestAgentError, InputValidationError, SandboxError
+from ..models import FileInfo
 
 GUEST_HOME = "/home/user"
 # Host -> guest chunk size, and how much may wait in the channel's queue before the next chunk.
@@ -73,15 +73,15 @@ class ContentRefused(SandboxError):
 
 def _raise_for(exc: GuestFileError, path: bytes) -> None:
     shown = path.decode("utf-8", "replace") or "."
-    if exc.kind == _vm.FILE_ERR_REFUSED:
+    if exc.kind == binding.FILE_ERR_REFUSED:
         raise ContentRefused(str(exc)) from None
-    if exc.kind == _vm.FILE_ERR_PATH:
+    if exc.kind == binding.FILE_ERR_PATH:
         raise InputValidationError(f"{shown}: {exc}") from None
-    if exc.kind == _vm.FILE_ERR_NOT_FOUND:
+    if exc.kind == binding.FILE_ERR_NOT_FOUND:
         raise FileNotFoundError(f"{shown} in the guest home: {exc}") from None
-    if exc.kind == _vm.FILE_ERR_TOO_LARGE:
+    if exc.kind == binding.FILE_ERR_TOO_LARGE:
         raise InputValidationError(f"{shown}: {exc}") from None
-    if exc.kind == _vm.FILE_ERR_PROTOCOL:
+    if exc.kind == binding.FILE_ERR_PROTOCOL:
         raise GuestAgentError(f"file transfer out of sequence: {exc}") from None
     raise SandboxError(f"{shown}: {exc}") from None
 
@@ -120,7 +120,7 @@ async def _settle(vm: GuestVm, transfer: FileTransfer, progress: Callable[[], in
 
 async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable: bool) -> int:
     """Stream content to path (atomically replaced in the guest). Returns the bytes written."""
-    return await write_target(vm, path, content, _vm.FILE_EXECUTABLE if make_executable else 0)
+    return await write_target(vm, path, content, binding.FILE_EXECUTABLE if make_executable else 0)
 
 
 async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -> int:
@@ -234,7 +234,7 @@ async def read_target(vm: GuestVm, path: bytes, destination: Destination | None,
 async def list_files(vm: GuestVm, path: bytes) -> list[FileInfo]:
     entries: list[FileInfo] = []
 
-    def on_entries(batch: list[_vm.FileEntry]) -> None:
+    def on_entries(batch: list[binding.FileEntry]) -> None:
         for e in batch:
             entries.append(FileInfo(e.name.decode("utf-8", "replace"), e.is_dir, e.size))
 

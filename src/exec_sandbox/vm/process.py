@@ -13,9 +13,9 @@ import asyncio
 import weakref
 from typing import Any
 
-from ._vm import start_qemu
-from .errors import VmPermanentError, VmTransientError
-from .vm_spec import VmSpec
+from .binding import start_qemu
+from ..errors import VmPermanentError, VmTransientError
+from .spec import VmSpec
 
 # Releases in progress (see the module docstring), per loop.
 _releasing: set[asyncio.Task[None]] = set()

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _execsbx
-from .models import Language
-from .vm_spec import VmSpec
+from .. import _execsbx
+from ..models import Language
+from .spec import VmSpec
 
 LANGUAGE_CODES: dict[Language, int] = {
     "python": _execsbx.LANG_PYTHON,
@@ -53,11 +53,11 @@ NODE_TAG_SIZE = int(_execsbx.NODE_TAG_SIZE)
 FileEntry = _execsbx.FileEntry  # name, is_dir, size: one entry of a listing
 # The guest's events, typed by the C decoder (struct sequences read by attribute; `Event` is their
 # union, tagged by `kind`, for the type checker only).
-from ._execsbx import FileEntriesEvent as FileEntriesEvent  # noqa: E402
-from ._execsbx import OutputEvent as OutputEvent  # noqa: E402 - stdout, stderr, file_data
+from .._execsbx import FileEntriesEvent as FileEntriesEvent  # noqa: E402
+from .._execsbx import OutputEvent as OutputEvent  # noqa: E402 - stdout, stderr, file_data
 
 if TYPE_CHECKING:
-    from ._execsbx import Event as Event
+    from .._execsbx import Event as Event
 FILE_ERR_PATH = int(_execsbx.FILE_ERR_PATH)
 FILE_ERR_NOT_FOUND = int(_execsbx.FILE_ERR_NOT_FOUND)
 FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
@@ -68,14 +68,14 @@ FILE_ERR_REFUSED = int(_execsbx.FILE_ERR_REFUSED)
 # channel like a file frame (GuestVm.send_net_config). NetRing.run() gives typed events (struct
 # sequences, told apart with isinstance; `NetEvent` is their union, for the type checker only).
 NetRing = _execsbx.NetRing
-from ._execsbx import NetClosedEvent as NetClosedEvent  # noqa: E402
-from ._execsbx import NetConnectedEvent as NetConnectedEvent  # noqa: E402
-from ._execsbx import NetOpenEvent as NetOpenEvent  # noqa: E402
-from ._execsbx import NetRefusedEvent as NetRefusedEvent  # noqa: E402
-from ._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402
+from .._execsbx import NetClosedEvent as NetClosedEvent  # noqa: E402
+from .._execsbx import NetConnectedEvent as NetConnectedEvent  # noqa: E402
+from .._execsbx import NetOpenEvent as NetOpenEvent  # noqa: E402
+from .._execsbx import NetRefusedEvent as NetRefusedEvent  # noqa: E402
+from .._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402
 
 if TYPE_CHECKING:
-    from ._execsbx import NetEvent as NetEvent
+    from .._execsbx import NetEvent as NetEvent
 MSG_NET_CONFIG = 104  # SBX_MSG_NET_CONFIG, src/shared/net_protocol.h
 
 

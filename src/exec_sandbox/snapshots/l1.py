@@ -63,12 +63,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import node_startup
-from .execution import ExecRequest
-from .guest_vm import GuestVm
-from .migration import save_devices
+from ..vm.execution import ExecRequest
+from ..vm.guest import GuestVm
+from ..vm.migration import save_devices
 from .node_startup import NodeStartupCache
-from .vm_spec import VmSpec
-from .models import Language
+from ..vm.spec import VmSpec
+from ..models import Language
 
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")

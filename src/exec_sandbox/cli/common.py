@@ -10,8 +10,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from .errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
-from .models import ExecutionResult, Language
+from ..errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
+from ..models import ExecutionResult, Language
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILURE = 125

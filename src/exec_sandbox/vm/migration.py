@@ -16,11 +16,11 @@ import fcntl
 import os
 import time
 
-from .errors import SnapshotError, VmTimeoutError
+from ..errors import SnapshotError, VmTimeoutError
 from .execution import OutputCallback
-from .guest_vm import GuestVm
+from .guest import GuestVm
 from .qmp import QmpClient, QmpError
-from .vm_spec import VmSpec
+from .spec import VmSpec
 
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
 _STATE_MAX_BYTES = 64 * 1024 * 1024

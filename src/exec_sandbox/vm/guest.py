@@ -1,6 +1,6 @@
 """A booted guest, spoken to over the agent channel (`GuestVm`): the asyncio face of one QEMU.
 
-The C core's Vm (`_vm.start_qemu`) owns the QEMU process and three file descriptors: the agent
+The C core's Vm (`binding.start_qemu`) owns the QEMU process and three file descriptors: the agent
 channel (a socket whose bytes are decoded into events in C), the guest console (boot log, QEMU's
 own errors) and a pidfd that becomes readable when QEMU exits; VMs made for memory snapshots have
 a fourth, the QMP socket (`qmp.py`, driven by `migration.py`). GuestVm registers those fds with
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._vm import (
+from .binding import (
     EXIT_TIMED_OUT,
     LANGUAGE_CODES,
     PROTOCOL_VERSION,
@@ -30,7 +30,7 @@ from ._vm import (
     OutputEvent,
     ProtocolError,
 )
-from .errors import (
+from ..errors import (
     CommunicationError,
     CommunicationOutcomeUnknownError,
     GuestAgentError,
@@ -40,17 +40,17 @@ from .errors import (
 )
 from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
 from .jail import report_layers
-from .models import Language
-from . import _vm, qemu_process
+from ..models import Language
+from . import binding, process
 
 if TYPE_CHECKING:
-    from ._vm import Event
+    from .binding import Event
 from .qmp import QmpClient
-from .vm_registry import VmRegistry
-from .vm_spec import VmSpec
+from .registry import VmRegistry
+from .spec import VmSpec
 
 if TYPE_CHECKING:
-    from .network.hub import VmNetwork
+    from ..network.hub import VmNetwork
 
 log = logging.getLogger("exec_sandbox")
 
@@ -146,7 +146,7 @@ class GuestVm:
                     on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         """Start QEMU for spec and register its fds; not yet READY (boot() waits for that,
         migration.restore() loads a state into it)."""
-        vm = await qemu_process.spawn(spec, incoming=incoming)
+        vm = await process.spawn(spec, incoming=incoming)
         report_layers(vm.jail_status())
         loop = asyncio.get_running_loop()
         guest = cls(vm, loop, on_boot_log)
@@ -314,7 +314,7 @@ class GuestVm:
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
             # on a guest that stalls, so that a hostile guest cannot hold the caller.
-            from .limits import HOST_TIMEOUT_GRACE_SECONDS
+            from ..limits import HOST_TIMEOUT_GRACE_SECONDS
 
             deadline = request.timeout_ms / 1000 + HOST_TIMEOUT_GRACE_SECONDS
             try:
@@ -392,7 +392,7 @@ class GuestVm:
             self.qmp.close()
         if self.network is not None:
             self.network.close()  # listeners and streams go with the VM
-        self._released = qemu_process.release(self._loop, self._vm)
+        self._released = process.release(self._loop, self._vm)
         self._fail(VmTransientError("the VM was closed"))
 
     async def aclose(self) -> None:

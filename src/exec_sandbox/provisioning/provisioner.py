@@ -28,21 +28,23 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from . import host, limits, migration, node_startup
+from ..vm import host_facts, migration
+from .. import limits
+from ..snapshots import node_startup
 from .admission import Admission
-from .config import SchedulerConfig
-from .errors import SandboxError
-from .execution import OutputCallback
-from .guest_vm import GuestVm
-from .images import GuestImages, load_images
-from .jail import jail_options
-from .models import Language
-from .packages.layer import PackageLayer
-from .packages.layers import PackageLayers
-from .packages.specs import PackageSpec, merge_packages, validate_packages
-from .qmp import QmpError
-from .node_startup import NodeStartupCache, blob_key
-from .snapshots import (
+from ..config import SchedulerConfig
+from ..errors import SandboxError
+from ..vm.execution import OutputCallback
+from ..vm.guest import GuestVm
+from ..images.catalog import GuestImages, load_images
+from ..vm.jail import jail_options
+from ..models import Language
+from ..packages.layer import PackageLayer
+from ..packages.layers import PackageLayers
+from ..packages.specs import PackageSpec, merge_packages, validate_packages
+from ..vm.qmp import QmpError
+from ..snapshots.node_startup import NodeStartupCache, blob_key
+from ..snapshots.l1 import (
     Snapshot,
     SnapshotCache,
     SnapshotIntegrityError,
@@ -51,8 +53,8 @@ from .snapshots import (
     snapshot_key,
     template_holds_interpreter,
 )
-from .vm_registry import VmRegistry
-from .vm_spec import VmSpec
+from ..vm.registry import VmRegistry
+from ..vm.spec import VmSpec
 
 log = logging.getLogger("exec_sandbox")
 
@@ -93,9 +95,9 @@ class QemuVms:
         run off the loop."""
         images = load_images(config.images_dir)
         loop = asyncio.get_running_loop()
-        qemu = await loop.run_in_executor(None, host.qemu_binary)
-        accel = await loop.run_in_executor(None, host.accelerator)
-        khz = await loop.run_in_executor(None, host.tsc_khz)
+        qemu = await loop.run_in_executor(None, host_facts.qemu_binary)
+        accel = await loop.run_in_executor(None, host_facts.accelerator)
+        khz = await loop.run_in_executor(None, host_facts.tsc_khz)
         if config.memory_snapshots:
             await loop.run_in_executor(None, qemu_version, qemu)
         return HostSetup(images, qemu, accel, f"tsc_early_khz={khz}" if khz > 0 else "")

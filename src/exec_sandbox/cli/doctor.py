@@ -12,12 +12,13 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass
 
-from . import host, image_build
-from ._vm import probe_jail, seccomp_rules
-from .errors import SandboxError
-from .images import load_images
-from .jail import jail_options
-from .paths import images_dir
+from ..vm import host_facts
+from ..images import builder
+from ..vm.binding import probe_jail, seccomp_rules
+from ..errors import SandboxError
+from ..images.catalog import load_images
+from ..vm.jail import jail_options
+from ..paths import images_dir
 
 _STAND_IN = "/bin/true"
 _SANDBOX_OPTION = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -34,20 +35,20 @@ class Check:
 def _accelerator() -> Check:
     forced = os.environ.get("EXEC_SANDBOX_ACCEL")
     try:
-        accel = host.accelerator()
+        accel = host_facts.accelerator()
     except SandboxError as exc:
         return Check("accelerator", False, str(exc))
     if forced:
         return Check("accelerator", True, f"{accel} (forced by EXEC_SANDBOX_ACCEL)")
     if accel == "kvm":
         return Check("accelerator", True, "kvm (hardware virtualisation)")
-    reason = host._kvm_unusable_reason() or "KVM probe failed"
+    reason = host_facts._kvm_unusable_reason() or "KVM probe failed"
     return Check("accelerator", True, f"tcg, software emulation: slower. KVM unusable: {reason}")
 
 
 def _qemu() -> list[Check]:
     try:
-        binary = host.qemu_binary()
+        binary = host_facts.qemu_binary()
     except SandboxError as exc:
         return [Check("qemu", False, str(exc))]
     try:
@@ -102,7 +103,7 @@ def _kvm_access() -> Check:
                      "exposed): VMs run under TCG", required=False)  # fmt: skip
     if os.access("/dev/kvm", os.R_OK | os.W_OK):
         return Check("kvm access", True, "/dev/kvm is readable and writable", required=False)
-    user = image_build._user_name()
+    user = builder._user_name()
     return Check("kvm access", False, f"/dev/kvm is not open to {user}: sudo usermod -aG kvm "
                  f"{user}, then log in again (VMs run under the slower TCG until then)",
                  required=False)  # fmt: skip
@@ -112,22 +113,22 @@ def _setup_checks(images_ready: bool) -> list[Check]:
     """What `sbx setup` needs, each missing piece with its fix. Required only while there are no
     images yet (with images, nothing needs to be built)."""
     checks = []
-    missing = image_build.missing_packages()
+    missing = builder.missing_packages()
     for what, package in missing:
         checks.append(Check(f"setup: {package}", False, f"{what}: "
-                            f"{image_build.apt_install_line([package])}",
+                            f"{builder.apt_install_line([package])}",
                             required=not images_ready))  # fmt: skip
     if not missing:
         checks.append(Check("setup: build tools", True, "every tool `sbx setup` runs is installed",
                             required=not images_ready))  # fmt: skip
     if os.geteuid() != 0:
-        problem = image_build.user_namespace_problem()
+        problem = builder.user_namespace_problem()
         checks.append(Check("setup: user namespaces", problem is None,
                             problem or "an unprivileged build can make its user namespace",
                             required=not images_ready))  # fmt: skip
     where = images_dir()
-    free = image_build.free_bytes(where)
-    need = image_build.FULL_BUILD_BYTES
+    free = builder.free_bytes(where)
+    need = builder.FULL_BUILD_BYTES
     enough = free >= need
     detail = f"{free / 1024**3:.1f} GB free for {where}; a build from nothing needs about " \
              f"{need // 1024**3} GB"

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .images import GuestImages
-from .packages.layer import PackageLayer
+from ..images.catalog import GuestImages
+from ..packages.layer import PackageLayer
 
 if TYPE_CHECKING:
-    from .vm_registry import VmRegistry
+    from .registry import VmRegistry
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from .errors import SandboxError
+from ..errors import SandboxError
 
 if TYPE_CHECKING:
-    from .guest_vm import GuestVm
+    from .guest import GuestVm
 
 
 class VmRegistry:

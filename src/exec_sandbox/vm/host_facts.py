@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from .errors import VmPermanentError
+from ..errors import VmPermanentError
 
 log = logging.getLogger("exec_sandbox")
 
@@ -112,6 +112,6 @@ def probe_accelerator(qemu: str, accel: str, *,
 def tsc_khz() -> int:
     """The host TSC frequency in kHz, 0 when unknown. Under TCG the guest kernel calibrates its
     clock against it, and without `tsc_early_khz=` about one boot in five hangs."""
-    from ._vm import measure_tsc_khz
+    from .binding import measure_tsc_khz
 
     return measure_tsc_khz()

@@ -1,0 +1,1 @@
+"""The guest images: locating them (catalog) and building them (`sbx setup`)."""

@@ -1,0 +1,1 @@
+"""Where a request's VM comes from: admission, the warm pool, L1 restores, cold boots."""

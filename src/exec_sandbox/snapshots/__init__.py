@@ -1,0 +1,1 @@
+"""Saved VM state: L1 memory snapshots, paused and forked sessions, node's startup blob."""
