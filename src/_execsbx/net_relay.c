@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "frame.h"
-#include "net_decode.h"
+#include "net_wire.h"
 
 #define HOST_STREAM_BIT 0x80000000u
 #define PORT_READ_CHUNK (SBX_NET_FRAME_MAX + SBX_FRAME_HEADER_SIZE)

@@ -1,5 +1,5 @@
 /* libFuzzer target: arbitrary guest bytes on the NET port through the host's decoder and stream
- * state machine (net_decode.c, net_relay.c), split at pseudo-random points like the port's reads.
+ * state machine (net_wire.c, net_relay.c), split at pseudo-random points like the port's reads.
  * Every OPEN the relay reports is accepted with a socketpair, so that DATA, CREDIT, SHUTDOWN and
  * CLOSE reach live streams. Streams whose id has bit 1 clear get a peer closed at once (sends
  * fail); the others a peer that never reads, behind a small send buffer, so that sends stall and
@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "net_decode.h"
+#include "net_wire.h"
 #include "net_relay.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "frame.h"
-#include "net_decode.h"
+#include "net_wire.h"
 #include "net_relay.h"
 #include "test.h"
 

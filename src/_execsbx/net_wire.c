@@ -1,5 +1,5 @@
-/* See net_decode.h. Every field is checked against the bytes left and its hard limit. */
-#include "net_decode.h"
+/* See net_wire.h. Every field is checked against the bytes left and its hard limit. */
+#include "net_wire.h"
 
 #include <errno.h>
 #include <string.h>

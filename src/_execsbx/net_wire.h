@@ -1,8 +1,8 @@
 /* Guest -> host frames of the NET port (net_protocol.h) turned into validated records: the one
  * place that reads a guest's net frame. Pure (no I/O, no allocation), so the fuzzer runs it as
  * is. The relay (net_relay.c) applies the stream rules (windows, ids, counts) on top. */
-#ifndef SBX_NET_DECODE_H
-#define SBX_NET_DECODE_H
+#ifndef SBX_NET_WIRE_H
+#define SBX_NET_WIRE_H
 
 #include <stdint.h>
 
@@ -25,4 +25,4 @@ int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out);
  * letters, digits, '-' and '.', not starting or ending with '.', no empty label. */
 int sbx_net_name_ok(const uint8_t *name, uint32_t len);
 
-#endif /* SBX_NET_DECODE_H */
+#endif /* SBX_NET_WIRE_H */
