@@ -1,5 +1,5 @@
-/* The DNS stub's logic (issue 13): a UDP query in, a reply out, and the table of synthetic
- * addresses. Pure: no I/O (netrelay.c owns the socket), so that the host tests and the fuzzer
+/* The DNS stub's logic: a UDP query in, a reply out, and the table of synthetic addresses.
+ * Pure: no I/O (net_dns.c owns the socket), so that the host tests and the fuzzer
  * (tests/c/fuzz_guest_net.c) drive it directly; user code is hostile to the agent too, and any
  * process in the guest can send this parser anything.
  *
@@ -17,7 +17,7 @@
 #include "netwire.h"
 
 #define SBX_DNS_MSG_MAX 512u /* classic UDP DNS: glibc's and Node's queries fit */
-/* Names with a synthetic address. Each costs a listener per outbound port (netrelay.c), so the
+/* Names with a synthetic address. Each costs a listener per outbound port (net_listen.c), so the
  * table is small; a name past it gets SERVFAIL. */
 #define SBX_NET_TABLE_MAX 128u
 #define SBX_DNS_TTL 300u

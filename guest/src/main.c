@@ -26,6 +26,7 @@
 #include "agent.h"
 #include "channel.h"
 #include "dispatch.h"
+#include "net_trust.h"
 #include "reaper.h"
 #include "runner.h"
 #include "sysctl.h"

@@ -1,12 +1,9 @@
-/* The guest's half of the network: see netrelay.h. */
+/* The network relay: see netrelay.h. */
 #include "netrelay.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/netlink.h>
-#include <linux/rtnetlink.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
@@ -16,14 +13,16 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "agent.h"
 #include "channel.h"
 #include "cleanup.h"
+#include "net_dns.h"
+#include "net_listen.h"
+#include "net_routes.h"
+#include "net_trust.h"
 
 #define PORT_WAIT_MS 2000u
 #define READ_CHUNK (64u * 1024u)
@@ -41,42 +40,9 @@
  * credited only once sent, and with a whole window per batch the host stopped for every credit
  * round trip (credit-bound 87 % of a download, docs/benchmarks.md). */
 #define PORT_READ_BUDGET CREDIT_BATCH
-#define DNS_QUERIES_PER_CALL 16
-#define ACCEPTS_PER_CALL 16
 #define SBX_NET_NOFILE 8192u
 
-enum tag {
-	TAG_PORT = 1,
-	TAG_DNS,
-	TAG_LISTENER,
-	TAG_STREAM,
-};
-
-static uint64_t tag(enum tag t, uint32_t index)
-{
-	return (uint64_t)t << 32 | index;
-}
-
-static uint16_t listen_port(const struct sbx_net *n, uint32_t k)
-{
-	return k == 0 ? 80 : k == 1 ? 443 : n->cfg.ports[k - 2];
-}
-
-/* --- boot ------------------------------------------------------------------------------------ */
-
-void sbx_net_boot_trust(void)
-{
-	if (symlink(SBX_NET_IMAGE_CA_FILE, SBX_NET_CA_FILE) < 0 && errno != EEXIST)
-		sbx_log("symlink %s: %s", SBX_NET_CA_FILE, strerror(errno));
-	if (symlink("/dev/null", SBX_NET_NODE_CA_FILE) < 0 && errno != EEXIST)
-		sbx_log("symlink %s: %s", SBX_NET_NODE_CA_FILE, strerror(errno));
-}
-
-bool sbx_net_trust_ready(void)
-{
-	struct stat st;
-	return lstat(SBX_NET_CA_FILE, &st) == 0 && lstat(SBX_NET_NODE_CA_FILE, &st) == 0;
-}
+/* --- state ----------------------------------------------------------------------------------- */
 
 void sbx_net_init(struct sbx_net *n)
 {
@@ -191,7 +157,7 @@ _Static_assert(SBX_NET_STREAMS_MAX <= 0x10000u, "a slot index fits in 16 bits of
 
 static uint64_t stream_tag(const struct sbx_net *n, const struct sbx_net_stream *s)
 {
-	return tag(TAG_STREAM, (uint32_t)s->generation << 16 | slot_index(n, s));
+	return sbx_net_tag(SBX_NET_TAG_STREAM, (uint32_t)s->generation << 16 | slot_index(n, s));
 }
 
 static struct sbx_net_stream *stream_of_tag(struct sbx_net *n, uint32_t index)
@@ -687,36 +653,7 @@ static void port_read(struct sbx_net *n)
 	}
 }
 
-/* --- outbound: listeners and the DNS stub ---------------------------------------------------- */
-
-static void open_listeners(struct sbx_net *n, uint32_t entry)
-{
-	uint32_t addr = sbx_name_table_addr(entry);
-	uint32_t nports = 2 + n->cfg.port_count;
-	for (uint32_t k = 0; k < nports; k++) {
-		int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (fd < 0) {
-			sbx_log("net listener: %s", strerror(errno));
-			return;
-		}
-		int one = 1;
-		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		struct sockaddr_in sa = {.sin_family = AF_INET,
-					 .sin_port = htons(listen_port(n, k)),
-					 .sin_addr.s_addr = htonl(addr)};
-		struct epoll_event ev = {.events = EPOLLIN,
-					 .data.u64 = tag(TAG_LISTENER,
-							 entry * SBX_NET_LISTEN_PORTS + k)};
-		if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 64) < 0 ||
-		    epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-			/* e.g. user code bound the wildcard on an extra port first */
-			sbx_log("net listener port %u: %s", listen_port(n, k), strerror(errno));
-			close(fd);
-			continue;
-		}
-		n->listen_fd[entry][k] = fd;
-	}
-}
+/* --- guest streams: connections the listeners accepted --------------------------------------- */
 
 static uint32_t new_guest_id(struct sbx_net *n)
 {
@@ -728,163 +665,19 @@ static uint32_t new_guest_id(struct sbx_net *n)
 	}
 }
 
-static void on_accept(struct sbx_net *n, uint32_t index)
+int sbx_net_stream_open(struct sbx_net *n, int fd, uint32_t port, const char *name,
+			size_t name_len)
 {
-	int lfd = n->listen_fd[index / SBX_NET_LISTEN_PORTS][index % SBX_NET_LISTEN_PORTS];
-	for (int i = 0; i < ACCEPTS_PER_CALL; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0)
-			return;
-		struct sockaddr_in sa;
-		socklen_t len = sizeof(sa);
-		const char *name;
-		size_t name_len;
-		struct sbx_net_stream *s = n->broken ? NULL : free_slot(n);
-		if (!s || getsockname(fd, (struct sockaddr *)&sa, &len) < 0 ||
-		    sa.sin_family != AF_INET ||
-		    sbx_name_table_find_addr(&n->table, ntohl(sa.sin_addr.s_addr), &name,
-					     &name_len) < 0) {
-			/* Over the stream limit, or the port is done: the client sees a reset. */
-			struct linger lg = {.l_onoff = 1, .l_linger = 0};
-			setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-			close(fd);
-			continue;
-		}
-		uint32_t id = new_guest_id(n);
-		uint32_t port = ntohs(sa.sin_port);
-		send_frame(n, SBX_NET_MSG_OPEN, id, &port, name, name_len, true);
-		stream_start(n, s, id, fd, SBX_NS_OPENING);
-	}
-}
-
-static void on_dns(struct sbx_net *n)
-{
-	uint8_t q[SBX_DNS_MSG_MAX + 1], reply[SBX_DNS_MSG_MAX];
-	for (int i = 0; i < DNS_QUERIES_PER_CALL; i++) {
-		struct sockaddr_storage from;
-		socklen_t flen = sizeof(from);
-		ssize_t r = recvfrom(n->dns_fd, q, sizeof(q), MSG_DONTWAIT | MSG_TRUNC,
-				     (struct sockaddr *)&from, &flen);
-		if (r < 0)
-			return;
-		int entry;
-		/* MSG_TRUNC: r is the datagram's real size, so an oversized one is seen as such. */
-		size_t qn = (size_t)r > sizeof(q) ? sizeof(q) : (size_t)r;
-		size_t len =
-			sbx_dns_answer(&n->cfg, &n->table, q, qn, reply, sizeof(reply), &entry);
-		/* Listeners before the answer: a connect may follow at once. */
-		if (entry >= 0)
-			open_listeners(n, (uint32_t)entry);
-		if (len)
-			sendto(n->dns_fd, reply, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
-	}
-}
-
-/* 198.18.0.1/15 on lo through rtnetlink: with the /15 prefix the kernel adds a local route for
- * the whole range (as 127.0.0.1/8 does for 127/8), so every synthetic address is bindable and a
- * connect to one without a listener is refused at once. */
-static int add_synthetic_range(void)
-{
-	_cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-	if (fd < 0)
-		return -errno;
-	struct {
-		struct nlmsghdr nh;
-		struct ifaddrmsg ifa;
-		struct rtattr a1;
-		uint32_t local;
-		struct rtattr a2;
-		uint32_t address;
-	} req;
-	memset(&req, 0, sizeof(req));
-	unsigned lo = if_nametoindex("lo");
-	if (!lo)
-		return -errno;
-	uint32_t addr = htonl(SBX_NET_SYNTHETIC_BASE + 1u);
-	req.nh.nlmsg_len = sizeof(req);
-	req.nh.nlmsg_type = RTM_NEWADDR;
-	req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-	req.nh.nlmsg_seq = 1;
-	req.ifa.ifa_family = AF_INET;
-	req.ifa.ifa_prefixlen = SBX_NET_SYNTHETIC_PREFIX;
-	req.ifa.ifa_scope = RT_SCOPE_HOST;
-	req.ifa.ifa_index = lo;
-	req.a1.rta_len = RTA_LENGTH(4);
-	req.a1.rta_type = IFA_LOCAL;
-	req.local = addr;
-	req.a2.rta_len = RTA_LENGTH(4);
-	req.a2.rta_type = IFA_ADDRESS;
-	req.address = addr;
-	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
-		return -errno;
-	struct {
-		struct nlmsghdr nh;
-		struct nlmsgerr err;
-	} ack;
-	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
-	if (r < 0)
-		return -errno;
-	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
-		return -EPROTO;
-	return ack.err.error == -EEXIST ? 0 : ack.err.error;
-}
-
-static int open_dns(struct sbx_net *n)
-{
-	int fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(53)};
-	inet_pton(AF_INET, SBX_NET_DNS_ADDR, &sa.sin_addr);
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag(TAG_DNS, 0)};
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    epoll_ctl(n->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		int err = errno;
-		close(fd);
-		return -err;
-	}
-	n->dns_fd = fd;
+	struct sbx_net_stream *s = n->broken ? NULL : free_slot(n);
+	if (!s)
+		return n->broken ? -EPIPE : -EAGAIN;
+	uint32_t id = new_guest_id(n);
+	send_frame(n, SBX_NET_MSG_OPEN, id, &port, name, name_len, true);
+	stream_start(n, s, id, fd, SBX_NS_OPENING);
 	return 0;
 }
 
 /* --- configuration --------------------------------------------------------------------------- */
-
-/* The host's CA bundle replaces the symlink at path (written aside, then renamed: a client never
- * reads half a bundle). */
-static int install_ca_at(const char *path, const char *tmp, const uint8_t *pem, size_t len)
-{
-	_cleanup_close_ int fd =
-		open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-	if (fd < 0)
-		return -errno;
-	while (len) {
-		ssize_t w = write(fd, pem, len);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			int err = w < 0 ? errno : EIO;
-			unlink(tmp);
-			return -err;
-		}
-		pem += w;
-		len -= (size_t)w;
-	}
-	if (fchmod(fd, 0644) < 0 || rename(tmp, path) < 0) {
-		int err = errno;
-		unlink(tmp);
-		return -err;
-	}
-	return 0;
-}
-
-static int install_ca(const uint8_t *pem, size_t len)
-{
-	int rc = install_ca_at(SBX_NET_CA_FILE, SBX_NET_CA_FILE ".new", pem, len);
-	if (rc < 0)
-		return rc;
-	return install_ca_at(SBX_NET_NODE_CA_FILE, SBX_NET_NODE_CA_FILE ".new", pem, len);
-}
 
 __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, int rc,
 							 const char *fmt, ...)
@@ -928,12 +721,12 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		return refuse(msg, cap, -ENOMEM, "NET_CONFIG: out of memory");
 	memcpy(buf, payload, len);
 	sbx_net_parse_config(buf, len, &n->cfg, &why); /* the same bytes: cannot fail now */
-	if (n->cfg.ca_bundle && (rc = install_ca(n->cfg.ca_bundle, n->cfg.ca_len)) < 0)
+	if (n->cfg.ca_bundle && (rc = sbx_net_install_ca(n->cfg.ca_bundle, n->cfg.ca_len)) < 0)
 		return refuse(msg, cap, rc, "NET_CONFIG: CA bundle: %s", strerror(-rc));
 	n->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (n->epfd < 0)
 		return refuse(msg, cap, -errno, "NET_CONFIG: epoll: %s", strerror(errno));
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = tag(TAG_PORT, 0)};
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = sbx_net_tag(SBX_NET_TAG_PORT, 0)};
 	if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, port, &ev) < 0) {
 		rc = -errno;
 		sbx_close_fd(&n->epfd);
@@ -954,7 +747,7 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 		}
 	}
 	if (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) {
-		if ((rc = add_synthetic_range()) < 0 || (rc = open_dns(n)) < 0) {
+		if ((rc = sbx_net_add_synthetic_range()) < 0 || (rc = sbx_net_dns_open(n)) < 0) {
 			sbx_close_fd(&n->epfd);
 			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s",
 				      strerror(-rc));
@@ -976,20 +769,20 @@ void sbx_net_handle(struct sbx_net *n)
 	int k = epoll_wait(n->epfd, evs, 32, 0);
 	for (int i = 0; i < k; i++) {
 		uint32_t index = (uint32_t)evs[i].data.u64;
-		switch ((enum tag)(evs[i].data.u64 >> 32)) {
-		case TAG_PORT:
+		switch ((enum sbx_net_tag)(evs[i].data.u64 >> 32)) {
+		case SBX_NET_TAG_PORT:
 			if (evs[i].events & EPOLLOUT)
 				port_flush(n);
 			if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
 				port_read(n);
 			break;
-		case TAG_DNS:
-			on_dns(n);
+		case SBX_NET_TAG_DNS:
+			sbx_net_dns_serve(n);
 			break;
-		case TAG_LISTENER:
-			on_accept(n, index);
+		case SBX_NET_TAG_LISTENER:
+			sbx_net_listen_accept(n, index);
 			break;
-		case TAG_STREAM: {
+		case SBX_NET_TAG_STREAM: {
 			struct sbx_net_stream *s = stream_of_tag(n, index);
 			if (s)
 				stream_on_event(n, s, evs[i].events);
@@ -1008,7 +801,8 @@ void sbx_net_handle(struct sbx_net *n)
 	if (out_pending(n) && !n->broken)
 		pev |= EPOLLOUT;
 	if (pev != n->port_events) {
-		struct epoll_event e = {.events = pev, .data.u64 = tag(TAG_PORT, 0)};
+		struct epoll_event e = {.events = pev,
+					 .data.u64 = sbx_net_tag(SBX_NET_TAG_PORT, 0)};
 		int op = n->port_events == 0 ? EPOLL_CTL_ADD
 			 : pev == 0          ? EPOLL_CTL_DEL
 					     : EPOLL_CTL_MOD;

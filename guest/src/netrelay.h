@@ -1,26 +1,30 @@
-/* The guest's half of the network (issue 13, net_protocol.h): a VM without a network device whose
- * TCP connections to the outside become named streams on the net port.
+/* The guest's half of the network (net_protocol.h): a VM without a network device whose TCP
+ * connections to the outside become named streams on the net port.
  *
  * Nothing runs until the host sends NET_CONFIG (only VMs started with the net port get one), so a
  * plain VM pays nothing. Then, with outbound allowed:
- *   - the synthetic range 198.18.0.0/15 is made local on lo (an address with a /15 netmask: the
- *     kernel adds a local route for the whole prefix), and nothing else is routable: an IP literal
- *     outside it fails at once with ENETUNREACH;
- *   - a DNS stub on SBX_NET_DNS_ADDR:53 (what /etc/resolv.conf names) answers allowed names with
- *     addresses of that range (dnsstub.h);
+ *   - the synthetic range 198.18.0.0/15 is made local on lo (net_routes.h), and nothing else is
+ *     routable: an IP literal outside it fails at once with ENETUNREACH;
+ *   - a DNS stub on SBX_NET_DNS_ADDR:53 (net_dns.h, what /etc/resolv.conf names) answers allowed
+ *     names with addresses of that range (dnsstub.h);
  *   - when a name first gets its address, the agent listens on that ADDRESS (not on a wildcard) on
- *     ports 80, 443 and the configured extra ports. Binding per address leaves every other
- *     address, 127.0.0.1 included, to user code: a user server on 127.0.0.1:8080 and the agent's
- *     198.18.0.1:8080 coexist. (A user server on the wildcard 0.0.0.0:8080 does collide with an
- *     extra port 8080 once a name is resolved: the later bind fails. IP_TRANSPARENT would need
- *     netfilter's TPROXY to steer connections to one socket, which the guest kernel lacks by
- *     design.) An accepted connection's getsockname() gives the address, hence the name: NET_OPEN.
- * Either way NET_CONNECT from the host (exposed ports) connects to 127.0.0.1:port.
+ *     ports 80, 443 and the configured extra ports (net_listen.h). Binding per address leaves
+ *     every other address, 127.0.0.1 included, to user code: a user server on 127.0.0.1:8080 and
+ *     the agent's 198.18.0.1:8080 coexist. (A user server on the wildcard 0.0.0.0:8080 does
+ *     collide with an extra port 8080 once a name is resolved: the later bind fails.
+ *     IP_TRANSPARENT would need netfilter's TPROXY to steer connections to one socket, which the
+ *     guest kernel lacks by design.) An accepted connection's getsockname() gives the address,
+ *     hence the name: NET_OPEN.
+ * Either way NET_CONNECT from the host (exposed ports) connects to 127.0.0.1:port. NET_CONFIG's CA
+ * bundle goes to the trust store (net_trust.h).
  *
- * All sockets live in one epoll set whose fd joins the agent's poll loop (sbx_net_poll_fd). The
- * streams follow the header's credit flow control; a host that breaks it on a stream costs that
- * stream (CLOSE with reset), one that breaks the framing costs the whole net port (logged, every
- * stream closed): the agent itself goes on serving the agent channel.
+ * This is the relay (netrelay.c): NET_CONFIG, the net port's I/O and the streams. It owns struct
+ * sbx_net and its one epoll set, whose fd joins the agent's poll loop (sbx_net_poll_fd); the
+ * listeners and the DNS socket add their sockets to that set with their tags (below) and are
+ * called from sbx_net_handle. The streams follow net_protocol.h's credit flow control; a host
+ * that breaks it on a stream costs that stream (CLOSE with reset), one that breaks the framing
+ * costs the whole net port (logged, every stream closed): the agent itself goes on serving the
+ * agent channel.
  */
 #ifndef SBX_NETRELAY_H
 #define SBX_NETRELAY_H
@@ -31,25 +35,27 @@
 
 #include "dnsstub.h"
 #include "frame.h"
+#include "net_listen.h"
 #include "netwire.h"
 
-/* The DNS stub's address: a loopback address of its own, so that 127.0.0.1 stays user code's. */
-#define SBX_NET_DNS_ADDR "127.0.0.53"
-/* The CA bundle every client uses (the clean environment's SSL_CERT_FILE & co., and the image's
- * system bundle, a symlink to it): at boot a symlink to the image's own bundle, replaced by the
- * host's bundle from NET_CONFIG. A fixed path, so that interpreters started before NET_CONFIG
- * (pooled, snapshot templates) read the right file when they first open it. */
-#define SBX_NET_CA_FILE "/run/sbx/ca-certificates.crt"
-#define SBX_NET_IMAGE_CA_FILE "/usr/lib/sbx/ca-certificates.crt"
-/* Node's NODE_EXTRA_CA_CERTS: read at every node start (a whole bundle there would cost each
- * start the parsing of ~150 certificates its built-in store already has), so at boot it is
- * empty (a symlink to /dev/null) and NET_CONFIG's bundle, when there is one, is written there
- * too. */
-#define SBX_NET_NODE_CA_FILE "/run/sbx/extra-ca-certificates.crt"
 /* Above this many bytes queued for the net port, stop reading the streams' sockets. Past it by at
  * most the frames of one loop turn: one per socket event already returned (netrelay.c). */
 #define SBX_NET_OUT_HIGH_WATER (512u * 1024u)
-#define SBX_NET_LISTEN_PORTS (2u + SBX_NET_EXTRA_PORTS_MAX)
+
+/* Every socket of the net is in n->epfd with data.u64 = sbx_net_tag(kind, index); sbx_net_handle
+ * hands each event to the kind's owner: the port and the streams here, SBX_NET_TAG_DNS to
+ * sbx_net_dns_serve, SBX_NET_TAG_LISTENER (index: the listener's) to sbx_net_listen_accept. */
+enum sbx_net_tag {
+	SBX_NET_TAG_PORT = 1,
+	SBX_NET_TAG_DNS,
+	SBX_NET_TAG_LISTENER,
+	SBX_NET_TAG_STREAM,
+};
+
+static inline uint64_t sbx_net_tag(enum sbx_net_tag t, uint32_t index)
+{
+	return (uint64_t)t << 32 | index;
+}
 
 enum sbx_net_stream_state {
 	SBX_NS_FREE = 0,
@@ -86,11 +92,11 @@ struct sbx_net {
 	int epfd;
 	int port_fd;
 	uint32_t port_events;
-	int dns_fd;
+	int dns_fd; /* net_dns.c's */
 	uint8_t *cfg_buf; /* the NET_CONFIG payload, owned: cfg points into it */
 	struct sbx_net_config cfg;
-	struct sbx_name_table table;
-	int listen_fd[SBX_NET_TABLE_MAX][SBX_NET_LISTEN_PORTS];
+	struct sbx_name_table table; /* filled by the DNS stub, read by the listeners */
+	int listen_fd[SBX_NET_TABLE_MAX][SBX_NET_LISTEN_PORTS]; /* net_listen.c's */
 	struct sbx_reader reader;
 	struct sbx_buf out;
 	size_t out_off;
@@ -98,12 +104,6 @@ struct sbx_net {
 	uint32_t read_from; /* the slot after the last extra read: where the next turn starts */
 	struct sbx_net_stream streams[SBX_NET_STREAMS_MAX];
 };
-
-/* Boot (every VM, two syscalls): SBX_NET_CA_FILE -> the image's bundle, SBX_NET_NODE_CA_FILE ->
- * /dev/null. The clean environment names them only once they exist (sbx_net_trust_ready): a test
- * agent on the host, without boot, has neither. */
-bool sbx_net_trust_ready(void);
-void sbx_net_boot_trust(void);
 
 void sbx_net_init(struct sbx_net *n);
 /* NET_CONFIG: 0, or -errno with msg (size cap) saying why; the host then gets ERROR. In test mode
@@ -116,5 +116,12 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 int sbx_net_poll_fd(const struct sbx_net *n);
 /* Serve whatever is ready (non-blocking, bounded work per call). */
 void sbx_net_handle(struct sbx_net *n);
+
+/* For the listeners: fd, a connection accepted on the synthetic address of `name` (name_len
+ * bytes, from n->table) at `port`, becomes a guest stream that sends NET_OPEN(port, name) and
+ * reads nothing before NET_OPENED. 0: the relay owns fd. -EPIPE (the net port is done) or -EAGAIN
+ * (every stream slot taken): nothing was sent, the caller keeps fd. */
+int sbx_net_stream_open(struct sbx_net *n, int fd, uint32_t port, const char *name,
+			size_t name_len);
 
 #endif /* SBX_NETRELAY_H */

@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #include "agent.h"
-#include "netrelay.h"
 #include "cleanup.h"
+#include "net_trust.h"
 
 enum spawn_step {
 	STEP_SETSID,
@@ -303,7 +303,7 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 		"PYTHONUNBUFFERED=1",
 		"PYTHONDONTWRITEBYTECODE=1",
 	};
-	/* One CA bundle for every client (netrelay.h): the image's, or the host's once NET_CONFIG
+	/* One CA bundle for every client (net_trust.h): the image's, or the host's once NET_CONFIG
 	 * brought it. Fixed paths, filled later: interpreters started before NET_CONFIG read the
 	 * right file when they first need it. */
 	static const char *const trust[] = {

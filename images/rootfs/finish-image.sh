@@ -42,7 +42,7 @@ finish_image() {
 	rm -f "$r.compileall.log"
 
 	# Network by name (issue 13): the guest has no network device; names resolve through the
-	# agent's DNS stub (guest/src/netrelay.h), never through the resolver of the host that built
+	# agent's DNS stub (guest/src/net_dns.h), never through the resolver of the host that built
 	# the image. In a VM without network nothing listens there: a lookup fails at once (the
 	# kernel answers "port unreachable" on loopback). One attempt: the stub answers at once or
 	# not at all.
