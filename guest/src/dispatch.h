@@ -4,7 +4,7 @@
 
 #include "channel.h"
 #include "files.h"
-#include "netrelay.h"
+#include "net_relay_guest.h"
 #include "repl.h"
 #include "runner.h"
 
@@ -14,7 +14,7 @@ struct sbx_agent {
 	struct sbx_runner runner;
 	struct sbx_repl repl;   /* session REPL (SESSION_EXEC) */
 	struct sbx_files files; /* FILE_* transfers */
-	struct sbx_net net;     /* the network port's streams, after NET_CONFIG (netrelay.h) */
+	struct sbx_net net;     /* the network, after NET_CONFIG (net_relay_guest.h) */
 	int net_test_fd;        /* test mode: the net port's socket (--net-fd), else -1 */
 	int signal_fd;
 };

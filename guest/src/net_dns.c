@@ -10,7 +10,7 @@
 
 #include "dnsstub.h"
 #include "net_listen.h"
-#include "netrelay.h"
+#include "net_relay_guest.h"
 
 #define DNS_QUERIES_PER_CALL 16
 

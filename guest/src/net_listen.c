@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "agent.h"
-#include "netrelay.h"
+#include "net_relay_guest.h"
 
 #define ACCEPTS_PER_CALL 16
 

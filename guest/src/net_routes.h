@@ -1,6 +1,6 @@
 /* The synthetic range on lo, through rtnetlink: what makes the names' addresses (dnsstub.h)
  * bindable by the listeners (net_listen.h). Done once, at NET_CONFIG with outbound allowed, in
- * the VM's own network namespace (never on a test agent's host: netrelay.c checks). */
+ * the VM's own network namespace (never on a test agent's host: net_relay_guest.c checks). */
 #ifndef SBX_NET_ROUTES_H
 #define SBX_NET_ROUTES_H
 

@@ -1,5 +1,5 @@
-/* libFuzzer target for the guest's network decoders, what guest/src/netrelay.c and net_dns.c
- * run on bytes they did not make:
+/* libFuzzer target for the guest's network decoders, what guest/src/net_relay_guest.c and
+ * net_dns.c run on bytes they did not make:
  *   mode 0: the net port's byte stream (sbx_reader with SBX_NET_FRAME_MAX, split at pseudo-random
  *           points) and sbx_net_parse_host_frame for every frame;
  *   mode 1: a NET_CONFIG payload (sbx_net_parse_config), and the name check of the patterns;

@@ -1,5 +1,5 @@
-/* The network relay: see netrelay.h. */
-#include "netrelay.h"
+/* The network relay: see net_relay_guest.h. */
+#include "net_relay_guest.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -18,16 +18,16 @@
  * Either way NET_CONNECT from the host (exposed ports) connects to 127.0.0.1:port. NET_CONFIG's CA
  * bundle goes to the trust store (net_trust.h).
  *
- * This is the relay (netrelay.c): NET_CONFIG, the net port's I/O and the streams. It owns struct
- * sbx_net and its one epoll set, whose fd joins the agent's poll loop (sbx_net_poll_fd); the
- * listeners and the DNS socket add their sockets to that set with their tags (below) and are
+ * This is the relay (net_relay_guest.c): NET_CONFIG, the net port's I/O and the streams. It owns
+ * struct sbx_net and its one epoll set, whose fd joins the agent's poll loop (sbx_net_poll_fd);
+ * the listeners and the DNS socket add their sockets to that set with their tags (below) and are
  * called from sbx_net_handle. The streams follow net_protocol.h's credit flow control; a host
  * that breaks it on a stream costs that stream (CLOSE with reset), one that breaks the framing
  * costs the whole net port (logged, every stream closed): the agent itself goes on serving the
  * agent channel.
  */
-#ifndef SBX_NETRELAY_H
-#define SBX_NETRELAY_H
+#ifndef SBX_NET_RELAY_GUEST_H
+#define SBX_NET_RELAY_GUEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -39,7 +39,7 @@
 #include "netwire.h"
 
 /* Above this many bytes queued for the net port, stop reading the streams' sockets. Past it by at
- * most the frames of one loop turn: one per socket event already returned (netrelay.c). */
+ * most the frames of one loop turn: one per socket event already returned (net_relay_guest.c). */
 #define SBX_NET_OUT_HIGH_WATER (512u * 1024u)
 
 /* Every socket of the net is in n->epfd with data.u64 = sbx_net_tag(kind, index); sbx_net_handle
@@ -77,7 +77,7 @@ struct sbx_net_stream {
 	bool parked;        /* out of the epoll set: hung up while nothing could be done (a level-
 			     * triggered EPOLLHUP would wake the loop without end) */
 	bool read_full;     /* this turn's read filled its frame: more may be waiting */
-	uint16_t generation; /* of the slot, counted on each reuse: in its epoll tag (netrelay.c) */
+	uint16_t generation; /* of the slot, counted on each reuse: in its epoll tag (stream_tag) */
 	uint32_t send_credit;   /* bytes of DATA the host still takes */
 	uint32_t recv_inflight; /* bytes the host sent that are not credited back yet */
 	uint32_t to_credit;     /* written to the socket, not credited yet */
@@ -124,4 +124,4 @@ void sbx_net_handle(struct sbx_net *n);
 int sbx_net_stream_open(struct sbx_net *n, int fd, uint32_t port, const char *name,
 			size_t name_len);
 
-#endif /* SBX_NETRELAY_H */
+#endif /* SBX_NET_RELAY_GUEST_H */
