@@ -1,5 +1,1 @@
-"""The `sbx` command line: `main` is the console script's entry point."""
-
-from .main import main
-
-__all__ = ["main"]
+"""The `sbx` command line (the console script is `exec_sandbox.cli.main:main`)."""
