@@ -46,7 +46,7 @@ async def by_file(vm: GuestVm, work: Path) -> tuple[float, float]:
     saved = time.perf_counter()
     await migration.cont(vm)
     await vm.reseed()
-    copy = await snapshots.load_vm(vm.spec, str(work / "full"), timeout=TIMEOUT)
+    copy = await snapshots.load_vm(vm.spec, str(work / "full"), registry=None, timeout=TIMEOUT)
     took = (time.perf_counter() - started) * 1000
     (work / "full").unlink()
     await copy.aclose()

@@ -437,7 +437,7 @@ class Scheduler:
                                                snapshot_id, meta)  # fmt: skip
             try:
                 at = time.monotonic()
-                return await load_vm(spec, f"/proc/self/fd/{state}",
+                return await load_vm(spec, f"/proc/self/fd/{state}", registry=self._registry,
                                      timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
             finally:
                 os.close(state)

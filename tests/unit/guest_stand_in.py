@@ -25,6 +25,7 @@ from exec_sandbox.images.catalog import GuestImages
 from exec_sandbox.provisioning.provisioner import HostSetup
 from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT, ram_digest
 from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.vm.registry import VmRegistry
 from tests.helpers import private_config
 
 _AGENT = Path(__file__).with_name("guest_stand_in_agent.py")
@@ -58,29 +59,30 @@ class StandInVms:
                              kernel_hash="stand-in-kernel", rootfs_hash="stand-in-rootfs")  # fmt: skip
         return HostSetup(images, str(self.binary), "tcg", "")
 
-    async def boot(self, spec: VmSpec, *, boot_timeout: float,
+    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
                    on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         self.started.append("boot")
         mode = self.boot_modes.pop(0) if self.boot_modes else "ready"
-        return await self._start(spec, mode, on_boot_log)
+        return await self._start(spec, registry, mode, on_boot_log)
 
-    async def restore(self, spec: VmSpec, state_path: str, *, timeout: float,
-                      on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
+                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         self.started.append("restore")
         error = self.restore_errors.pop(0) if self.restore_errors else None
         if error is not None:
             raise error
-        vm = await self._start(spec, "ready", on_boot_log)
+        vm = await self._start(spec, registry, "ready", on_boot_log)
         vm.restore_seconds = 0.001
         return vm
 
-    async def _start(self, spec: VmSpec, mode: str,
+    async def _start(self, spec: VmSpec, registry: VmRegistry, mode: str,
                      on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         # No jail, no RAM file: a stand-in needs neither (the jail has its own tests).
         stand_in = replace(spec, jail=None, qemu_sandbox=False, mem_fd=None, mem_path=None,
                            kernel_cmdline_extra=f"standin.version={PROTOCOL_VERSION} "
                                                 f"standin.boot={mode}")  # fmt: skip
-        vm = await GuestVm.boot(stand_in, boot_timeout=STAND_IN_BOOT_TIMEOUT_SECONDS,
+        vm = await GuestVm.boot(stand_in, registry=registry,
+                                boot_timeout=STAND_IN_BOOT_TIMEOUT_SECONDS,
                                 on_boot_log=on_boot_log)  # fmt: skip
         self.vms.append(vm)
         return vm

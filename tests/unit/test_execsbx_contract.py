@@ -724,11 +724,11 @@ async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, ve
     spec = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(version)), images=images, accel="tcg",
                   memory_mb=128)  # fmt: skip
     with pytest.raises(VmPermanentError, match=f"protocol version {version}.*sbx setup"):
-        await GuestVm.boot(spec, boot_timeout=10)
+        await GuestVm.boot(spec, registry=None, boot_timeout=10)
     # The same stand-in announcing this library's version boots.
     spec_ok = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(_execsbx.PROTOCOL_VERSION)), images=images, accel="tcg",
                      memory_mb=128)  # fmt: skip
-    guest = await GuestVm.boot(spec_ok, boot_timeout=10)
+    guest = await GuestVm.boot(spec_ok, registry=None, boot_timeout=10)
     await guest.aclose()
 
 

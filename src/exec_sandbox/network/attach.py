@@ -58,14 +58,7 @@ class NetworkSetup:
         """Relay vm's network port, configure the guest, start the listeners. The listeners
         then belong to the VM's network (closed with the VM); on failure the caller closes the
         VM, which closes them."""
-        if vm.net_fd < 0:
-            raise RuntimeError("the VM was started without its network port")
-
-        def violation(why: str) -> None:
-            vm.fail_network(why)
-
-        net = hub.attach(vm.net_fd, self.policy, violation)
-        vm.network = net
+        net = vm.attach_network(hub, self.policy)
         listeners, self._listeners = self._listeners, []
         net.serve(listeners)  # accepted connections wait in the relay until the guest answers
         await vm.send_net_config(build_net_config(self.policy, self.ca_bundle))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -75,15 +76,16 @@ class HostSetup:
 
 
 class VmFactory(Protocol):
-    """Where VMs come from: QEMU (`QemuVms`), or guest stand-ins in unit tests."""
+    """Where VMs come from: QEMU (`QemuVms`), or guest stand-ins in unit tests. Each VM is
+    registered with `registry` from its spawn on: the owner's close() kills booting ones too."""
 
     async def host_setup(self, config: SchedulerConfig) -> HostSetup: ...
 
-    async def boot(self, spec: VmSpec, *, boot_timeout: float,
+    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
                    on_boot_log: OutputCallback | None) -> GuestVm: ...  # fmt: skip
 
-    async def restore(self, spec: VmSpec, state_path: str, *, timeout: float,
-                      on_boot_log: OutputCallback | None) -> GuestVm: ...  # fmt: skip
+    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
+                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm: ...  # fmt: skip
 
 
 class QemuVms:
@@ -102,13 +104,15 @@ class QemuVms:
             await loop.run_in_executor(None, qemu_version, qemu)
         return HostSetup(images, qemu, accel, f"tsc_early_khz={khz}" if khz > 0 else "")
 
-    async def boot(self, spec: VmSpec, *, boot_timeout: float,
+    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
                    on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
-        return await GuestVm.boot(spec, boot_timeout=boot_timeout, on_boot_log=on_boot_log)
+        return await GuestVm.boot(spec, registry=registry, boot_timeout=boot_timeout,
+                                  on_boot_log=on_boot_log)  # fmt: skip
 
-    async def restore(self, spec: VmSpec, state_path: str, *, timeout: float,
-                      on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
-        return await migration.restore(spec, state_path, timeout=timeout, on_boot_log=on_boot_log)
+    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
+                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+        return await migration.restore(spec, state_path, registry=registry, timeout=timeout,
+                                       on_boot_log=on_boot_log)  # fmt: skip
 
 
 @dataclass
@@ -241,9 +245,8 @@ class Provisioner:
             jail=jail_options(memory_mb, VCPUS),
             qemu_sandbox=True,
             layer=layer,
-            # QMP on every VM: a session's VM can be paused or forked (session_snapshots.py).
+            # QMP on every VM: a session's VM can be paused or forked (snapshots/forks.py).
             qmp=True,
-            registry=self._registry,
         )
 
     def pool_serves(self, language: Language, layer: PackageLayer | None) -> bool:
@@ -270,7 +273,8 @@ class Provisioner:
                 if vm is not None:
                     return vm
         at = time.monotonic()
-        vm = await self.factory.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+        vm = await self.factory.boot(spec, registry=self._registry,
+                                     boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
                                      on_boot_log=on_boot_log)  # fmt: skip
         if language == "javascript" and node_startup.GIVE_TO_COLD_BOOTS:
             try:
@@ -299,7 +303,7 @@ class Provisioner:
                 None, self.snapshots.ram_files.fd_for, snapshot
             )
             vm = await self.factory.restore(replace(spec, mem_fd=ram_fd, mem_shared=False),
-                                            str(snapshot.state),
+                                            str(snapshot.state), registry=self._registry,
                                             timeout=limits.RESTORE_TIMEOUT_SECONDS,
                                             on_boot_log=on_boot_log)  # fmt: skip
         except SnapshotIntegrityError as exc:
@@ -407,7 +411,9 @@ class Provisioner:
             at = time.monotonic()
             snapshot = await self.snapshots.build(spec, language, key,
                                                   boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
-                                                  boot=self.factory.boot)  # fmt: skip
+                                                  boot=functools.partial(
+                                                      self.factory.boot,
+                                                      registry=self._registry))  # fmt: skip
             log.info("memory snapshot %s built in %.1f s", key, time.monotonic() - at)
             self._snapshot_failed.discard(key)
             return snapshot

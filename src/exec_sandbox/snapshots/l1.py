@@ -308,7 +308,7 @@ class SnapshotCache:
         return removed
 
     async def build(self, spec: VmSpec, language: Language, key: str, *, boot_timeout: float,
-                    boot: Callable[..., Awaitable[GuestVm]] = GuestVm.boot) -> Snapshot:  # fmt: skip
+                    boot: Callable[..., Awaitable[GuestVm]]) -> Snapshot:  # fmt: skip
         """Boot a template VM of spec (with `boot`: the provisioning's VmFactory), warm
         `language` up, save it, publish it under key."""
         self.root.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,7 @@ from ..digest import fd_sha256, file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
 from .l1 import machine_identity
+from ..vm.registry import VmRegistry
 
 log = logging.getLogger("exec_sandbox")
 
@@ -316,11 +317,13 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
         )
 
 
-async def load_vm(spec: VmSpec, state: str, *, timeout: float) -> GuestVm:
+async def load_vm(spec: VmSpec, state: str, *, registry: VmRegistry | None,
+                  timeout: float) -> GuestVm:  # fmt: skip
     """A running VM from a full state file: its RAM anonymous, its RNG reseeded and clock set
     before this returns."""
     return await migration.restore(replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
-                                   state, timeout=timeout, ram_in_stream=True)  # fmt: skip
+                                   state, registry=registry, timeout=timeout,
+                                   ram_in_stream=True)  # fmt: skip
 
 
 async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
@@ -423,7 +426,8 @@ async def _clones(maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path
     fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
                 | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
     tasks = [asyncio.ensure_future(migration.restore(replace(spec, mem_shared=False),
-                                                     str(work / "devices"), timeout=timeout))
+                                                     str(work / "devices"),
+                                                     registry=maker.registry, timeout=timeout))
              for _ in range(count)]  # fmt: skip
     try:
         copies = list(await asyncio.gather(*tasks))

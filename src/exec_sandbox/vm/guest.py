@@ -38,19 +38,19 @@ from ..errors import (
     VmTimeoutError,
     VmTransientError,
 )
-from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
-from .jail import report_layers
+from ..limits import HOST_TIMEOUT_GRACE_SECONDS
 from ..models import Language
 from . import binding, process
-
-if TYPE_CHECKING:
-    from .binding import Event
+from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
+from .jail import report_layers
 from .qmp import QmpClient
 from .registry import VmRegistry
 from .spec import VmSpec
 
 if TYPE_CHECKING:
-    from ..network.hub import VmNetwork
+    from ..network.hub import NetworkHub, VmNetwork
+    from ..network.policy import NetworkPolicy
+    from .binding import Event
 
 log = logging.getLogger("exec_sandbox")
 
@@ -107,14 +107,14 @@ class GuestVm:
         self.bytes_flushed = 0
         self._pending = 0
         self._next_id = 1
-        self._registry: VmRegistry | None = None
+        self.registry: VmRegistry | None = None  # its owner's (spawn), which close() leaves
         self._broken: BaseException | None = None
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._released: asyncio.Task[None] | None = None  # set by close()
         self.qmp: QmpClient | None = None
-        # The VM's network (network/hub.py VmNetwork), attached by the scheduler; closed here.
-        self.network: VmNetwork | None = None
+        # The VM's network (attach_network), closed with the VM.
+        self._network: VmNetwork | None = None
         # Filled in by migration.restore(): QEMU start -> guest running, and the RESEED round trip.
         self.restore_seconds = 0.0
         self.connect_seconds = 0.0
@@ -124,11 +124,11 @@ class GuestVm:
         loop.add_reader(vm.pidfd, self._on_qemu_exit)
 
     @classmethod
-    async def boot(cls, spec: VmSpec, *, boot_timeout: float,
+    async def boot(cls, spec: VmSpec, *, registry: VmRegistry | None, boot_timeout: float,
                    on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
         """Start QEMU and wait until the guest agent is ready. Raises VmTimeoutError or
         VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
-        guest = await cls.spawn(spec, incoming=False, on_boot_log=on_boot_log)
+        guest = await cls.spawn(spec, registry=registry, incoming=False, on_boot_log=on_boot_log)
         try:
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
         except asyncio.TimeoutError:
@@ -142,18 +142,19 @@ class GuestVm:
         return guest
 
     @classmethod
-    async def spawn(cls, spec: VmSpec, *, incoming: bool,
+    async def spawn(cls, spec: VmSpec, *, registry: VmRegistry | None, incoming: bool,
                     on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
         """Start QEMU for spec and register its fds; not yet READY (boot() waits for that,
-        migration.restore() loads a state into it)."""
-        vm = await process.spawn(spec, incoming=incoming)
+        migration.restore() loads a state into it). registry: its owner's, whose close() kills
+        it (None: the caller alone owns it)."""
+        vm = await process.spawn(spec, incoming=incoming, registry=registry)
         report_layers(vm.jail_status())
         loop = asyncio.get_running_loop()
         guest = cls(vm, loop, on_boot_log)
         guest.spec = spec
-        if spec.registry is not None:
-            guest._registry = spec.registry
-            spec.registry.add(guest)
+        if registry is not None:
+            guest.registry = registry
+            registry.add(guest)
         return guest
 
     def mark_running(self) -> None:
@@ -227,6 +228,21 @@ class GuestVm:
     def net_fd(self) -> int:
         """The host end of the network port (-1 for a VM without one)."""
         return int(self._vm.net_fd)
+
+    @property
+    def network(self) -> VmNetwork | None:
+        """The VM's network once attached (attach_network), else None."""
+        return self._network
+
+    def attach_network(self, hub: NetworkHub, policy: NetworkPolicy) -> VmNetwork:
+        """Hand the network port to hub's relay under policy. The network is this VM's from
+        now on: closed with it; a guest that breaks the net protocol costs the VM."""
+        if self.net_fd < 0:
+            raise RuntimeError("the VM was started without its network port")
+        if self._network is not None:
+            raise RuntimeError("the VM's network is attached already")
+        self._network = hub.attach(self.net_fd, policy, self.fail_network)
+        return self._network
 
     def fail_network(self, why: str) -> None:
         """The guest broke the network protocol (network/hub.py): like a bad frame on the agent
@@ -314,8 +330,6 @@ class GuestVm:
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
             # on a guest that stalls, so that a hostile guest cannot hold the caller.
-            from ..limits import HOST_TIMEOUT_GRACE_SECONDS
-
             deadline = request.timeout_ms / 1000 + HOST_TIMEOUT_GRACE_SECONDS
             try:
                 exit_code, flags, duration_us = await asyncio.wait_for(
@@ -378,8 +392,8 @@ class GuestVm:
         """Kill QEMU now and fail whatever waits on this VM. Reaping QEMU, closing the fds and
         removing its cgroup follow without blocking the loop: aclose() waits for them, and
         Scheduler.close() for those of every VM (wait_released). Idempotent."""
-        if self._registry is not None:
-            self._registry.discard(self)
+        if self.registry is not None:
+            self.registry.discard(self)
         if self._released is not None:
             return
         for fd in (self._vm.channel_fd, self._vm.console_fd, self._vm.pidfd):
@@ -390,8 +404,8 @@ class GuestVm:
             self._writing = False
         if self.qmp is not None:
             self.qmp.close()
-        if self.network is not None:
-            self.network.close()  # listeners and streams go with the VM
+        if self._network is not None:
+            self._network.close()  # listeners and streams go with the VM
         self._released = process.release(self._loop, self._vm)
         self._fail(VmTransientError("the VM was closed"))
 

@@ -20,6 +20,7 @@ from ..errors import SnapshotError, VmTimeoutError
 from .execution import OutputCallback
 from .guest import GuestVm
 from .qmp import QmpClient, QmpError
+from .registry import VmRegistry
 from .spec import VmSpec
 
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
@@ -33,8 +34,8 @@ _UNCAPPED_BANDWIDTH = 1 << 40
 _PIPE_BYTES = 1 << 20
 
 
-async def restore(spec: VmSpec, state_path: str, *, timeout: float,
-                  on_boot_log: OutputCallback | None = None,
+async def restore(spec: VmSpec, state_path: str, *, registry: VmRegistry | None,
+                  timeout: float, on_boot_log: OutputCallback | None = None,
                   ram_in_stream: bool = False, run: bool = True) -> GuestVm:  # fmt: skip
     """Start a clone of a memory snapshot: QEMU maps spec.mem_path (the template's RAM)
     privately, loads the device state from state_path over QMP and resumes. The guest's
@@ -46,7 +47,7 @@ async def restore(spec: VmSpec, state_path: str, *, timeout: float,
 
     Raises VmTransientError (or QmpError, VmTimeoutError) if the clone does not come up;
     the VM is gone then."""
-    guest = await GuestVm.spawn(spec, incoming=True, on_boot_log=on_boot_log)
+    guest = await GuestVm.spawn(spec, registry=registry, incoming=True, on_boot_log=on_boot_log)
     try:
         await asyncio.wait_for(_load(guest, state_path, timeout, ram_in_stream, run), timeout)
     except asyncio.TimeoutError:
@@ -113,7 +114,8 @@ async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
     guest: GuestVm | None = None
     source_stopped = False
     try:
-        guest = await GuestVm.spawn(spec, incoming=True, on_boot_log=None)
+        # The copy has the source's owner: its close() ends both.
+        guest = await GuestVm.spawn(spec, registry=vm.registry, incoming=True, on_boot_log=None)
         guest.qmp = await asyncio.wait_for(QmpClient.connect(guest.qmp_fd, timeout), timeout)
         fd, read_end = read_end, -1
         await _hand_fd(guest.qmp, fd)

@@ -13,8 +13,9 @@ import asyncio
 import weakref
 from typing import Any
 
-from .binding import start_qemu
 from ..errors import VmPermanentError, VmTransientError
+from .binding import start_qemu
+from .registry import VmRegistry
 from .spec import VmSpec
 
 # Releases in progress (see the module docstring), per loop.
@@ -43,15 +44,16 @@ async def readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
         loop.remove_reader(fd)
 
 
-async def spawn(spec: VmSpec, *, incoming: bool) -> Any:
-    """A running QEMU for spec (the C core's Vm), its exec confirmed. Raises VmPermanentError
-    (no such binary) or VmTransientError; SandboxError when spec's registry is closed."""
+async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) -> Any:
+    """A running QEMU for spec (the C core's Vm), its exec confirmed, killed by registry's
+    close() while it starts. Raises VmPermanentError (no such binary) or VmTransientError;
+    SandboxError when registry is closed."""
     loop = asyncio.get_running_loop()
     spawn_lock = _spawn_locks.setdefault(loop, asyncio.Lock())
     await spawn_lock.acquire()
-    if spec.registry is not None and spec.registry.closed:
+    if registry is not None and registry.closed:
         loop.call_soon(spawn_lock.release)
-        spec.registry.check_open()
+        registry.check_open()
     try:
         try:
             vm = start_qemu(spec, incoming=incoming)
@@ -61,18 +63,18 @@ async def spawn(spec: VmSpec, *, incoming: bool) -> Any:
         raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
     except OSError as exc:
         raise VmTransientError(f"cannot start QEMU: {exc}") from exc
-    if spec.registry is not None:
-        spec.registry.starting(vm)
+    if registry is not None:
+        registry.starting(vm)
     try:
         await wait_started(loop, vm)
-        if spec.registry is not None:
-            spec.registry.check_open()  # closed while QEMU was starting: it goes at once
+        if registry is not None:
+            registry.check_open()  # closed while QEMU was starting: it goes at once
     except BaseException:
         release(loop, vm)
         raise
     finally:
-        if spec.registry is not None:
-            spec.registry.started(vm)
+        if registry is not None:
+            registry.started(vm)
     return vm
 
 

@@ -3,24 +3,35 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 from ..errors import SandboxError
 
-if TYPE_CHECKING:
-    from .guest import GuestVm
+
+class Closable(Protocol):
+    """A registered VM (a GuestVm): close() kills it."""
+
+    def close(self) -> None: ...
+
+
+class Killable(Protocol):
+    """A QEMU between its fork and its GuestVm (the C core's Vm): kill() SIGKILLs it."""
+
+    def kill(self) -> None: ...
 
 
 class VmRegistry:
-    """Every GuestVm of one owner (a Scheduler) from the moment its QEMU is spawned until it is
+    """Every VM of one owner (a Scheduler) from the moment its QEMU is spawned until it is
     closed, booting ones included: closing the registry kills them all and refuses new spawns,
-    so nothing of the owner runs after its close() (issue 12, item 12)."""
+    so nothing of the owner runs after its close(). Handed to whatever starts a VM
+    (`GuestVm.spawn`, `process.spawn`), never carried in a VmSpec: a spec says how a VM starts,
+    the registry who owns it."""
 
     def __init__(self) -> None:
-        self._vms: set[GuestVm] = set()
+        self._vms: set[Closable] = set()
         # QEMUs forked whose exec is not confirmed yet (no GuestVm so far): close() kills them
         # too, and wait_started() waits until their spawns have released them.
-        self._starting: set[Any] = set()
+        self._starting: set[Killable] = set()
         self._started = asyncio.Event()
         self.closed = False
 
@@ -31,16 +42,16 @@ class VmRegistry:
         if self.closed:
             raise SandboxError("the scheduler is closed")
 
-    def add(self, vm: GuestVm) -> None:
+    def add(self, vm: Closable) -> None:
         self._vms.add(vm)
 
-    def discard(self, vm: GuestVm) -> None:
+    def discard(self, vm: Closable) -> None:
         self._vms.discard(vm)
 
-    def starting(self, vm: Any) -> None:
+    def starting(self, vm: Killable) -> None:
         self._starting.add(vm)
 
-    def started(self, vm: Any) -> None:
+    def started(self, vm: Killable) -> None:
         self._starting.discard(vm)
         if not self._starting:
             self._started.set()

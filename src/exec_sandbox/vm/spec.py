@@ -1,16 +1,13 @@
-"""What decides how one VM is started (`VmSpec`): read by the C boundary (`_vm.start_qemu`),
-the snapshot keys (`snapshots.py`) and the provisioning of VMs (`provisioning.py`)."""
+"""What decides how one VM is started (`VmSpec`): a pure value, read by the C boundary
+(`binding.start_qemu`), the snapshot keys (`snapshots/identity.py`) and provisioning. Who owns
+a VM once it runs (`registry.VmRegistry`) is not part of it: it is handed to the launcher."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from ..images.catalog import GuestImages
 from ..packages.layer import PackageLayer
-
-if TYPE_CHECKING:
-    from .registry import VmRegistry
 
 
 @dataclass(frozen=True)
@@ -34,8 +31,6 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
-    # The network port (issue 13, network/): a third virtio-serial port for allow_network or
+    # The network port (network/): a third virtio-serial port for allow_network or
     # expose_ports. Part of the device layout, hence of the snapshot keys.
     net_port: bool = False
-    # Where the VM registers itself from spawn to close (not part of what starts the VM).
-    registry: VmRegistry | None = field(default=None, compare=False, hash=False)

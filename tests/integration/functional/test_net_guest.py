@@ -143,7 +143,7 @@ def _spec(net_port: bool) -> VmSpec:
 
 @pytest.fixture
 async def net_vm(images_ready: None) -> AsyncIterator[tuple[GuestVm, NetPortStandIn]]:
-    vm = await GuestVm.boot(_spec(True), boot_timeout=90)
+    vm = await GuestVm.boot(_spec(True), registry=None, boot_timeout=90)
     port = NetPortStandIn(vm._vm.net_fd)
     try:
         yield vm, port
@@ -180,7 +180,7 @@ def ask(name, qtype):
 
 
 async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: None) -> None:
-    vm = await GuestVm.boot(_spec(False), boot_timeout=90)
+    vm = await GuestVm.boot(_spec(False), registry=None, boot_timeout=90)
     try:
         assert vm._vm.net_fd == -1
         with pytest.raises(Exception, match="no port org.execsandbox.net.0"):

@@ -31,7 +31,7 @@ async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: Non
     spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
                   accel=host_facts.accelerator(), memory_mb=192,
                   kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
-    vm = await GuestVm.boot(spec, boot_timeout=60)
+    vm = await GuestVm.boot(spec, registry=None, boot_timeout=60)
     try:
         with pytest.raises(ValueError, match="seed must be"):
             vm._vm.send_reseed(99, b"short")  # refused before it reaches the guest
@@ -56,7 +56,7 @@ async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_genera
     spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
                   accel=host_facts.accelerator(), memory_mb=192,
                   kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
-    vm = await GuestVm.boot(spec, boot_timeout=60)
+    vm = await GuestVm.boot(spec, registry=None, boot_timeout=60)
     try:
         who = b"head -c 8 /proc/$$/cmdline | tr '\\0' ' '"
         assert await vm.prestart("raw")

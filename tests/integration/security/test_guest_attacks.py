@@ -32,7 +32,7 @@ async def guest(images_ready: None) -> AsyncIterator[GuestVm]:
                   accel=host_facts.accelerator(), memory_mb=MEMORY_MB,
                   kernel_cmdline_extra=f"tsc_early_khz={khz}" if khz else "",
                   jail=jail_options(MEMORY_MB), qemu_sandbox=True)  # fmt: skip
-    vm = await GuestVm.boot(spec, boot_timeout=limits.BOOT_TIMEOUT_SECONDS)
+    vm = await GuestVm.boot(spec, registry=None, boot_timeout=limits.BOOT_TIMEOUT_SECONDS)
     try:
         yield vm
     finally:
