@@ -68,7 +68,8 @@ static size_t header_only(const uint8_t *q, uint8_t *out, unsigned rcode)
 
 /* The question's name at q[12..], lowercased and dotted into name (SBX_NET_NAME_MAX + 1 bytes).
  * Returns the offset past the name, or 0 if it is malformed (compression, overrun, too long).
- * *valid: whether the name is one the protocol can carry (netwire.h); others get NXDOMAIN. */
+ * *valid: whether the name is one the protocol can carry (net_wire_guest.h); others get
+ * NXDOMAIN. */
 static size_t read_qname(const uint8_t *q, size_t qn, char *name, size_t *name_len, bool *valid)
 {
 	size_t off = HEADER, len = 0;

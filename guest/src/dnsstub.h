@@ -3,10 +3,11 @@
  * (tests/c/fuzz_guest_net.c) drive it directly; user code is hostile to the agent too, and any
  * process in the guest can send this parser anything.
  *
- * Answers: an allowed name (netwire.h's patterns) gets one A record with its synthetic address,
- * stable for the VM's life; AAAA and every other type of an allowed name an empty NOERROR (clients
- * then use the A record); any other name NXDOMAIN; a full table SERVFAIL; a query that is not a
- * plain one-question standard query FORMERR, or nothing when not even the header is there. */
+ * Answers: an allowed name (net_wire_guest.h's patterns) gets one A record with its synthetic
+ * address, stable for the VM's life; AAAA and every other type of an allowed name an empty
+ * NOERROR (clients then use the A record); any other name NXDOMAIN; a full table SERVFAIL; a
+ * query that is not a plain one-question standard query FORMERR, or nothing when not even the
+ * header is there. */
 #ifndef SBX_DNSSTUB_H
 #define SBX_DNSSTUB_H
 
@@ -14,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "netwire.h"
+#include "net_wire_guest.h"
 
 #define SBX_DNS_MSG_MAX 512u /* classic UDP DNS: glibc's and Node's queries fit */
 /* Names with a synthetic address. Each costs a listener per outbound port (net_listen.c), so the

@@ -36,7 +36,7 @@
 #include "dnsstub.h"
 #include "frame.h"
 #include "net_listen.h"
-#include "netwire.h"
+#include "net_wire_guest.h"
 
 /* Above this many bytes queued for the net port, stop reading the streams' sockets. Past it by at
  * most the frames of one loop turn: one per socket event already returned (net_relay_guest.c). */

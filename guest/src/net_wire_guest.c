@@ -1,5 +1,5 @@
-/* Network wire decoding: see netwire.h. */
-#include "netwire.h"
+/* Network wire decoding: see net_wire_guest.h. */
+#include "net_wire_guest.h"
 
 #include <errno.h>
 #include <string.h>

@@ -3,8 +3,8 @@
  * hands out points into the frame it was given. The net port is fuzzed (tests/c/fuzz_guest_net.c):
  * the host is trusted, but the agent is PID 1 and a length field that walks out of a payload
  * would be a dead VM, or worse, a way in. */
-#ifndef SBX_NETWIRE_H
-#define SBX_NETWIRE_H
+#ifndef SBX_NET_WIRE_GUEST_H
+#define SBX_NET_WIRE_GUEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -50,4 +50,4 @@ int sbx_net_parse_host_frame(const struct sbx_frame *f, struct sbx_net_host_msg 
  * boundary ("xexample.org" is not under "example.org"), or any name with "*". */
 bool sbx_net_name_allowed(const struct sbx_net_config *c, const uint8_t *name, size_t n);
 
-#endif /* SBX_NETWIRE_H */
+#endif /* SBX_NET_WIRE_GUEST_H */

@@ -16,7 +16,7 @@
 
 #include "frame.h"
 #include "../../guest/src/dnsstub.h"
-#include "../../guest/src/netwire.h"
+#include "../../guest/src/net_wire_guest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,5 @@
-/* The guest's network decoders and DNS stub (guest/src/netwire.c, dnsstub.c), on the host. */
+/* The guest's network decoders and DNS stub (guest/src/net_wire_guest.c, dnsstub.c), on the
+ * host. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -6,7 +7,7 @@
 #include "frame.h"
 #include "test.h"
 #include "../../guest/src/dnsstub.h"
-#include "../../guest/src/netwire.h"
+#include "../../guest/src/net_wire_guest.h"
 
 static bool valid(const char *s)
 {
