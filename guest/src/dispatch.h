@@ -2,7 +2,7 @@
 #ifndef SBX_DISPATCH_H
 #define SBX_DISPATCH_H
 
-#include "channel.h"
+#include "agent_channel_guest.h"
 #include "files.h"
 #include "net_relay_guest.h"
 #include "repl.h"

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "agent.h"
-#include "channel.h"
+#include "agent_channel_guest.h"
 #include "frame.h"
 
 struct sbx_files {

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "agent.h"
-#include "channel.h"
+#include "agent_channel_guest.h"
 #include "dispatch.h"
 #include "net_trust.h"
 #include "reaper.h"

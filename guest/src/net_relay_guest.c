@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "agent.h"
-#include "channel.h"
+#include "agent_channel_guest.h"
 #include "cleanup.h"
 #include "net_dns.h"
 #include "net_listen.h"

@@ -34,7 +34,7 @@
 #include <sys/types.h>
 
 #include "agent.h"
-#include "channel.h"
+#include "agent_channel_guest.h"
 #include "request.h"
 #include "runner.h"
 

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "channel.h"
+#include "agent_channel_guest.h"
 
 struct sbx_stream {
 	int fd; /* non-blocking read end, -1 once at EOF */

@@ -1,8 +1,8 @@
 /* libFuzzer target for the guest side: arbitrary host bytes through the agent's decoding path
- * (sbx_reader with the host frame limit, as guest/src/channel.c feeds it, then sbx_parse_exec for
- * every EXEC frame, sbx_parse_prestart for every PRESTART and sbx_parse_file_path for the FILE_*
- * requests that carry a path, as guest/src/dispatch.c and files.c do), split at pseudo-random
- * points.
+ * (sbx_reader with the host frame limit, as guest/src/agent_channel_guest.c feeds it, then
+ * sbx_parse_exec for every EXEC frame, sbx_parse_prestart for every PRESTART and
+ * sbx_parse_file_path for the FILE_* requests that carry a path, as guest/src/dispatch.c and
+ * files.c do), split at pseudo-random points.
  *
  * The host is trusted, but the agent is PID 1: a crash there is a dead VM, and the parser is the
  * place where a length field could walk out of the payload. Every accepted request is checked

@@ -1,4 +1,4 @@
-/* Unit tests of the host end of the agent channel (channel.c) over a real socketpair. */
+/* Unit tests of the host end of the agent channel (agent_channel.c) over a real socketpair. */
 #define _GNU_SOURCE 1
 #include <errno.h>
 #include <fcntl.h>

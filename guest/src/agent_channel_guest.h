@@ -9,8 +9,8 @@
  * back-off (50 ms doubling to 1 s), or at once on SIGIO, which the port raises when the host end
  * opens. Each time the host (re)connects the agent sends READY and starts a fresh frame reader.
  */
-#ifndef SBX_CHANNEL_H
-#define SBX_CHANNEL_H
+#ifndef SBX_AGENT_CHANNEL_GUEST_H
+#define SBX_AGENT_CHANNEL_GUEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,4 +69,4 @@ int sbx_channel_handle(struct sbx_channel *ch, short revents, sbx_frame_fn fn, v
 /* SIGIO arrived: probe at once if waiting for the host. */
 void sbx_channel_wake(struct sbx_channel *ch);
 
-#endif /* SBX_CHANNEL_H */
+#endif /* SBX_AGENT_CHANNEL_GUEST_H */

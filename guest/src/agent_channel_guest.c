@@ -1,5 +1,5 @@
-/* Host channel transport: see channel.h. */
-#include "channel.h"
+/* Host channel transport: see agent_channel_guest.h. */
+#include "agent_channel_guest.h"
 
 #include <dirent.h>
 #include <errno.h>
