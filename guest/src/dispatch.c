@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "agent_request_guest.h"
 #include "cleanup.h"
-#include "request.h"
 #include "reseed.h"
 
 static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)

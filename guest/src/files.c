@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "agent_request_guest.h"
 #include "cleanup.h"
 #include "cputag.h"
-#include "request.h"
 
 /* Chunks sent per pump: bounds one loop iteration's work. */
 #define PUMP_CHUNKS 8

@@ -232,7 +232,8 @@ static void kill_repl(struct sbx_repl *r)
 	sbx_kill_user_processes(r->cfg);
 }
 
-/* The request's environment as NAME=VALUE\0 records (values have no NUL: request.c checks). */
+/* The request's environment as NAME=VALUE\0 records (values have no NUL: agent_request_guest.c
+ * checks). */
 static int write_env_file(const char *path, const struct sbx_exec_request *req)
 {
 	size_t total = 0;

@@ -35,7 +35,7 @@
 
 #include "agent.h"
 #include "agent_channel_guest.h"
-#include "request.h"
+#include "agent_request_guest.h"
 #include "runner.h"
 
 

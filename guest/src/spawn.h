@@ -8,7 +8,7 @@
 #include <sys/types.h>
 
 #include "agent.h"
-#include "request.h"
+#include "agent_request_guest.h"
 
 struct sbx_spawn {
 	const char *interpreter; /* absolute path, e.g. /usr/bin/python3 */

@@ -15,7 +15,8 @@
 #include <string.h>
 
 #include "frame.h"
-#include "../../guest/src/request.h" /* the guest's decoder; the host's is agent_request.h */
+/* The guest's decoder; the host's encoder is agent_request.h. */
+#include "../../guest/src/agent_request_guest.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
-/* Decoding of host requests: see request.h. Every field is checked; anything odd is refused rather
+/* Decoding of host requests: see agent_request_guest.h. Every field is checked; anything odd is refused rather
  * than repaired, so that a host bug shows up as a BAD_REQUEST instead of a surprising run. */
-#include "request.h"
+#include "agent_request_guest.h"
 
 #include <errno.h>
 #include <stdbool.h>

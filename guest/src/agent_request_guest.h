@@ -1,8 +1,8 @@
 /* Decoding and validation of what the host sends: EXEC and PRESTART payloads, and the path of the
  * FILE_* requests (layouts in protocol.h). Pure: no I/O, so the host tests and the fuzz target
  * (tests/c/fuzz_guest_request.c) exercise it directly. */
-#ifndef SBX_REQUEST_H
-#define SBX_REQUEST_H
+#ifndef SBX_AGENT_REQUEST_GUEST_H
+#define SBX_AGENT_REQUEST_GUEST_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -59,4 +59,4 @@ int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool a
 int sbx_parse_file_target(const uint8_t *payload, size_t len, uint8_t allowed,
 			  struct sbx_path_parts *p, uint8_t *flags);
 
-#endif /* SBX_REQUEST_H */
+#endif /* SBX_AGENT_REQUEST_GUEST_H */
