@@ -12,7 +12,7 @@
 //   "r" ready; "n" ready, but holding generators that it cannot make fresh (no addon): a RESEED
 //       kills it instead (guest/src/runner.h, struct sbx_prestarted);
 //   go "1" run the script; "2" the same after making its generators fresh (a RESEED came while it
-//       waited: it was parked in an L1 template and this is a clone; guest/node/reseed.c);
+//       waited: it was parked in an L1 template and this is a clone; guest/node/node_reseed.c);
 //   go "3"/"4" (the same two) become the session's REPL driver: the driver's path follows, up to
 //       a newline; node's entry point then runs the driver as its main script instead, with the
 //       one socket on fd 3 as its control in and out (guest/src/repl.h);

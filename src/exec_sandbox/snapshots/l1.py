@@ -96,7 +96,7 @@ _META_MAX_BYTES = 64 * 1024
 # generator state (docs/security.md, "Randomness in clones"): python seeds nothing a program sees
 # before its code runs (`random` is imported on first use, after the clone's RESEED; os.urandom
 # and secrets ask the kernel); node reseeds OpenSSL, V8's isolate generator and Math.random at
-# its go in each clone (guest/node/reseed.c), and a node that cannot is killed by the RESEED
+# its go in each clone (guest/node/node_reseed.c), and a node that cannot is killed by the RESEED
 # instead (the template then holds none: slower, not wrong). Not bash: $RANDOM, which it cannot
 # reseed. What clones of one template share: the string hash seeds, the address-space layout.
 TEMPLATE_PRESTART_LANGUAGES: frozenset[Language] = frozenset({"python", "javascript"})

@@ -41,7 +41,7 @@ PROGRAMS = {
     # The javascript template holds a parked node too, started from node's startup snapshot:
     # every clone runs the code in that one process (one pid in all clones, the snapshot in
     # execArgv), so each of node's generators must have been made fresh at its go
-    # (guest/node/reseed.c); an ed25519 key on top.
+    # (guest/node/node_reseed.c); an ed25519 key on top.
     "javascript": JS_DRAWS
                   + "const key = c.generateKeyPairSync('ed25519').publicKey\n"
                     "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"

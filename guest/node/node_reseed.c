@@ -1,6 +1,6 @@
 /* sbx-reseed.node: lets a node process parked in an L1 template make its user-space randomness
- * fresh in each clone, before any of the clone's code runs (issue 17, docs/security.md,
- * "Randomness in clones").
+ * fresh in each clone, before any of the clone's code runs (docs/security.md, "Randomness in
+ * clones").
  *
  * A node started in the template holds three generators that every clone would otherwise share,
  * each seeded once when the process started:
