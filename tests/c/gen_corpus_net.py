@@ -33,7 +33,8 @@ SEEDS = {
     "window_overrun": open_(3, b"a.example", 80)
     + frame(DATA, 3, b"z" * DATA_MAX) * (FUZZ_NET_WINDOW // DATA_MAX + 1),
     "bad_name": open_(1, b"A..b", 80),
-    "host_type": frame(112, 1, u32(0) + u32(0)),
+    # NET_OPENED (112): a type only the host sends, coming from the guest.
+    "opened_from_guest": frame(112, 1, u32(0) + u32(0)),
     "max_frame": frame(DATA, 1, b"q" * 65536),
 }
 
