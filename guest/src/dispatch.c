@@ -77,8 +77,8 @@ static void handle_prestart(struct sbx_agent *a, const struct sbx_frame *f)
 	sbx_channel_send(&a->ch, SBX_MSG_PONG, f->id, NULL, 0);
 }
 
-/* NET_CONFIG (issue 13): answered PONG once the net port, the DNS stub and the CA bundle are in
- * place, so that the host starts user code only after that. */
+/* NET_CONFIG: answered PONG once the net port, the DNS stub and the CA bundle are in place, so
+ * that the host starts user code only after that. */
 static void handle_net_config(struct sbx_agent *a, const struct sbx_frame *f)
 {
 	char msg[256];
