@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cleanup.h"
 #include "frame.h"
 #include "net_wire.h"
 
@@ -529,10 +530,9 @@ static void on_close(struct relay *rl, struct stream *s, const struct sbx_net_fr
 static void on_frame(struct relay *rl, const struct sbx_frame *fr)
 {
 	struct sbx_net_frame f;
-	int err = sbx_net_decode(fr, &f);
-	if (err < 0) {
-		relay_fail(rl, SBX_NET_EV_VIOLATION, "bad frame (type %u, %s)", fr->type,
-			   err == -EMSGSIZE ? "over a limit" : "malformed");
+	struct sbx_err why = {0};
+	if (sbx_net_decode(fr, &f, &why) < 0) {
+		relay_fail(rl, SBX_NET_EV_VIOLATION, "bad frame (type %u, %s)", fr->type, why.msg);
 		return;
 	}
 	if (f.type == SBX_NET_MSG_OPEN) {
@@ -811,30 +811,25 @@ static void on_completion(struct op *op, int res)
 
 /* ---- public API ---- */
 
-int sbx_net_ring_new(unsigned entries, struct sbx_net_ring **out)
+int sbx_net_ring_new(unsigned entries, struct sbx_net_ring **out, struct sbx_err *err)
 {
-	struct sbx_net_ring *r = calloc(1, sizeof(*r));
+	_cleanup_free_ struct sbx_net_ring *r = calloc(1, sizeof(*r));
 	if (!r)
-		return -ENOMEM;
-	int err = io_uring_queue_init(entries, &r->uring, 0);
-	if (err < 0) {
-		free(r);
-		return err;
-	}
-	r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (r->efd < 0) {
-		err = -errno;
+		return sbx_err_set(err, -ENOMEM, "out of memory for the network ring");
+	int rc = io_uring_queue_init(entries, &r->uring, 0);
+	if (rc < 0)
+		return sbx_err_sys(err, rc, "io_uring_queue_init");
+	_cleanup_close_ int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (efd < 0)
+		rc = sbx_err_sys(err, -errno, "eventfd");
+	else if ((rc = io_uring_register_eventfd(&r->uring, efd)) < 0)
+		sbx_err_sys(err, rc, "io_uring_register_eventfd");
+	if (rc < 0) {
 		io_uring_queue_exit(&r->uring);
-		free(r);
-		return err;
+		return rc;
 	}
-	if ((err = io_uring_register_eventfd(&r->uring, r->efd)) < 0) {
-		close(r->efd);
-		io_uring_queue_exit(&r->uring);
-		free(r);
-		return err;
-	}
-	*out = r;
+	r->efd = TAKE_FD(efd);
+	*out = TAKE_PTR(r);
 	return 0;
 }
 
@@ -870,11 +865,11 @@ int sbx_net_ring_fd(const struct sbx_net_ring *r)
 	return r->efd;
 }
 
-int sbx_net_ring_run(struct sbx_net_ring *r)
+int sbx_net_ring_run(struct sbx_net_ring *r, struct sbx_err *err)
 {
 	uint64_t counter;
 	if (read(r->efd, &counter, sizeof(counter)) < 0 && errno != EAGAIN)
-		return -errno;
+		return sbx_err_sys(err, -errno, "read(eventfd)");
 	/* Submitting often completes at once (a send with room in the socket buffer, a recv with
 	 * bytes waiting): take those completions in the same call instead of a trip through the
 	 * event loop each. Bounded, so that one busy relay cannot hold the loop. */
@@ -892,11 +887,13 @@ int sbx_net_ring_run(struct sbx_net_ring *r)
 		reap(r);
 		int submitted = io_uring_submit(&r->uring);
 		if (submitted < 0)
-			return submitted;
+			return sbx_err_sys(err, submitted, "io_uring_submit");
 		if (handled == 0 && submitted == 0)
 			break;
 	}
-	return r->error;
+	if (r->error < 0)
+		return sbx_err_set(err, r->error, "out of memory for the relay's events");
+	return 0;
 }
 
 size_t sbx_net_ring_live(const struct sbx_net_ring *r)
@@ -912,15 +909,15 @@ size_t sbx_net_ring_live(const struct sbx_net_ring *r)
 	return n;
 }
 
-int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay)
+int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay, struct sbx_err *err)
 {
 	struct relay *rl = calloc(1, sizeof(*rl));
 	if (!rl)
-		return -ENOMEM;
+		return sbx_err_set(err, -ENOMEM, "out of memory for a relay");
 	rl->rbuf = malloc(PORT_READ_CHUNK);
 	if (!rl->rbuf) {
 		free(rl);
-		return -ENOMEM;
+		return sbx_err_set(err, -ENOMEM, "out of memory for a relay");
 	}
 	struct stat st;
 	rl->ring = r;
@@ -933,12 +930,11 @@ int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay)
 	rl->read_op = (struct op){.kind = OP_PORT_READ, .owner = rl};
 	rl->write_op = (struct op){.kind = OP_PORT_WRITE, .owner = rl};
 	sbx_reader_init(&rl->reader, SBX_NET_FRAME_MAX);
-	int err = submit_op(&rl->read_op);
-	if (err < 0) {
+	if (submit_op(&rl->read_op) < 0) {
 		sbx_reader_free(&rl->reader);
 		free(rl->rbuf);
 		free(rl);
-		return err;
+		return sbx_err_set(err, -EBUSY, "the io_uring submission queue is full");
 	}
 	rl->next = r->relays;
 	r->relays = rl;
@@ -947,11 +943,11 @@ int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay)
 	return 0;
 }
 
-int sbx_net_relay_close(struct sbx_net_ring *r, uint32_t relay)
+int sbx_net_relay_close(struct sbx_net_ring *r, uint32_t relay, struct sbx_err *err)
 {
 	struct relay *rl = find_relay(r, relay);
 	if (!rl)
-		return -ENOENT;
+		return sbx_err_set(err, -ENOENT, "no relay %u", relay);
 	relay_stop(rl, 0, NULL);
 	rl->forgotten = 1;
 	/* The guest's end may still hold our port fd's peer: shut it so that nothing waits on it. */
@@ -963,20 +959,16 @@ int sbx_net_relay_close(struct sbx_net_ring *r, uint32_t relay)
 }
 
 int sbx_net_open_reply(struct sbx_net_ring *r, uint32_t relay, uint32_t stream, uint32_t status,
-		       const char *reason, size_t reason_len, int sock_fd)
+		       const char *reason, size_t reason_len, int sock_fd, struct sbx_err *err)
 {
+	_cleanup_close_ int sock = sock_fd;
 	struct relay *rl = find_relay(r, relay);
 	struct stream *s = rl && !rl->dead ? find_stream(rl, stream) : NULL;
-	if ((status == SBX_NET_OK) != (sock_fd >= 0) || status > SBX_NET_STATUS_MAX) {
-		if (sock_fd >= 0)
-			close(sock_fd);
-		return -EINVAL;
-	}
-	if (!s || s->state != S_OPENING) {
-		if (sock_fd >= 0)
-			close(sock_fd);
-		return -ENOENT;
-	}
+	if ((status == SBX_NET_OK) != (sock >= 0) || status > SBX_NET_STATUS_MAX)
+		return sbx_err_set(err, -EINVAL, "open_reply: a socket with status 0 only, a known "
+						 "status otherwise");
+	if (!s || s->state != S_OPENING)
+		return sbx_err_set(err, -ENOENT, "stream %u of relay %u is gone", stream, relay);
 	if (status != SBX_NET_OK) {
 		remember(rl, stream);
 		detach_stream(s);
@@ -985,7 +977,7 @@ int sbx_net_open_reply(struct sbx_net_ring *r, uint32_t relay, uint32_t stream, 
 		io_uring_submit(&r->uring);
 		return 0;
 	}
-	s->fd = sock_fd;
+	s->fd = TAKE_FD(sock);
 	s->state = S_OPEN;
 	if (queue_opened(rl, stream, SBX_NET_OK, "", 0) == 0) {
 		shut_write_if_drained(s);
@@ -997,33 +989,26 @@ int sbx_net_open_reply(struct sbx_net_ring *r, uint32_t relay, uint32_t stream, 
 }
 
 int sbx_net_connect(struct sbx_net_ring *r, uint32_t relay, uint32_t guest_port, int sock_fd,
-		    uint32_t *stream)
+		    uint32_t *stream, struct sbx_err *err)
 {
+	_cleanup_close_ int sock = sock_fd;
 	struct relay *rl = find_relay(r, relay);
-	if (guest_port == 0 || guest_port > 65535 || sock_fd < 0) {
-		if (sock_fd >= 0)
-			close(sock_fd);
-		return -EINVAL;
-	}
-	if (!rl || rl->dead) {
-		close(sock_fd);
-		return -ENOENT;
-	}
-	if (rl->n_streams >= SBX_NET_STREAMS_MAX) {
-		close(sock_fd);
-		return -EBUSY;
-	}
+	if (guest_port == 0 || guest_port > 65535 || sock < 0)
+		return sbx_err_set(err, -EINVAL, "connect: a socket and a guest port in 1..65535");
+	if (!rl || rl->dead)
+		return sbx_err_set(err, -ENOENT, "relay %u has ended", relay);
+	if (rl->n_streams >= SBX_NET_STREAMS_MAX)
+		return sbx_err_set(err, -EBUSY, "the VM has %u streams open", SBX_NET_STREAMS_MAX);
 	uint32_t id;
 	do {
 		id = rl->next_host_id++;
 		if (rl->next_host_id == 0)
 			rl->next_host_id = HOST_STREAM_BIT;
 	} while (find_stream(rl, id) || is_recent(rl, id));
-	struct stream *s = new_stream(rl, id, S_CONNECTING, sock_fd);
-	if (!s) {
-		close(sock_fd);
-		return -ENOMEM;
-	}
+	struct stream *s = new_stream(rl, id, S_CONNECTING, sock);
+	if (!s)
+		return sbx_err_set(err, -ENOMEM, "out of memory for a stream");
+	sock = -1; /* the stream owns it */
 	if (queue_u32_frame(rl, SBX_NET_MSG_CONNECT, id, guest_port) == 0)
 		flush_port(rl);
 	io_uring_submit(&r->uring);
@@ -1031,13 +1016,15 @@ int sbx_net_connect(struct sbx_net_ring *r, uint32_t relay, uint32_t guest_port,
 	return 0;
 }
 
-int sbx_net_relay_ingest(struct sbx_net_ring *r, uint32_t relay, const void *data, size_t n)
+int sbx_net_relay_ingest(struct sbx_net_ring *r, uint32_t relay, const void *data, size_t n,
+			 struct sbx_err *err)
 {
 	struct relay *rl = find_relay(r, relay);
 	if (!rl)
-		return -ENOENT;
+		return sbx_err_set(err, -ENOENT, "no relay %u", relay);
 	if (n > PORT_READ_CHUNK)
-		return -EINVAL;
+		return sbx_err_set(err, -EINVAL, "more than one maximal frame (%u bytes)",
+				   (unsigned)PORT_READ_CHUNK);
 	if (!rl->dead)
 		consume_port_bytes(rl, data, n);
 	reap(r);

@@ -1,4 +1,4 @@
-/* The host's network relay (issue 13): the byte path between a VM's NET port and the host TCP
+/* The host's network relay: the byte path between a VM's NET port and the host TCP
  * sockets of its streams, driven by one io_uring per scheduler.
  *
  * Python owns the policy and the event loop; this owns the bytes. Python registers the ring's
@@ -15,8 +15,11 @@
  * of SBX_NET_DATA_MAX and one send ring of SBX_NET_WINDOW bytes (allocated when the stream
  * starts), plus an outgoing frame queue capped at SBX_NET_RELAY_OUT_MAX.
  *
- * Errors: negative errno (c-conventions.md). Never blocks (io_uring does the waiting); never calls
- * into Python. Not thread-safe: one thread (the loop's) uses a ring. */
+ * Errors (docs/c-conventions.md): a call returns 0 or a negative errno and fills the caller's
+ * struct sbx_err. What goes wrong while completions are handled (a guest's violation, the port's
+ * end) is not an error return but an event, VIOLATION or PORT_CLOSED with its reason. Never
+ * blocks (io_uring does the waiting); never calls into Python. Not thread-safe: one thread (the
+ * loop's) uses a ring. */
 #ifndef SBX_NET_RELAY_H
 #define SBX_NET_RELAY_H
 
@@ -24,6 +27,7 @@
 #include <stdint.h>
 
 #include "net_protocol.h"
+#include "sbx_err.h"
 
 /* Host -> guest bytes queued on one port beyond which the guest counts as not reading it (DATA is
  * already bounded by the windows; the rest is control frames). Over it, the relay fails. */
@@ -53,17 +57,18 @@ struct sbx_net_event {
 
 struct sbx_net_ring;
 
-/* A ring with room for `entries` submissions, its eventfd registered. -ENOMEM, or io_uring's
- * error (-ENOSYS, -EPERM when io_uring is disabled). */
-int sbx_net_ring_new(unsigned entries, struct sbx_net_ring **out);
+/* A ring with room for `entries` submissions, its eventfd registered. -ENOMEM, or a failed call's
+ * error (io_uring_queue_init: -ENOSYS, -EPERM when io_uring is disabled). */
+int sbx_net_ring_new(unsigned entries, struct sbx_net_ring **out, struct sbx_err *err);
 /* Close every socket and port and free everything (pending operations are cancelled by the
  * kernel when the ring goes). NULL is fine. */
 void sbx_net_ring_free(struct sbx_net_ring *r);
 /* Readable when completions are waiting: the fd to give the event loop. */
 int sbx_net_ring_fd(const struct sbx_net_ring *r);
-/* Handle every completion that is ready, submit what follows from them, queue the events. 0 or
- * -errno (of io_uring_submit). */
-int sbx_net_ring_run(struct sbx_net_ring *r);
+/* Handle every completion that is ready, submit what follows from them, queue the events. 0, or
+ * -errno: a failed read of the eventfd or io_uring_submit, or -ENOMEM (sticky) once an event
+ * could not be queued. The events queued before a failure are still there to take. */
+int sbx_net_ring_run(struct sbx_net_ring *r, struct sbx_err *err);
 /* 1 and *ev filled, or 0 when no event is queued. */
 int sbx_net_ring_next_event(struct sbx_net_ring *r, struct sbx_net_event *ev);
 /* Streams and relays alive or still waiting for their operations to end (tests use it to check
@@ -71,26 +76,30 @@ int sbx_net_ring_next_event(struct sbx_net_ring *r, struct sbx_net_event *ev);
 size_t sbx_net_ring_live(const struct sbx_net_ring *r);
 
 /* Start relaying on port_fd (a stream socket or character device; ownership passes to the ring
- * on success). *relay gets a non-zero id. */
-int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay);
+ * on success, the caller keeps it on failure). *relay gets a non-zero id. -ENOMEM, -EBUSY (the
+ * submission queue is full). */
+int sbx_net_relay_add(struct sbx_net_ring *r, int port_fd, uint32_t *relay, struct sbx_err *err);
 /* Reset every stream of the relay and forget it (its memory goes once the kernel has finished
  * with its buffers). -ENOENT for an unknown relay. */
-int sbx_net_relay_close(struct sbx_net_ring *r, uint32_t relay);
+int sbx_net_relay_close(struct sbx_net_ring *r, uint32_t relay, struct sbx_err *err);
 
 /* Answer an OPEN event. status SBX_NET_OK: sock_fd is the connected TCP socket for the stream;
  * otherwise sock_fd is -1 and reason (<= SBX_NET_MESSAGE_MAX bytes) says why. sock_fd is owned by
  * the call in every case (closed on failure). -ENOENT when the stream has gone meanwhile (the
  * guest closed it, or its relay died), -EINVAL for a bad argument. */
 int sbx_net_open_reply(struct sbx_net_ring *r, uint32_t relay, uint32_t stream, uint32_t status,
-		       const char *reason, size_t reason_len, int sock_fd);
+		       const char *reason, size_t reason_len, int sock_fd, struct sbx_err *err);
 /* Open a host stream to 127.0.0.1:guest_port inside the guest for sock_fd (an accepted client;
- * owned by the call in every case). *stream gets its id; a CONNECTED event follows. -ENOENT for
- * a dead relay, -EBUSY when the relay has SBX_NET_STREAMS_MAX streams. */
+ * owned by the call in every case). *stream gets its id; a CONNECTED event follows. -EINVAL (no
+ * socket, a port outside 1..65535), -ENOENT for a dead relay, -EBUSY when the relay has
+ * SBX_NET_STREAMS_MAX streams, -ENOMEM. */
 int sbx_net_connect(struct sbx_net_ring *r, uint32_t relay, uint32_t guest_port, int sock_fd,
-		    uint32_t *stream);
+		    uint32_t *stream, struct sbx_err *err);
 
 /* Tests and the fuzzer: handle n bytes (<= one maximal frame with its header) as if the port had
- * given them. 0, -ENOENT, -EINVAL. */
-int sbx_net_relay_ingest(struct sbx_net_ring *r, uint32_t relay, const void *data, size_t n);
+ * given them. 0, -ENOENT (an unknown relay), -EINVAL (more bytes). A violation is an event, as
+ * for bytes from the port. */
+int sbx_net_relay_ingest(struct sbx_net_ring *r, uint32_t relay, const void *data, size_t n,
+			 struct sbx_err *err);
 
 #endif /* SBX_NET_RELAY_H */

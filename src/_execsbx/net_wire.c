@@ -19,68 +19,84 @@ int sbx_net_name_ok(const uint8_t *name, uint32_t len)
 	return 1;
 }
 
-/* The payload must have been read whole. */
-static int finished(const struct sbx_cursor *c)
+/* A u32 field, or -EPROTO with err naming it. */
+static int get_u32(struct sbx_cursor *c, uint32_t *v, const char *field, struct sbx_err *err)
 {
-	return c->left == 0 ? 0 : -EPROTO;
+	if (sbx_get_u32(c, v) < 0)
+		return sbx_err_set(err, -EPROTO, "%s truncated", field);
+	return 0;
 }
 
-int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out)
+/* The payload must have been read whole. */
+static int finished(const struct sbx_cursor *c, struct sbx_err *err)
+{
+	if (c->left != 0)
+		return sbx_err_set(err, -EPROTO, "%zu trailing bytes", c->left);
+	return 0;
+}
+
+int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out, struct sbx_err *err)
 {
 	struct sbx_cursor c = {f->payload, f->payload_len};
-	int err;
+	int rc;
 
 	memset(out, 0, sizeof(*out));
 	out->type = f->type;
 	out->stream = f->id;
 	if (f->id == 0)
-		return -EPROTO;
+		return sbx_err_set(err, -EPROTO, "stream id 0");
 	if (f->payload_len > SBX_NET_FRAME_MAX)
-		return -EMSGSIZE;
+		return sbx_err_set(err, -EMSGSIZE, "payload of %u bytes over %u", f->payload_len,
+				   SBX_NET_FRAME_MAX);
 	switch (f->type) {
 	case SBX_NET_MSG_OPEN:
 		if (f->id & HOST_STREAM_BIT)
-			return -EPROTO;
-		if ((err = sbx_get_u32(&c, &out->value)) < 0)
-			return err;
+			return sbx_err_set(err, -EPROTO, "OPEN with a host stream id");
+		if ((rc = get_u32(&c, &out->value, "OPEN port", err)) < 0)
+			return rc;
 		if (out->value == 0 || out->value > 65535)
-			return -EPROTO;
-		if ((err = sbx_get_str(&c, SBX_NET_NAME_MAX, &out->data, &out->len)) < 0)
-			return err;
+			return sbx_err_set(err, -EPROTO, "OPEN port %u out of 1..65535", out->value);
+		rc = sbx_get_str(&c, SBX_NET_NAME_MAX, &out->data, &out->len);
+		if (rc == -EMSGSIZE)
+			return sbx_err_set(err, rc, "OPEN name over %u bytes", SBX_NET_NAME_MAX);
+		if (rc < 0)
+			return sbx_err_set(err, rc, "OPEN name truncated");
 		if (!sbx_net_name_ok(out->data, out->len))
-			return -EPROTO;
-		return finished(&c);
+			return sbx_err_set(err, -EPROTO, "OPEN name not a lowercase DNS name");
+		return finished(&c, err);
 	case SBX_NET_MSG_CONNECTED:
 		if (!(f->id & HOST_STREAM_BIT))
-			return -EPROTO;
-		if ((err = sbx_get_u32(&c, &out->value)) < 0)
-			return err;
+			return sbx_err_set(err, -EPROTO, "CONNECTED with a guest stream id");
+		if ((rc = get_u32(&c, &out->value, "CONNECTED status", err)) < 0)
+			return rc;
 		if (out->value > SBX_NET_STATUS_MAX)
-			return -EPROTO;
-		return finished(&c);
+			return sbx_err_set(err, -EPROTO, "CONNECTED status %u unknown", out->value);
+		return finished(&c, err);
 	case SBX_NET_MSG_DATA:
 		if (f->payload_len == 0)
-			return -EPROTO;
+			return sbx_err_set(err, -EPROTO, "empty DATA");
 		if (f->payload_len > SBX_NET_DATA_MAX)
-			return -EMSGSIZE;
+			return sbx_err_set(err, -EMSGSIZE, "DATA of %u bytes over %u", f->payload_len,
+					   SBX_NET_DATA_MAX);
 		out->data = f->payload;
 		out->len = f->payload_len;
 		return 0;
 	case SBX_NET_MSG_CREDIT:
-		if ((err = sbx_get_u32(&c, &out->value)) < 0)
-			return err;
+		if ((rc = get_u32(&c, &out->value, "CREDIT", err)) < 0)
+			return rc;
 		if (out->value == 0 || out->value > SBX_NET_WINDOW)
-			return -EPROTO;
-		return finished(&c);
+			return sbx_err_set(err, -EPROTO, "CREDIT of %u bytes out of 1..%u", out->value,
+					   SBX_NET_WINDOW);
+		return finished(&c, err);
 	case SBX_NET_MSG_SHUTDOWN:
-		return finished(&c);
+		return finished(&c, err);
 	case SBX_NET_MSG_CLOSE:
-		if ((err = sbx_get_u32(&c, &out->value)) < 0)
-			return err;
+		if ((rc = get_u32(&c, &out->value, "CLOSE code", err)) < 0)
+			return rc;
 		if (out->value > SBX_NET_CLOSE_RESET)
-			return -EPROTO;
-		return finished(&c);
+			return sbx_err_set(err, -EPROTO, "CLOSE code %u unknown", out->value);
+		return finished(&c, err);
 	default:
-		return -EPROTO;
+		return sbx_err_set(err, -EPROTO, "not a guest -> host type");
 	}
 }

@@ -1,6 +1,7 @@
 /* Guest -> host frames of the NET port (net_protocol.h) turned into validated records: the one
  * place that reads a guest's net frame. Pure (no I/O, no allocation), so the fuzzer runs it as
- * is. The relay (net_relay.c) applies the stream rules (windows, ids, counts) on top. */
+ * is. The relay (net_relay.c) applies the stream rules (windows, ids, counts) on top. The guest's
+ * end of the same wire is guest/src/net_wire_guest.c. */
 #ifndef SBX_NET_WIRE_H
 #define SBX_NET_WIRE_H
 
@@ -8,6 +9,7 @@
 
 #include "frame.h"
 #include "net_protocol.h"
+#include "sbx_err.h"
 
 struct sbx_net_frame {
 	uint8_t type;      /* SBX_NET_MSG_OPEN, _CONNECTED, _DATA, _CREDIT, _SHUTDOWN or _CLOSE */
@@ -17,9 +19,9 @@ struct sbx_net_frame {
 	uint32_t len;
 };
 
-/* 0 and *out filled, or -EPROTO (a type the guest may not send, a bad field, trailing bytes) /
- * -EMSGSIZE (a name or DATA over its limit). */
-int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out);
+/* 0 and *out filled, or, with err saying what the guest got wrong: -EPROTO (a type the guest
+ * may not send, a bad field, trailing bytes) or -EMSGSIZE (a name or DATA over its limit). */
+int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out, struct sbx_err *err);
 
 /* 1 if name is a name the guest may send in OPEN: 1..SBX_NET_NAME_MAX bytes of lowercase ASCII
  * letters, digits, '-' and '.', not starting or ending with '.', no empty label. */

@@ -12,24 +12,18 @@
 #include "net_relay.h"
 #include "py_errors.h"
 
-/* The relay's calls return -errno and name no step themselves: the step is named here, and
- * py_errors.c raises (docs/c-conventions.md). */
-static PyObject *raise_sys(int neg_errno, const char *step)
-{
-	struct sbx_err err = {0};
-	sbx_err_sys(&err, neg_errno, "%s", step);
-	return sbx_raise_err(&err, NULL);
-}
-
 typedef struct {
 	PyObject_HEAD
 	struct sbx_net_ring *ring; /* NULL once closed */
 } NetRingObject;
 
+/* 0, or -1 with ValueError once closed (py_errors.c: EBADF without a failed call). */
 static int check_open(NetRingObject *self)
 {
 	if (!self->ring) {
-		PyErr_SetString(PyExc_ValueError, "I/O operation on closed NetRing");
+		struct sbx_err err = {0};
+		sbx_err_set(&err, -EBADF, "I/O operation on closed NetRing");
+		sbx_raise_err(&err, NULL);
 		return -1;
 	}
 	return 0;
@@ -44,11 +38,11 @@ static PyObject *net_ring_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 	NetRingObject *self = (NetRingObject *)type->tp_alloc(type, 0);
 	if (!self)
 		return NULL;
-	int rc = sbx_net_ring_new(entries, &self->ring);
-	if (rc < 0) {
+	struct sbx_err err = {0};
+	if (sbx_net_ring_new(entries, &self->ring, &err) < 0) {
 		self->ring = NULL;
 		Py_DECREF(self);
-		return raise_sys(rc, "io_uring_queue_init");
+		return sbx_raise_err(&err, NULL);
 	}
 	return (PyObject *)self;
 }
@@ -179,7 +173,8 @@ static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
 	const sbx_module_state *st = PyType_GetModuleState(Py_TYPE(self));
 	if (!st)
 		return NULL;
-	int rc = sbx_net_ring_run(self->ring);
+	struct sbx_err err = {0};
+	int rc = sbx_net_ring_run(self->ring, &err);
 	PyObject *list = PyList_New(0);
 	if (!list)
 		return NULL;
@@ -192,7 +187,7 @@ static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
 	}
 	if (rc < 0) {
 		Py_DECREF(list);
-		return raise_sys(rc, "io_uring_submit");
+		return sbx_raise_err(&err, NULL);
 	}
 	return list;
 }
@@ -201,8 +196,11 @@ static PyObject *net_ring_run(NetRingObject *self, PyObject *unused)
 static int dup_fd(int fd)
 {
 	int copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-	if (copy < 0)
-		raise_sys(-errno, "fcntl(F_DUPFD_CLOEXEC)");
+	if (copy < 0) {
+		struct sbx_err err = {0};
+		sbx_err_sys(&err, -errno, "fcntl(F_DUPFD_CLOEXEC)");
+		sbx_raise_err(&err, NULL);
+	}
 	return copy;
 }
 
@@ -217,10 +215,10 @@ static PyObject *net_ring_add_relay(NetRingObject *self, PyObject *arg)
 	if (copy < 0)
 		return NULL;
 	uint32_t relay;
-	int rc = sbx_net_relay_add(self->ring, copy, &relay);
-	if (rc < 0) {
+	struct sbx_err err = {0};
+	if (sbx_net_relay_add(self->ring, copy, &relay, &err) < 0) {
 		close(copy);
-		return raise_sys(rc, "io_uring_get_sqe");
+		return sbx_raise_err(&err, NULL);
 	}
 	return PyLong_FromUnsignedLong(relay);
 }
@@ -232,7 +230,8 @@ static PyObject *net_ring_close_relay(NetRingObject *self, PyObject *arg)
 	unsigned long relay = PyLong_AsUnsignedLong(arg);
 	if (relay == (unsigned long)-1 && PyErr_Occurred())
 		return NULL;
-	return PyBool_FromLong(sbx_net_relay_close(self->ring, (uint32_t)relay) == 0);
+	struct sbx_err unknown = {0}; /* the one failure: no such relay, the False answer */
+	return PyBool_FromLong(sbx_net_relay_close(self->ring, (uint32_t)relay, &unknown) == 0);
 }
 
 static PyObject *net_ring_open_reply(NetRingObject *self, PyObject *args, PyObject *kwds)
@@ -253,13 +252,11 @@ static PyObject *net_ring_open_reply(NetRingObject *self, PyObject *args, PyObje
 		if (fd < 0 || (copy = dup_fd(fd)) < 0)
 			return NULL;
 	}
+	struct sbx_err err = {0};
 	int rc = sbx_net_open_reply(self->ring, relay, stream, status, reason, (size_t)reason_len,
-				    copy);
-	if (rc == -EINVAL) {
-		PyErr_SetString(PyExc_ValueError, "open_reply: a socket with status 0 only, a "
-						  "known status otherwise");
-		return NULL;
-	}
+				    copy, &err);
+	if (rc < 0 && rc != -ENOENT) /* ENOENT: the stream is gone, the False answer */
+		return sbx_raise_err(&err, NULL);
 	return PyBool_FromLong(rc == 0);
 }
 
@@ -276,9 +273,9 @@ static PyObject *net_ring_connect(NetRingObject *self, PyObject *args)
 	if (fd < 0 || (copy = dup_fd(fd)) < 0)
 		return NULL;
 	uint32_t stream;
-	int rc = sbx_net_connect(self->ring, relay, port, copy, &stream);
-	if (rc < 0)
-		return raise_sys(rc, "sbx_net_connect");
+	struct sbx_err err = {0};
+	if (sbx_net_connect(self->ring, relay, port, copy, &stream, &err) < 0)
+		return sbx_raise_err(&err, NULL);
 	return PyLong_FromUnsignedLong(stream);
 }
 
@@ -288,13 +285,15 @@ static PyObject *net_ring_ingest(NetRingObject *self, PyObject *args)
 	Py_buffer data;
 	if (!PyArg_ParseTuple(args, "Iy*:ingest", &relay, &data))
 		return NULL;
-	int rc = check_open(self) < 0 ? -1
-		 : sbx_net_relay_ingest(self->ring, relay, data.buf, (size_t)data.len);
-	PyBuffer_Release(&data);
-	if (rc == -1 && PyErr_Occurred())
+	if (check_open(self) < 0) {
+		PyBuffer_Release(&data);
 		return NULL;
+	}
+	struct sbx_err err = {0};
+	int rc = sbx_net_relay_ingest(self->ring, relay, data.buf, (size_t)data.len, &err);
+	PyBuffer_Release(&data);
 	if (rc < 0)
-		return raise_sys(rc, "sbx_net_relay_ingest");
+		return sbx_raise_err(&err, NULL);
 	Py_RETURN_NONE;
 }
 

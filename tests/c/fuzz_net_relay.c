@@ -26,6 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 	} while (0)
 
 static struct sbx_net_ring *ring;
+static struct sbx_err E; /* the calls' explanations; the target checks their codes */
 static int peers[SBX_NET_STREAMS_MAX];
 static size_t n_peers;
 
@@ -54,7 +55,7 @@ static void drain_events(uint32_t relay)
 				else
 					close(sv[1]);
 				int rc = sbx_net_open_reply(ring, relay, ev.stream, SBX_NET_OK, NULL, 0,
-							    sv[0]);
+							    sv[0], &E);
 				REQUIRE(rc == 0 || rc == -ENOENT);
 			}
 		}
@@ -63,7 +64,7 @@ static void drain_events(uint32_t relay)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	if (!ring && sbx_net_ring_new(512, &ring) < 0)
+	if (!ring && sbx_net_ring_new(512, &ring, &E) < 0)
 		__builtin_trap();
 	if (size < 2)
 		return 0;
@@ -74,23 +75,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return 0;
 	uint32_t relay;
-	REQUIRE(sbx_net_relay_add(ring, sv[0], &relay) == 0);
+	REQUIRE(sbx_net_relay_add(ring, sv[0], &relay, &E) == 0);
 	size_t off = 0;
 	while (off < size) {
 		seed = seed * 1103515245u + 12345u;
 		size_t n = 1 + (seed >> 8) % (SBX_NET_FRAME_MAX + 12u); /* one port read at most */
 		if (n > size - off)
 			n = size - off;
-		REQUIRE(sbx_net_relay_ingest(ring, relay, data + off, n) == 0);
-		sbx_net_ring_run(ring);
+		REQUIRE(sbx_net_relay_ingest(ring, relay, data + off, n, &E) == 0);
+		sbx_net_ring_run(ring, &E);
 		drain_events(relay);
 		off += n;
 	}
 	close_peers(); /* stalled sends end (EPIPE) */
-	REQUIRE(sbx_net_relay_close(ring, relay) == 0);
+	REQUIRE(sbx_net_relay_close(ring, relay, &E) == 0);
 	close(sv[1]);
 	for (int i = 0; i < 1000 && sbx_net_ring_live(ring) > 0; i++) {
-		sbx_net_ring_run(ring);
+		sbx_net_ring_run(ring, &E);
 		drain_events(relay);
 		close_peers(); /* of OPENs drained after the close */
 		if (sbx_net_ring_live(ring) > 0)

@@ -21,6 +21,8 @@ struct guest {
 };
 
 static struct sbx_net_ring *ring;
+/* Where a call's error goes when the test does not look at its explanation. */
+static struct sbx_err E;
 
 /* Run the ring until it has nothing more to do for a while (its work here is local socketpairs:
  * a few milliseconds of quiet mean it is done). */
@@ -30,7 +32,7 @@ static void pump(void)
 		struct pollfd p = {sbx_net_ring_fd(ring), POLLIN, 0};
 		if (poll(&p, 1, 5) <= 0 && i > 1)
 			return;
-		CHECK_EQ(sbx_net_ring_run(ring), 0);
+		CHECK_EQ(sbx_net_ring_run(ring, &E), 0);
 	}
 }
 
@@ -119,11 +121,11 @@ static uint32_t start(struct guest *g)
 {
 	int sv[2];
 	uint32_t relay = 0;
-	CHECK_EQ(sbx_net_ring_new(256, &ring), 0);
+	CHECK_EQ(sbx_net_ring_new(256, &ring, &E), 0);
 	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	g->fd = sv[1];
 	sbx_reader_init(&g->in, 1u << 20);
-	CHECK_EQ(sbx_net_relay_add(ring, sv[0], &relay), 0);
+	CHECK_EQ(sbx_net_relay_add(ring, sv[0], &relay, &E), 0);
 	CHECK(relay != 0);
 	return relay;
 }
@@ -174,7 +176,7 @@ static void test_open_is_an_event_and_bytes_flow_both_ways(void)
 	/* Bytes the guest sends before OPENED are kept (within the window) and delivered. */
 	guest_send(&g, SBX_NET_MSG_DATA, 7, "early ", 6);
 	pump();
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 7, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 7, SBX_NET_OK, NULL, 0, peer_pair(&peer), &E), 0);
 	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
 	CHECK_EQ(f.type, SBX_NET_MSG_OPENED);
 	CHECK_EQ(u32_at(f.payload), SBX_NET_OK);
@@ -237,7 +239,7 @@ static void test_refusal_is_answered_with_status_and_reason(void)
 
 	guest_open(&g, 3, "evil.example", 80);
 	CHECK_EQ(next_event(&ev), 1);
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "not allowed", 11, -1), 0);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "not allowed", 11, -1, &E), 0);
 	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1);
 	CHECK_EQ(f.type, SBX_NET_MSG_OPENED);
 	CHECK_EQ(f.id, 3);
@@ -246,7 +248,7 @@ static void test_refusal_is_answered_with_status_and_reason(void)
 	CHECK(memcmp(f.payload + 8, "not allowed", 11) == 0);
 	CHECK_EQ(sbx_net_ring_live(ring), 1);
 	/* Answering twice, or for a stream that never was, is -ENOENT. */
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "x", 1, -1), -ENOENT);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 3, SBX_NET_REFUSED_POLICY, "x", 1, -1, &E), -ENOENT);
 	stop(&g);
 }
 
@@ -277,8 +279,8 @@ static void test_window_overrun_kills_the_relay(void)
 		guest_send(&g, SBX_NET_MSG_DATA, 1, chunk, SBX_NET_DATA_MAX);
 	guest_send(&g, SBX_NET_MSG_DATA, 1, chunk, SBX_NET_WINDOW % SBX_NET_DATA_MAX + 1);
 	expect_violation(&g, "window");
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 1, SBX_NET_OK, NULL, 0, dup(0)), -ENOENT);
-	CHECK_EQ(sbx_net_relay_close(ring, relay), 0);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 1, SBX_NET_OK, NULL, 0, dup(0), &E), -ENOENT);
+	CHECK_EQ(sbx_net_relay_close(ring, relay, &E), 0);
 	pump();
 	CHECK_EQ(sbx_net_ring_live(ring), 0);
 	stop(&g);
@@ -299,7 +301,7 @@ static uint32_t start_with_host_stream(struct guest *g, int *peer, uint32_t *str
 {
 	uint32_t relay = start(g);
 	*stream = 0;
-	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(peer), stream), 0);
+	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(peer), stream, &E), 0);
 	return relay;
 }
 
@@ -374,7 +376,7 @@ static void test_credit_beyond_sent_kills_the_relay(void)
 	int peer;
 	guest_open(&g, 5, "a.example", 80);
 	CHECK_EQ(next_event(&ev), 1);
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 5, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 5, SBX_NET_OK, NULL, 0, peer_pair(&peer), &E), 0);
 	guest_u32(&g, SBX_NET_MSG_CREDIT, 5, 1);
 	expect_violation(&g, "credit");
 	/* The relay reset the stream: the peer sees the end. */
@@ -436,7 +438,7 @@ static void test_guest_refusing_connect_ends_the_stream(void)
 	struct sbx_net_event ev;
 	int peer;
 	uint32_t stream = 0;
-	CHECK_EQ(sbx_net_connect(ring, relay, 9, peer_pair(&peer), &stream), 0);
+	CHECK_EQ(sbx_net_connect(ring, relay, 9, peer_pair(&peer), &stream, &E), 0);
 	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_CONNECT_FAILED);
 	CHECK_EQ(next_event(&ev), 1);
 	CHECK_EQ(ev.kind, SBX_NET_EV_CONNECTED);
@@ -458,7 +460,7 @@ static void test_guest_close_after_data_still_delivers_the_data(void)
 	int peer;
 	uint32_t stream = 0;
 	/* A guest server that writes its answer and closes at once (an exposed port's reply). */
-	CHECK_EQ(sbx_net_connect(ring, relay, 7000, peer_pair(&peer), &stream), 0);
+	CHECK_EQ(sbx_net_connect(ring, relay, 7000, peer_pair(&peer), &stream, &E), 0);
 	guest_u32(&g, SBX_NET_MSG_CONNECTED, stream, SBX_NET_OK);
 	guest_send(&g, SBX_NET_MSG_DATA, stream, "bye now", 7);
 	guest_u32(&g, SBX_NET_MSG_CLOSE, stream, SBX_NET_CLOSE_DONE);
@@ -490,10 +492,10 @@ static void test_port_eof_is_reported_and_close_frees_everything(void)
 	g.fd = -1;
 	CHECK_EQ(next_event(&ev), 1);
 	CHECK_EQ(ev.kind, SBX_NET_EV_PORT_CLOSED);
-	CHECK_EQ(sbx_net_relay_close(ring, relay), 0);
+	CHECK_EQ(sbx_net_relay_close(ring, relay, &E), 0);
 	pump();
 	CHECK_EQ(sbx_net_ring_live(ring), 0);
-	CHECK_EQ(sbx_net_relay_close(ring, relay), -ENOENT);
+	CHECK_EQ(sbx_net_relay_close(ring, relay, &E), -ENOENT);
 	stop(&g);
 }
 
@@ -507,7 +509,7 @@ static void test_bulk_transfer_respects_windows(void)
 	int peer;
 	guest_open(&g, 2, "a.example", 80);
 	CHECK_EQ(next_event(&ev), 1);
-	CHECK_EQ(sbx_net_open_reply(ring, relay, 2, SBX_NET_OK, NULL, 0, peer_pair(&peer)), 0);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 2, SBX_NET_OK, NULL, 0, peer_pair(&peer), &E), 0);
 	CHECK_EQ(guest_recv(&g, &f, buf, sizeof(buf)), 1); /* OPENED */
 	/* The peer writes two windows without the guest crediting: the relay stops at one. */
 	static uint8_t big[2u * SBX_NET_WINDOW + 4096u];
@@ -535,6 +537,109 @@ static void test_bulk_transfer_respects_windows(void)
 	stop(&g);
 }
 
+/* The decoder's refusals: the code and what the guest got wrong, the reason its relay dies. */
+static void test_decoder_refusals_say_why(void)
+{
+	static const uint8_t port0_name[] = {0, 0, 0, 0, 1, 0, 0, 0, 'a'};
+	static const uint8_t port80_upper[] = {80, 0, 0, 0, 1, 0, 0, 0, 'A'};
+	static const uint8_t port80_long[] = {80, 0, 0, 0, 0xff, 0, 0, 0};
+	static const uint8_t status9[] = {9, 0, 0, 0};
+	static const uint8_t credit0[] = {0, 0, 0, 0};
+	static const uint8_t close2[] = {2, 0, 0, 0};
+	static const uint8_t five[] = {0, 0, 0, 0, 0};
+	static const struct {
+		uint8_t type;
+		uint32_t id;
+		const uint8_t *p;
+		uint32_t n;
+		int rc;
+		const char *says;
+	} cases[] = {
+		{SBX_NET_MSG_SHUTDOWN, 0, NULL, 0, -EPROTO, "stream id 0"},
+		{SBX_NET_MSG_OPEN, 0x80000001u, port0_name, 9, -EPROTO, "host stream id"},
+		{SBX_NET_MSG_OPEN, 1, port0_name, 3, -EPROTO, "OPEN port truncated"},
+		{SBX_NET_MSG_OPEN, 1, port0_name, 9, -EPROTO, "OPEN port 0 out of 1..65535"},
+		{SBX_NET_MSG_OPEN, 1, port80_upper, 9, -EPROTO, "not a lowercase DNS name"},
+		{SBX_NET_MSG_OPEN, 1, port80_long, 8, -EMSGSIZE, "OPEN name over 253 bytes"},
+		{SBX_NET_MSG_OPEN, 1, port80_upper, 6, -EPROTO, "OPEN name truncated"},
+		{SBX_NET_MSG_CONNECTED, 1, status9, 4, -EPROTO, "guest stream id"},
+		{SBX_NET_MSG_CONNECTED, 0x80000001u, status9, 4, -EPROTO, "status 9 unknown"},
+		{SBX_NET_MSG_DATA, 1, NULL, 0, -EPROTO, "empty DATA"},
+		{SBX_NET_MSG_CREDIT, 1, credit0, 4, -EPROTO, "CREDIT of 0 bytes"},
+		{SBX_NET_MSG_CLOSE, 1, close2, 4, -EPROTO, "CLOSE code 2 unknown"},
+		{SBX_NET_MSG_CLOSE, 1, five, 5, -EPROTO, "1 trailing bytes"},
+		{SBX_NET_MSG_OPENED, 1, credit0, 4, -EPROTO, "not a guest -> host type"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct sbx_frame f = {cases[i].type, cases[i].id, cases[i].p, cases[i].n};
+		struct sbx_net_frame out;
+		struct sbx_err err = {0};
+		CHECK_EQ(sbx_net_decode(&f, &out, &err), cases[i].rc);
+		CHECK_EQ(err.code, -cases[i].rc);
+		CHECK_EQ(err.syscall, 0);
+		if (!strstr(err.msg, cases[i].says)) {
+			fprintf(stderr, "case %zu: \"%s\" does not say \"%s\"\n", i, err.msg,
+				cases[i].says);
+			CHECK(0);
+		}
+	}
+	/* DATA over its limit, and a payload over the port's. */
+	static uint8_t big[SBX_NET_FRAME_MAX + 1];
+	struct sbx_frame f = {SBX_NET_MSG_DATA, 1, big, SBX_NET_DATA_MAX + 1};
+	struct sbx_net_frame out;
+	struct sbx_err err = {0};
+	CHECK_EQ(sbx_net_decode(&f, &out, &err), -EMSGSIZE);
+	CHECK(strstr(err.msg, "DATA of") != NULL);
+	f.payload_len = SBX_NET_FRAME_MAX + 1;
+	CHECK_EQ(sbx_net_decode(&f, &out, &err), -EMSGSIZE);
+	CHECK(strstr(err.msg, "payload of") != NULL);
+	/* A good one leaves err alone. */
+	sbx_err_clear(&err);
+	static const uint8_t open80[] = {80, 0, 0, 0, 1, 0, 0, 0, 'a'};
+	f = (struct sbx_frame){SBX_NET_MSG_OPEN, 1, open80, sizeof(open80)};
+	CHECK_EQ(sbx_net_decode(&f, &out, &err), 0);
+	CHECK_EQ(err.code, 0);
+	CHECK(out.value == 80 && out.len == 1 && out.data[0] == 'a');
+}
+
+/* What the relay's calls refuse, each with its code and an explanation (py_errors.c turns them
+ * into the Python exceptions NetRing documents). */
+static void test_calls_explain_their_refusals(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	struct sbx_err err = {0};
+	uint32_t stream = 0;
+	int peer;
+	CHECK_EQ(sbx_net_connect(ring, relay, 0, peer_pair(&peer), &stream, &err), -EINVAL);
+	CHECK(err.code == EINVAL && !err.syscall && strstr(err.msg, "1..65535"));
+	close(peer);
+	CHECK_EQ(sbx_net_connect(ring, relay + 1, 80, peer_pair(&peer), &stream, &err), -ENOENT);
+	CHECK(err.code == ENOENT && strstr(err.msg, "has ended"));
+	close(peer);
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 1, SBX_NET_OK, NULL, 0, -1, &err), -EINVAL);
+	CHECK(err.code == EINVAL && strstr(err.msg, "status 0 only"));
+	CHECK_EQ(sbx_net_open_reply(ring, relay, 1, SBX_NET_REFUSED_POLICY, "x", 1, -1, &err),
+		 -ENOENT);
+	CHECK(err.code == ENOENT && strstr(err.msg, "stream 1 of relay"));
+	static uint8_t big[SBX_NET_FRAME_MAX + SBX_FRAME_HEADER_SIZE + 1];
+	CHECK_EQ(sbx_net_relay_ingest(ring, relay, big, sizeof(big), &err), -EINVAL);
+	CHECK(err.code == EINVAL && strstr(err.msg, "one maximal frame"));
+	CHECK_EQ(sbx_net_relay_ingest(ring, relay + 1, big, 1, &err), -ENOENT);
+	CHECK_EQ(sbx_net_relay_close(ring, relay + 1, &err), -ENOENT);
+	CHECK(err.code == ENOENT && strstr(err.msg, "no relay"));
+	/* The table full of host streams: EBUSY, what Python logs as too many streams. */
+	int peers[SBX_NET_STREAMS_MAX];
+	for (unsigned i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peers[i]), &stream, &E), 0);
+	CHECK_EQ(sbx_net_connect(ring, relay, 8000, peer_pair(&peer), &stream, &err), -EBUSY);
+	CHECK(err.code == EBUSY && strstr(err.msg, "streams open"));
+	close(peer);
+	for (unsigned i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		close(peers[i]);
+	stop(&g);
+}
+
 int main(void)
 {
 	RUN(test_open_is_an_event_and_bytes_flow_both_ways);
@@ -549,5 +654,7 @@ int main(void)
 	RUN(test_guest_close_after_data_still_delivers_the_data);
 	RUN(test_port_eof_is_reported_and_close_frees_everything);
 	RUN(test_bulk_transfer_respects_windows);
+	RUN(test_decoder_refusals_say_why);
+	RUN(test_calls_explain_their_refusals);
 	TEST_MAIN_END("test_net_relay");
 }
