@@ -2,7 +2,7 @@
 host is shared and noisy: only ratios within one run mean something):
 
 - pipe: the parent's stream QEMU to QEMU into a receiver started while the parent runs
-  (session_snapshots.fork_vms for one copy);
+  (snapshots/forks.py fork_vms for one copy);
 - file: the parent's stream saved to a file, then loaded into a new VM with private RAM (the
   save and load a fork did before, without its template).
 
@@ -25,7 +25,7 @@ from session_snapshots import DATA, config  # noqa: E402
 
 from exec_sandbox import Scheduler  # noqa: E402
 from exec_sandbox.vm import migration  # noqa: E402
-from exec_sandbox.snapshots import sessions as snapshots  # noqa: E402
+from exec_sandbox.snapshots import forks  # noqa: E402
 from exec_sandbox.vm.guest import GuestVm  # noqa: E402
 
 TIMEOUT = 60.0
@@ -33,7 +33,7 @@ TIMEOUT = 60.0
 
 async def by_pipe(vm: GuestVm) -> tuple[float, float]:
     started = time.perf_counter()
-    copy = (await snapshots.fork_vms(vm, 1, Path("/nonexistent"), timeout=TIMEOUT))[0]
+    copy = (await forks.fork_vms(vm, 1, Path("/nonexistent"), timeout=TIMEOUT))[0]
     took = (time.perf_counter() - started) * 1000
     stream = copy.restore_seconds * 1000
     await copy.aclose()
@@ -46,7 +46,7 @@ async def by_file(vm: GuestVm, work: Path) -> tuple[float, float]:
     saved = time.perf_counter()
     await migration.cont(vm)
     await vm.reseed()
-    copy = await snapshots.load_vm(vm.spec, str(work / "full"), registry=None, timeout=TIMEOUT)
+    copy = await forks.load_vm(vm.spec, str(work / "full"), registry=None, timeout=TIMEOUT)
     took = (time.perf_counter() - started) * 1000
     (work / "full").unlink()
     await copy.aclose()
@@ -67,7 +67,7 @@ async def main() -> None:
             for _ in range(args.runs):
                 took, stream = await by_pipe(session.vm)
                 pipe.append(took)
-                with sched._session_store.build_dir() as work:
+                async with sched._paused.store.build_dir() as work:
                     took_file, save = await by_file(session.vm, work)
                 file.append(took_file)
                 print(f"pipe {took:6.0f} ms (stream {stream:4.0f})   "

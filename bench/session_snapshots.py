@@ -100,7 +100,7 @@ async def timings(root: Path, runs: int) -> None:
             assert (await child.exec("print(blob[4096])")).stdout == f"{4096 % 251}\n"
             await child.close()
             await resumed.close()
-            sched.delete_snapshot(snapshot)
+            await sched.delete_snapshot(snapshot)
     print("fork(1) by step:")
     STEPS.report()
     print(f"state on disk: {sum(sizes) / len(sizes) / 1e6:.0f} MB")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import percentile, summary  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.snapshots.l1 import _data_ranges, _memfd_digest, _sealed_copy  # noqa: E402
+from exec_sandbox.snapshots.ram import _data_ranges, _memfd_digest, _sealed_copy  # noqa: E402
 
 
 async def build_template(cache: Path, language: str) -> Path:

@@ -33,7 +33,10 @@ from .models import (
     TimingBreakdown,
 )
 from .network.names import NetworkValidationError
+from .protocols import SandboxScheduler, SandboxSession
+from .request import RunOptions, RunRequest
 from .scheduler import Scheduler
+from .session import Session
 
 __all__ = [
     "CodeValidationError",
@@ -53,9 +56,14 @@ __all__ = [
     "PackagesReport",
     "PermanentError",
     "PortMapping",
+    "RunOptions",
+    "RunRequest",
     "SandboxError",
+    "SandboxScheduler",
+    "SandboxSession",
     "Scheduler",
     "SchedulerConfig",
+    "Session",
     "SessionClosedError",
     "SessionSnapshot",
     "SnapshotError",

@@ -4,53 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import Unpack
 
 from . import _logging, limits
-from .provisioning.admission import Admission, Budget
 from .config import SchedulerConfig
-from .errors import SandboxError, SnapshotError, VmConfigError
+from .errors import InputValidationError, SandboxError
+from .models import ExecutionResult, Language, SessionSnapshot, TimingBreakdown
+from .network.attach import NetworkSetup
+from .network.hub import NetworkHub
+from .packages.layer import PackageLayer
+from .packages.specs import validate_packages
+from .provisioning.admission import Admission, Budget
+from .provisioning.lease import Lease
+from .provisioning.pool import PooledVm, WarmPool
+from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
+from .request import Callbacks, RunOptions, RunRequest
+from .results import shape_result
+from .session import Session, SessionHooks
+from .snapshots.service import Adoption, SessionSnapshotService
+from .snapshots.sessions import SessionSnapshotStore
+from .validation import validate_language, validate_memory
 from .vm.execution import ExecRequest, OutputCallback
 from .vm.guest import GuestVm
 from .vm.jail import usage_figures
-from .provisioning.lease import Lease
-from .models import (
-    ExecutionResult,
-    Language,
-    PackagesReport,
-    PortMapping,
-    SessionSnapshot,
-    TimingBreakdown,
-)
-from .network import parse_network_request
-from .network.hub import NetworkHub
-from .network.attach import NetworkSetup
-from .packages.layer import PackageLayer
-from .provisioning.pool import PooledVm, WarmPool
-from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
 from .vm.process import wait_released
-from .results import shape_result
-from .session import Session, SessionHooks
-from .snapshots.sessions import (
-    SessionSnapshotStore,
-    check_id,
-    check_machine,
-    fork_vms,
-    load_vm,
-    save_session,
-)
-from .validation import (
-    validate_code,
-    validate_env,
-    validate_language,
-    validate_memory,
-    validate_timeout,
-)
 from .vm.registry import VmRegistry
 
 log = logging.getLogger("exec_sandbox")
@@ -96,16 +77,24 @@ class Scheduler:
         self._foreground = Foreground()
         self._provisioner = Provisioner(self.config, self._admission, self._registry,
                                         self._foreground, _vm_factory)  # fmt: skip
-        self._session_store = SessionSnapshotStore(
-            self.config.memory_snapshot_cache_dir / "sessions",
-            ttl_seconds=self.config.session_snapshot_ttl_seconds,
-            max_bytes=self.config.session_snapshot_max_mb << 20,
-        )
+        self._paused = SessionSnapshotService(
+            SessionSnapshotStore(
+                self.config.memory_snapshot_cache_dir / "sessions",
+                ttl_seconds=self.config.session_snapshot_ttl_seconds,
+                max_bytes=self.config.session_snapshot_max_mb << 20,
+            ),
+            self._admission, self._provisioner, self._registry, self._leases,
+            self._adopt_session, self._check_open,
+        )  # fmt: skip
         # The pool gets its VMs from provisioning, never from the scheduler.
         self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, VCPUS,
                               self._admission, self._provisioner.start_pool_vm,
                               self._foreground.wait_quiet)  # fmt: skip
         self._admission.set_reclaim(self._pool.reclaim_one)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("the scheduler is closed")
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -186,7 +175,9 @@ class Scheduler:
         booted. False when snapshots are off or could not be built (the reason is logged)."""
         language = validate_language(language)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
-        specs = self._provisioner.packages_of(language, packages)
+        requested = validate_packages(packages, language,
+                                      strict=self.config.enable_package_validation)  # fmt: skip
+        specs = self._provisioner.packages_of(language, requested)
         await self.start()
         return await self._provisioner.prepare_snapshot(language, memory, specs)
 
@@ -197,23 +188,8 @@ class Scheduler:
         so that its build is published rather than cancelled by close() (`sbx run` does)."""
         return await self._provisioner.wait_snapshots(timeout)
 
-    async def run(
-        self,
-        code: str,
-        *,
-        language: Language = "python",
-        packages: Sequence[str] | None = None,
-        timeout_seconds: int | None = None,
-        memory_mb: int | None = None,
-        allow_network: bool = False,
-        allowed_domains: Sequence[str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
-        expose_ports: Sequence[int | PortMapping] | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_boot_log: OutputCallback | None = None,
-    ) -> ExecutionResult:
-        """Run `code` in a fresh VM that is destroyed afterwards.
+    async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
+        """Run `code` in a fresh VM that is destroyed afterwards (options: request.RunOptions).
 
         Returns the result for any exit of the code (0, n, 128+signal, -1 on timeout). Raises
         InputValidationError for bad input (before any VM starts), OutputLimitError when the
@@ -222,29 +198,28 @@ class Scheduler:
         infrastructure failures.
         """
         started = time.monotonic()
-        language = validate_language(language)
-        code_bytes = validate_code(code)
-        timeout = (
-            self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
-        )
-        timeout_ms = validate_timeout(timeout)
-        memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
-        env = validate_env(env_vars)
-        specs = self._provisioner.packages_of(language, packages)
-        net_request = parse_network_request(allow_network, allowed_domains, expose_ports)
-        if self._closed:
-            raise SandboxError("the scheduler is closed")
+        request = RunRequest.make(options, self.config, code=code)
+        return await self.run_request(request, Callbacks.of(options), started=started)
+
+    async def run_request(self, request: RunRequest, callbacks: Callbacks = Callbacks(), *,
+                          started: float | None = None) -> ExecutionResult:  # fmt: skip
+        """run() of a request made already (the cluster's hosts get requests, not options)."""
+        started = time.monotonic() if started is None else started
+        if request.code is None:
+            raise InputValidationError("run() needs code")
+        specs = self._provisioner.packages_of(request.packages_language, request.packages)
+        self._check_open()
         await self.start()
         at = time.monotonic()
-        layer = await self._provisioner.layer_for(language, specs, on_boot_log)
+        layer = await self._provisioner.layer_for(request.packages_language, specs,
+                                                  callbacks.on_boot_log)  # fmt: skip
         packages_ms = _ms(time.monotonic() - at)
-        net = None if net_request is None else await NetworkSetup.prepare(net_request, self.config)
-
+        net = None
+        if request.network is not None:
+            net = await NetworkSetup.prepare(request.network, self.config)
         try:
             with self._foreground.busy():
-                result = await self._run(code_bytes, language, timeout, timeout_ms, memory, env,
-                                         net, layer, started, on_stdout, on_stderr,
-                                         on_boot_log)  # fmt: skip
+                result = await self._run(request, callbacks, net, layer, started)
         finally:
             if net is not None:
                 net.discard()
@@ -253,13 +228,12 @@ class Scheduler:
         return replace(result, packages=layer.report,
                        timing=replace(result.timing, packages_ms=packages_ms))  # fmt: skip
 
-    async def _run(self, code_bytes: bytes, language: Language, timeout: int, timeout_ms: int,
-                   memory: int, env: list[tuple[bytes, bytes]], net: NetworkSetup | None,
-                   layer: PackageLayer | None, started: float, on_stdout: OutputCallback | None,
-                   on_stderr: OutputCallback | None,
-                   on_boot_log: OutputCallback | None) -> ExecutionResult:  # fmt: skip
-        lease, phases = await self._acquire_lease(language, memory, net is not None, layer,
-                                                  on_boot_log)  # fmt: skip
+    async def _run(self, request: RunRequest, callbacks: Callbacks, net: NetworkSetup | None,
+                   layer: PackageLayer | None, started: float) -> ExecutionResult:  # fmt: skip
+        assert request.code is not None
+        lease, phases = await self._acquire_lease(request.language, request.memory_mb,
+                                                  net is not None, layer,
+                                                  callbacks.on_boot_log)  # fmt: skip
         vm = lease.vm
         exposed = [] if net is None else net.exposed
         try:
@@ -270,14 +244,14 @@ class Scheduler:
             ready_at = time.monotonic()
             outcome = await vm.execute(
                 ExecRequest(
-                    language=language,
-                    code=code_bytes,
-                    timeout_ms=timeout_ms,
-                    env=env,
+                    language=request.language,
+                    code=request.code,
+                    timeout_ms=request.timeout_ms,
+                    env=request.wire_env,
                     stdout_limit=limits.STDOUT_LIMIT_BYTES,
                     stderr_limit=limits.STDERR_LIMIT_BYTES,
-                    on_stdout=on_stdout,
-                    on_stderr=on_stderr,
+                    on_stdout=callbacks.on_stdout,
+                    on_stderr=callbacks.on_stderr,
                 )
             )
             done_at = time.monotonic()
@@ -297,7 +271,7 @@ class Scheduler:
 
         return shape_result(
             outcome,
-            timeout_seconds=timeout,
+            timeout_seconds=request.timeout_seconds,
             in_session=False,
             timing=TimingBreakdown(
                 setup_ms=max(0, setup_ms),
@@ -322,47 +296,36 @@ class Scheduler:
             self._network_hub = NetworkHub(asyncio.get_running_loop())
         return self._network_hub
 
-    async def session(
-        self,
-        *,
-        language: Language = "python",
-        packages: Sequence[str] | None = None,
-        timeout_seconds: int | None = None,
-        memory_mb: int | None = None,
-        allow_network: bool = False,
-        allowed_domains: Sequence[str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
-        expose_ports: Sequence[int | PortMapping] | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_boot_log: OutputCallback | None = None,
-        _packages_language: Language | None = None,
-    ) -> Session:
-        """Start a VM for a stateful session (see session.py): an idle warm-pool VM, a clone
-        of the L1 snapshot or a cold boot, like run(). The session holds its admission ticket
-        until it is closed; timeout_seconds, env_vars and the callbacks are defaults for each
-        exec(). The REPL starts only after the restore and its RESEED (never in a snapshot).
+    async def session(self, *, _packages_language: Language | None = None,
+                      **options: Unpack[RunOptions]) -> Session:  # fmt: skip
+        """Start a VM for a stateful session (see session.py; options: request.RunOptions): an
+        idle warm-pool VM, a clone of the L1 snapshot or a cold boot, like run(). The session
+        holds its admission ticket until it is closed; timeout_seconds, env_vars and the
+        callbacks are defaults for each exec(). The REPL starts only after the restore and its
+        RESEED (never in a snapshot).
 
         `_packages_language` (for integrations): the packages are of that language, not the
         session's; a shell session (raw) can so get python packages for the `python3` it runs."""
-        language = validate_language(language)
-        timeout = self.config.default_timeout_seconds if timeout_seconds is None else timeout_seconds
-        validate_timeout(timeout)
-        memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
-        validate_env(env_vars)
-        packages_language = language if _packages_language is None else validate_language(_packages_language)
-        specs = self._provisioner.packages_of(packages_language, packages)
-        net_request = parse_network_request(allow_network, allowed_domains, expose_ports)
-        if self._closed:
-            raise SandboxError("the scheduler is closed")
-        await self.start()
-        layer = await self._provisioner.layer_for(packages_language, specs, on_boot_log)
-        net = None if net_request is None else await NetworkSetup.prepare(net_request, self.config)
+        request = RunRequest.make(options, self.config, code=None,
+                                  packages_language=_packages_language)  # fmt: skip
+        return await self.session_request(request, Callbacks.of(options))
 
+    async def session_request(self, request: RunRequest,
+                              callbacks: Callbacks = Callbacks()) -> Session:  # fmt: skip
+        """session() of a request made already (the cluster's hosts get requests)."""
+        specs = self._provisioner.packages_of(request.packages_language, request.packages)
+        self._check_open()
+        await self.start()
+        layer = await self._provisioner.layer_for(request.packages_language, specs,
+                                                  callbacks.on_boot_log)  # fmt: skip
+        net = None
+        if request.network is not None:
+            net = await NetworkSetup.prepare(request.network, self.config)
         try:
             with self._foreground.busy():
-                lease, phases = await self._acquire_lease(language, memory, net is not None,
-                                                          layer, on_boot_log)  # fmt: skip
+                lease, phases = await self._acquire_lease(request.language, request.memory_mb,
+                                                          net is not None, layer,
+                                                          callbacks.on_boot_log)  # fmt: skip
             if net is not None:
                 try:
                     await net.attach(self._hub(), lease.vm)
@@ -372,12 +335,12 @@ class Scheduler:
         finally:
             if net is not None:
                 net.discard()
-        session = self._adopt_session(
-            lease, language=language, timeout=timeout, env=env_vars, on_stdout=on_stdout,
-            on_stderr=on_stderr, boot_ms=phases.boot_ms + phases.restore_ms,
-            warm_pool_hit=phases.pool_hit, l1_cache_hit=phases.l1_hit,
-            packages=None if layer is None else layer.report,
-        )  # fmt: skip
+        session = self._adopt_session(lease, Adoption(
+            language=request.language, timeout=request.timeout_seconds, env=request.env,
+            on_stdout=callbacks.on_stdout, on_stderr=callbacks.on_stderr,
+            boot_ms=phases.boot_ms + phases.restore_ms, warm_pool_hit=phases.pool_hit,
+            l1_cache_hit=phases.l1_hit, packages=None if layer is None else layer.report,
+        ))  # fmt: skip
         try:
             await session.start_repl()
         except BaseException:
@@ -385,33 +348,30 @@ class Scheduler:
             raise
         return session
 
-    def _adopt_session(self, lease: Lease[GuestVm], *, language: Language, timeout: float,
-                       env: Mapping[str, str] | None, on_stdout: OutputCallback | None,
-                       on_stderr: OutputCallback | None, boot_ms: int = 0,
-                       warm_pool_hit: bool = False, l1_cache_hit: bool = False,
-                       packages: PackagesReport | None = None, exec_count: int = 0) -> Session:  # fmt: skip
-        """A Session owning lease (its VM and admission ticket, released when it closes)."""
+    def _adopt_session(self, lease: Lease[GuestVm], adoption: Adoption) -> Session:
+        """A registered Session owning lease (its VM and admission ticket, released when it
+        closes): an opened, resumed or forked one."""
         session = Session(
             lease,
-            language=language,
-            default_timeout_seconds=timeout,
-            default_env=env,
-            on_stdout=on_stdout,
-            on_stderr=on_stderr,
+            language=adoption.language,
+            default_timeout_seconds=adoption.timeout,
+            default_env=adoption.env,
+            on_stdout=adoption.on_stdout,
+            on_stderr=adoption.on_stderr,
             idle_timeout_seconds=self.config.session_idle_timeout_seconds,
             on_close=self._sessions.discard,
-            boot_ms=boot_ms,
-            warm_pool_hit=warm_pool_hit,
-            l1_cache_hit=l1_cache_hit,
-            packages=packages,
-            hooks=SessionHooks(pause=self._pause_session, fork=self._fork_session,
+            boot_ms=adoption.boot_ms,
+            warm_pool_hit=adoption.warm_pool_hit,
+            l1_cache_hit=adoption.l1_cache_hit,
+            packages=adoption.packages,
+            hooks=SessionHooks(pause=self._paused.pause, fork=self._paused.fork,
                                pause_when_idle=self.config.session_idle_action == "pause"),
-            exec_count=exec_count,
+            exec_count=adoption.exec_count,
         )
         self._sessions.add(session)
         return session
 
-    # --- paused and forked sessions (session_snapshots.py) ---
+    # --- paused and forked sessions: snapshots/service.py owns them ---
 
     async def resume(self, snapshot_id: str | SessionSnapshot, *,
                      on_stdout: OutputCallback | None = None,
@@ -419,113 +379,15 @@ class Scheduler:
         """A live Session from a paused one (`Session.pause()`), with its variables, imports,
         cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Raises
         SnapshotError for an unknown, damaged or foreign snapshot (other images or QEMU)."""
-        snapshot_id = check_id(snapshot_id)
-        if self._closed:
-            raise SandboxError("the scheduler is closed")
-        await self.start()
-        loop = asyncio.get_running_loop()
-        meta = self._session_store.load(snapshot_id)
-        layer = await self._snapshot_layer(meta)
-        spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
-        check_machine(meta, spec)
-        settings = meta["session"]
-        at = 0.0
+        return await self._paused.resume(snapshot_id, on_stdout=on_stdout, on_stderr=on_stderr)
 
-        async def load() -> GuestVm:
-            nonlocal at
-            state = await loop.run_in_executor(None, self._session_store.open_verified,
-                                               snapshot_id, meta)  # fmt: skip
-            try:
-                at = time.monotonic()
-                return await load_vm(spec, f"/proc/self/fd/{state}", registry=self._registry,
-                                     timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
-            finally:
-                os.close(state)
-
-        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
-        lease = await Lease.acquire(ticket, load, self._leases)
-        return self._adopt_session(
-            lease, language=meta["language"], timeout=settings["timeout"],
-            env=settings["env"], on_stdout=on_stdout, on_stderr=on_stderr,
-            boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True,
-            packages=None if layer is None else layer.report, exec_count=settings["exec_count"],
-        )  # fmt: skip
-
-    def snapshots(self) -> list[SessionSnapshot]:
+    async def snapshots(self) -> list[SessionSnapshot]:
         """The paused sessions on disk (this user's, every process's), oldest first."""
-        return self._session_store.entries()
+        return await self._paused.snapshots()
 
-    def delete_snapshot(self, snapshot_id: str | SessionSnapshot) -> bool:
+    async def delete_snapshot(self, snapshot_id: str | SessionSnapshot) -> bool:
         """Remove a paused session; False when there was none of that id."""
-        return self._session_store.delete(check_id(snapshot_id))
-
-    async def _pause_session(self, session: Session) -> SessionSnapshot:
-        # A failed save runs the VM on (migration._save): the session goes on, unpaused.
-        return await save_session(session.vm, self._session_store, self._session_meta(session))
-
-    async def _fork_session(self, session: Session, count: int) -> list[Session]:
-        vm = session.vm
-        tickets = []
-        try:
-            for _ in range(count):
-                tickets.append(await self._admission.acquire(vm.spec.memory_mb, vm.spec.vcpus))
-            with self._session_store.build_dir() as work:
-                at = time.monotonic()
-                copies = await fork_vms(vm, count, work, timeout=limits.RESTORE_TIMEOUT_SECONDS)
-        except BaseException:
-            for ticket in tickets:
-                ticket.release()
-            raise
-        return [
-            self._adopt_session(
-                Lease(copy, ticket, self._leases), language=session.language,
-                timeout=session.default_timeout, env=session.default_env, on_stdout=None,
-                on_stderr=None, boot_ms=_ms(time.monotonic() - at), l1_cache_hit=True,
-                packages=session.packages, exec_count=session.exec_count,
-            )  # fmt: skip
-            for copy, ticket in zip(copies, tickets)
-        ]
-
-    def _session_meta(self, session: Session) -> dict[str, object]:
-        layer = session.vm.spec.layer
-        return {
-            "language": session.language,
-            "session": session.settings(),
-            "layer": None if layer is None else self._layer_meta(layer),
-            "packages": [] if session.packages is None else list(session.packages.packages),
-        }
-
-    def _layer_meta(self, layer: PackageLayer) -> dict[str, object]:
-        """What a snapshot records of its layer: with size and digest, the snapshot keeps its own
-        link to the image (session_snapshots.py) and resumes after the cache evicted it."""
-        stored = self._provisioner.layers.store.lookup(layer.key)
-        if stored is None:
-            return {"key": layer.key, "kind": layer.kind}
-        return {"key": layer.key, "kind": layer.kind, "size": stored.size,
-                "sha256": stored.meta.get("sha256")}  # fmt: skip
-
-    async def _snapshot_layer(self, meta: dict[str, Any]) -> PackageLayer | None:
-        """The package layer a paused session's VM had (its disk must be the same again): the
-        cache's, else the snapshot's own copy."""
-        saved = meta.get("layer")
-        if not saved:
-            return None
-        stored = self._provisioner.layers.store.lookup(str(saved["key"]))
-        if stored is not None:
-            path, size = stored.path, stored.size
-        else:
-            copy = await asyncio.get_running_loop().run_in_executor(
-                None, self._session_store.layer_copy, str(meta["id"]), meta)
-            if copy is None:
-                raise SnapshotError(
-                    f"session snapshot {meta.get('id')} needs package layer {saved['key']}, "
-                    "which is no longer in the package cache (and the snapshot holds no intact "
-                    "copy of it)"
-                )
-            path, size = copy, int(saved["size"])
-        report = PackagesReport(packages=tuple(meta.get("packages") or ()), cache_hit=True,
-                                resolved=False, size_bytes=size)  # fmt: skip
-        return PackageLayer(key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report)
+        return await self._paused.delete(snapshot_id)
 
     async def _acquire_lease(self, language: Language, memory: int, network: bool,
                              layer: PackageLayer | None, on_boot_log: OutputCallback | None

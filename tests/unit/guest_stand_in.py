@@ -23,7 +23,8 @@ from exec_sandbox.vm.execution import OutputCallback
 from exec_sandbox.vm.guest import GuestVm
 from exec_sandbox.images.catalog import GuestImages
 from exec_sandbox.provisioning.provisioner import HostSetup
-from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT, ram_digest
+from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT
+from exec_sandbox.snapshots.ram import ram_digest
 from exec_sandbox.vm.spec import VmSpec
 from exec_sandbox.vm.registry import VmRegistry
 from tests.helpers import private_config

@@ -21,7 +21,7 @@ from exec_sandbox import (
 )
 from exec_sandbox.vm.qmp import QmpError
 from exec_sandbox.snapshots.sessions import SESSION_SNAPSHOT_FORMAT
-from exec_sandbox.snapshots.l1 import machine_identity
+from exec_sandbox.snapshots.identity import machine_identity
 from tests.unit.guest_stand_in import StandInVms, stand_in_scheduler
 
 

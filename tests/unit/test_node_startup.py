@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from exec_sandbox.vm import binding, file_transfer, host_facts
-from exec_sandbox.snapshots import node_startup, l1
+from exec_sandbox.snapshots import node_startup
 from exec_sandbox.errors import GuestAgentError, SandboxError
 from exec_sandbox.vm.file_transfer import ContentRefused
 from exec_sandbox.images.catalog import GuestImages
 from exec_sandbox.snapshots.node_startup import BLOB_MAX, KEEP_BLOBS, NodeStartupCache, blob_key
 from exec_sandbox.packages.layer import PackageLayer
-from exec_sandbox.snapshots.l1 import machine_identity
+from exec_sandbox.snapshots.identity import machine_identity
 from exec_sandbox.vm.spec import VmSpec
 
 TAG = b"t" * 64
@@ -155,8 +155,8 @@ async def test_which_templates_give_their_blob(
 
     monkeypatch.setattr(node_startup, "install", install)
     monkeypatch.setattr(node_startup, "read_out", read_out)
-    monkeypatch.setattr(l1, "_build_node_snapshot", build)
-    await l1._give_node_snapshot(object(), s, cache)  # type: ignore[arg-type]
+    monkeypatch.setattr(node_startup, "_build_in_vm", build)
+    await node_startup.give_template_blob(object(), s, cache)  # type: ignore[arg-type]
     assert ("build" in calls) == built
     assert ("read_out" in calls) == stored
     kept = await cache.load(key(s))

@@ -152,7 +152,7 @@ async def test_a_missing_build_tool_names_its_package(tmp_path: Path, index: Loc
         await layers.get("javascript", validate_packages(["left-pad@1.3.0"], "javascript", strict=True), IMAGES)
 
 
-def test_eviction_keeps_recent_layers_under_the_cap(tmp_path: Path) -> None:
+async def test_eviction_keeps_recent_layers_under_the_cap(tmp_path: Path) -> None:
     store = LayerStore(tmp_path, max_bytes=2500)
     now = time.time()
     for i, age in enumerate([7200, 3600, 1800, 60]):
@@ -160,11 +160,11 @@ def test_eviction_keeps_recent_layers_under_the_cap(tmp_path: Path) -> None:
         directory.mkdir(parents=True)
         (directory / LAYER_FILE).write_bytes(b"x" * 1000)
         os.utime(directory, (now - age, now - age))
-    store.evict()
+    await store.evict()
     # 4000 bytes over a 2500 cap: the two least recently used go.
     assert sorted(p.name for p in (tmp_path / "layers").iterdir()) == ["l2", "l3"]
     store.max_bytes = 0
-    store.evict()
+    await store.evict()
     # Used within the last ten minutes: kept even over the cap (a VM may be opening it).
     assert sorted(p.name for p in (tmp_path / "layers").iterdir()) == ["l3"]
 

@@ -1,4 +1,4 @@
-"""The sealed memfd copies of snapshot RAM files that clones map (l1.RamFiles), and the
+"""The sealed memfd copies of snapshot RAM files that clones map (ram.RamFiles), and the
 RAM digest they are checked against once each."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exec_sandbox.snapshots.l1 import RamFiles, Snapshot, SnapshotIntegrityError, ram_digest
+from exec_sandbox.snapshots.l1 import Snapshot
+from exec_sandbox.snapshots.ram import RamFiles, SnapshotIntegrityError, ram_digest
 
 MB = 1024 * 1024
 
@@ -30,11 +31,15 @@ def _snapshot(directory: Path) -> Snapshot:
     return Snapshot("k", directory / "ram", directory / "state", ram_digest(directory / "ram"))
 
 
+def _fd_for(files: RamFiles, snapshot: Snapshot) -> int:
+    return files.fd_for(snapshot.key, snapshot.ram, snapshot.ram_digest)
+
+
 def test_copy_is_identical_sealed_and_never_grows(tmp_path: Path) -> None:
     content = _sparse_ram(tmp_path / "ram")
     files = RamFiles()
     try:
-        fd = files.fd_for(_snapshot(tmp_path))
+        fd = _fd_for(files, _snapshot(tmp_path))
         assert os.fstat(fd).st_size == 8 * MB
         assert os.pread(fd, 8 * MB, 0) == content
         # Allocated up front (the digest above still saw the file's holes as holes): a clone's
@@ -67,7 +72,7 @@ def test_copy_is_identical_sealed_and_never_grows(tmp_path: Path) -> None:
         private.close()
         assert os.pread(fd, 1, 0) == b"a"
         # One copy per file version.
-        assert files.fd_for(_snapshot(tmp_path)) == fd
+        assert _fd_for(files, _snapshot(tmp_path)) == fd
     finally:
         files.close()
     with pytest.raises(OSError):
@@ -99,13 +104,13 @@ def test_damaged_ram_is_refused_and_nothing_kept(tmp_path: Path, damage: object)
     files = RamFiles()
     try:
         with pytest.raises(SnapshotIntegrityError, match="does not match its digest"):
-            files.fd_for(snapshot)
+            _fd_for(files, snapshot)
         assert set(os.listdir("/proc/self/fd")) == fds_before  # the bad copy was closed
         # Checked again on the next attempt (a refused copy is not cached) ...
         with pytest.raises(SnapshotIntegrityError):
-            files.fd_for(snapshot)
+            _fd_for(files, snapshot)
         # ... and the same file passes against its current digest.
-        assert os.fstat(files.fd_for(_snapshot(tmp_path))).st_size == 8 * MB
+        assert os.fstat(_fd_for(files, _snapshot(tmp_path))).st_size == 8 * MB
     finally:
         files.close()
 
@@ -130,10 +135,10 @@ def test_first_copy_marks_the_snapshot_used(tmp_path: Path) -> None:
     os.utime(tmp_path, (1_000_000, 1_000_000))
     files = RamFiles()
     try:
-        files.fd_for(snapshot)
+        _fd_for(files, snapshot)
         assert tmp_path.stat().st_mtime > 1_000_000  # what prune() orders by
         os.utime(tmp_path, (1_000_000, 1_000_000))
-        files.fd_for(snapshot)
+        _fd_for(files, snapshot)
         assert tmp_path.stat().st_mtime == 1_000_000  # once per copy, not per clone
     finally:
         files.close()
@@ -143,7 +148,7 @@ def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The build's digest comes from a sealed copy that RamFiles keeps: once the build directory
     is renamed into place, the first clone maps that copy instead of copying and hashing again."""
-    from exec_sandbox.snapshots import l1
+    from exec_sandbox.snapshots import ram
 
     build = tmp_path / ".build-k"
     build.mkdir()
@@ -157,8 +162,8 @@ def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
         def no_second_copy(src: int, size: int) -> int:
             raise AssertionError("the published RAM was copied again")
 
-        monkeypatch.setattr(l1, "_sealed_copy", no_second_copy)
-        fd = files.fd_for(Snapshot("k", tmp_path / "k" / "ram", tmp_path / "k" / "state", digest))
+        monkeypatch.setattr(ram, "_sealed_copy", no_second_copy)
+        fd = _fd_for(files, Snapshot("k", tmp_path / "k" / "ram", tmp_path / "k" / "state", digest))
         assert os.pread(fd, 8 * MB, 0) == content
     finally:
         files.close()

@@ -8,6 +8,7 @@ session's history). The id goes to stderr ("sbx: paused as ID"), or into --json'
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import sys
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                                  ttl_seconds=config.session_snapshot_ttl_seconds,
                                  max_bytes=config.session_snapshot_max_mb << 20)  # fmt: skip
     if args.session_command == "list":
-        snapshots = store.entries()
+        snapshots = asyncio.run(store.entries())
         if args.json:
             print(json.dumps([dataclasses.asdict(s) for s in snapshots], indent=2))
             return 0
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for snapshot_id in args.ids:
         try:
-            if not store.delete(check_id(snapshot_id)):
+            if not asyncio.run(store.delete(check_id(snapshot_id))):
                 print(f"sbx: no paused session {snapshot_id}")
                 status = 1
         except SnapshotError as exc:
@@ -114,7 +115,7 @@ def _run_code(args: argparse.Namespace) -> int:
                 session = await scheduler.resume(args.id, **callbacks)
             result, snapshot = await _exec_and_pause(session, code)
             if args.session_command == "resume" and not args.keep:
-                scheduler.delete_snapshot(args.id)
+                await scheduler.delete_snapshot(args.id)
         _report(args, result, snapshot)
         return 0 if result is None else exit_status(result)
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, Unpack
 
 from .. import _logging
 from ..vm.execution import OutputCallback
@@ -34,7 +34,9 @@ from ..errors import (
     VmTransientError,
 )
 from ..models import ExecutionResult, FileInfo, Language, PackagesReport, PortMapping, SessionSnapshot
+from ..request import RunOptions, RunRequest
 from ..scheduler import HostCapacity
+from ..snapshots.sessions import check_id
 from . import _ray
 from .host import SEPARATOR, SandboxHost
 
@@ -174,67 +176,40 @@ class ClusterScheduler:
 
     # --- run() ---
 
-    async def run(
-        self,
-        code: str,
-        *,
-        language: Language = "python",
-        packages: Sequence[str] | None = None,
-        timeout_seconds: int | None = None,
-        memory_mb: int | None = None,
-        allow_network: bool = False,
-        allowed_domains: Sequence[str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
-        expose_ports: Sequence[int | PortMapping] | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_boot_log: OutputCallback | None = None,
-    ) -> ExecutionResult:
+    async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
         """Scheduler.run() on a host with room; same result and errors. See the module's
-        docstring for placement and what a lost host raises."""
-        options = _options(language, packages, timeout_seconds, memory_mb, allow_network,
-                           allowed_domains, env_vars, expose_ports)  # fmt: skip
-        callbacks = {"stdout": on_stdout, "stderr": on_stderr, "boot": on_boot_log}
+        docstring for placement and what a lost host raises. The request is validated here,
+        before any host is asked, and sent as it is (request.RunRequest)."""
+        request = RunRequest.make(options, self.config, code=code)
+        callbacks = {"stdout": options.get("on_stdout"), "stderr": options.get("on_stderr"),
+                     "boot": options.get("on_boot_log")}  # fmt: skip
         streams = tuple(kind for kind, cb in callbacks.items() if cb is not None)
 
         async def attempt(host: _Host, try_now: bool) -> ExecutionResult:
-            items = _ray.stream(host.handle, "run", code, options, streams, try_now)
+            items = _ray.stream(host.handle, "run", request, streams, try_now)
             result = await _consume(host, items, callbacks, what="run()")
             assert isinstance(result, ExecutionResult)
             return result
 
-        return await self._place(language, attempt, what="run()")
+        return await self._place(request.language, attempt, what="run()")
 
     # --- sessions ---
 
-    async def session(
-        self,
-        *,
-        language: Language = "python",
-        packages: Sequence[str] | None = None,
-        timeout_seconds: int | None = None,
-        memory_mb: int | None = None,
-        allow_network: bool = False,
-        allowed_domains: Sequence[str] | None = None,
-        env_vars: Mapping[str, str] | None = None,
-        expose_ports: Sequence[int | PortMapping] | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        on_boot_log: OutputCallback | None = None,
-    ) -> ClusterSession:
+    async def session(self, **options: Unpack[RunOptions]) -> ClusterSession:
         """A session on a host with room; it stays on that host (ClusterSession forwards every
         call there). on_stdout/on_stderr are the defaults of each exec(), kept here."""
-        options = _options(language, packages, timeout_seconds, memory_mb, allow_network,
-                           allowed_domains, env_vars, expose_ports)  # fmt: skip
+        request = RunRequest.make(options, self.config, code=None)
+        on_boot_log = options.get("on_boot_log")
         callbacks = {"boot": on_boot_log}
         streams = ("boot",) if on_boot_log is not None else ()
 
         async def attempt(host: _Host, try_now: bool) -> ClusterSession:
-            items = _ray.stream(host.handle, "open_session", options, streams, try_now)
+            items = _ray.stream(host.handle, "open_session", request, streams, try_now)
             info = await _consume(host, items, callbacks, what="session()", after_start=False)
-            return self._adopt(host, info, on_stdout, on_stderr, owned=True)
+            return self._adopt(host, info, options.get("on_stdout"), options.get("on_stderr"),
+                               owned=True)  # fmt: skip
 
-        return await self._place(language, attempt, what="session()")
+        return await self._place(request.language, attempt, what="session()")
 
     async def attach(self, session_id: str, *, on_stdout: OutputCallback | None = None,
                      on_stderr: OutputCallback | None = None) -> ClusterSession:  # fmt: skip
@@ -290,6 +265,19 @@ class ClusterScheduler:
             for snapshot in listed:
                 seen.setdefault(snapshot.id, snapshot)
         return sorted(seen.values(), key=lambda s: s.created_at)
+
+    async def delete_snapshot(self, snapshot_id: str | SessionSnapshot) -> bool:
+        """Remove a paused session from every host that can see it; False when none had it."""
+        snapshot_id = check_id(snapshot_id)
+        await self._refresh(force=True)
+        deleted = False
+        for host in list(self._hosts.values()):
+            try:
+                outcome = await _await(_ray.call(host.handle, "delete_snapshot", snapshot_id))
+                deleted = bool(await _checked(host, outcome)) or deleted
+            except _HostLost:
+                continue
+        return deleted
 
     # --- internals ---
 
@@ -574,23 +562,6 @@ async def _content_bytes(content: bytes | Path | IO[bytes]) -> bytes:
     raise InputValidationError(
         f"content must be bytes, a Path or a binary file object, got {type(content).__name__}"
     )
-
-
-def _options(language: Language, packages: Sequence[str] | None, timeout_seconds: int | None,
-             memory_mb: int | None, allow_network: bool, allowed_domains: Sequence[str] | None,
-             env_vars: Mapping[str, str] | None,
-             expose_ports: Sequence[int | PortMapping] | None) -> dict[str, Any]:  # fmt: skip
-    """The keyword arguments of run()/session() as plain values (callbacks stay here)."""
-    return {
-        "language": language,
-        "packages": None if packages is None else list(packages),
-        "timeout_seconds": timeout_seconds,
-        "memory_mb": memory_mb,
-        "allow_network": allow_network,
-        "allowed_domains": None if allowed_domains is None else list(allowed_domains),
-        "env_vars": None if env_vars is None else dict(env_vars),
-        "expose_ports": None if expose_ports is None else list(expose_ports),
-    }
 
 
 def _changed_fields(config: SchedulerConfig) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from ..config import SchedulerConfig
 from ..errors import SandboxError, SessionClosedError, VmCapacityError
 from ..models import ExecutionResult, FileInfo, SessionSnapshot
+from ..request import Callbacks, RunRequest
 from ..scheduler import Scheduler
 from ..session import Session
 
@@ -98,29 +99,31 @@ class SandboxHost:
 
     # --- run() and sessions ---
 
-    async def run(self, code: str, options: dict[str, Any], streams: tuple[str, ...],
+    async def run(self, request: RunRequest, streams: tuple[str, ...],
                   try_now: bool) -> AsyncIterator[Outcome]:  # fmt: skip
-        """Scheduler.run() here. `try_now`: refuse at once (VmCapacityError) when admission
-        would have to wait, so that the client tries the next host first."""
+        """Scheduler.run() of a request validated by the client. `try_now`: refuse at once
+        (VmCapacityError) when admission would have to wait, so that the client tries the next
+        host first."""
 
-        async def call(callbacks: dict[str, Any]) -> ExecutionResult:
+        async def call(callbacks: Callbacks) -> ExecutionResult:
             scheduler = await self._ready()
-            self._check_room(scheduler, options.get("language", "python"), try_now)
+            self._check_room(scheduler, request.language, try_now)
             self._runs += 1
-            return await scheduler.run(code, **options, **callbacks)
+            return await scheduler.run_request(request, callbacks)
 
         async for item in _streamed(call, streams):
             yield item
 
-    async def open_session(self, options: dict[str, Any], streams: tuple[str, ...],
+    async def open_session(self, request: RunRequest, streams: tuple[str, ...],
                            try_now: bool) -> AsyncIterator[Outcome]:  # fmt: skip
-        """Scheduler.session() here, its boot log streamed when asked ("boot"). The session's
-        default on_stdout/on_stderr stay with the client (each exec streams what it asks for)."""
+        """Scheduler.session() of a request validated by the client, its boot log streamed
+        when asked ("boot"). The session's default on_stdout/on_stderr stay with the client
+        (each exec streams what it asks for)."""
 
-        async def call(callbacks: dict[str, Any]) -> dict[str, Any]:
+        async def call(callbacks: Callbacks) -> dict[str, Any]:
             scheduler = await self._ready()
-            self._check_room(scheduler, options.get("language", "python"), try_now)
-            return self._register(await scheduler.session(**options, **callbacks))
+            self._check_room(scheduler, request.language, try_now)
+            return self._register(await scheduler.session_request(request, callbacks))
 
         async for item in _streamed(call, streams):
             yield item
@@ -138,13 +141,13 @@ class SandboxHost:
 
     async def snapshots(self) -> Outcome:
         async def call() -> list[SessionSnapshot]:
-            return (await self._ready()).snapshots()
+            return await (await self._ready()).snapshots()
 
         return await _guard(call)
 
     async def delete_snapshot(self, snapshot_id: str) -> Outcome:
         async def call() -> bool:
-            return (await self._ready()).delete_snapshot(snapshot_id)
+            return await (await self._ready()).delete_snapshot(snapshot_id)
 
         return await _guard(call)
 
@@ -153,9 +156,10 @@ class SandboxHost:
 
     async def exec(self, session_id: str, code: str, options: dict[str, Any],
                    streams: tuple[str, ...]) -> AsyncIterator[Outcome]:  # fmt: skip
-        async def call(callbacks: dict[str, Any]) -> tuple[ExecutionResult, int]:
+        async def call(callbacks: Callbacks) -> tuple[ExecutionResult, int]:
             session = self._session(session_id)
-            result = await session.exec(code, **options, **callbacks)
+            result = await session.exec(code, **options, on_stdout=callbacks.on_stdout,
+                                        on_stderr=callbacks.on_stderr)  # fmt: skip
             return result, session.exec_count
 
         async for item in _streamed(call, streams):
@@ -269,14 +273,14 @@ async def _guard(call: Callable[[], Awaitable[Any]]) -> Outcome:
         return ("err", SandboxError(f"the host failed: {type(exc).__name__}: {exc}"))
 
 
-async def _streamed(call: Callable[[dict[str, Any]], Awaitable[Any]],
+async def _streamed(call: Callable[[Callbacks], Awaitable[Any]],
                     streams: tuple[str, ...]) -> AsyncIterator[Outcome]:  # fmt: skip
     """("started", None), then the output the client asked for (streams: "stdout", "stderr",
     "boot") as it comes, then the outcome. If the client goes away, the generator is closed
     and the call cancelled."""
     queue: asyncio.Queue[Outcome] = asyncio.Queue()
     names = {"stdout": "on_stdout", "stderr": "on_stderr", "boot": "on_boot_log"}
-    callbacks = {names[kind]: _sender(queue, kind) for kind in streams if kind in names}
+    callbacks = Callbacks(**{names[kind]: _sender(queue, kind) for kind in streams if kind in names})
 
     async def outcome() -> None:
         queue.put_nowait(await _guard(lambda: call(callbacks)))

@@ -78,7 +78,7 @@ class SavedSessions:
         os.replace(tmp, entry)
         if previous and previous != snapshot.id:
             with contextlib.suppress(SnapshotError):
-                scheduler.delete_snapshot(previous)
+                await scheduler.delete_snapshot(previous)
 
     async def resume(self, scheduler: Scheduler, key: str) -> Session | None:
         """The key's saved session, or None (never saved, or it cannot be resumed any more:
@@ -94,15 +94,6 @@ class SavedSessions:
             entry.unlink(missing_ok=True)
             return None
 
-
-    def forget(self, scheduler: Scheduler, key: str) -> None:
-        """Delete the key's saved session, if any."""
-        entry = self._entry(scheduler, key)
-        snapshot_id = _read_id(entry)
-        if snapshot_id is not None:
-            with contextlib.suppress(SnapshotError):
-                scheduler.delete_snapshot(snapshot_id)
-        entry.unlink(missing_ok=True)
 
 
 def _read_id(entry: Path) -> str | None:

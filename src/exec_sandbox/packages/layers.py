@@ -71,7 +71,7 @@ class PackageLayers:
         request_key = _digest({"format": LAYER_FORMAT, "language": language,
                                "requirements": [s.requirement for s in specs],
                                "python": target.python, "glibc": target.glibc})  # fmt: skip
-        lock = self.store.read_request(request_key)
+        lock = await self.store.read_request(request_key)
         if lock is not None and not _usable_lock(lock, language):
             lock = None  # an entry of another version, or damaged: resolve again
         resolved = lock is None
@@ -80,11 +80,11 @@ class PackageLayers:
             at = time.monotonic()
             lock = await self._resolve(language, specs, target)
             phases["resolve"] = _ms_since(at)
-            self.store.write_request(request_key, lock)
+            await self.store.write_request(request_key, lock)
         layer_key = f"{language}-" + _digest({"format": LAYER_FORMAT, "language": language,
                                               "identity": lock["identity"], "tree": target.tree,
                                               "python": target.python, "glibc": target.glibc})[:24]  # fmt: skip
-        stored = self.store.lookup(layer_key)
+        stored = await self.store.lookup(layer_key)
         if stored is not None and not await self.store.verify(stored):
             stored = None
         if stored is None:
@@ -111,7 +111,7 @@ class PackageLayers:
     async def _resolve(self, language: Language, specs: tuple[PackageSpec, ...],
                        target: GuestTarget) -> dict[str, Any]:  # fmt: skip
         self.resolves += 1
-        with self.store.build_dir() as work:
+        async with self.store.build_dir() as work:
             if language == "python":
                 wheels = await pip_layer.resolve(specs, target, work)
                 return {
@@ -132,13 +132,13 @@ class PackageLayers:
         at = time.monotonic()
         async with self.store.build_lock(key):
             # Another process may have built it while this one waited for the lock.
-            stored = self.store.lookup(key)
+            stored = await self.store.lookup(key)
             if stored is not None and await self.store.verify(stored):
                 phases["wait"] = _ms_since(at)
                 return stored
             self.builds += 1
             count = len(lock["packages"])
-            with self.store.build_dir() as work:
+            async with self.store.build_dir() as work:
                 tree = work / "tree"
                 at = time.monotonic()
                 if language == "python":
@@ -167,7 +167,7 @@ class PackageLayers:
                 meta = {"format": LAYER_FORMAT, "language": language, "size": size,
                         "sha256": digest, "packages": lock["packages"], "built_ms": dict(phases),
                         "created": time.time()}  # fmt: skip
-                stored = self.store.publish(key, image, meta)
+                stored = await self.store.publish(key, image, meta)
             log.info("package layer %s built: %d packages, %.1f MB, %s", key, count, size / 1e6,
                      ", ".join(f"{k} {v} ms" for k, v in phases.items()))  # fmt: skip
             return stored

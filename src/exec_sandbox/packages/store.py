@@ -57,20 +57,56 @@ class StoredLayer:
 
 
 class LayerStore:
+    """The layer cache of one directory. Its disk work (reading metas, hashing and removing
+    images of hundreds of MB) runs in executor threads: every public method is a coroutine that
+    leaves the event loop free while it waits; the `_`-prefixed blocking steps run in those
+    threads."""
+
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
         self.max_bytes = max_bytes
         # (device, inode, mtime, size) of images whose digest this process has checked.
         self._verified: set[tuple[int, int, int, int]] = set()
 
+    async def read_request(self, request_key: str) -> dict[str, Any] | None:
+        """The lock a packages request resolved to last time, if it is cached."""
+        return await asyncio.to_thread(self._read_request, request_key)
+
+    async def write_request(self, request_key: str, lock: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._write_request, request_key, lock)
+
+    async def lookup(self, key: str) -> StoredLayer | None:
+        """The published layer of key if its meta reads and its image has the recorded size;
+        a damaged one is moved away (and None returned)."""
+        return await asyncio.to_thread(self._lookup, key)
+
+    @contextlib.asynccontextmanager
+    async def build_dir(self) -> AsyncIterator[Path]:
+        """A fresh private directory for one build, removed afterwards (what is published was
+        renamed out of it). Locked while in use, so that a cleanup of stale builds by another
+        process leaves it alone."""
+        path, fd = await asyncio.to_thread(self._new_build)
+        try:
+            yield path
+        finally:
+            await asyncio.shield(asyncio.to_thread(_remove_build, path, fd))
+
+    async def publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
+        """Move a built image into the cache as key (complete or not at all), then evict."""
+        return await asyncio.to_thread(self._publish, key, image, meta)
+
+    async def evict(self, keep: str | None = None) -> None:
+        """Remove least recently used layers until the cache is under its size cap."""
+        await asyncio.to_thread(self._evict, keep)
+
+    # --- the blocking steps, run in executor threads ---
+
     def _dir(self, name: str) -> Path:
         path = self.root / name
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
 
-    # --- requests -> locks ---
-
-    def read_request(self, request_key: str) -> dict[str, Any] | None:
+    def _read_request(self, request_key: str) -> dict[str, Any] | None:
         path = self._dir("requests") / f"{request_key}.json"
         try:
             data = json.loads(path.read_text())
@@ -82,7 +118,7 @@ class LayerStore:
             os.utime(path)
         return data
 
-    def write_request(self, request_key: str, lock: dict[str, Any]) -> None:
+    def _write_request(self, request_key: str, lock: dict[str, Any]) -> None:
         directory = self._dir("requests")
         _write_json_atomically(directory / f"{request_key}.json", lock)
         entries = sorted(directory.glob("*.json"), key=_mtime, reverse=True)
@@ -90,24 +126,20 @@ class LayerStore:
             with contextlib.suppress(OSError):
                 stale.unlink()
 
-    # --- layers ---
-
-    def lookup(self, key: str) -> StoredLayer | None:
-        """The published layer of key if its meta reads and its image has the recorded size;
-        a damaged one is moved away (and None returned)."""
+    def _lookup(self, key: str) -> StoredLayer | None:
         directory = self._dir("layers") / key
         try:
             meta = json.loads((directory / META_FILE).read_text())
             size = (directory / LAYER_FILE).stat().st_size
         except FileNotFoundError:
             if directory.exists():
-                self.discard(key, "incomplete")
+                self._discard(key, "incomplete")
             return None
         except (OSError, ValueError) as exc:
-            self.discard(key, f"unreadable: {exc}")
+            self._discard(key, f"unreadable: {exc}")
             return None
         if not isinstance(meta, dict) or meta.get("size") != size:
-            self.discard(key, f"image is {size} bytes, its meta says {meta.get('size')}")
+            self._discard(key, f"image is {size} bytes, its meta says {meta.get('size')}")
             return None
         with contextlib.suppress(OSError):
             os.utime(directory)
@@ -123,14 +155,14 @@ class LayerStore:
         identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
         if identity in self._verified:
             return True
-        digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, layer.path)
+        digest = await asyncio.to_thread(file_sha256, layer.path)
         if digest != layer.meta.get("sha256"):
-            self.discard(layer.key, "its SHA-256 does not match its meta")
+            await asyncio.to_thread(self._discard, layer.key, "its SHA-256 does not match its meta")
             return False
         self._verified.add(identity)
         return True
 
-    def discard(self, key: str, why: str) -> None:
+    def _discard(self, key: str, why: str) -> None:
         log.warning("package layer %s is damaged (%s): it is removed and will be rebuilt", key, why)
         self._remove(self.root / "layers" / key)
 
@@ -151,24 +183,15 @@ class LayerStore:
         finally:
             os.close(fd)  # releases the lock
 
-    @contextlib.contextmanager
-    def build_dir(self) -> Any:
-        """A fresh private directory for one build, removed afterwards (what is published was
-        renamed out of it). Locked while in use, so that a cleanup of stale builds by another
-        process leaves it alone."""
+    def _new_build(self) -> tuple[Path, int]:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._remove_stale_builds()
         path = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-            os.close(fd)
+        return path, fd
 
-    def publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
-        """Move a built image into the cache as key (complete or not at all)."""
+    def _publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
         staging = image.parent / "publish"
         staging.mkdir()
         image.rename(staging / LAYER_FILE)
@@ -178,13 +201,12 @@ class LayerStore:
         if target.exists():
             self._remove(target)  # damaged (lookup said so under the build lock)
         staging.rename(target)
-        self.evict(keep=key)
+        self._evict(keep=key)
         info = (target / LAYER_FILE).stat()
         self._verified.add((info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size))
         return StoredLayer(key, target / LAYER_FILE, meta)
 
-    def evict(self, keep: str | None = None) -> None:
-        """Remove least recently used layers until the cache is under its size cap."""
+    def _evict(self, keep: str | None = None) -> None:
         layers = []
         for directory in (self.root / "layers").glob("*"):
             try:
@@ -228,6 +250,11 @@ class LayerStore:
                 shutil.rmtree(path, ignore_errors=True)
         for path in self.root.glob(".trash-*"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_build(path: Path, lock_fd: int) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    os.close(lock_fd)  # releases the build directory's lock
 
 
 def _write_json_atomically(path: Path, data: Any) -> None:

@@ -45,15 +45,9 @@ from ..packages.layers import PackageLayers
 from ..packages.specs import PackageSpec, merge_packages, validate_packages
 from ..vm.qmp import QmpError
 from ..snapshots.node_startup import NodeStartupCache, blob_key
-from ..snapshots.l1 import (
-    Snapshot,
-    SnapshotCache,
-    SnapshotIntegrityError,
-    machine_identity,
-    qemu_version,
-    snapshot_key,
-    template_holds_interpreter,
-)
+from ..snapshots.identity import machine_identity, qemu_version
+from ..snapshots.l1 import Snapshot, SnapshotCache, snapshot_key, template_holds_interpreter
+from ..snapshots.ram import SnapshotIntegrityError
 from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
 
@@ -211,11 +205,9 @@ class Provisioner:
     # --- what a VM gets ---
 
     def packages_of(self, language: Language,
-                    packages: Sequence[str] | None) -> tuple[PackageSpec, ...]:  # fmt: skip
+                    requested: tuple[PackageSpec, ...]) -> tuple[PackageSpec, ...]:  # fmt: skip
         """The packages a call's VM gets: the scheduler's default set of the language with the
-        call's own on top (validated before anything starts)."""
-        requested = validate_packages(packages, language,
-                                      strict=self.config.enable_package_validation)  # fmt: skip
+        call's own (validated: RunRequest) on top."""
         return merge_packages(self._default_packages.get(language, ()), requested)
 
     async def layer_for(self, language: Language, specs: tuple[PackageSpec, ...],
@@ -300,7 +292,7 @@ class Provisioner:
         try:
             # A sealed memfd copy of the RAM file, not the file (snapshots.RamFiles).
             ram_fd = await asyncio.get_running_loop().run_in_executor(
-                None, self.snapshots.ram_files.fd_for, snapshot
+                None, self.snapshots.ram_fd, snapshot
             )
             vm = await self.factory.restore(replace(spec, mem_fd=ram_fd, mem_shared=False),
                                             str(snapshot.state), registry=self._registry,

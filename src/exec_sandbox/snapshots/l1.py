@@ -42,33 +42,30 @@ ever removed.
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
 import functools
 import hashlib
 import json
 import logging
-import mmap
 import os
 import re
 import shutil
-import struct
-import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from . import node_startup
-from ..vm.execution import ExecRequest
+from ..digest import file_sha256
+from ..models import Language
 from ..vm.guest import GuestVm
 from ..vm.migration import save_devices
-from .node_startup import NodeStartupCache
 from ..vm.spec import VmSpec
-from ..models import Language
+from . import node_startup
+from .identity import machine_identity
+from .node_startup import NodeStartupCache
+from .ram import RamFiles, mark_used
 
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
@@ -86,7 +83,6 @@ LEFTOVER_AGE_SECONDS = 3600
 _KEY_NAME = re.compile(r"[a-z]+-[0-9]+m-[0-9a-f]{24}")
 _LEFTOVER_NAME = re.compile(r"\.(build-[a-z]+-[0-9]+m-[0-9a-f]{24}|trash)-[A-Za-z0-9_]+")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
-_TSC_KHZ = re.compile(r"\btsc_early_khz=([0-9]{1,12})\b")
 # A device-state stream of these VMs is ~50 KB; anything far larger is not ours.
 _STATE_MAX_BYTES = 64 * 1024 * 1024
 _META_MAX_BYTES = 64 * 1024
@@ -111,76 +107,6 @@ def template_holds_interpreter(language: Language) -> bool:
         return False
     return language in TEMPLATE_PRESTART_LANGUAGES
 
-# What a javascript template does instead (docs/design.md, "JavaScript start-up"): it builds node's
-# startup snapshot (its bootstrap, compiled and run once, no RNG state: each process still seeds
-# its own) with the VM's own node, where the agent finds it for every later node start
-# (guest/src/agent.h, SBX_NODE_SNAPSHOT): a clone's node then starts in about half the time. Built
-# in the VM because V8 loads a blob only on the CPU feature set it was made on. Run as the sandbox
-# user before any user code; a failure leaves a template without it (slower, not wrong).
-NODE_SNAPSHOT_PATH = "/tmp/.sbx-node-startup.blob"
-# Off only to measure what it saves (docs/benchmarks.md, "JavaScript start-up": set it by hand).
-NODE_SNAPSHOT_IN_TEMPLATES = True
-# The entry script: nothing of its own in the heap, but node 18 deserialises the global console
-# with its legacy `Console` property undefined (`new console.Console(...)` would throw); it is
-# put back, the same constructor, before anything else runs. Checked in the guest: every builtin
-# module's, the global object's, console's and process's own properties and their types are
-# those of a node started without the blob.
-_NODE_SNAPSHOT_ENTRY = (
-    "const { Console } = console;\n"
-    "require('v8').startupSnapshot.addDeserializeCallback(() => { console.Console = Console; });\n"
-)
-_NODE_SNAPSHOT_BUILD = f"""set -e
-dir=$(mktemp -d /tmp/.sbx-node-snapshot.XXXXXX)
-cat >"$dir/entry.js" <<'EOF'
-{_NODE_SNAPSHOT_ENTRY}EOF
-node --snapshot-blob "$dir/blob" --build-snapshot "$dir/entry.js"
-test "$(node --snapshot-blob "$dir/blob" -p 'typeof console.Console')" = function
-mv -f "$dir/blob" {NODE_SNAPSHOT_PATH}
-rm -rf "$dir"
-""".encode()
-_NODE_SNAPSHOT_TIMEOUT_MS = 120_000
-
-
-async def _give_node_snapshot(vm: GuestVm, spec: VmSpec,
-                              node_cache: NodeStartupCache | None) -> None:  # fmt: skip
-    """The template's node startup snapshot: the host's copy of this machine's when the VM takes
-    it in, else one built in the VM now, which the host keeps for other VMs when the template has
-    no package layer (node_startup.py: nothing but the image's code ran in it)."""
-    key = node_startup.blob_key(machine_identity(spec))
-    if node_cache is not None and await node_cache.give(vm, key):
-        return
-    if not await _build_node_snapshot(vm) or node_cache is None or spec.layer is not None:
-        return
-    blob = await node_startup.read_out(vm)
-    if blob is not None:
-        await node_cache.store(key, blob)
-
-
-async def _build_node_snapshot(vm: GuestVm) -> bool:
-    outcome = await vm.execute(
-        ExecRequest(
-            language="raw",
-            code=_NODE_SNAPSHOT_BUILD,
-            timeout_ms=_NODE_SNAPSHOT_TIMEOUT_MS,
-            env=[],
-            stdout_limit=4096,
-            stderr_limit=4096,
-        )
-    )
-    if outcome.exit_code != 0:
-        log.warning("javascript template without node's startup snapshot (exit %s): %s",
-                    outcome.exit_code, outcome.stderr[-300:])  # fmt: skip
-        return False
-    return True
-
-
-@functools.cache
-def qemu_version(qemu_binary: str) -> str:
-    """`qemu --version`'s first line: a QEMU upgrade makes every snapshot stale."""
-    out = subprocess.run([qemu_binary, "--version"], capture_output=True, text=True, timeout=30,
-                         check=False)  # fmt: skip
-    return (out.stdout.strip().splitlines() or ["unknown"])[0]
-
 
 def snapshot_key(spec: VmSpec, language: Language) -> str:
     """Everything that changes what a restored VM would be: images, QEMU, accelerator, RAM,
@@ -191,42 +117,12 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         **machine_identity(spec),
         "language": language,
         "template_prestart": template_holds_interpreter(language),
-        "node_snapshot": language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES,
+        "node_snapshot": language == "javascript" and node_startup.BUILT_IN_TEMPLATES,
         # A second disk changes the device layout, and its files are in the guest's page cache.
         "layer": None if spec.layer is None else spec.layer.identity,
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     return f"{language}-{spec.memory_mb}m-{digest[:24]}"
-
-
-def machine_identity(spec: VmSpec) -> dict[str, object]:
-    """What a saved VM state can only be loaded into the same of: images, QEMU, accelerator,
-    RAM size, vCPUs, kernel command line (part of L1 keys and of paused sessions' metadata)."""
-    return {
-        "kernel": spec.images.kernel_hash,
-        "rootfs": spec.images.rootfs_hash,
-        "qemu": qemu_version(spec.qemu_binary),
-        "accel": spec.accel,
-        "memory_mb": spec.memory_mb,
-        "vcpus": spec.vcpus,
-        "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
-        # The network port changes the device layout (kept out of plain VMs' keys: unchanged).
-        **({"net_port": True} if spec.net_port else {}),
-    }
-
-
-class SnapshotIntegrityError(Exception):
-    """A snapshot's RAM is not what was saved: the sealed copy made for clones does not match
-    the digest recorded at build time (the file was damaged or changed since)."""
-
-
-def _stable_cmdline(cmdline: str) -> str:
-    """The command line as far as it makes restored VMs differ. The host TSC frequency is
-    measured by each process and its last digit jitters (2596139 vs 2596140 kHz here), which
-    would give another key (a snapshot miss, and one more directory) to every other process:
-    the key has it in MHz. A template booted with the other reading is as good: the difference
-    is under a ppm, and a clone's clock is set at RESEED anyway."""
-    return _TSC_KHZ.sub(lambda m: f"tsc_early_mhz={round(int(m.group(1)) / 1000)}", cmdline)
 
 
 @dataclass(frozen=True)
@@ -246,6 +142,11 @@ class SnapshotCache:
 
     def close(self) -> None:
         self.ram_files.close()
+
+    def ram_fd(self, snapshot: Snapshot) -> int:
+        """The sealed, verified copy of snapshot's RAM that its clones map (RamFiles.fd_for;
+        blocking: call it from an executor). SnapshotIntegrityError if it is damaged."""
+        return self.ram_files.fd_for(snapshot.key, snapshot.ram, snapshot.ram_digest)
 
     def lookup(self, key: str, memory_mb: int) -> Snapshot | None:
         """The published snapshot for key if it is complete and intact, else None (an invalid
@@ -329,8 +230,8 @@ class SnapshotCache:
                 os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
                 await vm.warm_up(language)
-                if language == "javascript" and NODE_SNAPSHOT_IN_TEMPLATES:
-                    await _give_node_snapshot(vm, spec, self.node_cache)
+                if language == "javascript" and node_startup.BUILT_IN_TEMPLATES:
+                    await node_startup.give_template_blob(vm, spec, self.node_cache)
                 if template_holds_interpreter(language):
                     await vm.prestart(language)
                 # Reseed right before saving: the template's CRNG is then young, so the guest
@@ -343,7 +244,7 @@ class SnapshotCache:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.
                 await vm.aclose()
-            state_hash = await _in_thread(functools.partial(_sha256, work / "state"))
+            state_hash = await _in_thread(functools.partial(file_sha256, work / "state"))
             # Kept by ram_files: the first clone of it in this process maps that very copy.
             ram_hash = await _in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
             meta = {
@@ -356,7 +257,7 @@ class SnapshotCache:
             (work / "meta.json").write_text(json.dumps(meta))
             try:
                 os.rename(work, self.root / key)
-                _touch(self.root / key)  # most recently used: the last one prune() removes
+                mark_used(self.root / key)  # most recently used: the last one prune() removes
             except OSError:
                 # Somebody else published this key first: theirs is as good as ours.
                 shutil.rmtree(work, ignore_errors=True)
@@ -414,7 +315,7 @@ def _check(directory: Path, key: str, memory_mb: int) -> str:
         size = state.stat().st_size
         if size == 0 or size > _STATE_MAX_BYTES:
             raise _Unusable(f"state file has {size} bytes")
-        if _sha256(state) != meta.get("state_sha256"):
+        if file_sha256(state) != meta.get("state_sha256"):
             raise _Unusable("state file does not match its hash")
     except (OSError, ValueError) as exc:
         raise _Unusable(str(exc)) from None
@@ -450,169 +351,3 @@ def _locked(directory: Path) -> bool:
     finally:
         os.close(fd)  # also drops our lock
     return False
-
-
-def _touch(directory: Path) -> None:
-    """Mark a snapshot directory as used now (its mtime orders prune()); best effort."""
-    try:
-        os.utime(directory)
-    except OSError:
-        pass
-
-
-class RamFiles:
-    """Sealed memfd copies of snapshot RAM files, one per published file, for clones.
-
-    A clone's QEMU (share=off) opens its RAM read-write (QEMU 7.2 has no read-only backing file
-    with a writable private mapping). Given the cache file, a compromised clone could write to
-    the template every later clone maps. A memfd sealed against writes, growth and shrinking
-    can still be mapped privately and copy-on-write, but write(2) and shared writable mappings of
-    it fail for everybody. Holes in the RAM file stay holes: only data ranges are copied.
-
-    Each copy is checked against the snapshot's RAM digest once, right after it is sealed: the
-    bytes verified are the bytes every clone of this object maps, and they cannot change. The
-    copy a build makes to compute that digest (seal()) is kept, so the first clone of a snapshot
-    built by this process neither copies nor hashes the file again."""
-
-    def __init__(self) -> None:
-        # (key, st_dev, st_ino, st_mtime_ns) of the RAM file -> its sealed copy. Renaming a
-        # build directory into place changes none of these, so a copy made by seal() serves the
-        # published file.
-        self._fds: dict[tuple[str, int, int, int], int] = {}
-        self._lock = threading.Lock()  # called from executor threads
-
-    def seal(self, key: str, path: Path) -> str:
-        """Make and keep the sealed copy of the RAM file a build of key has just saved (blocking:
-        call it from an executor) and return its digest, which the build records."""
-        with open(path, "rb", buffering=0) as f:
-            fd, digest, ident = _seal(key, f.fileno())
-        with self._lock:  # not held while copying: a foreground fd_for need not wait for that
-            self._keep(ident, fd)
-        return digest
-
-    def fd_for(self, snapshot: Snapshot) -> int:
-        """The sealed, verified memfd for this snapshot's RAM file (made on first use; blocking:
-        call it from an executor). Valid until close(). SnapshotIntegrityError if the RAM does
-        not match snapshot.ram_digest (nothing is kept then)."""
-        with self._lock:
-            with open(snapshot.ram, "rb", buffering=0) as f:
-                fd = self._fds.get(_ident(snapshot.key, os.fstat(f.fileno())))
-                if fd is not None:
-                    return fd
-                fd, digest, ident = _seal(snapshot.key, f.fileno())
-            if digest != snapshot.ram_digest:
-                os.close(fd)
-                raise SnapshotIntegrityError(
-                    f"RAM of memory snapshot {snapshot.key} does not match its digest"
-                )
-            self._keep(ident, fd)
-            _touch(snapshot.ram.parent)  # used: once per scheduler and file
-            return fd
-
-    def _keep(self, ident: tuple[str, int, int, int], fd: int) -> None:
-        for old in [k for k in self._fds if k[0] == ident[0]]:
-            os.close(self._fds.pop(old))  # a rebuilt file: its old copy is unused now
-        self._fds[ident] = fd
-
-    def close(self) -> None:
-        with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-
-def _ident(key: str, st: os.stat_result) -> tuple[str, int, int, int]:
-    return (key, st.st_dev, st.st_ino, st.st_mtime_ns)
-
-
-def _seal(key: str, src: int) -> tuple[int, str, tuple[str, int, int, int]]:
-    """A sealed copy of the RAM file open as src, its digest and its RamFiles identity."""
-    st = os.fstat(src)
-    fd = _sealed_copy(src, st.st_size)
-    try:
-        return fd, _memfd_digest(fd, st.st_size), _ident(key, st)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def ram_digest(path: Path) -> str:
-    """The digest RamFiles.fd_for checks, of a RAM file as it is now (what RamFiles.seal
-    returns, without keeping the copy)."""
-    with open(path, "rb", buffering=0) as f:
-        fd, digest, _ident = _seal("", f.fileno())
-    os.close(fd)
-    return digest
-
-
-def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
-    """(start, end) of each data range of fd below size, in order (SEEK_DATA / SEEK_HOLE)."""
-    ranges = []
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:
-                break  # only a hole is left
-            raise
-        if start >= size:
-            break
-        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
-        ranges.append((start, end))
-        offset = end
-    return ranges
-
-
-def _sealed_copy(src: int, size: int) -> int:
-    """A memfd with src's first size bytes, sealed against any change. Its holes are allocated
-    (fallocate: zero pages the file still reports as holes, so the digest does not change)
-    before it is sealed: a clone maps it privately, and a fault of a clone on a hole of a shmem
-    file allocates a page in that file (on a read as well as before copying it on a write).
-    Left sparse, every page a clone touched grew this copy for the scheduler's lifetime and was
-    charged twice to the clone's cgroup (file page + its private copy): a guest using its RAM
-    got QEMU OOM-killed by the host. Allocated up front, a clone's own memory is its private
-    copies only, and this copy holds the guest's RAM size, once per snapshot file."""
-    memfd = os.memfd_create("sbx-snapshot-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(memfd, size)
-        for start, end in _data_ranges(src, size):
-            os.lseek(memfd, start, os.SEEK_SET)  # sendfile writes at memfd's position
-            while start < end:
-                n = os.sendfile(memfd, src, start, min(end - start, 1 << 24))
-                if n <= 0:
-                    raise OSError(f"short copy of snapshot RAM at {start}")
-                start += n
-        os.posix_fallocate(memfd, 0, size)
-        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
-                    | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)  # fmt: skip
-    except BaseException:
-        os.close(memfd)
-        raise
-    return memfd
-
-
-def _memfd_digest(fd: int, size: int) -> str:
-    """SHA-256 over the size, then each data range's offset, length and bytes. Where the data
-    lies is part of it: a hole that became data (or the reverse) changes the digest too."""
-    h = hashlib.sha256(b"sbx-ram-digest-1")
-    h.update(struct.pack("<Q", size))
-    ranges = _data_ranges(fd, size)
-    if not ranges:
-        return h.hexdigest()
-    # Hashed straight from a read-only mapping: no copy through a buffer (hashlib releases the
-    # GIL for large inputs).
-    with mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mem:
-        with memoryview(mem) as view:
-            for start, end in ranges:
-                h.update(struct.pack("<QQ", start, end - start))
-                h.update(view[start:end])
-    return h.hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

@@ -33,9 +33,12 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from ..vm import binding, file_transfer
 from ..errors import SandboxError
+from ..vm import binding, file_transfer
+from ..vm.execution import ExecRequest
 from ..vm.guest import GuestVm
+from ..vm.spec import VmSpec
+from .identity import machine_identity
 
 log = logging.getLogger("exec_sandbox")
 
@@ -52,7 +55,7 @@ _DIGEST_SIZE = 32  # the SHA-256 in front of each kept blob
 
 
 def blob_key(machine: Mapping[str, object]) -> str:
-    """The cache key of a VM's blob, from its snapshots.machine_identity(): what decides whether
+    """The cache key of a VM's blob, from its identity.machine_identity(): what decides whether
     a blob loads is the images (node's build), QEMU, accelerator, vCPUs and kernel command line
     (the CPU the guest sees), and the host's CPU (under KVM the guest's is the host's); not the
     RAM size nor the network port, so one blob serves every configuration of the machine. The
@@ -205,3 +208,66 @@ async def read_out(vm: GuestVm) -> bytes | None:
         log.warning("node startup snapshot not read out of the template: %s", exc)
         return None
     return data if data is not None and len(data) > binding.NODE_TAG_SIZE else None
+
+
+# What a javascript template does instead (docs/design.md, "JavaScript start-up"): it builds node's
+# startup snapshot (its bootstrap, compiled and run once, no RNG state: each process still seeds
+# its own) with the VM's own node, where the agent finds it for every later node start
+# (guest/src/agent.h, SBX_NODE_SNAPSHOT): a clone's node then starts in about half the time. Built
+# in the VM because V8 loads a blob only on the CPU feature set it was made on. Run as the sandbox
+# user before any user code; a failure leaves a template without it (slower, not wrong).
+NODE_SNAPSHOT_PATH = "/tmp/.sbx-node-startup.blob"
+# Off only to measure what it saves (docs/benchmarks.md, "JavaScript start-up": set it by hand).
+BUILT_IN_TEMPLATES = True
+# The entry script: nothing of its own in the heap, but node 18 deserialises the global console
+# with its legacy `Console` property undefined (`new console.Console(...)` would throw); it is
+# put back, the same constructor, before anything else runs. Checked in the guest: every builtin
+# module's, the global object's, console's and process's own properties and their types are
+# those of a node started without the blob.
+_NODE_SNAPSHOT_ENTRY = (
+    "const { Console } = console;\n"
+    "require('v8').startupSnapshot.addDeserializeCallback(() => { console.Console = Console; });\n"
+)
+_NODE_SNAPSHOT_BUILD = f"""set -e
+dir=$(mktemp -d /tmp/.sbx-node-snapshot.XXXXXX)
+cat >"$dir/entry.js" <<'EOF'
+{_NODE_SNAPSHOT_ENTRY}EOF
+node --snapshot-blob "$dir/blob" --build-snapshot "$dir/entry.js"
+test "$(node --snapshot-blob "$dir/blob" -p 'typeof console.Console')" = function
+mv -f "$dir/blob" {NODE_SNAPSHOT_PATH}
+rm -rf "$dir"
+""".encode()
+_NODE_SNAPSHOT_TIMEOUT_MS = 120_000
+
+
+async def give_template_blob(vm: GuestVm, spec: VmSpec,
+                             node_cache: NodeStartupCache | None) -> None:  # fmt: skip
+    """The template's node startup snapshot: the host's copy of this machine's when the VM takes
+    it in, else one built in the VM now, which the host keeps for other VMs when the template has
+    no package layer (nothing but the image's code ran in it)."""
+    key = blob_key(machine_identity(spec))
+    if node_cache is not None and await node_cache.give(vm, key):
+        return
+    if not await _build_in_vm(vm) or node_cache is None or spec.layer is not None:
+        return
+    blob = await read_out(vm)
+    if blob is not None:
+        await node_cache.store(key, blob)
+
+
+async def _build_in_vm(vm: GuestVm) -> bool:
+    outcome = await vm.execute(
+        ExecRequest(
+            language="raw",
+            code=_NODE_SNAPSHOT_BUILD,
+            timeout_ms=_NODE_SNAPSHOT_TIMEOUT_MS,
+            env=[],
+            stdout_limit=4096,
+            stderr_limit=4096,
+        )
+    )
+    if outcome.exit_code != 0:
+        log.warning("javascript template without node's startup snapshot (exit %s): %s",
+                    outcome.exit_code, outcome.stderr[-300:])  # fmt: skip
+        return False
+    return True

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.snapshots.l1 import NODE_SNAPSHOT_PATH
+from exec_sandbox.snapshots.node_startup import NODE_SNAPSHOT_PATH
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -65,7 +65,7 @@ async def test_pool_vms_cloned_from_a_javascript_template_park_node_from_the_sna
     images_ready: None, tmp_path: Path
 ) -> None:
     # The pre-started interpreter's bootstrap uses console.Console, which node 18 deserialises
-    # as undefined unless the entry script puts it back (snapshots._NODE_SNAPSHOT_ENTRY).
+    # as undefined unless the entry script puts it back (node_startup._NODE_SNAPSHOT_ENTRY).
     config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4,
                              warm_pool_size={"javascript": 1})  # fmt: skip
     who = "console.log(process.execArgv[0] === '--snapshot-blob');"

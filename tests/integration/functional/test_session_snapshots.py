@@ -133,8 +133,8 @@ async def test_a_damaged_or_foreign_snapshot_is_refused(sched: Scheduler, tmp_pa
         await sched.resume(other.id)
     with pytest.raises(SnapshotError, match="not a session snapshot id"):
         await sched.resume("../../etc")
-    assert sched.delete_snapshot(other.id) and not sched.delete_snapshot(other.id)
-    assert [s.id for s in sched.snapshots()] == [snapshot.id]
+    assert await sched.delete_snapshot(other.id) and not await sched.delete_snapshot(other.id)
+    assert [s.id for s in await sched.snapshots()] == [snapshot.id]
 
 
 async def test_a_resumed_session_keeps_its_timeouts_and_limits(sched: Scheduler) -> None:
@@ -187,7 +187,7 @@ async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, i
                 break
             await asyncio.sleep(0.1)
         assert session.paused_as is not None
-        assert [s.id for s in scheduler.snapshots()] == [session.paused_as.id]
+        assert [s.id for s in await scheduler.snapshots()] == [session.paused_as.id]
         async with await scheduler.resume(session.paused_as) as resumed:
             assert (await resumed.exec("print(kept)")).stdout == "after idling\n"
     assert qemu_processes(parent=os.getpid()) == []
@@ -249,7 +249,7 @@ async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
     monkeypatch.undo()
     assert not session.closed
     assert (await session.exec("print(sum(data))")).stdout == "499500\n"
-    assert sched.snapshots() == []
+    assert await sched.snapshots() == []
     await session.close()
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig, VmCapacityError
-from exec_sandbox.snapshots.l1 import KEEP_SNAPSHOTS, _data_ranges
+from exec_sandbox.snapshots.l1 import KEEP_SNAPSHOTS
+from exec_sandbox.snapshots.ram import _data_ranges
 from tests.helpers import open_fds, qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -129,17 +130,17 @@ async def test_closing_during_a_snapshot_build_waits_for_its_threads(
     be stopped, so close() waits for it: the `managed` exit check finds none of its fds open."""
     import threading
 
-    from exec_sandbox.snapshots import l1
+    from exec_sandbox.snapshots import ram
 
     in_digest = threading.Event()
-    real_digest = l1._memfd_digest
+    real_digest = ram._memfd_digest
 
     def slow_digest(fd: int, size: int) -> str:
         in_digest.set()
         time.sleep(1.0)  # the RAM file and its sealed copy are open meanwhile
         return real_digest(fd, size)
 
-    monkeypatch.setattr(l1, "_memfd_digest", slow_digest)
+    monkeypatch.setattr(ram, "_memfd_digest", slow_digest)
     async with managed() as sched:
         # A cold run schedules the build of this configuration's snapshot in the background.
         assert (await sched.run("echo cold", language="raw")).stdout == "cold\n"

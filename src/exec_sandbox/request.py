@@ -1,0 +1,117 @@
+"""The options of one `run()` or `session()`, written once (`RunOptions`), and the request they
+become at the API edge (`RunRequest`): validated, defaults applied, immutable, passed down.
+
+`Scheduler`, `ClusterScheduler` and the integrations take the options as keyword arguments
+typed by `RunOptions` (`**options: Unpack[RunOptions]`), so the list is not restated per
+method. `RunRequest.make()` is the one place that checks them: bad input raises an
+InputValidationError (or TypeError for an unknown keyword) before any VM starts. A request
+holds no callback, so it pickles: the cluster sends it to a host as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypedDict
+
+from .config import SchedulerConfig
+from .models import Language, PortMapping
+from .network.request import NetworkRequest, parse_network_request
+from .packages.specs import PackageSpec, validate_packages
+from .validation import (
+    validate_code,
+    validate_env,
+    validate_language,
+    validate_memory,
+    validate_timeout,
+)
+from .vm.execution import OutputCallback
+
+
+class RunOptions(TypedDict, total=False):
+    """The keyword arguments of `run()` and `session()` (API.md). Every one may be left out:
+    `RunRequest.make()` gives the defaults (the scheduler config's for time and memory)."""
+
+    language: Language
+    packages: Sequence[str] | None
+    timeout_seconds: float | None
+    memory_mb: int | None
+    allow_network: bool
+    allowed_domains: Sequence[str] | None
+    env_vars: Mapping[str, str] | None
+    expose_ports: Sequence[int | PortMapping] | None
+    on_stdout: OutputCallback | None
+    on_stderr: OutputCallback | None
+    on_boot_log: OutputCallback | None
+
+
+@dataclass(frozen=True)
+class Callbacks:
+    """Where a call's output goes (RunOptions' on_*): kept beside a request, never in it."""
+
+    on_stdout: OutputCallback | None = None
+    on_stderr: OutputCallback | None = None
+    on_boot_log: OutputCallback | None = None
+
+    @classmethod
+    def of(cls, options: RunOptions) -> Callbacks:
+        return cls(options.get("on_stdout"), options.get("on_stderr"), options.get("on_boot_log"))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run() (code given) or session() (code None), validated and with its defaults."""
+
+    language: Language
+    code: bytes | None
+    timeout_seconds: float
+    memory_mb: int
+    # The call's own packages (the scheduler adds its default set), of packages_language: the
+    # session's, or (integrations) python for the python3 of a shell session.
+    packages: tuple[PackageSpec, ...]
+    packages_language: Language
+    env_vars: tuple[tuple[str, str], ...]
+    network: NetworkRequest | None
+
+    @classmethod
+    def make(cls, options: RunOptions, config: SchedulerConfig, *, code: str | None,
+             packages_language: Language | None = None) -> RunRequest:  # fmt: skip
+        """The request of code (None: a session) with options, config's defaults and package
+        policy. Raises TypeError for a keyword that is not an option (as a signature would),
+        InputValidationError for a bad value."""
+        unknown = sorted(set(options) - set(RunOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+        language = validate_language(options.get("language", "python"))
+        code_bytes = None if code is None else validate_code(code)
+        timeout = options.get("timeout_seconds")
+        timeout = config.default_timeout_seconds if timeout is None else timeout
+        validate_timeout(timeout)
+        memory = options.get("memory_mb")
+        memory = validate_memory(config.default_memory_mb if memory is None else memory)
+        env_vars = options.get("env_vars")
+        validate_env(env_vars)
+        packages_language = (language if packages_language is None
+                             else validate_language(packages_language))  # fmt: skip
+        packages = validate_packages(options.get("packages"), packages_language,
+                                     strict=config.enable_package_validation)  # fmt: skip
+        network = parse_network_request(options.get("allow_network", False),
+                                        options.get("allowed_domains"),
+                                        options.get("expose_ports"))  # fmt: skip
+        return cls(language=language, code=code_bytes, timeout_seconds=timeout, memory_mb=memory,
+                   packages=packages, packages_language=packages_language,
+                   env_vars=tuple((env_vars or {}).items()), network=network)  # fmt: skip
+
+    @property
+    def timeout_ms(self) -> int:
+        return validate_timeout(self.timeout_seconds)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.env_vars)
+
+    @property
+    def wire_env(self) -> list[tuple[bytes, bytes]]:
+        """The variables as the guest protocol carries them."""
+        return validate_env(self.env)
+

@@ -1,0 +1,188 @@
+"""The one owner of paused and forked sessions (`SessionSnapshotService`).
+
+`Session.pause()` / `Session.fork()` and `Scheduler.resume()` / `snapshots()` /
+`delete_snapshot()` each forward here in one line. The service holds what those need and the
+scheduler owns: the paused-session store (sessions.py), admission (a copy or a resumed session
+takes a ticket like any VM), the provisioner (the machine a state loads into, the package layer
+cache) and the scheduler's VM registry and leases. It makes no Session itself: `adopt` (the
+scheduler's) turns a lease into one, so a resumed or forked session is registered, closed and
+timed out like an opened one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, MutableSet
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import limits
+from ..errors import SnapshotError
+from ..models import Language, PackagesReport, SessionSnapshot
+from ..packages.layer import PackageLayer
+from ..provisioning.admission import Admission
+from ..provisioning.lease import Lease
+from ..provisioning.provisioner import Provisioner
+from ..vm.execution import OutputCallback
+from ..vm.guest import GuestVm
+from ..vm.registry import VmRegistry
+from .forks import check_machine, fork_vms, load_vm, save_session
+from .sessions import SessionSnapshotStore, check_id
+
+if TYPE_CHECKING:
+    from ..session import Session
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What a Session made from a lease starts with besides its VM (`adopt`'s input)."""
+
+    language: Language
+    timeout: float
+    env: dict[str, str]
+    on_stdout: OutputCallback | None
+    on_stderr: OutputCallback | None
+    boot_ms: int
+    packages: PackagesReport | None
+    exec_count: int = 0
+    # Which speed tier gave the VM: a resumed or forked session's is a loaded state (L1).
+    warm_pool_hit: bool = False
+    l1_cache_hit: bool = True
+
+
+class Adopt(Protocol):
+    """The scheduler's: a registered Session owning lease (its VM and admission ticket)."""
+
+    def __call__(self, lease: Lease[GuestVm], adoption: Adoption) -> Session: ...
+
+
+class SessionSnapshotService:
+    def __init__(self, store: SessionSnapshotStore, admission: Admission, provisioner: Provisioner,
+                 registry: VmRegistry, leases: MutableSet[Lease[GuestVm]], adopt: Adopt,
+                 check_open: Callable[[], None]) -> None:  # fmt: skip
+        self.store = store
+        self._admission = admission
+        self._provisioner = provisioner
+        self._registry = registry
+        self._leases = leases
+        self._adopt = adopt
+        self._check_open = check_open
+
+    # --- Scheduler ---
+
+    async def resume(self, snapshot_id: str | SessionSnapshot, *,
+                     on_stdout: OutputCallback | None = None,
+                     on_stderr: OutputCallback | None = None) -> Session:  # fmt: skip
+        """A live Session from a paused one (see Scheduler.resume)."""
+        snapshot_id = check_id(snapshot_id)
+        self._check_open()
+        await self._provisioner.start()
+        meta = await self.store.load(snapshot_id)
+        layer = await self._layer_of(meta)
+        spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
+        check_machine(meta, spec)
+        settings = meta["session"]
+        at = 0.0
+
+        async def load() -> GuestVm:
+            nonlocal at
+            state = await self.store.open_verified(snapshot_id, meta)
+            try:
+                at = time.monotonic()
+                return await load_vm(spec, f"/proc/self/fd/{state}", registry=self._registry,
+                                     timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+            finally:
+                os.close(state)
+
+        ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
+        lease = await Lease.acquire(ticket, load, self._leases)
+        return self._adopt(lease, Adoption(
+            language=meta["language"], timeout=settings["timeout"], env=settings["env"],
+            on_stdout=on_stdout, on_stderr=on_stderr, boot_ms=_ms(time.monotonic() - at),
+            packages=None if layer is None else layer.report, exec_count=settings["exec_count"],
+        ))  # fmt: skip
+
+    async def snapshots(self) -> list[SessionSnapshot]:
+        """The paused sessions on disk (this user's, every process's), oldest first."""
+        return await self.store.entries()
+
+    async def delete(self, snapshot_id: str | SessionSnapshot) -> bool:
+        """Remove a paused session; False when there was none of that id."""
+        return await self.store.delete(check_id(snapshot_id))
+
+    # --- Session (through SessionHooks) ---
+
+    async def pause(self, session: Session) -> SessionSnapshot:
+        """Save session's whole state as a new snapshot. A failed save runs the VM on
+        (migration): the session goes on, unpaused. The caller closes the session."""
+        return await save_session(session.vm, self.store, await self._meta(session))
+
+    async def fork(self, session: Session, count: int) -> list[Session]:
+        """count live copies of session, each with its own admission ticket."""
+        vm = session.vm
+        tickets = []
+        try:
+            for _ in range(count):
+                tickets.append(await self._admission.acquire(vm.spec.memory_mb, vm.spec.vcpus))
+            async with self.store.build_dir() as work:
+                at = time.monotonic()
+                copies = await fork_vms(vm, count, work, timeout=limits.RESTORE_TIMEOUT_SECONDS)
+        except BaseException:
+            for ticket in tickets:
+                ticket.release()
+            raise
+        adoption = Adoption(
+            language=session.language, timeout=session.default_timeout, env=session.default_env,
+            on_stdout=None, on_stderr=None, boot_ms=_ms(time.monotonic() - at),
+            packages=session.packages, exec_count=session.exec_count,
+        )  # fmt: skip
+        return [self._adopt(Lease(copy, ticket, self._leases), adoption)
+                for copy, ticket in zip(copies, tickets, strict=True)]  # fmt: skip
+
+    # --- what a snapshot records of its session ---
+
+    async def _meta(self, session: Session) -> dict[str, object]:
+        layer = session.vm.spec.layer
+        return {
+            "language": session.language,
+            "session": session.settings(),
+            "layer": None if layer is None else await self._layer_meta(layer),
+            "packages": [] if session.packages is None else list(session.packages.packages),
+        }
+
+    async def _layer_meta(self, layer: PackageLayer) -> dict[str, object]:
+        """With size and digest, the snapshot keeps its own link to the layer's image
+        (forks.save_session) and resumes after the package cache evicted it."""
+        stored = await self._provisioner.layers.store.lookup(layer.key)
+        if stored is None:
+            return {"key": layer.key, "kind": layer.kind}
+        return {"key": layer.key, "kind": layer.kind, "size": stored.size,
+                "sha256": stored.meta.get("sha256")}  # fmt: skip
+
+    async def _layer_of(self, meta: dict[str, Any]) -> PackageLayer | None:
+        """The package layer a paused session's VM had (its disk must be the same again): the
+        cache's, else the snapshot's own copy."""
+        saved = meta.get("layer")
+        if not saved:
+            return None
+        stored = await self._provisioner.layers.store.lookup(str(saved["key"]))
+        if stored is not None:
+            path, size = stored.path, stored.size
+        else:
+            copy = await self.store.layer_copy(str(meta["id"]), meta)
+            if copy is None:
+                raise SnapshotError(
+                    f"session snapshot {meta.get('id')} needs package layer {saved['key']}, "
+                    "which is no longer in the package cache (and the snapshot holds no intact "
+                    "copy of it)"
+                )
+            path, size = copy, int(saved["size"])
+        report = PackagesReport(packages=tuple(meta.get("packages") or ()), cache_hit=True,
+                                resolved=False, size_bytes=size)  # fmt: skip
+        return PackageLayer(key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report)
+
+
+def _ms(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
