@@ -27,38 +27,25 @@
 #define CGROUP2_SUPER_MAGIC 0x63677270
 #endif
 
-static int write_file(const char *dir, const char *file, const char *text)
-{
-	char path[PATH_MAX + 64];
-	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path))
-		return -ENAMETOOLONG;
-	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	size_t n = strlen(text);
-	ssize_t w = write(fd, text, n);
-	if (w < 0)
-		return -errno;
-	return (size_t)w == n ? 0 : -EIO;
-}
-
-int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out)
+int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out, struct sbx_err *err)
 {
 	char path[PATH_MAX + 64], buf[64];
 	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path))
-		return -ENAMETOOLONG;
+		return sbx_err_set(err, -ENAMETOOLONG, "cgroup file path too long: %s", file);
 	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return -errno;
+		return sbx_err_sys(err, -errno, "open(%s)", file);
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return n < 0 ? -errno : -EIO;
+	if (n < 0)
+		return sbx_err_sys(err, -errno, "read(%s)", file);
+	if (n == 0)
+		return sbx_err_set(err, -EIO, "cgroup file %s is empty", file);
 	buf[n] = 0;
 	char *end;
 	errno = 0;
 	unsigned long long v = strtoull(buf, &end, 10);
 	if (errno || end == buf)
-		return -EIO;
+		return sbx_err_set(err, -EIO, "cgroup file %s holds no number", file);
 	*out = v;
 	return 0;
 }
@@ -371,36 +358,26 @@ int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_
 	return 0;
 }
 
-int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid)
-{
-	char buf[32];
-	snprintf(buf, sizeof(buf), "%d", (int)pid);
-	for (unsigned i = 0; i < cg->ndirs; i++) {
-		int rc = write_file(cg->dirs[i], "cgroup.procs", buf);
-		if (rc < 0)
-			return rc;
-	}
-	return 0;
-}
-
 void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *memory_peak)
 {
+	struct sbx_err absent = {0}; /* a figure the kernel does not keep is UINT64_MAX, not an error */
 	*cpu_ns = UINT64_MAX;
 	*memory_peak = UINT64_MAX;
 	if (cg->version == 2) {
 		uint64_t us;
 		if (read_v2_cpu_usec(cg->dirs[0], &us) == 0)
 			*cpu_ns = us * 1000;
-		if (sbx_cgroup_read_u64(cg->dirs[0], "memory.peak", memory_peak) < 0)
+		if (sbx_cgroup_read_u64(cg->dirs[0], "memory.peak", memory_peak, &absent) < 0)
 			*memory_peak = UINT64_MAX;
 		return;
 	}
 	for (unsigned i = 0; i < cg->ndirs; i++) {
 		uint64_t v;
-		if (*cpu_ns == UINT64_MAX && sbx_cgroup_read_u64(cg->dirs[i], "cpuacct.usage", &v) == 0)
+		if (*cpu_ns == UINT64_MAX &&
+		    sbx_cgroup_read_u64(cg->dirs[i], "cpuacct.usage", &v, &absent) == 0)
 			*cpu_ns = v;
 		if (*memory_peak == UINT64_MAX &&
-		    sbx_cgroup_read_u64(cg->dirs[i], "memory.max_usage_in_bytes", &v) == 0)
+		    sbx_cgroup_read_u64(cg->dirs[i], "memory.max_usage_in_bytes", &v, &absent) == 0)
 			*memory_peak = v;
 	}
 }

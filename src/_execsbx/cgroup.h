@@ -55,8 +55,6 @@ int sbx_cgroup_materialize(const struct sbx_cgroup *cg, int enter, const char **
  * behind. */
 int sbx_cgroup_create(struct sbx_cgroup *cg, const char *name, const struct sbx_cgroup_limits *lim,
 		      struct sbx_err *err);
-/* Move pid into every directory of the cgroup. 0 or -errno. */
-int sbx_cgroup_add_pid(const struct sbx_cgroup *cg, pid_t pid);
 /* CPU time in ns and peak memory in bytes so far (each UINT64_MAX if unknown). */
 void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *memory_peak);
 /* Remove the directories (the processes in them must be gone; a directory that was never made
@@ -64,7 +62,8 @@ void sbx_cgroup_usage(const struct sbx_cgroup *cg, uint64_t *cpu_ns, uint64_t *m
  * of callers that were SIGKILLed. May sleep: not for an event loop's thread. Idempotent. */
 void sbx_cgroup_remove(struct sbx_cgroup *cg);
 /* A short file path relative to the cgroup, e.g. "memory.limit_in_bytes", read as an integer from
- * the directory that holds it. -errno if absent. */
-int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out);
+ * the directory that holds it. 0, or -errno with err filled: the failed open/read (-ENOENT: the
+ * kernel has no such file), -EIO for a file that holds no number. */
+int sbx_cgroup_read_u64(const char *dir, const char *file, uint64_t *out, struct sbx_err *err);
 
 #endif /* SBX_CGROUP_H */

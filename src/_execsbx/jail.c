@@ -37,7 +37,8 @@ static void init_empty(struct sbx_jail *j)
 	j->cpu_ns = j->memory_peak = UINT64_MAX;
 }
 
-int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name)
+int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name,
+		     struct sbx_err *err)
 {
 	init_empty(j);
 	if (!cfg || !cfg->enabled) {
@@ -48,14 +49,16 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	j->enabled = 1;
 
 	/* seccomp */
-	struct sbx_err err = {0};
-	char text[sizeof(err.msg) + 64];
-	int rc = sbx_seccomp_program(&j->bpf, &err);
-	if (rc == -ENOMEM)
+	struct sbx_err why = {0}; /* why a layer is off: its status, not a failure */
+	char text[sizeof(why.msg) + 64];
+	int rc = sbx_seccomp_program(&j->bpf, &why);
+	if (rc == -ENOMEM) {
+		*err = why;
 		return rc;
+	}
 	if (rc < 0)
 		set_status(j, SBX_LAYER_SECCOMP, 0, "cannot build the filter: %s",
-			   sbx_err_text(&err, text, sizeof(text)));
+			   sbx_err_text(&why, text, sizeof(text)));
 	else
 		set_status(j, SBX_LAYER_SECCOMP, 1, "deny-list filter of %u BPF instructions",
 			   (unsigned)j->bpf->len);
@@ -69,15 +72,16 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 
 	/* cgroup */
 	struct sbx_cgroup_limits lim = {cfg->memory_bytes, cfg->cpu_percent, cfg->pids_max};
-	sbx_err_clear(&err);
+	sbx_err_clear(&why);
 	if (!name || !name[0] || strchr(name, '/'))
-		return -EINVAL;
+		return sbx_err_set(err, -EINVAL, "cgroup name \"%s\": empty or with a '/'",
+				   name ? name : "");
 	if (!lim.memory_bytes && !lim.cpu_percent && !lim.pids_max)
-		rc = sbx_err_set(&err, -EINVAL, "no limits requested by the caller");
+		rc = sbx_err_set(&why, -EINVAL, "no limits requested by the caller");
 	else
-		rc = sbx_cgroup_plan(&j->cg, name, &lim, &err);
+		rc = sbx_cgroup_plan(&j->cg, name, &lim, &why);
 	if (rc < 0)
-		set_status(j, SBX_LAYER_CGROUP, 0, "%s", sbx_err_text(&err, text, sizeof(text)));
+		set_status(j, SBX_LAYER_CGROUP, 0, "%s", sbx_err_text(&why, text, sizeof(text)));
 	else
 		set_status(j, SBX_LAYER_CGROUP, 1,
 			   "v%d: memory %llu MiB, cpu %u%%, pids %u", j->cg.version,

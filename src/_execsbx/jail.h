@@ -60,9 +60,11 @@ struct sbx_jail {
 extern const char *const sbx_layer_names[SBX_LAYER__COUNT];
 
 /* Parent, before fork; nothing here blocks for long (the seccomp program is built once per
- * process, the cgroup is only planned). name: a unique name for the VM's cgroup. Never fails because a layer is
- * unavailable (that layer is off, with its reason); returns -ENOMEM/-EINVAL on real errors. */
-int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name);
+ * process, the cgroup is only planned). name: a unique name for the VM's cgroup. Never fails
+ * because a layer is unavailable (that layer is off, with its reason in status[]); 0, or on a
+ * real error -ENOMEM or -EINVAL (a name that is empty or has a '/') with err filled. */
+int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name,
+		     struct sbx_err *err);
 /* Parent: clone() refused the namespaces (err): record it and go on without them. */
 void sbx_jail_namespaces_refused(struct sbx_jail *j, int err);
 /* Child, first thing after the go: create its cgroup (planned by sbx_jail_prepare), write the

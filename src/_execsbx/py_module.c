@@ -50,17 +50,23 @@ static PyObject *build_qemu_argv(PyObject *module, PyObject *args, PyObject *kwd
 
 PyDoc_STRVAR(tsc_khz_doc, "tsc_khz() -> int\n\n"
 			  "The TSC frequency in kHz measured against CLOCK_MONOTONIC over ~25 ms\n"
-			  "(the GIL is released meanwhile); 0 on non-x86_64 hosts.");
+			  "(the GIL is released meanwhile); 0 when unknown: on non-x86_64 hosts, or\n"
+			  "when the measurement failed.");
 
+/* A failed measurement answers 0, not an exception: 0 is "unknown" in this function's contract
+ * (the guest then boots without tsc_early_khz=), and no caller could do more with the reason
+ * (docs/c-conventions.md lists this exception). */
 static PyObject *tsc_khz(PyObject *module, PyObject *unused)
 {
 	(void)module;
 	(void)unused;
-	uint64_t khz;
+	uint64_t khz = 0;
+	struct sbx_err unknown = {0};
+	int rc;
 	Py_BEGIN_ALLOW_THREADS
-	khz = sbx_tsc_khz();
+	rc = sbx_tsc_khz(&khz, &unknown);
 	Py_END_ALLOW_THREADS
-	return PyLong_FromUnsignedLongLong(khz);
+	return PyLong_FromUnsignedLongLong(rc < 0 ? 0 : khz);
 }
 
 PyDoc_STRVAR(seccomp_rules_doc,

@@ -24,14 +24,14 @@ static uint64_t ts_ns(const struct timespec *ts)
 	return (uint64_t)ts->tv_sec * 1000000000u + (uint64_t)ts->tv_nsec;
 }
 
-static int take_point(struct tsc_point *best)
+static int take_point(struct tsc_point *best, struct sbx_err *err)
 {
 	best->width = UINT64_MAX;
 	for (int i = 0; i < SBX_TSC_TRIES; i++) {
 		struct timespec ts;
 		uint64_t a = __rdtsc();
 		if (clock_gettime(CLOCK_MONOTONIC, &ts) < 0)
-			return -errno;
+			return sbx_err_sys(err, -errno, "clock_gettime(CLOCK_MONOTONIC)");
 		uint64_t b = __rdtsc();
 		if (b < a)
 			continue;
@@ -41,34 +41,41 @@ static int take_point(struct tsc_point *best)
 			best->ns = ts_ns(&ts);
 		}
 	}
-	return best->width == UINT64_MAX ? -EIO : 0;
+	if (best->width == UINT64_MAX)
+		return sbx_err_set(err, -EIO, "the TSC went backwards across every clock reading");
+	return 0;
 }
 
-uint64_t sbx_tsc_khz(void)
+int sbx_tsc_khz(uint64_t *khz, struct sbx_err *err)
 {
 	struct tsc_point p0 = {0}, p1 = {0};
-	if (take_point(&p0) < 0)
-		return 0;
+	int rc = take_point(&p0, err);
+	if (rc < 0)
+		return rc;
 	struct timespec req = {0, SBX_TSC_INTERVAL_NS};
 	while (nanosleep(&req, &req) < 0 && errno == EINTR)
 		;
-	if (take_point(&p1) < 0)
-		return 0;
+	if ((rc = take_point(&p1, err)) < 0)
+		return rc;
 	if (p1.ns <= p0.ns || p1.tsc <= p0.tsc)
-		return 0;
+		return sbx_err_set(err, -EIO, "the clock or the TSC did not advance over %ld ms",
+				   SBX_TSC_INTERVAL_NS / 1000000L);
 	uint64_t dns = p1.ns - p0.ns, dtsc = p1.tsc - p0.tsc;
 	/* kHz = ticks per ms = dtsc * 1e6 / dns; dtsc < 2^40 for any sane interval, so the
 	 * product fits in 64 bits. Round to nearest. */
 	if (dtsc > UINT64_MAX / 1000000u)
-		return 0;
-	return (dtsc * 1000000u + dns / 2) / dns;
+		return sbx_err_set(err, -EIO, "%llu TSC ticks in %llu ns: not a TSC",
+				   (unsigned long long)dtsc, (unsigned long long)dns);
+	*khz = (dtsc * 1000000u + dns / 2) / dns;
+	return 0;
 }
 
 #else
 
-uint64_t sbx_tsc_khz(void)
+int sbx_tsc_khz(uint64_t *khz, struct sbx_err *err)
 {
-	return 0;
+	(void)khz;
+	return sbx_err_set(err, -EOPNOTSUPP, "no TSC to measure on this architecture");
 }
 
 #endif

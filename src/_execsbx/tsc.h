@@ -4,8 +4,11 @@
 
 #include <stdint.h>
 
-/* The TSC frequency in kHz, measured against CLOCK_MONOTONIC over about 25 ms (the calling
- * thread sleeps meanwhile). 0 on non-x86_64 builds or if the measurement failed. */
-uint64_t sbx_tsc_khz(void);
+#include "sbx_err.h"
+
+/* The TSC frequency in kHz into *khz, measured against CLOCK_MONOTONIC over about 25 ms (the
+ * calling thread sleeps meanwhile). 0, or with err filled -EOPNOTSUPP (not an x86_64 build) or
+ * -EIO (no plausible measurement) or clock_gettime's error. */
+int sbx_tsc_khz(uint64_t *khz, struct sbx_err *err);
 
 #endif /* SBX_TSC_H */

@@ -61,11 +61,11 @@ int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 	struct sbx_jail *jail = calloc(1, sizeof(*jail));
 	if (!jail)
 		return sbx_err_sys(err, -ENOMEM, "malloc");
-	int rc = sbx_jail_prepare(jail, cfg, name);
+	int rc = sbx_jail_prepare(jail, cfg, name, err);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
-		return sbx_err_sys(err, rc, "jail");
+		return rc;
 	}
 	rc = start_in(vm, argv, with_qmp, mem_fd, with_net, jail, err);
 	if (rc < 0) {

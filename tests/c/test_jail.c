@@ -72,7 +72,7 @@ static void test_all_layers_in_force(void)
 		SKIP("namespaces refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-1"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-1", &E), 0);
 	for (int l = 0; l < SBX_LAYER__COUNT; l++)
 		if (!j.status[l].active)
 			fprintf(stderr, "layer %s off: %s\n", sbx_layer_names[l], j.status[l].detail);
@@ -118,7 +118,7 @@ static void test_snapshot_fds_survive_the_jail(void)
 		SKIP("its read-only mount tree needs namespaces, refused on purpose (SBX_TEST_FORCE)");
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-fds"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-fds", &E), 0);
 	char ram_path[] = "/tmp/sbx-ctest-ram-XXXXXX";
 	int ram = mkstemp(ram_path);
 	CHECK(ram >= 0);
@@ -164,6 +164,17 @@ static void test_snapshot_fds_survive_the_jail(void)
 	sbx_jail_destroy(&j);
 }
 
+/* A real error of the parent's preparation (not a layer that is off) fills err. */
+static void test_prepare_refuses_a_bad_cgroup_name(void)
+{
+	struct sbx_jail_config cfg = full_config();
+	struct sbx_jail j;
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "a/b", &why), -EINVAL);
+	CHECK(why.code == EINVAL && !why.syscall && strstr(why.msg, "a/b") != NULL);
+	sbx_jail_destroy(&j);
+}
+
 static void test_cgroup_limits_written_and_removed(void)
 {
 	struct sbx_cgroup cg;
@@ -177,21 +188,27 @@ static void test_cgroup_limits_written_and_removed(void)
 	uint64_t v = 0;
 	int found_mem = 0, found_pids = 0, found_cpu = 0;
 	for (unsigned i = 0; i < cg.ndirs; i++) {
-		if (sbx_cgroup_read_u64(cg.dirs[i], "memory.limit_in_bytes", &v) == 0 ||
-		    sbx_cgroup_read_u64(cg.dirs[i], "memory.max", &v) == 0) {
+		if (sbx_cgroup_read_u64(cg.dirs[i], "memory.limit_in_bytes", &v, &why) == 0 ||
+		    sbx_cgroup_read_u64(cg.dirs[i], "memory.max", &v, &why) == 0) {
 			CHECK_EQ(v, 96u << 20);
 			found_mem = 1;
 		}
-		if (sbx_cgroup_read_u64(cg.dirs[i], "pids.max", &v) == 0) {
+		if (sbx_cgroup_read_u64(cg.dirs[i], "pids.max", &v, &why) == 0) {
 			CHECK_EQ(v, 7);
 			found_pids = 1;
 		}
-		if (sbx_cgroup_read_u64(cg.dirs[i], "cpu.cfs_quota_us", &v) == 0) {
+		if (sbx_cgroup_read_u64(cg.dirs[i], "cpu.cfs_quota_us", &v, &why) == 0) {
 			CHECK_EQ(v, 150000);
 			found_cpu = 1;
 		}
 	}
 	CHECK(found_mem && found_pids && (found_cpu || cg.version == 2));
+	/* A file the kernel does not have: the failed open, named; an empty one (no process in
+	 * the cgroup yet): no number. */
+	CHECK_EQ(sbx_cgroup_read_u64(cg.dirs[0], "no.such.file", &v, &why), -ENOENT);
+	CHECK(why.syscall && strcmp(why.msg, "open(no.such.file)") == 0);
+	CHECK_EQ(sbx_cgroup_read_u64(cg.dirs[0], "cgroup.procs", &v, &why), -EIO);
+	CHECK(!why.syscall && strstr(why.msg, "cgroup.procs is empty") != NULL);
 	char first[PATH_MAX];
 	snprintf(first, sizeof(first), "%s", cg.dirs[0]);
 	sbx_cgroup_remove(&cg);
@@ -204,7 +221,7 @@ static void test_namespaces_refused_is_recorded(void)
 {
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-3"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-3", &E), 0);
 	sbx_jail_namespaces_refused(&j, EPERM);
 	CHECK(!j.status[SBX_LAYER_NAMESPACES].active);
 	CHECK(strstr(j.status[SBX_LAYER_NAMESPACES].detail, "refused") != NULL);
@@ -220,7 +237,7 @@ static void test_cgroup_the_child_cannot_make_is_off_with_its_reason(void)
 {
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-8"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-8", &E), 0);
 	CHECK(j.status[SBX_LAYER_CGROUP].active && j.cg.ndirs > 0);
 	CHECK_EQ(mkdir(j.cg.dirs[0], 0700), 0);
 	char out[256];
@@ -243,7 +260,7 @@ static void test_network_vm_keeps_host_netns(void)
 	struct sbx_jail_config cfg = full_config();
 	cfg.network = 1;
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-4"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-4", &E), 0);
 	char out[512], self[64] = "";
 	ssize_t n = readlink("/proc/self/ns/net", self, sizeof(self) - 1);
 	CHECK(n > 0);
@@ -260,7 +277,7 @@ static void test_unprivileged_user(void)
 	cfg.uid = 65534;
 	cfg.gid = 65534;
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-5"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-5", &E), 0);
 	CHECK(j.status[SBX_LAYER_USER].active);
 	char out[256];
 	CHECK_EQ(run_jailed(&j, "id -u; id -g; id -G", out, sizeof(out)), 0);
@@ -281,7 +298,7 @@ static void test_parent_death_kills_child_after_user_switch(void)
 		/* No limits: no cgroup, which this process could not remove after its exit. */
 		struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
 		struct sbx_jail j;
-		if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-6") < 0)
+		if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-6", &E) < 0)
 			_exit(2);
 		char *const argv[] = {"/bin/sleep", "30", NULL};
 		int chan[2], con[2];
@@ -339,7 +356,7 @@ static int spawn_as_nobody_while_threads_churn(int rounds)
 	/* Namespaces on (the raw clone path), no limits (no cgroup to create and remove per round). */
 	struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
 	struct sbx_jail j;
-	if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-7") < 0 || !j.clone_flags)
+	if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-7", &E) < 0 || !j.clone_flags)
 		return 1;
 	pthread_t threads[4];
 	for (int i = 0; i < 4; i++)
@@ -419,7 +436,7 @@ static void test_namespaces_refused_by_clone_fall_back_to_fork(void)
 	sbx_forced_fallbacks.refuse_namespaces = 1;
 	struct sbx_jail_config cfg = full_config();
 	struct sbx_jail j;
-	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-9"), 0);
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-9", &E), 0);
 	CHECK(j.status[SBX_LAYER_NAMESPACES].active); /* planned ... */
 	char out[256];
 	CHECK_EQ(run_jailed(&j, "test $$ -ne 1", out, sizeof(out)), 0); /* ... not PID 1 */
@@ -439,6 +456,7 @@ int main(void)
 	RUN(test_all_layers_in_force);
 	RUN(test_snapshot_fds_survive_the_jail);
 	RUN(test_cgroup_limits_written_and_removed);
+	RUN(test_prepare_refuses_a_bad_cgroup_name);
 	RUN(test_namespaces_refused_is_recorded);
 	RUN(test_namespaces_refused_by_clone_fall_back_to_fork);
 	RUN(test_cgroup_the_child_cannot_make_is_off_with_its_reason);
