@@ -11,7 +11,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Protocol, Self, Unpack, runtime_checkable
 
-from .models import ExecutionResult, FileInfo, SessionSnapshot
+from .config import SchedulerConfig
+from .models import ExecutionResult, FileInfo, Language, SessionSnapshot
 from .request import RunOptions
 from .vm.execution import OutputCallback
 
@@ -58,13 +59,17 @@ class SandboxSession(Protocol):
 class SandboxScheduler(Protocol):
     """Runs code in disposable VMs and opens sessions (API.md, `Scheduler`)."""
 
+    @property
+    def config(self) -> SchedulerConfig: ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult: ...
 
-    async def session(self, **options: Unpack[RunOptions]) -> SandboxSession: ...
+    async def session(self, *, _packages_language: Language | None = None,
+                      **options: Unpack[RunOptions]) -> SandboxSession: ...  # fmt: skip
 
     async def resume(self, snapshot_id: str | SessionSnapshot, *,
                      on_stdout: OutputCallback | None = None,

@@ -195,10 +195,13 @@ class ClusterScheduler:
 
     # --- sessions ---
 
-    async def session(self, **options: Unpack[RunOptions]) -> ClusterSession:
+    async def session(self, *, _packages_language: Language | None = None,
+                      **options: Unpack[RunOptions]) -> ClusterSession:  # fmt: skip
         """A session on a host with room; it stays on that host (ClusterSession forwards every
-        call there). on_stdout/on_stderr are the defaults of each exec(), kept here."""
-        request = RunRequest.make(options, self.config, code=None)
+        call there). on_stdout/on_stderr are the defaults of each exec(), kept here.
+        `_packages_language`: as Scheduler.session()'s."""
+        request = RunRequest.make(options, self.config, code=None,
+                                  packages_language=_packages_language)  # fmt: skip
         on_boot_log = options.get("on_boot_log")
         callbacks = {"boot": on_boot_log}
         streams = ("boot",) if on_boot_log is not None else ()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox import SandboxScheduler, Scheduler, SchedulerConfig
 
 _T = TypeVar("_T")
 
@@ -32,10 +32,10 @@ class BackgroundScheduler:
         self._thread.start()
         self._closed = False
         # Built on the loop thread so that everything it creates belongs to that loop.
-        self.scheduler: Scheduler = self._submit(self._make(config)).result()
+        self.scheduler: SandboxScheduler = self._submit(self._make(config)).result()
 
     @staticmethod
-    async def _make(config: SchedulerConfig | None) -> Scheduler:
+    async def _make(config: SchedulerConfig | None) -> SandboxScheduler:
         return Scheduler(config)
 
     @property
@@ -101,15 +101,15 @@ class Runner:
     thread would deadlock, so it raises instead).
     """
 
-    def __init__(self, scheduler: Scheduler | None) -> None:
+    def __init__(self, scheduler: SandboxScheduler | None) -> None:
         self._own = scheduler
         self._loop: asyncio.AbstractEventLoop | None = _running_loop()
 
     @property
-    def scheduler(self) -> Scheduler:
+    def scheduler(self) -> SandboxScheduler:
         return self._own if self._own is not None else background().scheduler
 
-    def run(self, make: Callable[[Scheduler], Awaitable[_T]]) -> _T:
+    def run(self, make: Callable[[SandboxScheduler], Awaitable[_T]]) -> _T:
         if self._own is None:
             bridge = background()
             return bridge.run_sync(_call(make, bridge.scheduler))
@@ -122,7 +122,7 @@ class Runner:
             )
         return asyncio.run_coroutine_threadsafe(_call(make, self._own), loop).result()
 
-    async def arun(self, make: Callable[[Scheduler], Awaitable[_T]]) -> _T:
+    async def arun(self, make: Callable[[SandboxScheduler], Awaitable[_T]]) -> _T:
         if self._own is None:
             bridge = background()
             return await bridge.run_async(_call(make, bridge.scheduler))
@@ -136,7 +136,7 @@ class Runner:
         return await make(self._own)
 
 
-async def _call(make: Callable[[Scheduler], Awaitable[_T]], scheduler: Scheduler) -> _T:
+async def _call(make: Callable[[SandboxScheduler], Awaitable[_T]], scheduler: SandboxScheduler) -> _T:
     return await make(scheduler)
 
 

@@ -11,15 +11,15 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from exec_sandbox import ExecutionResult, SandboxError, Scheduler, SnapshotError
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, SnapshotError
 from exec_sandbox.network import parse_network_request
 
 from ._bridge import Runner
 
 if TYPE_CHECKING:
-    from exec_sandbox.session import Session
+    from exec_sandbox import SandboxSession
 
 log = logging.getLogger("exec_sandbox")
 LANGUAGES = ("python", "javascript", "raw")
@@ -62,11 +62,11 @@ class SavedSessions:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
 
-    def _entry(self, scheduler: Scheduler, key: str) -> Path:
+    def _entry(self, scheduler: SandboxScheduler, key: str) -> Path:
         name = hashlib.sha256(f"{self.namespace}\0{key}".encode()).hexdigest()[:32]
         return scheduler.config.memory_snapshot_cache_dir / "sessions" / "keys" / f"{name}.json"
 
-    async def save(self, scheduler: Scheduler, key: str, session: Session) -> None:
+    async def save(self, scheduler: SandboxScheduler, key: str, session: SandboxSession) -> None:
         snapshot = await session.pause()
         entry = self._entry(scheduler, key)
         previous = _read_id(entry)
@@ -80,7 +80,7 @@ class SavedSessions:
             with contextlib.suppress(SnapshotError):
                 await scheduler.delete_snapshot(previous)
 
-    async def resume(self, scheduler: Scheduler, key: str) -> Session | None:
+    async def resume(self, scheduler: SandboxScheduler, key: str) -> SandboxSession | None:
         """The key's saved session, or None (never saved, or it cannot be resumed any more:
         expired, damaged, other images)."""
         entry = self._entry(scheduler, key)
@@ -94,6 +94,15 @@ class SavedSessions:
             entry.unlink(missing_ok=True)
             return None
 
+    async def forget(self, scheduler: SandboxScheduler, key: str) -> None:
+        """Delete the key's saved session, if any."""
+        entry = self._entry(scheduler, key)
+        snapshot_id = _read_id(entry)
+        if snapshot_id is not None:
+            with contextlib.suppress(SnapshotError):
+                await scheduler.delete_snapshot(snapshot_id)
+        entry.unlink(missing_ok=True)
+
 
 
 def _read_id(entry: Path) -> str | None:
@@ -104,8 +113,15 @@ def _read_id(entry: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+class NetworkOptions(TypedDict):
+    """The network part of RunOptions, as an integration's settings give it."""
+
+    allow_network: bool
+    allowed_domains: Sequence[str] | None
+
+
 def network_options(allow_network: bool, allowed_domains: Sequence[str] | None
-                    ) -> dict[str, Any]:  # fmt: skip
+                    ) -> NetworkOptions:  # fmt: skip
     """The network keyword arguments of run()/session() for an integration's settings, validated
     at once (NetworkValidationError), so that a bad setting fails when the tool is made."""
     parse_network_request(allow_network, allowed_domains, None)
@@ -131,10 +147,10 @@ class SessionPool:
         self.timeout_seconds = timeout_seconds
         self.packages = list(packages) if packages else None
         self.network = network_options(allow_network, allowed_domains)
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, SandboxSession] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
-    async def get(self, scheduler: Scheduler, key: str) -> Session:
+    async def get(self, scheduler: SandboxScheduler, key: str) -> SandboxSession:
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._sessions.get(key)
@@ -155,7 +171,7 @@ class SessionPool:
     def keys(self) -> list[str]:
         return [key for key, session in self._sessions.items() if not session.closed]
 
-    async def _close(self, scheduler: Scheduler, key: str | None) -> None:
+    async def _close(self, scheduler: SandboxScheduler, key: str | None) -> None:
         keys = list(self._sessions) if key is None else [key]
         for name in keys:
             session = self._sessions.pop(name, None)

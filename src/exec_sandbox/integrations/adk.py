@@ -24,7 +24,7 @@ from google.adk.code_executors.code_execution_utils import (
 )
 from pydantic import ConfigDict, PrivateAttr
 
-from exec_sandbox import SandboxError, Scheduler
+from exec_sandbox import SandboxError, SandboxScheduler
 
 from ._bridge import Runner
 from ._common import SessionPool
@@ -32,7 +32,7 @@ from ._common import SessionPool
 if TYPE_CHECKING:
     from google.adk.agents.invocation_context import InvocationContext
 
-    from exec_sandbox.session import Session
+    from exec_sandbox import SandboxSession
 
 # ADK keeps output files in memory as artifacts: bounded per file, in number and in total. A
 # file left out is named in a note appended to stdout, so the model knows it exists.
@@ -50,7 +50,7 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    scheduler: Scheduler | None = None
+    scheduler: SandboxScheduler | None = None
     timeout_seconds: int | None = None
     # Python packages installed in the VM (name==version), e.g. ["pandas==2.2.0"].
     packages: list[str] | None = None
@@ -82,7 +82,7 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
         """Awaitable form of execute_code for callers that have a loop to spare."""
         return await self._pool.runner.arun(lambda s: self._execute(s, code_execution_input))
 
-    async def _execute(self, scheduler: Scheduler,
+    async def _execute(self, scheduler: SandboxScheduler,
                        request: CodeExecutionInput) -> CodeExecutionResult:  # fmt: skip
         key = request.execution_id if self.stateful and request.execution_id else None
         try:
@@ -107,7 +107,7 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
         self._pool.close(execution_id)
 
 
-async def _run(session: Session, request: CodeExecutionInput) -> CodeExecutionResult:
+async def _run(session: SandboxSession, request: CodeExecutionInput) -> CodeExecutionResult:
     for file in request.input_files:
         await session.write_file(file.name, _file_bytes(file.content))
     before = await _scan(session)
@@ -128,7 +128,7 @@ async def _run(session: Session, request: CodeExecutionInput) -> CodeExecutionRe
     )
 
 
-async def _scan(session: Session) -> dict[str, int]:
+async def _scan(session: SandboxSession) -> dict[str, int]:
     """Files under the home, path -> size, breadth first within the scan bounds."""
     found: dict[str, int] = {}
     pending, scanned = [("", 0)], 0
@@ -146,7 +146,7 @@ async def _scan(session: Session) -> dict[str, int]:
     return found
 
 
-async def _new_files(session: Session, before: dict[str, int]) -> tuple[list[File], list[str]]:
+async def _new_files(session: SandboxSession, before: dict[str, int]) -> tuple[list[File], list[str]]:
     """The files that were not there before the run, within the output bounds, and the paths
     of those left out."""
     outputs: list[File] = []

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from exec_sandbox import ExecutionResult, SandboxError, Scheduler
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
 from ._common import LANGUAGES, SessionPool, network_options, result_text
@@ -39,20 +39,20 @@ def _output(call: Callable[[], ExecutionResult]) -> str:
 
 def _one_shot(language: str, timeout_seconds: int | None, allow_network: bool,
               allowed_domains: Sequence[str] | None
-              ) -> Callable[[str], Callable[[Scheduler], Awaitable[ExecutionResult]]]:  # fmt: skip
+              ) -> Callable[[str], Callable[[SandboxScheduler], Awaitable[ExecutionResult]]]:  # fmt: skip
     """The run() call of one code block, with the eval function's settings checked now (before
     any VM: a bad setting fails where the eval function is made)."""
     _check(language)
     network = network_options(allow_network, allowed_domains)
 
-    def call(code: str) -> Callable[[Scheduler], Awaitable[ExecutionResult]]:
+    def call(code: str) -> Callable[[SandboxScheduler], Awaitable[ExecutionResult]]:
         return lambda s: s.run(code, language=language,  # type: ignore[arg-type]
                                timeout_seconds=timeout_seconds, **network)  # fmt: skip
 
     return call
 
 
-def create_exec_sandbox_eval(scheduler: Scheduler | None = None, *,
+def create_exec_sandbox_eval(scheduler: SandboxScheduler | None = None, *,
                              timeout_seconds: int | None = None, language: str = "python",
                              allow_network: bool = False,
                              allowed_domains: Sequence[str] | None = None) -> EvalFn:  # fmt: skip
@@ -66,7 +66,7 @@ def create_exec_sandbox_eval(scheduler: Scheduler | None = None, *,
     return eval_fn
 
 
-def create_exec_sandbox_async_eval(scheduler: Scheduler | None = None, *,
+def create_exec_sandbox_async_eval(scheduler: SandboxScheduler | None = None, *,
                                    timeout_seconds: int | None = None, language: str = "python",
                                    allow_network: bool = False,
                                    allowed_domains: Sequence[str] | None = None
@@ -93,7 +93,7 @@ class ExecSandboxSessionEval:
     VMs. Abandoned ones close after the scheduler's idle timeout, or at exit.
     """
 
-    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
+    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
                  language: str = "python", allow_network: bool = False,
                  allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         _check(language)
@@ -114,7 +114,7 @@ class ExecSandboxSessionEval:
             return f"Error: {type(exc).__name__}: {exc}", {}
         return result_text(result), {}
 
-    async def _exec(self, scheduler: Scheduler, key: str, code: str) -> ExecutionResult:
+    async def _exec(self, scheduler: SandboxScheduler, key: str, code: str) -> ExecutionResult:
         session = await self._pool.get(scheduler, key)
         return await session.exec(code)
 

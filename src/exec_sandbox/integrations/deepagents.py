@@ -32,14 +32,14 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import BaseSandbox
 
-from exec_sandbox import OutputLimitError, SandboxError, Scheduler
+from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
 from ._common import SavedSessions, network_options
 from ._sandbox_glob import glob_command, parse_glob_output, search_root
 
 if TYPE_CHECKING:
-    from exec_sandbox.session import Session
+    from exec_sandbox import SandboxSession
 
 TIMEOUT_EXIT_CODE = 124
 FileContract = Literal["standard", "deepagents"]
@@ -74,7 +74,7 @@ class ExecSandboxBackend(BaseSandbox):
     own glob and write, for agents with permission deny rules or CompositeBackend routes.
     """
 
-    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int = 120,
+    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int = 120,
                  max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  memory_mb: int = DEFAULT_MEMORY_MB,
                  file_contract: FileContract = "standard",
@@ -99,7 +99,7 @@ class ExecSandboxBackend(BaseSandbox):
         self._timeout = timeout_seconds
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
-        self._holder: list[Session] = []
+        self._holder: list[SandboxSession] = []
         # Concurrent first calls (deepagents runs tools in parallel) must share one session: without
         # it each would open its own and all but the last would leak until their idle timeout.
         self._opening = asyncio.Lock()
@@ -118,7 +118,7 @@ class ExecSandboxBackend(BaseSandbox):
                        timeout: int | None = None) -> ExecuteResponse:  # noqa: ASYNC109  # fmt: skip
         return await self._runner.arun(lambda s: self._execute(s, command, timeout))
 
-    async def _execute(self, scheduler: Scheduler, command: str,
+    async def _execute(self, scheduler: SandboxScheduler, command: str,
                        timeout: int | None) -> ExecuteResponse:  # fmt: skip
         if not command.strip():
             return ExecuteResponse(output="Error: the command is empty", exit_code=2)
@@ -170,7 +170,7 @@ class ExecSandboxBackend(BaseSandbox):
     async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         return await self._runner.arun(lambda s: self._download(s, paths))
 
-    async def _upload(self, scheduler: Scheduler,
+    async def _upload(self, scheduler: SandboxScheduler,
                       files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:  # fmt: skip
         responses = []
         for path, content in files:
@@ -178,7 +178,7 @@ class ExecSandboxBackend(BaseSandbox):
                 scheduler, path, content)))  # fmt: skip
         return responses
 
-    async def _upload_one(self, scheduler: Scheduler, path: str, content: bytes) -> str | None:
+    async def _upload_one(self, scheduler: SandboxScheduler, path: str, content: bytes) -> str | None:
         if not _is_absolute(path):
             return "invalid_path"
         staged = f"{_STAGING}/{uuid.uuid4().hex}"
@@ -197,7 +197,7 @@ class ExecSandboxBackend(BaseSandbox):
         await _discard(session, staged)
         return _file_error(result.stderr)
 
-    async def _download(self, scheduler: Scheduler,
+    async def _download(self, scheduler: SandboxScheduler,
                         paths: list[str]) -> list[FileDownloadResponse]:  # fmt: skip
         responses = []
         for path in paths:
@@ -205,7 +205,7 @@ class ExecSandboxBackend(BaseSandbox):
             responses.append(FileDownloadResponse(path=path, content=content, error=error))
         return responses
 
-    async def _download_one(self, scheduler: Scheduler,
+    async def _download_one(self, scheduler: SandboxScheduler,
                             path: str) -> tuple[bytes | None, str | None]:  # fmt: skip
         if not _is_absolute(path):
             return None, "invalid_path"
@@ -259,7 +259,7 @@ class ExecSandboxBackend(BaseSandbox):
             return await super().awrite(file_path, content)
         return await self._runner.arun(lambda s: self._write_new(s, file_path, content))
 
-    async def _write_new(self, scheduler: Scheduler, path: str, content: str) -> WriteResult:
+    async def _write_new(self, scheduler: SandboxScheduler, path: str, content: str) -> WriteResult:
         """Create `path` (and its parents) with `content`; an existing path is left untouched.
         bash's noclobber opens the target with O_EXCL, so the check and the create are one step."""
         if not _is_absolute(path):
@@ -285,7 +285,7 @@ class ExecSandboxBackend(BaseSandbox):
 
     # --- lifecycle ---
 
-    async def _session(self, scheduler: Scheduler) -> Session:
+    async def _session(self, scheduler: SandboxScheduler) -> SandboxSession:
         async with self._opening:
             if self._holder and not self._holder[0].closed:
                 return self._holder[0]
@@ -314,7 +314,7 @@ class ExecSandboxBackend(BaseSandbox):
         if self._holder:
             await self._runner.arun(lambda s: self._end(s))
 
-    async def _end(self, scheduler: Scheduler) -> None:
+    async def _end(self, scheduler: SandboxScheduler) -> None:
         if self._saved is None:
             await _close_all(self._holder)
             return
@@ -342,19 +342,19 @@ def _file_error(stderr: str) -> str:
     return stderr.strip() or "unknown error"
 
 
-async def _discard(session: Session, staged: str) -> None:
+async def _discard(session: SandboxSession, staged: str) -> None:
     try:
         await session.exec(f"rm -f -- ~/{staged}")
     except SandboxError:
         pass
 
 
-async def _close_all(holder: list[Session]) -> None:
+async def _close_all(holder: list[SandboxSession]) -> None:
     while holder:
         await holder.pop().close()
 
 
-def _close_quietly(runner: Runner, holder: list[Session]) -> None:
+def _close_quietly(runner: Runner, holder: list[SandboxSession]) -> None:
     if not holder:
         return
     try:

@@ -18,10 +18,10 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from exec_sandbox import ExecutionResult, SandboxError, Scheduler
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
-from ._common import LANGUAGES, SessionPool, network_options, result_artifact, result_text
+from ._common import LANGUAGES, NetworkOptions, SessionPool, network_options, result_artifact, result_text
 
 _DEFAULT_THREAD = "default"
 
@@ -45,13 +45,13 @@ class _SandboxToolBase(BaseTool):
     args_schema: type[BaseModel] = ExecSandboxInput
     response_format: Literal["content", "content_and_artifact"] = "content_and_artifact"
     handle_tool_error: bool = True
-    scheduler: Scheduler | None = None
+    scheduler: SandboxScheduler | None = None
     timeout_seconds: int | None = None
     # Network by name (Scheduler.run): off by default; allowed_domains None = any public name.
     allow_network: bool = False
     allowed_domains: list[str] | None = None
     _runner: Runner = PrivateAttr()
-    _network: dict[str, Any] = PrivateAttr()
+    _network: NetworkOptions = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
@@ -163,7 +163,7 @@ class ExecSandboxSessionTool(_SandboxToolBase):
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _as_tool_output(result)
 
-    async def _exec(self, scheduler: Scheduler, key: str, code: str) -> ExecutionResult:
+    async def _exec(self, scheduler: SandboxScheduler, key: str, code: str) -> ExecutionResult:
         session = await self._pool.get(scheduler, key)
         return await session.exec(code)
 

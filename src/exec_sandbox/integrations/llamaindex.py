@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from llama_index.core.tools.tool_spec.base import BaseToolSpec
 
-from exec_sandbox import ExecutionResult, SandboxError, Scheduler
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
 from ._common import LANGUAGES, SessionPool, network_options, result_text
@@ -24,7 +24,7 @@ class ExecSandboxCodeExecutor:
     """Owns the session behind a CodeActAgent's code_execute_fn. `execute` is the async function
     to hand to the agent; `close()` destroys the VM (a new one starts on the next call)."""
 
-    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
+    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
                  language: str = "python", packages: Sequence[str] | None = None,
                  allow_network: bool = False,
                  allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
@@ -44,7 +44,7 @@ class ExecSandboxCodeExecutor:
             return f"Error: {type(exc).__name__}: {exc}"
         return result_text(result)
 
-    async def _exec(self, scheduler: Scheduler, code: str) -> ExecutionResult:
+    async def _exec(self, scheduler: SandboxScheduler, code: str) -> ExecutionResult:
         session = await self._pool.get(scheduler, _KEY)
         return await session.exec(code)
 
@@ -55,7 +55,7 @@ class ExecSandboxCodeExecutor:
         await self._pool.aclose()
 
 
-def create_code_execute_fn(scheduler: Scheduler | None = None, *,
+def create_code_execute_fn(scheduler: SandboxScheduler | None = None, *,
                            timeout_seconds: int | None = None, language: str = "python",
                            packages: Sequence[str] | None = None, allow_network: bool = False,
                            allowed_domains: Sequence[str] | None = None
@@ -81,7 +81,7 @@ class ExecSandboxToolSpec(BaseToolSpec):
 
     spec_functions = [("run_code", "arun_code")]
 
-    def __init__(self, scheduler: Scheduler | None = None, *, timeout_seconds: int | None = None,
+    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
                  packages: Sequence[str] | None = None, allow_network: bool = False,
                  allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
         self._runner = Runner(scheduler)

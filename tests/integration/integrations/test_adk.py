@@ -202,4 +202,4 @@ def test_persisted_sessions_come_back_for_their_execution_id() -> None:
 
 
 async def _forget(saved: Any, scheduler: Any, key: str) -> None:
-    saved.forget(scheduler, key)
+    await saved.forget(scheduler, key)

@@ -194,4 +194,4 @@ def test_a_keyed_backend_resumes_its_sandbox_after_close() -> None:
 
 
 async def _forget(saved: Any, scheduler: Any, key: str) -> None:
-    saved.forget(scheduler, key)
+    await saved.forget(scheduler, key)
