@@ -77,8 +77,14 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
 	 * tied to it. */
 	struct sbx_err err = {0};
-	int rc = sbx_vm_start(&self->vm, argv, pc.cfg.qmp, pc.mem_fd, pc.cfg.net_port,
-			      jcfg.enabled ? &jcfg : NULL, &err);
+	struct sbx_vm_start_opts opts = {
+		.jail = jcfg.enabled ? &jcfg : NULL,
+		.with_qmp = pc.cfg.qmp,
+		.with_mem = pc.mem_fd >= 0,
+		.mem_fd = pc.mem_fd,
+		.with_net = pc.cfg.net_port,
+	};
+	int rc = sbx_vm_start(&self->vm, argv, &opts, &err);
 	sbx_argv_free(argv);
 	sbx_parsed_config_release(&pc);
 	if (rc < 0) {

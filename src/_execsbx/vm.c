@@ -46,14 +46,15 @@ static int set_nonblock(int fd)
 	return 0;
 }
 
-static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
+static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_start_opts *opts,
 		    struct sbx_jail *jail, struct sbx_err *err);
 
-int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
-		 const struct sbx_jail_config *cfg, struct sbx_err *err)
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_start_opts *opts,
+		 struct sbx_err *err)
 {
+	const struct sbx_jail_config *cfg = opts->jail;
 	if (!cfg)
-		return start_in(vm, argv, with_qmp, mem_fd, with_net, NULL, err);
+		return start_in(vm, argv, opts, NULL, err);
 	static unsigned long counter;
 	char name[64];
 	snprintf(name, sizeof(name), "sbx-%d-%lu", (int)getpid(),
@@ -67,7 +68,7 @@ int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
 		free(jail);
 		return rc;
 	}
-	rc = start_in(vm, argv, with_qmp, mem_fd, with_net, jail, err);
+	rc = start_in(vm, argv, opts, jail, err);
 	if (rc < 0) {
 		sbx_jail_destroy(jail);
 		free(jail);
@@ -100,42 +101,11 @@ int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err)
 	return vm->spawn_rc;
 }
 
-/* Start, wait for the exec, and on failure leave nothing behind. */
-static int spawn_and_wait(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			  const struct sbx_jail_config *cfg, struct sbx_err *err)
-{
-	int rc = sbx_vm_start(vm, argv, with_qmp, mem_fd, 0, cfg, err);
-	if (rc < 0)
-		return rc;
-	rc = sbx_vm_start_check(vm, 1, err);
-	if (rc == 1)
-		return 0;
-	sbx_vm_destroy(vm);
-	sbx_vm_init(vm);
-	return rc;
-}
-
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, struct sbx_err *err)
-{
-	return spawn_and_wait(vm, argv, 0, -1, NULL, err);
-}
-
-int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    struct sbx_err *err)
-{
-	return spawn_and_wait(vm, argv, with_qmp, mem_fd, NULL, err);
-}
-
-int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, struct sbx_err *err)
-{
-	return spawn_and_wait(vm, argv, with_qmp, mem_fd, cfg, err);
-}
-
-static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
+static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_start_opts *opts,
 		    struct sbx_jail *jail, struct sbx_err *err)
 {
 	int chan[2], con[2], qmp[2] = {-1, -1}, net[2] = {-1, -1};
+	int with_qmp = opts->with_qmp, with_net = opts->with_net;
 
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
 		return sbx_err_sys(err, -errno, "socketpair");
@@ -178,8 +148,8 @@ static int start_in(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_
 		.with_qmp = with_qmp,
 		.qmp_fd = qmp_qemu,
 		.jail = jail,
-		.with_mem = mem_fd >= 0,
-		.mem_fd = mem_fd,
+		.with_mem = opts->with_mem,
+		.mem_fd = opts->mem_fd,
 		.with_net = with_net,
 		.net_fd = net_qemu,
 	};

@@ -37,15 +37,24 @@ struct sbx_vm_remains {
 
 /* Put vm in the closed state without resources (so that destroy paths are always safe). */
 void sbx_vm_init(struct sbx_vm *vm);
+/* What a VM is started with besides its argv; all zero: a plain VM (channel and console only),
+ * no jail. Each option must match the argv (qemu_argv.h's config), which names the fds. */
+struct sbx_jail_config;
+struct sbx_vm_start_opts {
+	const struct sbx_jail_config *jail; /* the host jail (jail.h); NULL: none */
+	int with_qmp; /* a third socketpair, QEMU's end at fd 5 (cfg.qmp), the host's in vm->qmp_fd */
+	int with_mem; /* mem_fd copied to fd 6, the guest RAM's backing file (cfg.mem_fd) */
+	int mem_fd;   /* with with_mem: the caller's fd, which it keeps */
+	int with_net; /* the network port's socketpair, QEMU's end at fd 7 (cfg.net_port), the
+		       * host's in vm->net_fd */
+};
+
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
  * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
- * readable and then asks sbx_vm_start_check. cfg: the host jail, or NULL for none. with_net: a
- * fourth socketpair whose QEMU end is fd 7 (qemu_argv.h: cfg.net_port), its host end in
- * vm->net_fd. On failure
- * returns -errno with err naming the failing call, and vm is still in the closed state. */
-struct sbx_jail_config;
-int sbx_vm_start(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd, int with_net,
-		 const struct sbx_jail_config *cfg, struct sbx_err *err);
+ * readable and then asks sbx_vm_start_check. opts is never NULL. On failure returns -errno with
+ * err filled (a failed call names its step), and vm is still in the closed state. */
+int sbx_vm_start(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_start_opts *opts,
+		 struct sbx_err *err);
 /* The fd that becomes readable once the started child has exec'd or failed; -1 once that is
  * known (or without a start in progress). */
 int sbx_vm_spawn_fd(const struct sbx_vm *vm);
@@ -53,20 +62,6 @@ int sbx_vm_spawn_fd(const struct sbx_vm *vm);
  * failed before exec (the child exits; close the vm to reap it). The answer is kept: later calls
  * return it again. */
 int sbx_vm_start_check(struct sbx_vm *vm, int blocking, struct sbx_err *err);
-/* Create both socketpairs and spawn argv[0] with the fd layout of qemu_spawn.h. On failure returns
- * -errno with err naming the failing call, and vm is still in the closed state. Blocks until
- * the child has exec'd (typically a few ms). */
-int sbx_vm_spawn(struct sbx_vm *vm, char *const *argv, struct sbx_err *err);
-/* The same, plus (with_qmp != 0) a third socketpair whose QEMU end is fd 5 in the child, for
- * `-chardev socket,id=qmp,fd=5 -mon chardev=qmp,mode=control` (qemu_argv.h: cfg.qmp), and
- * (mem_fd >= 0) a copy of mem_fd as fd 6, the guest RAM's backing file (cfg.mem_fd). The caller
- * keeps mem_fd. */
-int sbx_vm_spawn_ex(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-		    struct sbx_err *err);
-/* sbx_vm_spawn_ex inside the host jail (jail.h) configured by cfg. Layers the host cannot
- * provide are off with a reason in vm->jail->status. */
-int sbx_vm_spawn_jailed(struct sbx_vm *vm, char *const *argv, int with_qmp, int mem_fd,
-			const struct sbx_jail_config *cfg, struct sbx_err *err);
 /* SIGKILL the child unless it is already reaped. Idempotent. 0 or -errno. */
 int sbx_vm_kill(struct sbx_vm *vm, struct sbx_err *err);
 /* Non-blocking: 1 and *returncode (subprocess style: exit code or -signal) once exited, else 0;

@@ -16,6 +16,22 @@ static struct sbx_err E;
 
 static struct sbx_vm VM;
 
+/* Start VM and wait for the exec (as Vm() and its wait_spawn() do); on failure VM is left closed
+ * with nothing behind. opts NULL: a plain VM. */
+static int spawn(char *const *argv, const struct sbx_vm_start_opts *opts, struct sbx_err *err)
+{
+	static const struct sbx_vm_start_opts plain = {0};
+	int rc = sbx_vm_start(&VM, argv, opts ? opts : &plain, err);
+	if (rc < 0)
+		return rc;
+	rc = sbx_vm_start_check(&VM, 1, err);
+	if (rc == 1)
+		return 0;
+	sbx_vm_destroy(&VM);
+	sbx_vm_init(&VM);
+	return rc;
+}
+
 /* READY(id 0, version 1, "test") and STDOUT(id 5, "hi") as octal printf escapes. */
 #define READY_FRAME "\\014\\000\\000\\000\\001\\000\\000\\000\\000\\000\\000\\000" \
 		    "\\001\\000\\000\\000\\004\\000\\000\\000test"
@@ -68,7 +84,7 @@ static void test_lifecycle_kill(void)
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.closed, 1);
 	struct sbx_err where = {0};
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), 0);
+	CHECK_EQ(spawn(argv, NULL, &where), 0);
 	CHECK_EQ(VM.closed, 0);
 	CHECK(VM.child.pid > 0 && VM.console_fd >= 0 && VM.ch.fd >= 0);
 	CHECK_EQ(VM.child.pidfd >= 0, !sbx_forced_fallbacks.no_pidfd);
@@ -110,7 +126,7 @@ static void test_exit_and_eof(void)
 {
 	char *const argv[] = {"/bin/sh", "-c", "printf '" STDOUT_FRAME "' >&3; exit 3", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
+	CHECK_EQ(spawn(argv, NULL, &E), 0);
 	struct sbx_event ev;
 	CHECK_EQ(wait_event(SBX_EV_STDOUT, 5000, &ev), 1);
 	CHECK_EQ(ev.id, 5);
@@ -132,7 +148,7 @@ static void test_close_running(void)
 	/* close() on a live child: SIGKILL + blocking reap, no zombie left. */
 	char *const argv[] = {"/bin/sleep", "30", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, &E), 0);
+	CHECK_EQ(spawn(argv, NULL, &E), 0);
 	pid_t pid = VM.child.pid;
 	sbx_vm_close(&VM);
 	CHECK_EQ(kill(pid, 0), -1);
@@ -147,7 +163,7 @@ static void test_spawn_failure_leaves_closed(void)
 	char *const argv[] = {"/nonexistent/qemu", NULL};
 	sbx_vm_init(&VM);
 	struct sbx_err where = {0};
-	CHECK_EQ(sbx_vm_spawn(&VM, argv, &where), -ENOENT);
+	CHECK_EQ(spawn(argv, NULL, &where), -ENOENT);
 	CHECK_STR(where.msg, "execve");
 	CHECK_EQ(VM.closed, 1);
 	CHECK(VM.child.pid == -1 && VM.console_fd == -1 && VM.ch.fd == -1);
@@ -164,7 +180,8 @@ static void test_qmp_socket(void)
 			      NULL};
 	sbx_vm_init(&VM);
 	CHECK_EQ(VM.qmp_fd, -1);
-	CHECK_EQ(sbx_vm_spawn_ex(&VM, argv, 1, -1, &E), 0);
+	struct sbx_vm_start_opts qmp = {.with_qmp = 1};
+	CHECK_EQ(spawn(argv, &qmp, &E), 0);
 	CHECK(VM.qmp_fd >= 0);
 	CHECK_EQ(write(VM.qmp_fd, "hello\n", 6), 6);
 	char buf[64] = {0};
@@ -181,12 +198,44 @@ static void test_qmp_socket(void)
 
 	char *const argv2[] = {"/bin/sh", "-c", "if [ -e /proc/self/fd/5 ]; then exit 1; else exit 0; fi", NULL};
 	sbx_vm_init(&VM);
-	CHECK_EQ(sbx_vm_spawn(&VM, argv2, &E), 0);
+	CHECK_EQ(spawn(argv2, NULL, &E), 0);
 	CHECK_EQ(VM.qmp_fd, -1);
 	int code;
 	CHECK_EQ(wait_exit(5000, &code), 1);
 	CHECK_EQ(code, 0);
 	sbx_vm_close(&VM);
+}
+
+static void test_options_place_their_fds(void)
+{
+	/* with_net: the port's socket at fd 7, the host's end in VM.net_fd (the child answers a line
+	 * on it); with_mem: a copy of the caller's fd at 6 (the child reads the file through it). */
+	char path[] = "/tmp/sbx-test-vm-XXXXXX";
+	int mem = mkstemp(path);
+	CHECK(mem >= 0);
+	unlink(path);
+	CHECK_EQ(write(mem, "ram", 3), 3);
+	char *const argv[] = {"/bin/sh", "-c",
+			      "read line <&7; echo \"got $line $(cat /proc/self/fd/6)\" >&7; "
+			      "exec sleep 30",
+			      NULL};
+	struct sbx_vm_start_opts opts = {.with_mem = 1, .mem_fd = mem, .with_net = 1};
+	sbx_vm_init(&VM);
+	CHECK_EQ(VM.net_fd, -1);
+	CHECK_EQ(spawn(argv, &opts, &E), 0);
+	CHECK(VM.net_fd >= 0 && VM.qmp_fd == -1);
+	CHECK_EQ(write(VM.net_fd, "hello\n", 6), 6);
+	char buf[64] = {0};
+	ssize_t n = 0;
+	for (int i = 0; i < 1000 && n <= 0; i++) {
+		n = read(VM.net_fd, buf, sizeof(buf) - 1);
+		if (n < 0 && errno == EAGAIN) /* O_NONBLOCK on the host end */
+			usleep(2000);
+	}
+	CHECK_STR(buf, "got hello ram\n");
+	sbx_vm_close(&VM);
+	CHECK_EQ(VM.net_fd, -1);
+	close(mem); /* the caller's: the VM had a copy */
 }
 
 int main(void)
@@ -197,5 +246,6 @@ int main(void)
 	RUN(test_close_running);
 	RUN(test_spawn_failure_leaves_closed);
 	RUN(test_qmp_socket);
+	RUN(test_options_place_their_fds);
 	TEST_MAIN_END(name);
 }
