@@ -34,7 +34,7 @@ from .models import (
 )
 from .network.names import NetworkValidationError
 from .protocols import SandboxScheduler, SandboxSession
-from .request import RunOptions, RunRequest
+from .run_request import RunOptions, RunRequest
 from .scheduler import Scheduler
 from .session import Session
 

@@ -13,7 +13,7 @@ from typing import IO, Protocol, Self, Unpack, runtime_checkable
 
 from .config import SchedulerConfig
 from .models import ExecutionResult, FileInfo, Language, SessionSnapshot
-from .request import RunOptions
+from .run_request import RunOptions
 from .vm.execution import OutputCallback
 
 

@@ -22,7 +22,7 @@ from .provisioning.admission import Admission, Budget
 from .provisioning.lease import Lease
 from .provisioning.pool import PooledVm, WarmPool
 from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
-from .request import Callbacks, RunOptions, RunRequest
+from .run_request import Callbacks, RunOptions, RunRequest
 from .results import shape_result
 from .session import Session, SessionHooks
 from .snapshots.service import Adoption, SessionSnapshotService
@@ -189,7 +189,7 @@ class Scheduler:
         return await self._provisioner.wait_snapshots(timeout)
 
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
-        """Run `code` in a fresh VM that is destroyed afterwards (options: request.RunOptions).
+        """Run `code` in a fresh VM that is destroyed afterwards (options: run_request.RunOptions).
 
         Returns the result for any exit of the code (0, n, 128+signal, -1 on timeout). Raises
         InputValidationError for bad input (before any VM starts), OutputLimitError when the
@@ -298,7 +298,7 @@ class Scheduler:
 
     async def session(self, *, _packages_language: Language | None = None,
                       **options: Unpack[RunOptions]) -> Session:  # fmt: skip
-        """Start a VM for a stateful session (see session.py; options: request.RunOptions): an
+        """Start a VM for a stateful session (see session.py; options: run_request.RunOptions): an
         idle warm-pool VM, a clone of the L1 snapshot or a cold boot, like run(). The session
         holds its admission ticket until it is closed; timeout_seconds, env_vars and the
         callbacks are defaults for each exec(). The REPL starts only after the restore and its

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import session_cmds
-from .common import (
+from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
     exit_status,

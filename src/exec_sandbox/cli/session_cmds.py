@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from .common import (
+from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
     exit_status,

@@ -34,7 +34,7 @@ from ..errors import (
     VmTransientError,
 )
 from ..models import ExecutionResult, FileInfo, Language, PackagesReport, PortMapping, SessionSnapshot
-from ..request import RunOptions, RunRequest
+from ..run_request import RunOptions, RunRequest
 from ..scheduler import HostCapacity
 from ..snapshots.sessions import check_id
 from . import _ray
@@ -179,7 +179,7 @@ class ClusterScheduler:
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
         """Scheduler.run() on a host with room; same result and errors. See the module's
         docstring for placement and what a lost host raises. The request is validated here,
-        before any host is asked, and sent as it is (request.RunRequest)."""
+        before any host is asked, and sent as it is (run_request.RunRequest)."""
         request = RunRequest.make(options, self.config, code=code)
         callbacks = {"stdout": options.get("on_stdout"), "stderr": options.get("on_stderr"),
                      "boot": options.get("on_boot_log")}  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ..config import SchedulerConfig
 from ..errors import SandboxError, SessionClosedError, VmCapacityError
 from ..models import ExecutionResult, FileInfo, SessionSnapshot
-from ..request import Callbacks, RunRequest
+from ..run_request import Callbacks, RunRequest
 from ..scheduler import Scheduler
 from ..session import Session
 

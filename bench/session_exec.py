@@ -6,7 +6,7 @@
 * file transfer MB/s host -> guest (write_file) and guest -> host (read_file) against `cat`
   moving the same bytes through a pipe on the host.
 
-    .venv/bin/python bench/session.py --runs 200 --mb 50
+    .venv/bin/python bench/session_exec.py --runs 200 --mb 50
 """
 
 from __future__ import annotations
