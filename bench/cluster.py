@@ -1,4 +1,4 @@
-"""ClusterScheduler benchmarks, in one run (issue 16):
+"""ClusterScheduler benchmarks, in one run:
 
 * overhead: the same `run("print(1)")` through a local Scheduler and through a ClusterScheduler
   whose one host node has the same config, both served from a warm pool of one VM (refilled

@@ -1,4 +1,4 @@
-"""Network by name (issue 13), in one run on this machine:
+"""Network by name, in one run on this machine:
 
 1. connect latency: guest code looks a name up, connects and reads the first byte a host
    loopback server sends on accept, against the same from a host process (which connects to an
@@ -139,7 +139,7 @@ host, ports, total, connects = sys.argv[1] if len(sys.argv) > 1 else HOST, PORTS
 lat, lookups = [], []
 for _ in range(connects):
     # The name's lookup on its own (in a VM: glibc asking the agent's DNS stub; on the host the
-    # address is given), then what issue 13 calls connect latency: connect to first byte.
+    # address is given), then the connect latency: connect to first byte.
     t = time.perf_counter()
     family, kind, proto, _, address = socket.getaddrinfo(host, ports[0], type=socket.SOCK_STREAM)[0]
     looked_up = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Package layers, all in one run on this machine (issue 11):
+"""Package layers, all in one run on this machine:
 
 1. the first run() with pandas (builds the layer: resolve, download, unpack, compile, image) and
    the second (layer from the cache, VM from its own L1 snapshot), against a plain print(1) L1

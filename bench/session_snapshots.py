@@ -1,4 +1,4 @@
-"""Paused, resumed and forked sessions, all in one run on this machine (issue 15):
+"""Paused, resumed and forked sessions, all in one run on this machine:
 
 1. a python session holding 50 MB of data: pause, resume and fork(1) times, against opening a
    session (L1 restore, and cold boot) in the same run;

@@ -6,7 +6,7 @@
 2. sustained throughput of fresh-VM run() calls, with and without snapshots;
 3. host memory (PSS, RSS) and CPU of idle pool VMs (snapshot clones, and cold-booted VMs) for
    1, 5 and 10 VMs;
-4. JavaScript start-up (issue 17): run() and session start per path, with a node parked in the
+4. JavaScript start-up: run() and session start per path, with a node parked in the
    javascript template and without one, and cold boots with node's startup snapshot and without
    (before/after), against `node -e` on the host.
 

@@ -1,4 +1,4 @@
-/* RESEED (issue 5, memory snapshots): every VM restored from one snapshot starts with the same
+/* RESEED (memory snapshots): every VM restored from one snapshot starts with the same
  * kernel RNG state, so the host sends fresh bytes before anything runs in a restored guest. */
 #ifndef SBX_RESEED_H
 #define SBX_RESEED_H

@@ -41,7 +41,7 @@ finish_image() {
 	[ "$flags" = 1 ] || { echo "bytecode of the image was not recompiled:"; tail -n 20 "$r.compileall.log"; return 1; } >&2
 	rm -f "$r.compileall.log"
 
-	# Network by name (issue 13): the guest has no network device; names resolve through the
+	# Network by name: the guest has no network device; names resolve through the
 	# agent's DNS stub (guest/src/net_dns.h), never through the resolver of the host that built
 	# the image. In a VM without network nothing listens there: a lookup fails at once (the
 	# kernel answers "port unreachable" on loopback). One attempt: the stub answers at once or

@@ -36,7 +36,7 @@ struct sbx_vm_config {
 	 * agent through its serial "sbx-layer-<layer_kind>" (both NULL: no layer). */
 	const char *layer;      /* path, no ',' */
 	const char *layer_kind; /* [a-z], 1..SBX_LAYER_KIND_MAX bytes: "python", "javascript" */
-	/* The network port (net_protocol.h, issue 13): a third virtserialport on the socket at fd
+	/* The network port (net_protocol.h): a third virtserialport on the socket at fd
 	 * SBX_CHILD_NET_FD, for VMs with network or exposed ports. 0: a plain VM, no such port. */
 	int net_port;
 };

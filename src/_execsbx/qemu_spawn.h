@@ -4,7 +4,7 @@
  *     3  channel socket        4  console socket
  *     5  QMP socket (only when requested)
  *     6  guest RAM file (only when requested)
- *     7  network port socket (only when requested: issue 13's net port)
+ *     7  network port socket (only when the VM has the network port)
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *

@@ -70,7 +70,7 @@ class SchedulerConfig:
     # Paused sessions (Session.pause()): kept this long since last used, and under this size.
     session_snapshot_ttl_seconds: int = 7 * 24 * 3600
     session_snapshot_max_mb: int = 20 * 1024
-    # Network (issue 13). An operator's choice, never a per-call one: let streams reach private
+    # Network. An operator's choice, never a per-call one: let streams reach private
     # ranges (RFC 1918, CGNAT, IPv6 ULA); loopback, link-local and this host stay denied.
     network_allow_private_ranges: bool = False
     # The CA bundle (PEM) the guest trusts for TLS; None: the host's system bundle (so that a

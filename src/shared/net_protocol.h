@@ -1,4 +1,4 @@
-/* exec-sandbox network protocol (issue 13): how a guest with NO network device reaches the outside
+/* exec-sandbox network protocol: how a guest with NO network device reaches the outside
  * by name, and how the host reaches a port inside the guest. Shared by the host (src/_execsbx) and
  * the guest agent (guest/). Plain C, no Python. docs/protocol.md explains it; this is the one
  * definition.

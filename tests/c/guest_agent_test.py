@@ -198,7 +198,7 @@ def decode_error(payload: bytes) -> tuple[int, str]:
 
 # --- tests ---------------------------------------------------------------------------------------
 
-# net_protocol.h (issue 13)
+# net_protocol.h
 NET_CONFIG = 104
 NET_CONNECTED, NET_CONNECT = 49, 113
 NET_DATA, NET_CREDIT, NET_SHUTDOWN, NET_CLOSE = 120, 121, 122, 123

@@ -333,7 +333,7 @@ static void test_package_layer(void)
 	CHECK_STR(why.msg, "layer and layer_kind go together");
 }
 
-/* The network port (issue 13): a third virtserialport on fd 7, named as net_protocol.h says,
+/* The network port: a third virtserialport on fd 7, named as net_protocol.h says,
  * only when asked for; a plain VM keeps its two ports (its device layout is its snapshot key). */
 static void test_network_port(void)
 {

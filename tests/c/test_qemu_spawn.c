@@ -310,7 +310,7 @@ static void test_fd_layout_and_privs(void)
 	close(con.host);
 }
 
-/* The network port's socket (issue 13) lands at fd 7, and only when asked for: with it the child
+/* The network port's socket lands at fd 7, and only when asked for: with it the child
  * holds 0..4 and 7, nothing at 5 or 6. */
 static void test_net_port_fd(void)
 {

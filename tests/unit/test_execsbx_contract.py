@@ -436,7 +436,7 @@ def test_qemu_gets_only_its_fds(tmp_path: Path) -> None:
         vm.close()
 
 
-# --- speed tiers (issue 5): QMP socket, file-backed RAM, RESEED ---
+# --- speed tiers: QMP socket, file-backed RAM, RESEED ---
 
 
 def test_build_qemu_argv_snapshot_options() -> None:
@@ -493,7 +493,7 @@ def test_vm_qmp_socket_is_fd_5_of_the_child(tmp_path: Path) -> None:
 
 
 def test_vm_net_port_socket_is_fd_7_of_the_child(tmp_path: Path) -> None:
-    # Issue 13's network port: its own socketpair, QEMU's end at fd 7, the host's end in net_fd
+    # The network port: its own socketpair, QEMU's end at fd 7, the host's end in net_fd
     # (owned and closed by the Vm); a plain VM has neither, nor the port on QEMU's command line.
     qemu = fake_qemu(tmp_path, b"", then='read line <&7; echo "net:$line" >&7; exec sleep 60')
     vm = make_vm(qemu, net_port=True)

@@ -1,4 +1,4 @@
-"""Network by name (issue 13): the host's policy and bookkeeping around the C relay.
+"""Network by name: the host's policy and bookkeeping around the C relay.
 
 The guest has no network device. Its agent turns each TCP connection to an allowed name into a
 stream on the VM's network port; the C relay (src/_execsbx/net_relay.c) carries the bytes and

@@ -1,6 +1,6 @@
 """Provisioning: where a scheduler's fresh VMs come from, and the fallback policy between paths.
 
-A VM of a configuration is a clone of its L1 memory snapshot when one is cached (`snapshots.py`),
+A VM of a configuration is a clone of its L1 memory snapshot when one is cached (`snapshots/l1.py`),
 else a cold boot, which also schedules the snapshot's build in the background. The fallbacks:
 - a snapshot damaged since it was built (`SnapshotIntegrityError`): cold boot, the snapshot is
   discarded and rebuilt once; damaged again, this scheduler gives up on it;
@@ -290,7 +290,7 @@ class Provisioner:
         assert self.snapshots is not None
         at = time.monotonic()
         try:
-            # A sealed memfd copy of the RAM file, not the file (snapshots.RamFiles).
+            # A sealed memfd copy of the RAM file, not the file (snapshots/ram.py RamFiles).
             ram_fd = await asyncio.get_running_loop().run_in_executor(
                 None, self.snapshots.ram_fd, snapshot
             )

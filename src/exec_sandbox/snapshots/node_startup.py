@@ -2,7 +2,7 @@
 
 Debian builds node without its built-in startup snapshot, so every node start compiles and runs
 node's whole bootstrap (~0.7 s of a ~2 s start under TCG). A javascript template builds a
-snapshot of it with the VM's own node before any user code runs (snapshots.py), and its clones
+snapshot of it with the VM's own node before any user code runs (l1.py), and its clones
 have it. This module keeps a copy of those bytes per machine on the host, so that a cold-booted
 VM that runs JavaScript gets it too: it is written into the guest before the VM's first node
 starts.

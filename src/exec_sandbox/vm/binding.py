@@ -1,12 +1,12 @@
-"""The C extension's boundary: the only module that imports `_execsbx` (docs/design.md).
+"""The C extension's boundary: the only module that imports `_execsbx` (docs/architecture.md).
 
 Everything else of the package reaches the C core through the names here: the protocol's
 constants and limits, the QEMU process object (`start_qemu`, an `_execsbx.Vm`), and the host
 facts the C core measures (TSC frequency, the seccomp deny-list, a jail probe for `sbx doctor`).
 
-Who owns what around it: `qemu_process.py` starts and releases QEMU processes without blocking
-the loop, `vm_registry.py` is a scheduler's set of them, `guest_vm.py` speaks to a booted guest
-over the agent channel, and `migration.py` saves and loads a VM's state over QMP (snapshots).
+Who owns what around it, in this package: `process.py` starts and releases QEMU processes
+without blocking the loop, `registry.py` is a scheduler's set of them, `guest.py` speaks to a
+booted guest over the agent channel, and `migration.py` saves and loads a VM's state over QMP.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ PROTOCOL_LIMITS: dict[str, int] = {
 # The guest broke the protocol (raised by the C decoder): the VM is not to be trusted any more.
 ProtocolError = _execsbx.ProtocolError
 
-# The file-transfer protocol (files.py speaks it through GuestVm.send_file_frame, the C core
+# The file-transfer protocol (file_transfer.py speaks it through GuestVm.send_file_frame, the C core
 # encodes it): limits, the requests, the mode flag and FILE_ERROR kinds, as the C core defines
 # them.
 FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
 FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
-# FILE_WRITE_BEGIN/FILE_READ flags: mode 0755; node's startup snapshot (node_startup.py) in place
+# FILE_WRITE_BEGIN/FILE_READ flags: mode 0755; node's startup snapshot (snapshots/node_startup.py) in place
 # of a path, its content led by NODE_TAG_SIZE bytes of the guest's CPU tag.
 FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
 FILE_NODE_SNAPSHOT = int(_execsbx.FILE_NODE_SNAPSHOT)
@@ -80,7 +80,7 @@ MSG_NET_CONFIG = 104  # SBX_MSG_NET_CONFIG, src/shared/net_protocol.h
 
 
 def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
-    """Fork QEMU for spec (returns right after the fork: qemu_process.spawn awaits its exec).
+    """Fork QEMU for spec (returns right after the fork: process.spawn awaits its exec).
     Raises OSError (FileNotFoundError: no such binary) when the fork or its setup fails."""
     return _execsbx.Vm(
         qemu_binary=spec.qemu_binary,

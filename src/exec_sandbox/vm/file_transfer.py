@@ -68,7 +68,7 @@ def guest_path(path: object, *, allow_empty: bool = False) -> bytes:
 
 class ContentRefused(SandboxError):
     """The guest would not take what was written (FILE_ERR_REFUSED: node's startup snapshot
-    behind another CPU's tag, node_startup.py)."""
+    behind another CPU's tag, snapshots/node_startup.py)."""
 
 
 def _raise_for(exc: GuestFileError, path: bytes) -> None:
@@ -124,7 +124,7 @@ async def write_file(vm: GuestVm, path: bytes, content: Content, make_executable
 
 
 async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -> int:
-    """write_file() with the FILE_WRITE_BEGIN flags as given (node_startup.py names node's
+    """write_file() with the FILE_WRITE_BEGIN flags as given (snapshots/node_startup.py names node's
     startup snapshot by a flag and no path)."""
     if isinstance(content, Path):
         with content.open("rb") as source:

@@ -207,7 +207,7 @@ class GuestVm:
         """Have the guest start the interpreter for the next one-shot EXEC of `language` now,
         waiting on a bootstrap for its code (protocol.h, PRESTART): a pool hit then skips the
         interpreter's start-up. After the RESEED of a restored VM; in a snapshot template only
-        for the languages of snapshots.TEMPLATE_PRESTART_LANGUAGES. False for a language
+        for the languages of snapshots/l1.py TEMPLATE_PRESTART_LANGUAGES. False for a language
         without one."""
         if language not in _PRESTART_LANGUAGES:
             return False

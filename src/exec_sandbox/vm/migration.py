@@ -1,5 +1,5 @@
 """Saving and loading a VM's state over QMP (QEMU's migration), for the snapshot code: L1
-templates (`snapshots.py`), paused and forked sessions (`session_snapshots.py`).
+templates (`snapshots/l1.py`), paused and forked sessions (`snapshots/forks.py`).
 
 Two kinds of stream: a device-state stream of a VM whose RAM is a shared file (x-ignore-shared:
 the file is the snapshot's memory, the stream holds only device state, ~50 KB), and a full
@@ -219,7 +219,7 @@ async def monitor(vm: GuestVm) -> QmpClient:
 
 def ram_memfd(memory_mb: int) -> int:
     """An empty memfd of the guest's RAM size, sealable: the RAM file of a fork template
-    (session_snapshots.fork_vms). The caller closes it once the VMs mapping it are spawned
+    (snapshots/forks.py fork_vms). The caller closes it once the VMs mapping it are spawned
     (QEMU has its own copy)."""
     fd = os.memfd_create("sbx-ram", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:

@@ -1,6 +1,6 @@
 """Starting and releasing QEMU processes without blocking the loop.
 
-`_vm.start_qemu()` (the C core) returns right after the fork; `spawn()` awaits QEMU's exec on the
+`binding.start_qemu()` (the C core) returns right after the fork; `spawn()` awaits QEMU's exec on the
 spawn error pipe (`spawn_fd`). `release()` SIGKILLs QEMU at once, awaits its pidfd, and leaves
 the reap, the fds and the cgroup's removal (which may retry for a while when the kernel is slow
 to empty it) to an executor thread. Every such release is tracked until it is done:

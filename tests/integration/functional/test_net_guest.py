@@ -1,4 +1,4 @@
-"""The guest's half of the network (issue 13) in real VMs: the net port, the DNS stub, the
+"""The guest's half of the network in real VMs: the net port, the DNS stub, the
 per-address listeners, the stream relay with its credit flow control, NET_CONNECT, the CA bundle.
 
 The host side here is `NetPortStandIn`: a TEST STAND-IN that speaks the frames of

@@ -1,4 +1,4 @@
-"""Scheduler.close() ends everything the scheduler started (issue 12, item 12): once it returns no
+"""Scheduler.close() ends everything the scheduler started: once it returns no
 QEMU process of the scheduler is left, and a run() or session() still booting its VM ends with a
 SandboxError instead of handing out a VM that outlived the scheduler."""
 

@@ -1,4 +1,4 @@
-"""A stalled guest cannot hang a session's file transfer (issue 12, item 13): with the VM's QEMU
+"""A stalled guest cannot hang a session's file transfer: with the VM's QEMU
 stopped (SIGSTOP), write_file, read_file and list_files end with GuestAgentError once nothing has
 moved for the stall limit, the session is closed, and later calls fail at once instead of
 queueing behind the stuck one. The limit is shortened for the test (120 s in production)."""

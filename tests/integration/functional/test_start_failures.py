@@ -1,5 +1,5 @@
-"""A VM that fails before anything was dispatched is a VM-start error, not "outcome unknown"
-(issue 12, item 11): VmTransientError (the code never ran, retrying is safe) with QEMU's own
+"""A VM that fails before anything was dispatched is a VM-start error, not "outcome unknown":
+VmTransientError (the code never ran, retrying is safe) with QEMU's own
 message, or VmPermanentError where retrying cannot help."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A session's results belong to their exec (issue 12, items 9 and 15): user code that writes
+"""A session's results belong to their exec: user code that writes
 completion lines to the REPL driver's control fd neither ends its exec nor shifts output into the
 next one, and output of background processes of one exec never reaches a later result."""
 
@@ -95,7 +95,7 @@ async def test_python_subprocess_output_stays_in_its_exec(scheduler: Scheduler) 
 
 async def test_fork_bomb_messages_stay_in_the_exec_that_started_it(scheduler: Scheduler) -> None:
     # A fork bomb left running in the background: bash's "fork: retry" messages of its
-    # processes must not appear in the next exec's stderr (issue 12, item 15).
+    # processes must not appear in the next exec's stderr.
     async with await scheduler.session(language="python") as session:
         await session.exec(
             "import subprocess, time\n"
