@@ -25,25 +25,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import percentile  # noqa: E402
+
+from tests.loop_meter import CallbackMeter, RunQueueClock  # noqa: E402
 
 from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
 
 TICK_SECONDS = 0.001
-
-
-class RunQueueClock:
-    """Nanoseconds the calling thread has waited on a run queue (for a CPU), from schedstat."""
-
-    def __init__(self) -> None:
-        self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-
-    def waited_s(self) -> float:
-        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def steal_seconds() -> float:
@@ -65,57 +55,6 @@ class GcMeter:
             self._started = time.perf_counter()
         else:
             self.pauses.append((time.perf_counter() - self._started, info["generation"]))
-
-
-class CallbackMeter:
-    """Wraps asyncio's Handle._run: records each loop callback that held the loop (wall time
-    minus run-queue wait) longer than a threshold, with a description of what it ran."""
-
-    def __init__(self, clock: RunQueueClock, threshold_s: float) -> None:
-        self.clock = clock
-        self.threshold_s = threshold_s
-        self.slow: list[tuple[float, float, float, str]] = []  # (held, wall, cpu, what)
-        # (start, end, held, what: for those over 0.5 ms) of every callback
-        self.spans: list[tuple[float, float, float, str]] = []
-        self._orig: Callable[[Any], None] | None = None
-
-    def install(self) -> None:
-        orig = asyncio.events.Handle._run
-        meter = self
-
-        def _run(handle: Any) -> None:
-            w0, q0, c0 = time.perf_counter(), meter.clock.waited_s(), time.thread_time()
-            try:
-                orig(handle)
-            finally:
-                wall = time.perf_counter() - w0
-                held = wall - (meter.clock.waited_s() - q0)
-                meter.spans.append((w0, w0 + wall, held, describe(handle) if held > 5e-4 else ""))
-                if held > meter.threshold_s:
-                    cpu = time.thread_time() - c0
-                    meter.slow.append((held, wall, cpu, describe(handle)))
-
-        self._orig = orig
-        asyncio.events.Handle._run = _run  # type: ignore[method-assign]
-
-    def uninstall(self) -> None:
-        if self._orig is not None:
-            asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
-
-
-def describe(handle: Any) -> str:
-    callback = handle._callback
-    owner = getattr(callback, "__self__", None)
-    if isinstance(owner, asyncio.Task):
-        coro = owner.get_coro()
-        # Where the step ended: the innermost coroutine it awaits now.
-        inner: Any = coro
-        while getattr(inner, "cr_await", None) is not None and hasattr(inner.cr_await, "cr_frame"):
-            inner = inner.cr_await
-        frame = getattr(inner, "cr_frame", None)
-        where = f" (now at {frame.f_code.co_name}:{frame.f_lineno})" if frame else ""
-        return f"task step {getattr(coro, '__qualname__', coro)}{where}"
-    return getattr(callback, "__qualname__", repr(callback))
 
 
 async def ticker(clock: RunQueueClock, stop: asyncio.Event,
@@ -184,9 +123,8 @@ async def main(clock: RunQueueClock, vms: int, rounds: int, l1: bool, report_ms:
     print(f"  callbacks that held the loop > {report_ms:g} ms: {len(meter.slow)}")
     print("    held = wall - run-queue wait; cpu = the loop thread's own CPU time in it (the rest"
           " of held: blocked in a syscall, or the host's hypervisor took the CPU: steal)")
-    for held_s, wall_s, cpu_s, what in sorted(meter.slow, reverse=True)[:16]:
-        print(f"    {held_s * 1000:7.1f} ms held ({wall_s * 1000:7.1f} wall, {cpu_s * 1000:5.1f} cpu)"
-              f"  {what}")
+    for stall in sorted(meter.slow, key=lambda s: s.held_s, reverse=True)[:16]:
+        print(f"    {stall}")
     longest_gc = max(gc_meter.pauses, default=(0.0, 0))
     print(f"  garbage collections: {len(gc_meter.pauses)}, longest {longest_gc[0] * 1000:.1f} ms "
           f"(generation {longest_gc[1]})")

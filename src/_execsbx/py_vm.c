@@ -75,7 +75,9 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 	/* Returns right after the fork: whether QEMU's exec worked is told by spawn_fd becoming
 	 * readable (check_spawn / wait_spawn). The fork stays on the calling thread: PDEATHSIG is
-	 * tied to it. */
+	 * tied to it. Without the GIL: copying a large process's page tables takes milliseconds,
+	 * which the other threads (the event loop's, when a spawner thread calls this) need not
+	 * wait for. Nothing below touches a Python object: self is not visible to anyone yet. */
 	struct sbx_err err = {0};
 	struct sbx_vm_start_opts opts = {
 		.jail = jcfg.enabled ? &jcfg : NULL,
@@ -84,7 +86,10 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		.mem_fd = pc.mem_fd,
 		.with_net = pc.cfg.net_port,
 	};
-	int rc = sbx_vm_start(&self->vm, argv, &opts, &err);
+	int rc;
+	Py_BEGIN_ALLOW_THREADS
+	rc = sbx_vm_start(&self->vm, argv, &opts, &err);
+	Py_END_ALLOW_THREADS
 	sbx_argv_free(argv);
 	sbx_parsed_config_release(&pc);
 	if (rc < 0) {
@@ -493,7 +498,7 @@ PyDoc_STRVAR(vm_doc,
 	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"
 	     "see jail_status() for what the host allowed.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
-	     "a thread that lives as long as the Vm (e.g. the event loop's).");
+	     "a thread that lives as long as the Vm. The fork runs without the GIL.");
 
 static PyType_Slot vm_slots[] = {
 	{Py_tp_new, (void *)vm_new},

@@ -1,16 +1,18 @@
 """Starting and releasing QEMU processes without blocking the loop.
 
-`binding.start_qemu()` (the C core) returns right after the fork; `spawn()` awaits QEMU's exec on the
-spawn error pipe (`spawn_fd`). `release()` SIGKILLs QEMU at once, awaits its pidfd, and leaves
-the reap, the fds and the cgroup's removal (which may retry for a while when the kernel is slow
-to empty it) to an executor thread. Every such release is tracked until it is done:
-`wait_released()` (Scheduler.close() awaits it) returns once none is left.
+`binding.start_qemu()` (the C core) returns right after the fork; `spawn()` runs it on the
+spawner thread and awaits QEMU's exec on the spawn error pipe (`spawn_fd`). `release()` SIGKILLs
+QEMU at once, awaits its pidfd, and leaves the reap, the fds and the cgroup's removal (which may
+retry for a while when the kernel is slow to empty it) to an executor thread. Every such release
+is tracked until it is done: `wait_released()` (Scheduler.close() awaits it) returns once none is
+left.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import concurrent.futures
+import functools
 from typing import Any
 
 from ..errors import VmPermanentError, VmTransientError
@@ -20,13 +22,22 @@ from .spec import VmSpec
 
 # Releases in progress (see the module docstring), per loop.
 _releasing: set[asyncio.Task[None]] = set()
-# One fork per turn of the loop: a fork copies this process's page tables (2-4 ms of CPU here),
-# and 8 VMs started at once would otherwise fork back to back in one turn, holding the loop for
-# 8 times that. The lock is released on the loop's next turn (call_soon), so other callbacks run
-# between two forks.
-_spawn_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
+# Every QEMU is forked on this one thread, not the loop's: a fork copies the process's page
+# tables (3-6 ms of CPU for a process with a framework loaded), which the C core does without
+# the GIL, so the loop runs on meanwhile. One thread for the process's life, and forks one at a
+# time: PR_SET_PDEATHSIG ties each QEMU to the thread that forked it, and this one ends only
+# with the interpreter.
+_spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-spawn")
+
+
+class _Forking:
+    """A QEMU being forked on the spawner thread, in its owner's registry meanwhile: a close()
+    of the registry marks it, and the fork's QEMU is then released as soon as it exists."""
+
+    killed = False
+
+    def kill(self) -> None:
+        self.killed = True
 
 
 async def readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
@@ -49,23 +60,34 @@ async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) ->
     close() while it starts. Raises VmPermanentError (no such binary) or VmTransientError;
     SandboxError when registry is closed."""
     loop = asyncio.get_running_loop()
-    spawn_lock = _spawn_locks.setdefault(loop, asyncio.Lock())
-    await spawn_lock.acquire()
-    if registry is not None and registry.closed:
-        loop.call_soon(spawn_lock.release)
+    if registry is not None:
         registry.check_open()
+    forking = _Forking()
+    if registry is not None:
+        registry.starting(forking)
+    fork = loop.run_in_executor(_spawner, functools.partial(start_qemu, spec, incoming=incoming))
     try:
-        try:
-            vm = start_qemu(spec, incoming=incoming)
-        finally:
-            loop.call_soon(spawn_lock.release)
+        vm = await asyncio.shield(fork)
+    except asyncio.CancelledError:
+        # The fork goes on in its thread: its QEMU is released once it exists, and the
+        # registry counts it as starting until then (close() waits for it).
+        fork.add_done_callback(functools.partial(_abandoned, loop, registry, forking))
+        raise
     except FileNotFoundError as exc:
+        _forked(registry, forking)
         raise VmPermanentError(f"cannot start QEMU: {exc}") from exc
     except OSError as exc:
+        _forked(registry, forking)
         raise VmTransientError(f"cannot start QEMU: {exc}") from exc
+    except BaseException:
+        _forked(registry, forking)
+        raise
     if registry is not None:
         registry.starting(vm)
+    _forked(registry, forking)
     try:
+        if forking.killed and registry is not None:
+            registry.check_open()  # closed during the fork
         await wait_started(loop, vm)
         if registry is not None:
             registry.check_open()  # closed while QEMU was starting: it goes at once
@@ -76,6 +98,19 @@ async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) ->
         if registry is not None:
             registry.started(vm)
     return vm
+
+
+def _forked(registry: VmRegistry | None, forking: _Forking) -> None:
+    if registry is not None:
+        registry.started(forking)
+
+
+def _abandoned(loop: asyncio.AbstractEventLoop, registry: VmRegistry | None, forking: _Forking,
+               fork: asyncio.Future[Any]) -> None:  # fmt: skip
+    """The fork of a cancelled spawn() ended: release its QEMU, if it made one."""
+    if not fork.cancelled() and fork.exception() is None:
+        release(loop, fork.result())
+    _forked(registry, forking)
 
 
 async def wait_started(loop: asyncio.AbstractEventLoop, vm: Any) -> None:
