@@ -39,7 +39,7 @@ CODE = ("import sys, time; t = time.perf_counter(); import pandas; "
 
 
 def config(root: Path, **overrides: Any) -> SchedulerConfig:
-    values: dict[str, Any] = {"disk_snapshot_cache_dir": root / "disk",
+    values: dict[str, Any] = {"package_cache_dir": root / "packages",
                               "memory_snapshot_cache_dir": root / "memory", "max_concurrent_vms": 4}  # fmt: skip
     values.update(overrides)
     return SchedulerConfig(**values)

@@ -14,7 +14,7 @@ def private_config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
     own builds and snapshots, never the user's), memory snapshots off unless asked for."""
     options: dict[str, object] = {
         "max_concurrent_vms": 3, "memory_snapshots": False,
-        "disk_snapshot_cache_dir": tmp_path / "disk", "memory_snapshot_cache_dir": tmp_path / "memory",
+        "package_cache_dir": tmp_path / "packages", "memory_snapshot_cache_dir": tmp_path / "memory",
     }  # fmt: skip
     options.update(overrides)
     return SchedulerConfig(**options)  # type: ignore[arg-type]

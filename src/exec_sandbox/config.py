@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,9 +50,8 @@ class SchedulerConfig:
     memory_snapshot_cache_dir: Path = field(
         default_factory=lambda: paths.cache_dir() / "memory-snapshots"
     )
-    disk_snapshot_cache_dir: Path = field(
-        default_factory=lambda: paths.cache_dir() / "disk-snapshots"
-    )
+    # The package layer cache (packages/store.py).
+    package_cache_dir: Path = field(default_factory=lambda: paths.cache_dir() / "packages")
     memory_overcommit_ratio: float = 5.0
     cpu_overcommit_ratio: float = 2.0
     enable_package_validation: bool = True
@@ -81,8 +81,21 @@ class SchedulerConfig:
     # deny list (the tests' servers on 127.0.0.1). Every other name keeps the default policy,
     # and these names must still be in allowed_domains.
     network_test_hosts: Mapping[str, str] = field(default_factory=dict)
+    # Deprecated name (it never held disk snapshots): a directory given here puts the package
+    # layer cache in its "packages" subdirectory, where that name kept it.
+    disk_snapshot_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.disk_snapshot_cache_dir is not None:
+            warnings.warn("SchedulerConfig.disk_snapshot_cache_dir is deprecated: set "
+                          "package_cache_dir (its 'packages' subdirectory is the same cache)",
+                          DeprecationWarning, stacklevel=3)  # fmt: skip
+            if not isinstance(self.disk_snapshot_cache_dir, (str, os.PathLike)):
+                raise VmConfigError(
+                    f"disk_snapshot_cache_dir must be a path, got {self.disk_snapshot_cache_dir!r}"
+                )
+            self.disk_snapshot_cache_dir = Path(self.disk_snapshot_cache_dir)
+            self.package_cache_dir = self.disk_snapshot_cache_dir / "packages"
         self.warm_pool_size = _check_pool_size(self.warm_pool_size)
         _check_int("default_memory_mb", self.default_memory_mb, MIN_MEMORY_MB, 64 * 1024)
         _check_int(
@@ -101,7 +114,7 @@ class SchedulerConfig:
                 self.default_memory_mb, self.memory_overcommit_ratio, self.cpu_overcommit_ratio
             )
         _check_int("max_concurrent_vms", self.max_concurrent_vms, 1, 4096)
-        for name in ("images_dir", "memory_snapshot_cache_dir", "disk_snapshot_cache_dir"):
+        for name in ("images_dir", "memory_snapshot_cache_dir", "package_cache_dir"):
             value = getattr(self, name)
             if not isinstance(value, (str, os.PathLike)):
                 raise VmConfigError(f"{name} must be a path, got {value!r}")

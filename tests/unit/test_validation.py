@@ -88,3 +88,10 @@ def test_default_config_derives_a_concurrency_limit() -> None:
     config = SchedulerConfig()
     assert config.max_concurrent_vms is not None and config.max_concurrent_vms >= 1
     assert config.default_memory_mb == 192 and config.default_timeout_seconds == 30
+
+
+def test_disk_snapshot_cache_dir_is_a_deprecated_name_of_the_package_cache(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match="package_cache_dir"):
+        config = SchedulerConfig(disk_snapshot_cache_dir=tmp_path / "old")
+    assert config.package_cache_dir == tmp_path / "old" / "packages"
+    assert SchedulerConfig(package_cache_dir=tmp_path / "new").package_cache_dir == tmp_path / "new"

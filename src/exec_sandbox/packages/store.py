@@ -1,4 +1,4 @@
-"""The on-disk cache of package layers (under SchedulerConfig.disk_snapshot_cache_dir).
+"""The on-disk cache of package layers (SchedulerConfig.package_cache_dir).
 
 ```
 requests/<request-key>.json   a packages request -> the lock it resolved to (no resolver run,

@@ -163,7 +163,7 @@ class Provisioner:
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
         self._snapshot_failed: set[str] = set()
         # Package layers (packages/): the cache, and each language's default set (config).
-        self.layers = PackageLayers(config.disk_snapshot_cache_dir / "packages",
+        self.layers = PackageLayers(config.package_cache_dir,
                                     config.package_cache_max_mb << 20)  # fmt: skip
         self._default_packages: dict[str, tuple[PackageSpec, ...]] = {
             lang: validate_packages(specs, lang, strict=config.enable_package_validation)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ async def test_a_session_keeps_state_with_packages(sched: Scheduler, index: Loca
 async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(sched: Scheduler, index: LocalIndex) -> None:
     first = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
     assert first.stdout == "from-the-layer\n"
-    image = next((sched.config.disk_snapshot_cache_dir / "packages" / "layers").glob("*/layer.erofs"))
+    image = next((sched.config.package_cache_dir / "layers").glob("*/layer.erofs"))
     os.truncate(image, image.stat().st_size // 3)
     second = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
     assert second.stdout == "from-the-layer\n", second.stderr
@@ -116,7 +116,7 @@ async def test_a_paused_session_resumes_after_its_layer_left_the_cache(sched: Sc
     session = await sched.session(packages=[DEMO])
     await session.exec("import sbxdemo\nx = sbxdemo.VALUE.upper()")
     snapshot = await session.pause()
-    layers = sched.config.disk_snapshot_cache_dir / "packages" / "layers"
+    layers = sched.config.package_cache_dir / "layers"
     for layer in layers.iterdir():  # the package cache evicts it (or a user clears the cache)
         shutil.rmtree(layer)
     async with await sched.resume(snapshot) as resumed:

@@ -23,7 +23,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(cache_dir: Path) -> SchedulerConfig:
     return SchedulerConfig(max_concurrent_vms=2, memory_snapshots=False,
-                           disk_snapshot_cache_dir=cache_dir)  # fmt: skip
+                           package_cache_dir=cache_dir)  # fmt: skip
 
 
 @pytest.fixture
