@@ -203,9 +203,9 @@ int sbx_channel_queue_file(struct sbx_channel *ch, const struct sbx_file_req *r,
 	return commit_queue(ch, before, sbx_encode_file_request(&ch->out, r, e), e);
 }
 
-int sbx_channel_queue_net_config(struct sbx_channel *ch, uint32_t id, const uint8_t *payload,
-				 size_t len, struct sbx_err *e)
+int sbx_channel_queue_net_config(struct sbx_channel *ch, const struct sbx_net_config_req *r,
+				 struct sbx_err *e)
 {
 	size_t before = begin_queue(ch);
-	return commit_queue(ch, before, sbx_encode_net_config(&ch->out, id, payload, len, e), e);
+	return commit_queue(ch, before, sbx_encode_net_config(&ch->out, r, e), e);
 }

@@ -205,22 +205,82 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, str
 	return 0;
 }
 
-int sbx_encode_net_config(struct sbx_buf *b, uint32_t id, const uint8_t *payload, size_t len,
+/* "*" alone, or a lowercase DNS name: labels of 1..63 letters, digits and inner hyphens, no
+ * trailing dot (the guest's rule for a pattern). */
+static int pattern_ok(const uint8_t *s, size_t n)
+{
+	if (n == 1 && s[0] == '*')
+		return 1;
+	size_t label = 0;
+	for (size_t i = 0; i < n; i++) {
+		uint8_t c = s[i];
+		if (c == '.') {
+			if (label == 0 || s[i - 1] == '-')
+				return 0;
+			label = 0;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'))
+			return 0;
+		if ((c == '-' && label == 0) || ++label > 63)
+			return 0;
+	}
+	return label > 0 && s[n - 1] != '-';
+}
+
+static int validate_net_config(const struct sbx_net_config_req *r, struct sbx_err *err)
+{
+	if (r->name_count > SBX_NET_NAMES_MAX)
+		return sbx_err_set(err, -EMSGSIZE, "more than %u names", SBX_NET_NAMES_MAX);
+	for (size_t i = 0; i < r->name_count; i++) {
+		const struct sbx_bytes *n = &r->names[i];
+		if (n->len > SBX_NET_NAME_MAX)
+			return sbx_err_set(err, -EMSGSIZE, "name %zu longer than %u bytes", i,
+					   SBX_NET_NAME_MAX);
+		if (!pattern_ok(n->data, n->len))
+			return sbx_err_set(err, -EINVAL, "name %zu is not a lowercase DNS name or \"*\"",
+					   i);
+	}
+	if (r->port_count > SBX_NET_EXTRA_PORTS_MAX)
+		return sbx_err_set(err, -EMSGSIZE, "more than %u extra ports",
+				   SBX_NET_EXTRA_PORTS_MAX);
+	for (size_t i = 0; i < r->port_count; i++)
+		if (r->ports[i] < 1 || r->ports[i] > 65535)
+			return sbx_err_set(err, -EINVAL, "port %u outside 1..65535", r->ports[i]);
+	if (r->ca_len > SBX_NET_CA_BUNDLE_MAX)
+		return sbx_err_set(err, -EMSGSIZE, "CA bundle larger than %u bytes",
+				   SBX_NET_CA_BUNDLE_MAX);
+	if (r->ca_len && memchr(r->ca_bundle, 0, r->ca_len))
+		return fail(err, "CA bundle contains NUL", -EINVAL);
+	return 0;
+}
+
+int sbx_encode_net_config(struct sbx_buf *b, const struct sbx_net_config_req *r,
 			  struct sbx_err *err)
 {
-	if (len == 0)
-		return fail(err, "empty NET_CONFIG payload", -EINVAL);
-	if (len > SBX_HOST_FRAME_MAX)
-		return fail(err, "NET_CONFIG larger than HOST_FRAME_MAX", -EMSGSIZE);
+	int rc = validate_net_config(r, err);
+	if (rc < 0)
+		return rc;
 	size_t start, before = b->len;
-	int rc = sbx_frame_begin(b, SBX_MSG_NET_CONFIG, id, &start);
+	rc = sbx_frame_begin(b, SBX_MSG_NET_CONFIG, r->id, &start);
 	if (rc == 0)
-		rc = sbx_buf_append(b, payload, len);
+		rc = sbx_put_u32(b, r->outbound ? (uint32_t)SBX_NET_CONFIG_OUTBOUND : 0u);
 	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->name_count);
+	for (size_t i = 0; rc == 0 && i < r->name_count; i++)
+		rc = sbx_put_str(b, r->names[i].data, r->names[i].len);
+	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->port_count);
+	for (size_t i = 0; rc == 0 && i < r->port_count; i++)
+		rc = sbx_put_u32(b, r->ports[i]);
+	if (rc == 0)
+		rc = sbx_put_str(b, r->ca_bundle, r->ca_len);
+	if (rc == 0) /* the limits above keep it far below; the frame's own limit all the same */
 		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
 	if (rc < 0) {
-		b->len = before;
-		return fail(err, "out of memory", rc);
+		b->len = before; /* drop the partial frame */
+		return fail(err, rc == -EMSGSIZE ? "NET_CONFIG frame larger than HOST_FRAME_MAX"
+						 : "out of memory", rc);
 	}
 	return 0;
 }

@@ -1,4 +1,5 @@
-/* Host -> guest frames (EXEC, PING, RESEED, PRESTART, FILE_*), validated against protocol.h's limits before encoding. */
+/* Host -> guest frames on the agent channel (EXEC, PING, RESEED, PRESTART, FILE_*, NET_CONFIG),
+ * validated against protocol.h's and net_protocol.h's limits before encoding. */
 #ifndef SBX_REQUEST_H
 #define SBX_REQUEST_H
 
@@ -57,9 +58,31 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
  * another). */
 int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *e);
 
-/* NET_CONFIG (net_protocol.h): the payload the host's network policy built (exec_sandbox/network/
- * config_frame.py), framed here; at most HOST_FRAME_MAX bytes (-EMSGSIZE), never empty (-EINVAL). */
-int sbx_encode_net_config(struct sbx_buf *b, uint32_t id, const uint8_t *payload, size_t len,
+/* A string of a request (not NUL-terminated). */
+struct sbx_bytes {
+	const uint8_t *data;
+	size_t len;
+};
+
+/* NET_CONFIG's values (net_protocol.h, "NET_CONFIG payload"), as the host's network policy chose
+ * them (exec_sandbox/network/config_frame.py). The pointers are the caller's. */
+struct sbx_net_config_req {
+	uint32_t id;                     /* any request id: the answer (PONG or ERROR) echoes it */
+	int outbound;                    /* nonzero: SBX_NET_CONFIG_OUTBOUND */
+	const struct sbx_bytes *names;   /* patterns: lowercase DNS names, or "*" alone */
+	size_t name_count;
+	const uint32_t *ports;           /* extra outbound ports, 1..65535 */
+	size_t port_count;
+	const uint8_t *ca_bundle;        /* PEM; empty: the guest keeps its image's */
+	size_t ca_len;
+};
+
+/* Append one NET_CONFIG frame. Returns 0, or with e saying which: -EMSGSIZE (more than
+ * SBX_NET_NAMES_MAX names or SBX_NET_EXTRA_PORTS_MAX ports, a name over SBX_NET_NAME_MAX, a bundle
+ * over SBX_NET_CA_BUNDLE_MAX), -EINVAL (a pattern that is not a lowercase DNS name of labels of
+ * 1..63 letters, digits and inner hyphens, nor "*" alone; a port outside 1..65535; a NUL in the
+ * bundle: the guest refuses all of them) or -ENOMEM. On failure b is left as it was. */
+int sbx_encode_net_config(struct sbx_buf *b, const struct sbx_net_config_req *r,
 			  struct sbx_err *e);
 
 #endif /* SBX_REQUEST_H */

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 
+#include "net_protocol.h"
 #include "protocol.h"
 #include "py_config.h"
 #include "py_events.h"
@@ -147,6 +148,11 @@ static int add_constants(PyObject *m)
 		{"FILE_CHUNK_MAX", SBX_FILE_CHUNK_MAX},
 		{"PATH_MAX", SBX_PATH_MAX},
 		{"PATH_COMPONENT_MAX", SBX_PATH_COMPONENT_MAX},
+		{"MSG_NET_CONFIG", SBX_MSG_NET_CONFIG},
+		{"NET_NAME_MAX", SBX_NET_NAME_MAX},
+		{"NET_NAMES_MAX", SBX_NET_NAMES_MAX},
+		{"NET_EXTRA_PORTS_MAX", SBX_NET_EXTRA_PORTS_MAX},
+		{"NET_CA_BUNDLE_MAX", SBX_NET_CA_BUNDLE_MAX},
 	};
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
 		if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)

@@ -301,24 +301,70 @@ PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args)
 }
 
 const char sbx_py_send_net_config_doc[] =
-	"send_net_config(id, payload) -> int\n\n"
-	"Queue NET_CONFIG with payload (bytes, as exec_sandbox/network/config_frame.py builds it):\n"
-	"answered by an ACK (PONG) or ERROR. Returns the bytes still pending.";
+	"send_net_config(id, outbound, names, ports, ca_bundle) -> int\n\n"
+	"Queue NET_CONFIG (net_protocol.h), encoded here from the values the network policy chose\n"
+	"(exec_sandbox/network/config_frame.py): outbound (bool: allow_network), names (sequence\n"
+	"of str: lowercase DNS names, or '*' alone for every name), ports (sequence of int: extra\n"
+	"outbound ports), ca_bundle (bytes, PEM; b'': the image's). Answered by an ACK (PONG) or\n"
+	"ERROR. Returns the bytes still pending; ValueError for values the protocol refuses (over\n"
+	"its limits, a malformed name or port, a NUL in the bundle).";
 
-PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args)
+PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
 {
-	PyObject *o_id, *result = NULL;
-	Py_buffer payload;
-	uint32_t id;
-	if (!PyArg_ParseTuple(args, "Oy*:send_net_config", &o_id, &payload))
+	static char *kwlist[] = {"id", "outbound", "names", "ports", "ca_bundle", NULL};
+	PyObject *o_id, *o_names, *o_ports, *names = NULL, *ports = NULL, *result = NULL;
+	int outbound;
+	Py_buffer ca;
+	struct sbx_bytes *nv = NULL;
+	uint32_t *pv = NULL;
+	struct sbx_net_config_req req = {0};
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OpOOy*:send_net_config", kwlist, &o_id,
+					 &outbound, &o_names, &o_ports, &ca))
 		return NULL;
-	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &id) == 0) {
-		struct sbx_err err = {0};
-		int rc = sbx_channel_queue_net_config(&vm->ch, id, payload.buf, (size_t)payload.len,
-						      &err);
-		result = pending_or_raise(vm, rc, &err);
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &req.id) < 0)
+		goto out;
+	names = PySequence_Fast(o_names, "names must be a sequence of str");
+	ports = names ? PySequence_Fast(o_ports, "ports must be a sequence of int") : NULL;
+	if (!ports)
+		goto out;
+	req.name_count = (size_t)PySequence_Fast_GET_SIZE(names);
+	req.port_count = (size_t)PySequence_Fast_GET_SIZE(ports);
+	nv = PyMem_Calloc(req.name_count ? req.name_count : 1, sizeof(*nv));
+	pv = PyMem_Calloc(req.port_count ? req.port_count : 1, sizeof(*pv));
+	if (!nv || !pv) {
+		PyErr_NoMemory();
+		goto out;
 	}
-	PyBuffer_Release(&payload);
+	/* Borrowed: the sequences own the items, the str objects their UTF-8, and the GIL is held
+	 * until encoding is done. A non-ASCII name reaches the encoder, which refuses it. */
+	for (size_t i = 0; i < req.name_count; i++) {
+		PyObject *item = PySequence_Fast_GET_ITEM(names, (Py_ssize_t)i);
+		Py_ssize_t len;
+		const char *utf8 = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &len) : NULL;
+		if (!utf8) {
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_TypeError, "names must be a sequence of str");
+			goto out;
+		}
+		nv[i] = (struct sbx_bytes){(const uint8_t *)utf8, (size_t)len};
+	}
+	for (size_t i = 0; i < req.port_count; i++)
+		if (to_u32(PySequence_Fast_GET_ITEM(ports, (Py_ssize_t)i), "a port", &pv[i]) < 0)
+			goto out;
+	req.outbound = outbound;
+	req.names = nv;
+	req.ports = pv;
+	req.ca_bundle = ca.buf;
+	req.ca_len = (size_t)ca.len;
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_net_config(&vm->ch, &req, &err);
+	result = pending_or_raise(vm, rc, &err);
+out:
+	PyMem_Free(nv);
+	PyMem_Free(pv);
+	Py_XDECREF(names);
+	Py_XDECREF(ports);
+	PyBuffer_Release(&ca);
 	return result;
 }
 

@@ -21,7 +21,7 @@ PyObject *sbx_py_send_file_write_data(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_send_file_write_end(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args);
 extern const char sbx_py_send_net_config_doc[];
-PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args);
+PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
 PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_flush(struct sbx_vm *vm);
 

@@ -243,9 +243,9 @@ static PyObject *vm_send_file_read(VmObject *self, PyObject *args)
 	return sbx_py_send_file_read(&self->vm, args);
 }
 
-static PyObject *vm_send_net_config(VmObject *self, PyObject *args)
+static PyObject *vm_send_net_config(VmObject *self, PyObject *args, PyObject *kwds)
 {
-	return sbx_py_send_net_config(&self->vm, args);
+	return sbx_py_send_net_config(&self->vm, args, kwds);
 }
 
 static PyObject *vm_send_file_list(VmObject *self, PyObject *args)
@@ -460,7 +460,8 @@ static PyMethodDef vm_methods[] = {
 	{"send_file_write_end", (PyCFunction)vm_send_file_write_end, METH_VARARGS,
 	 sbx_py_send_file_write_end_doc},
 	{"send_file_read", (PyCFunction)vm_send_file_read, METH_VARARGS, sbx_py_send_file_read_doc},
-	{"send_net_config", (PyCFunction)vm_send_net_config, METH_VARARGS,
+	{"send_net_config", (PyCFunction)(void (*)(void))vm_send_net_config,
+	 METH_VARARGS | METH_KEYWORDS,
 	 sbx_py_send_net_config_doc},
 	{"send_file_list", (PyCFunction)vm_send_file_list, METH_VARARGS, sbx_py_send_file_list_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},

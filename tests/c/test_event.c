@@ -4,6 +4,7 @@
 
 #include "event.h"
 #include "agent_request.h"
+#include "net_protocol.h"
 #include "test.h"
 
 /* Where a test does not look at the explanation of an error. */
@@ -434,6 +435,123 @@ static void test_file_request_limits(void)
 	sbx_buf_free(&b);
 }
 
+/* NET_CONFIG in the layout of net_protocol.h, byte for byte (what the guest parses). */
+static void test_net_config_encoding(void)
+{
+	struct sbx_buf b = {0};
+	struct sbx_err why = {0};
+	const struct sbx_bytes names[] = {{(const uint8_t *)"a.example", 9},
+					  {(const uint8_t *)"b-2.example", 11}};
+	const uint32_t ports[] = {8443, 65535};
+	struct sbx_net_config_req r = {.id = 900, .outbound = 1, .names = names, .name_count = 2,
+				       .ports = ports, .port_count = 2,
+				       .ca_bundle = (const uint8_t *)"PEM", .ca_len = 3};
+	CHECK_EQ(sbx_encode_net_config(&b, &r, &why), 0);
+	static const char want[] = "\1\0\0\0"                  /* flags: OUTBOUND */
+				   "\2\0\0\0"                  /* two names */
+				   "\11\0\0\0a.example"
+				   "\13\0\0\0b-2.example"
+				   "\2\0\0\0"                  /* two extra ports */
+				   "\xfb\x20\0\0\xff\xff\0\0"  /* 8443, 65535 */
+				   "\3\0\0\0PEM";              /* the CA bundle */
+	check_payload(&b, SBX_MSG_NET_CONFIG, 900, want, sizeof(want) - 1);
+	/* No outbound ("exposed ports only"), nothing else: flags 0 and three empty fields. */
+	b.len = 0;
+	r = (struct sbx_net_config_req){.id = 901};
+	CHECK_EQ(sbx_encode_net_config(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_NET_CONFIG, 901, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16);
+	/* "*" alone: every name. */
+	b.len = 0;
+	const struct sbx_bytes any = {(const uint8_t *)"*", 1};
+	r = (struct sbx_net_config_req){.id = 902, .outbound = 1, .names = &any, .name_count = 1};
+	CHECK_EQ(sbx_encode_net_config(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_NET_CONFIG, 902, "\1\0\0\0\1\0\0\0\1\0\0\0*\0\0\0\0\0\0\0\0", 21);
+	sbx_buf_free(&b);
+}
+
+/* Each limit of net_protocol.h is refused one past it (with a reason, the buffer as it was) and
+ * taken at it; so is what the guest would refuse as a pattern, a port or a bundle. */
+static void test_net_config_limits(void)
+{
+	static uint8_t ca[SBX_NET_CA_BUNDLE_MAX + 1];
+	static struct sbx_bytes names[SBX_NET_NAMES_MAX + 1];
+	static uint8_t longest[SBX_NET_NAME_MAX + 1]; /* 63.63.63.61: a valid name of 253 bytes */
+	memset(ca, 'P', sizeof(ca));
+	memset(longest, 'a', sizeof(longest));
+	longest[63] = longest[127] = longest[191] = '.';
+	uint32_t ports[SBX_NET_EXTRA_PORTS_MAX + 1];
+	for (size_t i = 0; i < sizeof(ports) / sizeof(ports[0]); i++)
+		ports[i] = 1000 + (uint32_t)i;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		names[i] = (struct sbx_bytes){longest, SBX_NET_NAME_MAX};
+
+	struct sbx_buf b = {0};
+	CHECK_EQ(sbx_encode_ping(&b, 1, &E), 0);
+	size_t before = b.len;
+	struct sbx_err why = {0};
+	/* At every limit at once: accepted, and still a frame the channel takes. */
+	struct sbx_net_config_req full = {.id = 1, .outbound = 1, .names = names,
+					  .name_count = SBX_NET_NAMES_MAX, .ports = ports,
+					  .port_count = SBX_NET_EXTRA_PORTS_MAX, .ca_bundle = ca,
+					  .ca_len = SBX_NET_CA_BUNDLE_MAX};
+	CHECK_EQ(sbx_encode_net_config(&b, &full, &why), 0);
+	CHECK(b.len > before && b.len - before <= SBX_FRAME_HEADER_SIZE + SBX_HOST_FRAME_MAX);
+	b.len = before;
+
+	static const struct {
+		const char *name; /* NULL: the longest name, one byte longer */
+		int err;
+		const char *msg;
+	} bad_names[] = {
+		{NULL, -EMSGSIZE, "name 0 longer than 253 bytes"},
+		{"", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"Example.org", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"-a.example", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"a-.example", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"a..example", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"example.org.", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"*.example.org", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"a_b.example", -EINVAL, "name 0 is not a lowercase DNS name or \"*\""},
+		{"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.org", -EINVAL,
+		 "name 0 is not a lowercase DNS name or \"*\""}, /* a label of 64 */
+	};
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+		struct sbx_bytes n = bad_names[i].name
+					     ? (struct sbx_bytes){(const uint8_t *)bad_names[i].name,
+								  strlen(bad_names[i].name)}
+					     : (struct sbx_bytes){longest, SBX_NET_NAME_MAX + 1};
+		struct sbx_net_config_req r = {.id = 2, .outbound = 1, .names = &n, .name_count = 1};
+		sbx_err_clear(&why);
+		CHECK_EQ(sbx_encode_net_config(&b, &r, &why), bad_names[i].err);
+		CHECK_STR(why.msg, bad_names[i].msg);
+		CHECK_EQ(b.len, before);
+	}
+	const uint8_t nul_ca[] = "PEM\0PEM";
+	const uint32_t port0 = 0, port_big = 65536;
+	struct {
+		struct sbx_net_config_req r;
+		int err;
+		const char *msg;
+	} bad[] = {
+		{{.names = names, .name_count = SBX_NET_NAMES_MAX + 1}, -EMSGSIZE, "more than 256 names"},
+		{{.ports = ports, .port_count = SBX_NET_EXTRA_PORTS_MAX + 1}, -EMSGSIZE,
+		 "more than 16 extra ports"},
+		{{.ports = &port0, .port_count = 1}, -EINVAL, "port 0 outside 1..65535"},
+		{{.ports = &port_big, .port_count = 1}, -EINVAL, "port 65536 outside 1..65535"},
+		{{.ca_bundle = ca, .ca_len = SBX_NET_CA_BUNDLE_MAX + 1}, -EMSGSIZE,
+		 "CA bundle larger than 1048576 bytes"},
+		{{.ca_bundle = nul_ca, .ca_len = sizeof(nul_ca) - 1}, -EINVAL, "CA bundle contains NUL"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		sbx_err_clear(&why);
+		CHECK_EQ(sbx_encode_net_config(&b, &bad[i].r, &why), bad[i].err);
+		CHECK_STR(why.msg, bad[i].msg);
+		CHECK_EQ(why.syscall, 0);
+		CHECK_EQ(b.len, before);
+	}
+	sbx_buf_free(&b);
+}
+
 /* Decode an EXEC frame back (what the guest will do) and compare. */
 static void test_exec_roundtrip(void)
 {
@@ -578,6 +696,8 @@ int main(void)
 	RUN(test_file_entries);
 	RUN(test_file_request_encoding);
 	RUN(test_file_request_limits);
+	RUN(test_net_config_encoding);
+	RUN(test_net_config_limits);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
 	TEST_MAIN_END("test_event");

@@ -711,6 +711,69 @@ def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> N
         vm.close()
 
 
+def test_net_config_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
+    """Stand-in QEMU (no VM) recording what the host writes to the channel: send_net_config()
+    puts one NET_CONFIG frame on the wire, laid out as net_protocol.h says: u32 flags (1:
+    outbound), u32 name count and the names, u32 port count and the ports, str CA bundle."""
+    wire = tmp_path / "wire"
+    vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
+    want = (
+        frame(_execsbx.MSG_NET_CONFIG, 9, struct.pack("<II", 1, 2) + sstr(b"a.example")
+              + sstr(b"b.example") + struct.pack("<II", 1, 8443) + sstr(b"PEM"))
+        + frame(_execsbx.MSG_NET_CONFIG, 10, struct.pack("<II", 1, 1) + sstr(b"*")
+                + struct.pack("<I", 0) + sstr(b""))
+        + frame(_execsbx.MSG_NET_CONFIG, 11, struct.pack("<III", 0, 0, 0) + sstr(b""))
+    )  # fmt: skip
+    try:
+        vm.send_net_config(9, True, ["a.example", "b.example"], [8443], b"PEM")
+        vm.send_net_config(10, True, ["*"], [], b"")
+        assert vm.send_net_config(11, False, [], [], b"") >= 0
+        deadline = time.monotonic() + 10
+        while vm.flush() and time.monotonic() < deadline:
+            select.select([], [vm.fileno()], [], 1)
+        while time.monotonic() < deadline and (
+            not wire.exists() or wire.stat().st_size < len(want)
+        ):
+            time.sleep(0.01)
+        assert wire.read_bytes() == want
+    finally:
+        vm.close()
+
+
+def test_net_config_over_the_protocol_limits_is_refused(tmp_path: Path) -> None:
+    """What the guest would refuse is refused before it is queued, saying why."""
+    vm = make_vm(fake_qemu(tmp_path, b""))
+    too_many_ports = list(range(1000, 1001 + _execsbx.NET_EXTRA_PORTS_MAX))
+    try:
+        for outbound, names, ports, ca, match in [
+            (True, ["a.example"] * (_execsbx.NET_NAMES_MAX + 1), [], b"",
+             f"more than {_execsbx.NET_NAMES_MAX} names"),
+            (True, ["a" * (_execsbx.NET_NAME_MAX + 1)], [], b"",
+             f"name 0 longer than {_execsbx.NET_NAME_MAX} bytes"),
+            (True, ["ok.example", "Example.org"], [], b"", "name 1 is not a lowercase DNS name"),
+            (True, ["\u00e9.example"], [], b"", "name 0 is not a lowercase DNS name"),
+            (True, ["-a.example"], [], b"", "name 0 is not a lowercase DNS name"),
+            (True, [], too_many_ports, b"",
+             f"more than {_execsbx.NET_EXTRA_PORTS_MAX} extra ports"),
+            (True, [], [0], b"", "port 0 outside 1..65535"),
+            (True, [], [65536], b"", "port 65536 outside 1..65535"),
+            (False, [], [], b"x" * (_execsbx.NET_CA_BUNDLE_MAX + 1),
+             f"CA bundle larger than {_execsbx.NET_CA_BUNDLE_MAX} bytes"),
+            (False, [], [], b"PEM\0PEM", "CA bundle contains NUL"),
+        ]:  # fmt: skip
+            with pytest.raises(ValueError, match=match):
+                vm.send_net_config(3, outbound, names, ports, ca)
+        with pytest.raises(TypeError, match="names must be a sequence of str"):
+            vm.send_net_config(3, True, [b"a.example"], [], b"")  # type: ignore[list-item]
+        assert vm.flush() == 0  # nothing was queued
+        # At every limit: accepted.
+        names = [f"n{i}.example" for i in range(_execsbx.NET_NAMES_MAX)]
+        assert vm.send_net_config(4, True, names, too_many_ports[1:],
+                                  b"x" * _execsbx.NET_CA_BUNDLE_MAX) >= 0  # fmt: skip
+    finally:
+        vm.close()
+
+
 @pytest.mark.parametrize("version", [0, 1, 3, 0xFFFFFFFF])
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the

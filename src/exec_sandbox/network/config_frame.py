@@ -1,36 +1,33 @@
-"""The NET_CONFIG payload (net_protocol.h), sent on the agent channel before user code runs."""
+"""What NET_CONFIG (net_protocol.h) tells the guest, sent on the agent channel before user code
+runs; the C core encodes it (GuestVm.send_net_config)."""
 
 from __future__ import annotations
 
 import ssl
-import struct
 from pathlib import Path
+from typing import NamedTuple
 
+from ..vm.binding import NET_CA_BUNDLE_MAX as CA_BUNDLE_MAX
 from .names import extra_ports
 from .policy import NetworkPolicy
 
-NET_CONFIG = 104  # SBX_MSG_NET_CONFIG
-CONFIG_OUTBOUND = 1
-CA_BUNDLE_MAX = 1024 * 1024  # SBX_NET_CA_BUNDLE_MAX
 _SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 
 
-def _str(data: bytes) -> bytes:
-    return struct.pack("<I", len(data)) + data
+class NetConfig(NamedTuple):
+    outbound: bool
+    names: list[str]
+    ports: list[int]
+    ca_bundle: bytes
 
 
-def build_net_config(policy: NetworkPolicy, ca_bundle: bytes) -> bytes:
-    """flags, the allowed names ("*" alone: any), the extra ports, the CA bundle."""
+def build_net_config(policy: NetworkPolicy, ca_bundle: bytes) -> NetConfig:
+    """outbound, the allowed names ("*" alone: any), the extra ports, the CA bundle."""
     names: list[str] = []
     if policy.outbound:
         names = ["*"] if policy.rules is None else sorted({r.name for r in policy.rules})
     ports = extra_ports(policy.rules) if policy.outbound else []
-    out = [struct.pack("<II", CONFIG_OUTBOUND if policy.outbound else 0, len(names))]
-    out += [_str(n.encode("ascii")) for n in names]
-    out.append(struct.pack("<I", len(ports)))
-    out += [struct.pack("<I", port) for port in ports]
-    out.append(_str(ca_bundle))
-    return b"".join(out)
+    return NetConfig(policy.outbound, names, ports, ca_bundle)
 
 
 def system_ca_bundle_path() -> Path | None:

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import InputValidationError
+from ..vm.binding import NET_EXTRA_PORTS_MAX as EXTRA_PORTS_MAX
+from ..vm.binding import NET_NAME_MAX as NAME_MAX
+from ..vm.binding import NET_NAMES_MAX as NAMES_MAX
 
 DEFAULT_PORTS = (80, 443)
-NAME_MAX = 253  # SBX_NET_NAME_MAX
 LABEL_MAX = 63
-NAMES_MAX = 256  # SBX_NET_NAMES_MAX
-EXTRA_PORTS_MAX = 16  # SBX_NET_EXTRA_PORTS_MAX
 _LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 

@@ -76,7 +76,11 @@ from .._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402
 
 if TYPE_CHECKING:
     from .._execsbx import NetEvent as NetEvent
-MSG_NET_CONFIG = 104  # SBX_MSG_NET_CONFIG, src/shared/net_protocol.h
+# NET_CONFIG's limits (src/shared/net_protocol.h): network/ checks the caller's values against them.
+NET_NAME_MAX = int(_execsbx.NET_NAME_MAX)
+NET_NAMES_MAX = int(_execsbx.NET_NAMES_MAX)
+NET_EXTRA_PORTS_MAX = int(_execsbx.NET_EXTRA_PORTS_MAX)
+NET_CA_BUNDLE_MAX = int(_execsbx.NET_CA_BUNDLE_MAX)
 
 
 def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:

@@ -218,10 +218,11 @@ class GuestVm:
         )  # fmt: skip
         return True
 
-    async def send_net_config(self, payload: bytes, timeout: float = 10.0) -> None:
-        """NET_CONFIG (network/config_frame.py): the agent answers PONG once its DNS stub,
-        listeners and CA bundle are set, or ERROR (raised as GuestAgentError)."""
-        await self._round_trip(lambda req_id: int(self._vm.send_net_config(req_id, payload)),
+    async def send_net_config(self, config: tuple[bool, list[str], list[int], bytes],
+                              timeout: float = 10.0) -> None:  # fmt: skip
+        """NET_CONFIG (its values: network/config_frame.py): the agent answers PONG once its DNS
+        stub, listeners and CA bundle are set, or ERROR (raised as GuestAgentError)."""
+        await self._round_trip(lambda req_id: int(self._vm.send_net_config(req_id, *config)),
                                timeout, "the guest did not acknowledge NET_CONFIG in time")  # fmt: skip
 
     @property
