@@ -50,7 +50,13 @@ test-sanitize: deps
 fuzz: deps
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 
+# ruff (pycodestyle, pyflakes, imports, bugbear, pyupgrade; the formatter owns the layout) and
+# mypy --strict over the package.
+LINTED := src tests bench scripts setup.py
+
 lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(PY) -m mypy
 
 test-py: install images

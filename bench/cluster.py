@@ -26,14 +26,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile, summary  # noqa: E402
+import ray
+from common import percentile, summary
+from ray.cluster_utils import Cluster
 
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.cluster import NAMESPACE, ClusterScheduler  # noqa: E402
-from exec_sandbox.cluster import _ray  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.cluster import (
+    NAMESPACE,
+    ClusterScheduler,
+    _ray,
+)
 
 CODE = "print(1)"
 
@@ -43,8 +45,9 @@ def local_cluster(hosts: int) -> Iterator[Cluster]:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
         for _ in range(hosts):
-            cluster.add_node(num_cpus=1, resources={"sandbox_host": 1},
-                             object_store_memory=100 << 20)  # fmt: skip
+            cluster.add_node(
+                num_cpus=1, resources={"sandbox_host": 1}, object_store_memory=100 << 20
+            )
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         yield cluster
@@ -103,28 +106,36 @@ def main() -> None:
     parser.add_argument("--vms-per-host", type=int, default=2)
     args = parser.parse_args()
 
-    pooled = SchedulerConfig(max_concurrent_vms=2, warm_pool_size={"python": 1},
-                             memory_snapshots=False)  # fmt: skip
+    pooled = SchedulerConfig(
+        max_concurrent_vms=2, warm_pool_size={"python": 1}, memory_snapshots=False
+    )
     local = asyncio.run(local_overhead(args.runs, pooled))
     with local_cluster(1):
         remote, trips = asyncio.run(cluster_overhead(args.runs, pooled))
     print(f"run('{CODE}'), warm-pool hit, sequential:")
     print(f"  local Scheduler      {summary(local)}")
     print(f"  ClusterScheduler     {summary(remote)}")
-    print(f"  difference           p50 {percentile(remote, 50) - percentile(local, 50):+.1f} ms  "
-          f"p95 {percentile(remote, 95) - percentile(local, 95):+.1f} ms")
+    print(
+        f"  difference           p50 {percentile(remote, 50) - percentile(local, 50):+.1f} ms  "
+        f"p95 {percentile(remote, 95) - percentile(local, 95):+.1f} ms"
+    )
     print(f"  host actor round trip (info) {summary(trips)}")
 
     # A queue that holds every job: the bound (4 x VMs by default) is not what is measured here.
-    cold: dict[str, Any] = {"max_concurrent_vms": args.vms_per_host, "memory_snapshots": False,
-                            "admission_queue_size": args.jobs}  # fmt: skip
+    cold: dict[str, Any] = {
+        "max_concurrent_vms": args.vms_per_host,
+        "memory_snapshots": False,
+        "admission_queue_size": args.jobs,
+    }
     rates = {}
     for hosts in (1, 2):
         with local_cluster(hosts):
             rate, spread = asyncio.run(throughput(args.jobs, SchedulerConfig(**cold)))
         rates[hosts] = rate
-        print(f"throughput, {args.jobs} concurrent cold runs, {hosts} host node(s) x "
-              f"{args.vms_per_host} VMs: {rate:.2f} runs/s  (runs per host: {spread})")
+        print(
+            f"throughput, {args.jobs} concurrent cold runs, {hosts} host node(s) x "
+            f"{args.vms_per_host} VMs: {rate:.2f} runs/s  (runs per host: {spread})"
+        )
     print(f"two host nodes / one: {rates[2] / rates[1]:.2f}x")
 
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import host_spawn_ms, percentile, summary, timed
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),

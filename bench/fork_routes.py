@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from session_snapshots import DATA, config  # noqa: E402
+from session_snapshots import DATA, config
 
-from exec_sandbox import Scheduler  # noqa: E402
-from exec_sandbox.vm import migration  # noqa: E402
-from exec_sandbox.snapshots import forks  # noqa: E402
-from exec_sandbox.vm.guest import GuestVm  # noqa: E402
+from exec_sandbox import Scheduler
+from exec_sandbox.snapshots import forks
+from exec_sandbox.vm import migration
+from exec_sandbox.vm.guest import GuestVm
 
 TIMEOUT = 60.0
 
@@ -54,7 +54,9 @@ async def by_file(vm: GuestVm, work: Path) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args()
     pipe: list[float] = []
@@ -70,11 +72,16 @@ async def main() -> None:
                 async with sched._paused.store.build_dir() as work:
                     took_file, save = await by_file(session.vm, work)
                 file.append(took_file)
-                print(f"pipe {took:6.0f} ms (stream {stream:4.0f})   "
-                      f"file {took_file:6.0f} ms (save {save:4.0f})", flush=True)  # fmt: skip
+                print(
+                    f"pipe {took:6.0f} ms (stream {stream:4.0f})   "
+                    f"file {took_file:6.0f} ms (save {save:4.0f})",
+                    flush=True,
+                )
             await session.close()
-    print(f"p50: pipe {statistics.median(pipe):.0f} ms, file {statistics.median(file):.0f} ms, "
-          f"pipe / file = {statistics.median(pipe) / statistics.median(file):.2f}x")
+    print(
+        f"p50: pipe {statistics.median(pipe):.0f} ms, file {statistics.median(file):.0f} ms, "
+        f"pipe / file = {statistics.median(pipe) / statistics.median(file):.2f}x"
+    )
 
 
 if __name__ == "__main__":

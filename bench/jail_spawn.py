@@ -15,10 +15,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile  # noqa: E402
+from common import percentile
 
-from exec_sandbox import _execsbx  # noqa: E402
-from exec_sandbox.vm.jail import jail_options  # noqa: E402
+from exec_sandbox import _execsbx
+from exec_sandbox.vm.jail import jail_options
 
 ARGS = dict(qemu_binary="/bin/true", kernel="k", rootfs="r", memory_mb=128)
 
@@ -41,10 +41,14 @@ def main(runs: int) -> None:
         plain.append(spawn_and_close(None))
         jailed.append(spawn_and_close(options))
     for name, values in (("no jail", plain), ("jail", jailed)):
-        print(f"{name:8} p50 {percentile(values, 50):7.2f} ms   p90 {percentile(values, 90):7.2f} ms")
+        print(
+            f"{name:8} p50 {percentile(values, 50):7.2f} ms   p90 {percentile(values, 90):7.2f} ms"
+        )
     ratio = percentile(jailed, 50) / percentile(plain, 50)
-    print(f"jail / no jail (p50): {ratio:.2f}x, "
-          f"+{percentile(jailed, 50) - percentile(plain, 50):.2f} ms per VM")
+    print(
+        f"jail / no jail (p50): {ratio:.2f}x, "
+        f"+{percentile(jailed, 50) - percentile(plain, 50):.2f} ms per VM"
+    )
 
 
 if __name__ == "__main__":

@@ -20,18 +20,15 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import percentile  # noqa: E402
+from common import percentile
 
-from tests.loop_meter import CallbackMeter, RunQueueClock  # noqa: E402
-
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from tests.loop_meter import CallbackMeter, RunQueueClock
 
 TICK_SECONDS = 0.001
 
@@ -57,8 +54,9 @@ class GcMeter:
             self.pauses.append((time.perf_counter() - self._started, info["generation"]))
 
 
-async def ticker(clock: RunQueueClock, stop: asyncio.Event,
-                 out: list[tuple[float, float, float]]) -> None:  # fmt: skip
+async def ticker(
+    clock: RunQueueClock, stop: asyncio.Event, out: list[tuple[float, float, float]]
+) -> None:
     """Sleep 1 ms at a time; record (raw lateness, lateness minus run-queue wait, start) per
     tick."""
     while not stop.is_set():
@@ -113,21 +111,31 @@ async def main(clock: RunQueueClock, vms: int, rounds: int, l1: bool, report_ms:
     raw = [t[0] * 1000 for t in ticks]
     held = [t[1] * 1000 for t in ticks]
     path = "L1 clones" if l1 else "cold boots"
-    print(f"{rounds} rounds of {vms} concurrent run() ({path}), {elapsed:.1f} s, "
-          f"{len(ticks)} ticks of {TICK_SECONDS * 1000:.0f} ms; CPU stolen by the hypervisor: "
-          f"{steal * 1000:.0f} ms")
-    print(f"  tick lateness, raw:  max {max(raw):7.1f} ms  p99 {percentile(raw, 99):6.1f} ms  "
-          f"p50 {percentile(raw, 50):5.2f} ms")
-    print(f"  loop held (raw minus run-queue wait):  max {max(held):7.1f} ms  "
-          f"p99 {percentile(held, 99):6.1f} ms  ticks held > 5 ms: {sum(h > 5 for h in held)}")
+    print(
+        f"{rounds} rounds of {vms} concurrent run() ({path}), {elapsed:.1f} s, "
+        f"{len(ticks)} ticks of {TICK_SECONDS * 1000:.0f} ms; CPU stolen by the hypervisor: "
+        f"{steal * 1000:.0f} ms"
+    )
+    print(
+        f"  tick lateness, raw:  max {max(raw):7.1f} ms  p99 {percentile(raw, 99):6.1f} ms  "
+        f"p50 {percentile(raw, 50):5.2f} ms"
+    )
+    print(
+        f"  loop held (raw minus run-queue wait):  max {max(held):7.1f} ms  "
+        f"p99 {percentile(held, 99):6.1f} ms  ticks held > 5 ms: {sum(h > 5 for h in held)}"
+    )
     print(f"  callbacks that held the loop > {report_ms:g} ms: {len(meter.slow)}")
-    print("    held = wall - run-queue wait; cpu = the loop thread's own CPU time in it (the rest"
-          " of held: blocked in a syscall, or the host's hypervisor took the CPU: steal)")
+    print(
+        "    held = wall - run-queue wait; cpu = the loop thread's own CPU time in it (the rest"
+        " of held: blocked in a syscall, or the host's hypervisor took the CPU: steal)"
+    )
     for stall in sorted(meter.slow, key=lambda s: s.held_s, reverse=True)[:16]:
         print(f"    {stall}")
     longest_gc = max(gc_meter.pauses, default=(0.0, 0))
-    print(f"  garbage collections: {len(gc_meter.pauses)}, longest {longest_gc[0] * 1000:.1f} ms "
-          f"(generation {longest_gc[1]})")
+    print(
+        f"  garbage collections: {len(gc_meter.pauses)}, longest {longest_gc[0] * 1000:.1f} ms "
+        f"(generation {longest_gc[1]})"
+    )
     # Ticks held long without a callback that held it: the time went between callbacks (the
     # selector, or the GIL taken back from another thread of the process).
     worst = sorted(ticks, reverse=True, key=lambda t: t[1])[:5]
@@ -137,13 +145,16 @@ async def main(clock: RunQueueClock, vms: int, rounds: int, l1: bool, report_ms:
         spans = [(h, what) for s0, s1, h, what in meter.spans if s0 < end and s1 > start]
         inside = [h for h, _what in spans]
         kinds = sorted({what for h, what in spans if what})
-        print(f"    {held_s * 1000:7.1f} ms; {sum(inside) * 1000:7.1f} ms ({len(inside)}, "
-              f"{max(inside, default=0) * 1000:.1f} ms){': ' if kinds else ''}{', '.join(kinds)}")
+        print(
+            f"    {held_s * 1000:7.1f} ms; {sum(inside) * 1000:7.1f} ms ({len(inside)}, "
+            f"{max(inside, default=0) * 1000:.1f} ms){': ' if kinds else ''}{', '.join(kinds)}"
+        )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--vms", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--l1", action="store_true", help="clones of a memory snapshot")

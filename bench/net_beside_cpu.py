@@ -28,12 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from network import TRANSFERS, VM_MEMORY_MB, start_servers  # noqa: E402
+from network import TRANSFERS, VM_MEMORY_MB, start_servers
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
 
-SPIN_START = ("import subprocess, sys\n"
-              "SPINNER = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n")
+SPIN_START = (
+    "import subprocess, sys\n"
+    "SPINNER = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+)
 SPIN_STOP = "SPINNER.kill(); SPINNER.wait()\n"
 EXECS_PER_ROUND = 10
 
@@ -45,8 +47,10 @@ async def one_round(session, ports: list[int], total: int) -> dict[str, float]: 
         if beside:
             assert (await session.exec(SPIN_START)).exit_code == 0
         suffix = "_beside" if beside else "_alone"
-        for way, body in (("down", f"print(download(HOST, {ports[1]})[1])\n"),
-                          ("up", f"print(upload(HOST, {ports[2]}, {total})[1])\n")):  # fmt: skip
+        for way, body in (
+            ("down", f"print(download(HOST, {ports[1]})[1])\n"),
+            ("up", f"print(upload(HOST, {ports[2]}, {total})[1])\n"),
+        ):
             done = await session.exec("HOST = 'bench.test'\n" + TRANSFERS + body)
             assert done.exit_code == 0, done.stderr
             row[way + suffix] = float(done.stdout)
@@ -72,12 +76,18 @@ async def main() -> None:
     rows = []
     try:
         with tempfile.TemporaryDirectory() as cache:
-            config = SchedulerConfig(max_concurrent_vms=1, memory_snapshot_cache_dir=Path(cache),
-                                     network_test_hosts=hosts)  # fmt: skip
+            config = SchedulerConfig(
+                max_concurrent_vms=1,
+                memory_snapshot_cache_dir=Path(cache),
+                network_test_hosts=hosts,
+            )
             async with Scheduler(config) as sched:
                 session = await sched.session(
-                    allow_network=True, timeout_seconds=300, memory_mb=VM_MEMORY_MB,
-                    allowed_domains=[f"bench.test:{p}" for p in ports])
+                    allow_network=True,
+                    timeout_seconds=300,
+                    memory_mb=VM_MEMORY_MB,
+                    allowed_domains=[f"bench.test:{p}" for p in ports],
+                )
                 async with session:
                     await one_round(session, ports, total)  # unmeasured: TCG translates first
                     for r in range(args.rounds):

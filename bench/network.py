@@ -47,9 +47,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from net_asyncio_relay import AsyncioHub  # noqa: E402
+from net_asyncio_relay import AsyncioHub
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
 
 CHUNK = b"x" * 65536
 # Every VM of the bench, relay's and port's alike: the port's needs room for the blob in its
@@ -133,7 +133,9 @@ def upload(host, port, total):
     s.shutdown(socket.SHUT_WR); got = int(s.recv(64)); s.close()
     return got, got / (time.perf_counter() - t) / 1e6
 """
-CLIENT = TRANSFERS + """
+CLIENT = (
+    TRANSFERS
+    + """
 import json, sys
 host, ports, total, connects = sys.argv[1] if len(sys.argv) > 1 else HOST, PORTS, TOTAL, CONNECTS
 lat, lookups = [], []
@@ -153,6 +155,7 @@ print(json.dumps({"connect_p50_ms": lat[len(lat) // 2], "connect_p90_ms": lat[in
                   "lookup_p50_ms": lookups[len(lookups) // 2],
                   "down_MBps": down, "up_MBps": up, "bytes": [n, got]}))
 """
+)
 
 
 # One direction alone, after CLIENT (the VM's later transfers): its MB/s, and the VM's CPU per
@@ -162,16 +165,20 @@ UP_ONLY = TRANSFERS + "print(upload(HOST, PORTS[2], TOTAL)[1])\n"
 
 
 def client_code(host: str, ports: list[int], total: int, connects: int) -> str:
-    return (f"HOST, PORTS, TOTAL, CONNECTS = {host!r}, {ports!r}, {total}, {connects}\n" + CLIENT)
+    return f"HOST, PORTS, TOTAL, CONNECTS = {host!r}, {ports!r}, {total}, {connects}\n" + CLIENT
 
 
-async def in_guest(sched: Scheduler, ports: list[int], total: int, connects: int
-                   ) -> tuple[dict[str, float], float]:  # fmt: skip
+async def in_guest(
+    sched: Scheduler, ports: list[int], total: int, connects: int
+) -> tuple[dict[str, float], float]:
     """The client in a VM through the relay: its figures, and the bench process's CPU seconds
     while it ran (relay + loop)."""
-    session = await sched.session(allow_network=True, timeout_seconds=300, memory_mb=VM_MEMORY_MB,
-                                  allowed_domains=["bench.test", "bench.test:81",
-                                                   "bench.test:82"])  # fmt: skip
+    session = await sched.session(
+        allow_network=True,
+        timeout_seconds=300,
+        memory_mb=VM_MEMORY_MB,
+        allowed_domains=["bench.test", "bench.test:81", "bench.test:82"],
+    )
     async with session:
         code = client_code("bench.test", [80, 81, 82], total, connects)
         cpu = time.process_time()
@@ -181,8 +188,9 @@ async def in_guest(sched: Scheduler, ports: list[int], total: int, connects: int
         figures = json.loads(result.stdout)
         for way, body in (("down", DOWN_ONLY), ("up", UP_ONLY)):
             vm_cpu = vm_cpu_seconds(session)
-            done = await session.exec(f"HOST, PORTS, TOTAL = 'bench.test', [80, 81, 82], {total}\n"
-                                      + body)  # fmt: skip
+            done = await session.exec(
+                f"HOST, PORTS, TOTAL = 'bench.test', [80, 81, 82], {total}\n" + body
+            )
             assert done.exit_code == 0, done.stderr
             vm_cpu = vm_cpu_seconds(session) - vm_cpu
             figures[f"vm_{way}_ms_per_MB"] = vm_cpu * 1000 / (total / 1e6)
@@ -212,15 +220,25 @@ async def port_ceiling(sched: Scheduler, total: int) -> dict[str, float]:
         assert data is not None and len(data) == total
         await session.exec("import os; os.remove('/home/user/blob')")  # room in the guest's tmpfs
         _, down_later, vm_down = await timed(session.write_file("blob", data))
-    return {"down_MBps": down, "up_MBps": up, "down_later_MBps": down_later,
-            "up_later_MBps": up_later, "vm_down_ms_per_MB": vm_down, "vm_up_ms_per_MB": vm_up}
+    return {
+        "down_MBps": down,
+        "up_MBps": up,
+        "down_later_MBps": down_later,
+        "up_later_MBps": up_later,
+        "vm_down_ms_per_MB": vm_down,
+        "vm_up_ms_per_MB": vm_up,
+    }
 
 
 def on_host(ports: list[int], total: int, connects: int) -> dict[str, float]:
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", client_code("127.0.0.1", ports, total, connects)],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", client_code("127.0.0.1", ports, total, connects)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 
@@ -232,13 +250,21 @@ async def main() -> None:
     args = ap.parse_args()
     total = args.mb << 20
     proc, ports = start_servers(total)
-    hosts = {"bench.test:80": f"127.0.0.1:{ports[0]}", "bench.test:81": f"127.0.0.1:{ports[1]}",
-             "bench.test:82": f"127.0.0.1:{ports[2]}"}  # fmt: skip
-    rows: dict[str, list[dict[str, float]]] = {"host": [], "c-io_uring": [], "asyncio": [],
-                                               "port": []}  # fmt: skip
+    hosts = {
+        "bench.test:80": f"127.0.0.1:{ports[0]}",
+        "bench.test:81": f"127.0.0.1:{ports[1]}",
+        "bench.test:82": f"127.0.0.1:{ports[2]}",
+    }
+    rows: dict[str, list[dict[str, float]]] = {
+        "host": [],
+        "c-io_uring": [],
+        "asyncio": [],
+        "port": [],
+    }
     with tempfile.TemporaryDirectory() as cache:
-        config = SchedulerConfig(max_concurrent_vms=2, memory_snapshot_cache_dir=Path(cache),
-                                 network_test_hosts=hosts)  # fmt: skip
+        config = SchedulerConfig(
+            max_concurrent_vms=2, memory_snapshot_cache_dir=Path(cache), network_test_hosts=hosts
+        )
         async with Scheduler(config) as c_sched, Scheduler(config) as a_sched:
             a_sched._network_hub = AsyncioHub()  # type: ignore[assignment]  # the baseline
             # One unmeasured round first, then the memory snapshots it started are waited for: a
@@ -256,38 +282,70 @@ async def main() -> None:
                     figures["cpu_ms_per_MB"] = cpu * 1000 / (2 * total / 1e6)
                     rows[name].append(figures)
                 rows["port"].append(await port_ceiling(c_sched, total))
-                print(f"round {r + 1}: " + json.dumps({k: v[-1] for k, v in rows.items()}),
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"round {r + 1}: " + json.dumps({k: v[-1] for k, v in rows.items()}),
+                    file=sys.stderr,
+                )
             a_sched._network_hub = None
     proc.kill()
-    print(f"{'':12} {'connect p50':>12} {'p90':>8} {'down MB/s':>10} {'up MB/s':>8} {'CPU ms/MB':>10}"
-          f" {'VM ms/MB down':>14} {'up':>6} {'later down':>11} {'up':>7}")
+    print(
+        f"{'':12} {'connect p50':>12} {'p90':>8} {'down MB/s':>10} {'up MB/s':>8} {'CPU ms/MB':>10}"
+        f" {'VM ms/MB down':>14} {'up':>6} {'later down':>11} {'up':>7}"
+    )
     for name, results in rows.items():
-        med = lambda key: statistics.median(r[key] for r in results)  # noqa: E731
+
+        def med(key: str, results: list[dict[str, float]] = results) -> float:
+            return statistics.median(r[key] for r in results)
+
         cpu = f"{med('cpu_ms_per_MB'):10.2f}" if "cpu_ms_per_MB" in results[0] else f"{'-':>10}"
-        connect = (f"{med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms"
-                   if "connect_p50_ms" in results[0] else f"{'-':>12} {'-':>8}")  # fmt: skip
-        vm = (f"{med('vm_down_ms_per_MB'):14.2f} {med('vm_up_ms_per_MB'):6.2f}"
-              if "vm_down_ms_per_MB" in results[0] else f"{'-':>14} {'-':>6}")  # fmt: skip
-        later = (f"{med('down_later_MBps'):11.1f} {med('up_later_MBps'):7.1f}"
-                 if "down_later_MBps" in results[0] else f"{'-':>11} {'-':>7}")  # fmt: skip
-        print(f"{name:12} {connect} {med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu} {vm}"
-              f" {later}")
+        connect = (
+            f"{med('connect_p50_ms'):10.2f}ms {med('connect_p90_ms'):6.2f}ms"
+            if "connect_p50_ms" in results[0]
+            else f"{'-':>12} {'-':>8}"
+        )
+        vm = (
+            f"{med('vm_down_ms_per_MB'):14.2f} {med('vm_up_ms_per_MB'):6.2f}"
+            if "vm_down_ms_per_MB" in results[0]
+            else f"{'-':>14} {'-':>6}"
+        )
+        later = (
+            f"{med('down_later_MBps'):11.1f} {med('up_later_MBps'):7.1f}"
+            if "down_later_MBps" in results[0]
+            else f"{'-':>11} {'-':>7}"
+        )
+        print(
+            f"{name:12} {connect} {med('down_MBps'):10.1f} {med('up_MBps'):8.1f} {cpu} {vm} {later}"
+        )
     # Median of the per-round ratios: relay and port of a round share the host's load.
-    for label, keys in (("first transfer of a fresh VM", ("down_MBps", "up_MBps")),
-                        ("later transfer", ("down_later_MBps", "up_later_MBps"))):  # fmt: skip
-        ratios = {k: statistics.median(r[k] / p[k] for r, p in zip(rows["c-io_uring"],
-                                                                    rows["port"]))
-                  for k in keys}  # fmt: skip
-        print(f"relay / port, {label}: "
-              + ", ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in ratios.items())
-              + "  (target >= 0.80)")
-    first_byte = {k: statistics.median(r["connect_p50_ms"] for r in rows[k]) for k in ("host", "c-io_uring")}
-    lookup = {k: statistics.median(r["lookup_p50_ms"] for r in rows[k]) for k in ("host", "c-io_uring")}
-    print(f"first byte after connect, relay - host: {first_byte['c-io_uring'] - first_byte['host']:.2f} ms"
-          "  (target <= 5 ms)")
-    print(f"name lookup before it (p50): relay {lookup['c-io_uring']:.2f} ms, host {lookup['host']:.2f} ms;"
-          f" both together, relay - host: {first_byte['c-io_uring'] + lookup['c-io_uring'] - first_byte['host'] - lookup['host']:.2f} ms")
+    for label, keys in (
+        ("first transfer of a fresh VM", ("down_MBps", "up_MBps")),
+        ("later transfer", ("down_later_MBps", "up_later_MBps")),
+    ):
+        ratios = {
+            k: statistics.median(
+                r[k] / p[k] for r, p in zip(rows["c-io_uring"], rows["port"], strict=True)
+            )
+            for k in keys
+        }
+        print(
+            f"relay / port, {label}: "
+            + ", ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in ratios.items())
+            + "  (target >= 0.80)"
+        )
+    first_byte = {
+        k: statistics.median(r["connect_p50_ms"] for r in rows[k]) for k in ("host", "c-io_uring")
+    }
+    lookup = {
+        k: statistics.median(r["lookup_p50_ms"] for r in rows[k]) for k in ("host", "c-io_uring")
+    }
+    print(
+        f"first byte after connect, relay - host: {first_byte['c-io_uring'] - first_byte['host']:.2f} ms"  # noqa: E501
+        "  (target <= 5 ms)"
+    )
+    print(
+        f"name lookup before it (p50): relay {lookup['c-io_uring']:.2f} ms, host {lookup['host']:.2f} ms;"  # noqa: E501
+        f" both together, relay - host: {first_byte['c-io_uring'] + lookup['c-io_uring'] - first_byte['host'] - lookup['host']:.2f} ms"  # noqa: E501
+    )
 
 
 if __name__ == "__main__":

@@ -23,24 +23,29 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile, summary  # noqa: E402
+from common import percentile, summary
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.images.catalog import load_images  # noqa: E402
-from exec_sandbox.packages import pip_layer  # noqa: E402
-from exec_sandbox.packages.specs import validate_packages  # noqa: E402
-from exec_sandbox.packages.target import GuestTarget  # noqa: E402
-from exec_sandbox.paths import images_dir  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.images.catalog import load_images
+from exec_sandbox.packages import pip_layer
+from exec_sandbox.packages.specs import validate_packages
+from exec_sandbox.packages.target import GuestTarget
+from exec_sandbox.paths import images_dir
 
 PANDAS = ["pandas==2.2.0"]
 # The import's own time, measured in the guest, goes to stderr (stdout stays the version).
-CODE = ("import sys, time; t = time.perf_counter(); import pandas; "
-        "print(pandas.__version__); print(round((time.perf_counter() - t) * 1000), file=sys.stderr)")  # fmt: skip
+CODE = (
+    "import sys, time; t = time.perf_counter(); import pandas; "
+    "print(pandas.__version__); print(round((time.perf_counter() - t) * 1000), file=sys.stderr)"
+)
 
 
 def config(root: Path, **overrides: Any) -> SchedulerConfig:
-    values: dict[str, Any] = {"package_cache_dir": root / "packages",
-                              "memory_snapshot_cache_dir": root / "memory", "max_concurrent_vms": 4}  # fmt: skip
+    values: dict[str, Any] = {
+        "package_cache_dir": root / "packages",
+        "memory_snapshot_cache_dir": root / "memory",
+        "max_concurrent_vms": 4,
+    }
     values.update(overrides)
     return SchedulerConfig(**values)
 
@@ -57,8 +62,10 @@ async def first_and_second(root: Path, runs: int) -> dict[str, Any]:
         total = (time.perf_counter() - started) * 1000
         assert first.exit_code == 0, first.stderr
         assert first.packages is not None
-        print(f"first run: {total:.0f} ms total; layer {first.packages.size_bytes / 1e6:.0f} MB, "
-              f"{len(first.packages.packages)} packages ({', '.join(first.packages.packages)})")
+        print(
+            f"first run: {total:.0f} ms total; layer {first.packages.size_bytes / 1e6:.0f} MB, "
+            f"{len(first.packages.packages)} packages ({', '.join(first.packages.packages)})"
+        )
         for phase, ms in first.packages.build_ms.items():
             print(f"  {phase:9s} {ms:6d} ms")
         print(f"  boot {first.timing.boot_ms} ms, import in the guest {import_ms(first.stderr)} ms")
@@ -96,7 +103,10 @@ async def bytecode(root: Path, runs: int) -> None:
     async def no_bytecode(tree: Path, target: GuestTarget) -> bool:
         return False
 
-    for label, store, out in (("with", root / "bc", with_bc), ("without", root / "nobc", without_bc)):
+    for label, store, out in (
+        ("with", root / "bc", with_bc),
+        ("without", root / "nobc", without_bc),
+    ):
         pip_layer.compile_bytecode = original if label == "with" else no_bytecode  # type: ignore[assignment]
         try:
             async with Scheduler(config(store, memory_snapshots=False)) as sched:
@@ -120,8 +130,12 @@ async def peer(root: Path, build_ms: dict[str, int]) -> None:
     wheels = await pip_layer.resolve(specs, target, work)
     await pip_layer.download(wheels, target, work / "wheels")
     proc = await asyncio.create_subprocess_exec(
-        *pip_layer.pip_argv("download", "--no-deps", "--only-binary=:all:", "-d", str(work / "pip"), "pip"),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+        *pip_layer.pip_argv(
+            "download", "--no-deps", "--only-binary=:all:", "-d", str(work / "pip"), "pip"
+        ),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     await proc.wait()
     pip_wheel = next((work / "pip").glob("pip-*.whl"))
     async with Scheduler(config(root / "peer-cache", memory_snapshots=False)) as sched:
@@ -133,11 +147,13 @@ async def peer(root: Path, build_ms: dict[str, int]) -> None:
             started = time.perf_counter()
             install = await session.exec(
                 f"import subprocess, glob, sys\n"
-                f"wheels = [w for w in glob.glob('wheels/*.whl') if not w.startswith('wheels/pip-')]\n"
-                f"r = subprocess.run([sys.executable, 'wheels/{pip_wheel.name}/pip', 'install', '--no-index',"
+                f"wheels = [w for w in glob.glob('wheels/*.whl') if not w.startswith('wheels/pip-')]\n"  # noqa: E501
+                f"r = subprocess.run([sys.executable, 'wheels/{pip_wheel.name}/pip', 'install', '--no-index',"  # noqa: E501
                 f" '--no-deps', '--target', 'site', '--disable-pip-version-check', *wheels],"
                 f" capture_output=True, text=True)\n"
-                f"print(r.returncode, r.stderr[-500:])\n", timeout_seconds=300)  # fmt: skip
+                f"print(r.returncode, r.stderr[-500:])\n",
+                timeout_seconds=300,
+            )
             installed = (time.perf_counter() - started) * 1000
             assert install.stdout.startswith("0"), install.stdout
             started = time.perf_counter()
@@ -146,15 +162,23 @@ async def peer(root: Path, build_ms: dict[str, int]) -> None:
             assert imported.stdout.strip() == "2.2.0", imported.stderr
     in_guest = transfer + installed + first_import
     host = sum(build_ms.get(k, 0) for k in ("unpack", "compile", "image"))
-    print(f"in the guest: transfer {transfer:.0f} ms + pip install {installed:.0f} ms "
-          f"+ first import {first_import:.0f} ms = {in_guest:.0f} ms")
-    print(f"on the host:  unpack + compile + image = {host} ms (then imports read precompiled bytecode)")
-    print(f"in-guest install / host-built layer = {in_guest / host:.1f}x (target >= 3x); "
-          f"pip install alone {installed / host:.1f}x")
+    print(
+        f"in the guest: transfer {transfer:.0f} ms + pip install {installed:.0f} ms "
+        f"+ first import {first_import:.0f} ms = {in_guest:.0f} ms"
+    )
+    print(
+        f"on the host:  unpack + compile + image = {host} ms (then imports read precompiled bytecode)"  # noqa: E501
+    )
+    print(
+        f"in-guest install / host-built layer = {in_guest / host:.1f}x (target >= 3x); "
+        f"pip install alone {installed / host:.1f}x"
+    )
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sbx-bench-packages-") as tmp:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile, summary  # noqa: E402
+from common import percentile, summary
 
-from exec_sandbox import Scheduler  # noqa: E402
+from exec_sandbox import Scheduler
 
 DRIVER = Path(__file__).resolve().parent.parent / "guest" / "repl" / "driver.py"
 
@@ -40,11 +40,18 @@ class HostRepl:
         self.out_r, out_w = os.pipe()
         # The shell puts the control pipes on fds 3 and 4, where the driver expects them.
         self.proc = subprocess.Popen(
-            ["bash", "-c", f'exec "$0" "$1" 3<&{ctl_in_r} 4>&{ctl_out_w} {ctl_in_r}<&- {ctl_out_w}>&-',
-             sys.executable, str(DRIVER)],
-            stdin=subprocess.DEVNULL, stdout=out_w, stderr=subprocess.DEVNULL,
+            [
+                "bash",
+                "-c",
+                f'exec "$0" "$1" 3<&{ctl_in_r} 4>&{ctl_out_w} {ctl_in_r}<&- {ctl_out_w}>&-',
+                sys.executable,
+                str(DRIVER),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=subprocess.DEVNULL,
             pass_fds=(ctl_in_r, ctl_out_w),
-        )  # fmt: skip
+        )
         for fd in (ctl_in_r, ctl_out_w, out_w):
             os.close(fd)
 
@@ -116,10 +123,14 @@ async def main(runs: int, megabytes: int) -> None:
                     cat_r.append(r)
                 best = max
                 print(f"file transfer, {megabytes} MiB, best of 3")
-                print(f"  write_file  {best(writes):8.1f} MB/s   host cat into file {best(cat_w):8.1f}"
-                      f" MB/s   ratio {best(cat_w) / best(writes):.1f}x slower")
-                print(f"  read_file   {best(reads):8.1f} MB/s   host cat from file {best(cat_r):8.1f}"
-                      f" MB/s   ratio {best(cat_r) / best(reads):.1f}x slower")
+                print(
+                    f"  write_file  {best(writes):8.1f} MB/s   host cat into file {best(cat_w):8.1f}"  # noqa: E501
+                    f" MB/s   ratio {best(cat_w) / best(writes):.1f}x slower"
+                )
+                print(
+                    f"  read_file   {best(reads):8.1f} MB/s   host cat from file {best(cat_r):8.1f}"
+                    f" MB/s   ratio {best(cat_r) / best(reads):.1f}x slower"
+                )
 
 
 if __name__ == "__main__":

@@ -23,17 +23,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile, summary  # noqa: E402
+from common import percentile, summary
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.session import Session  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.session import Session
 
 DATA = "blob = bytearray(50 * 1024 * 1024)\nfor i in range(0, len(blob), 4096): blob[i] = i % 251\n"
 
 
 def config(root: Path, **overrides: Any) -> SchedulerConfig:
-    values: dict[str, Any] = {"memory_snapshot_cache_dir": root, "max_concurrent_vms": 12,
-                              "cpu_overcommit_ratio": 8.0}  # fmt: skip
+    values: dict[str, Any] = {
+        "memory_snapshot_cache_dir": root,
+        "max_concurrent_vms": 12,
+        "cpu_overcommit_ratio": 8.0,
+    }
     values.update(overrides)
     return SchedulerConfig(**values)
 
@@ -81,7 +84,10 @@ async def timings(root: Path, runs: int) -> None:
     l1_opens: list[float] = []
     cold_opens: list[float] = []
     sizes: list[int] = []
-    async with Scheduler(config(root)) as sched, Scheduler(config(root, memory_snapshots=False)) as cold:
+    async with (
+        Scheduler(config(root)) as sched,
+        Scheduler(config(root, memory_snapshots=False)) as cold,
+    ):
         assert await sched.prepare_snapshot("python")
         for _ in range(runs):
             took, session = await ms(sched.session())
@@ -104,11 +110,18 @@ async def timings(root: Path, runs: int) -> None:
     print("fork(1) by step:")
     STEPS.report()
     print(f"state on disk: {sum(sizes) / len(sizes) / 1e6:.0f} MB")
-    for name, values in (("pause", pauses), ("resume", resumes), ("fork(1)", forks),
-                         ("open: L1 restore", l1_opens), ("open: cold boot", cold_opens)):  # fmt: skip
+    for name, values in (
+        ("pause", pauses),
+        ("resume", resumes),
+        ("fork(1)", forks),
+        ("open: L1 restore", l1_opens),
+        ("open: cold boot", cold_opens),
+    ):
         print(f"{name:17s} {summary(values)}")
-    print(f"resume / L1 open = {percentile(resumes, 50) / percentile(l1_opens, 50):.2f}x; "
-          f"fork / L1 open = {percentile(forks, 50) / percentile(l1_opens, 50):.2f}x")
+    print(
+        f"resume / L1 open = {percentile(resumes, 50) / percentile(l1_opens, 50):.2f}x; "
+        f"fork / L1 open = {percentile(forks, 50) / percentile(l1_opens, 50):.2f}x"
+    )
 
 
 async def memory(root: Path) -> None:
@@ -137,8 +150,10 @@ async def memory(root: Path) -> None:
         # session_snapshots.py) and only its mapped pages are in the forks' PSS: count the
         # guest's RAM size on top. A single fork has no template (its RAM is private).
         template = sched.config.default_memory_mb if n > 1 else 0
-        print(f"{n:2d}: forks {forked:7.0f} MB + template {template} MB = {forked + template:7.0f} MB"
-              f"   independent sessions {alone:7.0f} MB   ratio {(forked + template) / alone:.2f}")
+        print(
+            f"{n:2d}: forks {forked:7.0f} MB + template {template} MB = {forked + template:7.0f} MB"
+            f"   independent sessions {alone:7.0f} MB   ratio {(forked + template) / alone:.2f}"
+        )
 
 
 STEPS = StepLog()
@@ -148,7 +163,9 @@ async def main() -> None:
     logger = logging.getLogger("exec_sandbox")
     logger.addHandler(STEPS)
     logger.setLevel(logging.DEBUG)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sbx-bench-sessions-") as tmp:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile, summary  # noqa: E402
+from common import percentile, summary
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.snapshots.ram import _data_ranges, _memfd_digest, _sealed_copy  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.snapshots.ram import _data_ranges, _memfd_digest, _sealed_copy
 
 
 async def build_template(cache: Path, language: str) -> Path:
@@ -55,8 +55,10 @@ def main() -> None:
         size = ram.stat().st_size
         with open(ram, "rb") as f:
             data = sum(end - start for start, end in _data_ranges(f.fileno(), size))
-        print(f"{args.language} template RAM: {size / 2**20:.0f} MiB, "
-              f"{data / 2**20:.1f} MiB of data; {args.runs} runs each, interleaved")
+        print(
+            f"{args.language} template RAM: {size / 2**20:.0f} MiB, "
+            f"{data / 2**20:.1f} MiB of data; {args.runs} runs each, interleaved"
+        )
         copy_only: list[float] = []
         with_digest: list[float] = []
         copy_ms(ram, True)  # page cache warm, as for a restore right after a build
@@ -66,8 +68,10 @@ def main() -> None:
     print(f"  sealed copy          {summary(copy_only)}")
     print(f"  sealed copy + digest {summary(with_digest)}")
     extra = percentile(with_digest, 50) - percentile(copy_only, 50)
-    print(f"  digest adds p50 {extra:.1f} ms ({percentile(with_digest, 50) / percentile(copy_only, 50):.2f}x"
-          f" the copy), once per scheduler and configuration")
+    print(
+        f"  digest adds p50 {extra:.1f} ms ({percentile(with_digest, 50) / percentile(copy_only, 50):.2f}x"  # noqa: E501
+        f" the copy), once per scheduler and configuration"
+    )
 
 
 if __name__ == "__main__":

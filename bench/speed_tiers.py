@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import host_spawn_ms, percentile, summary, timed  # noqa: E402
+from common import host_spawn_ms, percentile, summary, timed
 
-from exec_sandbox import Scheduler, SchedulerConfig  # noqa: E402
-from exec_sandbox.snapshots import node_startup, l1  # noqa: E402
-from exec_sandbox.vm.guest import GuestVm  # noqa: E402
-from exec_sandbox.provisioning.provisioner import Phases as _Phases  # noqa: E402
+from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox.provisioning.provisioner import Phases as _Phases
+from exec_sandbox.snapshots import l1, node_startup
+from exec_sandbox.vm.guest import GuestVm
 
 CASES = {
     "python": ("print(1)", ["python3", "-c", "print(1)"]),
@@ -43,8 +43,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def config(cache: Path, **overrides: object) -> SchedulerConfig:
-    values: dict[str, object] = {"memory_snapshot_cache_dir": cache, "max_concurrent_vms": 12,
-                                 "cpu_overcommit_ratio": 8.0}  # fmt: skip
+    values: dict[str, object] = {
+        "memory_snapshot_cache_dir": cache,
+        "max_concurrent_vms": 12,
+        "cpu_overcommit_ratio": 8.0,
+    }
     values.update(overrides)
     return SchedulerConfig(**values)  # type: ignore[arg-type]
 
@@ -65,8 +68,12 @@ async def latency(cache: Path, runs: int) -> None:
                 if path != "cold boot":
                     assert await sched.prepare_snapshot(language)  # type: ignore[arg-type]
                 totals: list[float] = []
-                phases: dict[str, list[float]] = {"restore": [], "connect": [], "boot": [],
-                                                  "execute": []}  # fmt: skip
+                phases: dict[str, list[float]] = {
+                    "restore": [],
+                    "connect": [],
+                    "boot": [],
+                    "execute": [],
+                }
                 for _ in range(runs):
                     if path == "warm pool hit":
                         await sched.wait_pool_ready(timeout=300)
@@ -74,9 +81,11 @@ async def latency(cache: Path, runs: int) -> None:
                     hosts.append(await host_spawn_ms(host_argv))
                     ms, result = await timed(lambda: sched.run(code, language=language))  # type: ignore[arg-type]  # noqa: B023
                     assert result.stdout == "1\n", result  # type: ignore[attr-defined]
-                    hit = {"warm pool hit": result.warm_pool_hit,  # type: ignore[attr-defined]
-                           "L1 restore": result.l1_cache_hit and not result.warm_pool_hit,  # type: ignore[attr-defined]
-                           "cold boot": not result.l1_cache_hit}[path]  # type: ignore[attr-defined]  # fmt: skip
+                    hit = {
+                        "warm pool hit": result.warm_pool_hit,  # type: ignore[attr-defined]
+                        "L1 restore": result.l1_cache_hit and not result.warm_pool_hit,  # type: ignore[attr-defined]
+                        "cold boot": not result.l1_cache_hit,
+                    }[path]  # type: ignore[attr-defined]
                     assert hit, f"{path} run was not served by that path: {result}"
                     totals.append(ms)
                     timing = result.timing  # type: ignore[attr-defined]
@@ -86,8 +95,11 @@ async def latency(cache: Path, runs: int) -> None:
                     phases["execute"].append(timing.execute_ms)
                 medians[path] = percentile(totals, 50)
                 print(f"  {path:<14} {summary(totals)}")
-                split = ", ".join(f"{name} {percentile(values, 50):.0f}"
-                                  for name, values in phases.items() if any(values))  # fmt: skip
+                split = ", ".join(
+                    f"{name} {percentile(values, 50):.0f}"
+                    for name, values in phases.items()
+                    if any(values)
+                )
                 print(f"  {'':<14} p50 of phases: {split} ms")
         host_p50 = percentile(hosts, 50)
         print(f"  host {host_argv[0]:<9} {summary(hosts)}")
@@ -110,8 +122,10 @@ async def channel_round_trip(cache: Path) -> None:
 
 async def throughput(cache: Path, calls: int) -> None:
     print(f"\n== 2. sustained throughput: {calls} fresh-VM run('print(1)'), 2 at a time ==")
-    for label, cfg in (("with snapshots", config(cache)),
-                       ("without snapshots", config(cache, memory_snapshots=False))):  # fmt: skip
+    for label, cfg in (
+        ("with snapshots", config(cache)),
+        ("without snapshots", config(cache, memory_snapshots=False)),
+    ):
         async with Scheduler(cfg) as sched:
             if cfg.memory_snapshots:
                 assert await sched.prepare_snapshot("python")
@@ -119,7 +133,7 @@ async def throughput(cache: Path, calls: int) -> None:
 
             async def one() -> None:
                 async with slots:  # noqa: B023
-                    result = await sched.run("print(1)")  # noqa: B023
+                    result = await sched.run("print(1)")
                     assert result.stdout == "1\n"
 
             started = time.perf_counter()
@@ -170,22 +184,27 @@ async def idle_cost(cache: Path, counts: list[int], window: float) -> None:
                             vm, restored = await sched._provisioner.start_pool_vm("python")
                         else:
                             phases = _Phases()
-                            vm = await sched._provisioner.start_vm("python", cfg_memory(sched), phases)
+                            vm = await sched._provisioner.start_vm(
+                                "python", cfg_memory(sched), phases
+                            )
                             restored = phases.l1_hit
                         assert restored == snapshots
                         vms.append(vm)
                     await asyncio.sleep(2.0)  # settle after the last start
                     before = {vm.pid: cpu_ticks(vm.pid) for vm in vms}
                     await asyncio.sleep(window)
-                    cpu = [(cpu_ticks(vm.pid) - before[vm.pid]) / CLK_TCK / window * 100
-                           for vm in vms]  # fmt: skip
+                    cpu = [
+                        (cpu_ticks(vm.pid) - before[vm.pid]) / CLK_TCK / window * 100 for vm in vms
+                    ]
                     mem = [pss_rss_kb(vm.pid) for vm in vms]
                     pss_total = sum(p for p, _ in mem) / 1024
                     rss_total = sum(r for _, r in mem) / 1024
-                    print(f"  {label:<18} {count:2d} VMs: PSS total {pss_total:7.1f} MB "
-                          f"({pss_total / count:6.1f}/VM), RSS total {rss_total:7.1f} MB, "
-                          f"CPU per VM mean {sum(cpu) / count:4.2f} % max {max(cpu):4.2f} % "
-                          "of a core")  # fmt: skip
+                    print(
+                        f"  {label:<18} {count:2d} VMs: PSS total {pss_total:7.1f} MB "
+                        f"({pss_total / count:6.1f}/VM), RSS total {rss_total:7.1f} MB, "
+                        f"CPU per VM mean {sum(cpu) / count:4.2f} % max {max(cpu):4.2f} % "
+                        "of a core"
+                    )
             finally:
                 for vm in vms:
                     vm.close()
@@ -205,17 +224,25 @@ async def javascript_start(cache: Path, runs: int) -> None:
     rows: dict[str, list[float]] = {}
     # label: (memory snapshots, node parked in the template, node's startup snapshot given to
     # cold boots, cache directory, path that must serve)
-    paths = {"cold boot, before": (False, True, False, "l1-after", "cold"),
-             "cold boot, after": (False, True, True, "l1-after", "cold"),
-             "L1 restore, before": (True, False, True, "l1-before", "l1"),
-             "L1 restore, after": (True, True, True, "l1-after", "l1")}  # fmt: skip
+    paths = {
+        "cold boot, before": (False, True, False, "l1-after", "cold"),
+        "cold boot, after": (False, True, True, "l1-after", "cold"),
+        "L1 restore, before": (True, False, True, "l1-before", "l1"),
+        "L1 restore, after": (True, True, True, "l1-after", "l1"),
+    }
 
     async def one_run(sched: Scheduler, label: str, want: str) -> None:
         hosts.append(await host_spawn_ms(host_argv))
         ms, result = await timed(lambda: sched.run(code, language="javascript"))
         assert result.stdout == "1\n", result  # type: ignore[attr-defined]
-        served = ("pool" if result.warm_pool_hit else  # type: ignore[attr-defined]
-                  "l1" if result.l1_cache_hit else "cold")  # type: ignore[attr-defined]  # fmt: skip
+        served = (
+            "pool"
+            if result.warm_pool_hit
+            # type: ignore[attr-defined]
+            else "l1"
+            if result.l1_cache_hit
+            else "cold"
+        )  # type: ignore[attr-defined]
         assert served == want, f"{label}: served by {served}, not {want}"
         rows.setdefault(f"run, {label}", []).append(ms)
 
@@ -225,10 +252,12 @@ async def javascript_start(cache: Path, runs: int) -> None:
             # The L1 paths first: the after template leaves node's startup snapshot in its
             # directory, where the cold boots of the after path find it.
             for label, (snaps, parked, _, directory, _) in sorted(
-                    paths.items(), key=lambda item: not item[1][0]):  # fmt: skip
+                paths.items(), key=lambda item: not item[1][0]
+            ):
                 l1.NODE_PARKED_IN_TEMPLATES = parked
-                sched = await stack.enter_async_context(Scheduler(config(
-                    cache / directory, warm_pool_size=0, memory_snapshots=snaps)))  # fmt: skip
+                sched = await stack.enter_async_context(
+                    Scheduler(config(cache / directory, warm_pool_size=0, memory_snapshots=snaps))
+                )
                 if snaps:
                     assert await sched.prepare_snapshot("javascript")
                 scheds[label] = sched
@@ -243,7 +272,8 @@ async def javascript_start(cache: Path, runs: int) -> None:
                     started = time.perf_counter()
                     async with await scheds[label].session(language="javascript"):
                         rows.setdefault(f"session start, {label}", []).append(
-                            (time.perf_counter() - started) * 1000)
+                            (time.perf_counter() - started) * 1000
+                        )
         # Pool hits: one scheduler at a time, since its refills run in the background and look
         # the template up with the switch of the moment; before and after alternate, twice.
         for when, parked in (("before", False), ("after", True)) * 2:
@@ -265,11 +295,12 @@ async def javascript_start(cache: Path, runs: int) -> None:
     print(f"  {'host node -e':<34} {summary(hosts)}")
 
 
-async def main(runs: int, calls: int, counts: list[int], window: float,
-               sections: set[str]) -> None:  # fmt: skip
+async def main(runs: int, calls: int, counts: list[int], window: float, sections: set[str]) -> None:
     from exec_sandbox.vm import host_facts
 
-    print(f"accelerator: {host_facts.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n")
+    print(
+        f"accelerator: {host_facts.accelerator()}; cores: {os.cpu_count()}; {runs} runs per cell\n"
+    )
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp:
         cache = Path(tmp)
         if "latency" in sections:
@@ -289,8 +320,11 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=16)
     parser.add_argument("--vms", type=int, nargs="+", default=[1, 5, 10])
     parser.add_argument("--window", type=float, default=5.0)
-    parser.add_argument("--only", nargs="+",
-                        choices=["latency", "throughput", "idle", "javascript"],
-                        default=["latency", "throughput", "idle", "javascript"])  # fmt: skip
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=["latency", "throughput", "idle", "javascript"],
+        default=["latency", "throughput", "idle", "javascript"],
+    )
     args = parser.parse_args()
     asyncio.run(main(args.runs, args.calls, args.vms, args.window, set(args.only)))

@@ -4,8 +4,8 @@ teardown that no QEMU process and no fd of the test outlived it."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 

@@ -46,8 +46,10 @@ class Stall:
     what: str
 
     def __str__(self) -> str:
-        return (f"{self.held_s * 1000:7.1f} ms held ({self.wall_s * 1000:7.1f} wall, "
-                f"{self.cpu_s * 1000:5.1f} cpu)  {self.what}")  # fmt: skip
+        return (
+            f"{self.held_s * 1000:7.1f} ms held ({self.wall_s * 1000:7.1f} wall, "
+            f"{self.cpu_s * 1000:5.1f} cpu)  {self.what}"
+        )
 
 
 @dataclass

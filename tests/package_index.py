@@ -18,9 +18,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def make_wheel(directory: Path, name: str, version: str, files: Mapping[str, str], *,
-               tag: str = "py3-none-any", requires: tuple[str, ...] = (),
-               scripts: Mapping[str, str] | None = None) -> Path:  # fmt: skip
+def make_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, str],
+    *,
+    tag: str = "py3-none-any",
+    requires: tuple[str, ...] = (),
+    scripts: Mapping[str, str] | None = None,
+) -> Path:
     """A minimal valid wheel: the files, METADATA, WHEEL, entry points, RECORD."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = directory / f"{dist}-{tag}.whl"
@@ -59,8 +66,9 @@ def make_sdist(directory: Path, name: str, version: str) -> Path:
 
 def make_npm_tarball(directory: Path, name: str, version: str, files: Mapping[str, str]) -> Path:
     path = directory / f"{name}-{version}.tgz"
-    entries = {"package/package.json": json.dumps({"name": name, "version": version,
-                                                   "main": "index.js"})}  # fmt: skip
+    entries = {
+        "package/package.json": json.dumps({"name": name, "version": version, "main": "index.js"})
+    }
     entries.update({f"package/{k}": v for k, v in files.items()})
     with tarfile.open(path, "w:gz") as tf:
         for arcname, text in entries.items():
@@ -125,17 +133,24 @@ class LocalIndex(_Server):
             page = self.root / "simple" / project
             page.mkdir(parents=True, exist_ok=True)
             links = "".join(
-                f'<a href="../../files/{d.name}#sha256={hashlib.sha256(d.read_bytes()).hexdigest()}">'
-                f"{d.name}</a>\n" for d in sorted(dists)
+                f'<a href="../../files/{d.name}#sha256={hashlib.sha256(d.read_bytes()).hexdigest()}">'  # noqa: E501
+                f"{d.name}</a>\n"
+                for d in sorted(dists)
             )
             (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
 
     def pip_env(self) -> dict[str, str]:
         """Environment that points the host's pip at this index only (config files ignored,
         no cache, so every build's fetches are counted)."""
-        return {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": f"{self.url}/simple/",
-                "PIP_NO_CACHE_DIR": "1", "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "",
-                "PIP_RETRIES": "0", "PIP_TIMEOUT": "5"}  # fmt: skip
+        return {
+            "PIP_CONFIG_FILE": "/dev/null",
+            "PIP_INDEX_URL": f"{self.url}/simple/",
+            "PIP_NO_CACHE_DIR": "1",
+            "PIP_FIND_LINKS": "",
+            "PIP_EXTRA_INDEX_URL": "",
+            "PIP_RETRIES": "0",
+            "PIP_TIMEOUT": "5",
+        }
 
 
 class LocalNpmRegistry(_Server):
@@ -150,10 +165,14 @@ class LocalNpmRegistry(_Server):
             target.write_bytes(data)
             integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
             doc["versions"][version] = {  # type: ignore[index]
-                "name": name, "version": version,
-                "dist": {"tarball": f"{self.url}/{name}/-/{tarball.name}",
-                         "shasum": hashlib.sha1(data).hexdigest(), "integrity": integrity},
-            }  # fmt: skip
+                "name": name,
+                "version": version,
+                "dist": {
+                    "tarball": f"{self.url}/{name}/-/{tarball.name}",
+                    "shasum": hashlib.sha1(data).hexdigest(),
+                    "integrity": integrity,
+                },
+            }
             doc["dist-tags"] = {"latest": version}
         # Served as a file named like the package: the directory of the same name holds tarballs.
         (self.root / name / "index.json").write_text(json.dumps(doc))

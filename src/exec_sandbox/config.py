@@ -87,9 +87,12 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.disk_snapshot_cache_dir is not None:
-            warnings.warn("SchedulerConfig.disk_snapshot_cache_dir is deprecated: set "
-                          "package_cache_dir (its 'packages' subdirectory is the same cache)",
-                          DeprecationWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(
+                "SchedulerConfig.disk_snapshot_cache_dir is deprecated: set "
+                "package_cache_dir (its 'packages' subdirectory is the same cache)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             if not isinstance(self.disk_snapshot_cache_dir, (str, os.PathLike)):
                 raise VmConfigError(
                     f"disk_snapshot_cache_dir must be a path, got {self.disk_snapshot_cache_dir!r}"
@@ -119,8 +122,11 @@ class SchedulerConfig:
             if not isinstance(value, (str, os.PathLike)):
                 raise VmConfigError(f"{name} must be a path, got {value!r}")
             setattr(self, name, Path(value))
-        for name in ("enable_package_validation", "memory_snapshots",
-                     "network_allow_private_ranges"):  # fmt: skip
+        for name in (
+            "enable_package_validation",
+            "memory_snapshots",
+            "network_allow_private_ranges",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise VmConfigError(f"{name} must be a bool")
         if self.admission_queue_size is not None:
@@ -137,7 +143,9 @@ class SchedulerConfig:
         )
         if self.network_ca_bundle is not None:
             if not isinstance(self.network_ca_bundle, (str, os.PathLike)):
-                raise VmConfigError(f"network_ca_bundle must be a path, got {self.network_ca_bundle!r}")
+                raise VmConfigError(
+                    f"network_ca_bundle must be a path, got {self.network_ca_bundle!r}"
+                )
             self.network_ca_bundle = Path(self.network_ca_bundle)
         if not isinstance(self.network_test_hosts, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in self.network_test_hosts.items()
@@ -152,7 +160,9 @@ class SchedulerConfig:
 
 def _check_default_packages(value: object, strict: bool) -> dict[str, tuple[str, ...]]:
     if not isinstance(value, Mapping):
-        raise VmConfigError(f"default_packages must be a mapping of language to packages, got {value!r}")
+        raise VmConfigError(
+            f"default_packages must be a mapping of language to packages, got {value!r}"
+        )
     out: dict[str, tuple[str, ...]] = {}
     for language, packages in value.items():
         if language not in ("python", "javascript"):

@@ -30,16 +30,23 @@ class SandboxSession(Protocol):
     @property
     def exec_count(self) -> int: ...
 
-    async def exec(self, code: str, *, timeout_seconds: float | None = None,
-                   env_vars: Mapping[str, str] | None = None,
-                   on_stdout: OutputCallback | None = None,
-                   on_stderr: OutputCallback | None = None) -> ExecutionResult: ...  # fmt: skip
+    async def exec(
+        self,
+        code: str,
+        *,
+        timeout_seconds: float | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecutionResult: ...
 
-    async def write_file(self, path: str, content: bytes | Path | IO[bytes], *,
-                         make_executable: bool = False) -> None: ...  # fmt: skip
+    async def write_file(
+        self, path: str, content: bytes | Path | IO[bytes], *, make_executable: bool = False
+    ) -> None: ...
 
-    async def read_file(self, path: str, *,
-                        destination: Path | IO[bytes] | None = None) -> bytes | None: ...  # fmt: skip
+    async def read_file(
+        self, path: str, *, destination: Path | IO[bytes] | None = None
+    ) -> bytes | None: ...
 
     async def list_files(self, path: str = "") -> list[FileInfo]: ...
 
@@ -51,8 +58,12 @@ class SandboxSession(Protocol):
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None: ...  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -68,12 +79,17 @@ class SandboxScheduler(Protocol):
 
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult: ...
 
-    async def session(self, *, _packages_language: Language | None = None,
-                      **options: Unpack[RunOptions]) -> SandboxSession: ...  # fmt: skip
+    async def session(
+        self, *, _packages_language: Language | None = None, **options: Unpack[RunOptions]
+    ) -> SandboxSession: ...
 
-    async def resume(self, snapshot_id: str | SessionSnapshot, *,
-                     on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> SandboxSession: ...  # fmt: skip
+    async def resume(
+        self,
+        snapshot_id: str | SessionSnapshot,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> SandboxSession: ...
 
     async def snapshots(self) -> list[SessionSnapshot]: ...
 
@@ -81,5 +97,9 @@ class SandboxScheduler(Protocol):
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None: ...  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

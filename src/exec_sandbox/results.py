@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import limits
-from .vm.binding import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .errors import OutputLimitError
-from .vm.execution import ExecOutcome
 from .models import ExecutionResult, ExposedPort, NetworkConnection, TimingBreakdown
+from .vm.binding import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
+from .vm.execution import ExecOutcome
 
 # A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
 # always the guest kernel's OOM killer.
@@ -26,24 +26,40 @@ _SESSION_TIMEOUT_NOTE = "; the REPL was reset (its state is lost)"
 _SESSION_OOM_NOTE = "The session is closed (the REPL and its state are gone).\n"
 
 
-def shape_result(outcome: ExecOutcome, *, timeout_seconds: float, in_session: bool,
-                 timing: TimingBreakdown, cpu_ms: int | None = None, peak_mb: int | None = None,
-                 warm_pool_hit: bool = False, l1_cache_hit: bool = False,
-                 exposed_ports: Sequence[ExposedPort] = (),
-                 network_log: Sequence[NetworkConnection] = ()) -> ExecutionResult:  # fmt: skip
+def shape_result(
+    outcome: ExecOutcome,
+    *,
+    timeout_seconds: float,
+    in_session: bool,
+    timing: TimingBreakdown,
+    cpu_ms: int | None = None,
+    peak_mb: int | None = None,
+    warm_pool_hit: bool = False,
+    l1_cache_hit: bool = False,
+    exposed_ports: Sequence[ExposedPort] = (),
+    network_log: Sequence[NetworkConnection] = (),
+) -> ExecutionResult:
     """The ExecutionResult of outcome (cpu_ms, peak_mb: QEMU's figures from its cgroup).
     Raises OutputLimitError, carrying the output up to the limit, when the guest cut the code
     off at a limit."""
     if outcome.flags & EXIT_STDOUT_LIMIT:
-        raise OutputLimitError(f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
-                               stdout=outcome.stdout, stderr=outcome.stderr)  # fmt: skip
+        raise OutputLimitError(
+            f"stdout exceeded {limits.STDOUT_LIMIT_BYTES} bytes",
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+        )
     if outcome.flags & EXIT_STDERR_LIMIT:
-        raise OutputLimitError(f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
-                               stdout=outcome.stdout, stderr=outcome.stderr)  # fmt: skip
+        raise OutputLimitError(
+            f"stderr exceeded {limits.STDERR_LIMIT_BYTES} bytes",
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+        )
     stderr = outcome.stderr
     if outcome.exit_code == EXIT_TIMEOUT:
-        stderr += (f"\nExecution timed out after {timeout_seconds} seconds"
-                   f"{_SESSION_TIMEOUT_NOTE if in_session else ''}\n")  # fmt: skip
+        stderr += (
+            f"\nExecution timed out after {timeout_seconds} seconds"
+            f"{_SESSION_TIMEOUT_NOTE if in_session else ''}\n"
+        )
     elif outcome.exit_code == EXIT_SIGKILL:
         stderr += OOM_NOTE + (_SESSION_OOM_NOTE if in_session else "")
     return ExecutionResult(

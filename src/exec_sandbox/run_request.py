@@ -58,6 +58,9 @@ class Callbacks:
         return cls(options.get("on_stdout"), options.get("on_stderr"), options.get("on_boot_log"))
 
 
+NO_CALLBACKS = Callbacks()
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """One run() (code given) or session() (code None), validated and with its defaults."""
@@ -74,8 +77,14 @@ class RunRequest:
     network: NetworkRequest | None
 
     @classmethod
-    def make(cls, options: RunOptions, config: SchedulerConfig, *, code: str | None,
-             packages_language: Language | None = None) -> RunRequest:  # fmt: skip
+    def make(
+        cls,
+        options: RunOptions,
+        config: SchedulerConfig,
+        *,
+        code: str | None,
+        packages_language: Language | None = None,
+    ) -> RunRequest:
         """The request of code (None: a session) with options, config's defaults and package
         policy. Raises TypeError for a keyword that is not an option (as a signature would),
         InputValidationError for a bad value."""
@@ -91,16 +100,27 @@ class RunRequest:
         memory = validate_memory(config.default_memory_mb if memory is None else memory)
         env_vars = options.get("env_vars")
         validate_env(env_vars)
-        packages_language = (language if packages_language is None
-                             else validate_language(packages_language))  # fmt: skip
-        packages = validate_packages(options.get("packages"), packages_language,
-                                     strict=config.enable_package_validation)  # fmt: skip
-        network = parse_network_request(options.get("allow_network", False),
-                                        options.get("allowed_domains"),
-                                        options.get("expose_ports"))  # fmt: skip
-        return cls(language=language, code=code_bytes, timeout_seconds=timeout, memory_mb=memory,
-                   packages=packages, packages_language=packages_language,
-                   env_vars=tuple((env_vars or {}).items()), network=network)  # fmt: skip
+        packages_language = (
+            language if packages_language is None else validate_language(packages_language)
+        )
+        packages = validate_packages(
+            options.get("packages"), packages_language, strict=config.enable_package_validation
+        )
+        network = parse_network_request(
+            options.get("allow_network", False),
+            options.get("allowed_domains"),
+            options.get("expose_ports"),
+        )
+        return cls(
+            language=language,
+            code=code_bytes,
+            timeout_seconds=timeout,
+            memory_mb=memory,
+            packages=packages,
+            packages_language=packages_language,
+            env_vars=tuple((env_vars or {}).items()),
+            network=network,
+        )
 
     @property
     def timeout_ms(self) -> int:
@@ -114,4 +134,3 @@ class RunRequest:
     def wire_env(self) -> list[tuple[bytes, bytes]]:
         """The variables as the guest protocol carries them."""
         return validate_env(self.env)
-

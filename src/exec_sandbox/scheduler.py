@@ -22,8 +22,8 @@ from .provisioning.admission import Admission, Budget
 from .provisioning.lease import Lease
 from .provisioning.pool import PooledVm, WarmPool
 from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
-from .run_request import Callbacks, RunOptions, RunRequest
 from .results import shape_result
+from .run_request import NO_CALLBACKS, Callbacks, RunOptions, RunRequest
 from .session import Session, SessionHooks
 from .snapshots.service import Adoption, SessionSnapshotService
 from .snapshots.sessions import SessionSnapshotStore
@@ -49,8 +49,9 @@ class Scheduler:
     schedules the snapshot for that configuration in the background).
     """
 
-    def __init__(self, config: SchedulerConfig | None = None, *,
-                 _vm_factory: VmFactory | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, config: SchedulerConfig | None = None, *, _vm_factory: VmFactory | None = None
+    ) -> None:
         """`_vm_factory` (unit tests only): where VMs come from instead of QEMU
         (provisioning.VmFactory)."""
         _logging.configure_from_env()
@@ -75,21 +76,31 @@ class Scheduler:
         # builds) waits until there is none before it starts a VM, so that on a small host it
         # never competes with a request for CPU.
         self._foreground = Foreground()
-        self._provisioner = Provisioner(self.config, self._admission, self._registry,
-                                        self._foreground, _vm_factory)  # fmt: skip
+        self._provisioner = Provisioner(
+            self.config, self._admission, self._registry, self._foreground, _vm_factory
+        )
         self._paused = SessionSnapshotService(
             SessionSnapshotStore(
                 self.config.memory_snapshot_cache_dir / "sessions",
                 ttl_seconds=self.config.session_snapshot_ttl_seconds,
                 max_bytes=self.config.session_snapshot_max_mb << 20,
             ),
-            self._admission, self._provisioner, self._registry, self._leases,
-            self._adopt_session, self._check_open,
-        )  # fmt: skip
+            self._admission,
+            self._provisioner,
+            self._registry,
+            self._leases,
+            self._adopt_session,
+            self._check_open,
+        )
         # The pool gets its VMs from provisioning, never from the scheduler.
-        self._pool = WarmPool(self.config.warm_pool_size, self.config.default_memory_mb, VCPUS,
-                              self._admission, self._provisioner.start_pool_vm,
-                              self._foreground.wait_quiet)  # fmt: skip
+        self._pool = WarmPool(
+            self.config.warm_pool_size,
+            self.config.default_memory_mb,
+            VCPUS,
+            self._admission,
+            self._provisioner.start_pool_vm,
+            self._foreground.wait_quiet,
+        )
         self._admission.set_reclaim(self._pool.reclaim_one)
 
     def _check_open(self) -> None:
@@ -100,8 +111,12 @@ class Scheduler:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     async def start(self) -> None:
@@ -111,8 +126,9 @@ class Scheduler:
             return
         await self._provisioner.start()
         self._started = True
-        log.debug("scheduler ready: accel=%s images=%s", self._provisioner.accel,
-                  self._provisioner.images)  # fmt: skip
+        log.debug(
+            "scheduler ready: accel=%s images=%s", self._provisioner.accel, self._provisioner.images
+        )
         if not self._closed:
             self._pool.start()
 
@@ -168,15 +184,20 @@ class Scheduler:
         await self.start()
         await self._pool.wait_ready(timeout)
 
-    async def prepare_snapshot(self, language: Language = "python", memory_mb: int | None = None,
-                               packages: Sequence[str] | None = None) -> bool:  # fmt: skip
+    async def prepare_snapshot(
+        self,
+        language: Language = "python",
+        memory_mb: int | None = None,
+        packages: Sequence[str] | None = None,
+    ) -> bool:
         """Make sure the L1 memory snapshot for this configuration exists (building it now if
         needed, and its package layer), so that the next fresh VM of it is restored instead of
         booted. False when snapshots are off or could not be built (the reason is logged)."""
         language = validate_language(language)
         memory = validate_memory(self.config.default_memory_mb if memory_mb is None else memory_mb)
-        requested = validate_packages(packages, language,
-                                      strict=self.config.enable_package_validation)  # fmt: skip
+        requested = validate_packages(
+            packages, language, strict=self.config.enable_package_validation
+        )
         specs = self._provisioner.packages_of(language, requested)
         await self.start()
         return await self._provisioner.prepare_snapshot(language, memory, specs)
@@ -201,8 +222,13 @@ class Scheduler:
         request = RunRequest.make(options, self.config, code=code)
         return await self.run_request(request, Callbacks.of(options), started=started)
 
-    async def run_request(self, request: RunRequest, callbacks: Callbacks = Callbacks(), *,
-                          started: float | None = None) -> ExecutionResult:  # fmt: skip
+    async def run_request(
+        self,
+        request: RunRequest,
+        callbacks: Callbacks = NO_CALLBACKS,
+        *,
+        started: float | None = None,
+    ) -> ExecutionResult:
         """run() of a request made already (the cluster's hosts get requests, not options)."""
         started = time.monotonic() if started is None else started
         if request.code is None:
@@ -211,8 +237,9 @@ class Scheduler:
         self._check_open()
         await self.start()
         at = time.monotonic()
-        layer = await self._provisioner.layer_for(request.packages_language, specs,
-                                                  callbacks.on_boot_log)  # fmt: skip
+        layer = await self._provisioner.layer_for(
+            request.packages_language, specs, callbacks.on_boot_log
+        )
         packages_ms = _ms(time.monotonic() - at)
         net = None
         if request.network is not None:
@@ -225,22 +252,33 @@ class Scheduler:
                 net.discard()
         if layer is None:
             return result
-        return replace(result, packages=layer.report,
-                       timing=replace(result.timing, packages_ms=packages_ms))  # fmt: skip
+        return replace(
+            result, packages=layer.report, timing=replace(result.timing, packages_ms=packages_ms)
+        )
 
-    async def _run(self, request: RunRequest, callbacks: Callbacks, net: NetworkSetup | None,
-                   layer: PackageLayer | None, started: float) -> ExecutionResult:  # fmt: skip
+    async def _run(
+        self,
+        request: RunRequest,
+        callbacks: Callbacks,
+        net: NetworkSetup | None,
+        layer: PackageLayer | None,
+        started: float,
+    ) -> ExecutionResult:
         assert request.code is not None
-        lease, phases = await self._acquire_lease(request.language, request.memory_mb,
-                                                  net is not None, layer,
-                                                  callbacks.on_boot_log)  # fmt: skip
+        lease, phases = await self._acquire_lease(
+            request.language, request.memory_mb, net is not None, layer, callbacks.on_boot_log
+        )
         vm = lease.vm
         exposed = [] if net is None else net.exposed
         try:
             if net is not None:
                 await net.attach(self._hub(), vm)
-            setup_ms = (_ms(time.monotonic() - started) - phases.boot_ms - phases.restore_ms
-                        - phases.connect_ms)  # fmt: skip
+            setup_ms = (
+                _ms(time.monotonic() - started)
+                - phases.boot_ms
+                - phases.restore_ms
+                - phases.connect_ms
+            )
             ready_at = time.monotonic()
             outcome = await vm.execute(
                 ExecRequest(
@@ -296,8 +334,9 @@ class Scheduler:
             self._network_hub = NetworkHub(asyncio.get_running_loop())
         return self._network_hub
 
-    async def session(self, *, _packages_language: Language | None = None,
-                      **options: Unpack[RunOptions]) -> Session:  # fmt: skip
+    async def session(
+        self, *, _packages_language: Language | None = None, **options: Unpack[RunOptions]
+    ) -> Session:
         """Start a VM for a stateful session (see session.py; options: run_request.RunOptions): an
         idle warm-pool VM, a clone of the L1 snapshot or a cold boot, like run(). The session
         holds its admission ticket until it is closed; timeout_seconds, env_vars and the
@@ -306,26 +345,33 @@ class Scheduler:
 
         `_packages_language` (for integrations): the packages are of that language, not the
         session's; a shell session (raw) can so get python packages for the `python3` it runs."""
-        request = RunRequest.make(options, self.config, code=None,
-                                  packages_language=_packages_language)  # fmt: skip
+        request = RunRequest.make(
+            options, self.config, code=None, packages_language=_packages_language
+        )
         return await self.session_request(request, Callbacks.of(options))
 
-    async def session_request(self, request: RunRequest,
-                              callbacks: Callbacks = Callbacks()) -> Session:  # fmt: skip
+    async def session_request(
+        self, request: RunRequest, callbacks: Callbacks = NO_CALLBACKS
+    ) -> Session:
         """session() of a request made already (the cluster's hosts get requests)."""
         specs = self._provisioner.packages_of(request.packages_language, request.packages)
         self._check_open()
         await self.start()
-        layer = await self._provisioner.layer_for(request.packages_language, specs,
-                                                  callbacks.on_boot_log)  # fmt: skip
+        layer = await self._provisioner.layer_for(
+            request.packages_language, specs, callbacks.on_boot_log
+        )
         net = None
         if request.network is not None:
             net = await NetworkSetup.prepare(request.network, self.config)
         try:
             with self._foreground.busy():
-                lease, phases = await self._acquire_lease(request.language, request.memory_mb,
-                                                          net is not None, layer,
-                                                          callbacks.on_boot_log)  # fmt: skip
+                lease, phases = await self._acquire_lease(
+                    request.language,
+                    request.memory_mb,
+                    net is not None,
+                    layer,
+                    callbacks.on_boot_log,
+                )
             if net is not None:
                 try:
                     await net.attach(self._hub(), lease.vm)
@@ -335,12 +381,20 @@ class Scheduler:
         finally:
             if net is not None:
                 net.discard()
-        session = self._adopt_session(lease, Adoption(
-            language=request.language, timeout=request.timeout_seconds, env=request.env,
-            on_stdout=callbacks.on_stdout, on_stderr=callbacks.on_stderr,
-            boot_ms=phases.boot_ms + phases.restore_ms, warm_pool_hit=phases.pool_hit,
-            l1_cache_hit=phases.l1_hit, packages=None if layer is None else layer.report,
-        ))  # fmt: skip
+        session = self._adopt_session(
+            lease,
+            Adoption(
+                language=request.language,
+                timeout=request.timeout_seconds,
+                env=request.env,
+                on_stdout=callbacks.on_stdout,
+                on_stderr=callbacks.on_stderr,
+                boot_ms=phases.boot_ms + phases.restore_ms,
+                warm_pool_hit=phases.pool_hit,
+                l1_cache_hit=phases.l1_hit,
+                packages=None if layer is None else layer.report,
+            ),
+        )
         try:
             await session.start_repl()
         except BaseException:
@@ -364,8 +418,11 @@ class Scheduler:
             warm_pool_hit=adoption.warm_pool_hit,
             l1_cache_hit=adoption.l1_cache_hit,
             packages=adoption.packages,
-            hooks=SessionHooks(pause=self._paused.pause, fork=self._paused.fork,
-                               pause_when_idle=self.config.session_idle_action == "pause"),
+            hooks=SessionHooks(
+                pause=self._paused.pause,
+                fork=self._paused.fork,
+                pause_when_idle=self.config.session_idle_action == "pause",
+            ),
             exec_count=adoption.exec_count,
         )
         self._sessions.add(session)
@@ -373,9 +430,13 @@ class Scheduler:
 
     # --- paused and forked sessions: snapshots/service.py owns them ---
 
-    async def resume(self, snapshot_id: str | SessionSnapshot, *,
-                     on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> Session:  # fmt: skip
+    async def resume(
+        self,
+        snapshot_id: str | SessionSnapshot,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> Session:
         """A live Session from a paused one (`Session.pause()`), with its variables, imports,
         cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Raises
         SnapshotError for an unknown, damaged or foreign snapshot (other images or QEMU)."""
@@ -389,9 +450,14 @@ class Scheduler:
         """Remove a paused session; False when there was none of that id."""
         return await self._paused.delete(snapshot_id)
 
-    async def _acquire_lease(self, language: Language, memory: int, network: bool,
-                             layer: PackageLayer | None, on_boot_log: OutputCallback | None
-                             ) -> tuple[Lease[GuestVm], Phases]:  # fmt: skip
+    async def _acquire_lease(
+        self,
+        language: Language,
+        memory: int,
+        network: bool,
+        layer: PackageLayer | None,
+        on_boot_log: OutputCallback | None,
+    ) -> tuple[Lease[GuestVm], Phases]:
         """A VM and its ticket for one run() or session: the pool first, else admission and
         an L1 restore or a cold boot (provisioning.py). network: the VM gets the network port
         (never a pooled VM: those have none; its L1 snapshots are its own)."""
@@ -409,9 +475,9 @@ class Scheduler:
             return pooled.lease, phases
 
         async def start() -> GuestVm:
-            vm = await self._provisioner.start_vm(language, memory, phases, layer,
-                                                  on_boot_log=on_boot_log,
-                                                  net_port=network)  # fmt: skip
+            vm = await self._provisioner.start_vm(
+                language, memory, phases, layer, on_boot_log=on_boot_log, net_port=network
+            )
             if self._closed:
                 vm.close()
                 raise SandboxError("the scheduler was closed while the VM started")
@@ -422,8 +488,9 @@ class Scheduler:
         phases.admission_ms = _ms(time.monotonic() - admit_at)
         return await Lease.acquire(ticket, start, self._leases), phases
 
-    async def _take_pooled(self, language: Language, memory: int, allow_network: bool,
-                           phases: Phases) -> PooledVm | None:  # fmt: skip
+    async def _take_pooled(
+        self, language: Language, memory: int, allow_network: bool, phases: Phases
+    ) -> PooledVm | None:
         """A healthy idle pooled VM for this configuration (the caller owns it), or None.
 
         Health: the pool hands out only VMs whose QEMU is alive. A VM proved its agent answers

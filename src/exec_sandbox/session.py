@@ -12,18 +12,13 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-from .vm import file_transfer
 from . import limits
-from .vm.execution import ExecRequest, OutputCallback
-from .vm.guest import GuestVm
-from .provisioning.lease import Lease
-from .results import EXIT_SIGKILL, shape_result
 from .errors import (
     CommunicationError,
     InputValidationError,
@@ -33,14 +28,19 @@ from .errors import (
 from .models import (
     ExecutionResult,
     ExposedPort,
-    NetworkConnection,
     FileInfo,
     Language,
+    NetworkConnection,
     PackagesReport,
     SessionSnapshot,
     TimingBreakdown,
 )
+from .provisioning.lease import Lease
+from .results import EXIT_SIGKILL, shape_result
 from .validation import validate_code, validate_env, validate_timeout
+from .vm import file_transfer
+from .vm.execution import ExecRequest, OutputCallback
+from .vm.guest import GuestVm
 
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
@@ -133,8 +133,12 @@ class Session:
     async def __aenter__(self) -> Session:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     async def close(self) -> None:
@@ -182,8 +186,10 @@ class Session:
             elif outcome.exit_code == EXIT_SIGKILL:
                 # The guest ran out of memory or the code killed its own REPL for good. API.md:
                 # the session ends.
-                self._close_now("the REPL was killed by SIGKILL (exit 137), most likely by the "
-                                "guest's OOM killer")
+                self._close_now(
+                    "the REPL was killed by SIGKILL (exit 137), most likely by the "
+                    "guest's OOM killer"
+                )
             return shape_result(
                 outcome,
                 timeout_seconds=timeout,
@@ -212,8 +218,9 @@ class Session:
         network = self._vm.network
         return [] if network is None else network.log
 
-    async def write_file(self, path: str, content: file_transfer.Content, *,
-                         make_executable: bool = False) -> None:  # fmt: skip
+    async def write_file(
+        self, path: str, content: file_transfer.Content, *, make_executable: bool = False
+    ) -> None:
         """Write content (bytes, a Path or a binary file object) to path under /home/user.
         Atomic: the file appears whole or not at all. Missing directories are created."""
         relative = file_transfer.guest_path(path)
@@ -230,8 +237,9 @@ class Session:
 
         await self._serialised(run)
 
-    async def read_file(self, path: str, *,
-                        destination: file_transfer.Destination | None = None) -> bytes | None:  # fmt: skip
+    async def read_file(
+        self, path: str, *, destination: file_transfer.Destination | None = None
+    ) -> bytes | None:
         """The file's bytes, or None once written to destination (a Path or binary file)."""
         relative = file_transfer.guest_path(path)
 
@@ -274,8 +282,9 @@ class Session:
         copy-on-write; each gets a fresh kernel RNG and the host's clock, but everything in
         user space is copied as it is (Python's `random` state and hash seed included: a fork
         is a copy). This session pauses for the save and then runs on."""
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                                  or not 1 <= count <= _MAX_FORKS):  # fmt: skip
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS
+        ):
             raise InputValidationError(f"count must be an integer from 1 to {_MAX_FORKS}")
         hooks = self._require_hooks()
 
@@ -305,15 +314,19 @@ class Session:
 
     def settings(self) -> dict[str, object]:
         """What a paused copy of this session needs besides its VM (its meta.json)."""
-        return {"timeout": self.default_timeout, "env": self.default_env,
-                "exec_count": self.exec_count}  # fmt: skip
+        return {
+            "timeout": self.default_timeout,
+            "env": self.default_env,
+            "exec_count": self.exec_count,
+        }
 
     # --- internals ---
 
     def _require_hooks(self) -> SessionHooks:
         if self._hooks is None:
-            raise SessionClosedError("this session was not opened by a Scheduler: it cannot be "
-                                     "paused or forked")  # fmt: skip
+            raise SessionClosedError(
+                "this session was not opened by a Scheduler: it cannot be paused or forked"
+            )
         return self._hooks
 
     def _check_open(self) -> None:
@@ -358,10 +371,14 @@ class Session:
         snapshot id is logged and listed by Scheduler.snapshots()); closed if that fails."""
         try:
             snapshot = await self.pause()
-            log.info("session %s idle for %.0f s: paused as %s", self.session_id,
-                     self._idle_timeout, snapshot.id)  # fmt: skip
+            log.info(
+                "session %s idle for %.0f s: paused as %s",
+                self.session_id,
+                self._idle_timeout,
+                snapshot.id,
+            )
             self.paused_as = snapshot
-        except Exception as exc:  # noqa: BLE001 - an idle session must end either way
+        except Exception as exc:
             log.warning("session %s idle: pausing failed (%s), closing it", self.session_id, exc)
             self._close_now(f"idle for {self._idle_timeout:.0f} s (pausing failed: {exc})")
 
@@ -389,4 +406,3 @@ class SessionHooks:
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
-

@@ -17,15 +17,44 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DENIED_ENV = frozenset(
     name.upper()
     for name in (
-        "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
-        "PYTHONWARNINGS", "PYTHONBREAKPOINT", "PYTHONINSPECT", "PYTHONSAFEPATH",
-        "NODE_OPTIONS", "NODE_PATH", "NODE_REPL_EXTERNAL_MODULE", "NODE_EXTRA_CA_CERTS",
-        "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "PS4", "IFS", "CDPATH",
-        "GLOBIGNORE", "BASH_XTRACEFD", "GCONV_PATH", "LOCPATH", "HOSTALIASES", "MALLOC_CHECK_",
-        "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "GIT_EXEC_PATH", "GIT_SSH_COMMAND",
-        "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+        "PYTHONSTARTUP",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONWARNINGS",
+        "PYTHONBREAKPOINT",
+        "PYTHONINSPECT",
+        "PYTHONSAFEPATH",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "NODE_REPL_EXTERNAL_MODULE",
+        "NODE_EXTRA_CA_CERTS",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PROMPT_COMMAND",
+        "PS4",
+        "IFS",
+        "CDPATH",
+        "GLOBIGNORE",
+        "BASH_XTRACEFD",
+        "GCONV_PATH",
+        "LOCPATH",
+        "HOSTALIASES",
+        "MALLOC_CHECK_",
+        "PERL5OPT",
+        "PERL5LIB",
+        "PERLLIB",
+        "RUBYOPT",
+        "RUBYLIB",
+        "GIT_EXEC_PATH",
+        "GIT_SSH_COMMAND",
+        "GIT_CONFIG_GLOBAL",
+        "GIT_CONFIG_SYSTEM",
     )
-)  # fmt: skip
+)
 # Control characters other than tab and newline have no business in an environment value.
 _ENV_VALUE_BAD = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 

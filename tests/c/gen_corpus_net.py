@@ -24,10 +24,16 @@ def open_(stream: int, name: bytes, port: int) -> bytes:
 
 
 SEEDS = {
-    "open_data_close": open_(1, b"example.org", 443) + frame(DATA, 1, b"GET / HTTP/1.0\r\n\r\n")
-    + frame(SHUTDOWN, 1) + frame(CREDIT, 1, u32(1)) + frame(CLOSE, 1, u32(0)),
-    "two_streams": open_(1, b"a.example", 80) + open_(3, b"b.example", 8080)
-    + frame(DATA, 3, b"x" * 1000) + frame(CLOSE, 1, u32(1)) + frame(DATA, 3, b"y"),
+    "open_data_close": open_(1, b"example.org", 443)
+    + frame(DATA, 1, b"GET / HTTP/1.0\r\n\r\n")
+    + frame(SHUTDOWN, 1)
+    + frame(CREDIT, 1, u32(1))
+    + frame(CLOSE, 1, u32(0)),
+    "two_streams": open_(1, b"a.example", 80)
+    + open_(3, b"b.example", 8080)
+    + frame(DATA, 3, b"x" * 1000)
+    + frame(CLOSE, 1, u32(1))
+    + frame(DATA, 3, b"y"),
     "connected": frame(CONNECTED, 0x80000000, u32(0)),
     # Stream 3: the fuzz target gives it a peer that never reads (bit 1 of its id).
     "window_overrun": open_(3, b"a.example", 80)

@@ -89,9 +89,14 @@ def s(data: bytes | str) -> bytes:
     return struct.pack("<I", len(data)) + data
 
 
-def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_000,
-                 stdout_limit: int = 1 << 20, stderr_limit: int = 100 << 10,
-                 env: dict[str, str] | list[tuple[bytes, bytes]] | None = None) -> bytes:
+def exec_payload(
+    code: str | bytes,
+    language: int = RAW,
+    timeout_ms: int = 10_000,
+    stdout_limit: int = 1 << 20,
+    stderr_limit: int = 100 << 10,
+    env: dict[str, str] | list[tuple[bytes, bytes]] | None = None,
+) -> bytes:
     items = list(env.items()) if isinstance(env, dict) else (env or [])
     out = struct.pack("<BIIII", language, timeout_ms, stdout_limit, stderr_limit, len(items))
     for name, value in items:
@@ -100,25 +105,45 @@ def exec_payload(code: str | bytes, language: int = RAW, timeout_ms: int = 10_00
 
 
 class Agent:
-    def __init__(self, *extra: str, boot: bool = False, pass_fds: tuple[int, ...] = (),
-                 preexec_fn=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self, *extra: str, boot: bool = False, pass_fds: tuple[int, ...] = (), preexec_fn=None
+    ) -> None:  # type: ignore[no-untyped-def]
         self.work = tempfile.TemporaryDirectory(prefix="sbx-agent-test.")
         ours, theirs = socket.socketpair()
         self.sock = ours
         fd = str(theirs.fileno())
         if boot:
             # PID 1 of fresh namespaces, chrooted into a read-only root: the VM's boot path.
-            cmd = ["unshare", "--pid", "--mount", "--uts", "--net", "--ipc", "--fork",
-                   "--kill-child", "sh", "-c", BOOT_SCRIPT, "boot", self.work.name, AGENT, fd,
-                   *extra]
+            cmd = [
+                "unshare",
+                "--pid",
+                "--mount",
+                "--uts",
+                "--net",
+                "--ipc",
+                "--fork",
+                "--kill-child",
+                "sh",
+                "-c",
+                BOOT_SCRIPT,
+                "boot",
+                self.work.name,
+                AGENT,
+                fd,
+                *extra,
+            ]
         else:
             # The drivers' directory holds node's pre-start preload too (guest/repl/prestart.js).
             if "--driver-dir" not in extra:
                 extra = ("--driver-dir", DRIVERS, *extra)
             cmd = [AGENT, "--channel-fd", fd, "--work-dir", self.work.name, *extra]
-        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno(), *pass_fds],
-                                     stdout=subprocess.PIPE, stderr=sys.stderr,
-                                     preexec_fn=preexec_fn)
+        self.proc = subprocess.Popen(
+            cmd,
+            pass_fds=[theirs.fileno(), *pass_fds],
+            stdout=subprocess.PIPE,
+            stderr=sys.stderr,
+            preexec_fn=preexec_fn,
+        )
         theirs.close()
         self.buf = b""
         line = self.proc.stdout.readline()
@@ -147,8 +172,8 @@ class Agent:
                 assert flags == 0 and reserved == 0, "agent sent non-zero reserved bits"
                 assert length <= GUEST_FRAME_MAX, f"guest frame of {length} bytes"
                 if len(self.buf) >= HEADER.size + length:
-                    payload = self.buf[HEADER.size:HEADER.size + length]
-                    self.buf = self.buf[HEADER.size + length:]
+                    payload = self.buf[HEADER.size : HEADER.size + length]
+                    self.buf = self.buf[HEADER.size + length :]
                     return mtype, req_id, payload
             left = deadline - time.monotonic()
             if left <= 0:
@@ -222,8 +247,8 @@ class NetPeer:
                 length, t, flags, reserved, sid = HEADER.unpack_from(self.buf)
                 assert flags == 0 and reserved == 0 and length <= 64 * 1024
                 if len(self.buf) >= HEADER.size + length:
-                    payload = self.buf[HEADER.size:HEADER.size + length]
-                    self.buf = self.buf[HEADER.size + length:]
+                    payload = self.buf[HEADER.size : HEADER.size + length]
+                    self.buf = self.buf[HEADER.size + length :]
                     return t, sid, payload
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
@@ -545,8 +570,9 @@ def test_stderr_limit(a: Agent) -> None:
 
 
 def test_output_exactly_at_limit_is_whole(a: Agent) -> None:
-    r = a.run(7, "import sys; sys.stdout.write('y' * 1_000_000)", language=PYTHON,
-              stdout_limit=1_000_000)
+    r = a.run(
+        7, "import sys; sys.stdout.write('y' * 1_000_000)", language=PYTHON, stdout_limit=1_000_000
+    )
     assert (r["exit"], r["flags"]) == (0, 0), {k: v for k, v in r.items() if k != "stdout"}
     assert r["stdout"] == b"y" * 1_000_000
     assert r["chunks"] >= 1_000_000 // OUTPUT_CHUNK_MAX
@@ -565,8 +591,11 @@ def test_timeout_enforced_while_host_not_reading(a: Agent) -> None:
 def test_output_complete_when_host_lags_at_exit(a: Agent) -> None:
     # The process exits while its last output sits in the pipe and the queue is full: the drain
     # deadline must not cut that tail off.
-    a.send(frame(EXEC, 31, exec_payload("import sys; sys.stdout.write('z' * 600_000)",
-                                        language=PYTHON)))
+    a.send(
+        frame(
+            EXEC, 31, exec_payload("import sys; sys.stdout.write('z' * 600_000)", language=PYTHON)
+        )
+    )
     time.sleep(1.5)
     r = a.collect(31)
     assert (r["exit"], r["flags"]) == (0, 0), {k: r[k] for k in ("exit", "flags")}
@@ -574,10 +603,12 @@ def test_output_complete_when_host_lags_at_exit(a: Agent) -> None:
 
 
 def test_python_env_and_cwd(a: Agent) -> None:
-    code = ("import os, sys\n"
-            "print(os.getcwd() == os.environ['HOME'], os.environ['GREETING'],"
-            " os.environ['LANG'], os.environ['PYTHONUNBUFFERED'], os.environ['USER'])\n"
-            "print(repr(sys.stdin.read()))\n")
+    code = (
+        "import os, sys\n"
+        "print(os.getcwd() == os.environ['HOME'], os.environ['GREETING'],"
+        " os.environ['LANG'], os.environ['PYTHONUNBUFFERED'], os.environ['USER'])\n"
+        "print(repr(sys.stdin.read()))\n"
+    )
     r = a.run(8, code, language=PYTHON, env={"GREETING": "hello world", "LANG": "en_US.UTF-8"})
     assert r["stdout"] == b"True hello world en_US.UTF-8 1 user\n''\n", r
     assert r["exit"] == 0
@@ -589,25 +620,38 @@ def test_clean_environment(a: Agent) -> None:
     env.pop("_", None)
     env.pop("PWD", None), env.pop("SHLVL", None)  # added by bash itself
     assert env == {
-        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": env["HOME"], "USER": "user",
-        "LOGNAME": "user", "LANG": "C.UTF-8", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1", "A_1": "x=y", "EMPTY": "",
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": env["HOME"],
+        "USER": "user",
+        "LOGNAME": "user",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "A_1": "x=y",
+        "EMPTY": "",
     }, env
 
 
 def test_javascript(a: Agent) -> None:
-    r = a.run(10, "console.log([1, 2, 3].map(x => x * 2).join(','));"
-                  "console.error(typeof require); process.exit(4)", language=JAVASCRIPT)
+    r = a.run(
+        10,
+        "console.log([1, 2, 3].map(x => x * 2).join(','));"
+        "console.error(typeof require); process.exit(4)",
+        language=JAVASCRIPT,
+    )
     assert (r["stdout"], r["stderr"], r["exit"]) == (b"2,4,6\n", b"function\n", 4), r
 
 
 def test_fds_and_session(a: Agent) -> None:
     # Only 0-2 are inherited (plus the one bash opens for the script), stdin is /dev/null,
     # and the code leads its own session.
-    code = ("import os\n"
-            "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
-            "print(os.readlink('/proc/self/fd/0'))\n"
-            "print(os.getsid(0) == os.getpid() == os.getpgid(0))\n")
+    code = (
+        "import os\n"
+        "print(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n"
+        "print(os.readlink('/proc/self/fd/0'))\n"
+        "print(os.getsid(0) == os.getpid() == os.getpgid(0))\n"
+    )
     r = a.run(11, code, language=PYTHON)
     lines = r["stdout"].decode().splitlines()
     assert lines[0] in ("[0, 1, 2]", "[0, 1, 2, 3]"), lines  # 3: listdir's own fd
@@ -729,9 +773,10 @@ def test_user_code_runs_sched_batch_from_the_agents_sched_other() -> None:
     its own on instead of failing every spawn."""
     show = "import os; print(os.sched_getscheduler(0))"
     ours = os.sched_getscheduler(0)  # the agent's when started as it is
-    for preexec, policy in ((None, os.SCHED_BATCH if ours == os.SCHED_OTHER else ours),
-                            (lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)),
-                             os.SCHED_IDLE)):  # fmt: skip
+    for preexec, policy in (
+        (None, os.SCHED_BATCH if ours == os.SCHED_OTHER else ours),
+        (lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)), os.SCHED_IDLE),
+    ):
         a = Agent(preexec_fn=preexec)
         try:
             assert a.expect()[0] == READY
@@ -757,6 +802,7 @@ def test_hangup_kills_the_run_and_exits() -> None:
 
 # --- boot path: PID 1 of fresh namespaces (root only) ----------------------------------------
 
+
 def test_boot_in_namespaces() -> None:
     a = Agent(boot=True)
     try:
@@ -767,29 +813,55 @@ def test_boot_in_namespaces() -> None:
             sh.n += 1
             assert r.get("exit") == 0 and r["stderr"] == b"", r
             return r["stdout"].decode()
+
         sh.n = 1
 
-        out = sh('id -u; id -g; id -G; pwd; echo "$HOME"; cat /proc/sys/kernel/hostname;'
-                 ' stat -c "%u:%g %a" /home/user /tmp /run/sbx /dev/shm "$0"; echo "$0"')
+        out = sh(
+            'id -u; id -g; id -G; pwd; echo "$HOME"; cat /proc/sys/kernel/hostname;'
+            ' stat -c "%u:%g %a" /home/user /tmp /run/sbx /dev/shm "$0"; echo "$0"'
+        )
         assert out.splitlines() == [
-            "1000", "1000", "1000", "/home/user", "/home/user", "sandbox",
-            "1000:1000 700", "0:0 1777", "0:0 755", "0:0 1777", "0:0 444", "/run/sbx/main.sh",
+            "1000",
+            "1000",
+            "1000",
+            "/home/user",
+            "/home/user",
+            "sandbox",
+            "1000:1000 700",
+            "0:0 1777",
+            "0:0 755",
+            "0:0 1777",
+            "0:0 444",
+            "/run/sbx/main.sh",
         ], out
-        out = sh('for t in "echo x >> $0" "touch /run/sbx/x" "touch /x" "touch /usr/x"; do'
-                 ' (eval "$t") 2>/dev/null && echo "$t: allowed" || echo denied; done;'
-                 ' echo ok > ~/f && cat ~/f; echo ok > /tmp/f && cat /tmp/f;'
-                 ' echo ok > /dev/shm/f && cat /dev/shm/f')
+        out = sh(
+            'for t in "echo x >> $0" "touch /run/sbx/x" "touch /x" "touch /usr/x"; do'
+            ' (eval "$t") 2>/dev/null && echo "$t: allowed" || echo denied; done;'
+            " echo ok > ~/f && cat ~/f; echo ok > /tmp/f && cat /tmp/f;"
+            " echo ok > /dev/shm/f && cat /dev/shm/f"
+        )
         assert out == "denied\n" * 4 + "ok\n" * 3, out
         # hidepid=2: the agent (PID 1) is invisible; no new privileges; limits.
-        out = sh('test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;'
-                 ' ulimit -n; ulimit -c; ulimit -u')
+        out = sh(
+            "test -e /proc/1 && echo visible || echo hidden; grep NoNewPrivs /proc/self/status;"
+            " ulimit -n; ulimit -c; ulimit -u"
+        )
         assert out == "hidden\nNoNewPrivs:\t1\n4096\n0\n256\n", out
-        out = sh("awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
-                 " {print $2, $3, $4}' /proc/mounts | sort")
+        out = sh(
+            "awk '$2 ~ /^\\/(tmp|run|home\\/user|dev\\/shm|dev\\/pts|proc|sys)$/"
+            " {print $2, $3, $4}' /proc/mounts | sort"
+        )
         mounts = {line.split()[0]: line.split()[1:] for line in out.splitlines()}
-        assert set(mounts) == {"/tmp", "/run", "/home/user", "/dev/shm", "/dev/pts", "/proc",
-                               "/sys"}, out
-        for path, (fstype, opts) in mounts.items():
+        assert set(mounts) == {
+            "/tmp",
+            "/run",
+            "/home/user",
+            "/dev/shm",
+            "/dev/pts",
+            "/proc",
+            "/sys",
+        }, out
+        for path, (_fstype, opts) in mounts.items():
             opts = opts.split(",")
             assert "nosuid" in opts, (path, opts)
         assert "hidepid=invisible" in mounts["/proc"][1] or "hidepid=2" in mounts["/proc"][1]
@@ -798,23 +870,29 @@ def test_boot_in_namespaces() -> None:
         ram_pages = os.sysconf("SC_PHYS_PAGES")
         page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
         for path, share in (("/tmp", 25), ("/home/user", 40)):
-            size_kib = int(next(o for o in mounts[path][1].split(",")
-                                if o.startswith("size="))[5:-1])
+            size_kib = int(
+                next(o for o in mounts[path][1].split(",") if o.startswith("size="))[5:-1]
+            )
             expected = ram_pages * share // 100 * page_kib
             assert abs(size_kib - expected) <= 4 * page_kib, (path, size_kib, expected)
         # Loopback is up; a pty can be had.
-        out = sh("import socket, os\n"
-                 "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-                 "c = socket.create_connection(s.getsockname()); c.sendall(b'ping')\n"
-                 "print(s.accept()[0].recv(4).decode())\n"
-                 "m, t = os.openpty(); print(os.ttyname(t))\n", language=PYTHON)
+        out = sh(
+            "import socket, os\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+            "c = socket.create_connection(s.getsockname()); c.sendall(b'ping')\n"
+            "print(s.accept()[0].recv(4).decode())\n"
+            "m, t = os.openpty(); print(os.ttyname(t))\n",
+            language=PYTHON,
+        )
         assert out == "ping\n/dev/pts/0\n", out
         # A daemon that escaped the process group does not outlive its run.
         out = sh("setsid sleep 100 </dev/null >/dev/null 2>&1 & sleep 0.2; echo started")
         assert out == "started\n"
         # /run/sbx: the code file and the session REPL's FIFO directory (listable by root only).
-        out = sh("cat /proc/[0-9]*/comm | sort | tr '\\n' ' '; ls /run/sbx;"
-                 " ls /run/sbx/repl 2>/dev/null || echo unlistable")
+        out = sh(
+            "cat /proc/[0-9]*/comm | sort | tr '\\n' ' '; ls /run/sbx;"
+            " ls /run/sbx/repl 2>/dev/null || echo unlistable"
+        )
         assert "sleep" not in out and out.endswith("main.sh\nrepl\nunlistable\n"), out
     finally:
         assert a.close() == 0
@@ -827,15 +905,19 @@ def prestart(a: Agent, req_id: int, language: int) -> None:
 
 # Only the pre-started process runs under `python3 -c <bootstrap>`: its cmdline proves which path
 # served the EXEC (user code sees argv as in the script run).
-WHO = "import sys\nprint(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode(), sys.argv)\n"
+WHO = "import sys\nprint(open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode(), sys.argv)\n"  # noqa: E501
 
 
 def test_prestarted_python_serves_the_next_exec(a: Agent) -> None:
     prestart(a, 30, PYTHON)
     time.sleep(0.3)  # the bootstrap blocks on fd 3: nothing may run or print before the EXEC
-    r = a.run(31, WHO + "import os\nprint(__name__, os.getcwd() == os.environ['HOME'],"
-                        " repr(sys.stdin.read()), sys.path[0] == os.path.dirname(sys.argv[0]))\n"
-                        "sys.exit(3)", language=PYTHON)
+    r = a.run(
+        31,
+        WHO + "import os\nprint(__name__, os.getcwd() == os.environ['HOME'],"
+        " repr(sys.stdin.read()), sys.path[0] == os.path.dirname(sys.argv[0]))\n"
+        "sys.exit(3)",
+        language=PYTHON,
+    )
     lines = r["stdout"].decode().splitlines()
     assert lines[0].startswith("-c ['") and lines[0].endswith("/main.py']"), lines
     assert lines[1] == "__main__ True '' True", lines
@@ -850,8 +932,11 @@ def test_prestarted_python_matches_the_script_run(a: Agent) -> None:
     cold = a.run(33, code, language=PYTHON)
     prestart(a, 34, PYTHON)
     warm = a.run(35, code, language=PYTHON)
-    assert (warm["stdout"], warm["stderr"], warm["exit"]) == \
-        (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+    assert (warm["stdout"], warm["stderr"], warm["exit"]) == (
+        cold["stdout"],
+        cold["stderr"],
+        cold["exit"],
+    ), (cold, warm)
     assert b"Traceback (most recent call last):" in warm["stderr"] and warm["exit"] == 1
     prestart(a, 36, PYTHON)
     r = a.run(37, "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)", language=PYTHON)
@@ -876,16 +961,23 @@ def test_prestarted_process_is_not_used_for_env_or_other_languages(a: Agent) -> 
 def test_prestarted_javascript(a: Agent) -> None:
     prestart(a, 45, JAVASCRIPT)
     # execArgv as in a script run: child_process.fork() gives it to the child.
-    r = a.run(46, "console.log(process.argv.length, require.main === module,"
-                  " typeof require('fs').readFileSync, __filename.endsWith('/main.js'),"
-                  " JSON.stringify(process.execArgv)); process.exit(4)", language=JAVASCRIPT)
+    r = a.run(
+        46,
+        "console.log(process.argv.length, require.main === module,"
+        " typeof require('fs').readFileSync, __filename.endsWith('/main.js'),"
+        " JSON.stringify(process.execArgv)); process.exit(4)",
+        language=JAVASCRIPT,
+    )
     assert (r["stdout"], r["stderr"], r["exit"]) == (b"2 true function true []\n", b"", 4), r
     # Worker threads get node's preloads too: the preload must leave them (and fd 3) alone.
     prestart(a, 47, JAVASCRIPT)
-    r = a.run(48, "const { Worker } = require('worker_threads');\n"
-                  "new Worker(\"console.log('hi from worker')\", { eval: true })\n"
-                  "  .on('exit', (code) => console.log('worker exit', code));",
-              language=JAVASCRIPT)
+    r = a.run(
+        48,
+        "const { Worker } = require('worker_threads');\n"
+        "new Worker(\"console.log('hi from worker')\", { eval: true })\n"
+        "  .on('exit', (code) => console.log('worker exit', code));",
+        language=JAVASCRIPT,
+    )
     assert (r["stdout"], r["stderr"], r["exit"]) == (b"hi from worker\nworker exit 0\n", b"", 0), r
     # The status node exits with, which an 'exit' listener may change.
     prestart(a, 49, JAVASCRIPT)
@@ -897,43 +989,73 @@ def test_prestarted_python_reports_its_end_before_the_teardown(a: Agent) -> None
     # A __del__ that blocks the interpreter's teardown: the result must not wait for it (a run that
     # waited would time out). Threads, atexit and the final flush still come first, in order.
     prestart(a, 60, PYTHON)
-    r = a.run(61, "import atexit, sys, threading, time\n"
-                  "class Slow:\n    def __del__(self):\n        time.sleep(60)\n"
-                  "keep = Slow()\n"
-                  "atexit.register(print, 'atexit ran')\n"
-                  "threading.Thread(target=lambda: (time.sleep(0.2), print('thread joined'))).start()\n"
-                  "sys.stdout.write('buffered ')\n"
-                  "sys.exit(5)", language=PYTHON, timeout_ms=10000)
-    assert (r["stdout"], r["stderr"], r["exit"], r["flags"]) == \
-        (b"buffered thread joined\natexit ran\n", b"", 5, 0), r
-    for req_id, code in ((62, "import sys; sys.exit('bye')"), (64, "import sys; sys.exit(256 + 7)"),
-                         (66, "raise SystemExit")):
+    r = a.run(
+        61,
+        "import atexit, sys, threading, time\n"
+        "class Slow:\n    def __del__(self):\n        time.sleep(60)\n"
+        "keep = Slow()\n"
+        "atexit.register(print, 'atexit ran')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread joined'))).start()\n"
+        "sys.stdout.write('buffered ')\n"
+        "sys.exit(5)",
+        language=PYTHON,
+        timeout_ms=10000,
+    )
+    assert (r["stdout"], r["stderr"], r["exit"], r["flags"]) == (
+        b"buffered thread joined\natexit ran\n",
+        b"",
+        5,
+        0,
+    ), r
+    for req_id, code in (
+        (62, "import sys; sys.exit('bye')"),
+        (64, "import sys; sys.exit(256 + 7)"),
+        (66, "raise SystemExit"),
+    ):
         cold = a.run(req_id, code, language=PYTHON)
         prestart(a, req_id + 100, PYTHON)
         warm = a.run(req_id + 1, code, language=PYTHON)
-        assert (warm["stdout"], warm["stderr"], warm["exit"]) == \
-            (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+        assert (warm["stdout"], warm["stderr"], warm["exit"]) == (
+            cold["stdout"],
+            cold["stderr"],
+            cold["exit"],
+        ), (cold, warm)
     assert (warm["exit"], cold["stderr"]) == (0, b"")
     # The agent ends the run on the report itself, without waiting for the process to die (here
     # the code forges one: it can only end its own run, early), and leaves nothing running.
     prestart(a, 68, PYTHON)
-    r = a.run(69, "import os, time\nprint(os.getpid(), flush=True)\nos.write(3, b'd\\x07')\n"
-                  "time.sleep(60)", language=PYTHON, timeout_ms=10000)
+    r = a.run(
+        69,
+        "import os, time\nprint(os.getpid(), flush=True)\nos.write(3, b'd\\x07')\ntime.sleep(60)",
+        language=PYTHON,
+        timeout_ms=10000,
+    )
     assert (r["exit"], r["flags"]) == (7, 0), r
     pid = int(r["stdout"])
-    r = a.run(169, f"for i in $(seq 100); do [ -e /proc/{pid} ] || break; sleep 0.05; done; "
-                   f"[ -e /proc/{pid} ] && echo alive || echo gone", language=RAW)
+    r = a.run(
+        169,
+        f"for i in $(seq 100); do [ -e /proc/{pid} ] || break; sleep 0.05; done; "
+        f"[ -e /proc/{pid} ] && echo alive || echo gone",
+        language=RAW,
+    )
     assert r["stdout"] == b"gone\n", r
 
 
 def test_prestarted_javascript_ends_like_the_script_run(a: Agent) -> None:
     for req_id, code in (
-            (70, "process.on('exit', (c) => console.log('exit', c));"
-                 " setTimeout(() => console.log('later'), 50); process.exitCode = 6;"),
-            (72, "process.on('exit', () => console.log('exit')); null.x;"),
-            (74, "Promise.reject(new Error('nobody caught me'));"),
-            (76, "process.on('uncaughtException', (e) => console.log('handled', e.message));"
-                 " setTimeout(() => { throw new Error('late'); }, 10);")):  # fmt: skip
+        (
+            70,
+            "process.on('exit', (c) => console.log('exit', c));"
+            " setTimeout(() => console.log('later'), 50); process.exitCode = 6;",
+        ),
+        (72, "process.on('exit', () => console.log('exit')); null.x;"),
+        (74, "Promise.reject(new Error('nobody caught me'));"),
+        (
+            76,
+            "process.on('uncaughtException', (e) => console.log('handled', e.message));"
+            " setTimeout(() => { throw new Error('late'); }, 10);",
+        ),
+    ):
         cold = a.run(req_id, code, language=JAVASCRIPT)
         prestart(a, req_id + 100, JAVASCRIPT)
         warm = a.run(req_id + 1, code, language=JAVASCRIPT)
@@ -947,14 +1069,19 @@ def test_prestarted_javascript_ends_like_the_script_run(a: Agent) -> None:
 
 
 def test_prestarted_bash_runs_the_script_like_bash_does(a: Agent) -> None:
-    code = ("echo \"$0 $# ${BASH_SOURCE[0]} $LINENO\"\nexec 3>/dev/null\necho to-3 >&3\n"
-            "no_such_command\necho err >&2\n(exit 4)")
+    code = (
+        'echo "$0 $# ${BASH_SOURCE[0]} $LINENO"\nexec 3>/dev/null\necho to-3 >&3\n'
+        "no_such_command\necho err >&2\n(exit 4)"
+    )
     cold = a.run(80, code, language=RAW)
     prestart(a, 81, RAW)
     warm = a.run(82, "head -c 8 /proc/$$/cmdline | tr '\\0' ' '; echo; " + code, language=RAW)
     assert warm["stdout"].startswith(b"bash -c "), warm  # the pre-started shell ran it
-    assert (warm["stdout"][warm["stdout"].index(b"\n") + 1:], warm["stderr"], warm["exit"]) == \
-        (cold["stdout"], cold["stderr"], cold["exit"]), (cold, warm)
+    assert (warm["stdout"][warm["stdout"].index(b"\n") + 1 :], warm["stderr"], warm["exit"]) == (
+        cold["stdout"],
+        cold["stderr"],
+        cold["exit"],
+    ), (cold, warm)
     assert cold["exit"] == 4 and cold["stdout"].endswith(b"/main.sh 1\n"), cold
     # `exit` ends the shell before the bootstrap can report: the run ends by its death instead.
     prestart(a, 83, RAW)
@@ -977,25 +1104,46 @@ def test_prestart_refusals(a: Agent) -> None:
     assert a.collect(51)["exit"] == 0
 
 
-SHARED = [test_ready_and_ping, test_bash_stdout_stderr_exit_code,
-          test_killed_by_signal_is_128_plus_n, test_timeout, test_timeout_ignoring_sigterm_gets_sigkill,
-          test_stdout_limit, test_stderr_limit, test_output_exactly_at_limit_is_whole,
-          test_timeout_enforced_while_host_not_reading, test_output_complete_when_host_lags_at_exit,
-          test_python_env_and_cwd, test_clean_environment, test_javascript, test_fds_and_session,
-          test_busy, test_escaped_daemon_does_not_hold_the_exit, test_orphans_are_reaped,
-          test_large_code, test_bad_requests_keep_the_stream,
-          test_prestarted_python_serves_the_next_exec, test_prestarted_python_matches_the_script_run,
-          test_prestarted_process_is_not_used_for_env_or_other_languages, test_prestarted_javascript,
-          test_prestarted_python_reports_its_end_before_the_teardown,
-          test_prestarted_javascript_ends_like_the_script_run,
-          test_prestarted_bash_runs_the_script_like_bash_does, test_prestart_refusals]
+SHARED = [
+    test_ready_and_ping,
+    test_bash_stdout_stderr_exit_code,
+    test_killed_by_signal_is_128_plus_n,
+    test_timeout,
+    test_timeout_ignoring_sigterm_gets_sigkill,
+    test_stdout_limit,
+    test_stderr_limit,
+    test_output_exactly_at_limit_is_whole,
+    test_timeout_enforced_while_host_not_reading,
+    test_output_complete_when_host_lags_at_exit,
+    test_python_env_and_cwd,
+    test_clean_environment,
+    test_javascript,
+    test_fds_and_session,
+    test_busy,
+    test_escaped_daemon_does_not_hold_the_exit,
+    test_orphans_are_reaped,
+    test_large_code,
+    test_bad_requests_keep_the_stream,
+    test_prestarted_python_serves_the_next_exec,
+    test_prestarted_python_matches_the_script_run,
+    test_prestarted_process_is_not_used_for_env_or_other_languages,
+    test_prestarted_javascript,
+    test_prestarted_python_reports_its_end_before_the_teardown,
+    test_prestarted_javascript_ends_like_the_script_run,
+    test_prestarted_bash_runs_the_script_like_bash_does,
+    test_prestart_refusals,
+]
 # Each of these leaves the agent unable to read: one fresh agent per test.
 STICKY = [test_broken_framing_is_sticky, test_oversized_frame_is_refused]
-STANDALONE = [test_spawn_failure, test_hangup_kills_the_run_and_exits,
-              test_user_code_runs_sched_batch_from_the_agents_sched_other]
+STANDALONE = [
+    test_spawn_failure,
+    test_hangup_kills_the_run_and_exits,
+    test_user_code_runs_sched_batch_from_the_agents_sched_other,
+]
 
 
 # --- sessions and files (standalone: each gets an agent with the REPL drivers) ------------------
+
 
 def session_agent() -> Agent:
     a = Agent("--driver-dir", DRIVERS)
@@ -1021,7 +1169,7 @@ def file_reply(a: Agent, req_id: int) -> tuple[int, bytes, list]:
             for _ in range(count):
                 is_dir, size, n = struct.unpack_from("<BQI", payload, off)
                 off += 13
-                entries.append((payload[off:off + n].decode(), is_dir, size))
+                entries.append((payload[off : off + n].decode(), is_dir, size))
                 off += n
         elif mtype == FILE_DONE:
             return struct.unpack("<Q", payload)[0], data, entries
@@ -1057,8 +1205,14 @@ def test_session_output_limit_interrupts_but_keeps_state() -> None:
     a = session_agent()
     try:
         assert session_run(a, 1, "y = 5", language=PYTHON, timeout_ms=60_000)["exit"] == 0
-        r = session_run(a, 2, "while True: print('z' * 1000)", language=PYTHON,
-                        stdout_limit=10_000, timeout_ms=20_000)
+        r = session_run(
+            a,
+            2,
+            "while True: print('z' * 1000)",
+            language=PYTHON,
+            stdout_limit=10_000,
+            timeout_ms=20_000,
+        )
         assert r["flags"] == STDOUT_LIMIT and len(r["stdout"]) == 10_000, r["flags"]
         r = session_run(a, 3, "print(y)", language=PYTHON)
         assert r["stdout"] == b"5\n", r
@@ -1098,28 +1252,36 @@ process.exit(3);
 
 def test_session_adopts_the_prestarted_node() -> None:
     # A waiting node becomes the session's REPL driver (repl.h, sbx_repl_adopt): the code runs in
-    # that process (argv[1] "-r": the pre-start preload) as in a driver started for it (no hooks of the
-    # bootstrap left, the driver's argv), state persists, and the one control socket, which its
-    # code can write to, ends no request with a forged completion line.
+    # that process (argv[1] "-r": the pre-start preload) as in a driver started for it (no hooks
+    # of the bootstrap left, the driver's argv), state persists, and the one control socket, which
+    # its code can write to, ends no request with a forged completion line.
     a = session_agent()
     try:
         prestart(a, 1, JAVASCRIPT)
-        who = ("console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1').split('\\0')[1],"
-               " process.argv[1].endsWith('/driver.js'),"
-               " process.listenerCount('uncaughtExceptionMonitor'),"
-               " Symbol.for('sbx.control-out') in process);")
+        who = (
+            "console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1').split('\\0')[1],"  # noqa: E501
+            " process.argv[1].endsWith('/driver.js'),"
+            " process.listenerCount('uncaughtExceptionMonitor'),"
+            " Symbol.for('sbx.control-out') in process);"
+        )
         r = session_run(a, 2, "let kept = 41;\n" + who, language=JAVASCRIPT, timeout_ms=30_000)
         assert (r["exit"], r["stdout"], r["stderr"]) == (0, b"-r true 0 false\n", b""), r
         r = session_run(a, 3, FORGE_JS, language=JAVASCRIPT, timeout_ms=30_000)
         assert (r["exit"], r["stdout"]) == (3, b"late\n"), r
         # A worker thread (which gets node's preloads too) reads nothing off the socket.
-        r = session_run(a, 4, "const { Worker } = require('worker_threads');\n"
-                              "await new Promise((resolve) => new Worker('1', { eval: true })"
-                              ".on('exit', resolve));\nconsole.log('worker done');",
-                        language=JAVASCRIPT, timeout_ms=30_000)
+        r = session_run(
+            a,
+            4,
+            "const { Worker } = require('worker_threads');\n"
+            "await new Promise((resolve) => new Worker('1', { eval: true })"
+            ".on('exit', resolve));\nconsole.log('worker done');",
+            language=JAVASCRIPT,
+            timeout_ms=30_000,
+        )
         assert (r["exit"], r["stdout"], r["stderr"]) == (0, b"worker done\n", b""), r
-        r = session_run(a, 5, "console.log(kept + 1); process.exit(5)", language=JAVASCRIPT,
-                        timeout_ms=30_000)
+        r = session_run(
+            a, 5, "console.log(kept + 1); process.exit(5)", language=JAVASCRIPT, timeout_ms=30_000
+        )
         assert (r["exit"], r["stdout"], r["stderr"]) == (5, b"42\n", b""), r
     finally:
         assert a.close() == 0
@@ -1142,8 +1304,10 @@ def test_session_forged_completion_neither_ends_nor_shifts_results() -> None:
 def test_session_background_output_never_reaches_a_later_result() -> None:
     a = session_agent()
     try:
-        ghost = ("(for i in $(seq 1 40); do echo GHOST $i; echo GHOSTERR $i >&2; sleep 0.05;"
-                 " done) & echo started")
+        ghost = (
+            "(for i in $(seq 1 40); do echo GHOST $i; echo GHOSTERR $i >&2; sleep 0.05;"
+            " done) & echo started"
+        )
         r = session_run(a, 1, ghost, language=RAW, timeout_ms=30_000)
         assert r["exit"] == 0 and r["stdout"].startswith(b"started\n"), r
         r = session_run(a, 2, "sleep 1; echo clean", language=RAW, timeout_ms=30_000)
@@ -1172,7 +1336,7 @@ def test_files_write_read_list_and_refusals() -> None:
         data = bytes(range(256)) * 1000
         a.send(frame(WRITE_BEGIN, 1, s("d/e/f.bin") + b"\x01"))
         for i in range(0, len(data), 70_000):
-            a.send(frame(WRITE_DATA, 1, data[i:i + 70_000]))
+            a.send(frame(WRITE_DATA, 1, data[i : i + 70_000]))
         a.send(frame(WRITE_END, 1, b"\x01"))
         assert file_reply(a, 1)[0] == len(data)
         assert os.access(os.path.join(home, "d/e/f.bin"), os.X_OK)
@@ -1225,11 +1389,12 @@ def test_files_node_snapshot_slot_takes_only_its_own_cpu_tag() -> None:
         assert n == len(data) and blob == b"blob made in the guest", data
         assert tag.startswith(b"sbxcpu01") and tag != bytes(NODE_TAG_SIZE)
 
-        def write(req_id: int, content: bytes, flags: int = FILE_NODE_SNAPSHOT,
-                  path: str = "") -> int:
+        def write(
+            req_id: int, content: bytes, flags: int = FILE_NODE_SNAPSHOT, path: str = ""
+        ) -> int:
             a.send(frame(WRITE_BEGIN, req_id, s(path) + bytes([flags])))
             for i in range(0, len(content), 5):  # the tag split across frames
-                a.send(frame(WRITE_DATA, req_id, content[i:i + 5]))
+                a.send(frame(WRITE_DATA, req_id, content[i : i + 5]))
             a.send(frame(WRITE_END, req_id, b"\x01"))
             return file_reply(a, req_id)[0]
 
@@ -1305,18 +1470,23 @@ def main() -> int:
         report(fn.__name__, lambda fn=fn: fresh(fn))
     for fn in STANDALONE:
         report(fn.__name__, fn)
-    for fn in (test_net_relay_in_test_mode, test_net_streams_share_a_backed_up_port,
-               test_net_hung_up_stream_with_a_backed_up_port_does_not_spin,
-               test_net_reused_slot_does_not_take_the_old_sockets_event):
+    for fn in (
+        test_net_relay_in_test_mode,
+        test_net_streams_share_a_backed_up_port,
+        test_net_hung_up_stream_with_a_backed_up_port_does_not_spin,
+        test_net_reused_slot_does_not_take_the_old_sockets_event,
+    ):
         report(fn.__name__, fn)
-    for fn in (test_session_state_survives_errors_and_timeout_resets_it,
-               test_session_output_limit_interrupts_but_keeps_state,
-               test_session_forged_completion_neither_ends_nor_shifts_results,
-               test_session_adopts_the_prestarted_node,
-               test_session_background_output_never_reaches_a_later_result,
-               test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
-               test_files_write_read_list_and_refusals,
-               test_files_node_snapshot_slot_takes_only_its_own_cpu_tag):
+    for fn in (
+        test_session_state_survives_errors_and_timeout_resets_it,
+        test_session_output_limit_interrupts_but_keeps_state,
+        test_session_forged_completion_neither_ends_nor_shifts_results,
+        test_session_adopts_the_prestarted_node,
+        test_session_background_output_never_reaches_a_later_result,
+        test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
+        test_files_write_read_list_and_refusals,
+        test_files_node_snapshot_slot_takes_only_its_own_cpu_tag,
+    ):
         report(fn.__name__, fn)
     if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
         report("test_boot_in_namespaces", test_boot_in_namespaces)

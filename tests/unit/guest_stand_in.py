@@ -18,15 +18,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.vm.binding import PROTOCOL_VERSION
-from exec_sandbox.vm.execution import OutputCallback
-from exec_sandbox.vm.guest import GuestVm
 from exec_sandbox.images.catalog import GuestImages
 from exec_sandbox.provisioning.provisioner import HostSetup
 from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT
 from exec_sandbox.snapshots.ram import ram_digest
-from exec_sandbox.vm.spec import VmSpec
+from exec_sandbox.vm.binding import PROTOCOL_VERSION
+from exec_sandbox.vm.execution import OutputCallback
+from exec_sandbox.vm.guest import GuestVm
 from exec_sandbox.vm.registry import VmRegistry
+from exec_sandbox.vm.spec import VmSpec
 from tests.helpers import private_config
 
 _AGENT = Path(__file__).with_name("guest_stand_in_agent.py")
@@ -56,18 +56,35 @@ class StandInVms:
             (self.root / name).write_bytes(b"GUEST STAND-IN: not an image\n")
 
     async def host_setup(self, config: SchedulerConfig) -> HostSetup:
-        images = GuestImages(kernel=self.root / "kernel", rootfs=self.root / "rootfs",
-                             kernel_hash="stand-in-kernel", rootfs_hash="stand-in-rootfs")  # fmt: skip
+        images = GuestImages(
+            kernel=self.root / "kernel",
+            rootfs=self.root / "rootfs",
+            kernel_hash="stand-in-kernel",
+            rootfs_hash="stand-in-rootfs",
+        )
         return HostSetup(images, str(self.binary), "tcg", "")
 
-    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
-                   on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def boot(
+        self,
+        spec: VmSpec,
+        *,
+        registry: VmRegistry,
+        boot_timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm:
         self.started.append("boot")
         mode = self.boot_modes.pop(0) if self.boot_modes else "ready"
         return await self._start(spec, registry, mode, on_boot_log)
 
-    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
-                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def restore(
+        self,
+        spec: VmSpec,
+        state_path: str,
+        *,
+        registry: VmRegistry,
+        timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm:
         self.started.append("restore")
         error = self.restore_errors.pop(0) if self.restore_errors else None
         if error is not None:
@@ -76,15 +93,24 @@ class StandInVms:
         vm.restore_seconds = 0.001
         return vm
 
-    async def _start(self, spec: VmSpec, registry: VmRegistry, mode: str,
-                     on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def _start(
+        self, spec: VmSpec, registry: VmRegistry, mode: str, on_boot_log: OutputCallback | None
+    ) -> GuestVm:
         # No jail, no RAM file: a stand-in needs neither (the jail has its own tests).
-        stand_in = replace(spec, jail=None, qemu_sandbox=False, mem_fd=None, mem_path=None,
-                           kernel_cmdline_extra=f"standin.version={PROTOCOL_VERSION} "
-                                                f"standin.boot={mode}")  # fmt: skip
-        vm = await GuestVm.boot(stand_in, registry=registry,
-                                boot_timeout=STAND_IN_BOOT_TIMEOUT_SECONDS,
-                                on_boot_log=on_boot_log)  # fmt: skip
+        stand_in = replace(
+            spec,
+            jail=None,
+            qemu_sandbox=False,
+            mem_fd=None,
+            mem_path=None,
+            kernel_cmdline_extra=f"standin.version={PROTOCOL_VERSION} standin.boot={mode}",
+        )
+        vm = await GuestVm.boot(
+            stand_in,
+            registry=registry,
+            boot_timeout=STAND_IN_BOOT_TIMEOUT_SECONDS,
+            on_boot_log=on_boot_log,
+        )
         self.vms.append(vm)
         return vm
 
@@ -112,17 +138,20 @@ def publish_l1_snapshot(cache_dir: Path, key: str, memory_mb: int, *, damaged: b
     state = directory / "state"
     state.write_bytes(b"GUEST STAND-IN: not a device state stream\n")
     digest = "0" * 64 if damaged else ram_digest(ram)
-    meta = {"format": SNAPSHOT_FORMAT, "key": key,
-            "state_sha256": hashlib.sha256(state.read_bytes()).hexdigest(),
-            "ram_bytes": memory_mb * 1024 * 1024, "ram_digest": digest}  # fmt: skip
+    meta = {
+        "format": SNAPSHOT_FORMAT,
+        "key": key,
+        "state_sha256": hashlib.sha256(state.read_bytes()).hexdigest(),
+        "ram_bytes": memory_mb * 1024 * 1024,
+        "ram_digest": digest,
+    }
     (directory / "meta.json").write_text(json.dumps(meta))
 
 
-
-
 @asynccontextmanager
-async def stand_in_scheduler(tmp_path: Path, vms: StandInVms | None = None,
-                             **config: object) -> AsyncIterator[tuple[Scheduler, StandInVms]]:  # fmt: skip
+async def stand_in_scheduler(
+    tmp_path: Path, vms: StandInVms | None = None, **config: object
+) -> AsyncIterator[tuple[Scheduler, StandInVms]]:
     """A Scheduler whose VMs are guest stand-ins (caches under tmp_path, 2 VMs at once unless
     config says otherwise). On exit it is closed, and no stand-in process may outlive it."""
     vms = vms if vms is not None else StandInVms(tmp_path / "stand-in")

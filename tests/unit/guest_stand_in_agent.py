@@ -52,7 +52,7 @@ def _option(name: str, default: str) -> str:
 def _send(kind: int, req_id: int, payload: bytes = b"") -> None:
     data = HEADER.pack(len(payload), kind, 0, 0, req_id) + payload
     while data:
-        data = data[os.write(CHANNEL_FD, data):]
+        data = data[os.write(CHANNEL_FD, data) :]
 
 
 def _str(data: bytes) -> bytes:
@@ -77,7 +77,7 @@ def _code_of(payload: bytes) -> bytes:
         (length,) = struct.unpack_from("<I", payload, pos)
         pos += 4 + length
     (length,) = struct.unpack_from("<I", payload, pos)
-    return payload[pos + 4:pos + 4 + length]
+    return payload[pos + 4 : pos + 4 + length]
 
 
 def _execute(req_id: int, code: bytes) -> None:
@@ -127,8 +127,11 @@ def main() -> None:
         elif kind in (MSG_EXEC, MSG_SESSION_EXEC):
             _execute(req_id, _code_of(payload))
         elif kind in FILE_REQUESTS:
-            _send(MSG_FILE_ERROR, req_id, struct.pack("<I", FILE_ERR_PROTOCOL)
-                  + _str(b"the guest stand-in has no files"))
+            _send(
+                MSG_FILE_ERROR,
+                req_id,
+                struct.pack("<I", FILE_ERR_PROTOCOL) + _str(b"the guest stand-in has no files"),
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The accelerator probe (host_facts.probe_accelerator) decides from what QEMU reports, never from how
-long it lived: KVM is used only when QEMU ran the probe's guest code under it (exit status 99
-from isa-debug-exit), and the answer does not change with CPU load.
+"""The accelerator probe (host_facts.probe_accelerator) decides from what QEMU reports, never from
+how long it lived: KVM is used only when QEMU ran the probe's guest code under it (exit status
+99 from isa-debug-exit), and the answer does not change with CPU load.
 
 Some tests run stand-in QEMU scripts (named as such below) to reach the branches a real QEMU on
 this host cannot: one that never runs guest code but lives on, one that reports the proof."""
@@ -31,8 +31,10 @@ def _kvm_openable() -> bool:
 @pytest.fixture
 def busy_cpus() -> Iterator[None]:
     """Every core spinning in a child process, for the duration of the test."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(os.cpu_count() or 1)]  # fmt: skip
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 1)
+    ]
     try:
         yield
     finally:

@@ -11,8 +11,14 @@ from exec_sandbox import SchedulerConfig, VmCapacityError, VmConfigError
 from exec_sandbox.provisioning.admission import Admission, Budget
 
 
-def make(max_vms: int = 2, memory_mb: int = 1000, vcpus: int = 8, *, waiters: int = 4,
-         timeout: float = 5.0) -> Admission:  # fmt: skip
+def make(
+    max_vms: int = 2,
+    memory_mb: int = 1000,
+    vcpus: int = 8,
+    *,
+    waiters: int = 4,
+    timeout: float = 5.0,
+) -> Admission:
     return Admission(Budget(max_vms, memory_mb, vcpus), max_waiters=waiters, wait_timeout=timeout)
 
 
@@ -157,9 +163,13 @@ def test_budget_for_host_applies_the_overcommit_ratios() -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("admission_queue_size", -1), ("admission_queue_size", 1.5),
-     ("admission_timeout_seconds", 0), ("admission_timeout_seconds", True),
-     ("memory_snapshots", "yes")],  # fmt: skip
+    [
+        ("admission_queue_size", -1),
+        ("admission_queue_size", 1.5),
+        ("admission_timeout_seconds", 0),
+        ("admission_timeout_seconds", True),
+        ("memory_snapshots", "yes"),
+    ],
 )
 def test_new_config_fields_are_validated(field: str, value: object) -> None:
     with pytest.raises(VmConfigError, match=field):

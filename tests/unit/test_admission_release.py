@@ -19,9 +19,9 @@ from exec_sandbox import (
     SnapshotError,
     VmTransientError,
 )
-from exec_sandbox.vm.qmp import QmpError
-from exec_sandbox.snapshots.sessions import SESSION_SNAPSHOT_FORMAT
 from exec_sandbox.snapshots.identity import machine_identity
+from exec_sandbox.snapshots.sessions import SESSION_SNAPSHOT_FORMAT
+from exec_sandbox.vm.qmp import QmpError
 from tests.unit.guest_stand_in import StandInVms, stand_in_scheduler
 
 
@@ -123,10 +123,18 @@ async def test_a_resume_whose_snapshot_is_damaged_gives_its_ticket_back(tmp_path
         directory.mkdir(parents=True)
         state = b"GUEST STAND-IN: not a migration stream\n"
         (directory / "state").write_bytes(state)
-        meta = {"format": SESSION_SNAPSHOT_FORMAT, "id": snapshot_id, "language": "python",
-                "created": 0.0, "size": len(state), "sha256": "0" * 64,
-                "machine": machine_identity(spec), "layer": None, "packages": [],
-                "session": {"timeout": 30, "env": {}, "exec_count": 0}}  # fmt: skip
+        meta = {
+            "format": SESSION_SNAPSHOT_FORMAT,
+            "id": snapshot_id,
+            "language": "python",
+            "created": 0.0,
+            "size": len(state),
+            "sha256": "0" * 64,
+            "machine": machine_identity(spec),
+            "layer": None,
+            "packages": [],
+            "session": {"timeout": 30, "env": {}, "exec_count": 0},
+        }
         (directory / "meta.json").write_text(json.dumps(meta))
         with pytest.raises(SnapshotError, match="damaged"):
             await scheduler.resume(snapshot_id)

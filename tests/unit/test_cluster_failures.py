@@ -13,25 +13,44 @@ import pytest
 if os.environ.get("EXEC_SANDBOX_SKIP_CLUSTER_TESTS") == "1":
     pytest.skip("EXEC_SANDBOX_SKIP_CLUSTER_TESTS=1 set by the caller", allow_module_level=True)
 
-from exec_sandbox import (  # noqa: E402
+from exec_sandbox import (
     CommunicationOutcomeUnknownError,
     ExecutionResult,
     SessionClosedError,
     VmCapacityError,
     VmTransientError,
 )
-from exec_sandbox.cluster import ClusterScheduler, client as client_module  # noqa: E402
-from exec_sandbox.cluster import _ray  # noqa: E402
-from exec_sandbox.scheduler import HostCapacity  # noqa: E402
+from exec_sandbox.cluster import (
+    ClusterScheduler,
+    _ray,
+)
+from exec_sandbox.cluster import client as client_module
+from exec_sandbox.scheduler import HostCapacity
 
 Script = Callable[[], AsyncIterator[tuple[str, Any]]]
 
 
 def _info(name: str, free: int) -> client_module.HostInfo:
-    capacity = HostCapacity(max_vms=1, vms_in_use=1 - free, free_vms=free, free_memory_mb=1,
-                            free_vcpus=1, waiting=0, warm_pool={}, sessions=0)  # fmt: skip
-    return client_module.HostInfo(name=name, hostname="h", pid=1, accelerator="tcg",
-                                  capacity=capacity, sessions=0, runs=0, uptime_seconds=0)  # fmt: skip
+    capacity = HostCapacity(
+        max_vms=1,
+        vms_in_use=1 - free,
+        free_vms=free,
+        free_memory_mb=1,
+        free_vcpus=1,
+        waiting=0,
+        warm_pool={},
+        sessions=0,
+    )
+    return client_module.HostInfo(
+        name=name,
+        hostname="h",
+        pid=1,
+        accelerator="tcg",
+        capacity=capacity,
+        sessions=0,
+        runs=0,
+        uptime_seconds=0,
+    )
 
 
 def _lost() -> Exception:
@@ -118,8 +137,15 @@ async def test_exec_lost_after_it_started_is_outcome_unknown_then_session_closed
     cluster: Any,
 ) -> None:
     scheduler, plans = cluster
-    info = {"id": "sandbox-host-a/s1", "host": "sandbox-host-a", "language": "python",
-            "warm_pool_hit": False, "l1_cache_hit": False, "packages": None, "exec_count": 0}  # fmt: skip
+    info = {
+        "id": "sandbox-host-a/s1",
+        "host": "sandbox-host-a",
+        "language": "python",
+        "warm_pool_hit": False,
+        "l1_cache_hit": False,
+        "packages": None,
+        "exec_count": 0,
+    }
     session = scheduler._adopt(scheduler._hosts["sandbox-host-a"], info, None, None, owned=True)
     plans["sandbox-host-a"].append([("started", None), _lost()])
     with pytest.raises(CommunicationOutcomeUnknownError):

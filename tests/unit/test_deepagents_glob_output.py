@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
 
-from deepagents.backends.protocol import ExecuteResponse  # noqa: E402
+from deepagents.backends.protocol import ExecuteResponse
 
-from exec_sandbox.integrations._sandbox_glob import (  # noqa: E402
+from exec_sandbox.integrations._sandbox_glob import (
     MAX_MATCHES,
     MAX_PATH_CHARS,
     glob_command,
@@ -26,11 +26,18 @@ def _response(*lines: object, exit_code: int = 0, truncated: bool = False) -> Ex
 
 
 def test_records_become_file_infos_and_done_carries_the_reason() -> None:
-    result = parse_glob_output(_response(
-        {"path": "a.py", "is_dir": False, "size": 3, "modified_at": "2026-01-01T00:00:00+00:00"},
-        {"path": "sub", "is_dir": True, "size": True, "modified_at": 5},
-        {"done": "unreadable"},
-    ))  # fmt: skip
+    result = parse_glob_output(
+        _response(
+            {
+                "path": "a.py",
+                "is_dir": False,
+                "size": 3,
+                "modified_at": "2026-01-01T00:00:00+00:00",
+            },
+            {"path": "sub", "is_dir": True, "size": True, "modified_at": 5},
+            {"done": "unreadable"},
+        )
+    )
     assert result.error is None
     assert result.matches == [
         {"path": "a.py", "is_dir": False, "size": 3, "modified_at": "2026-01-01T00:00:00+00:00"},

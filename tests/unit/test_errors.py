@@ -6,7 +6,6 @@ from __future__ import annotations
 import exec_sandbox as sbx
 
 
-
 def test_hierarchy_matches_the_contract() -> None:
     expected = {
         "TransientError": "SandboxError",

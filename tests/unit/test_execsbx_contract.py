@@ -47,12 +47,7 @@ def octal(data: bytes) -> str:
 def fake_qemu(tmp_path: Path, guest_bytes: bytes, then: str = "exec sleep 60") -> str:
     """A 'QEMU' that writes guest_bytes to the channel, 'console' to the console, then `then`."""
     script = tmp_path / "fake-qemu"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"printf '{octal(guest_bytes)}' >&3\n"
-        "echo console\n"
-        f"{then}\n"
-    )
+    script.write_text(f"#!/bin/sh\nprintf '{octal(guest_bytes)}' >&3\necho console\n{then}\n")
     script.chmod(0o755)
     return str(script)
 
@@ -115,8 +110,14 @@ def test_constants() -> None:
 
 
 def argv(**kw: object) -> list[str]:
-    args: dict[str, object] = dict(qemu_binary="/usr/bin/qemu-system-x86_64", kernel="/k/vmlinux",
-                                   rootfs="/r/rootfs.erofs", memory_mb=256, vcpus=2, accel="kvm")  # fmt: skip
+    args: dict[str, object] = dict(
+        qemu_binary="/usr/bin/qemu-system-x86_64",
+        kernel="/k/vmlinux",
+        rootfs="/r/rootfs.erofs",
+        memory_mb=256,
+        vcpus=2,
+        accel="kvm",
+    )
     args.update(kw)
     return _execsbx.build_qemu_argv(**args)
 
@@ -259,10 +260,14 @@ def test_vm_lifecycle(tmp_path: Path) -> None:
         select.select([], [vm.fileno()], [], 1)
         pending = vm.flush()
     expected = frame(65, 7) + frame(
-        64, 9,
-        bytes([3]) + struct.pack("<IIII", 1000, 100, 200, 1) + sstr(b"A") + sstr(b"1")
+        64,
+        9,
+        bytes([3])
+        + struct.pack("<IIII", 1000, 100, 200, 1)
+        + sstr(b"A")
+        + sstr(b"1")
         + sstr(b"echo hi"),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 10
     while (not out.exists() or out.stat().st_size < len(expected)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -364,8 +369,15 @@ def test_vm_protocol_error_is_sticky(tmp_path: Path, bad: bytes, err: int) -> No
 
 def test_send_exec_validation(tmp_path: Path) -> None:
     vm = make_vm(fake_qemu(tmp_path, b""))
-    ok: dict[str, object] = dict(id=1, language=1, timeout_ms=1000, stdout_limit=10,
-                                 stderr_limit=10, env=[], code=b"print(1)")  # fmt: skip
+    ok: dict[str, object] = dict(
+        id=1,
+        language=1,
+        timeout_ms=1000,
+        stdout_limit=10,
+        stderr_limit=10,
+        env=[],
+        code=b"print(1)",
+    )
     try:
         for change, exc in [
             ({"language": 4}, ValueError),
@@ -451,9 +463,7 @@ def test_build_qemu_argv_snapshot_options() -> None:
     assert value(clone, "-mon") == "chardev=qmp,mode=control"
     assert "socket,id=qmp,fd=5" in clone
     assert value(clone, "-incoming") == "defer"
-    assert value(argv(qmp=True, mem_path="/c/ram", mem_shared=True), "-object").endswith(
-        "share=on"
-    )
+    assert value(argv(qmp=True, mem_path="/c/ram", mem_shared=True), "-object").endswith("share=on")
     with pytest.raises(ValueError, match="incoming needs qmp"):
         argv(incoming=True)
     with pytest.raises(ValueError, match="mem_path"):
@@ -552,10 +562,14 @@ def test_vm_mem_fd_is_fd_6_of_the_child(tmp_path: Path) -> None:
 def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
     # The stand-in echoes the 84-byte RESEED frame it receives back to stdout (the console) and
     # answers RESEEDED (type 32) with the same id.
-    qemu = fake_qemu(tmp_path, b"", then=(
-        "head -c 84 <&3 | od -An -tx1 | tr -d ' \\n'; echo; "
-        f"printf '{octal(frame(32, 9))}' >&3; exec sleep 60"
-    ))  # fmt: skip
+    qemu = fake_qemu(
+        tmp_path,
+        b"",
+        then=(
+            "head -c 84 <&3 | od -An -tx1 | tr -d ' \\n'; echo; "
+            f"printf '{octal(frame(32, 9))}' >&3; exec sleep 60"
+        ),
+    )
     vm = make_vm(qemu)
     try:
         assert _execsbx.RESEED_BYTES == 64
@@ -578,8 +592,15 @@ def test_send_reseed_and_reseeded_event(tmp_path: Path) -> None:
 
 
 def test_file_events_decode_to_typed_values(tmp_path: Path) -> None:
-    entries = (struct.pack("<I", 2) + b"\x01" + struct.pack("<Q", 4096) + sstr(b"dir")
-               + b"\x00" + struct.pack("<Q", 5) + sstr(b"a\xff.txt"))  # fmt: skip
+    entries = (
+        struct.pack("<I", 2)
+        + b"\x01"
+        + struct.pack("<Q", 4096)
+        + sstr(b"dir")
+        + b"\x00"
+        + struct.pack("<Q", 5)
+        + sstr(b"a\xff.txt")
+    )
     guest = (
         ready()
         + frame(7, 9, b"file bytes")
@@ -701,8 +722,11 @@ def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> N
         ]:
             with pytest.raises(ValueError, match="takes no path"):
                 send(3, path, flags)
-        for send, flags in [(vm.send_file_read, _execsbx.FILE_EXECUTABLE),
-                            (vm.send_file_write_begin, 4), (vm.send_file_read, 0x100)]:
+        for send, flags in [
+            (vm.send_file_read, _execsbx.FILE_EXECUTABLE),
+            (vm.send_file_write_begin, 4),
+            (vm.send_file_read, 0x100),
+        ]:
             with pytest.raises(ValueError, match="unknown file flag"):
                 send(3, b"x", flags)
         assert vm.flush() == 0  # nothing was queued
@@ -718,12 +742,22 @@ def test_net_config_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> N
     wire = tmp_path / "wire"
     vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
     want = (
-        frame(_execsbx.MSG_NET_CONFIG, 9, struct.pack("<II", 1, 2) + sstr(b"a.example")
-              + sstr(b"b.example") + struct.pack("<II", 1, 8443) + sstr(b"PEM"))
-        + frame(_execsbx.MSG_NET_CONFIG, 10, struct.pack("<II", 1, 1) + sstr(b"*")
-                + struct.pack("<I", 0) + sstr(b""))
+        frame(
+            _execsbx.MSG_NET_CONFIG,
+            9,
+            struct.pack("<II", 1, 2)
+            + sstr(b"a.example")
+            + sstr(b"b.example")
+            + struct.pack("<II", 1, 8443)
+            + sstr(b"PEM"),
+        )
+        + frame(
+            _execsbx.MSG_NET_CONFIG,
+            10,
+            struct.pack("<II", 1, 1) + sstr(b"*") + struct.pack("<I", 0) + sstr(b""),
+        )
         + frame(_execsbx.MSG_NET_CONFIG, 11, struct.pack("<III", 0, 0, 0) + sstr(b""))
-    )  # fmt: skip
+    )
     try:
         vm.send_net_config(9, True, ["a.example", "b.example"], [8443], b"PEM")
         vm.send_net_config(10, True, ["*"], [], b"")
@@ -746,21 +780,41 @@ def test_net_config_over_the_protocol_limits_is_refused(tmp_path: Path) -> None:
     too_many_ports = list(range(1000, 1001 + _execsbx.NET_EXTRA_PORTS_MAX))
     try:
         for outbound, names, ports, ca, match in [
-            (True, ["a.example"] * (_execsbx.NET_NAMES_MAX + 1), [], b"",
-             f"more than {_execsbx.NET_NAMES_MAX} names"),
-            (True, ["a" * (_execsbx.NET_NAME_MAX + 1)], [], b"",
-             f"name 0 longer than {_execsbx.NET_NAME_MAX} bytes"),
+            (
+                True,
+                ["a.example"] * (_execsbx.NET_NAMES_MAX + 1),
+                [],
+                b"",
+                f"more than {_execsbx.NET_NAMES_MAX} names",
+            ),
+            (
+                True,
+                ["a" * (_execsbx.NET_NAME_MAX + 1)],
+                [],
+                b"",
+                f"name 0 longer than {_execsbx.NET_NAME_MAX} bytes",
+            ),
             (True, ["ok.example", "Example.org"], [], b"", "name 1 is not a lowercase DNS name"),
             (True, ["\u00e9.example"], [], b"", "name 0 is not a lowercase DNS name"),
             (True, ["-a.example"], [], b"", "name 0 is not a lowercase DNS name"),
-            (True, [], too_many_ports, b"",
-             f"more than {_execsbx.NET_EXTRA_PORTS_MAX} extra ports"),
+            (
+                True,
+                [],
+                too_many_ports,
+                b"",
+                f"more than {_execsbx.NET_EXTRA_PORTS_MAX} extra ports",
+            ),
             (True, [], [0], b"", "port 0 outside 1..65535"),
             (True, [], [65536], b"", "port 65536 outside 1..65535"),
-            (False, [], [], b"x" * (_execsbx.NET_CA_BUNDLE_MAX + 1),
-             f"CA bundle larger than {_execsbx.NET_CA_BUNDLE_MAX} bytes"),
+            (
+                False,
+                [],
+                [],
+                b"x" * (_execsbx.NET_CA_BUNDLE_MAX + 1),
+                f"CA bundle larger than {_execsbx.NET_CA_BUNDLE_MAX} bytes",
+            ),
             (False, [], [], b"PEM\0PEM", "CA bundle contains NUL"),
-        ]:  # fmt: skip
+        ]:
             with pytest.raises(ValueError, match=match):
                 vm.send_net_config(3, outbound, names, ports, ca)
         with pytest.raises(TypeError, match="names must be a sequence of str"):
@@ -768,8 +822,12 @@ def test_net_config_over_the_protocol_limits_is_refused(tmp_path: Path) -> None:
         assert vm.flush() == 0  # nothing was queued
         # At every limit: accepted.
         names = [f"n{i}.example" for i in range(_execsbx.NET_NAMES_MAX)]
-        assert vm.send_net_config(4, True, names, too_many_ports[1:],
-                                  b"x" * _execsbx.NET_CA_BUNDLE_MAX) >= 0  # fmt: skip
+        assert (
+            vm.send_net_config(
+                4, True, names, too_many_ports[1:], b"x" * _execsbx.NET_CA_BUNDLE_MAX
+            )
+            >= 0
+        )
     finally:
         vm.close()
 
@@ -778,19 +836,24 @@ def test_net_config_over_the_protocol_limits_is_refused(tmp_path: Path) -> None:
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
     boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
-    from exec_sandbox.vm.guest import GuestVm
-    from exec_sandbox.vm.spec import VmSpec
     from exec_sandbox.errors import VmPermanentError
     from exec_sandbox.images.catalog import GuestImages
+    from exec_sandbox.vm.guest import GuestVm
+    from exec_sandbox.vm.spec import VmSpec
 
     images = GuestImages(kernel=Path(KERNEL), rootfs=Path(ROOTFS), kernel_hash="k", rootfs_hash="r")
-    spec = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(version)), images=images, accel="tcg",
-                  memory_mb=128)  # fmt: skip
+    spec = VmSpec(
+        qemu_binary=fake_qemu(tmp_path, ready(version)), images=images, accel="tcg", memory_mb=128
+    )
     with pytest.raises(VmPermanentError, match=f"protocol version {version}.*sbx setup"):
         await GuestVm.boot(spec, registry=None, boot_timeout=10)
     # The same stand-in announcing this library's version boots.
-    spec_ok = VmSpec(qemu_binary=fake_qemu(tmp_path, ready(_execsbx.PROTOCOL_VERSION)), images=images, accel="tcg",
-                     memory_mb=128)  # fmt: skip
+    spec_ok = VmSpec(
+        qemu_binary=fake_qemu(tmp_path, ready(_execsbx.PROTOCOL_VERSION)),
+        images=images,
+        accel="tcg",
+        memory_mb=128,
+    )
     guest = await GuestVm.boot(spec_ok, registry=None, boot_timeout=10)
     await guest.aclose()
 
@@ -809,12 +872,22 @@ def test_net_ring_events_are_typed_with_named_fields() -> None:
         assert [type(e) for e in events] == [_execsbx.NetOpenEvent]
         (opened,) = events
         assert (opened.kind, opened.relay, opened.stream, opened.name, opened.port) == (
-            "open", relay, 7, "web.test", 443)  # fmt: skip
+            "open",
+            relay,
+            7,
+            "web.test",
+            443,
+        )
         ring.ingest(relay, frame(123, 7, struct.pack("<I", 0)))  # the guest's CLOSE(done)
         (closed,) = ring.run()
         assert isinstance(closed, _execsbx.NetClosedEvent)
-        assert (closed.kind, closed.stream, closed.bytes_to_guest, closed.bytes_from_guest,
-                closed.reset) == ("closed", 7, 0, 0, False)  # fmt: skip
+        assert (
+            closed.kind,
+            closed.stream,
+            closed.bytes_to_guest,
+            closed.bytes_from_guest,
+            closed.reset,
+        ) == ("closed", 7, 0, 0, False)
         ring.ingest(relay, frame(120, 999, b"x"))  # DATA for no stream: a violation
         ended = [e for e in ring.run() if isinstance(e, _execsbx.NetRelayEndEvent)]
         assert [(e.kind, e.relay) for e in ended] == [("violation", relay)]

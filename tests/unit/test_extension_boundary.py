@@ -1,6 +1,6 @@
-"""The C extension has one importer: `vm/binding.py` (docs/architecture.md). Every other module of the package
-reaches the C core through it, so that the extension's surface the package depends on is the one
-`vm/binding.py` shows. Read from the source files, no VM."""
+"""The C extension has one importer: `vm/binding.py` (docs/architecture.md). Every other module of
+the package reaches the C core through it, so that the extension's surface the package depends
+on is the one `vm/binding.py` shows. Read from the source files, no VM."""
 
 from __future__ import annotations
 

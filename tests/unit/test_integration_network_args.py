@@ -29,8 +29,9 @@ def test_deepagents_backend() -> None:
     pytest.importorskip("deepagents", reason="the [deepagents] extra is not installed")
     from exec_sandbox.integrations.deepagents import ExecSandboxBackend
 
-    backend = ExecSandboxBackend(memory_mb=512, allow_network=True,
-                                 allowed_domains=["api.github.com"])  # fmt: skip
+    backend = ExecSandboxBackend(
+        memory_mb=512, allow_network=True, allowed_domains=["api.github.com"]
+    )
     assert backend._network["allowed_domains"] == ["api.github.com"]
     with pytest.raises(NetworkValidationError, match="allow_network=True"):
         ExecSandboxBackend(allowed_domains=["api.github.com"])
@@ -100,8 +101,9 @@ async def test_codeact_eval_functions_pass_the_network_to_the_vm_call(kind: str)
     assert (kwargs["allow_network"], kwargs["allowed_domains"]) == (True, ["api.github.com"])
 
 
-@pytest.mark.parametrize("make", ["create_exec_sandbox_eval", "create_exec_sandbox_async_eval",
-                                  "ExecSandboxSessionEval"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make", ["create_exec_sandbox_eval", "create_exec_sandbox_async_eval", "ExecSandboxSessionEval"]
+)
 def test_codeact_refuses_bad_network_settings_before_any_vm(make: str) -> None:
     from exec_sandbox.integrations import codeact
 

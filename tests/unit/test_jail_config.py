@@ -21,36 +21,56 @@ from exec_sandbox.vm.jail import (
     usage_figures,
 )
 
-ARGV = dict(qemu_binary="/usr/bin/qemu-system-x86_64", kernel="/k", rootfs="/r", memory_mb=192,
-            vcpus=1, accel="tcg")  # fmt: skip
+ARGV = dict(
+    qemu_binary="/usr/bin/qemu-system-x86_64",
+    kernel="/k",
+    rootfs="/r",
+    memory_mb=192,
+    vcpus=1,
+    accel="tcg",
+)
 
 
 def test_qemu_sandbox_option_denies_spawn_privileges_and_resource_control() -> None:
     argv = _execsbx.build_qemu_argv(**ARGV, qemu_sandbox=True)
     value = argv[argv.index("-sandbox") + 1].split(",")
     assert value[0] == "on"
-    assert {"obsolete=deny", "elevateprivileges=deny", "spawn=deny",
-            "resourcecontrol=deny"} <= set(value[1:])  # fmt: skip
+    assert {"obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny"} <= set(
+        value[1:]
+    )
     assert "-sandbox" not in _execsbx.build_qemu_argv(**ARGV)
 
 
 def test_seccomp_policy_has_a_reason_for_every_rule() -> None:
     rules = _execsbx.seccomp_rules()
     names = {name for name, _, _ in rules}
-    assert {"ptrace", "mount", "kexec_load", "init_module", "bpf", "unshare", "setns",
-            "keyctl", "process_vm_readv", "open_by_handle_at"} <= names  # fmt: skip
+    assert {
+        "ptrace",
+        "mount",
+        "kexec_load",
+        "init_module",
+        "bpf",
+        "unshare",
+        "setns",
+        "keyctl",
+        "process_vm_readv",
+        "open_by_handle_at",
+    } <= names
     for name, err, reason in rules:
         assert err in ("EPERM", "ENOSYS"), name
         assert len(reason) > 10, name
 
 
-@pytest.mark.parametrize("jail, error", [
-    ({"bogus": 1}, TypeError),
-    ({"memory_mb": -1}, ValueError),
-    ({"uid": -2}, ValueError),
-    ({"network": "yes"}, TypeError),
-    ([], TypeError),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "jail, error",
+    [
+        ({"bogus": 1}, TypeError),
+        ({"memory_mb": -1}, ValueError),
+        ({"uid": -2}, ValueError),
+        ({"network": "yes"}, TypeError),
+        ([], TypeError),
+    ],
+)
 def test_jail_dict_is_validated_before_anything_starts(jail: object, error: type) -> None:
     with pytest.raises(error):
         _execsbx.Vm(**ARGV, jail=jail)
@@ -83,8 +103,13 @@ def test_usage_figures_round_memory_up_and_keep_unknowns() -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the layers need root (cgroups, namespaces)")
 def test_doctor_reports_each_layer_and_why() -> None:
-    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "doctor", "--json"],
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "exec_sandbox.cli.main", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     checks = {c["name"]: c for c in json.loads(proc.stdout)}
     for layer in ("seccomp", "namespaces", "cgroup", "rlimits"):
         assert checks[f"jail: {layer}"]["ok"], checks[f"jail: {layer}"]

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.errors import VmTransientError
+from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.provisioning.lease import Lease
 
 

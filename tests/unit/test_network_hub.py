@@ -17,7 +17,16 @@ from exec_sandbox.network.names import parse_allowed_domains
 from exec_sandbox.network.policy import NetworkPolicy
 from exec_sandbox.network.ports import bind_listeners
 
-OPEN, CONNECTED, OPENED, CONNECT, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 112, 113, 120, 121, 122, 123
+OPEN, CONNECTED, OPENED, CONNECT, DATA, CREDIT, SHUTDOWN, CLOSE = (
+    48,
+    49,
+    112,
+    113,
+    120,
+    121,
+    122,
+    123,
+)
 
 
 def frame(kind: int, stream: int, payload: bytes = b"") -> bytes:
@@ -87,8 +96,11 @@ def pair() -> tuple[socket.socket, StandInGuest]:
 
 async def test_allowed_name_is_connected_relayed_and_logged(hub: NetworkHub) -> None:
     server, port = await echo_server()
-    policy = NetworkPolicy(outbound=True, rules=parse_allowed_domains(["svc.test"]),
-                           test_hosts={"api.svc.test": f"127.0.0.1:{port}"})  # fmt: skip
+    policy = NetworkPolicy(
+        outbound=True,
+        rules=parse_allowed_domains(["svc.test"]),
+        test_hosts={"api.svc.test": f"127.0.0.1:{port}"},
+    )
     host_end, guest = pair()
     net = hub.attach(host_end.fileno(), policy, on_violation=lambda why: None)
     await guest.send(open_frame(1, "api.svc.test", 443))
@@ -104,7 +116,12 @@ async def test_allowed_name_is_connected_relayed_and_logged(hub: NetworkHub) -> 
             break
         await asyncio.sleep(0.01)
     (entry,) = net.log
-    assert (entry.direction, entry.name, entry.port, entry.allowed) == ("outbound", "api.svc.test", 443, True)
+    assert (entry.direction, entry.name, entry.port, entry.allowed) == (
+        "outbound",
+        "api.svc.test",
+        443,
+        True,
+    )
     assert entry.addresses == ("127.0.0.1",)
     assert (entry.bytes_sent, entry.bytes_received) == (2, 7)
     net.close()
@@ -147,7 +164,7 @@ async def test_names_resolving_to_loopback_are_refused_by_address(hub: NetworkHu
     net = hub.attach(host_end.fileno(), policy, on_violation=lambda why: None)
     await guest.send(open_frame(3, "localhost.localdomain", 80))
     await guest.send(open_frame(7, "localhost", 80))
-    for expected in (3, 7):
+    for _ in (3, 7):
         stream, payload = await guest.recv_kind(OPENED)
         assert struct.unpack_from("<I", payload)[0] in (1, 2, 3), stream
     assert all(not e.allowed for e in net.log)

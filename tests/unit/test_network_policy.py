@@ -87,12 +87,31 @@ def test_names_that_are_address_literals_are_refused_even_with_any_name() -> Non
 @pytest.mark.parametrize(
     "address",
     [
-        "127.0.0.1", "127.8.9.10", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
-        "100.64.0.1", "224.0.0.1", "0.0.0.0", "255.255.255.255", "198.18.0.5", "198.19.255.1",
-        "::1", "::", "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::127.0.0.1",
-        "64:ff9b::8.8.8.8", "2002:7f00:1::1", "fc00::1", "fd12::1", "fe80::1", "ff02::1",
+        "127.0.0.1",
+        "127.8.9.10",
+        "10.1.2.3",
+        "172.16.0.1",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.64.0.1",
+        "224.0.0.1",
+        "0.0.0.0",
+        "255.255.255.255",
+        "198.18.0.5",
+        "198.19.255.1",
+        "::1",
+        "::",
+        "::ffff:127.0.0.1",
+        "::ffff:169.254.169.254",
+        "::127.0.0.1",
+        "64:ff9b::8.8.8.8",
+        "2002:7f00:1::1",
+        "fc00::1",
+        "fd12::1",
+        "fe80::1",
+        "ff02::1",
     ],
-)  # fmt: skip
+)
 def test_denied_addresses(address: str) -> None:
     assert denied_reason(address, local=NO_LOCAL) is not None
 
@@ -151,7 +170,7 @@ def test_net_config_values() -> None:
     assert build_net_config(NetworkPolicy(outbound=True), b"") == (True, ["*"], [], b"")
 
 
-def test_scheduler_config_network_fields_are_checked(tmp_path: "object") -> None:
+def test_scheduler_config_network_fields_are_checked(tmp_path: object) -> None:
     from exec_sandbox import SchedulerConfig, VmConfigError
 
     assert SchedulerConfig().network_allow_private_ranges is False

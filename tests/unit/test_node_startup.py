@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from exec_sandbox.vm import binding, file_transfer, host_facts
-from exec_sandbox.snapshots import node_startup
 from exec_sandbox.errors import GuestAgentError, SandboxError
-from exec_sandbox.vm.file_transfer import ContentRefused
 from exec_sandbox.images.catalog import GuestImages
-from exec_sandbox.snapshots.node_startup import BLOB_MAX, KEEP_BLOBS, NodeStartupCache, blob_key
 from exec_sandbox.packages.layer import PackageLayer
+from exec_sandbox.snapshots import node_startup
 from exec_sandbox.snapshots.identity import machine_identity
+from exec_sandbox.snapshots.node_startup import BLOB_MAX, KEEP_BLOBS, NodeStartupCache, blob_key
+from exec_sandbox.vm import binding, file_transfer, host_facts
+from exec_sandbox.vm.file_transfer import ContentRefused
 from exec_sandbox.vm.spec import VmSpec
 
 TAG = b"t" * 64
@@ -39,9 +39,12 @@ def test_one_blob_serves_every_memory_size_and_device_layout_of_a_machine() -> N
     assert key(replace(base, memory_mb=1024)) == key(base)
     assert key(replace(base, net_port=True)) == key(base)
     images = base.images
-    others = {key(replace(base, accel="kvm")), key(replace(base, vcpus=2)),
-              key(replace(base, images=replace(images, rootfs_hash="r2"))),
-              key(replace(base, kernel_cmdline_extra="tsc_early_khz=1"))}  # fmt: skip
+    others = {
+        key(replace(base, accel="kvm")),
+        key(replace(base, vcpus=2)),
+        key(replace(base, images=replace(images, rootfs_hash="r2"))),
+        key(replace(base, kernel_cmdline_extra="tsc_early_khz=1")),
+    }
     assert len(others) == 4 and key(base) not in others
 
 
@@ -97,13 +100,16 @@ class _Vm:
         self.alive = alive
 
 
-@pytest.mark.parametrize("error, alive, outcome", [
-    (None, True, "taken"),
-    (ContentRefused("another CPU"), True, "refused"),  # the only case that drops the blob
-    (SandboxError("guest I/O error"), True, "failed"),
-    (FileNotFoundError("no /tmp"), True, "failed"),
-    (GuestAgentError("stalled: the VM was closed"), False, None),  # raised, like any request
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, alive, outcome",
+    [
+        (None, True, "taken"),
+        (ContentRefused("another CPU"), True, "refused"),  # the only case that drops the blob
+        (SandboxError("guest I/O error"), True, "failed"),
+        (FileNotFoundError("no /tmp"), True, "failed"),
+        (GuestAgentError("stalled: the VM was closed"), False, None),  # raised, like any request
+    ],
+)
 async def test_install_tells_a_refusal_from_a_failure(
     monkeypatch: pytest.MonkeyPatch, error: Exception | None, alive: bool, outcome: str | None
 ) -> None:
@@ -121,22 +127,34 @@ async def test_install_tells_a_refusal_from_a_failure(
         assert await node_startup.install(_Vm(alive), TAG + b"blob") == outcome  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("cached, outcome, built, layer, stored", [
-    (True, "taken", False, False, False),    # the machine's blob, taken in: nothing built
-    (True, "refused", True, False, True),    # another CPU's: dropped, built, kept anew
-    (True, "failed", True, False, True),     # not written (the VM is fine): built, kept anew
-    (False, None, True, False, True),        # none yet: built in the VM, kept
-    (False, None, True, True, False),        # a package layer's template: built, never kept
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cached, outcome, built, layer, stored",
+    [
+        (True, "taken", False, False, False),  # the machine's blob, taken in: nothing built
+        (True, "refused", True, False, True),  # another CPU's: dropped, built, kept anew
+        (True, "failed", True, False, True),  # not written (the VM is fine): built, kept anew
+        (False, None, True, False, True),  # none yet: built in the VM, kept
+        (False, None, True, True, False),  # a package layer's template: built, never kept
+    ],
+)
 async def test_which_templates_give_their_blob(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool, outcome: str | None,
-    built: bool, layer: bool, stored: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cached: bool,
+    outcome: str | None,
+    built: bool,
+    layer: bool,
+    stored: bool,
 ) -> None:
     cache = NodeStartupCache(tmp_path)
     s = spec()
     if layer:
-        s = replace(s, layer=PackageLayer(key="L", path=tmp_path / "layer.img", kind="javascript",
-                                          report=None))  # type: ignore[arg-type]
+        s = replace(
+            s,
+            layer=PackageLayer(
+                key="L", path=tmp_path / "layer.img", kind="javascript", report=None
+            ),
+        )  # type: ignore[arg-type]
     if cached:
         await cache.store(key(s), TAG + b"old")
     calls: list[str] = []

@@ -35,11 +35,27 @@ def test_hostile_python_specifiers_are_refused(spec: str, strict: bool) -> None:
         validate_packages([spec], "python", strict=strict)
 
 
-@pytest.mark.parametrize("spec", ["lodash@file:../x", "x@npm:lodash@4", "lodash@git+https://h/x",
-                                  "lodash@https://127.0.0.1/x.tgz", "../x", "lodash@4.17.21 --registry=x",
-                                  "Lodash@4.17.21", ".hidden@1.0.0", "lodash@#main", "--global",
-                                  "-g", "-g@1.0.0", "--foreground-scripts@1.0.0",
-                                  "--no-ignore-scripts", "@-x/y@1.0.0", "~x@1.0.0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "lodash@file:../x",
+        "x@npm:lodash@4",
+        "lodash@git+https://h/x",
+        "lodash@https://127.0.0.1/x.tgz",
+        "../x",
+        "lodash@4.17.21 --registry=x",
+        "Lodash@4.17.21",
+        ".hidden@1.0.0",
+        "lodash@#main",
+        "--global",
+        "-g",
+        "-g@1.0.0",
+        "--foreground-scripts@1.0.0",
+        "--no-ignore-scripts",
+        "@-x/y@1.0.0",
+        "~x@1.0.0",
+    ],
+)
 @pytest.mark.parametrize("strict", [True, False])
 def test_hostile_npm_specifiers_are_refused(spec: str, strict: bool) -> None:
     with pytest.raises(PackageNotAllowedError):
@@ -47,10 +63,15 @@ def test_hostile_npm_specifiers_are_refused(spec: str, strict: bool) -> None:
 
 
 def test_pinned_python_specifiers_are_normalized() -> None:
-    specs = validate_packages(["Pandas==2.2.0", "requests[Socks, security]==2.31.0", "zope.interface==6.0"],
-                              "python", strict=True)  # fmt: skip
+    specs = validate_packages(
+        ["Pandas==2.2.0", "requests[Socks, security]==2.31.0", "zope.interface==6.0"],
+        "python",
+        strict=True,
+    )
     assert [s.requirement for s in specs] == [
-        "pandas==2.2.0", "requests[socks,security]==2.31.0", "zope-interface==6.0"
+        "pandas==2.2.0",
+        "requests[socks,security]==2.31.0",
+        "zope-interface==6.0",
     ]
 
 
@@ -63,11 +84,15 @@ def test_unpinned_python_needs_validation_off() -> None:
 
 
 def test_npm_specifiers() -> None:
-    assert validate_packages(["lodash@4.17.21", "@types/node@18.0.0"], "javascript", strict=True) == (
-        PackageSpec("@types/node", "@types/node@18.0.0"), PackageSpec("lodash", "lodash@4.17.21"))
+    assert validate_packages(
+        ["lodash@4.17.21", "@types/node@18.0.0"], "javascript", strict=True
+    ) == (PackageSpec("@types/node", "@types/node@18.0.0"), PackageSpec("lodash", "lodash@4.17.21"))
     with pytest.raises(PackageNotAllowedError, match="exact version"):
         validate_packages(["lodash@^4"], "javascript", strict=True)
-    assert validate_packages(["lodash@^4.17", "left-pad"], "javascript", strict=False)[1].requirement == "lodash@^4.17"
+    assert (
+        validate_packages(["lodash@^4.17", "left-pad"], "javascript", strict=False)[1].requirement
+        == "lodash@^4.17"
+    )
 
 
 def test_limits_and_shapes() -> None:

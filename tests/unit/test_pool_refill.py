@@ -49,7 +49,8 @@ async def test_a_pooled_vm_that_died_idle_is_discarded_and_the_request_boots(
 
 
 async def test_a_pool_whose_vms_keep_failing_makes_wait_pool_ready_raise(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(pool_module, "_RETRY_FIRST_SECONDS", 0.01)
     vms = StandInVms(tmp_path / "stand-in", boot_modes=["exit"] * 10)

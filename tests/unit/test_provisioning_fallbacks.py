@@ -36,8 +36,12 @@ async def test_without_an_l1_snapshot_the_vm_cold_boots_and_the_snapshot_is_buil
 
 async def test_an_l1_snapshot_is_restored_instead_of_booted(tmp_path: Path) -> None:
     async with stand_in_scheduler(tmp_path, memory_snapshots=True) as (scheduler, vms):
-        publish_l1_snapshot(scheduler.config.memory_snapshot_cache_dir, _l1_key(scheduler),
-                            scheduler.config.default_memory_mb, damaged=False)  # fmt: skip
+        publish_l1_snapshot(
+            scheduler.config.memory_snapshot_cache_dir,
+            _l1_key(scheduler),
+            scheduler.config.default_memory_mb,
+            damaged=False,
+        )
         result = await scheduler.run("out clone")
         assert result.stdout == "clone\n" and result.l1_cache_hit
         assert vms.started == ["restore"]
@@ -46,8 +50,12 @@ async def test_an_l1_snapshot_is_restored_instead_of_booted(tmp_path: Path) -> N
 async def test_a_damaged_l1_snapshot_is_discarded_and_the_vm_cold_boots(tmp_path: Path) -> None:
     async with stand_in_scheduler(tmp_path, memory_snapshots=True) as (scheduler, vms):
         key = _l1_key(scheduler)
-        publish_l1_snapshot(scheduler.config.memory_snapshot_cache_dir, key,
-                            scheduler.config.default_memory_mb, damaged=True)  # fmt: skip
+        publish_l1_snapshot(
+            scheduler.config.memory_snapshot_cache_dir,
+            key,
+            scheduler.config.default_memory_mb,
+            damaged=True,
+        )
         result = await scheduler.run("out cold")
         assert result.stdout == "cold\n" and not result.l1_cache_hit
         # The RAM did not match its digest: no clone was even tried, the request booted.
@@ -60,12 +68,18 @@ async def test_a_damaged_l1_snapshot_is_discarded_and_the_vm_cold_boots(tmp_path
 async def test_an_l1_snapshot_that_fails_to_restore_is_dropped_and_not_rebuilt(
     tmp_path: Path,
 ) -> None:
-    vms = StandInVms(tmp_path / "stand-in",
-                     restore_errors=[VmTransientError("stand-in: the clone did not come up")])
+    vms = StandInVms(
+        tmp_path / "stand-in",
+        restore_errors=[VmTransientError("stand-in: the clone did not come up")],
+    )
     async with stand_in_scheduler(tmp_path, vms, memory_snapshots=True) as (scheduler, _):
         key = _l1_key(scheduler)
-        publish_l1_snapshot(scheduler.config.memory_snapshot_cache_dir, key,
-                            scheduler.config.default_memory_mb, damaged=False)  # fmt: skip
+        publish_l1_snapshot(
+            scheduler.config.memory_snapshot_cache_dir,
+            key,
+            scheduler.config.default_memory_mb,
+            damaged=False,
+        )
         result = await scheduler.run("out cold")
         assert result.stdout == "cold\n" and not result.l1_cache_hit
         assert vms.started == ["restore", "boot"]

@@ -43,18 +43,26 @@ async def _serve(peer: socket.socket, replies: list[bytes]) -> list[dict[str, ob
 
 async def test_commands_replies_and_events(pair: tuple[socket.socket, socket.socket]) -> None:
     ours, peer = pair
-    server = asyncio.create_task(_serve(peer, [
-        b'{"return": {}}\r\n',
-        b'{"event": "STOP", "timestamp": {}}\r\n{"return": {"status": "completed"}}\r\n',
-        b'{"error": {"class": "GenericError", "desc": "no such thing"}}\r\n',
-    ]))  # fmt: skip
+    server = asyncio.create_task(
+        _serve(
+            peer,
+            [
+                b'{"return": {}}\r\n',
+                b'{"event": "STOP", "timestamp": {}}\r\n{"return": {"status": "completed"}}\r\n',
+                b'{"error": {"class": "GenericError", "desc": "no such thing"}}\r\n',
+            ],
+        )
+    )
     client = await QmpClient.connect(ours.fileno(), timeout=5)
     assert await client.execute("query-migrate") == {"status": "completed"}
     with pytest.raises(QmpError, match="no such thing"):
         await client.execute("bogus", {"x": 1})
     sent = await server
-    assert sent == [{"execute": "qmp_capabilities"}, {"execute": "query-migrate"},
-                    {"execute": "bogus", "arguments": {"x": 1}}]  # fmt: skip
+    assert sent == [
+        {"execute": "qmp_capabilities"},
+        {"execute": "query-migrate"},
+        {"execute": "bogus", "arguments": {"x": 1}},
+    ]
     client.close()
     assert ours.fileno() >= 0  # the fd stays its owner's
 
@@ -89,12 +97,17 @@ async def test_getfd_passes_the_descriptor(pair: tuple[socket.socket, socket.soc
 
 @pytest.mark.parametrize(
     "reply,match",
-    [(b"x" * (70 * 1024), "over-long"), (b"not json\n", "invalid QMP JSON"),
-     (b"[1, 2]\n", "not an object"), (b'{"neither": 1}\n', "unexpected QMP message"),
-     (b"", "closed")],  # fmt: skip
+    [
+        (b"x" * (70 * 1024), "over-long"),
+        (b"not json\n", "invalid QMP JSON"),
+        (b"[1, 2]\n", "not an object"),
+        (b'{"neither": 1}\n', "unexpected QMP message"),
+        (b"", "closed"),
+    ],
 )
-async def test_hostile_or_broken_replies_raise(pair: tuple[socket.socket, socket.socket],
-                                               reply: bytes, match: str) -> None:  # fmt: skip
+async def test_hostile_or_broken_replies_raise(
+    pair: tuple[socket.socket, socket.socket], reply: bytes, match: str
+) -> None:
     ours, peer = pair
     server = asyncio.create_task(_serve(peer, [b'{"return": {}}\n']))
     client = await QmpClient.connect(ours.fileno(), timeout=5)
@@ -111,7 +124,9 @@ async def test_hostile_or_broken_replies_raise(pair: tuple[socket.socket, socket
     client.close()
 
 
-async def test_a_command_cut_short_breaks_the_client(pair: tuple[socket.socket, socket.socket]) -> None:
+async def test_a_command_cut_short_breaks_the_client(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
     # QEMU answers the first command late: had the client gone on, that late reply would have
     # been read as the answer to the second command.
     ours, peer = pair

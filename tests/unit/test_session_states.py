@@ -39,8 +39,9 @@ async def test_calls_on_a_busy_session_run_one_at_a_time_in_call_order(tmp_path:
         async with await scheduler.session() as session:
             first = asyncio.ensure_future(session.exec("sleep 0.2\nout first"))
             second = asyncio.ensure_future(session.exec("out second"))
-            done, _pending = await asyncio.wait({first, second},
-                                                return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            done, _pending = await asyncio.wait(
+                {first, second}, return_when=asyncio.FIRST_COMPLETED
+            )
             assert done == {first}  # the later call waited for the earlier one
             assert (await first).stdout == "first\n" and (await second).stdout == "second\n"
 

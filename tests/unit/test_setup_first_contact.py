@@ -51,5 +51,6 @@ def test_next_build_removes_what_a_killed_build_left(tmp_path: Path) -> None:
 
 def test_full_disk_is_reported_as_such(tmp_path: Path) -> None:
     message = builder._failure_message(
-        1, ["tar: linux-source-6.1/x.c: Cannot write: No space left on device"], tmp_path)
+        1, ["tar: linux-source-6.1/x.c: Cannot write: No space left on device"], tmp_path
+    )
     assert "is full" in message and "sbx setup" in message

@@ -16,8 +16,23 @@ def path_without(tmp_path: Path, *removed: str) -> str:
     """A PATH of one directory holding a link to every tool the build checks for, but `removed`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    wanted = {"gcc", "make", "bc", "bison", "flex", "patch", "xz", "dpkg-deb", "apt-get",
-              "apt-cache", "mmdebstrap", "mkfs.erofs", "newuidmap", "newgidmap", "unshare"}
+    wanted = {
+        "gcc",
+        "make",
+        "bc",
+        "bison",
+        "flex",
+        "patch",
+        "xz",
+        "dpkg-deb",
+        "apt-get",
+        "apt-cache",
+        "mmdebstrap",
+        "mkfs.erofs",
+        "newuidmap",
+        "newgidmap",
+        "unshare",
+    }
     for name in wanted - set(removed):
         found = shutil.which(name)
         if found:
@@ -27,10 +42,19 @@ def path_without(tmp_path: Path, *removed: str) -> str:
 
 def test_missing_tool_stops_setup_with_the_apt_line(tmp_path: Path) -> None:
     images = tmp_path / "images"
-    env = {**os.environ, "PATH": path_without(tmp_path, "mkfs.erofs"),
-           "EXEC_SANDBOX_IMAGES_DIR": str(images)}
-    proc = subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "setup"], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    env = {
+        **os.environ,
+        "PATH": path_without(tmp_path, "mkfs.erofs"),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "exec_sandbox.cli.main", "setup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1, proc.stderr
     sudo = "" if os.geteuid() == 0 else "sudo "
     assert f"{sudo}apt-get install -y --no-install-recommends erofs-utils" in proc.stderr
@@ -45,6 +69,11 @@ def test_apt_line_names_each_package_once() -> None:
 
 def test_recipe_is_found() -> None:
     root = builder.recipe_root()
-    for part in ("images/build.sh", "images/kernel/sandbox.config", "guest/Makefile",
-                 "guest/repl/driver.py", "src/shared/protocol.h"):
+    for part in (
+        "images/build.sh",
+        "images/kernel/sandbox.config",
+        "guest/Makefile",
+        "guest/repl/driver.py",
+        "src/shared/protocol.h",
+    ):
         assert (root / part).is_file(), part

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from exec_sandbox.vm import host_facts
-from exec_sandbox.vm.spec import VmSpec
 from exec_sandbox.images.catalog import GuestImages
 from exec_sandbox.snapshots.l1 import snapshot_key
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.spec import VmSpec
 
 
 def test_every_input_changes_the_key() -> None:

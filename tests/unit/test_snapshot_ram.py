@@ -46,8 +46,9 @@ def test_copy_is_identical_sealed_and_never_grows(tmp_path: Path) -> None:
         # private mapping that touches a hole, reading or writing, allocates nothing in it.
         held = os.fstat(fd).st_blocks
         assert held * 512 == 8 * MB
-        with mmap.mmap(fd, 8 * MB, flags=mmap.MAP_PRIVATE,
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE) as clone:  # fmt: skip
+        with mmap.mmap(
+            fd, 8 * MB, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        ) as clone:
             assert clone[5 * MB] == 0
             clone[6 * MB] = 1
         assert os.fstat(fd).st_blocks == held
@@ -144,8 +145,9 @@ def test_first_copy_marks_the_snapshot_used(tmp_path: Path) -> None:
         files.close()
 
 
-def test_the_copy_a_build_seals_serves_the_published_file(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_copy_a_build_seals_serves_the_published_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The build's digest comes from a sealed copy that RamFiles keeps: once the build directory
     is renamed into place, the first clone maps that copy instead of copying and hashing again."""
     from exec_sandbox.snapshots import ram

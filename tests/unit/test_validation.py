@@ -58,10 +58,19 @@ async def test_memory_below_128_is_rejected(scheduler: Scheduler) -> None:
 
 @pytest.mark.parametrize(
     "env",
-    [{"LD_PRELOAD": "/x.so"}, {"pythonpath": "/x"}, {"NODE_OPTIONS": "-r x"}, {"BASH_ENV": "x"},
-     {"1BAD": "x"}, {"OK": "a\x00b"}, {"OK": "bell\x07"}, {f"V{i}": "x" for i in range(101)},
-     {"OK": "lone \ud800 surrogate"}, {"OK": "\udcff"}],
-)  # fmt: skip
+    [
+        {"LD_PRELOAD": "/x.so"},
+        {"pythonpath": "/x"},
+        {"NODE_OPTIONS": "-r x"},
+        {"BASH_ENV": "x"},
+        {"1BAD": "x"},
+        {"OK": "a\x00b"},
+        {"OK": "bell\x07"},
+        {f"V{i}": "x" for i in range(101)},
+        {"OK": "lone \ud800 surrogate"},
+        {"OK": "\udcff"},
+    ],
+)
 async def test_bad_env_vars_are_rejected(scheduler: Scheduler, env: dict[str, str]) -> None:
     with pytest.raises(EnvVarValidationError):
         await scheduler.run("print(1)", env_vars=env)
@@ -75,10 +84,17 @@ async def test_valid_input_reaches_the_vm_layer(scheduler: Scheduler) -> None:
 
 @pytest.mark.parametrize(
     "field,value",
-    [("default_memory_mb", 64), ("default_timeout_seconds", 0), ("default_timeout_seconds", 301),
-     ("session_idle_timeout_seconds", 5), ("warm_pool_size", -1), ("max_concurrent_vms", 0),
-     ("memory_overcommit_ratio", 0), ("default_memory_mb", True)],
-)  # fmt: skip
+    [
+        ("default_memory_mb", 64),
+        ("default_timeout_seconds", 0),
+        ("default_timeout_seconds", 301),
+        ("session_idle_timeout_seconds", 5),
+        ("warm_pool_size", -1),
+        ("max_concurrent_vms", 0),
+        ("memory_overcommit_ratio", 0),
+        ("default_memory_mb", True),
+    ],
+)
 def test_bad_config_raises_vm_config_error(field: str, value: object) -> None:
     with pytest.raises(VmConfigError, match=field):
         SchedulerConfig(**{field: value})  # type: ignore[arg-type]

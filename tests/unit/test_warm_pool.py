@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from exec_sandbox import SchedulerConfig, VmConfigError, VmPermanentError
-from exec_sandbox.provisioning import pool as pool_module
-from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.errors import SandboxError, VmTransientError
 from exec_sandbox.models import Language
+from exec_sandbox.provisioning import pool as pool_module
+from exec_sandbox.provisioning.admission import Admission, Budget
 from exec_sandbox.provisioning.pool import WarmPool, fit_sizes
 
 HANG_GUARD_SECONDS = 30.0
@@ -45,9 +45,14 @@ async def _quiet() -> None:
 
 
 @asynccontextmanager
-async def running_pool(size: Any, budget: Budget, *, memory_mb: int = 100,
-                       factory: Callable[[Language], Any] | None = None,
-                       started: list[Language] | None = None) -> AsyncIterator[WarmPool]:  # fmt: skip
+async def running_pool(
+    size: Any,
+    budget: Budget,
+    *,
+    memory_mb: int = 100,
+    factory: Callable[[Language], Any] | None = None,
+    started: list[Language] | None = None,
+) -> AsyncIterator[WarmPool]:
     admission = Admission(budget, max_waiters=4, wait_timeout=5.0)
 
     async def stand_in_factory(language: Language) -> tuple[Any, bool]:
@@ -85,7 +90,10 @@ async def test_pool_targets_are_cut_by_guest_ram_and_vcpus_too() -> None:
     assert sum(fit_sizes({"python": 3, "javascript": 3, "raw": 3}, 100, 1, by_memory).values()) == 2
     by_cpu = Budget(max_vms=100, memory_mb=100_000, vcpus=3)
     assert fit_sizes({"python": 3, "javascript": 3, "raw": 3}, 100, 2, by_cpu) == {
-        "python": 1, "javascript": 0, "raw": 0}  # fmt: skip
+        "python": 1,
+        "javascript": 0,
+        "raw": 0,
+    }
 
 
 async def test_a_pool_that_fits_is_not_cut(caplog: pytest.LogCaptureFixture) -> None:
@@ -118,9 +126,14 @@ async def test_a_host_that_admits_no_pooled_vm_disables_the_pool() -> None:
         await asyncio.wait_for(pool.wait_ready(), HANG_GUARD_SECONDS)  # returns at once
 
 
-@pytest.mark.parametrize("error, raised", [(VmPermanentError("no QEMU"), VmPermanentError),
-                                           (VmTransientError("boot timed out"), VmTransientError),
-                                           (OSError(5, "EIO"), VmTransientError)])  # fmt: skip
+@pytest.mark.parametrize(
+    "error, raised",
+    [
+        (VmPermanentError("no QEMU"), VmPermanentError),
+        (VmTransientError("boot timed out"), VmTransientError),
+        (OSError(5, "EIO"), VmTransientError),
+    ],
+)
 async def test_wait_ready_raises_when_vms_keep_failing_to_start(
     monkeypatch: pytest.MonkeyPatch, error: Exception, raised: type[Exception]
 ) -> None:

@@ -33,7 +33,8 @@ def doctor(address: str, as_json: bool) -> int:
 def render(reports: list[dict[str, Any]]) -> str:
     if not reports:
         return "no sandbox host: no live node advertises the 'sandbox_host' resource"
-    from .doctor import Check, render as render_checks
+    from .doctor import Check
+    from .doctor import render as render_checks
 
     blocks = []
     for report in reports:
@@ -44,9 +45,11 @@ def render(reports: list[dict[str, Any]]) -> str:
             continue
         cap = info["capacity"]
         pool = ", ".join(f"{lang} {n}" for lang, n in cap["warm_pool"].items() if n) or "empty"
-        head += (f" ({info['hostname']}, pid {info['pid']}, {info['accelerator']}): "
-                 f"{cap['vms_in_use']}/{cap['max_vms']} VMs in use, {cap['free_vms']} free, "
-                 f"{cap['waiting']} waiting, {cap['sessions']} sessions, warm pool {pool}")  # fmt: skip
+        head += (
+            f" ({info['hostname']}, pid {info['pid']}, {info['accelerator']}): "
+            f"{cap['vms_in_use']}/{cap['max_vms']} VMs in use, {cap['free_vms']} free, "
+            f"{cap['waiting']} waiting, {cap['sessions']} sessions, warm pool {pool}"
+        )
         checks = [Check(**c) for c in report["checks"]]
         blocks.append(head + "\n" + render_checks(checks))
     return "\n\n".join(blocks)

@@ -12,13 +12,13 @@ import os
 import subprocess
 from dataclasses import asdict, dataclass
 
-from ..vm import host_facts
-from ..images import builder
-from ..vm.binding import probe_jail, seccomp_rules
 from ..errors import SandboxError
+from ..images import builder
 from ..images.catalog import load_images
-from ..vm.jail import jail_options
 from ..paths import images_dir
+from ..vm import host_facts
+from ..vm.binding import probe_jail, seccomp_rules
+from ..vm.jail import jail_options
 
 _STAND_IN = "/bin/true"
 _SANDBOX_OPTION = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -52,19 +52,33 @@ def _qemu() -> list[Check]:
     except SandboxError as exc:
         return [Check("qemu", False, str(exc))]
     try:
-        version = subprocess.run([binary, "--version"], capture_output=True, text=True,
-                                 timeout=10, check=False).stdout.splitlines()[0]  # fmt: skip
-        help_text = subprocess.run([binary, "-help"], capture_output=True, text=True, timeout=10,
-                                   check=False).stdout  # fmt: skip
+        version = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.splitlines()[0]
+        help_text = subprocess.run(
+            [binary, "-help"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
         return [Check("qemu", False, f"{binary}: cannot run it: {exc}")]
     checks = [Check("qemu", True, f"{binary}: {version}")]
     if "-sandbox" in help_text:
-        checks.append(Check("qemu -sandbox", True, f"QEMU's own seccomp filter: -sandbox "
-                                                   f"{_SANDBOX_OPTION}", required=False))
+        checks.append(
+            Check(
+                "qemu -sandbox",
+                True,
+                f"QEMU's own seccomp filter: -sandbox {_SANDBOX_OPTION}",
+                required=False,
+            )
+        )
     else:
-        checks.append(Check("qemu -sandbox", False, "this QEMU was built without seccomp "
-                                                    "support", required=False))
+        checks.append(
+            Check(
+                "qemu -sandbox",
+                False,
+                "this QEMU was built without seccomp support",
+                required=False,
+            )
+        )
     return checks
 
 
@@ -74,8 +88,9 @@ def _images() -> Check:
         images = load_images(where)
     except SandboxError as exc:
         return Check("images", False, str(exc))
-    return Check("images", True, f"{where}: kernel {images.kernel.name}, rootfs "
-                                 f"{images.rootfs.name}")  # fmt: skip
+    return Check(
+        "images", True, f"{where}: kernel {images.kernel.name}, rootfs {images.rootfs.name}"
+    )
 
 
 def _jail_layers() -> list[Check]:
@@ -86,27 +101,43 @@ def _jail_layers() -> list[Check]:
         status, layers = probe_jail(_STAND_IN, jail_options(128))
     except (OSError, SandboxError) as exc:
         return [Check("host jail", False, f"cannot start a jailed process: {exc}")]
-    checks = [Check(f"jail: {layer}", bool(active), detail, required=False)
-              for layer, active, detail in layers]  # fmt: skip
+    checks = [
+        Check(f"jail: {layer}", bool(active), detail, required=False)
+        for layer, active, detail in layers
+    ]
     if status != 0:
         checks.append(Check("jail: entry", False, f"the jailed stand-in exited with {status}"))
     rules = seccomp_rules()
-    checks.append(Check("jail: seccomp policy", True, f"{len(rules)} rules denied, e.g. "
-                        + ", ".join(name for name, _, _ in rules[:6]), required=False))
+    checks.append(
+        Check(
+            "jail: seccomp policy",
+            True,
+            f"{len(rules)} rules denied, e.g. " + ", ".join(name for name, _, _ in rules[:6]),
+            required=False,
+        )
+    )
     return checks
 
 
 def _kvm_access() -> Check:
     """KVM is used only if this user can open /dev/kvm: on Debian, members of the kvm group."""
     if not os.path.exists("/dev/kvm"):
-        return Check("kvm access", False, "no /dev/kvm on this host (no hardware virtualisation "
-                     "exposed): VMs run under TCG", required=False)  # fmt: skip
+        return Check(
+            "kvm access",
+            False,
+            "no /dev/kvm on this host (no hardware virtualisation exposed): VMs run under TCG",
+            required=False,
+        )
     if os.access("/dev/kvm", os.R_OK | os.W_OK):
         return Check("kvm access", True, "/dev/kvm is readable and writable", required=False)
     user = builder._user_name()
-    return Check("kvm access", False, f"/dev/kvm is not open to {user}: sudo usermod -aG kvm "
-                 f"{user}, then log in again (VMs run under the slower TCG until then)",
-                 required=False)  # fmt: skip
+    return Check(
+        "kvm access",
+        False,
+        f"/dev/kvm is not open to {user}: sudo usermod -aG kvm "
+        f"{user}, then log in again (VMs run under the slower TCG until then)",
+        required=False,
+    )
 
 
 def _setup_checks(images_ready: bool) -> list[Check]:
@@ -115,23 +146,41 @@ def _setup_checks(images_ready: bool) -> list[Check]:
     checks = []
     missing = builder.missing_packages()
     for what, package in missing:
-        checks.append(Check(f"setup: {package}", False, f"{what}: "
-                            f"{builder.apt_install_line([package])}",
-                            required=not images_ready))  # fmt: skip
+        checks.append(
+            Check(
+                f"setup: {package}",
+                False,
+                f"{what}: {builder.apt_install_line([package])}",
+                required=not images_ready,
+            )
+        )
     if not missing:
-        checks.append(Check("setup: build tools", True, "every tool `sbx setup` runs is installed",
-                            required=not images_ready))  # fmt: skip
+        checks.append(
+            Check(
+                "setup: build tools",
+                True,
+                "every tool `sbx setup` runs is installed",
+                required=not images_ready,
+            )
+        )
     if os.geteuid() != 0:
         problem = builder.user_namespace_problem()
-        checks.append(Check("setup: user namespaces", problem is None,
-                            problem or "an unprivileged build can make its user namespace",
-                            required=not images_ready))  # fmt: skip
+        checks.append(
+            Check(
+                "setup: user namespaces",
+                problem is None,
+                problem or "an unprivileged build can make its user namespace",
+                required=not images_ready,
+            )
+        )
     where = images_dir()
     free = builder.free_bytes(where)
     need = builder.FULL_BUILD_BYTES
     enough = free >= need
-    detail = f"{free / 1024**3:.1f} GB free for {where}; a build from nothing needs about " \
-             f"{need // 1024**3} GB"
+    detail = (
+        f"{free / 1024**3:.1f} GB free for {where}; a build from nothing needs about "
+        f"{need // 1024**3} GB"
+    )
     if not enough:
         detail += ": free some space or set EXEC_SANDBOX_IMAGES_DIR to a larger disk"
     checks.append(Check("setup: disk space", enough, detail, required=not images_ready))
@@ -140,8 +189,14 @@ def _setup_checks(images_ready: bool) -> list[Check]:
 
 def run_checks() -> list[Check]:
     images = _images()
-    return [_accelerator(), _kvm_access(), *_qemu(), images, *_setup_checks(images.ok),
-            *_jail_layers()]  # fmt: skip
+    return [
+        _accelerator(),
+        _kvm_access(),
+        *_qemu(),
+        images,
+        *_setup_checks(images.ok),
+        *_jail_layers(),
+    ]
 
 
 def render(checks: list[Check]) -> str:

@@ -19,6 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InputValidationError
+from ..models import ExecutionResult, Language, PortMapping
+from ..network.request import parse_network_request
+from ..scheduler import Scheduler
 from . import session_cmds
 from .arguments import (
     EXIT_USAGE,
@@ -28,10 +32,6 @@ from .arguments import (
     resolve_source,
     run_command,
 )
-from ..errors import InputValidationError
-from ..models import ExecutionResult, Language, PortMapping
-from ..network.request import parse_network_request
-from ..scheduler import Scheduler
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
     from ..cluster import ClusterScheduler
@@ -49,42 +49,92 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
     run.add_argument("-t", "--timeout", type=int, help="timeout in seconds (1..300)")
     run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
-    run.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
-                     help="environment variable for the code")  # fmt: skip
-    run.add_argument("-p", "--package", action="append", default=[], dest="packages",
-                     metavar="PKG==VER", help="a package to install: name==version for python, "
-                     "name@version for javascript (repeatable)")  # fmt: skip
-    run.add_argument("--upload", action="append", default=[], metavar="LOCAL:GUEST",
-                     help="copy a host file into the guest home before the code runs")
-    run.add_argument("--download", action="append", default=[], metavar="GUEST[:LOCAL]",
-                     help="copy a guest file to the host after the code ran "
-                          "(default: its name, in the current directory)")
-    run.add_argument("--network", action="store_true",
-                     help="let the code connect out by name (any public name, or --allow-domain)")
-    run.add_argument("--allow-domain", action="append", default=[], dest="allowed_domains",
-                     metavar="D", help="allow this name and its subdomains (name:port opens "
-                     "another port besides 80 and 443); implies --network")
-    run.add_argument("--expose", action="append", default=[], metavar="PORT[:HOST]",
-                     help="reach guest PORT at 127.0.0.1:HOST (a free port without HOST)")
-    run.add_argument("--json", action="store_true",
-                     help="print the result as JSON (with the connection log)")
+    run.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable for the code",
+    )
+    run.add_argument(
+        "-p",
+        "--package",
+        action="append",
+        default=[],
+        dest="packages",
+        metavar="PKG==VER",
+        help="a package to install: name==version for python, "
+        "name@version for javascript (repeatable)",
+    )
+    run.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="LOCAL:GUEST",
+        help="copy a host file into the guest home before the code runs",
+    )
+    run.add_argument(
+        "--download",
+        action="append",
+        default=[],
+        metavar="GUEST[:LOCAL]",
+        help="copy a guest file to the host after the code ran "
+        "(default: its name, in the current directory)",
+    )
+    run.add_argument(
+        "--network",
+        action="store_true",
+        help="let the code connect out by name (any public name, or --allow-domain)",
+    )
+    run.add_argument(
+        "--allow-domain",
+        action="append",
+        default=[],
+        dest="allowed_domains",
+        metavar="D",
+        help="allow this name and its subdomains (name:port opens "
+        "another port besides 80 and 443); implies --network",
+    )
+    run.add_argument(
+        "--expose",
+        action="append",
+        default=[],
+        metavar="PORT[:HOST]",
+        help="reach guest PORT at 127.0.0.1:HOST (a free port without HOST)",
+    )
+    run.add_argument(
+        "--json", action="store_true", help="print the result as JSON (with the connection log)"
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
-    run.add_argument("--cluster", metavar="ADDRESS",
-                     help="run on a Ray cluster of sandbox hosts (ADDRESS as for ray.init, e.g. "
-                          "HEAD:6379 or auto; needs exec-sandbox[ray])")  # fmt: skip
-    run.add_argument("--no-snapshot-wait", action="store_true",
-                     help="exit right after the result, without waiting for the memory "
-                          "snapshot that makes the next run of this configuration faster")  # fmt: skip
+    run.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="run on a Ray cluster of sandbox hosts (ADDRESS as for ray.init, e.g. "
+        "HEAD:6379 or auto; needs exec-sandbox[ray])",
+    )
+    run.add_argument(
+        "--no-snapshot-wait",
+        action="store_true",
+        help="exit right after the result, without waiting for the memory "
+        "snapshot that makes the next run of this configuration faster",
+    )
     setup = commands.add_parser("setup", help="build (or verify) the guest kernel and root image")
     setup.add_argument("-q", "--quiet", action="store_true", help="no progress display")
-    setup.add_argument("--install-deps", action="store_true",
-                       help="install the missing build tools with apt-get (sudo when not root)")
+    setup.add_argument(
+        "--install-deps",
+        action="store_true",
+        help="install the missing build tools with apt-get (sudo when not root)",
+    )
     doctor = commands.add_parser("doctor", help="what this host provides, and what is missing")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
-    doctor.add_argument("--cluster", metavar="ADDRESS",
-                        help="check every host of a Ray cluster instead of this machine: each "
-                             "host's layers and capacity")  # fmt: skip
+    doctor.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="check every host of a Ray cluster instead of this machine: each "
+        "host's layers and capacity",
+    )
     session_cmds.add_parser(commands)
     return parser
 
@@ -115,8 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         args.expose = [_parse_expose(spec) for spec in args.expose]
         # Checked here too, so that bad network arguments are usage errors before anything
         # else (the images, the accelerator) is looked at.
-        parse_network_request(args.network or bool(args.allowed_domains),
-                              args.allowed_domains or None, args.expose or None)  # fmt: skip
+        parse_network_request(
+            args.network or bool(args.allowed_domains),
+            args.allowed_domains or None,
+            args.expose or None,
+        )
     except (ValueError, InputValidationError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -185,9 +238,14 @@ def _parse_expose(spec: str) -> PortMapping:
     return PortMapping(int(internal), int(external) if external else None)
 
 
-async def _run(args: argparse.Namespace, code: str, language: Language, env: dict[str, str],
-               uploads: list[tuple[Path, str]],
-               downloads: list[tuple[str, Path]]) -> ExecutionResult:  # fmt: skip
+async def _run(
+    args: argparse.Namespace,
+    code: str,
+    language: Language,
+    env: dict[str, str],
+    uploads: list[tuple[Path, str]],
+    downloads: list[tuple[str, Path]],
+) -> ExecutionResult:
     progress = _Progress(enabled=not args.quiet and not args.json and sys.stderr.isatty())
 
     def out(text: str) -> None:
@@ -205,13 +263,15 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
 
         # The hosts keep their snapshots: nothing of this process to wait for after the result.
         async with ClusterScheduler(address=args.cluster) as cluster:
-            result = await _execute(cluster, progress, args, code, language, env, uploads,
-                                    downloads, out, err)  # fmt: skip
+            result = await _execute(
+                cluster, progress, args, code, language, env, uploads, downloads, out, err
+            )
             _report(args, result)
             return result
     async with Scheduler() as scheduler:
-        result = await _execute(scheduler, progress, args, code, language, env, uploads,
-                                downloads, out, err)  # fmt: skip
+        result = await _execute(
+            scheduler, progress, args, code, language, env, uploads, downloads, out, err
+        )
         _report(args, result)
         # Nothing to wait for when snapshots are off, or this configuration already had one.
         if not args.no_snapshot_wait and not await scheduler.wait_snapshots(0):
@@ -225,11 +285,18 @@ async def _run(args: argparse.Namespace, code: str, language: Language, env: dic
         return result
 
 
-async def _execute(scheduler: Scheduler | ClusterScheduler, progress: _Progress, args: argparse.Namespace,
-                   code: str, language: Language, env: dict[str, str],
-                   uploads: list[tuple[Path, str]], downloads: list[tuple[str, Path]],
-                   out: Callable[[str], None],
-                   err: Callable[[str], None]) -> ExecutionResult:  # fmt: skip
+async def _execute(
+    scheduler: Scheduler | ClusterScheduler,
+    progress: _Progress,
+    args: argparse.Namespace,
+    code: str,
+    language: Language,
+    env: dict[str, str],
+    uploads: list[tuple[Path, str]],
+    downloads: list[tuple[str, Path]],
+    out: Callable[[str], None],
+    err: Callable[[str], None],
+) -> ExecutionResult:
     """The code's result, its output streamed through out/err unless --json."""
     stream = not args.json
     progress.show(f"sbx: starting a {language} VM ({scheduler.accelerator})...")
@@ -238,7 +305,9 @@ async def _execute(scheduler: Scheduler | ClusterScheduler, progress: _Progress,
     def boot_log(text: str) -> None:
         # Package layer builds report their steps here: a status line with the time so far.
         if text.startswith("[packages] "):
-            progress.show(f"sbx: packages: {text[11:].strip()}... ({time.monotonic() - started:.0f} s)")
+            progress.show(
+                f"sbx: packages: {text[11:].strip()}... ({time.monotonic() - started:.0f} s)"
+            )
         if args.debug:
             err(text)
 

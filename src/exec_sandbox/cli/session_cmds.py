@@ -15,6 +15,12 @@ import sys
 import time
 from typing import Any
 
+from ..config import SchedulerConfig
+from ..errors import SnapshotError
+from ..models import ExecutionResult, SessionSnapshot
+from ..scheduler import Scheduler
+from ..session import Session
+from ..snapshots.sessions import SessionSnapshotStore, check_id
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -23,12 +29,6 @@ from .arguments import (
     resolve_source,
     run_command,
 )
-from ..config import SchedulerConfig
-from ..errors import SnapshotError
-from ..models import ExecutionResult, SessionSnapshot
-from ..scheduler import Scheduler
-from ..session import Session
-from ..snapshots.sessions import SessionSnapshotStore, check_id
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,16 +43,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     new.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
     new.add_argument("-t", "--timeout", type=int, help="the session's timeout per exec in seconds")
     new.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
-    new.add_argument("-e", "--env", action="append", default=[], metavar="KEY=VALUE",
-                     help="environment variable of the session")  # fmt: skip
-    new.add_argument("-p", "--package", action="append", default=[], dest="packages",
-                     metavar="PKG==VER", help="a package to install (repeatable)")
+    new.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment variable of the session",
+    )
+    new.add_argument(
+        "-p",
+        "--package",
+        action="append",
+        default=[],
+        dest="packages",
+        metavar="PKG==VER",
+        help="a package to install (repeatable)",
+    )
     new.add_argument("--json", action="store_true", help="print the result and the id as JSON")
     resume = actions.add_parser("resume", help="run code in a paused session and pause it again")
     resume.add_argument("id", metavar="ID")
     add_source_arguments(resume)
-    resume.add_argument("--keep", action="store_true",
-                        help="keep ID as well (default: only the new snapshot remains)")
+    resume.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep ID as well (default: only the new snapshot remains)",
+    )
     resume.add_argument("--json", action="store_true", help="print the result and the id as JSON")
 
 
@@ -60,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     if args.session_command in ("new", "resume"):
         return _run_code(args)
     config = SchedulerConfig()
-    store = SessionSnapshotStore(config.memory_snapshot_cache_dir / "sessions",
-                                 ttl_seconds=config.session_snapshot_ttl_seconds,
-                                 max_bytes=config.session_snapshot_max_mb << 20)  # fmt: skip
+    store = SessionSnapshotStore(
+        config.memory_snapshot_cache_dir / "sessions",
+        ttl_seconds=config.session_snapshot_ttl_seconds,
+        max_bytes=config.session_snapshot_max_mb << 20,
+    )
     if args.session_command == "list":
         snapshots = asyncio.run(store.entries())
         if args.json:
@@ -70,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for s in snapshots:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(s.created_at))
-            print(f"{s.id}  {s.language:10s} {s.memory_mb:5d} MB  {s.size_bytes / 1e6:7.1f} MB on "
-                  f"disk  {s.exec_count:4d} execs  paused {when}"
-                  + (f"  packages: {' '.join(s.packages)}" if s.packages else ""))
+            print(
+                f"{s.id}  {s.language:10s} {s.memory_mb:5d} MB  {s.size_bytes / 1e6:7.1f} MB on "
+                f"disk  {s.exec_count:4d} execs  paused {when}"
+                + (f"  packages: {' '.join(s.packages)}" if s.packages else "")
+            )
         return 0
     status = 0
     for snapshot_id in args.ids:
@@ -91,7 +111,9 @@ def _run_code(args: argparse.Namespace) -> int:
         if args.session_command == "resume":
             args.language = "python"  # unused: the code runs in the snapshot's language
             check_id(args.id)
-        code, language = resolve_source(args) if args.file or args.code is not None else ("", "python")
+        code, language = (
+            resolve_source(args) if args.file or args.code is not None else ("", "python")
+        )
         language = args.language or language
         env = parse_env(args.env) if args.session_command == "new" else {}
     except (ValueError, SnapshotError) as exc:
@@ -107,10 +129,13 @@ def _run_code(args: argparse.Namespace) -> int:
         async with Scheduler() as scheduler:
             if args.session_command == "new":
                 session = await scheduler.session(
-                    language=language, packages=args.packages or None,
-                    timeout_seconds=args.timeout, memory_mb=args.memory, env_vars=env or None,
+                    language=language,
+                    packages=args.packages or None,
+                    timeout_seconds=args.timeout,
+                    memory_mb=args.memory,
+                    env_vars=env or None,
                     **callbacks,
-                )  # fmt: skip
+                )
             else:
                 session = await scheduler.resume(args.id, **callbacks)
             result, snapshot = await _exec_and_pause(session, code)
@@ -122,7 +147,9 @@ def _run_code(args: argparse.Namespace) -> int:
     return run_command(go)
 
 
-async def _exec_and_pause(session: Session, code: str) -> tuple[ExecutionResult | None, SessionSnapshot]:
+async def _exec_and_pause(
+    session: Session, code: str
+) -> tuple[ExecutionResult | None, SessionSnapshot]:
     """The code's result (None without code), and the session paused again, whatever the
     code's exit status (a failing cell keeps the state before it, as in a notebook)."""
     try:
@@ -133,10 +160,19 @@ async def _exec_and_pause(session: Session, code: str) -> tuple[ExecutionResult 
     return result, await session.pause()
 
 
-def _report(args: argparse.Namespace, result: ExecutionResult | None, snapshot: SessionSnapshot) -> None:
+def _report(
+    args: argparse.Namespace, result: ExecutionResult | None, snapshot: SessionSnapshot
+) -> None:
     if args.json:
-        print(json.dumps({"result": None if result is None else dataclasses.asdict(result),
-                          "snapshot": dataclasses.asdict(snapshot)}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "result": None if result is None else dataclasses.asdict(result),
+                    "snapshot": dataclasses.asdict(snapshot),
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"sbx: paused as {snapshot.id}", file=sys.stderr)
 

@@ -17,9 +17,7 @@ try:
     _exceptions: Any = importlib.import_module("ray.exceptions")
     _strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise VmConfigError(
-        "exec_sandbox.cluster needs Ray: pip install 'exec-sandbox[ray]'"
-    ) from exc
+    raise VmConfigError("exec_sandbox.cluster needs Ray: pip install 'exec-sandbox[ray]'") from exc
 
 # Every failure of Ray itself (a dead or unschedulable actor, a lost node or object); errors of
 # the host's own code never take this form: the host returns them as values (host.py).
@@ -33,8 +31,7 @@ def is_initialized() -> bool:
 
 
 def init(address: str | None, namespace: str) -> None:
-    _ray.init(address=address, namespace=namespace, log_to_driver=False,
-              ignore_reinit_error=True)  # fmt: skip
+    _ray.init(address=address, namespace=namespace, log_to_driver=False, ignore_reinit_error=True)
 
 
 def shutdown() -> None:
@@ -50,8 +47,9 @@ def alive_nodes(resource: str) -> list[str]:
     )
 
 
-def host_actor(cls: type, name: str, namespace: str, node_id: str, resource: str,
-               *args: Any) -> Handle:  # fmt: skip
+def host_actor(
+    cls: type, name: str, namespace: str, node_id: str, resource: str, *args: Any
+) -> Handle:
     """The named, detached async actor of cls on node_id, created if it does not exist yet.
 
     It needs one unit of `resource` (a node advertising 1 holds exactly one host) and is pinned

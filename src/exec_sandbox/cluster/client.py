@@ -16,13 +16,12 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar, Unpack
 
 from .. import _logging
-from ..vm.execution import OutputCallback
 from ..config import SchedulerConfig
 from ..errors import (
     CommunicationOutcomeUnknownError,
@@ -33,10 +32,17 @@ from ..errors import (
     VmCapacityError,
     VmTransientError,
 )
-from ..models import ExecutionResult, FileInfo, Language, PackagesReport, PortMapping, SessionSnapshot
+from ..models import (
+    ExecutionResult,
+    FileInfo,
+    Language,
+    PackagesReport,
+    SessionSnapshot,
+)
 from ..run_request import RunOptions, RunRequest
 from ..scheduler import HostCapacity
 from ..snapshots.sessions import check_id
+from ..vm.execution import OutputCallback
 from . import _ray
 from .host import SEPARATOR, SandboxHost
 
@@ -92,8 +98,14 @@ class ClusterScheduler:
     this client opened and disconnects; the hosts stay for other clients (`shutdown_hosts()`
     ends them and their VMs)."""
 
-    def __init__(self, address: str | None = None, config: SchedulerConfig | None = None, *,
-                 namespace: str = NAMESPACE, host_resource: str = HOST_RESOURCE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str | None = None,
+        config: SchedulerConfig | None = None,
+        *,
+        namespace: str = NAMESPACE,
+        host_resource: str = HOST_RESOURCE,
+    ) -> None:
         _logging.configure_from_env()
         self.address = address
         self.config = config if config is not None else SchedulerConfig()
@@ -112,8 +124,12 @@ class ClusterScheduler:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
     @property
@@ -154,8 +170,9 @@ class ClusterScheduler:
         out: list[dict[str, Any]] = []
         for host in list(self._hosts.values()):
             try:
-                report = await _checked(host, await _await(_ray.call(host.handle, "doctor"),
-                                                           _INFO_TIMEOUT_SECONDS))  # fmt: skip
+                report = await _checked(
+                    host, await _await(_ray.call(host.handle, "doctor"), _INFO_TIMEOUT_SECONDS)
+                )
             except _HostLost as exc:
                 report = {"info": {"name": host.name}, "error": str(exc), "healthy": False}
             out.append(report)
@@ -181,8 +198,11 @@ class ClusterScheduler:
         docstring for placement and what a lost host raises. The request is validated here,
         before any host is asked, and sent as it is (run_request.RunRequest)."""
         request = RunRequest.make(options, self.config, code=code)
-        callbacks = {"stdout": options.get("on_stdout"), "stderr": options.get("on_stderr"),
-                     "boot": options.get("on_boot_log")}  # fmt: skip
+        callbacks = {
+            "stdout": options.get("on_stdout"),
+            "stderr": options.get("on_stderr"),
+            "boot": options.get("on_boot_log"),
+        }
         streams = tuple(kind for kind, cb in callbacks.items() if cb is not None)
 
         async def attempt(host: _Host, try_now: bool) -> ExecutionResult:
@@ -195,13 +215,15 @@ class ClusterScheduler:
 
     # --- sessions ---
 
-    async def session(self, *, _packages_language: Language | None = None,
-                      **options: Unpack[RunOptions]) -> ClusterSession:  # fmt: skip
+    async def session(
+        self, *, _packages_language: Language | None = None, **options: Unpack[RunOptions]
+    ) -> ClusterSession:
         """A session on a host with room; it stays on that host (ClusterSession forwards every
         call there). on_stdout/on_stderr are the defaults of each exec(), kept here.
         `_packages_language`: as Scheduler.session()'s."""
-        request = RunRequest.make(options, self.config, code=None,
-                                  packages_language=_packages_language)  # fmt: skip
+        request = RunRequest.make(
+            options, self.config, code=None, packages_language=_packages_language
+        )
         on_boot_log = options.get("on_boot_log")
         callbacks = {"boot": on_boot_log}
         streams = ("boot",) if on_boot_log is not None else ()
@@ -209,13 +231,19 @@ class ClusterScheduler:
         async def attempt(host: _Host, try_now: bool) -> ClusterSession:
             items = _ray.stream(host.handle, "open_session", request, streams, try_now)
             info = await _consume(host, items, callbacks, what="session()", after_start=False)
-            return self._adopt(host, info, options.get("on_stdout"), options.get("on_stderr"),
-                               owned=True)  # fmt: skip
+            return self._adopt(
+                host, info, options.get("on_stdout"), options.get("on_stderr"), owned=True
+            )
 
         return await self._place(request.language, attempt, what="session()")
 
-    async def attach(self, session_id: str, *, on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> ClusterSession:  # fmt: skip
+    async def attach(
+        self,
+        session_id: str,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ClusterSession:
         """A proxy for a live session opened by any client (its `session_id`). Closing this
         client leaves it open; `session.close()` closes it for everyone."""
         await self.start()
@@ -232,9 +260,13 @@ class ClusterScheduler:
             raise SessionClosedError(f"session {session_id}: {exc}") from exc
         return self._adopt(host, info, on_stdout, on_stderr, owned=False)
 
-    async def resume(self, snapshot_id: str | SessionSnapshot, *,
-                     on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> ClusterSession:  # fmt: skip
+    async def resume(
+        self,
+        snapshot_id: str | SessionSnapshot,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ClusterSession:
         """Scheduler.resume() on a host with room that can reach the snapshot (the host that
         paused it, or any host sharing its snapshot directory); SnapshotError when none can."""
         snapshot = str(snapshot_id)
@@ -242,8 +274,9 @@ class ClusterScheduler:
 
         async def attempt(host: _Host, try_now: bool) -> ClusterSession:
             try:
-                info = await _checked(host, await _await(_ray.call(host.handle, "resume",
-                                                                   snapshot, try_now)))  # fmt: skip
+                info = await _checked(
+                    host, await _await(_ray.call(host.handle, "resume", snapshot, try_now))
+                )
             except SnapshotError as exc:
                 unreachable.append(f"{host.name}: {exc}")
                 raise VmCapacityError(str(exc)) from exc  # next host
@@ -284,8 +317,15 @@ class ClusterScheduler:
 
     # --- internals ---
 
-    def _adopt(self, host: _Host, info: Mapping[str, Any], on_stdout: OutputCallback | None,
-               on_stderr: OutputCallback | None, *, owned: bool) -> ClusterSession:  # fmt: skip
+    def _adopt(
+        self,
+        host: _Host,
+        info: Mapping[str, Any],
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        *,
+        owned: bool,
+    ) -> ClusterSession:
         session = ClusterSession(self, host, info, on_stdout, on_stderr)
         if owned:
             self._owned.add(session)
@@ -294,8 +334,9 @@ class ClusterScheduler:
     def _forget(self, session: ClusterSession) -> None:
         self._owned.discard(session)
 
-    async def _place(self, language: str, attempt: Callable[[_Host, bool], Awaitable[_T]],
-                     what: str) -> _T:  # fmt: skip
+    async def _place(
+        self, language: str, attempt: Callable[[_Host, bool], Awaitable[_T]], what: str
+    ) -> _T:
         """attempt(host, try_now) on the best host, then the next: first every host with
         try_now (refuse when full), then again letting a host's admission queue the call."""
         if self._closed:
@@ -314,12 +355,15 @@ class ClusterScheduler:
                 except _HostLost as exc:
                     self._hosts.pop(host.name, None)
                     if retried:
-                        raise VmTransientError(f"{what} could not start: {exc} (retried once on "
-                                               "another host)") from exc  # fmt: skip
+                        raise VmTransientError(
+                            f"{what} could not start: {exc} (retried once on another host)"
+                        ) from exc
                     retried = True
         if not refused:
-            raise VmCapacityError(f"{what}: no sandbox host in the cluster (no live node "
-                                  f"advertises the {self._resource!r} resource)")  # fmt: skip
+            raise VmCapacityError(
+                f"{what}: no sandbox host in the cluster (no live node "
+                f"advertises the {self._resource!r} resource)"
+            )
         raise VmCapacityError(f"{what}: every host refused: " + "; ".join(refused))
 
     def _ranked(self, language: str) -> list[_Host]:
@@ -332,8 +376,12 @@ class ClusterScheduler:
             i, host = indexed
             assert host.info is not None
             cap = host.info.capacity
-            return (-cap.warm_pool.get(language, 0), -cap.free_vms, cap.waiting,
-                    (i - turn) % len(hosts))  # fmt: skip
+            return (
+                -cap.warm_pool.get(language, 0),
+                -cap.free_vms,
+                cap.waiting,
+                (i - turn) % len(hosts),
+            )
 
         return [h for _, h in sorted(enumerate(hosts), key=key)]
 
@@ -346,8 +394,15 @@ class ClusterScheduler:
                 del self._hosts[name]
         for name, node in names.items():
             if name not in self._hosts:
-                handle = _ray.host_actor(SandboxHost, name, self._namespace, node, self._resource,
-                                         name, self._config_fields)  # fmt: skip
+                handle = _ray.host_actor(
+                    SandboxHost,
+                    name,
+                    self._namespace,
+                    node,
+                    self._resource,
+                    name,
+                    self._config_fields,
+                )
                 self._hosts[name] = _Host(name, handle)
 
     async def _refresh(self, force: bool = False) -> None:
@@ -358,8 +413,9 @@ class ClusterScheduler:
 
         async def ask(host: _Host) -> None:
             try:
-                info = await _checked(host, await _await(_ray.call(host.handle, "info"),
-                                                         _INFO_TIMEOUT_SECONDS))  # fmt: skip
+                info = await _checked(
+                    host, await _await(_ray.call(host.handle, "info"), _INFO_TIMEOUT_SECONDS)
+                )
                 host.info = HostInfo.from_wire(info)
             except (_HostLost, SandboxError):
                 host.info = None  # not placed on until it answers again
@@ -372,8 +428,14 @@ class ClusterSession:
     """A session living on one host, driven from any client: every call goes to that host.
     Same members as Session; `session_id` is "<host>/<id>", which any client can attach()."""
 
-    def __init__(self, cluster: ClusterScheduler, host: _Host, info: Mapping[str, Any],
-                 on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cluster: ClusterScheduler,
+        host: _Host,
+        info: Mapping[str, Any],
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+    ) -> None:
         self._cluster = cluster
         self._host = host
         self.session_id: str = info["id"]
@@ -396,14 +458,23 @@ class ClusterSession:
     async def __aenter__(self) -> ClusterSession:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:  # fmt: skip
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.close()
 
-    async def exec(self, code: str, *, timeout_seconds: float | None = None,
-                   env_vars: Mapping[str, str] | None = None,
-                   on_stdout: OutputCallback | None = None,
-                   on_stderr: OutputCallback | None = None) -> ExecutionResult:  # fmt: skip
+    async def exec(
+        self,
+        code: str,
+        *,
+        timeout_seconds: float | None = None,
+        env_vars: Mapping[str, str] | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecutionResult:
         """Session.exec() on the session's host. Never retried: a host lost after the code was
         sent raises CommunicationOutcomeUnknownError, and the session is then closed."""
         self._check_open()
@@ -412,8 +483,7 @@ class ClusterSession:
         options = {"timeout_seconds": timeout_seconds, "env_vars": dict(env_vars or {}) or None}
         items = _ray.stream(self._host.handle, "exec", self._local_id, code, options, streams)
         try:
-            result, self.exec_count = await _consume(self._host, items, callbacks,
-                                                     what="exec()")  # fmt: skip
+            result, self.exec_count = await _consume(self._host, items, callbacks, what="exec()")
         except (_HostLost, CommunicationOutcomeUnknownError) as exc:
             self._mark_closed(f"host {self.host} was lost: {exc}")
             if isinstance(exc, _HostLost):
@@ -425,15 +495,17 @@ class ClusterSession:
         assert isinstance(result, ExecutionResult)
         return result
 
-    async def write_file(self, path: str, content: bytes | Path | IO[bytes], *,
-                         make_executable: bool = False) -> None:  # fmt: skip
+    async def write_file(
+        self, path: str, content: bytes | Path | IO[bytes], *, make_executable: bool = False
+    ) -> None:
         """Session.write_file(); the bytes travel to the host through Ray's object store."""
         self._check_open()
         data = await _content_bytes(content)
         await self._call("write_file", self._local_id, path, _ray.put(data), make_executable)
 
-    async def read_file(self, path: str, *,
-                        destination: Path | IO[bytes] | None = None) -> bytes | None:  # fmt: skip
+    async def read_file(
+        self, path: str, *, destination: Path | IO[bytes] | None = None
+    ) -> bytes | None:
         """Session.read_file(); the bytes come back through Ray's object store."""
         self._check_open()
         refs = await self._call("read_file", self._local_id, path)
@@ -477,8 +549,10 @@ class ClusterSession:
             return
         self._mark_closed("closed by the caller")
         try:
-            await _checked(self._host, await _await(_ray.call(self._host.handle, "close_session",
-                                                              self._local_id)))  # fmt: skip
+            await _checked(
+                self._host,
+                await _await(_ray.call(self._host.handle, "close_session", self._local_id)),
+            )
         except (_HostLost, SandboxError):
             pass
 
@@ -494,8 +568,9 @@ class ClusterSession:
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
-            return await _checked(self._host, await _await(_ray.call(self._host.handle, method,
-                                                                     *args)))  # fmt: skip
+            return await _checked(
+                self._host, await _await(_ray.call(self._host.handle, method, *args))
+            )
         except _HostLost as exc:
             self._mark_closed(f"host {self.host} was lost: {exc}")
             raise SessionClosedError(f"session {self.session_id} is closed: {exc}") from exc
@@ -515,7 +590,7 @@ async def _await(ref: _ray.Ref, timeout: float | None = None) -> Any:
         return await asyncio.wait_for(ref, timeout)
     except _ray.RayError as exc:
         raise _HostLost(f"host unreachable ({type(exc).__name__}: {_first_line(exc)})") from exc
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         raise _HostLost(f"host did not answer within {timeout:.0f} s") from exc
 
 
@@ -526,9 +601,14 @@ async def _checked(host: _Host, outcome: tuple[str, Any]) -> Any:
     return value
 
 
-async def _consume(host: _Host, items: AsyncIterator[tuple[str, Any]],
-                   callbacks: Mapping[str, OutputCallback | None], *, what: str,
-                   after_start: bool = True) -> Any:  # fmt: skip
+async def _consume(
+    host: _Host,
+    items: AsyncIterator[tuple[str, Any]],
+    callbacks: Mapping[str, OutputCallback | None],
+    *,
+    what: str,
+    after_start: bool = True,
+) -> Any:
     """Drive one streamed host call: output to the callbacks, then the value or the error.
     A host lost before "started" is _HostLost (nothing ran); after it, for calls that run code
     (after_start), CommunicationOutcomeUnknownError."""

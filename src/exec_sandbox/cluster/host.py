@@ -82,8 +82,11 @@ class SandboxHost:
             from ..cli import doctor
 
             checks = await asyncio.get_running_loop().run_in_executor(None, doctor.run_checks)
-            return {"info": await self._info(), "checks": doctor.as_dicts(checks),
-                    "healthy": doctor.healthy(checks)}  # fmt: skip
+            return {
+                "info": await self._info(),
+                "checks": doctor.as_dicts(checks),
+                "healthy": doctor.healthy(checks),
+            }
 
         return await _guard(run)
 
@@ -99,8 +102,9 @@ class SandboxHost:
 
     # --- run() and sessions ---
 
-    async def run(self, request: RunRequest, streams: tuple[str, ...],
-                  try_now: bool) -> AsyncIterator[Outcome]:  # fmt: skip
+    async def run(
+        self, request: RunRequest, streams: tuple[str, ...], try_now: bool
+    ) -> AsyncIterator[Outcome]:
         """Scheduler.run() of a request validated by the client. `try_now`: refuse at once
         (VmCapacityError) when admission would have to wait, so that the client tries the next
         host first."""
@@ -114,8 +118,9 @@ class SandboxHost:
         async for item in _streamed(call, streams):
             yield item
 
-    async def open_session(self, request: RunRequest, streams: tuple[str, ...],
-                           try_now: bool) -> AsyncIterator[Outcome]:  # fmt: skip
+    async def open_session(
+        self, request: RunRequest, streams: tuple[str, ...], try_now: bool
+    ) -> AsyncIterator[Outcome]:
         """Scheduler.session() of a request validated by the client, its boot log streamed
         when asked ("boot"). The session's default on_stdout/on_stderr stay with the client
         (each exec streams what it asks for)."""
@@ -154,24 +159,28 @@ class SandboxHost:
     async def session_info(self, session_id: str) -> Outcome:
         return await _guard(self._async(lambda: self._describe(self._session(session_id))))
 
-    async def exec(self, session_id: str, code: str, options: dict[str, Any],
-                   streams: tuple[str, ...]) -> AsyncIterator[Outcome]:  # fmt: skip
+    async def exec(
+        self, session_id: str, code: str, options: dict[str, Any], streams: tuple[str, ...]
+    ) -> AsyncIterator[Outcome]:
         async def call(callbacks: Callbacks) -> tuple[ExecutionResult, int]:
             session = self._session(session_id)
-            result = await session.exec(code, **options, on_stdout=callbacks.on_stdout,
-                                        on_stderr=callbacks.on_stderr)  # fmt: skip
+            result = await session.exec(
+                code, **options, on_stdout=callbacks.on_stdout, on_stderr=callbacks.on_stderr
+            )
             return result, session.exec_count
 
         async for item in _streamed(call, streams):
             yield item
 
-    async def write_file(self, session_id: str, path: str, content: bytes,
-                         make_executable: bool) -> Outcome:  # fmt: skip
+    async def write_file(
+        self, session_id: str, path: str, content: bytes, make_executable: bool
+    ) -> Outcome:
         """`content` arrives through the object store (the client passes an ObjectRef)."""
 
         async def call() -> None:
-            await self._session(session_id).write_file(path, content,
-                                                       make_executable=make_executable)  # fmt: skip
+            await self._session(session_id).write_file(
+                path, content, make_executable=make_executable
+            )
 
         return await _guard(call)
 
@@ -268,19 +277,22 @@ async def _guard(call: Callable[[], Awaitable[Any]]) -> Outcome:
         return ("ok", await call())
     except SandboxError as exc:
         return ("err", exc)
-    except Exception as exc:  # noqa: BLE001 - a host bug reaches the client as a SandboxError
+    except Exception as exc:
         log.exception("host call failed")
         return ("err", SandboxError(f"the host failed: {type(exc).__name__}: {exc}"))
 
 
-async def _streamed(call: Callable[[Callbacks], Awaitable[Any]],
-                    streams: tuple[str, ...]) -> AsyncIterator[Outcome]:  # fmt: skip
+async def _streamed(
+    call: Callable[[Callbacks], Awaitable[Any]], streams: tuple[str, ...]
+) -> AsyncIterator[Outcome]:
     """("started", None), then the output the client asked for (streams: "stdout", "stderr",
     "boot") as it comes, then the outcome. If the client goes away, the generator is closed
     and the call cancelled."""
     queue: asyncio.Queue[Outcome] = asyncio.Queue()
     names = {"stdout": "on_stdout", "stderr": "on_stderr", "boot": "on_boot_log"}
-    callbacks = Callbacks(**{names[kind]: _sender(queue, kind) for kind in streams if kind in names})
+    callbacks = Callbacks(
+        **{names[kind]: _sender(queue, kind) for kind in streams if kind in names}
+    )
 
     async def outcome() -> None:
         queue.put_nowait(await _guard(lambda: call(callbacks)))

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from .catalog import GuestImages, load_images
 from ..paths import images_dir
+from .catalog import GuestImages, load_images
 
 # Free space a build from nothing needs in the images directory: the kernel's source and objects
 # (~2.5 GB while compiling), the package tree and two root images (~0.3 GB each).
@@ -41,8 +41,9 @@ def recipe_root() -> Path:
     for root in (package / "_recipe", package.parents[1]):
         if (root / "images" / "build.sh").is_file():
             return root
-    raise FileNotFoundError(f"the image recipe is missing from {package / '_recipe'}: reinstall "
-                            "exec-sandbox")  # fmt: skip
+    raise FileNotFoundError(
+        f"the image recipe is missing from {package / '_recipe'}: reinstall exec-sandbox"
+    )
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,12 @@ def _apt_knows(package: str) -> Callable[[], bool]:
             return True
         if shutil.which("apt-cache") is None:
             return False
-        out = subprocess.run(["apt-cache", "show", "--no-all-versions", package],
-                             capture_output=True, text=True, check=False).stdout  # fmt: skip
+        out = subprocess.run(
+            ["apt-cache", "show", "--no-all-versions", package],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         return "\nVersion: " in "\n" + out
 
     return probe
@@ -90,8 +95,11 @@ REQUIREMENTS = [
     Requirement("xz (kernel source)", "xz-utils", _tool("xz")),
     Requirement("dpkg-deb (kernel source package)", "dpkg", _tool("dpkg-deb")),
     Requirement("apt-get (package downloads)", "apt", _tool("apt-get")),
-    Requirement("linux-source-6.1 in apt's package lists (kernel source)", "linux-source-6.1",
-                _apt_knows("linux-source-6.1")),  # fmt: skip
+    Requirement(
+        "linux-source-6.1 in apt's package lists (kernel source)",
+        "linux-source-6.1",
+        _apt_knows("linux-source-6.1"),
+    ),
     Requirement("mmdebstrap (root file system)", "mmdebstrap", _tool("mmdebstrap")),
     Requirement("mkfs.erofs (root image)", "erofs-utils", _tool("mkfs.erofs")),
 ]
@@ -130,17 +138,22 @@ def user_namespace_problem() -> str | None:
         except OSError:
             entries = []
         if not any(e.split(":")[0] in (user, str(os.getuid())) for e in entries):
-            return (f"{db} has no range for {user}: sudo usermod --add-subuids 100000-165535 "
-                    f"--add-subgids 100000-165535 {user}")  # fmt: skip
+            return (
+                f"{db} has no range for {user}: sudo usermod --add-subuids 100000-165535 "
+                f"--add-subgids 100000-165535 {user}"
+            )
     try:
-        proc = subprocess.run(["unshare", "--user", "true"], capture_output=True, text=True,
-                              timeout=10, check=False)  # fmt: skip
+        proc = subprocess.run(
+            ["unshare", "--user", "true"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"cannot try a user namespace: {exc}"
     if proc.returncode != 0:
-        return (f"user namespaces are not allowed for unprivileged users here "
-                f"({proc.stderr.strip()}): run sbx setup as root (sudo), or allow them "
-                "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces)")
+        return (
+            f"user namespaces are not allowed for unprivileged users here "
+            f"({proc.stderr.strip()}): run sbx setup as root (sudo), or allow them "
+            "(sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces)"
+        )
     return None
 
 
@@ -171,8 +184,10 @@ def install_packages(packages: list[str], out: TextIO) -> None:
     print(f"sbx setup: running {line}", file=out, flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if subprocess.run(line.split(), env=env, check=False).returncode != 0:
-        raise SetupError(f"`{line}` failed; if apt cannot find a package, run "
-                         f"`{'' if _is_root() else 'sudo '}apt-get update` first")  # fmt: skip
+        raise SetupError(
+            f"`{line}` failed; if apt cannot find a package, run "
+            f"`{'' if _is_root() else 'sudo '}apt-get update` first"
+        )
 
 
 def check_host(install_deps: bool, out: TextIO) -> None:
@@ -182,13 +197,16 @@ def check_host(install_deps: bool, out: TextIO) -> None:
         missing = missing_packages()
     if missing:
         lines = "\n".join(f"  {what}: package {pkg}" for what, pkg in missing)
-        raise SetupError(f"the image build needs tools this host lacks:\n{lines}\ninstall them "
-                         f"with:\n  {apt_install_line([p for _, p in missing])}\n"
-                         "(or run `sbx setup --install-deps`)")  # fmt: skip
+        raise SetupError(
+            f"the image build needs tools this host lacks:\n{lines}\ninstall them "
+            f"with:\n  {apt_install_line([p for _, p in missing])}\n"
+            "(or run `sbx setup --install-deps`)"
+        )
     problem = user_namespace_problem()
     if problem:
-        raise SetupError(f"building the root file system without root needs a user namespace: "
-                         f"{problem}")  # fmt: skip
+        raise SetupError(
+            f"building the root file system without root needs a user namespace: {problem}"
+        )
 
 
 _STEP = re.compile(r"^\[images(?: [0-9:]+)?\] (.*)$")
@@ -282,16 +300,22 @@ def run_build(*, quiet: bool, stream: TextIO) -> GuestImages:
     env.pop("EXEC_SANDBOX_QUIET", None)
     display = _Display(stream, live)
     other: list[str] = []  # the scripts' own messages: errors, a failed command's log tail
-    proc = subprocess.Popen(["bash", str(script)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            text=True, errors="replace")  # fmt: skip
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+        errors="replace",
+    )
     assert proc.stderr is not None
     try:
         for line in proc.stderr:
             line = line.rstrip("\n")
             match = _STEP.match(line)
             if line.startswith(_DETAIL):
-                display.detail(line[len(_DETAIL):].strip())
+                display.detail(line[len(_DETAIL) :].strip())
             elif match:
                 display.step(match.group(1))
             else:
@@ -314,10 +338,12 @@ def _failure_message(status: int, output: list[str], target: Path) -> str:
     text = "\n".join(output[-60:])
     free = free_bytes(target)
     if "No space left on device" in text or free < 256 * 1024**2:
-        return (f"the disk holding {target} is full ({free // 1024**2} MB free): a build from "
-                f"nothing needs about {FULL_BUILD_BYTES // 1024**3} GB. Free some space (or set "
-                "EXEC_SANDBOX_IMAGES_DIR to a larger disk) and run `sbx setup` again; what was "
-                "built so far is kept, nothing half-built is")  # fmt: skip
+        return (
+            f"the disk holding {target} is full ({free // 1024**2} MB free): a build from "
+            f"nothing needs about {FULL_BUILD_BYTES // 1024**3} GB. Free some space (or set "
+            "EXEC_SANDBOX_IMAGES_DIR to a larger disk) and run `sbx setup` again; what was "
+            "built so far is kept, nothing half-built is"
+        )
     return f"the image build failed (status {status}):\n{text}"
 
 
@@ -334,8 +360,11 @@ def main(*, quiet: bool, install_deps: bool, out: TextIO = sys.stderr) -> int:
         print(f"sbx setup: {exc}", file=out)
         return 1
     except KeyboardInterrupt:
-        print("\nsbx setup: interrupted; nothing half-built was kept. Run `sbx setup` again to "
-              "go on: finished parts are cached", file=out)  # fmt: skip
+        print(
+            "\nsbx setup: interrupted; nothing half-built was kept. Run `sbx setup` again to "
+            "go on: finished parts are cached",
+            file=out,
+        )
         return 130
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -344,6 +373,9 @@ def main(*, quiet: bool, install_deps: bool, out: TextIO = sys.stderr) -> int:
         raise
     if not quiet:
         took = _clock(time.monotonic() - started)
-        print(f"sbx setup: guest images ready in {images.kernel.parent} ({took}): "
-              f"kernel {images.kernel.name}, root {images.rootfs.name}", file=out)
+        print(
+            f"sbx setup: guest images ready in {images.kernel.parent} ({took}): "
+            f"kernel {images.kernel.name}, root {images.rootfs.name}",
+            file=out,
+        )
     return 0

@@ -136,7 +136,9 @@ class Runner:
         return await make(self._own)
 
 
-async def _call(make: Callable[[SandboxScheduler], Awaitable[_T]], scheduler: SandboxScheduler) -> _T:
+async def _call(
+    make: Callable[[SandboxScheduler], Awaitable[_T]], scheduler: SandboxScheduler
+) -> _T:
     return await make(scheduler)
 
 

@@ -104,7 +104,6 @@ class SavedSessions:
         entry.unlink(missing_ok=True)
 
 
-
 def _read_id(entry: Path) -> str | None:
     try:
         value = json.loads(entry.read_text()).get("id")
@@ -120,23 +119,31 @@ class NetworkOptions(TypedDict):
     allowed_domains: Sequence[str] | None
 
 
-def network_options(allow_network: bool, allowed_domains: Sequence[str] | None
-                    ) -> NetworkOptions:  # fmt: skip
+def network_options(allow_network: bool, allowed_domains: Sequence[str] | None) -> NetworkOptions:
     """The network keyword arguments of run()/session() for an integration's settings, validated
     at once (NetworkValidationError), so that a bad setting fails when the tool is made."""
     parse_network_request(allow_network, allowed_domains, None)
-    return {"allow_network": allow_network,
-            "allowed_domains": list(allowed_domains) if allowed_domains is not None else None}
+    return {
+        "allow_network": allow_network,
+        "allowed_domains": list(allowed_domains) if allowed_domains is not None else None,
+    }
 
 
 class SessionPool:
     """One live Session per key, opened on first use, reopened if it closed (idle timeout, VM
     death). Every coroutine runs through the Runner, so the sessions live on one loop."""
 
-    def __init__(self, runner: Runner, *, language: str = "python",
-                 timeout_seconds: int | None = None, packages: Sequence[str] | None = None,
-                 persist: str | None = None, allow_network: bool = False,
-                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        language: str = "python",
+        timeout_seconds: int | None = None,
+        packages: Sequence[str] | None = None,
+        persist: str | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+    ) -> None:
         """persist: a namespace under which closing pauses each key's session to disk and a
         later get() of the key (also in a new process) resumes it (SavedSessions).
         allow_network / allowed_domains: as Scheduler.session() (checked here, before any VM)."""

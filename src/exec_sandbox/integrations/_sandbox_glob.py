@@ -138,8 +138,9 @@ def parse_glob_output(result: ExecuteResponse) -> GlobResult:
             return GlobResult(error=f"glob failed: {_snippet(str(record['error']))}")
         if "done" in record:
             reason = record["done"] if record["done"] in ("budget", "unreadable") else None
-            return GlobResult(matches=matches, truncated=reason is not None,
-                              truncation_reason=reason)  # fmt: skip
+            return GlobResult(
+                matches=matches, truncated=reason is not None, truncation_reason=reason
+            )
         info = _file_info(record)
         if info is None:
             return GlobResult(error=f"glob failed: malformed entry {_snippet(line)}")

@@ -65,34 +65,42 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
-        self._pool = SessionPool(Runner(self.scheduler), language="python",
-                                 timeout_seconds=self.timeout_seconds, packages=self.packages,
-                                 persist="adk" if self.persist_sessions else None,
-                                 allow_network=self.allow_network,
-                                 allowed_domains=self.allowed_domains)  # fmt: skip
+        self._pool = SessionPool(
+            Runner(self.scheduler),
+            language="python",
+            timeout_seconds=self.timeout_seconds,
+            packages=self.packages,
+            persist="adk" if self.persist_sessions else None,
+            allow_network=self.allow_network,
+            allowed_domains=self.allowed_domains,
+        )
         weakref.finalize(self, _close_quietly, self._pool)
 
-    def execute_code(self, invocation_context: InvocationContext,
-                     code_execution_input: CodeExecutionInput) -> CodeExecutionResult:  # fmt: skip
+    def execute_code(
+        self, invocation_context: InvocationContext, code_execution_input: CodeExecutionInput
+    ) -> CodeExecutionResult:
         return self._pool.runner.run(lambda s: self._execute(s, code_execution_input))
 
-    async def execute_code_async(self, invocation_context: InvocationContext,
-                                 code_execution_input: CodeExecutionInput
-                                 ) -> CodeExecutionResult:  # fmt: skip
+    async def execute_code_async(
+        self, invocation_context: InvocationContext, code_execution_input: CodeExecutionInput
+    ) -> CodeExecutionResult:
         """Awaitable form of execute_code for callers that have a loop to spare."""
         return await self._pool.runner.arun(lambda s: self._execute(s, code_execution_input))
 
-    async def _execute(self, scheduler: SandboxScheduler,
-                       request: CodeExecutionInput) -> CodeExecutionResult:  # fmt: skip
+    async def _execute(
+        self, scheduler: SandboxScheduler, request: CodeExecutionInput
+    ) -> CodeExecutionResult:
         key = request.execution_id if self.stateful and request.execution_id else None
         try:
             if key is not None:
                 session = await self._pool.get(scheduler, key)
             else:
-                session = await scheduler.session(language="python",
-                                                  timeout_seconds=self.timeout_seconds,
-                                                  packages=self.packages,
-                                                  **self._pool.network)  # fmt: skip
+                session = await scheduler.session(
+                    language="python",
+                    timeout_seconds=self.timeout_seconds,
+                    packages=self.packages,
+                    **self._pool.network,
+                )
             try:
                 return await _run(session, request)
             finally:
@@ -146,7 +154,9 @@ async def _scan(session: SandboxSession) -> dict[str, int]:
     return found
 
 
-async def _new_files(session: SandboxSession, before: dict[str, int]) -> tuple[list[File], list[str]]:
+async def _new_files(
+    session: SandboxSession, before: dict[str, int]
+) -> tuple[list[File], list[str]]:
     """The files that were not there before the run, within the output bounds, and the paths
     of those left out."""
     outputs: list[File] = []
@@ -155,8 +165,11 @@ async def _new_files(session: SandboxSession, before: dict[str, int]) -> tuple[l
     for path, size in sorted((await _scan(session)).items()):
         if path in before:
             continue
-        if (size > MAX_OUTPUT_FILE_BYTES or len(outputs) >= MAX_OUTPUT_FILES
-                or total + size > MAX_OUTPUT_TOTAL_BYTES):  # fmt: skip
+        if (
+            size > MAX_OUTPUT_FILE_BYTES
+            or len(outputs) >= MAX_OUTPUT_FILES
+            or total + size > MAX_OUTPUT_TOTAL_BYTES
+        ):
             left_out.append(path)
             continue
         data = await session.read_file(path)
@@ -181,5 +194,5 @@ def _file_bytes(content: str | bytes) -> bytes:
 def _close_quietly(pool: SessionPool) -> None:
     try:
         pool.close()
-    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+    except Exception:
         pass

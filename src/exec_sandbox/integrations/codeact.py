@@ -37,25 +37,36 @@ def _output(call: Callable[[], ExecutionResult]) -> str:
         return f"Error: {type(exc).__name__}: {exc}"
 
 
-def _one_shot(language: str, timeout_seconds: int | None, allow_network: bool,
-              allowed_domains: Sequence[str] | None
-              ) -> Callable[[str], Callable[[SandboxScheduler], Awaitable[ExecutionResult]]]:  # fmt: skip
+def _one_shot(
+    language: str,
+    timeout_seconds: int | None,
+    allow_network: bool,
+    allowed_domains: Sequence[str] | None,
+) -> Callable[[str], Callable[[SandboxScheduler], Awaitable[ExecutionResult]]]:
     """The run() call of one code block, with the eval function's settings checked now (before
     any VM: a bad setting fails where the eval function is made)."""
     _check(language)
     network = network_options(allow_network, allowed_domains)
 
     def call(code: str) -> Callable[[SandboxScheduler], Awaitable[ExecutionResult]]:
-        return lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                               timeout_seconds=timeout_seconds, **network)  # fmt: skip
+        return lambda s: s.run(
+            code,
+            language=language,  # type: ignore[arg-type]
+            timeout_seconds=timeout_seconds,
+            **network,
+        )
 
     return call
 
 
-def create_exec_sandbox_eval(scheduler: SandboxScheduler | None = None, *,
-                             timeout_seconds: int | None = None, language: str = "python",
-                             allow_network: bool = False,
-                             allowed_domains: Sequence[str] | None = None) -> EvalFn:  # fmt: skip
+def create_exec_sandbox_eval(
+    scheduler: SandboxScheduler | None = None,
+    *,
+    timeout_seconds: int | None = None,
+    language: str = "python",
+    allow_network: bool = False,
+    allowed_domains: Sequence[str] | None = None,
+) -> EvalFn:
     """A synchronous eval_fn: each code block runs in a fresh VM."""
     call = _one_shot(language, timeout_seconds, allow_network, allowed_domains)
     runner = Runner(scheduler)
@@ -66,11 +77,14 @@ def create_exec_sandbox_eval(scheduler: SandboxScheduler | None = None, *,
     return eval_fn
 
 
-def create_exec_sandbox_async_eval(scheduler: SandboxScheduler | None = None, *,
-                                   timeout_seconds: int | None = None, language: str = "python",
-                                   allow_network: bool = False,
-                                   allowed_domains: Sequence[str] | None = None
-                                   ) -> AsyncEvalFn:  # fmt: skip
+def create_exec_sandbox_async_eval(
+    scheduler: SandboxScheduler | None = None,
+    *,
+    timeout_seconds: int | None = None,
+    language: str = "python",
+    allow_network: bool = False,
+    allowed_domains: Sequence[str] | None = None,
+) -> AsyncEvalFn:
     """An `async def` eval_fn: each code block runs in a fresh VM."""
     call = _one_shot(language, timeout_seconds, allow_network, allowed_domains)
     runner = Runner(scheduler)
@@ -93,13 +107,23 @@ class ExecSandboxSessionEval:
     VMs. Abandoned ones close after the scheduler's idle timeout, or at exit.
     """
 
-    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
-                 language: str = "python", allow_network: bool = False,
-                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler: SandboxScheduler | None = None,
+        *,
+        timeout_seconds: int | None = None,
+        language: str = "python",
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+    ) -> None:
         _check(language)
-        self._pool = SessionPool(Runner(scheduler), language=language,
-                                 timeout_seconds=timeout_seconds, allow_network=allow_network,
-                                 allowed_domains=allowed_domains)  # fmt: skip
+        self._pool = SessionPool(
+            Runner(scheduler),
+            language=language,
+            timeout_seconds=timeout_seconds,
+            allow_network=allow_network,
+            allowed_domains=allowed_domains,
+        )
         weakref.finalize(self, _close_quietly, self._pool)
 
     def eval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -143,5 +167,5 @@ def _thread_id() -> str:
 def _close_quietly(pool: SessionPool) -> None:
     try:
         pool.close()
-    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+    except Exception:
         pass

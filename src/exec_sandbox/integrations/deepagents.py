@@ -54,10 +54,13 @@ DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 _STAGING = ".exec-sandbox-transfer"
 # Where the `python` command is provided when the image only has python3.
 _SHIM_BIN = ".local/exec-sandbox-bin"
-_PREAMBLE = f'case ":$PATH:" in *":$HOME/{_SHIM_BIN}:"*) ;; *) export PATH="$HOME/{_SHIM_BIN}:$PATH";; esac\n'
+_PREAMBLE = (
+    f'case ":$PATH:" in *":$HOME/{_SHIM_BIN}:"*) ;; '
+    f'*) export PATH="$HOME/{_SHIM_BIN}:$PATH";; esac\n'
+)
 _SETUP = (
     f"mkdir -p ~/{_STAGING} ~/{_SHIM_BIN} && "
-    f"{{ command -v python >/dev/null || ln -sf \"$(command -v python3)\" ~/{_SHIM_BIN}/python; }}"
+    f'{{ command -v python >/dev/null || ln -sf "$(command -v python3)" ~/{_SHIM_BIN}/python; }}'
 )
 
 
@@ -74,13 +77,19 @@ class ExecSandboxBackend(BaseSandbox):
     own glob and write, for agents with permission deny rules or CompositeBackend routes.
     """
 
-    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int = 120,
-                 max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-                 memory_mb: int = DEFAULT_MEMORY_MB,
-                 file_contract: FileContract = "standard",
-                 packages: Sequence[str] | None = None,
-                 session_key: str | None = None, allow_network: bool = False,
-                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler: SandboxScheduler | None = None,
+        *,
+        timeout_seconds: int = 120,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        memory_mb: int = DEFAULT_MEMORY_MB,
+        file_contract: FileContract = "standard",
+        packages: Sequence[str] | None = None,
+        session_key: str | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+    ) -> None:
         if file_contract not in ("standard", "deepagents"):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
@@ -114,12 +123,12 @@ class ExecSandboxBackend(BaseSandbox):
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         return self._runner.run(lambda s: self._execute(s, command, timeout))
 
-    async def aexecute(self, command: str, *,
-                       timeout: int | None = None) -> ExecuteResponse:  # noqa: ASYNC109  # fmt: skip
+    async def aexecute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         return await self._runner.arun(lambda s: self._execute(s, command, timeout))
 
-    async def _execute(self, scheduler: SandboxScheduler, command: str,
-                       timeout: int | None) -> ExecuteResponse:  # fmt: skip
+    async def _execute(
+        self, scheduler: SandboxScheduler, command: str, timeout: int | None
+    ) -> ExecuteResponse:
         if not command.strip():
             return ExecuteResponse(output="Error: the command is empty", exit_code=2)
         seconds = self._timeout if timeout is None or timeout <= 0 else min(timeout, 300)
@@ -145,7 +154,8 @@ class ExecSandboxBackend(BaseSandbox):
             )
         except OutputLimitError as exc:
             return ExecuteResponse(
-                output="".join(chunks) + f"\n[output truncated: {exc}]", exit_code=None,
+                output="".join(chunks) + f"\n[output truncated: {exc}]",
+                exit_code=None,
                 truncated=True,
             )
         except SandboxError as exc:
@@ -170,15 +180,21 @@ class ExecSandboxBackend(BaseSandbox):
     async def adownload_files(self, paths: list[str]) -> list[FileDownloadResponse]:
         return await self._runner.arun(lambda s: self._download(s, paths))
 
-    async def _upload(self, scheduler: SandboxScheduler,
-                      files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:  # fmt: skip
+    async def _upload(
+        self, scheduler: SandboxScheduler, files: list[tuple[str, bytes]]
+    ) -> list[FileUploadResponse]:
         responses = []
         for path, content in files:
-            responses.append(FileUploadResponse(path=path, error=await self._upload_one(
-                scheduler, path, content)))  # fmt: skip
+            responses.append(
+                FileUploadResponse(
+                    path=path, error=await self._upload_one(scheduler, path, content)
+                )
+            )
         return responses
 
-    async def _upload_one(self, scheduler: SandboxScheduler, path: str, content: bytes) -> str | None:
+    async def _upload_one(
+        self, scheduler: SandboxScheduler, path: str, content: bytes
+    ) -> str | None:
         if not _is_absolute(path):
             return "invalid_path"
         staged = f"{_STAGING}/{uuid.uuid4().hex}"
@@ -197,16 +213,18 @@ class ExecSandboxBackend(BaseSandbox):
         await _discard(session, staged)
         return _file_error(result.stderr)
 
-    async def _download(self, scheduler: SandboxScheduler,
-                        paths: list[str]) -> list[FileDownloadResponse]:  # fmt: skip
+    async def _download(
+        self, scheduler: SandboxScheduler, paths: list[str]
+    ) -> list[FileDownloadResponse]:
         responses = []
         for path in paths:
             content, error = await self._download_one(scheduler, path)
             responses.append(FileDownloadResponse(path=path, content=content, error=error))
         return responses
 
-    async def _download_one(self, scheduler: SandboxScheduler,
-                            path: str) -> tuple[bytes | None, str | None]:  # fmt: skip
+    async def _download_one(
+        self, scheduler: SandboxScheduler, path: str
+    ) -> tuple[bytes | None, str | None]:
         if not _is_absolute(path):
             return None, "invalid_path"
         staged = f"{_STAGING}/{uuid.uuid4().hex}"
@@ -277,8 +295,10 @@ class ExecSandboxBackend(BaseSandbox):
         except SandboxError as exc:
             return WriteResult(error=f"Failed to write file '{path}': {type(exc).__name__}: {exc}")
         if "cannot overwrite existing file" in result.stderr:
-            return WriteResult(error=f"Error: {path} already exists; change it with edit_file, "
-                                     "or write to a new path")  # fmt: skip
+            return WriteResult(
+                error=f"Error: {path} already exists; change it with edit_file, "
+                "or write to a new path"
+            )
         if result.exit_code != 0:
             return WriteResult(error=f"Failed to write file '{path}': {_file_error(result.stderr)}")
         return WriteResult(path=path)
@@ -295,8 +315,12 @@ class ExecSandboxBackend(BaseSandbox):
                     self._holder[:] = [resumed]
                     return resumed
             session = await scheduler.session(
-                language="raw", timeout_seconds=self._timeout, memory_mb=self._memory_mb,
-                packages=self._packages, _packages_language="python", **self._network,
+                language="raw",
+                timeout_seconds=self._timeout,
+                memory_mb=self._memory_mb,
+                packages=self._packages,
+                _packages_language="python",
+                **self._network,
             )
             self._holder[:] = [session]
             setup = await session.exec(_SETUP)
@@ -359,5 +383,5 @@ def _close_quietly(runner: Runner, holder: list[SandboxSession]) -> None:
         return
     try:
         runner.run(lambda _s: _close_all(holder))
-    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+    except Exception:
         pass

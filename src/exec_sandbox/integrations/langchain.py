@@ -21,7 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
-from ._common import LANGUAGES, NetworkOptions, SessionPool, network_options, result_artifact, result_text
+from ._common import (
+    LANGUAGES,
+    NetworkOptions,
+    SessionPool,
+    network_options,
+    result_artifact,
+    result_text,
+)
 
 _DEFAULT_THREAD = "default"
 
@@ -61,9 +68,7 @@ class _SandboxToolBase(BaseTool):
 
 def _checked_language(language: str) -> str:
     if language not in LANGUAGES:
-        raise ToolException(
-            f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}"
-        )
+        raise ToolException(f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}")
     return language
 
 
@@ -81,28 +86,45 @@ class ExecSandboxTool(_SandboxToolBase):
         "(optional, pinned: pandas==2.2.0 for python, lodash@4.17.21 for javascript)."
     )
 
-    def _run(self, code: str, language: str = "python", packages: list[str] | None = None,
-             run_manager: CallbackManagerForToolRun | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    def _run(
+        self,
+        code: str,
+        language: str = "python",
+        packages: list[str] | None = None,
+        run_manager: CallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         language = _checked_language(language)
         try:
             result = self._runner.run(
-                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds, packages=packages,
-                                **self._network)  # fmt: skip
+                lambda s: s.run(
+                    code,
+                    language=language,  # type: ignore[arg-type]
+                    timeout_seconds=self.timeout_seconds,
+                    packages=packages,
+                    **self._network,
+                )
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _as_tool_output(result)
 
-    async def _arun(self, code: str, language: str = "python", packages: list[str] | None = None,
-                    run_manager: AsyncCallbackManagerForToolRun | None = None
-                    ) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    async def _arun(
+        self,
+        code: str,
+        language: str = "python",
+        packages: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         language = _checked_language(language)
         try:
             result = await self._runner.arun(
-                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self.timeout_seconds, packages=packages,
-                                **self._network)  # fmt: skip
+                lambda s: s.run(
+                    code,
+                    language=language,  # type: ignore[arg-type]
+                    timeout_seconds=self.timeout_seconds,
+                    packages=packages,
+                    **self._network,
+                )
             )
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
@@ -133,9 +155,13 @@ class ExecSandboxSessionTool(_SandboxToolBase):
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         _checked_language(self.language)
-        self._pool = SessionPool(self._runner, language=self.language,
-                                 timeout_seconds=self.timeout_seconds, packages=self.packages,
-                                 **self._network)  # fmt: skip
+        self._pool = SessionPool(
+            self._runner,
+            language=self.language,
+            timeout_seconds=self.timeout_seconds,
+            packages=self.packages,
+            **self._network,
+        )
         # An abandoned tool must not keep its VMs until the idle timeout.
         weakref.finalize(self, _close_quietly, self._pool)
 
@@ -144,8 +170,12 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         """Threads that currently hold a live VM."""
         return self._pool.keys()
 
-    def _run(self, code: str, config: RunnableConfig,
-             run_manager: CallbackManagerForToolRun | None = None) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    def _run(
+        self,
+        code: str,
+        config: RunnableConfig,
+        run_manager: CallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         key = _thread_id(config)
         try:
             result = self._pool.runner.run(lambda s: self._exec(s, key, code))
@@ -153,9 +183,12 @@ class ExecSandboxSessionTool(_SandboxToolBase):
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
         return _as_tool_output(result)
 
-    async def _arun(self, code: str, config: RunnableConfig,
-                    run_manager: AsyncCallbackManagerForToolRun | None = None
-                    ) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    async def _arun(
+        self,
+        code: str,
+        config: RunnableConfig,
+        run_manager: AsyncCallbackManagerForToolRun | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         key = _thread_id(config)
         try:
             result = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
@@ -183,5 +216,5 @@ def _thread_id(config: RunnableConfig | None) -> str:
 def _close_quietly(pool: SessionPool) -> None:
     try:
         pool.close()
-    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+    except Exception:
         pass

@@ -24,16 +24,26 @@ class ExecSandboxCodeExecutor:
     """Owns the session behind a CodeActAgent's code_execute_fn. `execute` is the async function
     to hand to the agent; `close()` destroys the VM (a new one starts on the next call)."""
 
-    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
-                 language: str = "python", packages: Sequence[str] | None = None,
-                 allow_network: bool = False,
-                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler: SandboxScheduler | None = None,
+        *,
+        timeout_seconds: int | None = None,
+        language: str = "python",
+        packages: Sequence[str] | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+    ) -> None:
         if language not in LANGUAGES:
             raise ValueError(f"unknown language {language!r}: use one of {', '.join(LANGUAGES)}")
-        self._pool = SessionPool(Runner(scheduler), language=language,
-                                 timeout_seconds=timeout_seconds, packages=packages,
-                                 allow_network=allow_network,
-                                 allowed_domains=allowed_domains)  # fmt: skip
+        self._pool = SessionPool(
+            Runner(scheduler),
+            language=language,
+            timeout_seconds=timeout_seconds,
+            packages=packages,
+            allow_network=allow_network,
+            allowed_domains=allowed_domains,
+        )
         weakref.finalize(self, _close_quietly, self._pool)
 
     async def execute(self, code: str) -> str:
@@ -55,18 +65,26 @@ class ExecSandboxCodeExecutor:
         await self._pool.aclose()
 
 
-def create_code_execute_fn(scheduler: SandboxScheduler | None = None, *,
-                           timeout_seconds: int | None = None, language: str = "python",
-                           packages: Sequence[str] | None = None, allow_network: bool = False,
-                           allowed_domains: Sequence[str] | None = None
-                           ) -> Callable[[str], Awaitable[str]]:  # fmt: skip
+def create_code_execute_fn(
+    scheduler: SandboxScheduler | None = None,
+    *,
+    timeout_seconds: int | None = None,
+    language: str = "python",
+    packages: Sequence[str] | None = None,
+    allow_network: bool = False,
+    allowed_domains: Sequence[str] | None = None,
+) -> Callable[[str], Awaitable[str]]:
     """The async `code_execute_fn(code: str) -> str` for CodeActAgent, with state kept across
     calls (and `packages` installed). The function's `executor` attribute holds its
     ExecSandboxCodeExecutor (to close)."""
-    executor = ExecSandboxCodeExecutor(scheduler, timeout_seconds=timeout_seconds,
-                                       language=language, packages=packages,
-                                       allow_network=allow_network,
-                                       allowed_domains=allowed_domains)  # fmt: skip
+    executor = ExecSandboxCodeExecutor(
+        scheduler,
+        timeout_seconds=timeout_seconds,
+        language=language,
+        packages=packages,
+        allow_network=allow_network,
+        allowed_domains=allowed_domains,
+    )
 
     async def code_execute_fn(code: str) -> str:
         """Execute code in a sandboxed interpreter; state persists between calls."""
@@ -81,9 +99,15 @@ class ExecSandboxToolSpec(BaseToolSpec):
 
     spec_functions = [("run_code", "arun_code")]
 
-    def __init__(self, scheduler: SandboxScheduler | None = None, *, timeout_seconds: int | None = None,
-                 packages: Sequence[str] | None = None, allow_network: bool = False,
-                 allowed_domains: Sequence[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        scheduler: SandboxScheduler | None = None,
+        *,
+        timeout_seconds: int | None = None,
+        packages: Sequence[str] | None = None,
+        allow_network: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+    ) -> None:
         self._runner = Runner(scheduler)
         self._network = network_options(allow_network, allowed_domains)
         self._timeout = timeout_seconds
@@ -101,10 +125,13 @@ class ExecSandboxToolSpec(BaseToolSpec):
             return f"Error: unknown language {language!r}: use one of {', '.join(LANGUAGES)}"
         try:
             result = self._runner.run(
-                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self._timeout,
-                                packages=self._packages if language == "python" else None,
-                                **self._network)  # fmt: skip
+                lambda s: s.run(
+                    code,
+                    language=language,  # type: ignore[arg-type]
+                    timeout_seconds=self._timeout,
+                    packages=self._packages if language == "python" else None,
+                    **self._network,
+                )
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"
@@ -116,10 +143,13 @@ class ExecSandboxToolSpec(BaseToolSpec):
             return f"Error: unknown language {language!r}: use one of {', '.join(LANGUAGES)}"
         try:
             result = await self._runner.arun(
-                lambda s: s.run(code, language=language,  # type: ignore[arg-type]
-                                timeout_seconds=self._timeout,
-                                packages=self._packages if language == "python" else None,
-                                **self._network)  # fmt: skip
+                lambda s: s.run(
+                    code,
+                    language=language,  # type: ignore[arg-type]
+                    timeout_seconds=self._timeout,
+                    packages=self._packages if language == "python" else None,
+                    **self._network,
+                )
             )
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"
@@ -129,5 +159,5 @@ class ExecSandboxToolSpec(BaseToolSpec):
 def _close_quietly(pool: SessionPool) -> None:
     try:
         pool.close()
-    except Exception:  # noqa: BLE001 - at interpreter exit the loop may already be gone
+    except Exception:
         pass

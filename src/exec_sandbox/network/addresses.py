@@ -49,8 +49,9 @@ _V6_DENIED = [
 _V6_PRIVATE = [("fc00::/7", "unique local (ULA)")]
 
 
-def _nets(table: list[tuple[str, str]]
-          ) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]]:  # fmt: skip
+def _nets(
+    table: list[tuple[str, str]],
+) -> list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]]:
     return [(ipaddress.ip_network(net), why) for net, why in table]
 
 
@@ -58,8 +59,9 @@ _DENIED = _nets(_V4_DENIED) + _nets(_V6_DENIED)
 _PRIVATE = _nets(_V4_PRIVATE) + _nets(_V6_PRIVATE)
 
 
-def denied_reason(address: str | IPAddress, *, private_ok: bool = False,
-                  local: frozenset[IPAddress] | None = None) -> str | None:  # fmt: skip
+def denied_reason(
+    address: str | IPAddress, *, private_ok: bool = False, local: frozenset[IPAddress] | None = None
+) -> str | None:
     """None when a stream may connect to `address`, else which range forbids it."""
     ip = ipaddress.ip_address(address) if isinstance(address, str) else address
     if isinstance(ip, ipaddress.IPv6Address):

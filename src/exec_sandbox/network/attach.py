@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 class NetworkSetup:
     """One call's network before and while it is attached to a VM."""
 
-    def __init__(self, request: NetworkRequest, policy: NetworkPolicy, ca_bundle: bytes,
-                 listeners: list[tuple[socket.socket, ExposedPort]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        request: NetworkRequest,
+        policy: NetworkPolicy,
+        ca_bundle: bytes,
+        listeners: list[tuple[socket.socket, ExposedPort]],
+    ) -> None:
         self.request = request
         self.policy = policy
         self.ca_bundle = ca_bundle

@@ -30,9 +30,15 @@ class PendingConnection:
     def finish(self, still_open: bool = False) -> NetworkConnection:
         end = self.ended_mono if self.ended_mono is not None else time.monotonic()
         return NetworkConnection(
-            direction=self.direction, name=self.name, port=self.port, allowed=self.allowed,
-            reason=self.reason, addresses=self.addresses, bytes_sent=self.bytes_sent,
+            direction=self.direction,
+            name=self.name,
+            port=self.port,
+            allowed=self.allowed,
+            reason=self.reason,
+            addresses=self.addresses,
+            bytes_sent=self.bytes_sent,
             bytes_received=self.bytes_received,
             duration_ms=max(0, round((end - self.started_mono) * 1000)),
-            started_at=self.started_at, still_open=still_open,
-        )  # fmt: skip
+            started_at=self.started_at,
+            still_open=still_open,
+        )

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..models import ExposedPort, NetworkConnection
 from ..vm.binding import (
     NetClosedEvent,
     NetConnectedEvent,
@@ -18,8 +19,7 @@ from ..vm.binding import (
     NetRefusedEvent,
     NetRelayEndEvent,
     NetRing,
-)  # fmt: skip
-from ..models import ExposedPort, NetworkConnection
+)
 from . import policy as p
 from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
@@ -43,8 +43,9 @@ class NetworkHub:
         self._vms: dict[int, VmNetwork] = {}
         loop.add_reader(self._ring.fileno(), self._on_ready)
 
-    def attach(self, port_fd: int, policy: NetworkPolicy,
-               on_violation: Callable[[str], None]) -> VmNetwork:  # fmt: skip
+    def attach(
+        self, port_fd: int, policy: NetworkPolicy, on_violation: Callable[[str], None]
+    ) -> VmNetwork:
         """Start relaying a VM's network port (the fd stays the caller's: the ring has a copy)."""
         relay = self._ring.add_relay(port_fd)
         net = VmNetwork(self, relay, policy, on_violation)
@@ -82,8 +83,13 @@ class NetworkHub:
 class VmNetwork:
     """The network side of one VM: policy decisions, exposed-port listeners, the log."""
 
-    def __init__(self, hub: NetworkHub, relay: int, policy: NetworkPolicy,
-                 on_violation: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hub: NetworkHub,
+        relay: int,
+        policy: NetworkPolicy,
+        on_violation: Callable[[str], None],
+    ) -> None:
         self.hub = hub
         self.relay = relay
         self.policy = policy
@@ -98,8 +104,10 @@ class VmNetwork:
     @property
     def log(self) -> list[NetworkConnection]:
         """Finished connections, oldest first, then those still open (as they stand now)."""
-        return [*self._log,
-                *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed)]  # fmt: skip
+        return [
+            *self._log,
+            *(rec.finish(still_open=True) for rec in self._pending.values() if rec.allowed),
+        ]
 
     def inject_from_guest(self, data: bytes) -> None:
         """TESTS ONLY: handle data as if the guest had written it on its port (a lying guest:
@@ -131,8 +139,12 @@ class VmNetwork:
                 try:
                     stream = self.hub._ring.connect(self.relay, guest_port, conn)
                 except OSError as exc:
-                    self._log_refused(rec, TOO_MANY_REASON if exc.errno == errno.EBUSY
-                                      else f"the VM's network is gone ({exc.strerror})")  # fmt: skip
+                    self._log_refused(
+                        rec,
+                        TOO_MANY_REASON
+                        if exc.errno == errno.EBUSY
+                        else f"the VM's network is gone ({exc.strerror})",
+                    )
                     continue
             self._pending[stream] = rec
 
@@ -153,8 +165,9 @@ class VmNetwork:
                 waiting.allowed = True
             else:
                 del self._pending[event.stream]
-                self._log_refused(waiting, "nothing accepted the connection in the guest "
-                                  f"(status {event.status})")  # fmt: skip
+                self._log_refused(
+                    waiting, f"nothing accepted the connection in the guest (status {event.status})"
+                )
         elif isinstance(event, NetClosedEvent):
             ended = self._pending.pop(event.stream, None)
             if ended is None:
@@ -169,9 +182,12 @@ class VmNetwork:
         elif isinstance(event, NetRefusedEvent):
             # The relay answered this OPEN itself (the table was full): nothing to decide, but
             # it was a connection attempt all the same, and the log holds every attempt.
-            self._log_refused(PendingConnection("outbound", event.name, event.port),
-                              TOO_MANY_REASON if event.status == p.TOO_MANY
-                              else f"refused by the relay (status {event.status})")  # fmt: skip
+            self._log_refused(
+                PendingConnection("outbound", event.name, event.port),
+                TOO_MANY_REASON
+                if event.status == p.TOO_MANY
+                else f"refused by the relay (status {event.status})",
+            )
         elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
             log.warning("VM network protocol violation: %s", event.reason)
             self._on_violation(event.reason)

@@ -73,9 +73,7 @@ def ascii_name(name: str) -> str:
                 f"{name!r} has a label of {len(label)} characters (at most {LABEL_MAX})"
             )
         if not set(label) <= _LABEL_CHARS or label.startswith("-") or label.endswith("-"):
-            raise NetworkValidationError(
-                f"{name!r}: labels are letters, digits and inner hyphens"
-            )
+            raise NetworkValidationError(f"{name!r}: labels are letters, digits and inner hyphens")
         out.append(label)
     result = ".".join(out)
     if len(result) > NAME_MAX:
@@ -125,7 +123,9 @@ def parse_allowed_domains(entries: Sequence[str] | None) -> tuple[DomainRule, ..
             rules.append(rule)
     names = {r.name for r in rules}
     if len(names) > NAMES_MAX:
-        raise NetworkValidationError(f"allowed_domains has {len(names)} names (at most {NAMES_MAX})")
+        raise NetworkValidationError(
+            f"allowed_domains has {len(names)} names (at most {NAMES_MAX})"
+        )
     if len(extra_ports(rules)) > EXTRA_PORTS_MAX:
         raise NetworkValidationError(
             f"allowed_domains opens more than {EXTRA_PORTS_MAX} ports besides 80 and 443"

@@ -78,8 +78,9 @@ async def resolve(policy: NetworkPolicy, name: str, port: int) -> list[tuple[str
         # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the awaitable in a task of its
         # own, loop iterations that every connection's first byte waits for.
         async with asyncio.timeout(RESOLVE_TIMEOUT_SECONDS):
-            infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM,
-                                           proto=socket.IPPROTO_TCP)  # fmt: skip
+            infos = await loop.getaddrinfo(
+                name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
     except TimeoutError:
         raise Refused(RESOLVE_FAILED, f"resolving {name} timed out") from None
     except (OSError, UnicodeError) as exc:
@@ -124,5 +125,8 @@ async def connect(targets: list[tuple[str, int]], name: str) -> socket.socket:
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
-    raise Refused(CONNECT_FAILED, f"cannot connect to {name}:{targets[0][1]}: "
-                  + "; ".join(errors), tuple(a for a, _ in targets))  # fmt: skip
+    raise Refused(
+        CONNECT_FAILED,
+        f"cannot connect to {name}:{targets[0][1]}: " + "; ".join(errors),
+        tuple(a for a, _ in targets),
+    )

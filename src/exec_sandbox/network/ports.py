@@ -33,10 +33,11 @@ def parse_expose_ports(ports: Sequence[int | PortMapping] | None) -> tuple[PortM
     out: list[PortMapping] = []
     for entry in ports:
         if isinstance(entry, PortMapping):
-            mapping = PortMapping(_port(entry.internal, "PortMapping.internal"),
-                                  None if entry.external is None
-                                  else _port(entry.external, "PortMapping.external"),
-                                  entry.protocol)  # fmt: skip
+            mapping = PortMapping(
+                _port(entry.internal, "PortMapping.internal"),
+                None if entry.external is None else _port(entry.external, "PortMapping.external"),
+                entry.protocol,
+            )
             if mapping.protocol != "tcp":
                 raise NetworkValidationError(
                     f"PortMapping.protocol {mapping.protocol!r}: only 'tcp' is supported"
@@ -72,8 +73,9 @@ def bind_listeners(mappings: Sequence[PortMapping]) -> list[tuple[socket.socket,
                     ) from None
                 raise
             external = sock.getsockname()[1]
-            bound.append((sock, ExposedPort(mapping.internal, external, LISTEN_HOST,
-                                            mapping.protocol)))  # fmt: skip
+            bound.append(
+                (sock, ExposedPort(mapping.internal, external, LISTEN_HOST, mapping.protocol))
+            )
     except BaseException:
         for sock, _ in bound:
             sock.close()

@@ -19,9 +19,11 @@ class NetworkRequest:
     ports: tuple[PortMapping, ...]
 
 
-def parse_network_request(allow_network: bool, allowed_domains: Sequence[str] | None,
-                          expose_ports: Sequence[int | PortMapping] | None
-                          ) -> NetworkRequest | None:  # fmt: skip
+def parse_network_request(
+    allow_network: bool,
+    allowed_domains: Sequence[str] | None,
+    expose_ports: Sequence[int | PortMapping] | None,
+) -> NetworkRequest | None:
     """None when the call wants no network at all (the VM then has no network port)."""
     if not isinstance(allow_network, bool):
         raise NetworkValidationError(f"allow_network must be a bool, got {allow_network!r}")

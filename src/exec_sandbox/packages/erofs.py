@@ -43,8 +43,9 @@ async def pack(tree: Path, image: Path) -> int:
     await asyncio.get_running_loop().run_in_executor(None, normalize_tree, tree)
     result = await run_tool(
         [mkfs, "--quiet", "-T0", "--all-root", "-x-1", f"-U{_UUID}", str(image), str(tree)],
-        timeout=MKFS_TIMEOUT_SECONDS, what="mkfs.erofs",
-    )  # fmt: skip
+        timeout=MKFS_TIMEOUT_SECONDS,
+        what="mkfs.erofs",
+    )
     if result.returncode != 0:
         raise PackageBuildError(f"mkfs.erofs failed: {result.tail()}")
     return image.stat().st_size

@@ -55,11 +55,16 @@ class PackageLayers:
         for task in tasks:
             try:
                 await task
-            except BaseException:  # noqa: BLE001 - each build's end is all that matters here
+            except BaseException:
                 pass
 
-    async def get(self, language: Language, specs: tuple[PackageSpec, ...], images: GuestImages,
-                  progress: Progress | None = None) -> PackageLayer | None:  # fmt: skip
+    async def get(
+        self,
+        language: Language,
+        specs: tuple[PackageSpec, ...],
+        images: GuestImages,
+        progress: Progress | None = None,
+    ) -> PackageLayer | None:
         """The layer holding specs for language (None for no packages). Raises
         PackageNotAllowedError for packages that cannot be installed, PackageBuildError when
         the index or a build step fails, VmPermanentError when a host tool is missing."""
@@ -68,9 +73,15 @@ class PackageLayers:
         target = GuestTarget.of(images)
         say = progress or (lambda _message: None)
         phases: dict[str, int] = {}
-        request_key = _digest({"format": LAYER_FORMAT, "language": language,
-                               "requirements": [s.requirement for s in specs],
-                               "python": target.python, "glibc": target.glibc})  # fmt: skip
+        request_key = _digest(
+            {
+                "format": LAYER_FORMAT,
+                "language": language,
+                "requirements": [s.requirement for s in specs],
+                "python": target.python,
+                "glibc": target.glibc,
+            }
+        )
         lock = await self.store.read_request(request_key)
         if lock is not None and not _usable_lock(lock, language):
             lock = None  # an entry of another version, or damaged: resolve again
@@ -81,17 +92,29 @@ class PackageLayers:
             lock = await self._resolve(language, specs, target)
             phases["resolve"] = _ms_since(at)
             await self.store.write_request(request_key, lock)
-        layer_key = f"{language}-" + _digest({"format": LAYER_FORMAT, "language": language,
-                                              "identity": lock["identity"], "tree": target.tree,
-                                              "python": target.python, "glibc": target.glibc})[:24]  # fmt: skip
+        layer_key = (
+            f"{language}-"
+            + _digest(
+                {
+                    "format": LAYER_FORMAT,
+                    "language": language,
+                    "identity": lock["identity"],
+                    "tree": target.tree,
+                    "python": target.python,
+                    "glibc": target.glibc,
+                }
+            )[:24]
+        )
         stored = await self.store.lookup(layer_key)
         if stored is not None and not await self.store.verify(stored):
             stored = None
         if stored is None:
             task = self._builds.get(layer_key)
             if task is None:
-                task = asyncio.create_task(self._build(language, layer_key, lock, target, say, phases),
-                                           name=f"package-layer-{layer_key}")  # fmt: skip
+                task = asyncio.create_task(
+                    self._build(language, layer_key, lock, target, say, phases),
+                    name=f"package-layer-{layer_key}",
+                )
                 self._builds[layer_key] = task
                 task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
                 stored = await asyncio.shield(task)
@@ -108,8 +131,9 @@ class PackageLayers:
         )
         return PackageLayer(key=layer_key, path=stored.path, kind=language, report=report)
 
-    async def _resolve(self, language: Language, specs: tuple[PackageSpec, ...],
-                       target: GuestTarget) -> dict[str, Any]:  # fmt: skip
+    async def _resolve(
+        self, language: Language, specs: tuple[PackageSpec, ...], target: GuestTarget
+    ) -> dict[str, Any]:
         self.resolves += 1
         async with self.store.build_dir() as work:
             if language == "python":
@@ -127,8 +151,15 @@ class PackageLayers:
                 "npm": resolution,
             }
 
-    async def _build(self, language: Language, key: str, lock: dict[str, Any], target: GuestTarget,
-                     say: Progress, phases: dict[str, int]) -> StoredLayer:  # fmt: skip
+    async def _build(
+        self,
+        language: Language,
+        key: str,
+        lock: dict[str, Any],
+        target: GuestTarget,
+        say: Progress,
+        phases: dict[str, int],
+    ) -> StoredLayer:
         at = time.monotonic()
         async with self.store.build_lock(key):
             # Another process may have built it while this one waited for the lock.
@@ -164,19 +195,33 @@ class PackageLayers:
                 size = await erofs.pack(tree, image)
                 digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, image)
                 phases["image"] = _ms_since(at)
-                meta = {"format": LAYER_FORMAT, "language": language, "size": size,
-                        "sha256": digest, "packages": lock["packages"], "built_ms": dict(phases),
-                        "created": time.time()}  # fmt: skip
+                meta = {
+                    "format": LAYER_FORMAT,
+                    "language": language,
+                    "size": size,
+                    "sha256": digest,
+                    "packages": lock["packages"],
+                    "built_ms": dict(phases),
+                    "created": time.time(),
+                }
                 stored = await self.store.publish(key, image, meta)
-            log.info("package layer %s built: %d packages, %.1f MB, %s", key, count, size / 1e6,
-                     ", ".join(f"{k} {v} ms" for k, v in phases.items()))  # fmt: skip
+            log.info(
+                "package layer %s built: %d packages, %.1f MB, %s",
+                key,
+                count,
+                size / 1e6,
+                ", ".join(f"{k} {v} ms" for k, v in phases.items()),
+            )
             return stored
 
 
 def _usable_lock(lock: dict[str, Any], language: Language) -> bool:
     details = lock.get("wheels") if language == "python" else lock.get("npm")
-    return (isinstance(lock.get("packages"), list) and isinstance(lock.get("identity"), list)
-            and (isinstance(details, list) if language == "python" else isinstance(details, dict)))  # fmt: skip
+    return (
+        isinstance(lock.get("packages"), list)
+        and isinstance(lock.get("identity"), list)
+        and (isinstance(details, list) if language == "python" else isinstance(details, dict))
+    )
 
 
 def _digest(data: Any) -> str:
@@ -194,4 +239,3 @@ def _redact(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
-

@@ -24,8 +24,13 @@ from .tools import ToolResult, require_tool, run_tool, tool_env
 
 RESOLVE_TIMEOUT_SECONDS = 300.0
 DOWNLOAD_TIMEOUT_SECONDS = 900.0
-_NPM_FLAGS = ("--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier",
-              "--loglevel=error")  # fmt: skip
+_NPM_FLAGS = (
+    "--ignore-scripts",
+    "--no-audit",
+    "--no-fund",
+    "--no-update-notifier",
+    "--loglevel=error",
+)
 _NETWORK_TROUBLE = re.compile(r"ENOTFOUND|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EAI_AGAIN|ENETUNREACH")
 _TARBALL_URL = re.compile(r"https?://[^\s#]+\.tgz")
 # npm must never run git on the host (a git dependency's prepare script would run with it).
@@ -43,11 +48,22 @@ async def resolve(specs: tuple[PackageSpec, ...], work: Path) -> dict[str, Any]:
     project.mkdir(parents=True)
     (project / "package.json").write_text(json.dumps(_MANIFEST))
     result = await run_tool(
-        [npm(), "install", "--package-lock-only", "--save-exact", *_NPM_FLAGS,
-         "--cache", str(work / "npm-cache"), "--", *(spec.requirement for spec in specs)],
-        timeout=RESOLVE_TIMEOUT_SECONDS, what="resolving the packages with npm", cwd=project,
+        [
+            npm(),
+            "install",
+            "--package-lock-only",
+            "--save-exact",
+            *_NPM_FLAGS,
+            "--cache",
+            str(work / "npm-cache"),
+            "--",
+            *(spec.requirement for spec in specs),
+        ],
+        timeout=RESOLVE_TIMEOUT_SECONDS,
+        what="resolving the packages with npm",
+        cwd=project,
         env=tool_env(_NPM_ENV),
-    )  # fmt: skip
+    )
     if result.returncode != 0:
         raise _npm_failure(result)
     try:
@@ -90,9 +106,11 @@ async def download(resolution: dict[str, Any], work: Path) -> Path:
     (project / "package-lock.json").write_text(json.dumps(resolution["lock"]))
     result = await run_tool(
         [npm(), "ci", *_NPM_FLAGS, "--cache", str(work / "npm-cache")],
-        timeout=DOWNLOAD_TIMEOUT_SECONDS, what="downloading the packages with npm", cwd=project,
+        timeout=DOWNLOAD_TIMEOUT_SECONDS,
+        what="downloading the packages with npm",
+        cwd=project,
         env=tool_env(_NPM_ENV),
-    )  # fmt: skip
+    )
     if result.returncode != 0:
         raise _npm_failure(result)
     modules = project / "node_modules"
@@ -106,8 +124,9 @@ def _npm_failure(result: ToolResult) -> Exception:
     if _NETWORK_TROUBLE.search(text):
         return PackageBuildError(f"the npm registry could not be reached: {result.tail()}")
     if re.search(r"\bE404\b|\bETARGET\b|No matching version|is not in this registry", text):
-        return PackageNotAllowedError(f"a requested package or version does not exist on the "
-                                      f"npm registry: {result.tail()}")  # fmt: skip
+        return PackageNotAllowedError(
+            f"a requested package or version does not exist on the npm registry: {result.tail()}"
+        )
     if "ERESOLVE" in text:
         return PackageNotAllowedError(f"the requested packages conflict: {result.tail()}")
     return PackageBuildError(f"npm failed: {result.tail()}")

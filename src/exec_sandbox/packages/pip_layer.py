@@ -75,18 +75,32 @@ async def check_pip() -> None:
         )
 
 
-async def resolve(specs: tuple[PackageSpec, ...], target: GuestTarget, work: Path) -> list[LockedWheel]:
+async def resolve(
+    specs: tuple[PackageSpec, ...], target: GuestTarget, work: Path
+) -> list[LockedWheel]:
     """The exact wheels (with their hashes) that the requirements resolve to for the guest."""
     await check_pip()
     requirements = work / "requirements.in"
     requirements.write_text("".join(spec.requirement + "\n" for spec in specs))
     report = work / "resolve-report.json"
     result = await run_tool(
-        pip_argv("install", "--dry-run", "--ignore-installed", "--report", str(report),
-                 "--target", str(work / "dry-run-target"), "--progress-bar", "off",
-                 *target.pip_target_options(), "-r", str(requirements)),
-        timeout=RESOLVE_TIMEOUT_SECONDS, what="resolving the packages with pip",
-    )  # fmt: skip
+        pip_argv(
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            "--target",
+            str(work / "dry-run-target"),
+            "--progress-bar",
+            "off",
+            *target.pip_target_options(),
+            "-r",
+            str(requirements),
+        ),
+        timeout=RESOLVE_TIMEOUT_SECONDS,
+        what="resolving the packages with pip",
+    )
     if result.returncode != 0:
         raise _pip_failure(result, target)
     try:
@@ -103,10 +117,16 @@ def _locked(item: dict[str, Any]) -> LockedWheel:
     url = str(info["url"])
     # Name, version and URL go into requirement lines of their own: nothing that could start
     # another option or requirement.
-    if (not url.endswith(".whl") or not re.fullmatch(r"[0-9a-f]{64}", sha256)
-            or re.search(r"\s", url) or not _LOCKED_TEXT.fullmatch(str(meta["name"]))
-            or not _LOCKED_TEXT.fullmatch(str(meta["version"]))):  # fmt: skip
-        raise PackageBuildError(f"pip resolved {meta['name']} to something other than a wheel: {url}")
+    if (
+        not url.endswith(".whl")
+        or not re.fullmatch(r"[0-9a-f]{64}", sha256)
+        or re.search(r"\s", url)
+        or not _LOCKED_TEXT.fullmatch(str(meta["name"]))
+        or not _LOCKED_TEXT.fullmatch(str(meta["version"]))
+    ):
+        raise PackageBuildError(
+            f"pip resolved {meta['name']} to something other than a wheel: {url}"
+        )
     return LockedWheel(name=str(meta["name"]), version=str(meta["version"]), url=url, sha256=sha256)
 
 
@@ -115,12 +135,25 @@ async def download(wheels: list[LockedWheel], target: GuestTarget, dest: Path) -
     await check_pip()
     dest.mkdir(parents=True, exist_ok=True)
     requirements = dest.parent / "requirements.lock"
-    requirements.write_text("".join(f"{w.name} @ {w.url} --hash=sha256:{w.sha256}\n" for w in wheels))
+    requirements.write_text(
+        "".join(f"{w.name} @ {w.url} --hash=sha256:{w.sha256}\n" for w in wheels)
+    )
     result = await run_tool(
-        pip_argv("download", "--no-deps", "--require-hashes", "--progress-bar", "off",
-                 "--dest", str(dest), *target.pip_target_options(), "-r", str(requirements)),
-        timeout=DOWNLOAD_TIMEOUT_SECONDS, what="downloading the wheels with pip",
-    )  # fmt: skip
+        pip_argv(
+            "download",
+            "--no-deps",
+            "--require-hashes",
+            "--progress-bar",
+            "off",
+            "--dest",
+            str(dest),
+            *target.pip_target_options(),
+            "-r",
+            str(requirements),
+        ),
+        timeout=DOWNLOAD_TIMEOUT_SECONDS,
+        what="downloading the wheels with pip",
+    )
     if result.returncode != 0:
         raise _pip_failure(result, target)
     files = list(dest.glob("*.whl"))
@@ -134,11 +167,23 @@ async def unpack(wheel_dir: Path, target: GuestTarget, tree: Path) -> None:
     scripts (tree/bin) run the guest's python."""
     wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
     result = await run_tool(
-        pip_argv("install", "--no-index", "--no-deps", "--no-compile", "--ignore-installed",
-                 "--no-warn-script-location", "--progress-bar", "off", "--target", str(tree),
-                 *target.pip_target_options(), *wheels),
-        timeout=UNPACK_TIMEOUT_SECONDS, what="unpacking the wheels with pip",
-    )  # fmt: skip
+        pip_argv(
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--ignore-installed",
+            "--no-warn-script-location",
+            "--progress-bar",
+            "off",
+            "--target",
+            str(tree),
+            *target.pip_target_options(),
+            *wheels,
+        ),
+        timeout=UNPACK_TIMEOUT_SECONDS,
+        what="unpacking the wheels with pip",
+    )
     if result.returncode != 0:
         raise PackageBuildError(f"unpacking the wheels failed: {result.tail()}")
     await asyncio.get_running_loop().run_in_executor(None, _point_scripts_at_guest, tree / "bin")
@@ -180,15 +225,31 @@ async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
     with slower imports."""
     python = bytecode_python(target)
     if python is None:
-        log.warning("no python%s on this host: the package layer is built without bytecode, "
-                    "so imports in the sandbox compile each module (slower)", target.python)  # fmt: skip
+        log.warning(
+            "no python%s on this host: the package layer is built without bytecode, "
+            "so imports in the sandbox compile each module (slower)",
+            target.python,
+        )
         return False
     result = await run_tool(
-        [python, "-I", "-m", "compileall", "-q", "-j", "0", "--invalidation-mode",
-         "unchecked-hash", "-d", target.site_packages, str(tree)],
-        timeout=COMPILE_TIMEOUT_SECONDS, what="compiling the packages' bytecode",
+        [
+            python,
+            "-I",
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "--invalidation-mode",
+            "unchecked-hash",
+            "-d",
+            target.site_packages,
+            str(tree),
+        ],
+        timeout=COMPILE_TIMEOUT_SECONDS,
+        what="compiling the packages' bytecode",
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""},
-    )  # fmt: skip
+    )
     if result.returncode not in (0, 1):  # 1: some file is not valid python (test data), as pip does
         raise PackageBuildError(f"compiling bytecode failed: {result.tail()}")
     return True
@@ -212,5 +273,7 @@ def _pip_failure(result: ToolResult, target: GuestTarget) -> Exception:
     if "ResolutionImpossible" in text or "conflict" in text.lower():
         return PackageNotAllowedError(f"the requested packages conflict: {said}")
     if "hash" in text.lower() and "do not match" in text.lower():
-        return PackageBuildError(f"a downloaded wheel does not match its locked hash: {result.tail()}")
+        return PackageBuildError(
+            f"a downloaded wheel does not match its locked hash: {result.tail()}"
+        )
     return PackageBuildError(f"pip failed: {said}")

@@ -27,8 +27,9 @@ _PY_VERSION = (
     r"(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"
     r"(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?"
 )
-_PY_PINNED = re.compile(rf"(?P<name>{_PY_NAME})(?P<extras>{_PY_EXTRAS})?==(?P<version>{_PY_VERSION})",
-                        re.IGNORECASE)  # fmt: skip
+_PY_PINNED = re.compile(
+    rf"(?P<name>{_PY_NAME})(?P<extras>{_PY_EXTRAS})?==(?P<version>{_PY_VERSION})", re.IGNORECASE
+)
 _PY_CLAUSE = r"(?:~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9.*+!_-]+"
 _PY_RANGE = re.compile(
     rf"(?P<name>{_PY_NAME})\s*(?P<extras>{_PY_EXTRAS})?\s*(?P<spec>{_PY_CLAUSE}(?:\s*,\s*{_PY_CLAUSE})*)?"
@@ -37,7 +38,11 @@ _PY_RANGE = re.compile(
 # (no ':' '/' '#': those start aliases, URLs, git and file specs).
 # A name and a scope start with a letter or digit: a leading "-" would make it an npm option.
 _NPM_NAME = r"(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*"
-_SEMVER = r"[0-9]+\.[0-9]+\.[0-9]+(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"
+_SEMVER = (
+    r"[0-9]+\.[0-9]+\.[0-9]+"
+    r"(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"  # pre-release
+    r"(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?"  # build metadata
+)
 _NPM_PINNED = re.compile(rf"(?P<name>{_NPM_NAME})@(?P<version>{_SEMVER})")
 _NPM_RANGE = re.compile(rf"(?P<name>{_NPM_NAME})(?:@(?P<range>[0-9A-Za-z.^~<>=| *+-]+))?")
 _NPM_NAME_MAX = 214
@@ -52,7 +57,9 @@ class PackageSpec:
     requirement: str
 
 
-def validate_packages(packages: object, language: Language, *, strict: bool) -> tuple[PackageSpec, ...]:
+def validate_packages(
+    packages: object, language: Language, *, strict: bool
+) -> tuple[PackageSpec, ...]:
     """The packages of one call, checked and sorted; () for None or an empty list. Raises
     PackageNotAllowedError naming the first bad entry."""
     if packages is None:
@@ -80,7 +87,9 @@ def validate_packages(packages: object, language: Language, *, strict: bool) -> 
     return tuple(sorted(specs.values()))
 
 
-def merge_packages(defaults: Iterable[PackageSpec], requested: Iterable[PackageSpec]) -> tuple[PackageSpec, ...]:
+def merge_packages(
+    defaults: Iterable[PackageSpec], requested: Iterable[PackageSpec]
+) -> tuple[PackageSpec, ...]:
     """A scheduler's default set with a call's packages on top: a package named by the call
     replaces the default's version of it."""
     merged = {spec.name: spec for spec in defaults}
@@ -104,13 +113,20 @@ def _parse_python(entry: str, text: str, strict: bool) -> PackageSpec:
     if match is None and not strict:
         match = _PY_RANGE.fullmatch(text)
     if match is None:
-        form = "name==version or name[extra]==version" if strict else "a name with an optional version range"
+        form = (
+            "name==version or name[extra]==version"
+            if strict
+            else "a name with an optional version range"
+        )
         raise PackageNotAllowedError(
-            f"package {entry!r} is not allowed: expected {form} (no URLs, paths, markers or options)"
+            f"package {entry!r} is not allowed: expected {form} "
+            "(no URLs, paths, markers or options)"
         )
     name = re.sub(r"[-_.]+", "-", match["name"]).lower()
     extras = match["extras"]
-    extras = "[" + ",".join(e.strip().lower() for e in extras[1:-1].split(",")) + "]" if extras else ""
+    extras = (
+        "[" + ",".join(e.strip().lower() for e in extras[1:-1].split(",")) + "]" if extras else ""
+    )
     groups = match.groupdict()
     if groups.get("version") is not None:
         constraint = "==" + groups["version"]
@@ -124,10 +140,14 @@ def _parse_npm(entry: str, text: str, strict: bool) -> PackageSpec:
     if match is None and not strict:
         match = _NPM_RANGE.fullmatch(text)
         # "-" alone joins a hyphen range ("1.0.0 - 2.0.0"); a word starting with it is an option.
-        if match is not None and any(w.startswith("-") and w != "-" for w in (match["range"] or "").split()):
+        if match is not None and any(
+            w.startswith("-") and w != "-" for w in (match["range"] or "").split()
+        ):
             match = None
     if match is None or len(match["name"]) > _NPM_NAME_MAX:
-        form = "name@version (an exact version)" if strict else "a name with an optional version range"
+        form = (
+            "name@version (an exact version)" if strict else "a name with an optional version range"
+        )
         raise PackageNotAllowedError(
             f"package {entry!r} is not allowed: expected {form} (no URLs, paths, git or aliases)"
         )

@@ -221,7 +221,9 @@ class LayerStore:
                 break
             if directory.name == keep or now - used < _EVICT_GRACE_SECONDS:
                 continue
-            log.info("package layer cache over %d MB: removing %s", self.max_bytes >> 20, directory.name)
+            log.info(
+                "package layer cache over %d MB: removing %s", self.max_bytes >> 20, directory.name
+            )
             self._remove(directory)
             total -= size
 

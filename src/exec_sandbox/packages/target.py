@@ -46,15 +46,24 @@ class GuestTarget:
         major, minor = (int(part) for part in self.glibc.split(".")[:2])
         if major != 2:
             raise VmPermanentError(f"unexpected guest glibc version {self.glibc}")
-        tags = [f"manylinux_2_{m}_{GUEST_ARCH}" for m in range(minor, _MANYLINUX_OLDEST_MINOR - 1, -1)]
+        tags = [
+            f"manylinux_2_{m}_{GUEST_ARCH}" for m in range(minor, _MANYLINUX_OLDEST_MINOR - 1, -1)
+        ]
         if minor >= 17:
             tags += [f"{legacy}_{GUEST_ARCH}" for legacy in _LEGACY_MANYLINUX]
         return tags
 
     def pip_target_options(self) -> list[str]:
         """pip options that make it pick wheels for the guest instead of the host."""
-        options = ["--only-binary=:all:", "--implementation", "cp",
-                   "--python-version", self.python, "--abi", self.python_tag]  # fmt: skip
+        options = [
+            "--only-binary=:all:",
+            "--implementation",
+            "cp",
+            "--python-version",
+            self.python,
+            "--abi",
+            self.python_tag,
+        ]
         for platform in self.platforms():
             options += ["--platform", platform]
         return options

@@ -27,7 +27,9 @@ class ToolResult:
     def tail(self) -> str:
         text = self.stderr.strip() or self.stdout.strip()
         # Lines that point into the build directory, which is gone when the error is read.
-        text = "\n".join(line for line in text.splitlines() if "complete log of this run" not in line)
+        text = "\n".join(
+            line for line in text.splitlines() if "complete log of this run" not in line
+        )
         text = text[-_OUTPUT_KEEP_CHARS:]
         return text or f"(no output, exit status {self.returncode})"
 
@@ -47,33 +49,49 @@ def tool_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment (so the host's own index, proxy, credentials and CA settings
     apply) with the tools made non-interactive."""
     env = dict(os.environ)
-    env.update({"PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-                "PYTHONDONTWRITEBYTECODE": "1", "npm_config_update_notifier": "false",
-                "npm_config_fund": "false", "npm_config_audit": "false"})  # fmt: skip
+    env.update(
+        {
+            "PIP_NO_INPUT": "1",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "npm_config_update_notifier": "false",
+            "npm_config_fund": "false",
+            "npm_config_audit": "false",
+        }
+    )
     if extra:
         env.update(extra)
     return env
 
 
-async def run_tool(argv: Sequence[str], *, timeout: float, what: str,
-                   env: Mapping[str, str] | None = None, cwd: Path | None = None) -> ToolResult:  # fmt: skip
+async def run_tool(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    what: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ToolResult:
     """Run argv to its end and return its exit status and output (a non-zero status is the
     caller's to judge). PackageBuildError when it runs longer than timeout."""
     prefix = _death_signal_prefix()
     proc = await asyncio.create_subprocess_exec(
-        *prefix, *argv,
+        *prefix,
+        *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env) if env is not None else tool_env(),
         cwd=cwd,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         await _kill(proc)
-        raise PackageBuildError(f"{what} took longer than {timeout:.0f} s and was stopped") from None
+        raise PackageBuildError(
+            f"{what} took longer than {timeout:.0f} s and was stopped"
+        ) from None
     except BaseException:
         await _kill(proc)
         raise

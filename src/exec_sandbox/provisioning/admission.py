@@ -65,8 +65,14 @@ class _Waiter:
 
 
 class Admission:
-    def __init__(self, budget: Budget, *, max_waiters: int, wait_timeout: float,
-                 reclaim: Callable[[], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        max_waiters: int,
+        wait_timeout: float,
+        reclaim: Callable[[], bool] | None = None,
+    ) -> None:
         self.budget = budget
         self.max_waiters = max_waiters
         self.wait_timeout = wait_timeout
@@ -120,8 +126,13 @@ class Admission:
                 f"admission queue full: {self._vms} VMs running and {self.foreground_waiting} "
                 f"requests waiting (max_concurrent_vms={self.budget.max_vms})"
             )
-        waiter = _Waiter(memory_mb, vcpus, background,
-                         asyncio.get_running_loop().create_future(), next(self._order))  # fmt: skip
+        waiter = _Waiter(
+            memory_mb,
+            vcpus,
+            background,
+            asyncio.get_running_loop().create_future(),
+            next(self._order),
+        )
         self._waiters.append(waiter)
         if not background:
             self._wake()  # may reclaim idle pooled VMs for it at once
@@ -130,7 +141,7 @@ class Admission:
                 return await waiter.future
             try:
                 return await asyncio.wait_for(asyncio.shield(waiter.future), self.wait_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise VmCapacityError(
                     f"no capacity for a new VM within {self.wait_timeout:.0f} s "
                     f"({self._vms} VMs running, max_concurrent_vms={self.budget.max_vms})"
@@ -160,9 +171,7 @@ class Admission:
     def _waiters_ahead(self, background: bool) -> bool:
         # Foreground requests queue only behind other foreground requests; background ones
         # behind everybody.
-        return any(not w.background for w in self._waiters) or (
-            background and bool(self._waiters)
-        )
+        return any(not w.background for w in self._waiters) or (background and bool(self._waiters))
 
     def _grant(self, memory_mb: int, vcpus: int) -> Ticket:
         self._vms += 1

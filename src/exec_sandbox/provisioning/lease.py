@@ -27,8 +27,9 @@ VmT = TypeVar("VmT", bound=LeasedVm)
 
 
 class Lease(Generic[VmT]):
-    def __init__(self, vm: VmT, ticket: Ticket,
-                 holder: MutableSet[Lease[VmT]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, vm: VmT, ticket: Ticket, holder: MutableSet[Lease[VmT]] | None = None
+    ) -> None:
         """holder: the owner's set of live leases (Scheduler.close() ends those left); the
         lease is in it until it ends."""
         self.vm = vm
@@ -39,8 +40,12 @@ class Lease(Generic[VmT]):
             holder.add(self)
 
     @classmethod
-    async def acquire(cls, ticket: Ticket, start: Callable[[], Awaitable[VmT]],
-                      holder: MutableSet[Lease[VmT]] | None = None) -> Lease[VmT]:  # fmt: skip
+    async def acquire(
+        cls,
+        ticket: Ticket,
+        start: Callable[[], Awaitable[VmT]],
+        holder: MutableSet[Lease[VmT]] | None = None,
+    ) -> Lease[VmT]:
         """The lease of the VM start() gives, under ticket. If start() fails or is cancelled,
         the ticket is released before the error propagates."""
         try:

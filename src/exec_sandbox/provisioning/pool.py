@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
+from ..models import LANGUAGES, Language
 from ..vm.guest import GuestVm
 from .admission import Admission, Budget
-from ..errors import PermanentError, SandboxError, VmPermanentError, VmTransientError
 from .lease import Lease
-from ..models import LANGUAGES, Language
 
 log = logging.getLogger("exec_sandbox")
 
@@ -54,12 +54,14 @@ def requested_sizes(size: PoolSize) -> dict[Language, int]:
     return {lang: size for lang in LANGUAGES}
 
 
-def fit_sizes(requested: Mapping[Language, int], memory_mb: int, vcpus: int,
-              budget: Budget) -> dict[Language, int]:  # fmt: skip
+def fit_sizes(
+    requested: Mapping[Language, int], memory_mb: int, vcpus: int, budget: Budget
+) -> dict[Language, int]:
     """The targets cut to the VMs of memory_mb / vcpus that the budget admits at once: one VM
     per language in turn (LANGUAGES order), each up to its request."""
-    capacity = min(budget.max_vms, budget.memory_mb // max(memory_mb, 1),
-                   budget.vcpus // max(vcpus, 1))  # fmt: skip
+    capacity = min(
+        budget.max_vms, budget.memory_mb // max(memory_mb, 1), budget.vcpus // max(vcpus, 1)
+    )
     fitted = {lang: 0 for lang in LANGUAGES}
     left = max(0, capacity)
     while left > 0:
@@ -94,8 +96,15 @@ VmFactory = Callable[[Language], Awaitable[tuple[GuestVm, bool]]]
 
 
 class WarmPool:
-    def __init__(self, size: PoolSize, memory_mb: int, vcpus: int, admission: Admission,
-                 factory: VmFactory, wait_quiet: Callable[[], Awaitable[None]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        size: PoolSize,
+        memory_mb: int,
+        vcpus: int,
+        admission: Admission,
+        factory: VmFactory,
+        wait_quiet: Callable[[], Awaitable[None]],
+    ) -> None:
         self.requested = requested_sizes(size)
         # What the pool keeps per language: the request, cut to what admission admits at once.
         self.sizes = fit_sizes(self.requested, memory_mb, vcpus, admission.budget)
@@ -104,9 +113,16 @@ class WarmPool:
             log.warning(
                 "warm pool: warm_pool_size asks for %d VMs of %d MB (%s), but admission admits "
                 "at most %d at once (max_concurrent_vms=%d, guest RAM %d MB, %d vCPUs): "
-                "pooling %s instead", sum(self.requested.values()), memory_mb,
-                _show(self.requested), sum(self.sizes.values()), budget.max_vms,
-                budget.memory_mb, budget.vcpus, _show(self.sizes))  # fmt: skip
+                "pooling %s instead",
+                sum(self.requested.values()),
+                memory_mb,
+                _show(self.requested),
+                sum(self.sizes.values()),
+                budget.max_vms,
+                budget.memory_mb,
+                budget.vcpus,
+                _show(self.sizes),
+            )
         self._wait_quiet = wait_quiet
         self.memory_mb = memory_mb
         self.vcpus = vcpus
@@ -130,8 +146,9 @@ class WarmPool:
             return
         for lang in LANGUAGES:
             if self.sizes[lang] > 0:
-                self._tasks[lang] = asyncio.create_task(self._refill(lang),
-                                                        name=f"warm-pool-{lang}")  # fmt: skip
+                self._tasks[lang] = asyncio.create_task(
+                    self._refill(lang), name=f"warm-pool-{lang}"
+                )
 
     def matches(self, memory_mb: int, allow_network: bool) -> bool:
         """Whether a request of this configuration can be served from the pool."""
@@ -196,12 +213,15 @@ class WarmPool:
             failures, error = self._failures[lang], self._last_error[lang]
             if failures >= GIVE_UP_AFTER_FAILURES:
                 kind = VmPermanentError if isinstance(error, PermanentError) else VmTransientError
-                raise kind(f"warm pool: starting a {lang} VM failed {failures} times in a row "
-                           f"(last: {error}); the pool keeps retrying") from error  # fmt: skip
+                raise kind(
+                    f"warm pool: starting a {lang} VM failed {failures} times in a row "
+                    f"(last: {error}); the pool keeps retrying"
+                ) from error
             task = self._tasks[lang]
             if task.done():  # a refill must run until close(): one that ended cannot fill
-                raise SandboxError(f"warm pool: the {lang} refill ended unexpectedly"
-                                   ) from (None if task.cancelled() else task.exception())  # fmt: skip
+                raise SandboxError(f"warm pool: the {lang} refill ended unexpectedly") from (
+                    None if task.cancelled() else task.exception()
+                )
 
     async def close(self) -> None:
         self._closed = True
@@ -228,8 +248,7 @@ class WarmPool:
                 continue
             async with self._refill_slot:
                 await self._wait_quiet()
-                ticket = await self._admission.acquire(self.memory_mb, self.vcpus,
-                                                       background=True)  # fmt: skip
+                ticket = await self._admission.acquire(self.memory_mb, self.vcpus, background=True)
                 restored = False
 
                 async def start() -> GuestVm:
@@ -245,8 +264,12 @@ class WarmPool:
                     self._failures[language] += 1
                     self._last_error[language] = exc
                     self._changed.set()  # wait_ready() decides whether to give up
-                    log.warning("warm pool: starting a %s VM failed (%s); retrying in %.0f s",
-                                language, exc, retry)  # fmt: skip
+                    log.warning(
+                        "warm pool: starting a %s VM failed (%s); retrying in %.0f s",
+                        language,
+                        exc,
+                        retry,
+                    )
                     await asyncio.sleep(retry)
                     retry = min(retry * 2, _RETRY_MAX_SECONDS)
                     continue
@@ -258,7 +281,6 @@ class WarmPool:
                 return
             idle.append(PooledVm(lease, language, restored))
             self._changed.set()
-
 
 
 def _show(sizes: Mapping[Language, int]) -> str:

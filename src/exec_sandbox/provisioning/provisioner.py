@@ -25,31 +25,31 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..vm import host_facts, migration
 from .. import limits
-from ..snapshots import node_startup
-from .admission import Admission
 from ..config import SchedulerConfig
 from ..errors import SandboxError
-from ..vm.execution import OutputCallback
-from ..vm.guest import GuestVm
 from ..images.catalog import GuestImages, load_images
-from ..vm.jail import jail_options
 from ..models import Language
 from ..packages.layer import PackageLayer
 from ..packages.layers import PackageLayers
 from ..packages.specs import PackageSpec, merge_packages, validate_packages
-from ..vm.qmp import QmpError
-from ..snapshots.node_startup import NodeStartupCache, blob_key
+from ..snapshots import node_startup
 from ..snapshots.identity import machine_identity, qemu_version
 from ..snapshots.l1 import Snapshot, SnapshotCache, snapshot_key, template_holds_interpreter
+from ..snapshots.node_startup import NodeStartupCache, blob_key
 from ..snapshots.ram import SnapshotIntegrityError
+from ..vm import host_facts, migration
+from ..vm.execution import OutputCallback
+from ..vm.guest import GuestVm
+from ..vm.jail import jail_options
+from ..vm.qmp import QmpError
 from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
+from .admission import Admission
 
 log = logging.getLogger("exec_sandbox")
 
@@ -75,11 +75,24 @@ class VmFactory(Protocol):
 
     async def host_setup(self, config: SchedulerConfig) -> HostSetup: ...
 
-    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
-                   on_boot_log: OutputCallback | None) -> GuestVm: ...  # fmt: skip
+    async def boot(
+        self,
+        spec: VmSpec,
+        *,
+        registry: VmRegistry,
+        boot_timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm: ...
 
-    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
-                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm: ...  # fmt: skip
+    async def restore(
+        self,
+        spec: VmSpec,
+        state_path: str,
+        *,
+        registry: VmRegistry,
+        timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm: ...
 
 
 class QemuVms:
@@ -98,15 +111,30 @@ class QemuVms:
             await loop.run_in_executor(None, qemu_version, qemu)
         return HostSetup(images, qemu, accel, f"tsc_early_khz={khz}" if khz > 0 else "")
 
-    async def boot(self, spec: VmSpec, *, registry: VmRegistry, boot_timeout: float,
-                   on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
-        return await GuestVm.boot(spec, registry=registry, boot_timeout=boot_timeout,
-                                  on_boot_log=on_boot_log)  # fmt: skip
+    async def boot(
+        self,
+        spec: VmSpec,
+        *,
+        registry: VmRegistry,
+        boot_timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm:
+        return await GuestVm.boot(
+            spec, registry=registry, boot_timeout=boot_timeout, on_boot_log=on_boot_log
+        )
 
-    async def restore(self, spec: VmSpec, state_path: str, *, registry: VmRegistry,
-                      timeout: float, on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
-        return await migration.restore(spec, state_path, registry=registry, timeout=timeout,
-                                       on_boot_log=on_boot_log)  # fmt: skip
+    async def restore(
+        self,
+        spec: VmSpec,
+        state_path: str,
+        *,
+        registry: VmRegistry,
+        timeout: float,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm:
+        return await migration.restore(
+            spec, state_path, registry=registry, timeout=timeout, on_boot_log=on_boot_log
+        )
 
 
 @dataclass
@@ -144,8 +172,14 @@ class Provisioner:
     """Starts one scheduler's VMs (see the module docstring). Owns the L1 snapshot cache and its
     builds, and the package layers' cache; the VMs it starts belong to its caller."""
 
-    def __init__(self, config: SchedulerConfig, admission: Admission, registry: VmRegistry,
-                 foreground: Foreground, factory: VmFactory | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        admission: Admission,
+        registry: VmRegistry,
+        foreground: Foreground,
+        factory: VmFactory | None = None,
+    ) -> None:
         self.config = config
         self.factory: VmFactory = factory if factory is not None else QemuVms()
         self._admission = admission
@@ -163,8 +197,7 @@ class Provisioner:
         self._snapshot_builds: dict[str, asyncio.Task[Snapshot | None]] = {}
         self._snapshot_failed: set[str] = set()
         # Package layers (packages/): the cache, and each language's default set (config).
-        self.layers = PackageLayers(config.package_cache_dir,
-                                    config.package_cache_max_mb << 20)  # fmt: skip
+        self.layers = PackageLayers(config.package_cache_dir, config.package_cache_max_mb << 20)
         self._default_packages: dict[str, tuple[PackageSpec, ...]] = {
             lang: validate_packages(specs, lang, strict=config.enable_package_validation)  # type: ignore[arg-type]
             for lang, specs in config.default_packages.items()
@@ -204,14 +237,16 @@ class Provisioner:
 
     # --- what a VM gets ---
 
-    def packages_of(self, language: Language,
-                    requested: tuple[PackageSpec, ...]) -> tuple[PackageSpec, ...]:  # fmt: skip
+    def packages_of(
+        self, language: Language, requested: tuple[PackageSpec, ...]
+    ) -> tuple[PackageSpec, ...]:
         """The packages a call's VM gets: the scheduler's default set of the language with the
         call's own (validated: RunRequest) on top."""
         return merge_packages(self._default_packages.get(language, ()), requested)
 
-    async def layer_for(self, language: Language, specs: tuple[PackageSpec, ...],
-                        on_progress: OutputCallback | None) -> PackageLayer | None:  # fmt: skip
+    async def layer_for(
+        self, language: Language, specs: tuple[PackageSpec, ...], on_progress: OutputCallback | None
+    ) -> PackageLayer | None:
         """The package layer of specs: cached, or built now (progress lines go to on_progress,
         the call's boot log)."""
         if not specs:
@@ -247,10 +282,16 @@ class Provisioner:
 
     # --- starting VMs ---
 
-    async def start_vm(self, language: Language, memory_mb: int, phases: Phases,
-                       layer: PackageLayer | None = None, *,
-                       on_boot_log: OutputCallback | None = None,
-                       net_port: bool = False) -> GuestVm:  # fmt: skip
+    async def start_vm(
+        self,
+        language: Language,
+        memory_mb: int,
+        phases: Phases,
+        layer: PackageLayer | None = None,
+        *,
+        on_boot_log: OutputCallback | None = None,
+        net_port: bool = False,
+    ) -> GuestVm:
         """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot).
         net_port: the VM gets the network port (its own snapshots: the device layout differs)."""
         spec = replace(self.spec(memory_mb, layer), net_port=net_port)
@@ -260,14 +301,16 @@ class Provisioner:
             if snapshot is None:
                 self.schedule_snapshot(spec, language, key)
             else:
-                vm = await self._restore_or_none(spec, language, key, snapshot, phases,
-                                                 on_boot_log)  # fmt: skip
+                vm = await self._restore_or_none(spec, language, key, snapshot, phases, on_boot_log)
                 if vm is not None:
                     return vm
         at = time.monotonic()
-        vm = await self.factory.boot(spec, registry=self._registry,
-                                     boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
-                                     on_boot_log=on_boot_log)  # fmt: skip
+        vm = await self.factory.boot(
+            spec,
+            registry=self._registry,
+            boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+            on_boot_log=on_boot_log,
+        )
         if language == "javascript" and node_startup.GIVE_TO_COLD_BOOTS:
             try:
                 await self._give_node_startup(vm, spec)
@@ -282,9 +325,15 @@ class Provisioner:
         has one (about 0.7 s less per node start under TCG); one the VM refuses is dropped."""
         await self.node_cache.give(vm, blob_key(machine_identity(spec)))
 
-    async def _restore_or_none(self, spec: VmSpec, language: Language, key: str,
-                               snapshot: Snapshot, phases: Phases,
-                               on_boot_log: OutputCallback | None) -> GuestVm | None:  # fmt: skip
+    async def _restore_or_none(
+        self,
+        spec: VmSpec,
+        language: Language,
+        key: str,
+        snapshot: Snapshot,
+        phases: Phases,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm | None:
         """A clone of snapshot, or None after a failure that a cold boot gets round (the
         snapshot is then discarded; see the module docstring)."""
         assert self.snapshots is not None
@@ -294,16 +343,24 @@ class Provisioner:
             ram_fd = await asyncio.get_running_loop().run_in_executor(
                 None, self.snapshots.ram_fd, snapshot
             )
-            vm = await self.factory.restore(replace(spec, mem_fd=ram_fd, mem_shared=False),
-                                            str(snapshot.state), registry=self._registry,
-                                            timeout=limits.RESTORE_TIMEOUT_SECONDS,
-                                            on_boot_log=on_boot_log)  # fmt: skip
+            vm = await self.factory.restore(
+                replace(spec, mem_fd=ram_fd, mem_shared=False),
+                str(snapshot.state),
+                registry=self._registry,
+                timeout=limits.RESTORE_TIMEOUT_SECONDS,
+                on_boot_log=on_boot_log,
+            )
         except SnapshotIntegrityError as exc:
             # Damaged since it was built (checked on the copy clones would map): a rebuild
             # fixes that, once; damaged again, this scheduler gives up on it.
             rebuild = self.snapshots.discard_corrupt(key)
-            log.warning("memory snapshot %s is corrupt (%s): cold boot instead; the snapshot "
-                        "is discarded%s", key, exc, " and rebuilt" if rebuild else "")  # fmt: skip
+            log.warning(
+                "memory snapshot %s is corrupt (%s): cold boot instead; the snapshot "
+                "is discarded%s",
+                key,
+                exc,
+                " and rebuilt" if rebuild else "",
+            )
             if rebuild:
                 self.schedule_snapshot(spec, language, key)
             else:
@@ -312,8 +369,12 @@ class Provisioner:
         except (SandboxError, QmpError, OSError) as exc:
             if self._registry.closed:
                 raise SandboxError("the scheduler was closed while the VM started") from exc
-            log.warning("restoring memory snapshot %s failed (%s): cold boot instead; the "
-                        "snapshot is discarded", key, exc)  # fmt: skip
+            log.warning(
+                "restoring memory snapshot %s failed (%s): cold boot instead; the "
+                "snapshot is discarded",
+                key,
+                exc,
+            )
             self.snapshots.invalidate(key)
             # Not rebuilt automatically: a snapshot this QEMU cannot load would fail again
             # (prepare_snapshot() still rebuilds it on request).
@@ -356,8 +417,9 @@ class Provisioner:
 
     # --- L1 snapshot builds ---
 
-    async def prepare_snapshot(self, language: Language, memory_mb: int,
-                               specs: tuple[PackageSpec, ...]) -> bool:  # fmt: skip
+    async def prepare_snapshot(
+        self, language: Language, memory_mb: int, specs: tuple[PackageSpec, ...]
+    ) -> bool:
         """Scheduler.prepare_snapshot(): the snapshot of this configuration exists or is built
         now. False when snapshots are off or the build failed."""
         if self.snapshots is None:
@@ -378,8 +440,9 @@ class Provisioner:
         _done, pending = await asyncio.wait(builds, timeout=timeout)
         return not pending
 
-    def schedule_snapshot(self, spec: VmSpec, language: Language, key: str, *,
-                          force: bool = False) -> asyncio.Task[Snapshot | None] | None:  # fmt: skip
+    def schedule_snapshot(
+        self, spec: VmSpec, language: Language, key: str, *, force: bool = False
+    ) -> asyncio.Task[Snapshot | None] | None:
         """Build the snapshot for key in the background (once at a time per key; a key that
         failed is not retried by this scheduler unless forced)."""
         if self.snapshots is None or self._registry.closed:
@@ -389,8 +452,9 @@ class Provisioner:
             return task
         if key in self._snapshot_failed and not force:
             return None
-        task = asyncio.create_task(self._build_snapshot(spec, language, key),
-                                   name=f"snapshot-{key}")  # fmt: skip
+        task = asyncio.create_task(
+            self._build_snapshot(spec, language, key), name=f"snapshot-{key}"
+        )
         self._snapshot_builds[key] = task
         task.add_done_callback(lambda _t: self._snapshot_builds.pop(key, None))
         return task
@@ -401,19 +465,25 @@ class Provisioner:
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus, background=True)
         try:
             at = time.monotonic()
-            snapshot = await self.snapshots.build(spec, language, key,
-                                                  boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
-                                                  boot=functools.partial(
-                                                      self.factory.boot,
-                                                      registry=self._registry))  # fmt: skip
+            snapshot = await self.snapshots.build(
+                spec,
+                language,
+                key,
+                boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+                boot=functools.partial(self.factory.boot, registry=self._registry),
+            )
             log.info("memory snapshot %s built in %.1f s", key, time.monotonic() - at)
             self._snapshot_failed.discard(key)
             return snapshot
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning("building memory snapshot %s failed (%s): fresh VMs of this "
-                        "configuration cold boot", key, exc)  # fmt: skip
+            log.warning(
+                "building memory snapshot %s failed (%s): fresh VMs of this "
+                "configuration cold boot",
+                key,
+                exc,
+            )
             self._snapshot_failed.add(key)
             return None
         finally:
@@ -422,4 +492,3 @@ class Provisioner:
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
-

@@ -45,11 +45,16 @@ class StepTimer:
         self.steps.append((step, seconds))
 
     def log(self, what: str) -> None:
-        log.debug("%s steps: %s", what, "; ".join(f"{name} {seconds * 1000:.0f} ms"
-                                                  for name, seconds in self.steps))  # fmt: skip
+        log.debug(
+            "%s steps: %s",
+            what,
+            "; ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in self.steps),
+        )
 
 
-async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str, Any]) -> SessionSnapshot:
+async def save_session(
+    vm: GuestVm, store: SessionSnapshotStore, meta: dict[str, Any]
+) -> SessionSnapshot:
     """Stop vm and write its whole state into a new snapshot described by meta (language,
     session settings, layer; id, size, digest and machine are filled in here). The VM stays
     stopped: the caller closes it (pause) or runs it on (cont)."""
@@ -60,9 +65,15 @@ async def save_session(vm: GuestVm, store: SessionSnapshotStore, meta: dict[str,
         state = build / STATE_FILE
         await migration.save_state(vm, str(state))
         size, digest = await asyncio.to_thread(lambda: (state.stat().st_size, file_sha256(state)))
-        full = {**meta, "format": SESSION_SNAPSHOT_FORMAT, "id": uuid.uuid4().hex,
-                "created": time.time(), "size": size, "sha256": digest,
-                "machine": machine_identity(vm.spec)}  # fmt: skip
+        full = {
+            **meta,
+            "format": SESSION_SNAPSHOT_FORMAT,
+            "id": uuid.uuid4().hex,
+            "created": time.time(),
+            "size": size,
+            "sha256": digest,
+            "machine": machine_identity(vm.spec),
+        }
         return await store.publish(build, full)
 
 
@@ -71,8 +82,11 @@ def _keep_layer(image: Path, build: Path) -> None:
     try:
         os.link(image, build / LAYER_FILE)
     except FileNotFoundError:
-        log.warning("package layer %s left the cache during the pause: the snapshot resumes only "
-                    "while the cache has it again", image)  # fmt: skip
+        log.warning(
+            "package layer %s left the cache during the pause: the snapshot resumes only "
+            "while the cache has it again",
+            image,
+        )
     except OSError:  # another file system: a private copy (hard links share the cache's mode)
         shutil.copyfile(image, build / LAYER_FILE)
         os.chmod(build / LAYER_FILE, 0o600)
@@ -91,13 +105,18 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
         )
 
 
-async def load_vm(spec: VmSpec, state: str, *, registry: VmRegistry | None,
-                  timeout: float) -> GuestVm:  # fmt: skip
+async def load_vm(
+    spec: VmSpec, state: str, *, registry: VmRegistry | None, timeout: float
+) -> GuestVm:
     """A running VM from a full state file: its RAM anonymous, its RNG reseeded and clock set
     before this returns."""
-    return await migration.restore(replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
-                                   state, registry=registry, timeout=timeout,
-                                   ram_in_stream=True)  # fmt: skip
+    return await migration.restore(
+        replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
+        state,
+        registry=registry,
+        timeout=timeout,
+        ram_in_stream=True,
+    )
 
 
 async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
@@ -175,8 +194,9 @@ async def _run_on(vm: GuestVm) -> None:
     await vm.reseed()
 
 
-async def _clones(maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path,
-                  timeout: float, steps: StepTimer) -> list[GuestVm]:  # fmt: skip
+async def _clones(
+    maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path, timeout: float, steps: StepTimer
+) -> list[GuestVm]:
     """count copy-on-write clones of maker (stopped, its RAM the shared memfd ram); maker is
     gone when this returns, and so is every clone if it raises."""
     # The memfd's holes are allocated, as for L1 templates (snapshots._sealed_copy): a copy's
@@ -197,12 +217,22 @@ async def _clones(maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path
     fill.result()
     steps.mark("fallocate (rest)")
     # The maker is reaped: nothing maps the memfd writably, so it can be sealed.
-    fcntl.fcntl(ram, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK
-                | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)  # fmt: skip
-    tasks = [asyncio.ensure_future(migration.restore(replace(spec, mem_shared=False),
-                                                     str(work / "devices"),
-                                                     registry=maker.registry, timeout=timeout))
-             for _ in range(count)]  # fmt: skip
+    fcntl.fcntl(
+        ram,
+        fcntl.F_ADD_SEALS,
+        fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
+    )
+    tasks = [
+        asyncio.ensure_future(
+            migration.restore(
+                replace(spec, mem_shared=False),
+                str(work / "devices"),
+                registry=maker.registry,
+                timeout=timeout,
+            )
+        )
+        for _ in range(count)
+    ]
     try:
         copies = list(await asyncio.gather(*tasks))
     except BaseException:

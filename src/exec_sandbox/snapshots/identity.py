@@ -16,8 +16,9 @@ _TSC_KHZ = re.compile(r"\btsc_early_khz=([0-9]{1,12})\b")
 @functools.cache
 def qemu_version(qemu_binary: str) -> str:
     """`qemu --version`'s first line: a QEMU upgrade makes every snapshot stale."""
-    out = subprocess.run([qemu_binary, "--version"], capture_output=True, text=True, timeout=30,
-                         check=False)  # fmt: skip
+    out = subprocess.run(
+        [qemu_binary, "--version"], capture_output=True, text=True, timeout=30, check=False
+    )
     return (out.stdout.strip().splitlines() or ["unknown"])[0]
 
 

@@ -157,8 +157,11 @@ class SnapshotCache:
         try:
             digest = _check(directory, key, memory_mb)
         except _Unusable as problem:
-            log.warning("memory snapshot %s is unusable (%s): removing it; cold boot instead",
-                        directory, problem)  # fmt: skip
+            log.warning(
+                "memory snapshot %s is unusable (%s): removing it; cold boot instead",
+                directory,
+                problem,
+            )
             self.invalidate(key)
             return None
         return Snapshot(key, directory / "ram", directory / "state", digest)
@@ -208,8 +211,15 @@ class SnapshotCache:
             log.info("memory snapshot cache %s: removed %s", self.root, ", ".join(removed))
         return removed
 
-    async def build(self, spec: VmSpec, language: Language, key: str, *, boot_timeout: float,
-                    boot: Callable[..., Awaitable[GuestVm]]) -> Snapshot:  # fmt: skip
+    async def build(
+        self,
+        spec: VmSpec,
+        language: Language,
+        key: str,
+        *,
+        boot_timeout: float,
+        boot: Callable[..., Awaitable[GuestVm]],
+    ) -> Snapshot:
         """Boot a template VM of spec (with `boot`: the provisioning's VmFactory), warm
         `language` up, save it, publish it under key."""
         self.root.mkdir(parents=True, exist_ok=True)

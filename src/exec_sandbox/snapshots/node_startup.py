@@ -120,8 +120,9 @@ class NodeStartupCache:
             self.root.mkdir(parents=True, exist_ok=True)
             # Its own name per writer (schedulers of one process may store the same key at
             # once), created 0600.
-            fd, name = tempfile.mkstemp(dir=self.root, prefix=f".{_PREFIX}{key}.",
-                                        suffix=".partial")  # fmt: skip
+            fd, name = tempfile.mkstemp(
+                dir=self.root, prefix=f".{_PREFIX}{key}.", suffix=".partial"
+            )
             partial = Path(name)
             with os.fdopen(fd, "wb") as sink:
                 sink.write(hashlib.sha256(data).digest())
@@ -164,8 +165,11 @@ class NodeStartupCache:
             return
         now = time.time()
         for partial in entries:
-            if partial.name.startswith(f".{_PREFIX}") and partial.name.endswith(".partial") \
-                    and now - _mtime(partial) > 3600:  # fmt: skip
+            if (
+                partial.name.startswith(f".{_PREFIX}")
+                and partial.name.endswith(".partial")
+                and now - _mtime(partial) > 3600
+            ):
                 with contextlib.suppress(OSError):
                     partial.unlink()
         blobs = [p for p in entries if p.name.startswith(_PREFIX) and p.name.endswith(_SUFFIX)]
@@ -240,8 +244,9 @@ rm -rf "$dir"
 _NODE_SNAPSHOT_TIMEOUT_MS = 120_000
 
 
-async def give_template_blob(vm: GuestVm, spec: VmSpec,
-                             node_cache: NodeStartupCache | None) -> None:  # fmt: skip
+async def give_template_blob(
+    vm: GuestVm, spec: VmSpec, node_cache: NodeStartupCache | None
+) -> None:
     """The template's node startup snapshot: the host's copy of this machine's when the VM takes
     it in, else one built in the VM now, which the host keeps for other VMs when the template has
     no package layer (nothing but the image's code ran in it)."""
@@ -267,7 +272,10 @@ async def _build_in_vm(vm: GuestVm) -> bool:
         )
     )
     if outcome.exit_code != 0:
-        log.warning("javascript template without node's startup snapshot (exit %s): %s",
-                    outcome.exit_code, outcome.stderr[-300:])  # fmt: skip
+        log.warning(
+            "javascript template without node's startup snapshot (exit %s): %s",
+            outcome.exit_code,
+            outcome.stderr[-300:],
+        )
         return False
     return True

@@ -68,7 +68,9 @@ class RamFiles:
                 fd, digest, ident = _seal(key, f.fileno())
             if digest != expected_digest:
                 os.close(fd)
-                raise SnapshotIntegrityError(f"RAM of memory snapshot {key} does not match its digest")
+                raise SnapshotIntegrityError(
+                    f"RAM of memory snapshot {key} does not match its digest"
+                )
             self._keep(ident, fd)
             mark_used(ram.parent)  # used: once per scheduler and file
             return fd
@@ -148,8 +150,11 @@ def _sealed_copy(src: int, size: int) -> int:
                     raise OSError(f"short copy of snapshot RAM at {start}")
                 start += n
         os.posix_fallocate(memfd, 0, size)
-        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW
-                    | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)  # fmt: skip
+        fcntl.fcntl(
+            memfd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL,
+        )
     except BaseException:
         os.close(memfd)
         raise

@@ -58,9 +58,16 @@ class Adopt(Protocol):
 
 
 class SessionSnapshotService:
-    def __init__(self, store: SessionSnapshotStore, admission: Admission, provisioner: Provisioner,
-                 registry: VmRegistry, leases: MutableSet[Lease[GuestVm]], adopt: Adopt,
-                 check_open: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: SessionSnapshotStore,
+        admission: Admission,
+        provisioner: Provisioner,
+        registry: VmRegistry,
+        leases: MutableSet[Lease[GuestVm]],
+        adopt: Adopt,
+        check_open: Callable[[], None],
+    ) -> None:
         self.store = store
         self._admission = admission
         self._provisioner = provisioner
@@ -71,9 +78,13 @@ class SessionSnapshotService:
 
     # --- Scheduler ---
 
-    async def resume(self, snapshot_id: str | SessionSnapshot, *,
-                     on_stdout: OutputCallback | None = None,
-                     on_stderr: OutputCallback | None = None) -> Session:  # fmt: skip
+    async def resume(
+        self,
+        snapshot_id: str | SessionSnapshot,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> Session:
         """A live Session from a paused one (see Scheduler.resume)."""
         snapshot_id = check_id(snapshot_id)
         self._check_open()
@@ -90,18 +101,30 @@ class SessionSnapshotService:
             state = await self.store.open_verified(snapshot_id, meta)
             try:
                 at = time.monotonic()
-                return await load_vm(spec, f"/proc/self/fd/{state}", registry=self._registry,
-                                     timeout=limits.RESTORE_TIMEOUT_SECONDS)  # fmt: skip
+                return await load_vm(
+                    spec,
+                    f"/proc/self/fd/{state}",
+                    registry=self._registry,
+                    timeout=limits.RESTORE_TIMEOUT_SECONDS,
+                )
             finally:
                 os.close(state)
 
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
         lease = await Lease.acquire(ticket, load, self._leases)
-        return self._adopt(lease, Adoption(
-            language=meta["language"], timeout=settings["timeout"], env=settings["env"],
-            on_stdout=on_stdout, on_stderr=on_stderr, boot_ms=_ms(time.monotonic() - at),
-            packages=None if layer is None else layer.report, exec_count=settings["exec_count"],
-        ))  # fmt: skip
+        return self._adopt(
+            lease,
+            Adoption(
+                language=meta["language"],
+                timeout=settings["timeout"],
+                env=settings["env"],
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                boot_ms=_ms(time.monotonic() - at),
+                packages=None if layer is None else layer.report,
+                exec_count=settings["exec_count"],
+            ),
+        )
 
     async def snapshots(self) -> list[SessionSnapshot]:
         """The paused sessions on disk (this user's, every process's), oldest first."""
@@ -133,12 +156,19 @@ class SessionSnapshotService:
                 ticket.release()
             raise
         adoption = Adoption(
-            language=session.language, timeout=session.default_timeout, env=session.default_env,
-            on_stdout=None, on_stderr=None, boot_ms=_ms(time.monotonic() - at),
-            packages=session.packages, exec_count=session.exec_count,
-        )  # fmt: skip
-        return [self._adopt(Lease(copy, ticket, self._leases), adoption)
-                for copy, ticket in zip(copies, tickets, strict=True)]  # fmt: skip
+            language=session.language,
+            timeout=session.default_timeout,
+            env=session.default_env,
+            on_stdout=None,
+            on_stderr=None,
+            boot_ms=_ms(time.monotonic() - at),
+            packages=session.packages,
+            exec_count=session.exec_count,
+        )
+        return [
+            self._adopt(Lease(copy, ticket, self._leases), adoption)
+            for copy, ticket in zip(copies, tickets, strict=True)
+        ]
 
     # --- what a snapshot records of its session ---
 
@@ -157,8 +187,12 @@ class SessionSnapshotService:
         stored = await self._provisioner.layers.store.lookup(layer.key)
         if stored is None:
             return {"key": layer.key, "kind": layer.kind}
-        return {"key": layer.key, "kind": layer.kind, "size": stored.size,
-                "sha256": stored.meta.get("sha256")}  # fmt: skip
+        return {
+            "key": layer.key,
+            "kind": layer.kind,
+            "size": stored.size,
+            "sha256": stored.meta.get("sha256"),
+        }
 
     async def _layer_of(self, meta: dict[str, Any]) -> PackageLayer | None:
         """The package layer a paused session's VM had (its disk must be the same again): the
@@ -178,11 +212,16 @@ class SessionSnapshotService:
                     "copy of it)"
                 )
             path, size = copy, int(saved["size"])
-        report = PackagesReport(packages=tuple(meta.get("packages") or ()), cache_hit=True,
-                                resolved=False, size_bytes=size)  # fmt: skip
-        return PackageLayer(key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report)
+        report = PackagesReport(
+            packages=tuple(meta.get("packages") or ()),
+            cache_hit=True,
+            resolved=False,
+            size_bytes=size,
+        )
+        return PackageLayer(
+            key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report
+        )
 
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
-

@@ -134,8 +134,10 @@ class SessionSnapshotStore:
             raise SnapshotError(f"session snapshot {snapshot_id} has an unknown format")
         if time.time() - directory.stat().st_mtime > self.ttl_seconds:
             self._delete(snapshot_id)
-            raise SnapshotError(f"session snapshot {snapshot_id} expired (unused for longer "
-                                f"than session_snapshot_ttl_seconds) and was deleted")  # fmt: skip
+            raise SnapshotError(
+                f"session snapshot {snapshot_id} expired (unused for longer "
+                f"than session_snapshot_ttl_seconds) and was deleted"
+            )
         with contextlib.suppress(OSError):
             os.utime(directory)
         checked: dict[str, Any] = meta
@@ -206,8 +208,13 @@ class SessionSnapshotStore:
             if not _ID.fullmatch(directory.name):
                 continue
             try:
-                entries.append((directory.stat().st_mtime, (directory / STATE_FILE).stat().st_size,
-                                directory.name))  # fmt: skip
+                entries.append(
+                    (
+                        directory.stat().st_mtime,
+                        (directory / STATE_FILE).stat().st_size,
+                        directory.name,
+                    )
+                )
             except OSError:
                 continue
         now = time.time()
@@ -217,8 +224,11 @@ class SessionSnapshotStore:
             if name == keep:
                 continue
             if now - used > self.ttl_seconds or total > self.max_bytes:
-                log.info("session snapshot %s removed (%s)", name,
-                         "past its TTL" if now - used > self.ttl_seconds else "cache over its cap")  # fmt: skip
+                log.info(
+                    "session snapshot %s removed (%s)",
+                    name,
+                    "past its TTL" if now - used > self.ttl_seconds else "cache over its cap",
+                )
                 self._delete(name)
                 removed.append(name)
                 total -= size
@@ -228,7 +238,10 @@ class SessionSnapshotStore:
         now = time.time()
         for path in [*self.root.glob(".build-*"), *self.root.glob(".trash-*")]:
             with contextlib.suppress(OSError):
-                if path.name.startswith(".trash-") or now - path.stat().st_mtime > _STALE_BUILD_SECONDS:
+                if (
+                    path.name.startswith(".trash-")
+                    or now - path.stat().st_mtime > _STALE_BUILD_SECONDS
+                ):
                     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -239,18 +252,28 @@ def _well_formed(meta: object) -> bool:
         return False
     session, machine, layer = meta.get("session"), meta.get("machine"), meta.get("layer")
     return (
-        isinstance(meta.get("id"), str) and bool(_ID.fullmatch(meta["id"]))
+        isinstance(meta.get("id"), str)
+        and bool(_ID.fullmatch(meta["id"]))
         and meta.get("language") in ("python", "javascript", "raw")
         and all(isinstance(meta.get(k), (int, float)) for k in ("created", "size"))
         and isinstance(meta.get("sha256"), str)
-        and isinstance(machine, dict) and isinstance(machine.get("memory_mb"), int)
-        and isinstance(session, dict) and isinstance(session.get("timeout"), (int, float))
-        and isinstance(session.get("exec_count"), int) and isinstance(session.get("env"), dict)
+        and isinstance(machine, dict)
+        and isinstance(machine.get("memory_mb"), int)
+        and isinstance(session, dict)
+        and isinstance(session.get("timeout"), (int, float))
+        and isinstance(session.get("exec_count"), int)
+        and isinstance(session.get("env"), dict)
         and all(isinstance(k, str) and isinstance(v, str) for k, v in session["env"].items())
-        and (layer is None or (isinstance(layer, dict) and isinstance(layer.get("key"), str)
-                               and layer.get("kind") in ("python", "javascript")))
+        and (
+            layer is None
+            or (
+                isinstance(layer, dict)
+                and isinstance(layer.get("key"), str)
+                and layer.get("kind") in ("python", "javascript")
+            )
+        )
         and isinstance(meta.get("packages", []), list)
-    )  # fmt: skip
+    )
 
 
 def describe(meta: dict[str, Any]) -> SessionSnapshot:

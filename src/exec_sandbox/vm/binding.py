@@ -32,9 +32,17 @@ RESEED_BYTES = int(_execsbx.RESEED_BYTES)
 # limits.py takes the API's limits from here, so that the three sides cannot disagree.
 PROTOCOL_LIMITS: dict[str, int] = {
     name: int(getattr(_execsbx, name))
-    for name in ("CODE_MAX", "STDOUT_LIMIT_DEFAULT", "STDERR_LIMIT_DEFAULT", "ENV_MAX_COUNT",
-                 "ENV_NAME_MAX", "ENV_VALUE_MAX", "TIMEOUT_MS_MIN", "TIMEOUT_MS_MAX")
-}  # fmt: skip
+    for name in (
+        "CODE_MAX",
+        "STDOUT_LIMIT_DEFAULT",
+        "STDERR_LIMIT_DEFAULT",
+        "ENV_MAX_COUNT",
+        "ENV_NAME_MAX",
+        "ENV_VALUE_MAX",
+        "TIMEOUT_MS_MIN",
+        "TIMEOUT_MS_MAX",
+    )
+}
 # The guest broke the protocol (raised by the C decoder): the VM is not to be trusted any more.
 ProtocolError = _execsbx.ProtocolError
 
@@ -45,7 +53,8 @@ FILE_SIZE_MAX = int(_execsbx.FILE_SIZE_MAX)
 PATH_MAX = int(_execsbx.PATH_MAX)
 PATH_COMPONENT_MAX = int(_execsbx.PATH_COMPONENT_MAX)
 FileRequest = Literal["write_begin", "write_data", "write_end", "read", "list"]
-# FILE_WRITE_BEGIN/FILE_READ flags: mode 0755; node's startup snapshot (snapshots/node_startup.py) in place
+# FILE_WRITE_BEGIN/FILE_READ flags: mode 0755; node's startup snapshot
+# (snapshots/node_startup.py) in place
 # of a path, its content led by NODE_TAG_SIZE bytes of the guest's CPU tag.
 FILE_EXECUTABLE = int(_execsbx.FILE_EXECUTABLE)
 FILE_NODE_SNAPSHOT = int(_execsbx.FILE_NODE_SNAPSHOT)
@@ -122,8 +131,7 @@ def probe_jail(
     """Spawn `stand_in` (e.g. /bin/true) under `jail` exactly as QEMU would be spawned, for `sbx
     doctor`: returns its exit status (None: still running after `wait_seconds`, then killed) and
     each jail layer as (layer, active, detail). Blocks: not for the event loop."""
-    vm = _execsbx.Vm(qemu_binary=stand_in, kernel="probe", rootfs="probe", memory_mb=128,
-                     jail=jail)  # fmt: skip
+    vm = _execsbx.Vm(qemu_binary=stand_in, kernel="probe", rootfs="probe", memory_mb=128, jail=jail)
     try:
         vm.wait_spawn()
         deadline = time.monotonic() + wait_seconds

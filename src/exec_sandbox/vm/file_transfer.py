@@ -11,13 +11,13 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, TypeVar, Union
+from typing import IO, TypeVar
 
+from ..errors import GuestAgentError, InputValidationError, SandboxError
+from ..models import FileInfo
 from . import binding
 from .binding import FILE_SIZE_MAX, PATH_COMPONENT_MAX, PATH_MAX
 from .guest import FileTransfer, GuestFileError, GuestVm
-from ..errors import GuestAgentError, InputValidationError, SandboxError
-from ..models import FileInfo
 
 GUEST_HOME = "/home/user"
 # Host -> guest chunk size, and how much may wait in the channel's queue before the next chunk.
@@ -30,8 +30,8 @@ _STALL_SECONDS = 120.0
 
 _T = TypeVar("_T")
 
-Content = Union[bytes, bytearray, memoryview, Path, IO[bytes]]
-Destination = Union[Path, IO[bytes]]
+Content = bytes | bytearray | memoryview | Path | IO[bytes]
+Destination = Path | IO[bytes]
 
 
 def guest_path(path: object, *, allow_empty: bool = False) -> bytes:
@@ -140,9 +140,7 @@ async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -
                 raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
             if transfer.done.done():
                 break  # the guest refused: stop sending, the error is raised below
-            if vm.send_file_frame("write_data", transfer.id, chunk) > (
-                _QUEUE_HIGH_WATER
-            ):
+            if vm.send_file_frame("write_data", transfer.id, chunk) > (_QUEUE_HIGH_WATER):
                 await _unless_stalled(vm, vm.wait_flushed(), lambda: vm.bytes_flushed)
         committed = not transfer.done.done()
         vm.send_file_frame("write_end", transfer.id, committed)
@@ -188,8 +186,9 @@ async def read_file(vm: GuestVm, path: bytes, destination: Destination | None) -
     return await read_target(vm, path, destination, 0, FILE_SIZE_MAX)
 
 
-async def read_target(vm: GuestVm, path: bytes, destination: Destination | None, flags: int,
-                      limit: int) -> bytes | None:  # fmt: skip
+async def read_target(
+    vm: GuestVm, path: bytes, destination: Destination | None, flags: int, limit: int
+) -> bytes | None:
     """read_file() with the FILE_READ flags as given; the VM is closed when the guest sends more
     than limit bytes."""
     if isinstance(destination, Path):

@@ -19,6 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import (
+    CommunicationError,
+    CommunicationOutcomeUnknownError,
+    GuestAgentError,
+    VmPermanentError,
+    VmTimeoutError,
+    VmTransientError,
+)
+from ..limits import HOST_TIMEOUT_GRACE_SECONDS
+from ..models import Language
+from . import process
 from .binding import (
     EXIT_TIMED_OUT,
     LANGUAGE_CODES,
@@ -30,18 +41,7 @@ from .binding import (
     OutputEvent,
     ProtocolError,
 )
-from ..errors import (
-    CommunicationError,
-    CommunicationOutcomeUnknownError,
-    GuestAgentError,
-    VmPermanentError,
-    VmTimeoutError,
-    VmTransientError,
-)
-from ..limits import HOST_TIMEOUT_GRACE_SECONDS
-from ..models import Language
-from . import binding, process
-from .execution import Execution, ExecOutcome, ExecRequest, OutputCallback, OutputStream
+from .execution import ExecOutcome, ExecRequest, Execution, OutputCallback, OutputStream
 from .jail import report_layers
 from .qmp import QmpClient
 from .registry import VmRegistry
@@ -91,8 +91,9 @@ class GuestVm:
 
     spec: VmSpec  # what it was started with (set by spawn)
 
-    def __init__(self, vm: Any, loop: asyncio.AbstractEventLoop,
-                 on_boot_log: OutputCallback | None) -> None:  # fmt: skip
+    def __init__(
+        self, vm: Any, loop: asyncio.AbstractEventLoop, on_boot_log: OutputCallback | None
+    ) -> None:
         self._vm = vm
         self._loop = loop
         self._on_boot_log = on_boot_log
@@ -124,14 +125,20 @@ class GuestVm:
         loop.add_reader(vm.pidfd, self._on_qemu_exit)
 
     @classmethod
-    async def boot(cls, spec: VmSpec, *, registry: VmRegistry | None, boot_timeout: float,
-                   on_boot_log: OutputCallback | None = None) -> GuestVm:  # fmt: skip
+    async def boot(
+        cls,
+        spec: VmSpec,
+        *,
+        registry: VmRegistry | None,
+        boot_timeout: float,
+        on_boot_log: OutputCallback | None = None,
+    ) -> GuestVm:
         """Start QEMU and wait until the guest agent is ready. Raises VmTimeoutError or
         VmTransientError (with the console's last lines) if it is not; the VM is gone then."""
         guest = await cls.spawn(spec, registry=registry, incoming=False, on_boot_log=on_boot_log)
         try:
             await asyncio.wait_for(asyncio.shield(guest._ready), boot_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             guest.close()
             raise VmTimeoutError(
                 f"guest did not become ready within {boot_timeout:.0f} s{guest.console_hint()}"
@@ -142,8 +149,14 @@ class GuestVm:
         return guest
 
     @classmethod
-    async def spawn(cls, spec: VmSpec, *, registry: VmRegistry | None, incoming: bool,
-                    on_boot_log: OutputCallback | None) -> GuestVm:  # fmt: skip
+    async def spawn(
+        cls,
+        spec: VmSpec,
+        *,
+        registry: VmRegistry | None,
+        incoming: bool,
+        on_boot_log: OutputCallback | None,
+    ) -> GuestVm:
         """Start QEMU for spec and register its fds; not yet READY (boot() waits for that,
         migration.restore() loads a state into it). registry: its owner's, whose close() kills
         it (None: the caller alone owns it)."""
@@ -179,8 +192,9 @@ class GuestVm:
         and the clock of the moment the snapshot was taken)."""
         await self._round_trip(
             lambda req_id: self._vm.send_reseed(req_id, os.urandom(RESEED_BYTES), time.time_ns()),
-            timeout, "the guest did not acknowledge RESEED in time",
-        )  # fmt: skip
+            timeout,
+            "the guest did not acknowledge RESEED in time",
+        )
 
     async def warm_up(self, language: Language) -> None:
         """Make this VM ready to serve `language` fast: run a trivial program once, so the
@@ -214,16 +228,21 @@ class GuestVm:
         # PONG acknowledges it; an ERROR fails it.
         await self._round_trip(
             lambda req_id: self._vm.send_prestart(req_id, LANGUAGE_CODES[language]),
-            timeout, "the guest did not acknowledge PRESTART in time",
-        )  # fmt: skip
+            timeout,
+            "the guest did not acknowledge PRESTART in time",
+        )
         return True
 
-    async def send_net_config(self, config: tuple[bool, list[str], list[int], bytes],
-                              timeout: float = 10.0) -> None:  # fmt: skip
+    async def send_net_config(
+        self, config: tuple[bool, list[str], list[int], bytes], timeout: float = 10.0
+    ) -> None:
         """NET_CONFIG (its values: network/config_frame.py): the agent answers PONG once its DNS
         stub, listeners and CA bundle are set, or ERROR (raised as GuestAgentError)."""
-        await self._round_trip(lambda req_id: int(self._vm.send_net_config(req_id, *config)),
-                               timeout, "the guest did not acknowledge NET_CONFIG in time")  # fmt: skip
+        await self._round_trip(
+            lambda req_id: int(self._vm.send_net_config(req_id, *config)),
+            timeout,
+            "the guest did not acknowledge NET_CONFIG in time",
+        )
 
     @property
     def net_fd(self) -> int:
@@ -257,8 +276,7 @@ class GuestVm:
         """One channel round trip to the agent (PING/PONG)."""
         await self._round_trip(self._vm.send_ping, timeout, "the guest did not answer PING in time")
 
-    async def _round_trip(self, send: Callable[[int], int], timeout: float,
-                          late: str) -> None:  # fmt: skip
+    async def _round_trip(self, send: Callable[[int], int], timeout: float, late: str) -> None:
         """Send one request under a fresh id and wait for its acknowledgement (PONG or
         RESEEDED; an ERROR of that id fails it with GuestAgentError): the one request/response
         path of the channel. `send(id)` queues the frame and returns the bytes still queued;
@@ -272,7 +290,7 @@ class GuestVm:
         try:
             self._want_write(send(req_id))
             await asyncio.wait_for(asyncio.shield(done), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise VmTimeoutError(late) from None
         finally:
             self._acks.pop(req_id, None)
@@ -336,9 +354,10 @@ class GuestVm:
                 exit_code, flags, duration_us = await asyncio.wait_for(
                     asyncio.shield(run.done), deadline
                 )
-            except asyncio.TimeoutError:
-                log.warning("guest did not report the end of execution %d in time: killing the VM",
-                            exec_id)  # fmt: skip
+            except TimeoutError:
+                log.warning(
+                    "guest did not report the end of execution %d in time: killing the VM", exec_id
+                )
                 self.close()
                 exit_code, flags, duration_us = -1, EXIT_TIMED_OUT, int(deadline * 1e6)
             return ExecOutcome(
@@ -353,9 +372,11 @@ class GuestVm:
 
     # --- file transfers (sessions) ---
 
-    def open_transfer(self, on_data: Callable[[bytes], None] | None = None,
-                      on_entries: Callable[[list[FileEntry]], None] | None = None,
-                      ) -> FileTransfer:  # fmt: skip
+    def open_transfer(
+        self,
+        on_data: Callable[[bytes], None] | None = None,
+        on_entries: Callable[[list[FileEntry]], None] | None = None,
+    ) -> FileTransfer:
         """Register a file request; send its frames with send_file_frame(transfer.id, ...) and
         release it with close_transfer()."""
         if self._broken is not None:
@@ -448,10 +469,12 @@ class GuestVm:
                 if version != PROTOCOL_VERSION:
                     # Images built by another version of this library: nothing it would send
                     # could be trusted to mean the same. Retrying cannot help.
-                    self._ready.set_exception(VmPermanentError(
-                        f"the guest agent speaks protocol version {version}, this library "
-                        f"{PROTOCOL_VERSION}: rebuild the guest images (sbx setup)"
-                    ))  # fmt: skip
+                    self._ready.set_exception(
+                        VmPermanentError(
+                            f"the guest agent speaks protocol version {version}, this library "
+                            f"{PROTOCOL_VERSION}: rebuild the guest images (sbx setup)"
+                        )
+                    )
                 else:
                     self._ready.set_result(None)
             return
@@ -509,7 +532,7 @@ class GuestVm:
                 return
             try:
                 sink(event.data if isinstance(event, OutputEvent) else event.entries)
-            except BaseException as exc:  # noqa: BLE001 - e.g. the destination file failed
+            except BaseException as exc:
                 transfer.done.set_exception(exc)
 
     def _complete(self, run: Execution, outcome: tuple[int, int, int] | BaseException) -> None:
@@ -531,8 +554,9 @@ class GuestVm:
             try:
                 self._on_boot_log(data.decode(errors="replace"))
             except Exception as exc:
-                warnings.warn(f"on_boot_log callback raised {exc!r}; disabled", RuntimeWarning,
-                              stacklevel=1)  # fmt: skip
+                warnings.warn(
+                    f"on_boot_log callback raised {exc!r}; disabled", RuntimeWarning, stacklevel=1
+                )
                 self._on_boot_log = None
 
     def _on_qemu_exit(self) -> None:
@@ -601,4 +625,3 @@ class GuestVm:
             if not waiter.done():
                 waiter.set_exception(CommunicationOutcomeUnknownError(str(error)))
                 waiter.exception()
-

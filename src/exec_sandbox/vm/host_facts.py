@@ -76,8 +76,9 @@ def _kvm_unusable_reason() -> str | None:
     return probe_accelerator(qemu_binary(), "kvm")
 
 
-def probe_accelerator(qemu: str, accel: str, *,
-                      hang_seconds: float = _KVM_PROBE_HANG_SECONDS) -> str | None:  # fmt: skip
+def probe_accelerator(
+    qemu: str, accel: str, *, hang_seconds: float = _KVM_PROBE_HANG_SECONDS
+) -> str | None:
     """None if `qemu` runs the probe's guest code under `accel` (it exits with the status only
     that code produces), else why not: QEMU's own error, its exit status, or the hang guard."""
     cpu = "host" if accel == "kvm" else "max"
@@ -86,17 +87,40 @@ def probe_accelerator(qemu: str, accel: str, *,
         image = bytearray(b"\xf4" * _PROBE_BIOS_SIZE)  # hlt everywhere else
         image[-16 : -16 + len(_PROBE_CODE)] = _PROBE_CODE
         os.write(bios, image)
-        argv = [qemu, "-accel", accel, "-cpu", cpu, "-M", "microvm", "-nodefaults",
-                "-no-user-config", "-display", "none", "-m", "16",
-                "-bios", f"/proc/self/fd/{bios}",
-                "-device", f"isa-debug-exit,iobase={_PROBE_PORT:#x},iosize=1"]  # fmt: skip
+        argv = [
+            qemu,
+            "-accel",
+            accel,
+            "-cpu",
+            cpu,
+            "-M",
+            "microvm",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-m",
+            "16",
+            "-bios",
+            f"/proc/self/fd/{bios}",
+            "-device",
+            f"isa-debug-exit,iobase={_PROBE_PORT:#x},iosize=1",
+        ]
         try:
-            probe = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, pass_fds=(bios,),
-                                   timeout=hang_seconds, check=False)  # fmt: skip
+            probe = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                pass_fds=(bios,),
+                timeout=hang_seconds,
+                check=False,
+            )
         except subprocess.TimeoutExpired:  # run() has killed and reaped it
-            return (f"QEMU with {accel.upper()} did not run the probe's guest code within "
-                    f"{hang_seconds:.0f} s")  # fmt: skip
+            return (
+                f"QEMU with {accel.upper()} did not run the probe's guest code within "
+                f"{hang_seconds:.0f} s"
+            )
         except OSError as exc:
             return f"cannot run {qemu}: {exc}"
     finally:

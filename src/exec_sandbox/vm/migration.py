@@ -34,9 +34,16 @@ _UNCAPPED_BANDWIDTH = 1 << 40
 _PIPE_BYTES = 1 << 20
 
 
-async def restore(spec: VmSpec, state_path: str, *, registry: VmRegistry | None,
-                  timeout: float, on_boot_log: OutputCallback | None = None,
-                  ram_in_stream: bool = False, run: bool = True) -> GuestVm:  # fmt: skip
+async def restore(
+    spec: VmSpec,
+    state_path: str,
+    *,
+    registry: VmRegistry | None,
+    timeout: float,
+    on_boot_log: OutputCallback | None = None,
+    ram_in_stream: bool = False,
+    run: bool = True,
+) -> GuestVm:
     """Start a clone of a memory snapshot: QEMU maps spec.mem_path (the template's RAM)
     privately, loads the device state from state_path over QMP and resumes. The guest's
     RNG is reseeded before this returns, so nothing runs on the template's RNG state.
@@ -50,7 +57,7 @@ async def restore(spec: VmSpec, state_path: str, *, registry: VmRegistry | None,
     guest = await GuestVm.spawn(spec, registry=registry, incoming=True, on_boot_log=on_boot_log)
     try:
         await asyncio.wait_for(_load(guest, state_path, timeout, ram_in_stream, run), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         guest.close()
         raise VmTimeoutError(
             f"snapshot restore did not finish within {timeout:.0f} s{guest.console_hint()}"
@@ -61,8 +68,9 @@ async def restore(spec: VmSpec, state_path: str, *, registry: VmRegistry | None,
     return guest
 
 
-async def _load(guest: GuestVm, state_path: str, timeout: float, ram_in_stream: bool,
-                run: bool) -> None:  # fmt: skip
+async def _load(
+    guest: GuestVm, state_path: str, timeout: float, ram_in_stream: bool, run: bool
+) -> None:
     started = time.monotonic()
     guest.qmp = qmp = await QmpClient.connect(guest.qmp_fd, timeout)
     # A template's stream has no RAM (it is in the shared file); a full stream has it, and
@@ -121,8 +129,10 @@ async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
         await _hand_fd(guest.qmp, fd)
         await guest.qmp.execute("migrate-incoming", {"uri": "fd:state"})
         qmp = await monitor(vm)
-        await qmp.execute("migrate-set-capabilities",
-                          {"capabilities": [{"capability": "x-ignore-shared", "state": False}]})
+        await qmp.execute(
+            "migrate-set-capabilities",
+            {"capabilities": [{"capability": "x-ignore-shared", "state": False}]},
+        )
         await qmp.execute("migrate-set-parameters", {"max-bandwidth": _UNCAPPED_BANDWIDTH})
         started = time.monotonic()
         source_stopped = True
@@ -180,11 +190,11 @@ async def _run_on(vm: GuestVm) -> None:
     qmp = await monitor(vm)
     try:
         await asyncio.wait_for(qmp.execute("migrate_cancel"), _QMP_CONNECT_TIMEOUT_SECONDS)
-    except Exception:  # noqa: BLE001 - cont below decides whether the VM goes on
+    except Exception:
         pass
     try:
         await asyncio.wait_for(qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
-    except Exception:  # noqa: BLE001 - a VM that cannot run on is of no use
+    except Exception:
         vm.close()
 
 
@@ -198,8 +208,7 @@ async def save_devices(vm: GuestVm, state_path: str) -> None:
 async def save_state(vm: GuestVm, state_path: str) -> None:
     """Stop vm and write its whole state, RAM included, to state_path (a paused or forked
     session). The VM stays stopped: close() it, or cont() to go on running."""
-    await _save(vm, state_path, ram=True,
-                limit=vm.spec.memory_mb * 1024 * 1024 + _STATE_MAX_BYTES)  # fmt: skip
+    await _save(vm, state_path, ram=True, limit=vm.spec.memory_mb * 1024 * 1024 + _STATE_MAX_BYTES)
 
 
 async def cont(vm: GuestVm) -> None:
@@ -270,7 +279,7 @@ async def _save(vm: GuestVm, state_path: str, *, ram: bool, limit: int) -> None:
 async def _abandon_save(vm: GuestVm, qmp: QmpClient, copier: asyncio.Future[None]) -> None:
     try:
         await asyncio.wait_for(qmp.execute("migrate_cancel"), _QMP_CONNECT_TIMEOUT_SECONDS)
-    except Exception:  # noqa: BLE001 - the VM is ended below if it cannot go on
+    except Exception:
         pass
     _done, pending = await asyncio.wait({copier}, timeout=_STATE_DRAIN_TIMEOUT_SECONDS)
     if pending:  # QEMU still holds the pipe: only its end ends the copier
@@ -280,7 +289,7 @@ async def _abandon_save(vm: GuestVm, qmp: QmpClient, copier: asyncio.Future[None
     if vm.alive:
         try:
             await asyncio.wait_for(qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
-        except Exception:  # noqa: BLE001 - a VM that cannot run on is of no use
+        except Exception:
             vm.close()
 
 

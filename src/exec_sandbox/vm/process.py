@@ -105,8 +105,12 @@ def _forked(registry: VmRegistry | None, forking: _Forking) -> None:
         registry.started(forking)
 
 
-def _abandoned(loop: asyncio.AbstractEventLoop, registry: VmRegistry | None, forking: _Forking,
-               fork: asyncio.Future[Any]) -> None:  # fmt: skip
+def _abandoned(
+    loop: asyncio.AbstractEventLoop,
+    registry: VmRegistry | None,
+    forking: _Forking,
+    fork: asyncio.Future[Any],
+) -> None:
     """The fork of a cancelled spawn() ended: release its QEMU, if it made one."""
     if not fork.cancelled() and fork.exception() is None:
         release(loop, fork.result())

@@ -63,8 +63,14 @@ class QmpClient:
             raise
         return client
 
-    async def execute(self, command: str, arguments: dict[str, Any] | None = None, *,
-                      fds: list[int] | None = None, timeout: float = 10.0) -> Any:  # fmt: skip
+    async def execute(
+        self,
+        command: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        fds: list[int] | None = None,
+        timeout: float = 10.0,
+    ) -> Any:
         """Run one command and return its "return" value. `fds` are passed along with the
         command (SCM_RIGHTS), e.g. for `getfd`. Raises QmpError or asyncio.TimeoutError."""
         message: dict[str, Any] = {"execute": command}
@@ -85,12 +91,15 @@ class QmpClient:
                 raise self._break(QmpError(f"QMP {command}: short write"))
             try:
                 reply = await asyncio.wait_for(self._next_reply(), timeout)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+            except (TimeoutError, asyncio.CancelledError):
                 # The command was sent: its reply may still come, and would then be taken for
                 # the answer to the next command. A monitor cut short mid-command is out of
                 # step for good: every later command fails instead of reading a stale reply.
-                self._break(QmpError(f"QMP {command}: cut short before its reply; the monitor "
-                                     "is out of step"))  # fmt: skip
+                self._break(
+                    QmpError(
+                        f"QMP {command}: cut short before its reply; the monitor is out of step"
+                    )
+                )
                 raise
         if "error" in reply:
             error = reply["error"]

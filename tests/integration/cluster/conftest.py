@@ -22,15 +22,16 @@ import pytest
 if os.environ.get("EXEC_SANDBOX_SKIP_CLUSTER_TESTS") == "1":
     pytest.skip("EXEC_SANDBOX_SKIP_CLUSTER_TESTS=1 set by the caller", allow_module_level=True)
 
-import ray  # noqa: E402 - the [ray] extra: missing, these tests fail rather than pass
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray
+from ray.cluster_utils import Cluster
 
-from exec_sandbox import SchedulerConfig  # noqa: E402
-from exec_sandbox.cluster import NAMESPACE, ClusterScheduler  # noqa: E402
-from tests.helpers import qemu_processes  # noqa: E402
+from exec_sandbox import SchedulerConfig
+from exec_sandbox.cluster import NAMESPACE, ClusterScheduler
+from tests.helpers import qemu_processes
 
-HOST_CONFIG = SchedulerConfig(max_concurrent_vms=1, memory_snapshots=False, warm_pool_size=0,
-                              admission_timeout_seconds=60)  # fmt: skip
+HOST_CONFIG = SchedulerConfig(
+    max_concurrent_vms=1, memory_snapshots=False, warm_pool_size=0, admission_timeout_seconds=60
+)
 
 
 @dataclass
@@ -66,8 +67,11 @@ def local_cluster(hosts: int = 2) -> Iterator[LocalCluster]:
     started = LocalCluster(cluster, [])
     try:
         for _ in range(hosts):
-            started.nodes.append(cluster.add_node(num_cpus=1, resources={"sandbox_host": 1},
-                                                  object_store_memory=100 << 20))  # fmt: skip
+            started.nodes.append(
+                cluster.add_node(
+                    num_cpus=1, resources={"sandbox_host": 1}, object_store_memory=100 << 20
+                )
+            )
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False)
         asyncio.run(_create_hosts(started))
@@ -127,7 +131,8 @@ def images_dir_ready() -> None:
 
 @pytest.fixture
 async def client(shared_cluster: LocalCluster) -> AsyncIterator[ClusterScheduler]:
-    async with ClusterScheduler(address=shared_cluster.cluster.address,
-                                config=HOST_CONFIG) as scheduler:  # fmt: skip
+    async with ClusterScheduler(
+        address=shared_cluster.cluster.address, config=HOST_CONFIG
+    ) as scheduler:
         await shared_cluster.record_hosts(scheduler)
         yield scheduler

@@ -22,8 +22,9 @@ async def test_runs_spread_over_both_hosts_when_one_is_full(client: ClusterSched
     # Each host admits one VM: two runs at once fit only if the second goes to the other host
     # (a client that kept to one host would queue it there: one host would count both).
     before = {h.name: h.runs for h in await client.hosts()}
-    results = await asyncio.gather(*(client.run("import time; time.sleep(2); print('done')")
-                                     for _ in range(2)))  # fmt: skip
+    results = await asyncio.gather(
+        *(client.run("import time; time.sleep(2); print('done')") for _ in range(2))
+    )
     assert [r.stdout for r in results] == ["done\n", "done\n"]
     after = {h.name: h.runs for h in await client.hosts()}
     assert len(after) == 2
@@ -70,8 +71,9 @@ async def test_session_keeps_state_and_is_reachable_from_a_second_client(
 
             asyncio.run(main())
         """)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             timeout=120, check=False)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout == "42\n"
         # The second client's disconnect left the session open, with its change in it.
@@ -86,8 +88,9 @@ async def test_20_mb_file_round_trip_through_the_object_store(client: ClusterSch
         await session.write_file("data/blob.bin", data)
         listed = await session.list_files("data")
         assert [(f.name, f.size) for f in listed] == [("blob.bin", len(data))]
-        result = await session.exec("import hashlib; print(hashlib.sha256(open('data/blob.bin', "
-                                    "'rb').read()).hexdigest())")  # fmt: skip
+        result = await session.exec(
+            "import hashlib; print(hashlib.sha256(open('data/blob.bin', 'rb').read()).hexdigest())"
+        )
         import hashlib
 
         assert result.stdout.strip() == hashlib.sha256(data).hexdigest()
@@ -100,16 +103,23 @@ def _sbx(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_sbx_run_cluster_runs_the_code_on_a_host(shared_cluster: LocalCluster) -> None:
-    out = await asyncio.to_thread(_sbx, "run", "--cluster", shared_cluster.cluster.address,
-                                  "-c", "import sys; print('on the cluster'); sys.exit(4)")  # fmt: skip
+    out = await asyncio.to_thread(
+        _sbx,
+        "run",
+        "--cluster",
+        shared_cluster.cluster.address,
+        "-c",
+        "import sys; print('on the cluster'); sys.exit(4)",
+    )
     assert (out.stdout, out.returncode) == ("on the cluster\n", 4), out.stderr[-2000:]
 
 
 async def test_sbx_doctor_cluster_reports_each_hosts_layers_and_capacity(
     shared_cluster: LocalCluster,
 ) -> None:
-    out = await asyncio.to_thread(_sbx, "doctor", "--cluster", shared_cluster.cluster.address,
-                                  "--json")  # fmt: skip
+    out = await asyncio.to_thread(
+        _sbx, "doctor", "--cluster", shared_cluster.cluster.address, "--json"
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     import json
 

@@ -18,8 +18,14 @@ SBX = [sys.executable, "-m", "exec_sandbox.cli.main"]
 
 
 def sbx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SBX, *args], capture_output=True, text=True, timeout=120,
-                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    return subprocess.run(
+        [*SBX, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def test_exit_status_is_the_codes(images_ready: None) -> None:
@@ -59,10 +65,14 @@ def test_bad_input_exits_2_before_any_vm(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "language" in proc.stderr
 
 
-def test_first_run_leaves_a_snapshot_that_the_next_run_restores(images_ready: None,
-                                                               tmp_path: Path) -> None:  # fmt: skip
-    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
-           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+def test_first_run_leaves_a_snapshot_that_the_next_run_restores(
+    images_ready: None, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
     snapshots = tmp_path / "cache" / "memory-snapshots"
     first = sbx("run", "--json", "-c", "print(1)", env=env)
     assert first.returncode == 0, first.stderr

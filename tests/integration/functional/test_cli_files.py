@@ -14,17 +14,33 @@ pytestmark = pytest.mark.vm
 
 def _sbx(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("sbx")
-    return subprocess.run([str(script), "run", "-q", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=180, env=os.environ.copy())  # fmt: skip
+    return subprocess.run(
+        [str(script), "run", "-q", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=os.environ.copy(),
+    )
 
 
 def test_upload_runs_with_the_file_and_download_brings_the_result_back(
     images_ready: None, tmp_path: Path
 ) -> None:
     (tmp_path / "in.txt").write_bytes(b"shout this\n")
-    done = _sbx("-l", "raw", "-c", "tr a-z A-Z < data/in.txt > out.txt; wc -c < out.txt",
-                "--upload", "in.txt:data/in.txt", "--download", "out.txt",
-                "--download", "out.txt:renamed.txt", cwd=tmp_path)  # fmt: skip
+    done = _sbx(
+        "-l",
+        "raw",
+        "-c",
+        "tr a-z A-Z < data/in.txt > out.txt; wc -c < out.txt",
+        "--upload",
+        "in.txt:data/in.txt",
+        "--download",
+        "out.txt",
+        "--download",
+        "out.txt:renamed.txt",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "11\n"
     assert (tmp_path / "out.txt").read_bytes() == b"SHOUT THIS\n"

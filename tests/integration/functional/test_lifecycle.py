@@ -40,8 +40,10 @@ async def test_cancelled_run_leaves_no_qemu(images_ready: None) -> None:
     started = asyncio.Event()
     async with Scheduler(SchedulerConfig()) as scheduler:
         task = asyncio.create_task(
-            scheduler.run("import time; print('up', flush=True); time.sleep(120)",
-                          on_stdout=lambda _: started.set())  # fmt: skip
+            scheduler.run(
+                "import time; print('up', flush=True); time.sleep(120)",
+                on_stdout=lambda _: started.set(),
+            )
         )
         await asyncio.wait_for(started.wait(), 60)
         task.cancel()
@@ -75,9 +77,7 @@ def test_sigkill_of_host_process_leaves_no_qemu(images_ready: None) -> None:
         os.kill(host.pid, signal.SIGKILL)
         host.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            pid in qemu_processes() for pid in children
-        ):
+        while time.monotonic() < deadline and any(pid in qemu_processes() for pid in children):
             time.sleep(0.1)
         assert not any(pid in qemu_processes() for pid in children), "QEMU outlived its host"
     finally:

@@ -29,12 +29,14 @@ except MemoryError:
 
 
 @pytest.fixture(params=["cold boot", "L1 clone"])
-async def scheduler_on_path(request: pytest.FixtureRequest, images_ready: None,
-                            tmp_path: Path) -> AsyncIterator[tuple[Scheduler, bool]]:  # fmt: skip
+async def scheduler_on_path(
+    request: pytest.FixtureRequest, images_ready: None, tmp_path: Path
+) -> AsyncIterator[tuple[Scheduler, bool]]:
     l1 = request.param == "L1 clone"
     fds_before = open_fds()
-    config = SchedulerConfig(max_concurrent_vms=2, memory_snapshots=l1,
-                             memory_snapshot_cache_dir=tmp_path / "snapshots")  # fmt: skip
+    config = SchedulerConfig(
+        max_concurrent_vms=2, memory_snapshots=l1, memory_snapshot_cache_dir=tmp_path / "snapshots"
+    )
     async with Scheduler(config) as sched:
         if l1:
             assert await sched.prepare_snapshot("python", memory_mb=MEMORY_MB)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from exec_sandbox.images.catalog import load_images
+from exec_sandbox.paths import images_dir
 from exec_sandbox.vm import host_facts
 from exec_sandbox.vm.execution import ExecRequest
 from exec_sandbox.vm.guest import GuestVm
 from exec_sandbox.vm.spec import VmSpec
-from exec_sandbox.images.catalog import load_images
-from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
 
@@ -136,9 +136,14 @@ async def send_agent_frame(vm: GuestVm, type_: int, req_id: int, payload: bytes)
 
 
 def _spec(net_port: bool) -> VmSpec:
-    return VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
-                  accel=host_facts.accelerator(), memory_mb=256, net_port=net_port,
-                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
+    return VmSpec(
+        qemu_binary=host_facts.qemu_binary(),
+        images=load_images(images_dir()),
+        accel=host_facts.accelerator(),
+        memory_mb=256,
+        net_port=net_port,
+        kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}",
+    )
 
 
 @pytest.fixture
@@ -187,13 +192,16 @@ async def test_plain_vm_has_no_net_port_and_refuses_net_config(images_ready: Non
             await send_agent_frame(vm, NET_CONFIG, 900, net_config(["example.org"], []))
         # Names fail at once (nothing listens at the stub's address), and the image's resolver
         # is the stub, not the build host's.
-        r = await vm.execute(_py(
-            "import socket, time\n"
-            "print(open('/etc/resolv.conf').read().split())\n"
-            "t = time.monotonic()\n"
-            "try:\n    socket.gethostbyname('example.org')\n"
-            "except OSError as e:\n    print('failed')\n"
-            "print(time.monotonic() - t < 5)\n"))  # fmt: skip
+        r = await vm.execute(
+            _py(
+                "import socket, time\n"
+                "print(open('/etc/resolv.conf').read().split())\n"
+                "t = time.monotonic()\n"
+                "try:\n    socket.gethostbyname('example.org')\n"
+                "except OSError as e:\n    print('failed')\n"
+                "print(time.monotonic() - t < 5)\n"
+            )
+        )
         assert r.stdout.splitlines()[1:] == ["failed", "True"], r
         assert r.stdout.splitlines()[0].startswith("['nameserver', '127.0.0.53'"), r
     finally:
@@ -206,7 +214,9 @@ async def test_dns_stub_listeners_and_a_relayed_stream(
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 901, net_config(["allowed.test"], [8080], CA))
     big = os.urandom(2 * WINDOW + 300 * 1024)  # more than two windows host -> guest
-    code = DNS_PROBE + r"""
+    code = (
+        DNS_PROBE
+        + r"""
 import errno, hashlib, os
 print(ask('allowed.test', 1))
 print(ask('API.Allowed.Test', 1))
@@ -237,6 +247,7 @@ print(os.environ['NODE_EXTRA_CA_CERTS'])
 print(open('/run/sbx/ca-certificates.crt').read() == open(os.environ['NODE_EXTRA_CA_CERTS']).read())
 print(repr(open('/etc/ssl/certs/ca-certificates.crt').read()))
 """
+    )
     run = asyncio.create_task(vm.execute(_py(code)))
     sid, payload = await port.expect(OPEN, timeout=60)
     assert 1 <= sid < 0x80000000
@@ -294,12 +305,14 @@ print(repr(open('/etc/ssl/certs/ca-certificates.crt').read()))
 async def test_refused_open_resets_the_client(net_vm: tuple[GuestVm, NetPortStandIn]) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 902, net_config(["*"], []))
-    code = ("import socket, errno\n"
-            "try:\n"
-            "    s = socket.create_connection(('anything.example', 80), timeout=30)\n"
-            "    print('recv', s.recv(10))\n"
-            "except OSError as e:\n"
-            "    print('error', errno.errorcode.get(e.errno))\n")  # fmt: skip
+    code = (
+        "import socket, errno\n"
+        "try:\n"
+        "    s = socket.create_connection(('anything.example', 80), timeout=30)\n"
+        "    print('recv', s.recv(10))\n"
+        "except OSError as e:\n"
+        "    print('error', errno.errorcode.get(e.errno))\n"
+    )
     run = asyncio.create_task(vm.execute(_py(code)))
     sid, payload = await port.expect(OPEN, timeout=60)
     assert payload == u32(80) + string(b"anything.example")
@@ -321,11 +334,13 @@ async def test_net_connect_reaches_a_guest_http_server(
     await port.send(frame(CONNECT, hid, u32(8000)))
     id_, payload = await port.expect(CONNECTED)
     assert (id_, payload) == (hid, u32(CONNECT_FAILED))
-    server = ("import http.server, os\n"
-              "os.chdir('/tmp'); open('hello.txt', 'w').write('served from the guest')\n"
-              "s = http.server.HTTPServer(('127.0.0.1', 8000),\n"
-              "                           http.server.SimpleHTTPRequestHandler)\n"
-              "s.handle_request()\n")  # fmt: skip
+    server = (
+        "import http.server, os\n"
+        "os.chdir('/tmp'); open('hello.txt', 'w').write('served from the guest')\n"
+        "s = http.server.HTTPServer(('127.0.0.1', 8000),\n"
+        "                           http.server.SimpleHTTPRequestHandler)\n"
+        "s.handle_request()\n"
+    )
     run = asyncio.create_task(vm.execute(_py(server)))
     for _ in range(200):
         await port.send(frame(CONNECT, hid, u32(8000)))
@@ -361,16 +376,18 @@ async def test_a_host_that_overruns_the_window_costs_the_stream_not_the_vm(
 ) -> None:
     vm, port = net_vm
     await send_agent_frame(vm, NET_CONFIG, 904, net_config(["allowed.test"], []))
-    code = ("import socket, time, errno\n"
-            "s = socket.create_connection(('allowed.test', 80), timeout=30)\n"
-            "time.sleep(3)\n"
-            "try:\n"
-            "    n = 0\n"
-            "    while d := s.recv(1 << 16):\n"
-            "        n += len(d)\n"
-            "    print('eof after', n)\n"
-            "except OSError as e:\n"
-            "    print('error', errno.errorcode.get(e.errno))\n")  # fmt: skip
+    code = (
+        "import socket, time, errno\n"
+        "s = socket.create_connection(('allowed.test', 80), timeout=30)\n"
+        "time.sleep(3)\n"
+        "try:\n"
+        "    n = 0\n"
+        "    while d := s.recv(1 << 16):\n"
+        "        n += len(d)\n"
+        "    print('eof after', n)\n"
+        "except OSError as e:\n"
+        "    print('error', errno.errorcode.get(e.errno))\n"
+    )
     run = asyncio.create_task(vm.execute(_py(code)))
     sid, _ = await port.expect(OPEN, timeout=60)
     await port.send(frame(OPENED, sid, u32(OK) + string(b"")))
@@ -441,7 +458,7 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
     script = (
         "curl -sS --max-time 30 http://allowed.test/curl; echo\n"
         "curl -sS --max-time 30 http://api.allowed.test:8080/extra-port; echo\n"
-        "python3 -c \"import urllib.request as u; "
+        'python3 -c "import urllib.request as u; '
         "print(u.urlopen('http://allowed.test/urllib', timeout=30).read().decode())\"\n"
         "node -e \"fetch('http://allowed.test/node').then(r => r.text()).then(console.log)\""
         " 2>/dev/null\n"
@@ -451,7 +468,11 @@ async def test_real_clients_resolve_and_connect_through_the_stub(
     seen = await serve_http(port, 4)
     r = await run
     assert r.stdout.splitlines()[:4] == [
-        "hello /curl", "hello /extra-port", "hello /urllib", "hello /node"], r  # fmt: skip
+        "hello /curl",
+        "hello /extra-port",
+        "hello /urllib",
+        "hello /node",
+    ], r
     assert "Could not resolve host: refused.example" in r.stdout.splitlines()[4], r
     assert [p for p, _ in seen] == [80, 8080, 80, 80]
     assert b"Host: api.allowed.test:8080" in seen[1][1]
@@ -461,17 +482,66 @@ def make_test_ca(d: Path) -> tuple[bytes, ssl.SSLContext]:
     """A throwaway CA and a server context with a certificate for allowed.test signed by it:
     (CA PEM, context)."""
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.pem",
-                    "-subj", "/CN=exec-sandbox test CA", "-days", "1",
-                    "-addext", "basicConstraints=critical,CA:TRUE",
-                    "-addext", "keyUsage=critical,keyCertSign"],
-                   check=True, capture_output=True)  # fmt: skip
-    subprocess.run(["openssl", "req", *ec, "-keyout", d / "leaf.key", "-out", d / "leaf.csr",
-                    "-subj", "/CN=allowed.test"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            d / "ca.key",
+            "-out",
+            d / "ca.pem",
+            "-subj",
+            "/CN=exec-sandbox test CA",
+            "-days",
+            "1",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            *ec,
+            "-keyout",
+            d / "leaf.key",
+            "-out",
+            d / "leaf.csr",
+            "-subj",
+            "/CN=allowed.test",
+        ],
+        check=True,
+        capture_output=True,
+    )
     (d / "ext").write_text("subjectAltName=DNS:allowed.test\n")
-    subprocess.run(["openssl", "x509", "-req", "-in", d / "leaf.csr", "-CA", d / "ca.pem",
-                    "-CAkey", d / "ca.key", "-CAcreateserial", "-out", d / "leaf.pem", "-days", "1",
-                    "-extfile", d / "ext"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            d / "leaf.csr",
+            "-CA",
+            d / "ca.pem",
+            "-CAkey",
+            d / "ca.key",
+            "-CAcreateserial",
+            "-out",
+            d / "leaf.pem",
+            "-days",
+            "1",
+            "-extfile",
+            d / "ext",
+        ],
+        check=True,
+        capture_output=True,
+    )
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(d / "leaf.pem", d / "leaf.key")
     return (d / "ca.pem").read_bytes(), ctx
@@ -509,8 +579,10 @@ async def serve_https(port: NetPortStandIn, streams: int, ctx: ssl.SSLContext) -
             if b"\r\n\r\n" in req[0]:
                 req[0] = b""
                 body = b"trusted hello"
-                obj.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
-                          % (len(body), body))  # fmt: skip
+                obj.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+                    % (len(body), body)
+                )
                 answered += 1
             await flush(sid)
         elif t == SHUTDOWN:
@@ -528,7 +600,8 @@ NO_OPENSSL = "needs the openssl command to make a test CA"
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
 async def test_net_config_ca_bundle_is_what_every_client_trusts(
-    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+    net_vm: tuple[GuestVm, NetPortStandIn],
+    tmp_path: Path,
 ) -> None:
     vm, port = net_vm
     ca, ctx = make_test_ca(tmp_path)
@@ -538,7 +611,7 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
     await vm.reseed()
     script = (
         "curl -sS --max-time 60 https://allowed.test/; echo\n"
-        "python3 -c \"import urllib.request as u; "
+        'python3 -c "import urllib.request as u; '
         "print(u.urlopen('https://allowed.test/', timeout=60).read().decode())\"\n"
         "node -e \"fetch('https://allowed.test/').then(r => r.text()).then(console.log)\""
         " 2>/dev/null\n"
@@ -554,7 +627,8 @@ async def test_net_config_ca_bundle_is_what_every_client_trusts(
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason=NO_OPENSSL)
 async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
-    net_vm: tuple[GuestVm, NetPortStandIn], tmp_path: Path,
+    net_vm: tuple[GuestVm, NetPortStandIn],
+    tmp_path: Path,
 ) -> None:
     # node reads NODE_EXTRA_CA_CERTS once at its start: a pooled VM's pre-started node (PRESTART
     # comes before NET_CONFIG there) must not serve the run, or the host's CA is not trusted.
@@ -563,8 +637,10 @@ async def test_a_node_prestarted_before_net_config_is_not_the_one_that_runs(
     assert await vm.prestart("javascript")
     await send_agent_frame(vm, NET_CONFIG, 907, net_config(["allowed.test"], [], ca))
     await vm.reseed()  # the guest's clock to the host's: the test CA is valid from now on
-    code = ("fetch('https://allowed.test/')"
-            ".then(r => r.text()).then(console.log, e => console.log(String(e.cause)))")
+    code = (
+        "fetch('https://allowed.test/')"
+        ".then(r => r.text()).then(console.log, e => console.log(String(e.cause)))"
+    )
     js = ExecRequest("javascript", code.encode(), 120_000, [], 1 << 16, 1 << 16)
     run = asyncio.create_task(vm.execute(js))
     await serve_https(port, 1, ctx)

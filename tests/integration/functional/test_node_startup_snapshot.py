@@ -36,26 +36,34 @@ async def test_l1_javascript_runs_start_from_the_snapshot_and_behave_like_cold_r
     config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4)
     async with Scheduler(config) as sched:
         # Another memory size: no template of it exists, so these boot cold, without the blob.
-        cold = [await sched.run(code, language="javascript", memory_mb=256)
-                for code in (FLAGS, SCRIPT, CRASH)]  # fmt: skip
+        cold = [
+            await sched.run(code, language="javascript", memory_mb=256)
+            for code in (FLAGS, SCRIPT, CRASH)
+        ]
         assert await sched.prepare_snapshot("javascript")
         warm = [await sched.run(code, language="javascript") for code in (FLAGS, SCRIPT, CRASH)]
         # A session opened from a clone: its REPL driver is the node parked in the template
         # (started from the snapshot too; its cmdline has the pre-start preload).
         async with await sched.session(language="javascript") as session:
             in_session = await session.exec(FLAGS)
-            adopted = await session.exec("console.log(require('fs').readFileSync("
-                                         "'/proc/self/cmdline', 'latin1').split('\\0').includes('-r'))")
+            adopted = await session.exec(
+                "console.log(require('fs').readFileSync("
+                "'/proc/self/cmdline', 'latin1').split('\\0').includes('-r'))"
+            )
     assert not any(r.l1_cache_hit for r in cold) and all(r.l1_cache_hit for r in warm)
     assert cold[0].stdout == "\n", cold[0]
     assert warm[0].stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", warm[0]
     assert in_session.stdout == f"--snapshot-blob {NODE_SNAPSHOT_PATH}\n", in_session
     assert adopted.stdout == "true\n", adopted
     for mine, theirs in zip(warm[1:], cold[1:], strict=True):
-        assert (mine.stdout, mine.stderr, mine.exit_code) == \
-            (theirs.stdout, theirs.stderr, theirs.exit_code)  # fmt: skip
-    assert warm[1].exit_code == 4 and warm[1].stdout.endswith("MODULE_NOT_FOUND Cannot find "
-                                                               "module './missing'\ntrue\n")
+        assert (mine.stdout, mine.stderr, mine.exit_code) == (
+            theirs.stdout,
+            theirs.stderr,
+            theirs.exit_code,
+        )
+    assert warm[1].exit_code == 4 and warm[1].stdout.endswith(
+        "MODULE_NOT_FOUND Cannot find module './missing'\ntrue\n"
+    )
     assert warm[2].exit_code == 1 and "Error: boom" in warm[2].stderr
     assert "at Object.<anonymous> (/run/sbx/main.js:2:1)" in warm[2].stderr, warm[2].stderr
     assert qemu_processes(parent=os.getpid()) == []
@@ -66,8 +74,9 @@ async def test_pool_vms_cloned_from_a_javascript_template_park_node_from_the_sna
 ) -> None:
     # The pre-started interpreter's bootstrap uses console.Console, which node 18 deserialises
     # as undefined unless the entry script puts it back (node_startup._NODE_SNAPSHOT_ENTRY).
-    config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4,
-                             warm_pool_size={"javascript": 1})  # fmt: skip
+    config = SchedulerConfig(
+        memory_snapshot_cache_dir=tmp_path, max_concurrent_vms=4, warm_pool_size={"javascript": 1}
+    )
     who = "console.log(process.execArgv[0] === '--snapshot-blob');"
     async with Scheduler(config) as sched:
         assert await sched.prepare_snapshot("javascript")
@@ -98,8 +107,9 @@ async def test_cold_javascript_vms_start_node_from_the_machines_snapshot_or_refu
     async with Scheduler(SchedulerConfig(memory_snapshot_cache_dir=tmp_path)) as sched:
         assert await sched.prepare_snapshot("javascript")
     (blob,) = tmp_path.glob("node-startup-*.blob")
-    cold_config = SchedulerConfig(memory_snapshot_cache_dir=tmp_path, memory_snapshots=False,
-                                  max_concurrent_vms=4)  # fmt: skip
+    cold_config = SchedulerConfig(
+        memory_snapshot_cache_dir=tmp_path, memory_snapshots=False, max_concurrent_vms=4
+    )
     async with Scheduler(cold_config) as sched:
         runs = [await sched.run(DRAWS, language="javascript") for _ in range(2)]
         crash = await sched.run(CRASH, language="javascript")

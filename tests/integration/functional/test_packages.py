@@ -29,11 +29,17 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalInde
     build = tmp_path / "dists"
     build.mkdir()
     with LocalIndex(tmp_path / "index") as served:
-        served.publish(make_wheel(
-            build, "sbxdemo", "1.0.0",
-            {"sbxdemo/__init__.py": "VALUE = 'from-the-layer'\ndef main():\n    print('cli', VALUE)\n"},
-            scripts={"sbxdemo-cli": "sbxdemo:main"},
-        ))  # fmt: skip
+        served.publish(
+            make_wheel(
+                build,
+                "sbxdemo",
+                "1.0.0",
+                {
+                    "sbxdemo/__init__.py": "VALUE = 'from-the-layer'\ndef main():\n    print('cli', VALUE)\n"  # noqa: E501
+                },
+                scripts={"sbxdemo-cli": "sbxdemo:main"},
+            )
+        )
         for name, value in served.pip_env().items():
             monkeypatch.setenv(name, value)
         yield served
@@ -44,14 +50,20 @@ def npm_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lo
     build = tmp_path / "npm-dists"
     build.mkdir()
     with LocalNpmRegistry(tmp_path / "registry") as served:
-        served.publish("sbxjs", {"1.0.0": make_npm_tarball(
-            build, "sbxjs", "1.0.0", {"index.js": "exports.hello = () => 'hello from the layer';\n"}
-        )})  # fmt: skip
+        served.publish(
+            "sbxjs",
+            {
+                "1.0.0": make_npm_tarball(
+                    build,
+                    "sbxjs",
+                    "1.0.0",
+                    {"index.js": "exports.hello = () => 'hello from the layer';\n"},
+                )
+            },
+        )
         for name, value in served.npm_env(tmp_path).items():
             monkeypatch.setenv(name, value)
         yield served
-
-
 
 
 GUEST_CHECKS = r"""
@@ -72,7 +84,9 @@ except OSError as e:
 """
 
 
-async def test_python_code_imports_a_package_from_its_layer(sched: Scheduler, index: LocalIndex) -> None:
+async def test_python_code_imports_a_package_from_its_layer(
+    sched: Scheduler, index: LocalIndex
+) -> None:
     result = await sched.run(GUEST_CHECKS, packages=[DEMO])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -101,7 +115,9 @@ async def test_a_session_keeps_state_with_packages(sched: Scheduler, index: Loca
         assert result.stdout == "FROM-THE-LAYER\n"
 
 
-async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(sched: Scheduler, index: LocalIndex) -> None:
+async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(
+    sched: Scheduler, index: LocalIndex
+) -> None:
     first = await sched.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
     assert first.stdout == "from-the-layer\n"
     image = next((sched.config.package_cache_dir / "layers").glob("*/layer.erofs"))
@@ -111,8 +127,9 @@ async def test_a_truncated_layer_is_rebuilt_before_the_vm_uses_it(sched: Schedul
     assert second.packages is not None and not second.packages.cache_hit
 
 
-async def test_a_paused_session_resumes_after_its_layer_left_the_cache(sched: Scheduler,
-                                                                      index: LocalIndex) -> None:
+async def test_a_paused_session_resumes_after_its_layer_left_the_cache(
+    sched: Scheduler, index: LocalIndex
+) -> None:
     session = await sched.session(packages=[DEMO])
     await session.exec("import sbxdemo\nx = sbxdemo.VALUE.upper()")
     snapshot = await session.pause()
@@ -129,15 +146,21 @@ async def test_a_paused_session_resumes_after_its_layer_left_the_cache(sched: Sc
         await sched.resume(snapshot)
 
 
-async def test_javascript_require_and_import_find_the_layer(sched: Scheduler, npm_registry: LocalNpmRegistry) -> None:
-    code = ("const a = require('sbxjs');\n"
-            "import('sbxjs').then((m) => console.log(a.hello(), '|', m.default.hello(),"
-            " '|', require.resolve('sbxjs')));\n")  # fmt: skip
+async def test_javascript_require_and_import_find_the_layer(
+    sched: Scheduler, npm_registry: LocalNpmRegistry
+) -> None:
+    code = (
+        "const a = require('sbxjs');\n"
+        "import('sbxjs').then((m) => console.log(a.hello(), '|', m.default.hello(),"
+        " '|', require.resolve('sbxjs')));\n"
+    )
     result = await sched.run(code, language="javascript", packages=["sbxjs@1.0.0"])
     assert result.exit_code == 0, result.stderr
     # node resolves /node_modules (the image's link) to the layer's mount point.
-    assert result.stdout == ("hello from the layer | hello from the layer | "
-                             "/usr/lib/sbx/layers/javascript/sbxjs/index.js\n")  # fmt: skip
+    assert result.stdout == (
+        "hello from the layer | hello from the layer | "
+        "/usr/lib/sbx/layers/javascript/sbxjs/index.js\n"
+    )
     assert result.packages is not None and result.packages.packages == ("sbxjs@1.0.0",)
     async with await sched.session(language="javascript", packages=["sbxjs@1.0.0"]) as session:
         await session.exec("const { hello } = require('sbxjs');")
@@ -146,8 +169,9 @@ async def test_javascript_require_and_import_find_the_layer(sched: Scheduler, np
         await sched.run("1", language="javascript", packages=["sbxjs@9.9.9"])
 
 
-async def test_l1_snapshots_of_a_package_set_are_its_own(tmp_path: Path, images_ready: None,
-                                                        index: LocalIndex) -> None:  # fmt: skip
+async def test_l1_snapshots_of_a_package_set_are_its_own(
+    tmp_path: Path, images_ready: None, index: LocalIndex
+) -> None:
     async with Scheduler(private_config(tmp_path, memory_snapshots=True)) as scheduler:
         cold = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)", packages=[DEMO])
         assert cold.stdout == "from-the-layer\n" and not cold.l1_cache_hit
@@ -161,10 +185,12 @@ async def test_l1_snapshots_of_a_package_set_are_its_own(tmp_path: Path, images_
     assert qemu_processes(parent=os.getpid()) == []
 
 
-async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_ready: None,
-                                                     index: LocalIndex) -> None:  # fmt: skip
-    config = private_config(tmp_path, warm_pool_size=1, max_concurrent_vms=4,
-                     default_packages={"python": [DEMO]})  # fmt: skip
+async def test_default_packages_are_in_the_warm_pool(
+    tmp_path: Path, images_ready: None, index: LocalIndex
+) -> None:
+    config = private_config(
+        tmp_path, warm_pool_size=1, max_concurrent_vms=4, default_packages={"python": [DEMO]}
+    )
     async with Scheduler(config) as scheduler:
         await scheduler.wait_pool_ready(timeout=240)
         hit = await scheduler.run("import sbxdemo; print(sbxdemo.VALUE)")
@@ -174,15 +200,28 @@ async def test_default_packages_are_in_the_warm_pool(tmp_path: Path, images_read
 
 
 def test_sbx_run_installs_packages(tmp_path: Path, images_ready: None, index: LocalIndex) -> None:
-    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
-           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+    env = {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
     run = [sys.executable, "-m", "exec_sandbox.cli.main", "run", "--no-snapshot-wait"]
-    proc = subprocess.run([*run, "--json", "-p", DEMO, "-c", "import sbxdemo; print(sbxdemo.VALUE)"],
-                          capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [*run, "--json", "-p", DEMO, "-c", "import sbxdemo; print(sbxdemo.VALUE)"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["stdout"] == "from-the-layer\n"
     assert result["packages"]["packages"] == [DEMO] and not result["packages"]["cache_hit"]
-    bad = subprocess.run([*run, "-p", "sbxdemo; rm -rf /", "-c", "print(1)"],
-                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    bad = subprocess.run(
+        [*run, "-p", "sbxdemo; rm -rf /", "-c", "print(1)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert bad.returncode == 2 and "not allowed" in bad.stderr

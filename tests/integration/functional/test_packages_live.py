@@ -22,8 +22,9 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(cache_dir: Path) -> SchedulerConfig:
-    return SchedulerConfig(max_concurrent_vms=2, memory_snapshots=False,
-                           package_cache_dir=cache_dir)  # fmt: skip
+    return SchedulerConfig(
+        max_concurrent_vms=2, memory_snapshots=False, package_cache_dir=cache_dir
+    )
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ async def test_a_pure_wheel(sched: Scheduler) -> None:
 
 
 async def test_a_native_wheel(sched: Scheduler) -> None:
-    code = "import numpy as np; print(np.__version__, int(np.arange(10).sum()), np.ones((2, 2)).dot(np.ones(2)))"
+    code = "import numpy as np; print(np.__version__, int(np.arange(10).sum()), np.ones((2, 2)).dot(np.ones(2)))"  # noqa: E501
     result = await sched.run(code, packages=["numpy==1.26.4"], timeout_seconds=120)
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "1.26.4 45 [2. 2.]\n"
@@ -51,21 +52,30 @@ async def test_a_session_keeps_state_with_packages(sched: Scheduler) -> None:
         assert (await session.exec("print(items)")).stdout == "[0, 1, 2]\n"
 
 
-async def test_the_second_run_needs_no_index(cache_dir: Path, images_ready: None,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+async def test_the_second_run_needs_no_index(
+    cache_dir: Path, images_ready: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with Scheduler(_config(cache_dir)) as scheduler:
         await scheduler.run("import six", packages=["six==1.16.0"])
     # From here on pip can reach nothing: any resolve or download would fail.
-    for name, value in {"PIP_CONFIG_FILE": "/dev/null", "PIP_INDEX_URL": "http://127.0.0.1:9/simple/",
-                        "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "", "PIP_RETRIES": "0",
-                        "PIP_NO_CACHE_DIR": "1"}.items():  # fmt: skip
+    for name, value in {
+        "PIP_CONFIG_FILE": "/dev/null",
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple/",
+        "PIP_FIND_LINKS": "",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_RETRIES": "0",
+        "PIP_NO_CACHE_DIR": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     async with Scheduler(_config(cache_dir)) as scheduler:
         result = await scheduler.run("import six; print(six.__version__)", packages=["six==1.16.0"])
         assert result.stdout == "1.16.0\n"
         assert result.packages is not None
         assert result.packages.cache_hit and not result.packages.resolved
-        assert scheduler._provisioner.layers.resolves == 0 and scheduler._provisioner.layers.builds == 0
+        assert (
+            scheduler._provisioner.layers.resolves == 0
+            and scheduler._provisioner.layers.builds == 0
+        )
 
 
 async def test_an_unknown_package_is_refused(sched: Scheduler) -> None:

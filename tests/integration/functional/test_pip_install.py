@@ -69,8 +69,9 @@ class Installed:
 
 
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, **kw)  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, **kw
+    )
     assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -101,8 +102,10 @@ def build_and_install(root: Path) -> Installed:
     run([sys.executable, "-m", "build", "--sdist", "--outdir", str(dist), str(CHECKOUT)])
     (sdist,) = dist.glob("exec_sandbox-*.tar.gz")
     # The wheel is built from the sdist, not the checkout: proves the sdist carries everything.
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(sdist)],
-        cwd=root)  # fmt: skip
+    run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(sdist)],
+        cwd=root,
+    )
     (wheel,) = dist.glob("exec_sandbox-*.whl")
     venv = root / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=root)
@@ -112,9 +115,16 @@ def build_and_install(root: Path) -> Installed:
     env = fresh_env(home, venv)
     checkout_manifest = json.loads((images_dir() / MANIFEST_NAME).read_text())
     seed_cache(home / ".cache" / "exec-sandbox" / "images", checkout_manifest)
-    setup = subprocess.run([str(venv / "bin" / "sbx"), "setup"], cwd=root, env=env,
-                           capture_output=True, text=True, timeout=900, check=False,
-                           stdin=subprocess.DEVNULL)  # fmt: skip
+    setup = subprocess.run(
+        [str(venv / "bin" / "sbx"), "setup"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
     return Installed(root, sdist, wheel, venv, home, env, checkout_manifest, setup)
 
 
@@ -132,11 +142,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         done = root / "done.json"
         if not done.exists():
             result = build_and_install(root)
-            done.write_text(json.dumps({
-                "returncode": result.setup.returncode,
-                "stdout": result.setup.stdout,
-                "stderr": result.setup.stderr,
-            }))  # fmt: skip
+            done.write_text(
+                json.dumps(
+                    {
+                        "returncode": result.setup.returncode,
+                        "stdout": result.setup.stdout,
+                        "stderr": result.setup.stderr,
+                    }
+                )
+            )
         recorded = json.loads(done.read_text())
     venv, home = root / "venv", root / "home"
     dist = root / "dist"
@@ -148,8 +162,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         home=home,
         env=fresh_env(home, venv),
         checkout_manifest=json.loads((images_dir() / MANIFEST_NAME).read_text()),
-        setup=subprocess.CompletedProcess([], recorded["returncode"], recorded["stdout"],
-                                          recorded["stderr"]),  # fmt: skip
+        setup=subprocess.CompletedProcess(
+            [], recorded["returncode"], recorded["stdout"], recorded["stderr"]
+        ),
     )
 
 
@@ -164,10 +179,16 @@ def test_sdist_and_wheel_carry_the_image_recipe(installed: Installed) -> None:
 
 
 def test_installed_package_runs_outside_the_checkout(installed: Installed) -> None:
-    proc = run([str(installed.venv / "bin" / "python"), "-c",
-                "import exec_sandbox, exec_sandbox.images.builder as b; "
-                "print(exec_sandbox.__file__); print(b.recipe_root())"],
-               cwd=installed.root, env=installed.env)  # fmt: skip
+    proc = run(
+        [
+            str(installed.venv / "bin" / "python"),
+            "-c",
+            "import exec_sandbox, exec_sandbox.images.builder as b; "
+            "print(exec_sandbox.__file__); print(b.recipe_root())",
+        ],
+        cwd=installed.root,
+        env=installed.env,
+    )
     for line in proc.stdout.split():
         assert Path(line).is_relative_to(installed.venv), line
         assert not Path(line).is_relative_to(CHECKOUT), line
@@ -176,7 +197,8 @@ def test_installed_package_runs_outside_the_checkout(installed: Installed) -> No
 def test_setup_from_the_wheel_builds_the_checkouts_images(installed: Installed) -> None:
     assert installed.setup.returncode == 0, installed.setup.stderr
     manifest = json.loads(
-        (installed.home / ".cache/exec-sandbox/images" / MANIFEST_NAME).read_text())
+        (installed.home / ".cache/exec-sandbox/images" / MANIFEST_NAME).read_text()
+    )
     # The seeded kernel was found by its hash (no compile), and the root image packed from the
     # installed recipe has the checkout's key: the same agent binary, drivers and finishing.
     assert manifest["kernel_hash"] == installed.checkout_manifest["kernel_hash"]
@@ -186,16 +208,29 @@ def test_setup_from_the_wheel_builds_the_checkouts_images(installed: Installed) 
 
 def test_second_setup_only_verifies(installed: Installed) -> None:
     started = time.monotonic()
-    proc = run([str(installed.venv / "bin" / "sbx"), "setup"], cwd=installed.root,
-               env=installed.env, timeout=120)  # fmt: skip
+    proc = run(
+        [str(installed.venv / "bin" / "sbx"), "setup"],
+        cwd=installed.root,
+        env=installed.env,
+        timeout=120,
+    )
     assert time.monotonic() - started < 20, proc.stderr
     assert "guest images ready" in proc.stderr
 
 
 def test_sbx_run_boots_the_guest_kernel(installed: Installed) -> None:
-    proc = run([str(installed.venv / "bin" / "sbx"), "run", "--no-snapshot-wait", "-c",
-                "import platform; print(platform.release())"],
-               cwd=installed.root, env=installed.env, timeout=180)  # fmt: skip
+    proc = run(
+        [
+            str(installed.venv / "bin" / "sbx"),
+            "run",
+            "--no-snapshot-wait",
+            "-c",
+            "import platform; print(platform.release())",
+        ],
+        cwd=installed.root,
+        env=installed.env,
+        timeout=180,
+    )
     guest_release = proc.stdout.strip()
     assert guest_release and guest_release != os.uname().release, proc.stdout
 
@@ -211,15 +246,27 @@ def unprivileged_user() -> pwd.struct_passwd:
     try:
         user = pwd.getpwnam(TEST_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        TEST_USER], check=True)  # fmt: skip
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", TEST_USER],
+            check=True,
+        )
         user = pwd.getpwnam(TEST_USER)
     for db, flag in (("/etc/subuid", "--add-subuids"), ("/etc/subgid", "--add-subgids")):
         if not any(line.startswith(f"{TEST_USER}:") for line in Path(db).read_text().splitlines()):
             subprocess.run(["usermod", flag, "300000-365535", TEST_USER], check=True)
-    probe = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                            "--clear-groups", "unshare", "--user", "true"],
-                           capture_output=True, check=False)  # fmt: skip
+    probe = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={user.pw_uid}",
+            f"--regid={user.pw_gid}",
+            "--clear-groups",
+            "unshare",
+            "--user",
+            "true",
+        ],
+        capture_output=True,
+        check=False,
+    )
     if probe.returncode != 0:
         pytest.skip("this host does not allow unprivileged user namespaces")
     return user
@@ -240,21 +287,38 @@ def test_setup_as_an_unprivileged_user(installed: Installed) -> None:
         images.mkdir(parents=True)
         kernel = Path(str(installed.checkout_manifest["kernel"]))
         shutil.copy(kernel, images / kernel.name)
-        for path in [root / "home", root / "home" / ".cache", images.parent, images,
-                     images / kernel.name, wheel]:
+        for path in [
+            root / "home",
+            root / "home" / ".cache",
+            images.parent,
+            images,
+            images / kernel.name,
+            wheel,
+        ]:
             os.chown(path, user.pw_uid, user.pw_gid)
         # The system's python and PATH: the test's own interpreter may live where the user cannot
         # read (a pyenv under /root).
-        env = {"HOME": str(root / "home"), "LANG": "C.UTF-8",
-               "PATH": f"{root / 'venv' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"}
+        env = {
+            "HOME": str(root / "home"),
+            "LANG": "C.UTF-8",
+            "PATH": f"{root / 'venv' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
+        }
         python = shutil.which("python3", path="/usr/bin:/bin")
         assert python, "no system python3"
-        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}",
-                   "--clear-groups", "--reset-env"]  # fmt: skip
+        as_user = [
+            "setpriv",
+            f"--reuid={user.pw_uid}",
+            f"--regid={user.pw_gid}",
+            "--clear-groups",
+            "--reset-env",
+        ]
 
         def run_as_user(*cmd: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-            return run([*as_user, "env", *(f"{k}={v}" for k, v in env.items()), *cmd],
-                       cwd=root, timeout=timeout)  # fmt: skip
+            return run(
+                [*as_user, "env", *(f"{k}={v}" for k, v in env.items()), *cmd],
+                cwd=root,
+                timeout=timeout,
+            )
 
         run_as_user(python, "-m", "venv", str(root / "venv"))
         run_as_user(str(root / "venv/bin/pip"), "install", "-q", "--no-index", str(wheel))
@@ -263,10 +327,15 @@ def test_setup_as_an_unprivileged_user(installed: Installed) -> None:
         assert manifest["kernel_hash"] == installed.checkout_manifest["kernel_hash"]
         # Seen from the host, the tree belongs to the user's subordinate ids; in the image, the
         # system files are root's and the agent is where the VM starts it.
-        proc = run_as_user(str(root / "venv/bin/sbx"), "run", "--no-snapshot-wait", "-c",
-                           "import os; print(os.stat('/usr/bin').st_uid, "
-                           "os.stat('/etc/shadow').st_uid, os.stat('/etc/shadow').st_mode & 0o7)",
-                           timeout=180)  # fmt: skip
+        proc = run_as_user(
+            str(root / "venv/bin/sbx"),
+            "run",
+            "--no-snapshot-wait",
+            "-c",
+            "import os; print(os.stat('/usr/bin').st_uid, "
+            "os.stat('/etc/shadow').st_uid, os.stat('/etc/shadow').st_mode & 0o7)",
+            timeout=180,
+        )
         assert proc.stdout.split() == ["0", "0", "0"], proc.stdout
     finally:
         shutil.rmtree(root, ignore_errors=True)

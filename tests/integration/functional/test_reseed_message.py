@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from exec_sandbox.images.catalog import load_images
+from exec_sandbox.paths import images_dir
 from exec_sandbox.vm import host_facts
 from exec_sandbox.vm.execution import ExecRequest
 from exec_sandbox.vm.guest import GuestVm
 from exec_sandbox.vm.spec import VmSpec
-from exec_sandbox.images.catalog import load_images
-from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
 
@@ -28,9 +28,13 @@ def _raw(code: bytes) -> ExecRequest:
 
 
 async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: None) -> None:
-    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
-                  accel=host_facts.accelerator(), memory_mb=192,
-                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
+    spec = VmSpec(
+        qemu_binary=host_facts.qemu_binary(),
+        images=load_images(images_dir()),
+        accel=host_facts.accelerator(),
+        memory_mb=192,
+        kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}",
+    )
     vm = await GuestVm.boot(spec, registry=None, boot_timeout=60)
     try:
         with pytest.raises(ValueError, match="seed must be"):
@@ -48,14 +52,19 @@ async def test_reseed_sets_the_guest_clock_and_is_acknowledged(images_ready: Non
 
 
 async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_generators(
-        images_ready: None) -> None:  # fmt: skip
+    images_ready: None,
+) -> None:
     """A RESEED while a pre-started interpreter waits (a template's, before its save): bash, whose
     $RANDOM was seeded at its start, is killed, and the next run gets a fresh one; python, which
     has nothing to refresh, and node, which refreshes its generators at the go, stay and run the
     code (runner.h, struct sbx_prestarted)."""
-    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
-                  accel=host_facts.accelerator(), memory_mb=192,
-                  kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}")  # fmt: skip
+    spec = VmSpec(
+        qemu_binary=host_facts.qemu_binary(),
+        images=load_images(images_dir()),
+        accel=host_facts.accelerator(),
+        memory_mb=192,
+        kernel_cmdline_extra=f"tsc_early_khz={host_facts.tsc_khz()}",
+    )
     vm = await GuestVm.boot(spec, registry=None, boot_timeout=60)
     try:
         who = b"head -c 8 /proc/$$/cmdline | tr '\\0' ' '"
@@ -72,8 +81,10 @@ async def test_reseed_kills_a_waiting_interpreter_that_cannot_refresh_its_genera
         # node with its addon: stays, and runs the code after refreshing its generators.
         assert await vm.prestart("javascript")
         await vm.reseed()
-        preload = (b"console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1')"
-                   b".split('\\0').includes('-r'))")
+        preload = (
+            b"console.log(require('fs').readFileSync('/proc/self/cmdline', 'latin1')"
+            b".split('\\0').includes('-r'))"
+        )
         r = await vm.execute(ExecRequest("javascript", preload, 30_000, [], 4096, 4096))
         assert (r.stdout, r.exit_code) == ("true\n", 0), r
     finally:

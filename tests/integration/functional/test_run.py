@@ -8,8 +8,8 @@ import os
 import pytest
 
 from exec_sandbox import OutputLimitError, Scheduler
-from exec_sandbox.vm.process import wait_released
 from exec_sandbox.limits import STDERR_LIMIT_BYTES, STDOUT_LIMIT_BYTES
+from exec_sandbox.vm.process import wait_released
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -22,8 +22,9 @@ async def test_python_prints_and_exits_zero(scheduler: Scheduler) -> None:
 
 
 async def test_javascript_prints_and_exits_zero(scheduler: Scheduler) -> None:
-    result = await scheduler.run("console.log([1, 2, 3].map(x => x * 2).join(','))",
-                                 language="javascript")  # fmt: skip
+    result = await scheduler.run(
+        "console.log([1, 2, 3].map(x => x * 2).join(','))", language="javascript"
+    )
     assert result.stdout == "2,4,6\n"
     assert result.exit_code == 0
 
@@ -69,8 +70,10 @@ async def test_timeout_returns_minus_one_and_destroys_the_vm(scheduler: Schedule
 
 async def test_stdout_over_one_megabyte_raises_output_limit(scheduler: Scheduler) -> None:
     with pytest.raises(OutputLimitError) as info:
-        await scheduler.run("import sys\nprint('to stderr', file=sys.stderr, flush=True)\n"
-                            "for _ in range(40): sys.stdout.write('x' * 32768)")  # fmt: skip
+        await scheduler.run(
+            "import sys\nprint('to stderr', file=sys.stderr, flush=True)\n"
+            "for _ in range(40): sys.stdout.write('x' * 32768)"
+        )
     # The output up to the limit is kept on the exception.
     assert 0 < len(info.value.stdout) <= STDOUT_LIMIT_BYTES
     assert set(info.value.stdout) == {"x"}
@@ -79,8 +82,9 @@ async def test_stdout_over_one_megabyte_raises_output_limit(scheduler: Scheduler
 
 async def test_stderr_over_limit_raises_output_limit(scheduler: Scheduler) -> None:
     with pytest.raises(OutputLimitError) as info:
-        await scheduler.run("echo before; head -c 200000 /dev/zero | tr '\\0' e >&2",
-                            language="raw")  # fmt: skip
+        await scheduler.run(
+            "echo before; head -c 200000 /dev/zero | tr '\\0' e >&2", language="raw"
+        )
     assert info.value.stdout == "before\n"
     assert 0 < len(info.value.stderr) <= STDERR_LIMIT_BYTES
     assert set(info.value.stderr) == {"e"}
@@ -104,14 +108,19 @@ async def test_user_code_runs_as_uid_1000_in_home(scheduler: Scheduler) -> None:
 async def test_user_code_runs_sched_batch_and_the_agent_does_not(scheduler: Scheduler) -> None:
     # guest/src/spawn.c: user code's wake-ups do not preempt the agent, and what it starts
     # inherits that; the agent's own wake-ups do preempt user code.
-    code = ("import os, subprocess\n"
-            "print(os.sched_getscheduler(1), os.sched_getscheduler(0),"
-            " subprocess.run(['python3', '-c', 'import os; print(os.sched_getscheduler(0))'],"
-            " capture_output=True, text=True).stdout.strip())")  # fmt: skip
+    code = (
+        "import os, subprocess\n"
+        "print(os.sched_getscheduler(1), os.sched_getscheduler(0),"
+        " subprocess.run(['python3', '-c', 'import os; print(os.sched_getscheduler(0))'],"
+        " capture_output=True, text=True).stdout.strip())"
+    )
     result = await scheduler.run(code)
     assert result.exit_code == 0, result.stderr
-    assert [int(x) for x in result.stdout.split()] == [os.SCHED_OTHER, os.SCHED_BATCH,
-                                                       os.SCHED_BATCH]  # fmt: skip
+    assert [int(x) for x in result.stdout.split()] == [
+        os.SCHED_OTHER,
+        os.SCHED_BATCH,
+        os.SCHED_BATCH,
+    ]
 
 
 async def test_env_vars_reach_the_code(scheduler: Scheduler) -> None:
@@ -138,8 +147,6 @@ async def test_timing_breakdown_adds_up(scheduler: Scheduler) -> None:
 
 
 async def test_four_parallel_runs_all_succeed(scheduler: Scheduler) -> None:
-    results = await asyncio.gather(
-        *(scheduler.run(f"print({i} * 11)") for i in range(4))
-    )
+    results = await asyncio.gather(*(scheduler.run(f"print({i} * 11)") for i in range(4)))
     assert [r.stdout for r in results] == ["0\n", "11\n", "22\n", "33\n"]
     assert all(r.exit_code == 0 for r in results)

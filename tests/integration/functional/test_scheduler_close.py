@@ -27,8 +27,9 @@ async def _until_qemu_runs() -> None:
 async def test_close_during_boot_kills_the_vm_and_fails_the_call(
     images_ready: None, call: str
 ) -> None:
-    scheduler = Scheduler(SchedulerConfig(max_concurrent_vms=2, warm_pool_size=0,
-                                          memory_snapshots=False))  # fmt: skip
+    scheduler = Scheduler(
+        SchedulerConfig(max_concurrent_vms=2, warm_pool_size=0, memory_snapshots=False)
+    )
     await scheduler.start()
     try:
         if call == "session":

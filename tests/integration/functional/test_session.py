@@ -26,7 +26,9 @@ pytestmark = pytest.mark.vm
 
 async def test_python_variables_imports_functions_and_classes_persist(scheduler: Scheduler) -> None:
     async with await scheduler.session(language="python") as session:
-        await session.exec("import math\nx = 41\ndef inc(v):\n    return v + 1\nclass K:\n    n = 2")
+        await session.exec(
+            "import math\nx = 41\ndef inc(v):\n    return v + 1\nclass K:\n    n = 2"
+        )
         result = await session.exec("print(inc(x), math.floor(2.5), K.n)")
         assert result.stdout == "42 2 2\n"
         assert result.exit_code == 0
@@ -45,7 +47,7 @@ async def test_javascript_declarations_persist_and_top_level_await_works(
 
 async def test_raw_exports_working_directory_and_functions_persist(scheduler: Scheduler) -> None:
     async with await scheduler.session(language="raw") as session:
-        await session.exec("export GREETING=hi; mkdir -p sub; cd sub; greet() { echo \"$1!\"; }")
+        await session.exec('export GREETING=hi; mkdir -p sub; cd sub; greet() { echo "$1!"; }')
         result = await session.exec('echo "$GREETING $PWD"; greet there')
         assert result.stdout == "hi /home/user/sub\nthere!\n"
 
@@ -133,7 +135,7 @@ async def test_concurrent_execs_run_one_at_a_time(scheduler: Scheduler) -> None:
         step = "log.append(('start', {n})); time.sleep(0.3); log.append(('end', {n}))"
         await asyncio.gather(*(session.exec(step.format(n=n)) for n in range(3)))
         result = await session.exec("print(log)")
-        events = eval(result.stdout)  # noqa: S307 - our own repr of tuples
+        events = eval(result.stdout)
         assert [kind for kind, _ in events] == ["start", "end"] * 3
         assert events[0][1] == events[1][1] and events[2][1] == events[3][1]
 
@@ -226,7 +228,7 @@ async def test_orphans_are_reaped_by_the_guest_init(scheduler: Scheduler) -> Non
         result = await session.exec(
             "sleep 1.5; for s in /proc/[0-9]*/status; do "
             "awk '/^State:/{st=$2} /^PPid:/{pp=$2} END{if (st==\"Z\" && pp==1) print FILENAME}' "
-            "\"$s\" 2>/dev/null; done; echo checked"
+            '"$s" 2>/dev/null; done; echo checked'
         )
         assert result.stdout == "checked\n"
 
@@ -238,8 +240,12 @@ async def test_env_vars_reach_exec_and_session_defaults_apply(scheduler: Schedul
             "import os; print(os.environ['BASE'], os.environ['EXTRA'])", env_vars={"EXTRA": "e x"}
         )
         assert result.stdout == "b e x\n"
-        for bad in ({"LD_PRELOAD": "/x.so"}, {"Node_Options": "--require=/x"},
-                    {"OK": "bell\x07"}, {f"V{i}": "1" for i in range(101)}):  # fmt: skip
+        for bad in (
+            {"LD_PRELOAD": "/x.so"},
+            {"Node_Options": "--require=/x"},
+            {"OK": "bell\x07"},
+            {f"V{i}": "1" for i in range(101)},
+        ):
             with pytest.raises(EnvVarValidationError):
                 await session.exec("pass", env_vars=bad)
         assert (await session.exec("print(1)")).stdout == "1\n"

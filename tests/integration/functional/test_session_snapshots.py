@@ -48,14 +48,15 @@ import os, time
 before = ticks[0]
 time.sleep(0.5)
 handle.seek(0)
-print(numbers, os.environ["SBX_MARK"], os.getcwd(), open("notes.txt").read(), handle.read(), ticks[0] > before > 0)
+print(numbers, os.environ["SBX_MARK"], os.getcwd(), open("notes.txt").read(), handle.read(),
+      ticks[0] > before > 0)
 """
 EXPECTED = "[1, 2, 3] kept /home/user/work saved file unflushed data True\n"
 
 
-
-
-async def test_a_paused_session_resumes_in_another_process(sched: Scheduler, tmp_path: Path) -> None:
+async def test_a_paused_session_resumes_in_another_process(
+    sched: Scheduler, tmp_path: Path
+) -> None:
     session = await sched.session()
     assert (await session.exec(STATE)).exit_code == 0
     snapshot = await session.pause()
@@ -70,14 +71,18 @@ async def test_a_paused_session_resumes_in_another_process(sched: Scheduler, tmp
         "from pathlib import Path\n"
         "from exec_sandbox import Scheduler, SchedulerConfig\n"
         "async def main():\n"
-        "    config = SchedulerConfig(memory_snapshots=False, memory_snapshot_cache_dir=Path(sys.argv[1]))\n"
+        "    config = SchedulerConfig(memory_snapshots=False, memory_snapshot_cache_dir=Path(sys.argv[1]))\n"  # noqa: E501
         "    async with Scheduler(config) as s:\n"
         "        session = await s.resume(sys.argv[2])\n"
         f"        print((await session.exec({CHECK!r})).stdout, end='')\n"
         "asyncio.run(main())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "memory"), str(snapshot)],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "memory"), str(snapshot)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.stdout == EXPECTED, proc.stderr[-2000:]
 
 
@@ -90,8 +95,10 @@ async def test_forks_diverge_and_differ_in_kernel_randomness(sched: Scheduler) -
             for i, fork in enumerate(forks):
                 await fork.exec(f"items.append('fork{i}')")
             await parent.exec("items.append('parent-again')")
-            out = [(await s.exec("print(items, os.urandom(8).hex(), random.random())")).stdout.split()
-                   for s in (parent, *forks)]  # fmt: skip
+            out = [
+                (await s.exec("print(items, os.urandom(8).hex(), random.random())")).stdout.split()
+                for s in (parent, *forks)
+            ]
         finally:
             for fork in forks:
                 await fork.close()
@@ -157,7 +164,9 @@ async def test_a_resumed_session_keeps_its_timeouts_and_limits(sched: Scheduler)
 
 async def test_pause_waits_for_a_running_exec(sched: Scheduler) -> None:
     session = await sched.session()
-    running = asyncio.create_task(session.exec("import time; time.sleep(1); done = 'yes'; print(done)"))
+    running = asyncio.create_task(
+        session.exec("import time; time.sleep(1); done = 'yes'; print(done)")
+    )
     await asyncio.sleep(0.2)
     snapshot = await session.pause()
     assert (await running).stdout == "yes\n"
@@ -166,7 +175,9 @@ async def test_pause_waits_for_a_running_exec(sched: Scheduler) -> None:
 
 
 async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: None) -> None:
-    async with Scheduler(private_config(tmp_path, max_concurrent_vms=1, admission_timeout_seconds=5)) as scheduler:
+    async with Scheduler(
+        private_config(tmp_path, max_concurrent_vms=1, admission_timeout_seconds=5)
+    ) as scheduler:
         first = await scheduler.session()
         await first.exec("name = 'first'")
         snapshot = await first.pause()
@@ -177,7 +188,9 @@ async def test_a_paused_session_frees_its_slot(tmp_path: Path, images_ready: Non
     assert qemu_processes(parent=os.getpid()) == []
 
 
-async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, images_ready: None) -> None:
+async def test_an_idle_session_can_be_paused_instead_of_closed(
+    tmp_path: Path, images_ready: None
+) -> None:
     config = private_config(tmp_path, session_idle_timeout_seconds=10, session_idle_action="pause")
     async with Scheduler(config) as scheduler:
         session = await scheduler.session()
@@ -193,29 +206,50 @@ async def test_an_idle_session_can_be_paused_instead_of_closed(tmp_path: Path, i
     assert qemu_processes(parent=os.getpid()) == []
 
 
-async def test_sbx_session_lists_and_deletes_paused_sessions(tmp_path: Path, images_ready: None) -> None:
-    async with Scheduler(private_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")) as s:
+async def test_sbx_session_lists_and_deletes_paused_sessions(
+    tmp_path: Path, images_ready: None
+) -> None:
+    async with Scheduler(
+        private_config(tmp_path, memory_snapshot_cache_dir=tmp_path / "memory-snapshots")
+    ) as s:
         snapshot = await (await s.session()).pause()
     env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path)}
     sbx = [sys.executable, "-m", "exec_sandbox.cli.main", "session"]
-    listed = subprocess.run([*sbx, "list", "--json"], capture_output=True, text=True, env=env, timeout=60)
+    listed = subprocess.run(
+        [*sbx, "list", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert [entry["id"] for entry in json.loads(listed.stdout)] == [snapshot.id]
-    deleted = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
+    deleted = subprocess.run(
+        [*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60
+    )
     assert deleted.returncode == 0
-    again = subprocess.run([*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60)
+    again = subprocess.run(
+        [*sbx, "delete", snapshot.id], capture_output=True, text=True, env=env, timeout=60
+    )
     assert again.returncode == 1 and "no paused session" in again.stdout
 
 
-def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
-                                                                 images_ready: None) -> None:
-    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
-           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
+def test_sbx_session_new_and_resume_carry_state_between_commands(
+    tmp_path: Path, images_ready: None
+) -> None:
+    env = {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
 
     def sbx(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "exec_sandbox.cli.main", "session", *args],
-                              capture_output=True, text=True, env=env, timeout=180)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "exec_sandbox.cli.main", "session", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
 
-    created = sbx("new", "--json", "-e", "WHO=cli", "-c", "import os; x = 41; print(os.environ['WHO'])")
+    created = sbx(
+        "new", "--json", "-e", "WHO=cli", "-c", "import os; x = 41; print(os.environ['WHO'])"
+    )
     assert created.returncode == 0, created.stderr
     report = json.loads(created.stdout)
     assert report["result"]["stdout"] == "cli\n"
@@ -236,8 +270,9 @@ def test_sbx_session_new_and_resume_carry_state_between_commands(tmp_path: Path,
     assert sbx("resume", "not-an-id", "-c", "1").returncode == 2
 
 
-async def test_a_failed_pause_leaves_the_session_running(sched: Scheduler,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+async def test_a_failed_pause_leaves_the_session_running(
+    sched: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import exec_sandbox.vm.migration as vm_module
 
     session = await sched.session()

@@ -12,8 +12,8 @@ import signal
 import pytest
 
 from exec_sandbox import Scheduler, SessionClosedError
-from exec_sandbox.vm import file_transfer
 from exec_sandbox.errors import GuestAgentError
+from exec_sandbox.vm import file_transfer
 
 pytestmark = pytest.mark.vm
 

@@ -49,8 +49,9 @@ async def test_pool_asked_for_more_than_admission_admits_is_cut_and_gets_ready(
     # Two python VMs asked for where admission admits one: the pool keeps one (with a warning)
     # and wait_pool_ready() returns instead of waiting for a second that can never start.
     caplog.set_level(logging.WARNING, logger="exec_sandbox")
-    async with managed(warm_pool_size={"python": 2}, max_concurrent_vms=1,
-                       memory_snapshots=False) as sched:  # fmt: skip
+    async with managed(
+        warm_pool_size={"python": 2}, max_concurrent_vms=1, memory_snapshots=False
+    ) as sched:
         await sched.wait_pool_ready(timeout=240)
         assert "admission admits at most 1" in caplog.text
         hit = await sched.run("print(1)")
@@ -65,8 +66,9 @@ async def test_warm_pool_serves_matching_requests_once_each(managed: ManagedSche
         assert first.timing.boot_ms == 0 and first.timing.restore_ms == 0
         # The used VM is gone; the refill brings a fresh one that never saw the file.
         await sched.wait_pool_ready(timeout=240)
-        second = await sched.run("test -e /tmp/used-before && echo reused || echo fresh",
-                                 language="raw")  # fmt: skip
+        second = await sched.run(
+            "test -e /tmp/used-before && echo reused || echo fresh", language="raw"
+        )
         assert (second.stdout, second.warm_pool_hit) == ("fresh\n", True)
         # Another configuration (memory) is not served from the pool: it boots its own VM.
         other = await sched.run("print(7)", memory_mb=256)
@@ -81,10 +83,12 @@ async def test_pooled_guest_keeps_a_fine_grained_clock(managed: ManagedScheduler
     calibration, and a template (so every clone) got a 10 ms jiffies clock; TCG guests now boot
     with tsc=reliable (pinned in tests/c/test_qemu_argv.c). That race needs load to show, so this
     guards the outcome rather than reproducing it."""
-    code = ("import time; time.sleep(2)  # the watchdog checks every 0.5 s\n"
-            "a = [time.monotonic_ns() for _ in range(3)]\n"
-            "print(open('/sys/devices/system/clocksource/clocksource0/current_clocksource')"
-            ".read().strip(), time.get_clock_info('monotonic').resolution, a[2] - a[0] > 0)")
+    code = (
+        "import time; time.sleep(2)  # the watchdog checks every 0.5 s\n"
+        "a = [time.monotonic_ns() for _ in range(3)]\n"
+        "print(open('/sys/devices/system/clocksource/clocksource0/current_clocksource')"
+        ".read().strip(), time.get_clock_info('monotonic').resolution, a[2] - a[0] > 0)"
+    )
     async with managed(warm_pool_size=1) as sched:
         assert await sched.prepare_snapshot("python")
         await sched.wait_pool_ready(timeout=240)
@@ -100,8 +104,9 @@ async def test_pool_vms_count_against_capacity_and_yield_to_requests(
 ) -> None:
     # Three pooled VMs (one per language) fill all three slots; a request of another
     # configuration must not wait for the admission timeout: an idle pooled VM is reclaimed.
-    async with managed(warm_pool_size=1, memory_snapshots=False, max_concurrent_vms=3,
-                       admission_timeout_seconds=60) as sched:  # fmt: skip
+    async with managed(
+        warm_pool_size=1, memory_snapshots=False, max_concurrent_vms=3, admission_timeout_seconds=60
+    ) as sched:
         await sched.wait_pool_ready(timeout=300)
         result = await asyncio.wait_for(sched.run("print(5)", memory_mb=160), 60)
         assert (result.stdout, result.warm_pool_hit) == ("5\n", False)
@@ -125,7 +130,8 @@ async def test_l1_snapshot_restores_fresh_vms(managed: ManagedScheduler) -> None
 
 
 async def test_closing_during_a_snapshot_build_waits_for_its_threads(
-        managed: ManagedScheduler, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    managed: ManagedScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """close() cancels a snapshot build; a build thread (here the RAM digest, slowed down) cannot
     be stopped, so close() waits for it: the `managed` exit check finds none of its fds open."""
     import threading
@@ -150,9 +156,9 @@ async def test_closing_during_a_snapshot_build_waits_for_its_threads(
             await asyncio.sleep(0.05)
 
 
-async def test_corrupt_snapshot_falls_back_to_cold_boot(managed: ManagedScheduler,
-                                                       tmp_path: Path,
-                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+async def test_corrupt_snapshot_falls_back_to_cold_boot(
+    managed: ManagedScheduler, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with managed(memory_snapshots=True) as sched:
         assert await sched.prepare_snapshot("python")
         (snap_dir,) = [p for p in (tmp_path / "snapshots").iterdir() if p.name.startswith("py")]
@@ -183,9 +189,9 @@ async def test_corrupt_snapshot_falls_back_to_cold_boot(managed: ManagedSchedule
         assert "restoring memory snapshot" in caplog.text and "cold boot" in caplog.text
 
 
-async def test_corrupt_snapshot_ram_cold_boots_and_is_rebuilt(managed: ManagedScheduler,
-                                                               tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+async def test_corrupt_snapshot_ram_cold_boots_and_is_rebuilt(
+    managed: ManagedScheduler, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async with managed() as sched:
         assert await sched.prepare_snapshot("python")
     (snap_dir,) = [p for p in (tmp_path / "snapshots").iterdir() if p.name.startswith("py")]
@@ -213,8 +219,9 @@ async def test_corrupt_snapshot_ram_cold_boots_and_is_rebuilt(managed: ManagedSc
         assert (again.stdout, again.l1_cache_hit) == ("2\n", True)
 
 
-async def test_publishing_a_snapshot_prunes_the_cache(managed: ManagedScheduler,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+async def test_publishing_a_snapshot_prunes_the_cache(
+    managed: ManagedScheduler, tmp_path: Path
+) -> None:
     cache = tmp_path / "snapshots"
     cache.mkdir()
     day = 24 * 3600
@@ -237,8 +244,9 @@ async def test_publishing_a_snapshot_prunes_the_cache(managed: ManagedScheduler,
 async def test_burst_beyond_capacity_gets_results_or_capacity_errors(
     managed: ManagedScheduler,
 ) -> None:
-    async with managed(max_concurrent_vms=1, admission_queue_size=2,
-                       memory_snapshots=False) as sched:  # fmt: skip
+    async with managed(
+        max_concurrent_vms=1, admission_queue_size=2, memory_snapshots=False
+    ) as sched:
         calls = [sched.run(f"sleep 0.5; echo {i}", language="raw") for i in range(6)]
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
     results = [o for o in outcomes if not isinstance(o, BaseException)]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.vm import host_facts
 from exec_sandbox.errors import CommunicationOutcomeUnknownError, VmPermanentError, VmTransientError
 from exec_sandbox.images.catalog import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
+from exec_sandbox.vm import host_facts
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -54,8 +54,9 @@ async def test_missing_qemu_binary_is_a_permanent_error(
     monkeypatch.setenv("EXEC_SANDBOX_ACCEL", "tcg")
     monkeypatch.setenv("EXEC_SANDBOX_QEMU", str(tmp_path / "no-such-qemu"))
     # With memory snapshots on, start() asks the binary for its version first.
-    config = SchedulerConfig(max_concurrent_vms=1, warm_pool_size=0,
-                             memory_snapshot_cache_dir=tmp_path / "snapshots")  # fmt: skip
+    config = SchedulerConfig(
+        max_concurrent_vms=1, warm_pool_size=0, memory_snapshot_cache_dir=tmp_path / "snapshots"
+    )
     with pytest.raises(VmPermanentError, match="no-such-qemu"):
         async with Scheduler(config) as scheduler:
             await scheduler.run("print(1)")

@@ -17,7 +17,6 @@ GUEST_PROOF_CODE = "import os; print(os.uname().nodename, os.getuid(), 6 * 7)"
 GUEST_PROOF_OUTPUT = "sandbox 1000 42"
 
 
-
 def assert_no_vm_left() -> None:
     # VM teardown is asynchronous on the background loop: give it a moment.
     deadline = time.monotonic() + 10

@@ -13,18 +13,18 @@ import pytest
 
 pytest.importorskip("google.adk", reason="the adk extra is not installed")
 
-from google.adk.agents import LlmAgent  # noqa: E402
-from google.adk.code_executors.code_execution_utils import CodeExecutionInput, File  # noqa: E402
-from google.adk.models.base_llm import BaseLlm  # noqa: E402
-from google.adk.models.llm_request import LlmRequest  # noqa: E402
-from google.adk.models.llm_response import LlmResponse  # noqa: E402
-from google.adk.runners import InMemoryRunner  # noqa: E402
-from google.genai import types  # noqa: E402
-from pydantic import Field  # noqa: E402
+from google.adk.agents import LlmAgent
+from google.adk.code_executors.code_execution_utils import CodeExecutionInput, File
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import InMemoryRunner
+from google.genai import types
+from pydantic import Field
 
-from exec_sandbox.integrations.adk import MAX_OUTPUT_FILES, ExecSandboxCodeExecutor  # noqa: E402
+from exec_sandbox.integrations.adk import MAX_OUTPUT_FILES, ExecSandboxCodeExecutor
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
 
 pytestmark = pytest.mark.vm
 
@@ -36,11 +36,14 @@ class ScriptedLlm(BaseLlm):
     replies: list[str] = Field(default_factory=list)
     seen: list[str] = Field(default_factory=list)
 
-    async def generate_content_async(self, llm_request: LlmRequest,
-                                     stream: bool = False) -> AsyncGenerator[LlmResponse, None]:  # fmt: skip
-        self.seen.append("\n".join(
-            part.text or "" for content in llm_request.contents for part in content.parts or []
-        ))  # fmt: skip
+    async def generate_content_async(
+        self, llm_request: LlmRequest, stream: bool = False
+    ) -> AsyncGenerator[LlmResponse, None]:
+        self.seen.append(
+            "\n".join(
+                part.text or "" for content in llm_request.contents for part in content.parts or []
+            )
+        )
         text = self.replies.pop(0) if self.replies else "done"
         yield LlmResponse(content=types.Content(role="model", parts=[types.Part(text=text)]))
 
@@ -51,11 +54,15 @@ def _code(source: str) -> str:
 
 async def _ask(runner: InMemoryRunner, session_id: str, text: str) -> list[Any]:
     message = types.Content(role="user", parts=[types.Part(text=text)])
-    return [event async for event in runner.run_async(
-        user_id="u", session_id=session_id, new_message=message)]  # fmt: skip
+    return [
+        event
+        async for event in runner.run_async(user_id="u", session_id=session_id, new_message=message)
+    ]
 
 
-async def _runner(llm: ScriptedLlm, executor: ExecSandboxCodeExecutor) -> tuple[InMemoryRunner, str]:
+async def _runner(
+    llm: ScriptedLlm, executor: ExecSandboxCodeExecutor
+) -> tuple[InMemoryRunner, str]:
     agent = LlmAgent(name="coder", model=llm, code_executor=executor)
     runner = InMemoryRunner(agent=agent, app_name="test")
     session = await runner.session_service.create_session(app_name="test", user_id="u")
@@ -104,15 +111,18 @@ async def test_sync_execute_code_from_inside_a_running_loop() -> None:
 def test_input_files_output_files_and_stderr_only_on_failure() -> None:
     executor = ExecSandboxCodeExecutor()
     blob = bytes(range(256))
-    ok = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-        code=(
-            "import sys\n"
-            "data = open('data.bin', 'rb').read()\n"
-            "open('out.bin', 'wb').write(data[::-1])\n"
-            "print(len(data)); print('warning', file=sys.stderr)"
+    ok = executor.execute_code(
+        None,
+        CodeExecutionInput(  # type: ignore[arg-type]
+            code=(
+                "import sys\n"
+                "data = open('data.bin', 'rb').read()\n"
+                "open('out.bin', 'wb').write(data[::-1])\n"
+                "print(len(data)); print('warning', file=sys.stderr)"
+            ),
+            input_files=[File(name="data.bin", content=blob, mime_type="application/octet-stream")],
         ),
-        input_files=[File(name="data.bin", content=blob, mime_type="application/octet-stream")],
-    ))  # fmt: skip
+    )
     assert ok.stdout == "256\n"
     assert ok.stderr == ""  # a warning on stderr is not a failure
     assert [(f.name, f.content) for f in ok.output_files] == [("out.bin", blob[::-1])]
@@ -142,10 +152,12 @@ async def test_new_files_in_subdirectories_become_artifacts_the_model_sees() -> 
     assert ".cache" not in saved  # dot-directories hold tool state, not results
     service = runner.artifact_service
     assert service is not None
-    summary = await service.load_artifact(app_name="test", user_id="u", session_id=session_id,
-                                          filename="results/summary.txt")  # fmt: skip
-    data = await service.load_artifact(app_name="test", user_id="u", session_id=session_id,
-                                       filename="results/deep/data.bin")  # fmt: skip
+    summary = await service.load_artifact(
+        app_name="test", user_id="u", session_id=session_id, filename="results/summary.txt"
+    )
+    data = await service.load_artifact(
+        app_name="test", user_id="u", session_id=session_id, filename="results/deep/data.bin"
+    )
     assert summary is not None and summary.inline_data is not None
     assert summary.inline_data.data == b"sandbox"  # the guest's hostname: written in the VM
     assert data is not None and data.inline_data is not None
@@ -155,13 +167,16 @@ async def test_new_files_in_subdirectories_become_artifacts_the_model_sees() -> 
 def test_output_files_are_capped_with_a_note() -> None:
     executor = ExecSandboxCodeExecutor()
     count = MAX_OUTPUT_FILES + 3
-    result = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-        code=(
-            "import os\nos.makedirs('many/sub')\n"
-            f"for i in range({count}): open(f'many/sub/f{{i:03}}.txt', 'w').write(str(i))\n"
-            "print('ok')"
+    result = executor.execute_code(
+        None,
+        CodeExecutionInput(  # type: ignore[arg-type]
+            code=(
+                "import os\nos.makedirs('many/sub')\n"
+                f"for i in range({count}): open(f'many/sub/f{{i:03}}.txt', 'w').write(str(i))\n"
+                "print('ok')"
+            ),
         ),
-    ))  # fmt: skip
+    )
     assert result.stdout.startswith("ok\n")
     assert len(result.output_files) == MAX_OUTPUT_FILES
     first = result.output_files[0]
@@ -172,8 +187,12 @@ def test_output_files_are_capped_with_a_note() -> None:
 
 def test_packages_are_installed_for_the_executor() -> None:
     executor = ExecSandboxCodeExecutor(packages=["six==1.16.0"])
-    result = executor.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-        code="import six; print(six.__version__)"))  # fmt: skip
+    result = executor.execute_code(
+        None,
+        CodeExecutionInput(  # type: ignore[arg-type]
+            code="import six; print(six.__version__)"
+        ),
+    )
     assert (result.stdout, result.stderr) == ("1.16.0\n", "")
 
 
@@ -181,17 +200,30 @@ def test_persisted_sessions_come_back_for_their_execution_id() -> None:
     """close() pauses the id's session to disk; a new executor (as after a restart) resumes it."""
     key = f"thread-{uuid.uuid4().hex}"
     first = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
-    run = first.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-        code="kept = 'across restarts'\nopen('note.txt', 'w').write('file too')", execution_id=key))  # fmt: skip
+    run = first.execute_code(
+        None,
+        CodeExecutionInput(  # type: ignore[arg-type]
+            code="kept = 'across restarts'\nopen('note.txt', 'w').write('file too')",
+            execution_id=key,
+        ),
+    )
     assert run.stderr == ""
     first.close()
     second = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
     try:
-        back = second.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-            code="print(kept, open('note.txt').read())", execution_id=key))  # fmt: skip
+        back = second.execute_code(
+            None,
+            CodeExecutionInput(  # type: ignore[arg-type]
+                code="print(kept, open('note.txt').read())", execution_id=key
+            ),
+        )
         assert back.stdout == "across restarts file too\n"
-        other = second.execute_code(None, CodeExecutionInput(  # type: ignore[arg-type]
-            code="print('kept' in globals())", execution_id=key + "-other"))  # fmt: skip
+        other = second.execute_code(
+            None,
+            CodeExecutionInput(  # type: ignore[arg-type]
+                code="print('kept' in globals())", execution_id=key + "-other"
+            ),
+        )
         assert other.stdout == "False\n"
     finally:
         saved = second._pool._saved

@@ -7,18 +7,18 @@ import pytest
 
 pytest.importorskip("langgraph_codeact", reason="the codeact extra is not installed")
 
-from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph_codeact import create_codeact  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph_codeact import create_codeact
 
-from exec_sandbox.integrations.codeact import (  # noqa: E402
+from exec_sandbox.integrations.codeact import (
     ExecSandboxSessionEval,
     create_exec_sandbox_async_eval,
     create_exec_sandbox_eval,
 )
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
-from .fake_langchain_model import ScriptedChatModel  # noqa: E402
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
+from .fake_langchain_model import ScriptedChatModel
 
 pytestmark = pytest.mark.vm
 
@@ -33,9 +33,13 @@ def _last_user_text(model: ScriptedChatModel, turn: int) -> str:
 
 
 def test_sync_eval_output_reaches_the_model() -> None:
-    model = ScriptedChatModel(responses=[
-        _code(GUEST_PROOF_CODE), _code("raise ValueError('boom')"), AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _code(GUEST_PROOF_CODE),
+            _code("raise ValueError('boom')"),
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_codeact(model, [], create_exec_sandbox_eval(timeout_seconds=30)).compile()
     final = agent.invoke({"messages": [("user", "go")]})
 
@@ -54,9 +58,13 @@ async def test_async_eval_output_reaches_the_model() -> None:
 
 
 def test_fresh_vm_per_block_without_sessions() -> None:
-    model = ScriptedChatModel(responses=[
-        _code("x = 41"), _code("print(x + 1)"), AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _code("x = 41"),
+            _code("print(x + 1)"),
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_codeact(model, [], create_exec_sandbox_eval()).compile()
     agent.invoke({"messages": [("user", "go")]})
     assert "NameError" in _last_user_text(model, 2)
@@ -66,11 +74,16 @@ def test_fresh_vm_per_block_without_sessions() -> None:
 async def test_session_eval_keeps_variables_across_turns_of_a_thread(use_async: bool) -> None:
     evaluator = ExecSandboxSessionEval()
     eval_fn = evaluator.aeval if use_async else evaluator.eval
-    model = ScriptedChatModel(responses=[
-        _code("x = 41"), AIMessage(content="stored"),
-        _code("print(x + 1)"), AIMessage(content="printed"),
-        _code("print(x + 1)"), AIMessage(content="other thread"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _code("x = 41"),
+            AIMessage(content="stored"),
+            _code("print(x + 1)"),
+            AIMessage(content="printed"),
+            _code("print(x + 1)"),
+            AIMessage(content="other thread"),
+        ]
+    )
     agent = create_codeact(model, [], eval_fn).compile(checkpointer=InMemorySaver())
     try:
         one = {"configurable": {"thread_id": "one"}}

@@ -13,15 +13,15 @@ import pytest
 
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
 
-from deepagents import create_deep_agent  # noqa: E402
-from deepagents.backends.protocol import GlobResult  # noqa: E402
-from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+from deepagents import create_deep_agent
+from deepagents.backends.protocol import GlobResult
+from langchain_core.messages import AIMessage, ToolMessage
 
-from exec_sandbox.integrations._bridge import background  # noqa: E402
-from exec_sandbox.integrations.deepagents import ExecSandboxBackend  # noqa: E402
+from exec_sandbox.integrations._bridge import background
+from exec_sandbox.integrations.deepagents import ExecSandboxBackend
 
-from .conftest import GUEST_PROOF_OUTPUT  # noqa: E402
-from .fake_langchain_model import ScriptedChatModel  # noqa: E402
+from .conftest import GUEST_PROOF_OUTPUT
+from .fake_langchain_model import ScriptedChatModel
 
 pytestmark = pytest.mark.vm
 
@@ -36,16 +36,28 @@ def _last_tool_message(model: ScriptedChatModel, turn: int) -> ToolMessage:
 
 async def test_deep_agent_writes_globs_and_executes_in_the_vm() -> None:
     backend = ExecSandboxBackend()
-    model = ScriptedChatModel(responses=[
-        _call("write_file", {"file_path": "/tmp/work/calc.py",
-                             "content": "import os\nprint(os.uname().nodename, os.getuid(), 6 * 7)\n"}, "c1"),
-        _call("write_file", {"file_path": "/tmp/work/calc.py", "content": "print('clobbered')\n"}, "c2"),
-        _call("glob", {"pattern": "*.py", "path": "/tmp/work"}, "c3"),
-        _call("execute", {"command": "python3 /tmp/work/calc.py"}, "c4"),
-        _call("execute", {"command": "sleep 30", "timeout": 2}, "c5"),
-        _call("execute", {"command": "echo partial; exit 5"}, "c6"),
-        AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _call(
+                "write_file",
+                {
+                    "file_path": "/tmp/work/calc.py",
+                    "content": "import os\nprint(os.uname().nodename, os.getuid(), 6 * 7)\n",
+                },
+                "c1",
+            ),
+            _call(
+                "write_file",
+                {"file_path": "/tmp/work/calc.py", "content": "print('clobbered')\n"},
+                "c2",
+            ),
+            _call("glob", {"pattern": "*.py", "path": "/tmp/work"}, "c3"),
+            _call("execute", {"command": "python3 /tmp/work/calc.py"}, "c4"),
+            _call("execute", {"command": "sleep 30", "timeout": 2}, "c5"),
+            _call("execute", {"command": "echo partial; exit 5"}, "c6"),
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_deep_agent(model=model, backend=backend)
     try:
         await agent.ainvoke({"messages": [("user", "compute")]})
@@ -80,9 +92,12 @@ def test_standard_contract_glob_is_relative_with_directories_and_write_never_ove
         # A pattern without / matches at any depth (never inside dot-directories); directories
         # are matches too, flagged is_dir.
         assert _paths(backend.glob("*", path="/tmp/g")) == [
-            ("a.py", False), ("empty", True), ("notes.txt", False), ("sub", True),
+            ("a.py", False),
+            ("empty", True),
+            ("notes.txt", False),
+            ("sub", True),
             ("sub/b.py", False),
-        ]  # fmt: skip
+        ]
         assert _paths(backend.glob("/*.py", path="/tmp/g")) == [("a.py", False)]
         assert _paths(backend.glob("sub/*.py", path="/tmp/g")) == [("sub/b.py", False)]
         assert _paths(backend.glob(".*", path="/tmp/g")) == [(".dot", True), (".hidden.py", False)]
@@ -118,8 +133,9 @@ async def test_concurrent_first_calls_share_one_vm() -> None:
     # deepagents runs tool calls in parallel: the first calls of a backend race to open its VM.
     backend = ExecSandboxBackend()
     try:
-        results = await asyncio.gather(*(backend.aexecute("cat /proc/sys/kernel/random/boot_id")
-                                          for _ in range(3)))  # fmt: skip
+        results = await asyncio.gather(
+            *(backend.aexecute("cat /proc/sys/kernel/random/boot_id") for _ in range(3))
+        )
         assert all(r.exit_code == 0 for r in results), results
         assert len({r.output for r in results}) == 1, results  # one guest kernel answered
         live = [s for s in background().scheduler._sessions if not s.closed]
@@ -148,17 +164,23 @@ def test_timeout_exit_124_and_truncation() -> None:
 def test_files_never_raise_and_keep_input_order() -> None:
     backend = ExecSandboxBackend()
     try:
-        uploads = backend.upload_files([
-            ("/tmp/a/b/c.bin", bytes(range(256))), ("relative.txt", b"x"), ("/proc/nope/x", b"y"),
-        ])  # fmt: skip
+        uploads = backend.upload_files(
+            [
+                ("/tmp/a/b/c.bin", bytes(range(256))),
+                ("relative.txt", b"x"),
+                ("/proc/nope/x", b"y"),
+            ]
+        )
         assert [u.path for u in uploads] == ["/tmp/a/b/c.bin", "relative.txt", "/proc/nope/x"]
         assert uploads[0].error is None
         assert uploads[1].error == "invalid_path"
         assert uploads[2].error is not None
         downloads = backend.download_files(["/tmp/missing", "/tmp/a/b/c.bin", "/tmp/a"])
         assert [(d.path, d.error) for d in downloads] == [
-            ("/tmp/missing", "file_not_found"), ("/tmp/a/b/c.bin", None), ("/tmp/a", "is_directory"),
-        ]  # fmt: skip
+            ("/tmp/missing", "file_not_found"),
+            ("/tmp/a/b/c.bin", None),
+            ("/tmp/a", "is_directory"),
+        ]
         assert downloads[1].content == bytes(range(256))
         assert backend.id.startswith("exec-sandbox-")
     finally:
@@ -179,7 +201,12 @@ def test_packages_are_importable_by_the_agents_python() -> None:
 def test_a_keyed_backend_resumes_its_sandbox_after_close() -> None:
     key = f"thread-{uuid.uuid4().hex}"
     first = ExecSandboxBackend(session_key=key)
-    assert first.execute("mkdir -p /tmp/w && cd /tmp/w && echo kept > f.txt && export MARK=yes").exit_code == 0
+    assert (
+        first.execute(
+            "mkdir -p /tmp/w && cd /tmp/w && echo kept > f.txt && export MARK=yes"
+        ).exit_code
+        == 0
+    )
     first.close()
     second = ExecSandboxBackend(session_key=key)
     try:

@@ -13,13 +13,15 @@ from collections.abc import Iterator
 import pytest
 
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
-pytest.importorskip("langchain_tests", reason="langchain-tests (integrations-test extra) is not installed")
+pytest.importorskip(
+    "langchain_tests", reason="langchain-tests (integrations-test extra) is not installed"
+)
 
-from langchain_tests.integration_tests import SandboxIntegrationTests  # noqa: E402
+from langchain_tests.integration_tests import SandboxIntegrationTests
 
-from exec_sandbox.integrations.deepagents import ExecSandboxBackend  # noqa: E402
+from exec_sandbox.integrations.deepagents import ExecSandboxBackend
 
-from .conftest import assert_no_vm_left  # noqa: E402
+from .conftest import assert_no_vm_left
 
 pytestmark = [pytest.mark.vm, pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")]
 

@@ -15,9 +15,9 @@ import pytest
 
 pytest.importorskip("langchain_core", reason="the langchain extra is not installed")
 
-from exec_sandbox.integrations._bridge import background  # noqa: E402
-from exec_sandbox.integrations.langchain import ExecSandboxSessionTool  # noqa: E402
-from tests.helpers import qemu_processes  # noqa: E402
+from exec_sandbox.integrations._bridge import background
+from exec_sandbox.integrations.langchain import ExecSandboxSessionTool
+from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
 
@@ -34,8 +34,10 @@ def _alive(pid: int) -> bool:
 
 def test_abandoned_session_tool_frees_its_vm() -> None:
     tool = ExecSandboxSessionTool()
-    tool.invoke({"type": "tool_call", "id": "1", "name": tool.name, "args": {"code": "x = 1"}},
-                {"configurable": {"thread_id": "t"}})  # fmt: skip
+    tool.invoke(
+        {"type": "tool_call", "id": "1", "name": tool.name, "args": {"code": "x = 1"}},
+        {"configurable": {"thread_id": "t"}},
+    )
     assert len(qemu_processes(parent=os.getpid())) >= 1  # + maybe a background snapshot build
     del tool
     gc.collect()
@@ -53,8 +55,14 @@ def test_exit_without_close_kills_the_vms() -> None:
         print(*qemu_processes(parent=os.getpid()), flush=True)
         KEEP = tool  # never closed: the atexit hook of the background scheduler must do it
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=180, env=os.environ.copy())  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=os.environ.copy(),
+    )
     assert done.returncode == 0, done.stderr
     pids = [int(p) for p in done.stdout.split()]
     # The session's VM, and possibly the VM building an L1 snapshot in the background.

@@ -9,16 +9,16 @@ import pytest
 
 pytest.importorskip("langchain", reason="the langchain extra is not installed")
 
-from langchain.agents import create_agent  # noqa: E402
-from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, ToolMessage
 
-from exec_sandbox.integrations.langchain import (  # noqa: E402
+from exec_sandbox.integrations.langchain import (
     ExecSandboxSessionTool,
     ExecSandboxTool,
 )
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
-from .fake_langchain_model import ScriptedChatModel  # noqa: E402
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
+from .fake_langchain_model import ScriptedChatModel
 
 pytestmark = pytest.mark.vm
 
@@ -32,11 +32,17 @@ def _tool_messages(model: ScriptedChatModel, turn: int) -> list[ToolMessage]:
 
 
 def test_agent_loop_sees_vm_output_and_artifact() -> None:
-    model = ScriptedChatModel(responses=[
-        _call("exec_sandbox", {"code": GUEST_PROOF_CODE}, "c1"),
-        _call("exec_sandbox", {"code": "import sys; print('to stderr', file=sys.stderr); sys.exit(3)"}, "c2"),
-        AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _call("exec_sandbox", {"code": GUEST_PROOF_CODE}, "c1"),
+            _call(
+                "exec_sandbox",
+                {"code": "import sys; print('to stderr', file=sys.stderr); sys.exit(3)"},
+                "c2",
+            ),
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_agent(model, tools=[ExecSandboxTool()])
     final = agent.invoke({"messages": [("user", "run it")]})
 
@@ -54,12 +60,14 @@ def test_agent_loop_sees_vm_output_and_artifact() -> None:
 
 
 async def test_async_agent_loop_reports_bad_arguments_to_the_model() -> None:
-    model = ScriptedChatModel(responses=[
-        _call("exec_sandbox", {"code": "print(1)", "language": "cobol"}, "c1"),
-        _call("exec_sandbox", {"code": "   "}, "c2"),
-        _call("exec_sandbox", {"code": "console.log(40 + 2)", "language": "javascript"}, "c3"),
-        AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _call("exec_sandbox", {"code": "print(1)", "language": "cobol"}, "c1"),
+            _call("exec_sandbox", {"code": "   "}, "c2"),
+            _call("exec_sandbox", {"code": "console.log(40 + 2)", "language": "javascript"}, "c3"),
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_agent(model, tools=[ExecSandboxTool()])
     await agent.ainvoke({"messages": [("user", "go")]})
 
@@ -73,8 +81,9 @@ async def test_async_agent_loop_reports_bad_arguments_to_the_model() -> None:
 async def test_sync_run_works_inside_a_running_loop() -> None:
     # A framework calling the sync API from its event loop must not deadlock.
     tool = ExecSandboxTool()
-    message = tool.invoke({"type": "tool_call", "id": "x", "name": tool.name,
-                           "args": {"code": GUEST_PROOF_CODE}})  # fmt: skip
+    message = tool.invoke(
+        {"type": "tool_call", "id": "x", "name": tool.name, "args": {"code": GUEST_PROOF_CODE}}
+    )
     assert message.content == GUEST_PROOF_OUTPUT
     assert asyncio.get_running_loop().is_running()
 
@@ -82,13 +91,18 @@ async def test_sync_run_works_inside_a_running_loop() -> None:
 def test_session_tool_keeps_state_per_thread() -> None:
     tool = ExecSandboxSessionTool()
     try:
+
         def run(thread: str, code: str) -> ToolMessage:
-            model = ScriptedChatModel(responses=[
-                _call(tool.name, {"code": code}, "c1"), AIMessage(content="ok"),
-            ])  # fmt: skip
+            model = ScriptedChatModel(
+                responses=[
+                    _call(tool.name, {"code": code}, "c1"),
+                    AIMessage(content="ok"),
+                ]
+            )
             agent = create_agent(model, tools=[tool])
-            agent.invoke({"messages": [("user", "go")]},
-                         config={"configurable": {"thread_id": thread}})  # fmt: skip
+            agent.invoke(
+                {"messages": [("user", "go")]}, config={"configurable": {"thread_id": thread}}
+            )
             return _tool_messages(model, 1)[-1]
 
         run("alice", "x = 41")
@@ -102,12 +116,17 @@ def test_session_tool_keeps_state_per_thread() -> None:
 
 
 def test_the_model_can_ask_for_packages() -> None:
-    model = ScriptedChatModel(responses=[
-        _call("exec_sandbox", {"code": "import six; print(six.__version__)",
-                               "packages": ["six==1.16.0"]}, "p1"),  # type: ignore[dict-item]
-        _call("exec_sandbox", {"code": "print(1)", "packages": ["six; rm -rf /"]}, "p2"),  # type: ignore[dict-item]
-        AIMessage(content="done"),
-    ])  # fmt: skip
+    model = ScriptedChatModel(
+        responses=[
+            _call(
+                "exec_sandbox",
+                {"code": "import six; print(six.__version__)", "packages": ["six==1.16.0"]},
+                "p1",
+            ),  # type: ignore[dict-item]
+            _call("exec_sandbox", {"code": "print(1)", "packages": ["six; rm -rf /"]}, "p2"),  # type: ignore[dict-item]
+            AIMessage(content="done"),
+        ]
+    )
     agent = create_agent(model, tools=[ExecSandboxTool()])
     agent.invoke({"messages": [("user", "run it")]})
     assert _tool_messages(model, 1)[-1].content == "1.16.0"

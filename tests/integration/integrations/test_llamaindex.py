@@ -12,22 +12,22 @@ import pytest
 
 pytest.importorskip("llama_index.core", reason="the llamaindex extra is not installed")
 
-from llama_index.core.agent.workflow import CodeActAgent, ReActAgent  # noqa: E402
-from llama_index.core.llms import (  # noqa: E402
+from llama_index.core.agent.workflow import CodeActAgent, ReActAgent
+from llama_index.core.llms import (
     CompletionResponse,
     CompletionResponseGen,
     CustomLLM,
     LLMMetadata,
 )
-from llama_index.core.llms.callbacks import llm_completion_callback  # noqa: E402
-from pydantic import Field  # noqa: E402
+from llama_index.core.llms.callbacks import llm_completion_callback
+from pydantic import Field
 
-from exec_sandbox.integrations.llamaindex import (  # noqa: E402
+from exec_sandbox.integrations.llamaindex import (
     ExecSandboxToolSpec,
     create_code_execute_fn,
 )
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT  # noqa: E402
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
 
 pytestmark = pytest.mark.vm
 
@@ -48,20 +48,23 @@ class ScriptedLLM(CustomLLM):
         return CompletionResponse(text=self.replies.pop(0) if self.replies else "done")
 
     @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False,
-                        **kwargs: Any) -> CompletionResponseGen:  # fmt: skip
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
         response = self.complete(prompt)
         yield response
 
 
 async def test_codeact_agent_runs_code_with_state_across_steps() -> None:
     code_execute_fn = create_code_execute_fn()
-    llm = ScriptedLLM(replies=[
-        f"<execute>\nx = 41\n{GUEST_PROOF_CODE}\n</execute>",
-        "<execute>\nprint(x + 1)\n</execute>",
-        "<execute>\nprint(undefined_name)\n</execute>",
-        "All done.",
-    ])  # fmt: skip
+    llm = ScriptedLLM(
+        replies=[
+            f"<execute>\nx = 41\n{GUEST_PROOF_CODE}\n</execute>",
+            "<execute>\nprint(x + 1)\n</execute>",
+            "<execute>\nprint(undefined_name)\n</execute>",
+            "All done.",
+        ]
+    )
     agent = CodeActAgent(code_execute_fn=code_execute_fn, llm=llm, streaming=False)
     try:
         response = await agent.run(user_msg="compute")
@@ -77,12 +80,14 @@ async def test_react_agent_uses_the_tool_spec() -> None:
     def action(args: dict[str, str]) -> str:
         return f"Thought: I need to run code.\nAction: run_code\nAction Input: {json.dumps(args)}"
 
-    llm = ScriptedLLM(replies=[
-        action({"code": GUEST_PROOF_CODE}),
-        action({"code": "print(1)", "language": "cobol"}),
-        action({"code": ""}),
-        "Thought: I can answer.\nAnswer: finished",
-    ])  # fmt: skip
+    llm = ScriptedLLM(
+        replies=[
+            action({"code": GUEST_PROOF_CODE}),
+            action({"code": "print(1)", "language": "cobol"}),
+            action({"code": ""}),
+            "Thought: I can answer.\nAnswer: finished",
+        ]
+    )
     agent = ReActAgent(tools=ExecSandboxToolSpec().to_tool_list(), llm=llm, streaming=False)
     response = await agent.run(user_msg="compute")
     assert "finished" in str(response)
@@ -100,7 +105,9 @@ def test_packages_for_the_tool_spec_and_the_code_execute_fn() -> None:
     assert spec.run_code("import six; print(six.__version__)") == "1.16.0"
     code_execute_fn = create_code_execute_fn(packages=["six==1.16.0"])
     try:
-        out = asyncio.run(code_execute_fn("import six; print(six.moves.reduce(lambda a, b: a + b, [1, 2]))"))
+        out = asyncio.run(
+            code_execute_fn("import six; print(six.moves.reduce(lambda a, b: a + b, [1, 2]))")
+        )
         assert out == "3"
     finally:
         code_execute_fn.executor.close()  # type: ignore[attr-defined]

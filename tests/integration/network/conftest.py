@@ -22,7 +22,7 @@ BODY = b"hello from the host's loopback\n"
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path.startswith("/big/"):
             size = int(self.path.split("/")[2])
             self.send_response(200)
@@ -60,12 +60,53 @@ def _make_ca(directory: Path) -> tuple[Path, Path, Path]:
     ext = directory / "ext.cnf"
     ext.write_text("subjectAltName=DNS:web.test,DNS:*.web.test\n")
     run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-        "/CN=exec-sandbox test CA", "-keyout", str(ca_key), "-out", str(ca_crt))  # fmt: skip
-    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=web.test",
-        "-keyout", str(key), "-out", str(csr))  # fmt: skip
-    run("openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
-        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(crt))  # fmt: skip
+    run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=exec-sandbox test CA",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca_crt),
+    )
+    run(
+        "openssl",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=web.test",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+    )
+    run(
+        "openssl",
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca_crt),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(crt),
+    )
     return ca_crt, crt, key
 
 
@@ -89,8 +130,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
 
 
 @pytest.fixture
-async def net_scheduler(images_ready: None, servers: Servers, tmp_path: Path
-                        ) -> AsyncIterator[Scheduler]:  # fmt: skip
+async def net_scheduler(
+    images_ready: None, servers: Servers, tmp_path: Path
+) -> AsyncIterator[Scheduler]:
     """A Scheduler whose test hosts map sends web.test (80 and 443) to the loopback servers."""
     fds_before = open_fds()
     config = private_config(

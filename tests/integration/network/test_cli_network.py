@@ -19,17 +19,28 @@ SBX = [sys.executable, "-m", "exec_sandbox.cli.main"]
 
 
 def sbx(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(cache),
-           "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())}  # fmt: skip
-    return subprocess.run([*SBX, *args], capture_output=True, text=True, timeout=180,
-                          stdin=subprocess.DEVNULL, env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(cache),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
+    return subprocess.run(
+        [*SBX, *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def test_json_prints_the_connection_log(images_ready: None, tmp_path: Path) -> None:
     # This host's own name: the guest's stub answers it, the host refuses it (its address).
     name = socket.gethostname().lower()
-    code = (f"import urllib.request\ntry: urllib.request.urlopen('http://{name}/', timeout=15)\n"
-            "except Exception as e: print('failed')")  # fmt: skip
+    code = (
+        f"import urllib.request\ntry: urllib.request.urlopen('http://{name}/', timeout=15)\n"
+        "except Exception as e: print('failed')"
+    )
     proc = sbx("run", "--json", "--allow-domain", name, "-c", code, cache=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -39,17 +50,26 @@ def test_json_prints_the_connection_log(images_ready: None, tmp_path: Path) -> N
 
 
 def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> None:
-    code = ("import socket, threading\n"
-            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            "s.bind(('127.0.0.1', 7000)); s.listen()\n"
-            "print('listening', flush=True)\n"
-            "c, _ = s.accept(); c.sendall(b'hi from sbx'); c.shutdown(socket.SHUT_WR)\n"
-            # The run (and its VM) ends with the code: wait for the client to be done first.
-            "c.recv(1); c.close()\n")  # fmt: skip
-    proc = subprocess.Popen([*SBX, "run", "--expose", "7000", "-c", code], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
-                                 "EXEC_SANDBOX_IMAGES_DIR": str(images_dir())})  # fmt: skip
+    code = (
+        "import socket, threading\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind(('127.0.0.1', 7000)); s.listen()\n"
+        "print('listening', flush=True)\n"
+        "c, _ = s.accept(); c.sendall(b'hi from sbx'); c.shutdown(socket.SHUT_WR)\n"
+        # The run (and its VM) ends with the code: wait for the client to be done first.
+        "c.recv(1); c.close()\n"
+    )
+    proc = subprocess.Popen(
+        [*SBX, "run", "--expose", "7000", "-c", code],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={
+            **os.environ,
+            "EXEC_SANDBOX_CACHE_DIR": str(tmp_path),
+            "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+        },
+    )
     try:
         assert proc.stderr is not None and proc.stdout is not None
         line = proc.stderr.readline()
@@ -68,7 +88,11 @@ def test_expose_shows_the_url_and_serves(images_ready: None, tmp_path: Path) -> 
 
 
 def test_bad_network_arguments_fail_before_any_vm(tmp_path: Path) -> None:
-    for args in (["--allow-domain", "https://example.org"], ["--allow-domain", "*"],
-                 ["--expose", "70000"], ["--expose", "abc"]):  # fmt: skip
+    for args in (
+        ["--allow-domain", "https://example.org"],
+        ["--allow-domain", "*"],
+        ["--expose", "70000"],
+        ["--expose", "abc"],
+    ):
         proc = sbx("run", *args, "-c", "print(1)", cache=tmp_path)
         assert proc.returncode == 2 and "sbx:" in proc.stderr, (args, proc.stderr)

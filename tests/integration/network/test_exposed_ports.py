@@ -13,14 +13,16 @@ from exec_sandbox.network import NetworkValidationError
 
 pytestmark = pytest.mark.vm
 
-SERVE_PY = ("import subprocess, time, socket\n"
-            "subprocess.Popen(['python3', '-m', 'http.server', '8000', '--bind', '127.0.0.1'],\n"
-            "                 cwd='/home/user', stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "for _ in range(200):\n"
-            "    try:\n"
-            "        socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n"
-            "    except OSError: time.sleep(0.05)\n"
-            "open('/home/user/page.txt', 'w').write('served by the guest\\n')\n")  # fmt: skip
+SERVE_PY = (
+    "import subprocess, time, socket\n"
+    "subprocess.Popen(['python3', '-m', 'http.server', '8000', '--bind', '127.0.0.1'],\n"
+    "                 cwd='/home/user', stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n"
+    "    except OSError: time.sleep(0.05)\n"
+    "open('/home/user/page.txt', 'w').write('served by the guest\\n')\n"
+)
 
 
 async def host_get(url: str) -> bytes:
@@ -46,18 +48,21 @@ async def test_python_http_server_in_the_guest(net_scheduler: Scheduler) -> None
 
 
 async def test_node_server_in_the_guest(net_scheduler: Scheduler) -> None:
-    async with await net_scheduler.session(language="javascript",
-                                           expose_ports=[PortMapping(3000)]) as session:  # fmt: skip
+    async with await net_scheduler.session(
+        language="javascript", expose_ports=[PortMapping(3000)]
+    ) as session:
         result = await session.exec(
             "const http = require('http');"
-            "globalThis.srv = http.createServer((q, r) => r.end('node says hi')).listen(3000, '127.0.0.1');"
+            "globalThis.srv = http.createServer((q, r) => r.end('node says hi')).listen(3000, '127.0.0.1');"  # noqa: E501
             "await new Promise(r => srv.on('listening', r));"
         )
         assert result.exit_code == 0, result.stderr
         assert await host_get(session.exposed_ports[0].url) == b"node says hi"
 
 
-async def test_connection_before_the_server_listens_is_closed_cleanly(net_scheduler: Scheduler) -> None:
+async def test_connection_before_the_server_listens_is_closed_cleanly(
+    net_scheduler: Scheduler,
+) -> None:
     async with await net_scheduler.session(expose_ports=[8000]) as session:
         exposed = session.exposed_ports[0]
         reader, writer = await asyncio.open_connection("127.0.0.1", exposed.external)

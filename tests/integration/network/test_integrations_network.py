@@ -19,8 +19,9 @@ async def test_langchain_tool_reaches_only_its_allowed_names(net_scheduler: Sche
     pytest.importorskip("langchain_core", reason="the langchain extra is not installed")
     from exec_sandbox.integrations.langchain import ExecSandboxTool
 
-    tool = ExecSandboxTool(scheduler=net_scheduler, allow_network=True,
-                           allowed_domains=["web.test"])  # fmt: skip
+    tool = ExecSandboxTool(
+        scheduler=net_scheduler, allow_network=True, allowed_domains=["web.test"]
+    )
     allowed = await tool.ainvoke({"code": CURL.format("web.test"), "language": "raw"})
     assert allowed == BODY.decode().strip()  # the tool strips trailing whitespace
     refused = await tool.ainvoke({"code": CURL.format("elsewhere.test"), "language": "raw"})
@@ -44,24 +45,30 @@ async def test_deepagents_backend_reaches_only_its_allowed_names(net_scheduler: 
 async def test_codeact_eval_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
     from exec_sandbox.integrations.codeact import create_exec_sandbox_async_eval
 
-    eval_fn = create_exec_sandbox_async_eval(net_scheduler, language="raw", allow_network=True,
-                                             allowed_domains=["web.test"])  # fmt: skip
+    eval_fn = create_exec_sandbox_async_eval(
+        net_scheduler, language="raw", allow_network=True, allowed_domains=["web.test"]
+    )
     allowed, new_vars = await eval_fn(CURL.format("web.test"), {})
     assert (allowed, new_vars) == (BODY.decode().rstrip("\n"), {})
     refused, _ = await eval_fn(CURL.format("elsewhere.test"), {})
     assert "Could not resolve host" in refused and "exit code: 6" in refused
 
 
-async def test_codeact_session_eval_reaches_only_its_allowed_names(net_scheduler: Scheduler) -> None:
+async def test_codeact_session_eval_reaches_only_its_allowed_names(
+    net_scheduler: Scheduler,
+) -> None:
     from exec_sandbox.integrations.codeact import ExecSandboxSessionEval
 
-    evaluator = ExecSandboxSessionEval(net_scheduler, allow_network=True,
-                                       allowed_domains=["web.test"])  # fmt: skip
-    fetch = ("import urllib.request\n"
-             "try:\n"
-             "    print(urllib.request.urlopen('http://{}/hello', timeout=20).read().decode())\n"
-             "except OSError as exc:\n"
-             "    print('FAILED', exc)\n")  # fmt: skip
+    evaluator = ExecSandboxSessionEval(
+        net_scheduler, allow_network=True, allowed_domains=["web.test"]
+    )
+    fetch = (
+        "import urllib.request\n"
+        "try:\n"
+        "    print(urllib.request.urlopen('http://{}/hello', timeout=20).read().decode())\n"
+        "except OSError as exc:\n"
+        "    print('FAILED', exc)\n"
+    )
     try:
         allowed, _ = await evaluator.aeval(fetch.format("web.test"), {})
         assert allowed == BODY.decode().rstrip("\n")

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.vm
 
 def pip_setting(suffix: str) -> str | None:
     """The value of pip's first setting whose key ends with suffix (environment included)."""
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                            text=True, check=False).stdout  # fmt: skip
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
     for key in ("PIP_" + suffix.upper().replace("-", "_"),):
         if os.environ.get(key):
             return os.environ[key].split()[0]
@@ -54,19 +55,24 @@ async def live_scheduler(images_ready: None, tmp_path: Path) -> AsyncIterator[Sc
     assert qemu_processes(parent=os.getpid()) == []
 
 
-async def test_https_to_the_package_index_and_another_name_refused(live_scheduler: Scheduler) -> None:
+async def test_https_to_the_package_index_and_another_name_refused(
+    live_scheduler: Scheduler,
+) -> None:
     url = index_url()
     host = urlsplit(url).hostname
     assert host
-    code = ("import urllib.request\n"
-            f"print(urllib.request.urlopen({url!r}, timeout=60).status)\n"
-            "try:\n"
-            "    urllib.request.urlopen('https://example.org/', timeout=20)\n"
-            "    print('REACHED')\n"
-            "except Exception as exc:\n"
-            "    print('REFUSED', type(exc).__name__)\n")  # fmt: skip
-    result = await live_scheduler.run(code, allow_network=True, allowed_domains=[host],
-                                      timeout_seconds=120)  # fmt: skip
+    code = (
+        "import urllib.request\n"
+        f"print(urllib.request.urlopen({url!r}, timeout=60).status)\n"
+        "try:\n"
+        "    urllib.request.urlopen('https://example.org/', timeout=20)\n"
+        "    print('REACHED')\n"
+        "except Exception as exc:\n"
+        "    print('REFUSED', type(exc).__name__)\n"
+    )
+    result = await live_scheduler.run(
+        code, allow_network=True, allowed_domains=[host], timeout_seconds=120
+    )
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.split()
     assert lines[0] == "200" and "REFUSED" in lines, result.stdout
@@ -78,7 +84,11 @@ async def test_https_to_the_package_index_and_another_name_refused(live_schedule
 async def test_requests_reaches_the_package_index(live_scheduler: Scheduler) -> None:
     url = index_url()
     code = f"import requests\nprint(requests.get({url!r}, timeout=60).status_code)"
-    result = await live_scheduler.run(code, packages=["requests==2.31.0"], allow_network=True,
-                                      allowed_domains=[urlsplit(url).hostname or ""],
-                                      timeout_seconds=180)  # fmt: skip
+    result = await live_scheduler.run(
+        code,
+        packages=["requests==2.31.0"],
+        allow_network=True,
+        allowed_domains=[urlsplit(url).hostname or ""],
+        timeout_seconds=180,
+    )
     assert (result.exit_code, result.stdout) == (0, "200\n"), result.stderr

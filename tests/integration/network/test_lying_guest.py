@@ -43,10 +43,16 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
 
 
 async def test_open_for_refused_names_is_refused_and_the_vm_lives(net_scheduler: Scheduler) -> None:
-    async with await net_scheduler.session(allow_network=True,
-                                           allowed_domains=["web.test", "localhost"]) as session:  # fmt: skip
-        lies = [("evil.example", 443), ("169.254.169.254", 80), ("localhost", 80),
-                ("web.test", 22), ("2130706433", 80)]  # fmt: skip
+    async with await net_scheduler.session(
+        allow_network=True, allowed_domains=["web.test", "localhost"]
+    ) as session:
+        lies = [
+            ("evil.example", 443),
+            ("169.254.169.254", 80),
+            ("localhost", 80),
+            ("web.test", 22),
+            ("2130706433", 80),
+        ]
         for i, (name, port) in enumerate(lies):
             inject(session, open_frame(0x7FFFFF00 + i, name, port))
         await wait_for(lambda: len(session.network_log) >= len(lies))
@@ -65,15 +71,19 @@ async def test_open_for_refused_names_is_refused_and_the_vm_lives(net_scheduler:
     "flood",
     [
         pytest.param(b"".join(open_frame(i, "web.test", 80) for i in range(1, 66)), id="streams"),
-        pytest.param(open_frame(9, "web.test", 80)  # one byte past the window (1 MiB)
-                     + b"".join(frame(DATA, 9, b"x" * 61440) for _ in range(17))
-                     + frame(DATA, 9, b"x" * (1024 * 1024 - 17 * 61440 + 1)), id="window"),
+        pytest.param(
+            open_frame(9, "web.test", 80)  # one byte past the window (1 MiB)
+            + b"".join(frame(DATA, 9, b"x" * 61440) for _ in range(17))
+            + frame(DATA, 9, b"x" * (1024 * 1024 - 17 * 61440 + 1)),
+            id="window",
+        ),
         pytest.param(frame(DATA, 12345, b"no such stream"), id="unknown-stream"),
         pytest.param(struct.pack("<IBBHI", 10 << 20, DATA, 0, 0, 1), id="oversized-frame"),
     ],
-)  # fmt: skip
-async def test_protocol_violations_cost_the_guest_its_vm_only(net_scheduler: Scheduler,
-                                                              flood: bytes) -> None:  # fmt: skip
+)
+async def test_protocol_violations_cost_the_guest_its_vm_only(
+    net_scheduler: Scheduler, flood: bytes
+) -> None:
     bystander = await net_scheduler.session(allow_network=True, allowed_domains=["web.test"])
     victim = await net_scheduler.session(allow_network=True, allowed_domains=["web.test"])
     try:
@@ -81,7 +91,7 @@ async def test_protocol_violations_cost_the_guest_its_vm_only(net_scheduler: Sch
         await wait_for(lambda: not victim.vm.alive)
         with pytest.raises((SessionClosedError, CommunicationError)):
             await victim.exec("print(1)")
-        code = "import urllib.request\nprint(urllib.request.urlopen('http://web.test/hello', timeout=20).status)"
+        code = "import urllib.request\nprint(urllib.request.urlopen('http://web.test/hello', timeout=20).status)"  # noqa: E501
         result = await bystander.exec(code)
         assert result.stdout == "200\n", result.stderr
     finally:
@@ -89,14 +99,16 @@ async def test_protocol_violations_cost_the_guest_its_vm_only(net_scheduler: Sch
         await bystander.close()
 
 
-HOLD_SERVER_PY = ("import socket, subprocess, sys, time\n"
-                  "subprocess.Popen([sys.executable, '-c', 'import socket, time\\n"
-                  "s = socket.create_server((\"127.0.0.1\", 8000))\\nkept = []\\n"
-                  "while True: kept.append(s.accept())'])\n"  # accepts and holds, never answers
-                  "for _ in range(200):\n"
-                  "    try:\n"
-                  "        socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n"
-                  "    except OSError: time.sleep(0.05)\n")  # fmt: skip
+HOLD_SERVER_PY = (
+    "import socket, subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import socket, time\\n"
+    's = socket.create_server(("127.0.0.1", 8000))\\nkept = []\\n'
+    "while True: kept.append(s.accept())'])\n"  # accepts and holds, never answers
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        socket.create_connection(('127.0.0.1', 8000), 1).close(); break\n"
+    "    except OSError: time.sleep(0.05)\n"
+)
 
 
 async def test_open_into_a_full_stream_table_is_logged_as_refused(net_scheduler: Scheduler) -> None:
@@ -106,19 +118,24 @@ async def test_open_into_a_full_stream_table_is_logged_as_refused(net_scheduler:
     code in the guest before asking; the host's refusal is for an OPEN that crosses host streams
     in flight, a race, so the OPENs are injected here to make it certain. One real inbound
     connection (held open by a server in the guest) is the host stream."""
-    async with await net_scheduler.session(allow_network=True, allowed_domains=["web.test"],
-                                           expose_ports=[8000]) as session:  # fmt: skip
+    async with await net_scheduler.session(
+        allow_network=True, allowed_domains=["web.test"], expose_ports=[8000]
+    ) as session:
         assert (await session.exec(HOLD_SERVER_PY)).exit_code == 0
-        _reader, writer = await asyncio.open_connection("127.0.0.1",
-                                                        session.exposed_ports[0].external)  # fmt: skip
+        _reader, writer = await asyncio.open_connection(
+            "127.0.0.1", session.exposed_ports[0].external
+        )
         try:
-            await wait_for(lambda: any(e.direction == "inbound" and e.allowed
-                                       for e in session.network_log))  # fmt: skip
+            await wait_for(
+                lambda: any(e.direction == "inbound" and e.allowed for e in session.network_log)
+            )
             # 63 guest streams fill the table (nothing awaits in between: none is decided yet).
             for i in range(63):
                 inject(session, open_frame(0x7FFFFE00 + i, "filler.example", 80))
             inject(session, open_frame(0x7FFFFF80, "web.test", 443))
-            await wait_for(lambda: sum(e.direction == "outbound" for e in session.network_log) >= 64)
+            await wait_for(
+                lambda: sum(e.direction == "outbound" for e in session.network_log) >= 64
+            )
             (crowded,) = [e for e in session.network_log if e.name == "web.test"]
             assert (crowded.direction, crowded.port, crowded.allowed) == ("outbound", 443, False)
             assert "most streams open" in crowded.reason

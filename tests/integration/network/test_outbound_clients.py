@@ -5,7 +5,6 @@ the CA bundle the host sends (the test CA here). Loopback servers only (conftest
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -19,21 +18,22 @@ NET = {"allow_network": True, "allowed_domains": ["web.test"]}
 
 
 async def test_python_urllib(net_scheduler: Scheduler) -> None:
-    code = "import urllib.request\nprint(urllib.request.urlopen('http://web.test/hello', timeout=20).read().decode(), end='')"
+    code = "import urllib.request\nprint(urllib.request.urlopen('http://web.test/hello', timeout=20).read().decode(), end='')"  # noqa: E501
     result = await net_scheduler.run(code, **NET)
     assert (result.exit_code, result.stdout.encode()) == (0, BODY), result.stderr
 
 
 async def test_python_urllib_https_trusts_the_configured_ca(net_scheduler: Scheduler) -> None:
-    code = "import urllib.request\nprint(urllib.request.urlopen('https://web.test/hello', timeout=20).read().decode(), end='')"
+    code = "import urllib.request\nprint(urllib.request.urlopen('https://web.test/hello', timeout=20).read().decode(), end='')"  # noqa: E501
     result = await net_scheduler.run(code, **NET)
     assert (result.exit_code, result.stdout.encode()) == (0, BODY), result.stderr
     assert any(e.port == 443 and e.allowed for e in result.network_log)
 
 
 async def test_curl_https(net_scheduler: Scheduler) -> None:
-    result = await net_scheduler.run("curl -sS --max-time 20 https://web.test/hello",
-                                     language="raw", **NET)  # fmt: skip
+    result = await net_scheduler.run(
+        "curl -sS --max-time 20 https://web.test/hello", language="raw", **NET
+    )
     assert (result.exit_code, result.stdout.encode()) == (0, BODY), result.stderr
 
 
@@ -46,8 +46,12 @@ async def test_node_fetch(net_scheduler: Scheduler) -> None:
 async def test_git_clone_over_dumb_http(net_scheduler: Scheduler, servers: Servers) -> None:
     repo = servers.root / "repo"
     work = servers.root / "work"
-    git = lambda *a, cwd=work: subprocess.run(["git", *a], cwd=cwd, check=True,  # noqa: E731
-                                              capture_output=True)  # fmt: skip
+    git = lambda *a, cwd=work: subprocess.run(  # noqa: E731 - a one-line helper
+        ["git", *a],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
     if not repo.exists():
         work.mkdir()
         git("init", "-q")

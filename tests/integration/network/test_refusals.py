@@ -12,12 +12,14 @@ from exec_sandbox import Scheduler
 
 pytestmark = pytest.mark.vm
 
-FETCH = ("import sys, urllib.request\n"
-         "try:\n"
-         "    urllib.request.urlopen(sys.argv[1] if len(sys.argv) > 1 else URL, timeout=15)\n"
-         "    print('REACHED')\n"
-         "except Exception as exc:\n"
-         "    print('FAILED', type(exc).__name__, exc)\n")  # fmt: skip
+FETCH = (
+    "import sys, urllib.request\n"
+    "try:\n"
+    "    urllib.request.urlopen(sys.argv[1] if len(sys.argv) > 1 else URL, timeout=15)\n"
+    "    print('REACHED')\n"
+    "except Exception as exc:\n"
+    "    print('FAILED', type(exc).__name__, exc)\n"
+)
 
 
 def fetch(url: str) -> str:
@@ -35,20 +37,29 @@ async def test_network_is_off_by_default(net_scheduler: Scheduler) -> None:
 
 async def test_a_name_outside_allowed_domains_is_not_reached(net_scheduler: Scheduler) -> None:
     # web.test is mapped to a live server by the test hook, but not allowed for this call.
-    result = await net_scheduler.run(fetch("http://web.test/hello"), allow_network=True,
-                                     allowed_domains=["other.test"])  # fmt: skip
+    result = await net_scheduler.run(
+        fetch("http://web.test/hello"), allow_network=True, allowed_domains=["other.test"]
+    )
     assert result.stdout.startswith("FAILED"), result.stdout
     assert all(e.name != "web.test" or not e.allowed for e in result.network_log)
 
 
 async def test_a_lookalike_name_is_not_a_subdomain(net_scheduler: Scheduler) -> None:
-    result = await net_scheduler.run(fetch("http://xweb.test/hello"), allow_network=True,
-                                     allowed_domains=["web.test"])  # fmt: skip
+    result = await net_scheduler.run(
+        fetch("http://xweb.test/hello"), allow_network=True, allowed_domains=["web.test"]
+    )
     assert result.stdout.startswith("FAILED"), result.stdout
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1/", "http://169.254.169.254/latest/meta-data/",
-                                 "http://8.8.8.8/", "http://[::1]/"])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://8.8.8.8/",
+        "http://[::1]/",
+    ],
+)
 async def test_ip_literals_have_no_route(net_scheduler: Scheduler, url: str) -> None:
     result = await net_scheduler.run(fetch(url), allow_network=True)
     assert result.stdout.startswith("FAILED"), result.stdout
@@ -58,8 +69,9 @@ async def test_ip_literals_have_no_route(net_scheduler: Scheduler, url: str) -> 
 async def test_a_name_the_host_resolves_to_itself_is_refused(net_scheduler: Scheduler) -> None:
     # No test hook for it: the host's own resolver answers loopback or one of its addresses.
     name = socket.gethostname().lower()
-    result = await net_scheduler.run(fetch(f"http://{name}/"), allow_network=True,
-                                     allowed_domains=[name])  # fmt: skip
+    result = await net_scheduler.run(
+        fetch(f"http://{name}/"), allow_network=True, allowed_domains=[name]
+    )
     assert result.stdout.startswith("FAILED"), result.stdout
     (entry,) = [e for e in result.network_log if e.name == name]
     assert not entry.allowed and ("loopback" in entry.reason or "this host" in entry.reason), entry

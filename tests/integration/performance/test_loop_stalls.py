@@ -72,17 +72,21 @@ class Watch:
             stalls = self.meter.take()
             collected = sum(end - start for start, end in self.gc.spans)
             worst = max((s.held_s for s in stalls), default=0.0)
-            self.report.append(f"{what}: {len(stalls)} callbacks held the loop > "
-                               f"{REPORT_S * 1000:g} ms, longest {worst * 1000:.1f} ms; "
-                               f"GC on the loop {collected * 1000:.1f} ms")  # fmt: skip
+            self.report.append(
+                f"{what}: {len(stalls)} callbacks held the loop > "
+                f"{REPORT_S * 1000:g} ms, longest {worst * 1000:.1f} ms; "
+                f"GC on the loop {collected * 1000:.1f} ms"
+            )
             self.report.extend(f"    {stall}" for stall in stalls[:5])
             # A collection inside the callback is not the operation's own work.
             self.ours.extend((what, s) for s in stalls if s.cpu_s - collected > LIMIT_S)
 
     def check(self) -> None:
         print("\n".join(self.report))
-        assert not self.ours, "the loop thread's own work held the loop over " \
+        assert not self.ours, (
+            "the loop thread's own work held the loop over "
             f"{LIMIT_S * 1000:g} ms:\n" + "\n".join(f"{w}: {s}" for w, s in self.ours)
+        )
 
 
 @pytest.fixture
@@ -121,8 +125,9 @@ async def test_concurrent_runs_do_not_hold_the_loop(stall_sched: Scheduler, watc
     watch.check()
 
 
-async def test_a_sessions_life_does_not_hold_the_loop(stall_sched: Scheduler, watch: Watch,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+async def test_a_sessions_life_does_not_hold_the_loop(
+    stall_sched: Scheduler, watch: Watch, tmp_path: Path
+) -> None:
     payload = os.urandom(32 * MB)
     session = await watch.step("session()", stall_sched.session)
     try:
@@ -130,10 +135,13 @@ async def test_a_sessions_life_does_not_hold_the_loop(stall_sched: Scheduler, wa
         await watch.step("write_file 32 MB", lambda: session.write_file("blob", payload))
         data = await watch.step("read_file 32 MB", lambda: session.read_file("blob"))
         assert data == payload
-        await watch.step("read_file 32 MB to a file",
-                         lambda: session.read_file("blob", destination=tmp_path / "out"))
-        await watch.step("write_file 32 MB from a file",
-                         lambda: session.write_file("again", tmp_path / "out"))
+        await watch.step(
+            "read_file 32 MB to a file",
+            lambda: session.read_file("blob", destination=tmp_path / "out"),
+        )
+        await watch.step(
+            "write_file 32 MB from a file", lambda: session.write_file("again", tmp_path / "out")
+        )
         copy = await watch.step("fork()", session.fork)
         await copy.close()
         copies = await watch.step("fork(2)", lambda: session.fork(2))
@@ -156,8 +164,9 @@ def stall_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loc
     build.mkdir()
     with LocalIndex(tmp_path / "index") as served:
         modules = {f"sbxstall/m{i}.py": f"VALUE = {i}\n" * 200 for i in range(200)}
-        served.publish(make_wheel(build, "sbxstall", "1.0.0",
-                                  {"sbxstall/__init__.py": "", **modules}))  # fmt: skip
+        served.publish(
+            make_wheel(build, "sbxstall", "1.0.0", {"sbxstall/__init__.py": "", **modules})
+        )
         for name, value in served.pip_env().items():
             monkeypatch.setenv(name, value)
         yield served
@@ -167,11 +176,14 @@ async def test_package_builds_and_cached_runs_do_not_hold_the_loop(
     stall_sched: Scheduler, watch: Watch, stall_index: LocalIndex
 ) -> None:
     code = "import sbxstall.m7 as m; print(m.VALUE)"
-    built = await watch.step("run() building a package layer",
-                             lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]))
+    built = await watch.step(
+        "run() building a package layer",
+        lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]),
+    )
     assert built.stdout == "7\n"
-    cached = await watch.step("run() with the cached layer",
-                              lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]))
+    cached = await watch.step(
+        "run() with the cached layer", lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"])
+    )
     assert cached.stdout == "7\n" and cached.packages is not None and cached.packages.cache_hit
     watch.check()
 

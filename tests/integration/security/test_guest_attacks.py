@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from exec_sandbox import Scheduler, limits
+from exec_sandbox.images.catalog import load_images
+from exec_sandbox.models import Language
+from exec_sandbox.paths import images_dir
 from exec_sandbox.vm import host_facts
 from exec_sandbox.vm.execution import ExecOutcome, ExecRequest
 from exec_sandbox.vm.guest import GuestVm
-from exec_sandbox.vm.spec import VmSpec
-from exec_sandbox.images.catalog import load_images
 from exec_sandbox.vm.jail import jail_options
-from exec_sandbox.models import Language
-from exec_sandbox.paths import images_dir
+from exec_sandbox.vm.spec import VmSpec
 
 pytestmark = pytest.mark.vm
 
@@ -28,10 +28,15 @@ MEMORY_MB = 192
 async def guest(images_ready: None) -> AsyncIterator[GuestVm]:
     """One VM started exactly as Scheduler.run starts it, for several requests in a row."""
     khz = host_facts.tsc_khz()
-    spec = VmSpec(qemu_binary=host_facts.qemu_binary(), images=load_images(images_dir()),
-                  accel=host_facts.accelerator(), memory_mb=MEMORY_MB,
-                  kernel_cmdline_extra=f"tsc_early_khz={khz}" if khz else "",
-                  jail=jail_options(MEMORY_MB), qemu_sandbox=True)  # fmt: skip
+    spec = VmSpec(
+        qemu_binary=host_facts.qemu_binary(),
+        images=load_images(images_dir()),
+        accel=host_facts.accelerator(),
+        memory_mb=MEMORY_MB,
+        kernel_cmdline_extra=f"tsc_early_khz={khz}" if khz else "",
+        jail=jail_options(MEMORY_MB),
+        qemu_sandbox=True,
+    )
     vm = await GuestVm.boot(spec, registry=None, boot_timeout=limits.BOOT_TIMEOUT_SECONDS)
     try:
         yield vm
@@ -39,12 +44,19 @@ async def guest(images_ready: None) -> AsyncIterator[GuestVm]:
         vm.close()
 
 
-async def _exec(vm: GuestVm, code: str, language: Language = "python",
-                timeout_ms: int = 20_000) -> ExecOutcome:  # fmt: skip
-    return await vm.execute(ExecRequest(language=language, code=code.encode(),
-                                        timeout_ms=timeout_ms, env=[],
-                                        stdout_limit=limits.STDOUT_LIMIT_BYTES,
-                                        stderr_limit=limits.STDERR_LIMIT_BYTES))  # fmt: skip
+async def _exec(
+    vm: GuestVm, code: str, language: Language = "python", timeout_ms: int = 20_000
+) -> ExecOutcome:
+    return await vm.execute(
+        ExecRequest(
+            language=language,
+            code=code.encode(),
+            timeout_ms=timeout_ms,
+            env=[],
+            stdout_limit=limits.STDOUT_LIMIT_BYTES,
+            stderr_limit=limits.STDERR_LIMIT_BYTES,
+        )
+    )
 
 
 async def _still_answers(vm: GuestVm) -> None:
@@ -96,11 +108,14 @@ async def test_memory_bomb_ends_in_memory_error_or_oom_kill(guest: GuestVm) -> N
 
 
 async def test_filling_home_gives_enospc_and_the_agent_keeps_working(guest: GuestVm) -> None:
-    fill = await _exec(guest, "import os\n"
-                              "with open(os.path.expanduser('~/fill'), 'wb') as f:\n"
-                              "    try:\n"
-                              "        while True: f.write(b'x' * (1 << 20)); f.flush()\n"
-                              "    except OSError as e: print(e.errno == 28, e.strerror)\n")  # fmt: skip
+    fill = await _exec(
+        guest,
+        "import os\n"
+        "with open(os.path.expanduser('~/fill'), 'wb') as f:\n"
+        "    try:\n"
+        "        while True: f.write(b'x' * (1 << 20)); f.flush()\n"
+        "    except OSError as e: print(e.errno == 28, e.strerror)\n",
+    )
     assert fill.exit_code == 0, fill
     assert fill.stdout.startswith("True "), fill.stdout
     await _still_answers(guest)
@@ -120,7 +135,8 @@ async def test_pid_1_cannot_be_signalled_or_traced(scheduler: Scheduler) -> None
 
 
 async def test_user_code_can_neither_reschedule_the_agent_nor_outrank_it(
-        scheduler: Scheduler) -> None:  # fmt: skip
+    scheduler: Scheduler,
+) -> None:
     # The agent runs SCHED_OTHER, user code SCHED_BATCH (guest/src/spawn.c): the agent's
     # wake-ups preempt CPU-bound user code. That holds only while user code cannot change the
     # agent's policy or nice value, nor take a real-time policy or a nice value below the agent's
@@ -139,14 +155,18 @@ async def test_user_code_can_neither_reschedule_the_agent_nor_outrank_it(
         "show('agent-nice', os.setpriority, os.PRIO_PROCESS, 1, 19)\n"
         "print(os.sched_getscheduler(1) == os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, 1))\n"
     )
-    assert result.stdout == ("agent-other EPERM\nagent-idle EPERM\nfifo EPERM\nrr EPERM\n"
-                             "nice-up EACCES\nagent-nice EPERM\nTrue 0\n"), result.stdout
+    assert result.stdout == (
+        "agent-other EPERM\nagent-idle EPERM\nfifo EPERM\nrr EPERM\n"
+        "nice-up EACCES\nagent-nice EPERM\nTrue 0\n"
+    ), result.stdout
+
 
 async def test_kill_everything_spares_the_agent(guest: GuestVm) -> None:
     # kill(-1) reaches every process the user may signal but the caller: the background sleep
     # dies, PID 1 is out of reach, and the agent goes on answering.
-    out = await _exec(guest, "sleep 60 & pid=$!; kill -KILL -1; wait $pid; echo \"sleep: $?\"",
-                      language="raw")  # fmt: skip
+    out = await _exec(
+        guest, 'sleep 60 & pid=$!; kill -KILL -1; wait $pid; echo "sleep: $?"', language="raw"
+    )
     assert (out.exit_code, out.stdout) == (0, "sleep: 137\n")
     await _still_answers(guest)
 
@@ -185,7 +205,7 @@ async def test_kernel_log_is_not_readable_by_the_user(scheduler: Scheduler) -> N
         "except OSError as e: print('kmsg', errno.errorcode[e.errno])\n"
         "buf = ctypes.create_string_buffer(4096)\n"
         "rc = libc.klogctl(3, buf, 4096)\n"  # SYSLOG_ACTION_READ_ALL
-        "print('read_all', rc, errno.errorcode.get(ctypes.get_errno()) if rc < 0 else buf.raw[:40])\n"
+        "print('read_all', rc, errno.errorcode.get(ctypes.get_errno()) if rc < 0 else buf.raw[:40])\n"  # noqa: E501
     )
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["restrict"] == "1"
@@ -196,7 +216,7 @@ async def test_kernel_log_is_not_readable_by_the_user(scheduler: Scheduler) -> N
 async def test_no_raw_sockets_and_no_network_device(scheduler: Scheduler) -> None:
     result = await scheduler.run(
         "import os, socket\n"
-        "for fam, typ in ((socket.AF_INET, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)):\n"
+        "for fam, typ in ((socket.AF_INET, socket.SOCK_RAW), (socket.AF_PACKET, socket.SOCK_RAW)):\n"  # noqa: E501
         "    try: socket.socket(fam, typ, 1); print('opened')\n"
         "    except OSError as e: print(type(e).__name__, e.errno)\n"
         "print(sorted(os.listdir('/sys/class/net')))\n"
@@ -209,8 +229,7 @@ async def test_no_raw_sockets_and_no_network_device(scheduler: Scheduler) -> Non
     assert lines[3] == "['lo']"
 
 
-async def test_proc_hides_other_users_processes_and_root_is_read_only(
-        scheduler: Scheduler) -> None:  # fmt: skip
+async def test_proc_hides_other_users_processes_and_root_is_read_only(scheduler: Scheduler) -> None:
     result = await scheduler.run(
         "import os\n"
         "mine = {str(os.getpid())}\n"
@@ -220,7 +239,7 @@ async def test_proc_hides_other_users_processes_and_root_is_read_only(
         "for path in ('/usr/bin/evil', '/etc/passwd', '/sbx-agent'):\n"
         "    try: open(path, 'w'); print('wrote', path)\n"
         "    except OSError as e: print(e.errno)\n"
-        "sizes = {l.split()[1]: l.split()[3] for l in open('/proc/mounts') if l.startswith('tmpfs')}\n"
+        "sizes = {l.split()[1]: l.split()[3] for l in open('/proc/mounts') if l.startswith('tmpfs')}\n"  # noqa: E501
         "print(all('size=' in o for o in sizes.values()), sorted(sizes))\n"
     )
     lines = result.stdout.splitlines()

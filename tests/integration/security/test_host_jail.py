@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler
+from exec_sandbox.models import ExecutionResult
 from exec_sandbox.vm.jail import (
     CPU_PERCENT_MAIN_LOOP,
     CPU_PERCENT_PER_VCPU,
     QEMU_MEMORY_OVERHEAD_MB,
     QEMU_PIDS_MAX,
 )
-from exec_sandbox.models import ExecutionResult
 from tests.helpers import qemu_processes
 
 pytestmark = pytest.mark.vm
@@ -34,8 +34,9 @@ def _status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
-async def _inspect_running_qemu(scheduler: Scheduler,
-                                probe: Callable[[int], object]) -> tuple[object, ExecutionResult]:  # fmt: skip
+async def _inspect_running_qemu(
+    scheduler: Scheduler, probe: Callable[[int], object]
+) -> tuple[object, ExecutionResult]:
     """Run code that waits; once it has printed, QEMU is fully up (its own -sandbox filter is
     installed before the guest boots): call probe(qemu_pid) and return what it returned."""
     up = asyncio.Event()
@@ -44,9 +45,13 @@ async def _inspect_running_qemu(scheduler: Scheduler,
         if "up" in text:
             up.set()
 
-    task = asyncio.create_task(scheduler.run(
-        "import time; print('up', flush=True); time.sleep(3)", memory_mb=MEMORY_MB,
-        on_stdout=on_stdout))  # fmt: skip
+    task = asyncio.create_task(
+        scheduler.run(
+            "import time; print('up', flush=True); time.sleep(3)",
+            memory_mb=MEMORY_MB,
+            on_stdout=on_stdout,
+        )
+    )
     try:
         await asyncio.wait_for(up.wait(), 60)
         pids = qemu_processes(parent=os.getpid())
@@ -65,7 +70,6 @@ async def test_qemu_runs_under_seccomp_filters_and_no_new_privs(scheduler: Sched
     assert status["Seccomp"] == "2"  # filter mode
     # Ours (the host jail's deny-list) and QEMU's own (-sandbox on): both stay in force.
     assert int(status["Seccomp_filters"]) >= 2
-
 
 
 async def test_qemu_holds_no_fd_of_the_caller(scheduler: Scheduler, tmp_path: Path) -> None:
@@ -89,12 +93,15 @@ async def test_qemu_holds_no_fd_of_the_caller(scheduler: Scheduler, tmp_path: Pa
     assert len(seen) > 3  # QEMU's own fds are there: the listing worked
     assert not [t for t in seen if "caller-secret" in t], seen
 
+
 async def test_qemu_namespaces_differ_from_the_callers(scheduler: Scheduler) -> None:
     kinds = ("mnt", "pid", "net", "uts", "ipc")
 
     def namespaces(pid: int) -> dict[str, tuple[str, str]]:
-        return {k: (os.readlink(f"/proc/{pid}/ns/{k}"), os.readlink(f"/proc/self/ns/{k}"))
-                for k in kinds}  # fmt: skip
+        return {
+            k: (os.readlink(f"/proc/{pid}/ns/{k}"), os.readlink(f"/proc/self/ns/{k}"))
+            for k in kinds
+        }
 
     seen, _ = await _inspect_running_qemu(scheduler, namespaces)
     assert isinstance(seen, dict)
@@ -103,7 +110,8 @@ async def test_qemu_namespaces_differ_from_the_callers(scheduler: Scheduler) -> 
 
 
 async def test_qemu_is_pid_1_of_its_pid_namespace_and_sees_only_itself(
-        scheduler: Scheduler) -> None:  # fmt: skip
+    scheduler: Scheduler,
+) -> None:
     def view(pid: int) -> tuple[str, list[str], str]:
         nspid = _status(pid)["NSpid"]
         # /proc as mounted in QEMU's mount namespace (reached through its root).
@@ -138,8 +146,12 @@ async def test_qemu_cgroup_has_the_limits_and_is_removed_after(scheduler: Schedu
             mem_dir = root / "memory" / paths["memory"].lstrip("/")
             return {
                 "memory": int((mem_dir / "memory.limit_in_bytes").read_text()),
-                "pids": (root / "pids" / paths["pids"].lstrip("/") / "pids.max").read_text().strip(),
-                "cpu": int((root / "cpu" / paths["cpu"].lstrip("/") / "cpu.cfs_quota_us").read_text()),
+                "pids": (root / "pids" / paths["pids"].lstrip("/") / "pids.max")
+                .read_text()
+                .strip(),
+                "cpu": int(
+                    (root / "cpu" / paths["cpu"].lstrip("/") / "cpu.cfs_quota_us").read_text()
+                ),
                 "dirs": [mem_dir, root / "pids" / paths["pids"].lstrip("/")],
             }
         v2 = root / paths["unified"].lstrip("/")
@@ -182,8 +194,9 @@ async def test_memory_heavy_guest_is_counted_against_qemus_cgroup(scheduler: Sch
     """The guest's memory is QEMU's memory on the host: a guest that touches 100 MiB shows up in
     the cgroup's peak, which the limit caps."""
     small = await scheduler.run("print(1)", memory_mb=MEMORY_MB)
-    big = await scheduler.run("b = bytearray(100 * 1024 * 1024); print(len(b))",
-                              memory_mb=MEMORY_MB)  # fmt: skip
+    big = await scheduler.run(
+        "b = bytearray(100 * 1024 * 1024); print(len(b))", memory_mb=MEMORY_MB
+    )
     assert big.stdout == f"{100 * 1024 * 1024}\n"
     assert small.external_memory_peak_mb is not None and big.external_memory_peak_mb is not None
     assert big.external_memory_peak_mb >= small.external_memory_peak_mb + 60

@@ -39,7 +39,7 @@ async def test_nothing_from_one_run_is_visible_in_the_next(scheduler: Scheduler)
     )
     assert first.stdout == "done\n"
     second = await scheduler.run(
-        "ls /tmp/marker ~/marker 2>&1; echo \"LEAK=${LEAK:-unset}\"", language="raw"
+        'ls /tmp/marker ~/marker 2>&1; echo "LEAK=${LEAK:-unset}"', language="raw"
     )
     assert "No such file" in second.stdout
     assert second.stdout.count("No such file") == 2

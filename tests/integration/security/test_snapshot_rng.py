@@ -1,8 +1,8 @@
-"""VMs restored from one memory snapshot must not share RNG output: the host reseeds each
-clone's kernel CRNG (RESEED) before any code runs, and what a template leaves in user space (a
-parked python, a parked node and its startup snapshot) holds no RNG state a clone's code sees:
-python seeds none before the code runs, node makes its own fresh at the go. Checked from inside the guests, three
-clones each."""
+"""VMs restored from one memory snapshot must not share RNG output: the host reseeds each clone's
+kernel CRNG (RESEED) before any code runs, and what a template leaves in user space (a parked
+python, a parked node and its startup snapshot) holds no RNG state a clone's code sees: python
+seeds none before the code runs, node makes its own fresh at the go. Checked from inside the
+guests, three clones each."""
 
 from __future__ import annotations
 
@@ -36,17 +36,16 @@ PROGRAMS = {
     # its `random` and `secrets` must be seeded after the clone's RESEED too, and argv[1] "-c"
     # shows that the parked interpreter is the one that ran the code.
     "python": "import os, random, secrets\n"
-              "argv1 = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode()\n"
-              "print(argv1, os.urandom(16).hex(), secrets.token_hex(16), '%032x' % random.getrandbits(128))",
+    "argv1 = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode()\n"
+    "print(argv1, os.urandom(16).hex(), secrets.token_hex(16), '%032x' % random.getrandbits(128))",
     # The javascript template holds a parked node too, started from node's startup snapshot:
     # every clone runs the code in that one process (one pid in all clones, the snapshot in
     # execArgv), so each of node's generators must have been made fresh at its go
     # (guest/node/node_reseed.c); an ed25519 key on top.
-    "javascript": JS_DRAWS
-                  + "const key = c.generateKeyPairSync('ed25519').publicKey\n"
-                    "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
-                    "c.randomBytes(16, (err, pooled) => console.log(draws(pooled),\n"
-                    "  process.execArgv.join(','), hex(key)));",
+    "javascript": JS_DRAWS + "const key = c.generateKeyPairSync('ed25519').publicKey\n"
+    "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
+    "c.randomBytes(16, (err, pooled) => console.log(draws(pooled),\n"
+    "  process.execArgv.join(','), hex(key)));",
     "raw": "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo",
 }
 
