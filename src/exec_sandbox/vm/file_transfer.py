@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -127,14 +127,17 @@ async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -
     """write_file() with the FILE_WRITE_BEGIN flags as given (snapshots/node_startup.py names node's
     startup snapshot by a flag and no path)."""
     if isinstance(content, Path):
-        with content.open("rb") as source:
+        source = await asyncio.to_thread(content.open, "rb")
+        try:
             return await write_target(vm, path, source, flags)
+        finally:
+            source.close()
     transfer = vm.open_transfer()
     sent = 0
     committed = False
     try:
         vm.send_file_frame("write_begin", transfer.id, path, flags)
-        for chunk in _chunks(content):
+        async for chunk in _chunks(content):
             sent += len(chunk)
             if sent > FILE_SIZE_MAX:
                 raise InputValidationError(f"content is larger than {FILE_SIZE_MAX} bytes")
@@ -159,7 +162,11 @@ async def write_target(vm: GuestVm, path: bytes, content: Content, flags: int) -
         vm.close_transfer(transfer)
 
 
-def _chunks(content: bytes | bytearray | memoryview | IO[bytes]):  # type: ignore[no-untyped-def]
+async def _chunks(
+    content: bytes | bytearray | memoryview | IO[bytes],
+) -> AsyncIterator[bytes | bytearray | memoryview]:
+    """content in WRITE_CHUNK pieces. A file is read in an executor thread: a read from a cold
+    disk or a network file system must not hold the loop."""
     if isinstance(content, (bytes, bytearray, memoryview)):
         view = memoryview(content).cast("B")
         if len(view) > FILE_SIZE_MAX:
@@ -173,7 +180,7 @@ def _chunks(content: bytes | bytearray | memoryview | IO[bytes]):  # type: ignor
             f"content must be bytes, a Path or a binary file object, got {type(content).__name__}"
         )
     while True:
-        chunk = read(WRITE_CHUNK)
+        chunk = await asyncio.to_thread(read, WRITE_CHUNK)
         if not chunk:
             return
         if not isinstance(chunk, (bytes, bytearray, memoryview)):
