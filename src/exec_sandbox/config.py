@@ -55,7 +55,7 @@ class SchedulerConfig:
     memory_overcommit_ratio: float = 5.0
     cpu_overcommit_ratio: float = 2.0
     enable_package_validation: bool = True
-    # Beyond the contract (API.md): speed tiers and admission control.
+    # Beyond the public contract: speed tiers and admission control.
     memory_snapshots: bool = True  # L1: restore fresh VMs from memory snapshots
     admission_queue_size: int | None = None  # requests that may wait; None: 4 x max VMs
     admission_timeout_seconds: float = ADMISSION_TIMEOUT_SECONDS

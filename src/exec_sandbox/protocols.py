@@ -19,7 +19,7 @@ from .vm.execution import OutputCallback
 
 @runtime_checkable
 class SandboxSession(Protocol):
-    """A live VM whose REPL keeps its state between exec() calls (API.md, `Session`)."""
+    """A live VM whose REPL keeps its state between exec() calls (the public `Session`)."""
 
     @property
     def session_id(self) -> str: ...
@@ -68,7 +68,7 @@ class SandboxSession(Protocol):
 
 @runtime_checkable
 class SandboxScheduler(Protocol):
-    """Runs code in disposable VMs and opens sessions (API.md, `Scheduler`)."""
+    """Runs code in disposable VMs and opens sessions (the public `Scheduler`)."""
 
     @property
     def config(self) -> SchedulerConfig: ...

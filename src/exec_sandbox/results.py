@@ -21,7 +21,7 @@ OOM_NOTE = (
     "\nKilled by SIGKILL (exit 137): most likely the VM ran out of memory and its kernel's OOM "
     "killer ended the process; give it more memory (memory_mb) or make the code use less\n"
 )
-# What a session adds (API.md: a timeout resets the REPL, exit 137 closes the session).
+# What a session adds (the public contract: a timeout resets the REPL, exit 137 closes the session).
 _SESSION_TIMEOUT_NOTE = "; the REPL was reset (its state is lost)"
 _SESSION_OOM_NOTE = "The session is closed (the REPL and its state are gone).\n"
 

@@ -29,8 +29,9 @@ from .vm.execution import OutputCallback
 
 
 class RunOptions(TypedDict, total=False):
-    """The keyword arguments of `run()` and `session()` (API.md). Every one may be left out:
-    `RunRequest.make()` gives the defaults (the scheduler config's for time and memory)."""
+    """The keyword arguments of `run()` and `session()`, as the README documents them. Every one
+    may be left out: `RunRequest.make()` gives the defaults (the scheduler config's for time and
+    memory)."""
 
     language: Language
     packages: Sequence[str] | None

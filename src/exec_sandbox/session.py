@@ -1,9 +1,9 @@
 """Session: one VM whose REPL keeps its state between exec() calls (see docs/design.md).
 
-Resilience (API.md): exceptions, sys.exit(n), syntax errors, input validation and output limits
-keep the session and its state; a timeout or a signal other than SIGKILL resets the REPL in the
-guest (state lost, session alive); exit 137, a dead VM or a lost channel close the session, and
-the next call raises SessionClosedError.
+Resilience (the public contract): exceptions, sys.exit(n), syntax errors, input validation and
+output limits keep the session and its state; a timeout or a signal other than SIGKILL resets
+the REPL in the guest (state lost, session alive); exit 137, a dead VM or a lost channel close
+the session, and the next call raises SessionClosedError.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ class Session:
             if not self._vm.alive:
                 self._close_now("the VM stopped during exec()")
             elif outcome.exit_code == EXIT_SIGKILL:
-                # The guest ran out of memory or the code killed its own REPL for good. API.md:
+                # The guest ran out of memory or the code killed its own REPL for good. By contract,
                 # the session ends.
                 self._close_now(
                     "the REPL was killed by SIGKILL (exit 137), most likely by the "

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..models import ExposedPort, PortMapping
 from .names import NetworkValidationError
 
-EXPOSED_PORTS_MAX = 10  # SBX_NET_EXPOSED_PORTS_MAX, API.md's limit
+EXPOSED_PORTS_MAX = 10  # SBX_NET_EXPOSED_PORTS_MAX, the public limit
 LISTEN_HOST = "127.0.0.1"
 
 

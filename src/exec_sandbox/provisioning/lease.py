@@ -3,8 +3,10 @@
 Every VM a scheduler hands out (to a run(), a session, the warm pool, a fork) holds an admission
 ticket for its lifetime; whoever holds the lease owns both, and ending the lease ends both, once,
 whichever path gets there first (the result is out, the call failed or was cancelled, the session
-closed, the pool reclaimed it, the scheduler closed). `Lease.acquire()` is the one way a ticket
-becomes a lease: if the VM cannot be had, the ticket goes back before the error reaches the caller.
+closed, the pool reclaimed it, the scheduler closed). `Lease.acquire()` makes a lease when the VM
+is started for a ticket taken first: if the VM cannot be had, the ticket goes back before the
+error reaches the caller. A fork, whose copies exist before they are owned, makes its leases
+directly and gives its tickets back itself if the copies fail (snapshots/service.py).
 """
 
 from __future__ import annotations

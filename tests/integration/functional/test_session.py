@@ -1,5 +1,5 @@
 """Scheduler.session() end to end in real microVMs: state that persists per language, the
-resilience table of API.md, serialisation, the idle timeout, streaming and environment."""
+resilience contract (session.py), serialisation, the idle timeout, streaming and environment."""
 
 from __future__ import annotations
 
