@@ -128,3 +128,17 @@ async def test_sbx_doctor_cluster_reports_each_hosts_layers_and_capacity(
     for report in reports:
         assert report["info"]["capacity"]["max_vms"] == 1
         assert {"accelerator", "qemu", "images"} <= {c["name"] for c in report["checks"]}
+
+
+async def test_a_paused_session_is_listed_resumed_and_deleted_through_the_cluster(
+    client: ClusterScheduler,
+) -> None:
+    async with await client.session() as session:
+        await session.exec("x = 41")
+        snapshot = await session.pause()
+    assert snapshot.id in {s.id for s in await client.snapshots()}
+    async with await client.resume(snapshot) as resumed:
+        assert (await resumed.exec("print(x + 1)")).stdout == "42\n"
+    assert await client.delete_snapshot(snapshot) is True
+    assert snapshot.id not in {s.id for s in await client.snapshots()}
+    assert await client.delete_snapshot(snapshot.id) is False
