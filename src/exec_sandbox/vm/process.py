@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import weakref
 from typing import Any
 
 from ..errors import VmPermanentError, VmTransientError
@@ -28,6 +29,12 @@ _releasing: set[asyncio.Task[None]] = set()
 # time: PR_SET_PDEATHSIG ties each QEMU to the thread that forked it, and this one ends only
 # with the interpreter.
 _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-spawn")
+# One fork in flight per loop, and a turn of the loop between two: while a fork copies the page
+# tables it holds the process's memory map, and a loop thread that faults a page in meanwhile
+# waits for it. Back-to-back forks (8 VMs started at once) would make that wait one long stall.
+_fork_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class _Forking:
@@ -65,7 +72,14 @@ async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) ->
     forking = _Forking()
     if registry is not None:
         registry.starting(forking)
+    fork_lock = _fork_locks.setdefault(loop, asyncio.Lock())
+    try:
+        await fork_lock.acquire()
+    except BaseException:
+        _forked(registry, forking)
+        raise
     fork = loop.run_in_executor(_spawner, functools.partial(start_qemu, spec, incoming=incoming))
+    fork.add_done_callback(lambda _: loop.call_soon(fork_lock.release))
     try:
         vm = await asyncio.shield(fork)
     except asyncio.CancelledError:
