@@ -690,14 +690,7 @@ def test_file_requests_go_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> 
         assert vm.send_file_list(6, b"") >= 0
         vm.send_file_write_begin(7, b"", _execsbx.FILE_NODE_SNAPSHOT)
         vm.send_file_read(8, b"", _execsbx.FILE_NODE_SNAPSHOT)
-        deadline = time.monotonic() + 10
-        while vm.flush() and time.monotonic() < deadline:
-            select.select([], [vm.fileno()], [], 1)
-        while time.monotonic() < deadline and (
-            not wire.exists() or wire.stat().st_size < len(want)
-        ):
-            time.sleep(0.01)
-        assert wire.read_bytes() == want
+        assert _flushed_to(vm, wire, len(want)) == want
     finally:
         vm.close()
 
@@ -762,14 +755,7 @@ def test_net_config_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> N
         vm.send_net_config(9, True, ["a.example", "b.example"], [8443], b"PEM")
         vm.send_net_config(10, True, ["*"], [], b"")
         assert vm.send_net_config(11, False, [], [], b"") >= 0
-        deadline = time.monotonic() + 10
-        while vm.flush() and time.monotonic() < deadline:
-            select.select([], [vm.fileno()], [], 1)
-        while time.monotonic() < deadline and (
-            not wire.exists() or wire.stat().st_size < len(want)
-        ):
-            time.sleep(0.01)
-        assert wire.read_bytes() == want
+        assert _flushed_to(vm, wire, len(want)) == want
     finally:
         vm.close()
 
@@ -892,3 +878,13 @@ def test_net_ring_events_are_typed_with_named_fields() -> None:
         ended = [e for e in ring.run() if isinstance(e, _execsbx.NetRelayEndEvent)]
         assert [(e.kind, e.relay) for e in ended] == [("violation", relay)]
         assert "999" in ended[0].reason
+
+
+def _flushed_to(vm: _execsbx.Vm, wire: Path, size: int) -> bytes:
+    """What the stand-in QEMU recorded once vm flushed its queue and size bytes arrived (10 s)."""
+    deadline = time.monotonic() + 10
+    while vm.flush() and time.monotonic() < deadline:
+        select.select([], [vm.fileno()], [], 1)
+    while time.monotonic() < deadline and (not wire.exists() or wire.stat().st_size < size):
+        time.sleep(0.01)
+    return wire.read_bytes()
