@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, SnapshotError
 from exec_sandbox.network import parse_network_request
@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from exec_sandbox import SandboxSession
 
 log = logging.getLogger("exec_sandbox")
-LANGUAGES = ("python", "javascript", "raw")
+# What the models may ask for; the LangChain tool puts it in its args schema as an enum.
+LanguageName = Literal["python", "javascript", "raw"]
+LANGUAGES: tuple[str, ...] = get_args(LanguageName)
 
 
 def result_text(result: ExecutionResult) -> str:

@@ -23,6 +23,7 @@ from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
 from ._bridge import Runner
 from ._common import (
     LANGUAGES,
+    LanguageName,
     NetworkOptions,
     SessionPool,
     network_options,
@@ -35,9 +36,11 @@ _DEFAULT_THREAD = "default"
 
 class ExecSandboxInput(BaseModel):
     code: str = Field(description="The source code to run.")
-    language: str = Field(
+    # A Literal, so the args schema carries the allowed values as an enum: the model is shown
+    # them, and a wrong one is refused by the framework's own validation before the tool runs.
+    language: LanguageName = Field(
         default="python",
-        description="One of python, javascript, raw (raw = a bash script).",
+        description="python, javascript, or raw (a bash script).",
     )
     packages: list[str] = Field(
         default_factory=list,
@@ -89,16 +92,15 @@ class ExecSandboxTool(_SandboxToolBase):
     def _run(
         self,
         code: str,
-        language: str = "python",
+        language: LanguageName = "python",
         packages: list[str] | None = None,
         run_manager: CallbackManagerForToolRun | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        language = _checked_language(language)
         try:
             result = self._runner.run(
                 lambda s: s.run(
                     code,
-                    language=language,  # type: ignore[arg-type]
+                    language=language,
                     timeout_seconds=self.timeout_seconds,
                     packages=packages,
                     **self._network,
@@ -111,16 +113,15 @@ class ExecSandboxTool(_SandboxToolBase):
     async def _arun(
         self,
         code: str,
-        language: str = "python",
+        language: LanguageName = "python",
         packages: list[str] | None = None,
         run_manager: AsyncCallbackManagerForToolRun | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        language = _checked_language(language)
         try:
             result = await self._runner.arun(
                 lambda s: s.run(
                     code,
-                    language=language,  # type: ignore[arg-type]
+                    language=language,
                     timeout_seconds=self.timeout_seconds,
                     packages=packages,
                     **self._network,
