@@ -1,7 +1,11 @@
 // Session REPL driver for JavaScript, started by sbx-agent as the sandbox user, or a pre-started
-// node that became it (see guest/src/repl.h). fd 3: one line per request, "<seq> <token> <dir>" (<dir> holds session-code
-// and session-env, <dir>/repl/<token>.out and .err are the request's output FIFOs); fd 4:
-// "<seq> <status>\n" back once the code has finished and fds 1 and 2 are /dev/null again. The code runs through node's own
+// node that became it (see guest/src/repl.h). fd 3: one line per request,
+// "<seq> <token> <nonce> <dir>" (<dir> holds session-code and session-env, <dir>/repl/<token>.out
+// and .err are the request's output FIFOs); fd 4: "<seq> <nonce> <status>\n" back once the code
+// has finished and fds 1 and 2 are /dev/null again. A worker thread the code left running can
+// write on fd 4 while this driver holds no FIFO (before it installs a request's, after it
+// releases them); the nonce, kept in this module's variables, which no worker can read, is what
+// keeps its lines from completing a request. The code runs through node's own
 // REPL evaluator in the global context, so const/let/function/class declarations persist between
 // requests and top-level await works. The user's stdout/stderr are the real pipes; node queues
 // writes to a full pipe, so the status waits until those queues are empty.
@@ -108,11 +112,9 @@ function install(fd, file) {
 async function main() {
   for (;;) {
     const line = await nextLine();
-    const first = line.indexOf(' ');
-    const second = line.indexOf(' ', first + 1);
-    const seq = line.slice(0, first);
-    const fifo = path.join(line.slice(second + 1), 'repl', line.slice(first + 1, second));
-    const dir = line.slice(second + 1);
+    const [seq, token, nonce] = line.split(' ', 3);
+    const dir = line.slice(seq.length + token.length + nonce.length + 3);
+    const fifo = path.join(dir, 'repl', token);
     if (!fs.existsSync(`${fifo}.out`)) continue; // the request is already over
     install(1, `${fifo}.out`);
     install(2, `${fifo}.err`);
@@ -135,7 +137,7 @@ async function main() {
       try { target = fs.readlinkSync(`/proc/self/fd/${name}`); } catch (e) { continue; }
       if (target === `${fifo}.out` || target === `${fifo}.err`) install(Number(name), '/dev/null');
     }
-    fs.writeSync(controlOut, `\n${seq} ${status}\n`);
+    fs.writeSync(controlOut, `\n${seq} ${nonce} ${status}\n`);
   }
 }
 

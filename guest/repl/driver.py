@@ -1,8 +1,9 @@
 # Session REPL driver for Python, started by sbx-agent as the sandbox user (see guest/src/repl.h).
-# fd 3: one line per request from the agent, "<seq> <token> <dir>": <dir> holds session-code and
-# session-env, <dir>/repl/<token>.out and .err are this request's output FIFOs; fd 4:
-# "<seq> <status>\n" back once the code has finished, its output is flushed and fds 1 and 2 are
-# /dev/null again. The user's stdout and stderr are the FIFOs the agent streams, so nothing printed
+# fd 3: one line per request from the agent, "<seq> <token> <nonce> <dir>": <dir> holds session-code
+# and session-env, <dir>/repl/<token>.out and .err are this request's output FIFOs; fd 4:
+# "<seq> <nonce> <status>\n" back once the code has finished, its output is flushed and fds 1 and 2
+# are /dev/null again. The nonce is known only from the request line: a thread the code left
+# running, writing on fd 4 while this driver holds no FIFO, cannot complete a request. The user's stdout and stderr are the FIFOs the agent streams, so nothing printed
 # can pass for a completion, and nothing written after the report reaches any result.
 import os
 import sys
@@ -75,7 +76,8 @@ def _main() -> None:
         line = control_in.readline()
         if not line:
             os._exit(0)
-        seq, token, run_dir = os.fsdecode(line.rstrip(b"\n")).split(" ", 2)
+        seq, token, nonce, run_dir = os.fsdecode(line.rstrip(b"\n")).split(" ", 3)
+        report = b"\n%s %s " % (seq.encode(), nonce.encode())
         fifo = os.path.join(run_dir, "repl", token)
         try:
             out = os.open(fifo + ".out", os.O_WRONLY | os.O_CLOEXEC)
@@ -100,7 +102,7 @@ def _main() -> None:
             print(f"session driver: {exc}", file=sys.stderr)
             install(devnull, devnull)
             release(fifo)
-            os.write(control_out, b"\n%s 1\n" % seq.encode())
+            os.write(control_out, report + b"1\n")
             continue
         status = run(source)
         if os.getpid() != me:
@@ -115,7 +117,7 @@ def _main() -> None:
         # the code kept (os.dup(1)) write to /dev/null from now on.
         install(devnull, devnull)
         release(fifo)
-        os.write(control_out, b"\n%s %d\n" % (seq.encode(), status))
+        os.write(control_out, report + b"%d\n" % status)
 
 
 _main()

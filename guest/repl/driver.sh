@@ -1,7 +1,8 @@
 # Session REPL driver for bash, started by sbx-agent as the sandbox user (see guest/src/repl.h).
-# fd 3: one line per request, "<seq> <token> <dir>" (<dir> holds session-code and session-env,
-# <dir>/repl/<token>.out and .err are the request's output FIFOs); fd 4: "<seq> <status>\n" back
-# once the code has finished. The FIFOs are the code's stdout/stderr only while it runs: the
+# fd 3: one line per request, "<seq> <token> <nonce> <dir>" (<dir> holds session-code and
+# session-env, <dir>/repl/<token>.out and .err are the request's output FIFOs); fd 4:
+# "<seq> <nonce> <status>\n" back once the code has finished. A process the code left running
+# knows no later request's nonce, so it cannot complete one. The FIFOs are the code's stdout/stderr only while it runs: the
 # redirection of the group puts the shell's own (/dev/null) back before the report. The code is sourced into this shell, so exported
 # variables, the working directory and functions persist. `exit` ends the shell: its status is
 # reported and the next request starts a fresh one.
@@ -11,7 +12,7 @@ exec >/dev/null 2>/dev/null
 # The agent sends SIGINT when the output passes its limit: end the sourced code (status 130),
 # keep the shell and its state.
 trap 'return 130 2>/dev/null' INT
-while IFS=' ' read -r -u "$__sbx_control_in" __sbx_seq __sbx_token __sbx_dir; do
+while IFS=' ' read -r -u "$__sbx_control_in" __sbx_seq __sbx_token __sbx_nonce __sbx_dir; do
 	__sbx_fifo="$__sbx_dir/repl/$__sbx_token"
 	# The request is already over when its FIFOs are gone: nobody waits for it.
 	[ -p "$__sbx_fifo.out" ] || continue
@@ -29,5 +30,5 @@ while IFS=' ' read -r -u "$__sbx_control_in" __sbx_seq __sbx_token __sbx_dir; do
 			eval "exec ${__sbx_fd##*/}>/dev/null"
 		fi
 	done
-	printf '\n%s %d\n' "$__sbx_seq" "$__sbx_status" >&"$__sbx_control_out"
+	printf '\n%s %s %d\n' "$__sbx_seq" "$__sbx_nonce" "$__sbx_status" >&"$__sbx_control_out"
 done

@@ -102,16 +102,24 @@ static int make_fifo(const struct sbx_repl *r, const char *path, int *read_fd, i
 	return *hold_fd < 0 ? -errno : 0;
 }
 
-/* Fresh stdout/stderr FIFOs for one request, named by a random token. */
+static void hex(char *out, const uint8_t *raw, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		snprintf(out + 2 * i, 3, "%02x", raw[i]);
+}
+
+/* Fresh stdout/stderr FIFOs for one request, named by a random token, and the request's nonce,
+ * which only its request line carries (the token is in the FIFOs' names, which the code can read
+ * off its fds 1 and 2). */
 static int begin_streams(struct sbx_repl *r, char *msg, size_t msg_size)
 {
-	uint8_t raw[8];
+	uint8_t raw[(sizeof(r->token) - 1) / 2 + (sizeof(r->nonce) - 1) / 2];
 	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
 		snprintf(msg, msg_size, "getrandom: %s", strerror(errno));
 		return -EIO;
 	}
-	for (size_t i = 0; i < sizeof(raw); i++)
-		snprintf(r->token + 2 * i, 3, "%02x", raw[i]);
+	hex(r->token, raw, (sizeof(r->token) - 1) / 2);
+	hex(r->nonce, raw + (sizeof(r->token) - 1) / 2, (sizeof(r->nonce) - 1) / 2);
 	snprintf(r->fifo_out, sizeof(r->fifo_out), "%s/%s.out", r->fifo_dir, r->token);
 	snprintf(r->fifo_err, sizeof(r->fifo_err), "%s/%s.err", r->fifo_dir, r->token);
 	int rc = make_fifo(r, r->fifo_out, &r->out.fd, &r->out_hold, &r->out_st);
@@ -284,11 +292,12 @@ int sbx_repl_start(struct sbx_repl *r, uint32_t id, const struct sbx_exec_reques
 		end_streams(r);
 		return rc;
 	}
-	/* One line, well under PIPE_BUF (written whole): "<seq> <token> <directory>", the
+	/* One line, well under PIPE_BUF (written whole): "<seq> <token> <nonce> <directory>", the
 	 * directory holding the request files and, under repl/, the FIFOs <token>.out/.err. */
 	r->seq++;
-	char go[sizeof(r->cfg->run_dir) + 64];
-	int len = snprintf(go, sizeof(go), "%u %s %s\n", r->seq, r->token, r->cfg->run_dir);
+	char go[sizeof(r->cfg->run_dir) + 96];
+	int len = snprintf(go, sizeof(go), "%u %s %s %s\n", r->seq, r->token, r->nonce,
+			   r->cfg->run_dir);
 	if (len < 0 || (size_t)len >= sizeof(go) || write(r->control_w, go, (size_t)len) != len) {
 		/* The driver is dying (EPIPE) or wedged: reset it; the host may retry. */
 		rc = -errno;
@@ -422,13 +431,19 @@ static bool completion_believable(const struct sbx_repl *r)
 	return !holds_fifos(r);
 }
 
-/* Whether `line` is "<seq> <status>" with status 0..255; fills both. */
-static bool parse_completion(const char *line, unsigned long *seq, long *status)
+/* Whether `line` is "<seq> <nonce> <status>" with status 0..255 and the current request's
+ * nonce; fills seq and status. */
+static bool parse_completion(const struct sbx_repl *r, const char *line, unsigned long *seq,
+			     long *status)
 {
 	char *end;
+	const size_t nonce_len = sizeof(r->nonce) - 1;
 	if (line[0] < '0' || line[0] > '9')
 		return false;
 	*seq = strtoul(line, &end, 10);
+	if (*end != ' ' || strncmp(end + 1, r->nonce, nonce_len) != 0)
+		return false;
+	end += 1 + nonce_len;
 	if (*end != ' ' || end[1] < '0' || end[1] > '9')
 		return false;
 	*status = strtol(end + 1, &end, 10);
@@ -462,13 +477,13 @@ void sbx_repl_on_control(struct sbx_repl *r)
 		r->line_len = 0;
 		unsigned long seq;
 		long status;
-		/* The drivers write "\n<seq> <status>\n": the leading newline ends whatever user code
-		 * left unfinished on the fd, so the report itself always parses. Anything else, and any
-		 * line that is not believable, only user code can have written: ignored, so that
-		 * nothing written there ends a request or resets the REPL. */
+		/* The drivers write "\n<seq> <nonce> <status>\n": the leading newline ends whatever
+		 * user code left unfinished on the fd, so the report itself always parses. Anything
+		 * else, and any line that is not believable, only user code can have written: ignored,
+		 * so that nothing written there ends a request or resets the REPL. */
 		if (empty)
 			continue;
-		if (!whole || !parse_completion(r->line, &seq, &status) ||
+		if (!whole || !parse_completion(r, r->line, &seq, &status) ||
 		    r->phase != SBX_REPL_RUNNING || seq != r->seq || !completion_believable(r)) {
 			if (!r->ignored_logged)
 				sbx_log("session REPL: a completion line that the driver did not write "

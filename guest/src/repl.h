@@ -3,17 +3,19 @@
  *
  * The driver runs as uid 1000 in its own session, like one-shot code, with two extra fds (one
  * socket on fd 3 for both when a pre-started node became the driver, sbx_repl_adopt):
- *   fd 3  control in:  the agent writes one line per request, "<seq> <token> <dir>": <dir> holds
- *                      the root-owned files session-code (the code) and session-env
+ *   fd 3  control in:  the agent writes one line per request, "<seq> <token> <nonce> <dir>":
+ *                      <dir> holds the root-owned files session-code (the code) and session-env
  *                      (NAME=VALUE\0...); <dir>/repl/<token>.out and .err are FIFOs made for this
- *                      request alone
- *   fd 4  control out: the driver answers "<seq> <status>\n" once the code has finished (status
- *                      0..255)
+ *                      request alone; <nonce> is random and appears nowhere else
+ *   fd 4  control out: the driver answers "<seq> <nonce> <status>\n" once the code has finished
+ *                      (status 0..255)
  * Per request the driver opens the two FIFOs as its stdout/stderr, runs the code, flushes, puts
  * /dev/null back on fds 1 and 2 and only then reports. The agent believes a report only for the
- * current seq, once the driver has read the request line and while the REPL's fds 1 and 2 are not
- * the request's FIFOs; other lines are ignored (user code that forges one from inside the REPL
- * still has its output on the FIFOs). After the EXIT the FIFOs are unlinked and their read ends
+ * current seq and nonce, once the driver has read the request line and while the REPL's fds 1 and
+ * 2 are not the request's FIFOs; other lines are ignored (user code that forges one from inside
+ * the REPL still has its output on the FIFOs; a thread or worker it left running, which may write
+ * while the driver holds no FIFO, before it installs them or after it releases them, does not
+ * know the nonce, which the driver keeps in its own variables). After the EXIT the FIFOs are unlinked and their read ends
  * closed: a background process of that request writing later gets EPIPE, and nothing of one
  * request lands in another's result.
  *
@@ -56,7 +58,7 @@ struct sbx_repl {
 	int control_w, control_r; /* the agent's ends, -1 when closed */
 	bool control_is_socket;   /* both on one socket (sbx_repl_adopt), else two pipes */
 	struct sbx_stream out, err;
-	char line[32];
+	char line[64]; /* "<seq> <nonce> <status>" */
 	size_t line_len;
 	uint32_t seq; /* of the current (or last) request, echoed in its completion line */
 	/* The current request. */
@@ -71,6 +73,7 @@ struct sbx_repl {
 	/* The current request's output FIFOs (empty when none) and what they are, to tell whether
 	 * the REPL still holds them. */
 	char fifo_dir[300], token[17], fifo_out[340], fifo_err[340];
+	char nonce[33]; /* the current request's, echoed in its completion line */
 	struct stat out_st, err_st;
 	int out_hold, err_hold; /* the agent's own write ends, see make_fifo() */
 };

@@ -105,3 +105,66 @@ async def test_fork_bomb_messages_stay_in_the_exec_that_started_it(scheduler: Sc
         )
         later = await session.exec("import time; time.sleep(4); print('after')", timeout_seconds=60)
         assert (later.stdout, later.stderr) == ("after\n", ""), later
+
+
+# What the code leaves running inside the REPL (a python thread, a node Worker, a bash subshell)
+# writes completion lines for the next requests to the driver's control fds for seconds. Between
+# reading a request's line and opening its FIFOs, and between releasing them and its report, the
+# driver holds no FIFO: only what such a writer cannot know (the request's nonce) keeps its lines
+# from completing a later exec.
+SPAMMER = {
+    "python": """
+import os, threading, time
+def spam():
+    end = time.time() + 10
+    while time.time() < end:
+        for fd in map(int, os.listdir('/proc/self/fd')):
+            if fd > 2:
+                for s in range(1, 24):
+                    try:
+                        os.write(fd, b'\\n%d 0\\n' % s)
+                    except OSError:
+                        pass
+threading.Thread(target=spam, daemon=True).start()
+""",
+    "javascript": """
+const { Worker } = require('worker_threads');
+new Worker(`const fs = require('fs'); const end = Date.now() + 10000;
+while (Date.now() < end) {
+  for (const fd of [3, 4]) for (let s = 1; s < 24; s++) {
+    try { fs.writeSync(fd, '\\\\n' + s + ' 0\\\\n'); } catch (e) { /* not a control fd */ }
+  }
+}`, { eval: true }).unref();
+""",
+    "raw": """
+( end=$((SECONDS + 10)); while [ $SECONDS -lt $end ]; do
+    for f in /proc/$BASHPID/fd/*; do
+      n=${f##*/}; [ "$n" -gt 2 ] || continue
+      for s in $(seq 1 24); do printf '\\n%d 0\\n' "$s"; done >&"$n"
+    done 2>/dev/null
+  done ) >/dev/null 2>&1 &
+""",
+}
+SLOW_EXIT_3 = {
+    "python": "import time; time.sleep(0.3); print('ok', {i}); raise SystemExit(3)",
+    "javascript": (
+        "await new Promise((r) => setTimeout(r, 300)); console.log('ok', {i}); process.exit(3);"
+    ),
+    "raw": "sleep 0.3; echo ok {i}; (exit 3)",
+}
+
+
+@pytest.mark.parametrize("language", ["python", "javascript", "raw"])
+async def test_what_the_code_leaves_running_cannot_complete_a_later_exec(
+    scheduler: Scheduler, language: str
+) -> None:
+    async with await scheduler.session(language=language) as session:
+        started = await session.exec(SPAMMER[language], timeout_seconds=60)
+        assert started.exit_code == 0, started
+        results = [
+            await session.exec(SLOW_EXIT_3[language].format(i=i), timeout_seconds=60)
+            for i in range(12)
+        ]
+        assert [(r.exit_code, r.stdout) for r in results] == [
+            (3, f"ok {i}\n") for i in range(12)
+        ], results
