@@ -42,7 +42,7 @@ def test_copy_is_identical_sealed_and_never_grows(tmp_path: Path) -> None:
         fd = _fd_for(files, _snapshot(tmp_path))
         assert os.fstat(fd).st_size == 8 * MB
         assert os.pread(fd, 8 * MB, 0) == content
-        # Allocated up front (the digest above still saw the file's holes as holes): a clone's
+        # Allocated up front (zeros either way: the digest is the same): a clone's
         # private mapping that touches a hole, reading or writing, allocates nothing in it.
         held = os.fstat(fd).st_blocks
         assert held * 512 == 8 * MB
@@ -116,18 +116,87 @@ def test_damaged_ram_is_refused_and_nothing_kept(tmp_path: Path, damage: object)
         files.close()
 
 
-def test_digest_covers_where_the_data_is(tmp_path: Path) -> None:
-    # Same bytes as read(2) sees them, different layout: an explicit zero page where the other
-    # file has a hole. The digest includes the data ranges, so it differs.
+def _data_ranges(path: Path) -> list[tuple[int, int]]:
+    from exec_sandbox.snapshots.ram import _data_ranges
+
+    with open(path, "rb", buffering=0) as f:
+        return _data_ranges(f.fileno(), os.fstat(f.fileno()).st_size)
+
+
+def test_digest_is_of_the_bytes_not_of_where_the_file_keeps_them(tmp_path: Path) -> None:
+    # Same bytes as read(2) sees them, different layout: explicit zero pages where the other
+    # file has a hole (a guest's zeroed pages; a copy turns them into holes, or the reverse).
+    # Clones of either map the same memory: one digest.
     _sparse_ram(tmp_path / "ram")
     with open(tmp_path / "ram", "r+b") as f:
         f.seek(5 * MB)
-        f.write(bytes(4096))
+        f.write(bytes(MB + 4096))
+        f.seek(3 * MB + 4096)
+        f.write(bytes(4096))  # zeros right after data, inside one digest block
     (tmp_path / "other").mkdir()
     _sparse_ram(tmp_path / "other" / "ram")
     assert (tmp_path / "ram").read_bytes() == (tmp_path / "other" / "ram").read_bytes()
-    assert ram_digest(tmp_path / "ram") != ram_digest(tmp_path / "other" / "ram")
-    assert ram_digest(tmp_path / "ram") == ram_digest(tmp_path / "ram")
+    assert _data_ranges(tmp_path / "ram") != _data_ranges(tmp_path / "other" / "ram")
+    assert ram_digest(tmp_path / "ram") == ram_digest(tmp_path / "other" / "ram")
+
+
+def _published(root: Path, key: str) -> Path:
+    """A published snapshot directory as SnapshotCache.build leaves it, its RAM with zero pages
+    stored as data (what a guest's zeroed memory is in the file QEMU wrote)."""
+    import json
+
+    from exec_sandbox.digest import file_sha256
+    from exec_sandbox.snapshots.l1 import SNAPSHOT_FORMAT
+
+    directory = root / key
+    directory.mkdir(parents=True)
+    _sparse_ram(directory / "ram")
+    with open(directory / "ram", "r+b") as f:
+        f.seek(5 * MB)
+        f.write(bytes(MB))
+    (directory / "state").write_bytes(b"device state")
+    meta = {
+        "format": SNAPSHOT_FORMAT,
+        "key": key,
+        "state_sha256": file_sha256(directory / "state"),
+        "ram_bytes": 8 * MB,
+        "ram_digest": ram_digest(directory / "ram"),
+    }
+    (directory / "meta.json").write_text(json.dumps(meta))
+    return directory
+
+
+def test_a_byte_identical_copy_of_a_snapshot_is_used(tmp_path: Path) -> None:
+    """`cp -a` of a snapshot directory (a backup put back, a cache moved to another disk) keeps
+    every byte but not the inode, nor where the RAM file keeps its zero pages (cp makes holes of
+    them): it is found and cloned from, not refused as damaged and rebuilt. A copy whose RAM
+    changed still is refused."""
+    import shutil
+    import subprocess
+
+    from exec_sandbox.snapshots.l1 import SnapshotCache
+
+    key = "python-8m-" + "0" * 24
+    original = _published(tmp_path / "cache", key)
+    content = (original / "ram").read_bytes()
+    for name, damaged in (("copy", False), ("damaged", True)):
+        root = tmp_path / name
+        root.mkdir()
+        subprocess.run(["cp", "-a", str(original), str(root / key)], check=True)
+        if damaged:
+            _flip_byte(root / key / "ram", 5 * MB + 7)
+        cache = SnapshotCache(root)
+        try:
+            snapshot = cache.lookup(key, 8)
+            assert snapshot is not None
+            if damaged:
+                with pytest.raises(SnapshotIntegrityError):
+                    cache.ram_fd(snapshot)
+            else:
+                assert os.pread(cache.ram_fd(snapshot), 8 * MB, 0) == content
+        finally:
+            cache.close()
+        shutil.rmtree(root)
 
 
 def test_first_copy_marks_the_snapshot_used(tmp_path: Path) -> None:

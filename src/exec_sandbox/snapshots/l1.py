@@ -26,7 +26,8 @@ file, other size, other hash, unreadable meta) is moved aside (`.trash-*`) and d
 never map the cache file (they map a sealed copy), and the next request cold-boots and rebuilds.
 
 The RAM file is too large to hash on every lookup (only its size is checked there). Its digest
-(`ram_digest`: SHA-256 over each data range's offset, length and bytes, holes skipped) is
+(`ram_digest`: SHA-256 over each non-zero 64 KiB block's offset and bytes, only data ranges
+read: of the bytes, not of where the file keeps them, so a `cp -a` of a directory still passes) is
 computed at build time on the sealed copy clones of this process then map (`RamFiles.seal`),
 and checked by `RamFiles.fd_for` on each sealed copy it makes of a published file, right after
 sealing it: what is verified is what clones map, and nothing can change it afterwards. A
@@ -73,7 +74,9 @@ _T = TypeVar("_T")
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
 # 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with the APIC timer
 # rate given (the C side's fixed QEMU options and command line are not in the key otherwise).
-SNAPSHOT_FORMAT = 3
+# 4: the RAM digest is of the bytes, not of the file's layout (ram.py): a digest of format 3
+# would not match, and its snapshot would be refused as damaged instead of missing.
+SNAPSHOT_FORMAT = 4
 # Snapshot directories kept after a publish, most recently used first: every kernel, root image
 # or QEMU change makes a new key, whose predecessors would otherwise stay on disk forever
 # (~40 MB each). Eight covers three languages at a couple of memory sizes.

@@ -161,19 +161,34 @@ def _sealed_copy(src: int, size: int) -> int:
     return memfd
 
 
+# The digest's unit: a block of the RAM file that is all zeros, a hole or data, is left out.
+_DIGEST_BLOCK = 64 * 1024
+_ZERO_BLOCK = bytes(_DIGEST_BLOCK)
+
+
 def _memfd_digest(fd: int, size: int) -> str:
-    """SHA-256 over the size, then each data range's offset, length and bytes. Where the data
-    lies is part of it: a hole that became data (or the reverse) changes the digest too."""
-    h = hashlib.sha256(b"sbx-ram-digest-1")
-    h.update(struct.pack("<Q", size))
+    """SHA-256 over the size, then the offset and bytes of each _DIGEST_BLOCK-aligned block that
+    is not all zeros. Of the bytes only, not of where the file keeps them: a hole and a block of
+    zeros stored as data are the same memory to a clone, and copies of a file make one of the
+    other (`cp -a` turns zero blocks into holes; other tools fill holes), so a byte-identical
+    copy has the same digest; any byte that changed, in data or in a hole, changes it."""
+    h = hashlib.sha256(b"sbx-ram-digest-2")
+    h.update(struct.pack("<QQ", size, _DIGEST_BLOCK))
     ranges = _data_ranges(fd, size)
     if not ranges:
         return h.hexdigest()
-    # Hashed straight from a read-only mapping: no copy through a buffer (hashlib releases the
-    # GIL for large inputs).
+    # Only blocks that hold data can hold anything but zeros: holes are neither read nor hashed.
+    # Hashed straight from a read-only mapping (hashlib releases the GIL for large inputs).
     with mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mem:
         with memoryview(mem) as view:
+            block = -1
             for start, end in ranges:
-                h.update(struct.pack("<QQ", start, end - start))
-                h.update(view[start:end])
+                for offset in range(
+                    max(start // _DIGEST_BLOCK, block + 1) * _DIGEST_BLOCK, end, _DIGEST_BLOCK
+                ):
+                    block = offset // _DIGEST_BLOCK
+                    with view[offset : min(offset + _DIGEST_BLOCK, size)] as chunk:
+                        if chunk != _ZERO_BLOCK[: len(chunk)]:
+                            h.update(struct.pack("<Q", offset))
+                            h.update(chunk)
     return h.hexdigest()
