@@ -12,6 +12,18 @@ exec >/dev/null 2>/dev/null
 # The agent sends SIGINT when the output passes its limit: end the sourced code (status 130),
 # keep the shell and its state.
 trap 'return 130 2>/dev/null' INT
+# bash writes a line for a job that a signal ended ("line 1:  42 Killed  sleep 9") on its own
+# stderr when it notices the job's end, which for a job an earlier request left running is during
+# a later one, into that request's result; it writes none for a signal it traps. So every signal
+# it would report is trapped, the trap re-raising it: what the signal does to this shell stays
+# what it was. Not trapped: INT (above), PIPE and TERM (bash reports neither), ALRM (bash's own
+# timers), and those that only stop or are ignored by default. KILL cannot be caught: its trap
+# only marks it as handled, which is all that matters here.
+for __sbx_sig in HUP QUIT ILL TRAP ABRT BUS FPE USR1 SEGV USR2 STKFLT XCPU XFSZ VTALRM PROF IO \
+	PWR SYS $(seq 34 64); do
+	trap "trap - $__sbx_sig; kill -$__sbx_sig \$\$" "$__sbx_sig"
+done
+trap : KILL
 while IFS=' ' read -r -u "$__sbx_control_in" __sbx_seq __sbx_token __sbx_nonce __sbx_dir; do
 	__sbx_fifo="$__sbx_dir/repl/$__sbx_token"
 	# The request is already over when its FIFOs are gone: nobody waits for it.

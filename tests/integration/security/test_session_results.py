@@ -168,3 +168,24 @@ async def test_what_the_code_leaves_running_cannot_complete_a_later_exec(
         assert [(r.exit_code, r.stdout) for r in results] == [
             (3, f"ok {i}\n") for i in range(12)
         ], results
+
+
+# bash writes a line for a job that a signal ended ("line 1:  42 Killed  ( ... )") on its own
+# stderr when it notices the job's end: for a job an earlier exec left running, that is during a
+# later exec, whose stderr its stderr then is.
+@pytest.mark.parametrize("signal", ["KILL", "SEGV", "ABRT", "USR1", "RTMIN+3"])
+async def test_bash_reports_no_job_of_an_earlier_exec_in_a_later_one(
+    scheduler: Scheduler, signal: str
+) -> None:
+    async with await scheduler.session(language="raw") as session:
+        started = await session.exec(f"(sleep 1; kill -{signal} $BASHPID) & echo started")
+        assert (started.stdout, started.stderr) == ("started\n", ""), started
+        later = await session.exec("sleep 3; echo clean", timeout_seconds=60)
+        assert (later.exit_code, later.stdout, later.stderr) == (0, "clean\n", ""), later
+
+
+async def test_bash_jobs_of_an_earlier_exec_can_still_be_waited_for(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="raw") as session:
+        await session.exec("sleep 2 & pid=$!; (sleep 1; exit 7) &")
+        later = await session.exec('wait %2; echo "$?"; wait "$pid"; echo "$?"', timeout_seconds=60)
+        assert (later.exit_code, later.stdout, later.stderr) == (0, "7\n0\n", ""), later
