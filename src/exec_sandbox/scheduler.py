@@ -233,17 +233,10 @@ class Scheduler:
         started = time.monotonic() if started is None else started
         if request.code is None:
             raise InputValidationError("run() needs code")
-        specs = self._provisioner.packages_of(request.packages_language, request.packages)
-        self._check_open()
-        await self.start()
         at = time.monotonic()
-        layer = await self._provisioner.layer_for(
-            request.packages_language, specs, callbacks.on_boot_log
-        )
+        layer = await self._layer(request, callbacks)
         packages_ms = _ms(time.monotonic() - at)
-        net = None
-        if request.network is not None:
-            net = await NetworkSetup.prepare(request.network, self.config)
+        net = await self._network(request)
         try:
             with self._foreground.busy():
                 result = await self._run(request, callbacks, net, layer, started)
@@ -328,6 +321,22 @@ class Scheduler:
             network_log=[] if vm.network is None else vm.network.log,
         )
 
+    async def _layer(self, request: RunRequest, callbacks: Callbacks) -> PackageLayer | None:
+        """Start the scheduler if it is not (refused once closed), then the request's package
+        layer with the scheduler's default packages: cached, or built now (None: no packages)."""
+        specs = self._provisioner.packages_of(request.packages_language, request.packages)
+        self._check_open()
+        await self.start()
+        return await self._provisioner.layer_for(
+            request.packages_language, specs, callbacks.on_boot_log
+        )
+
+    async def _network(self, request: RunRequest) -> NetworkSetup | None:
+        """The request's listeners bound and CA bundle read, before any VM starts."""
+        if request.network is None:
+            return None
+        return await NetworkSetup.prepare(request.network, self.config)
+
     def _hub(self) -> NetworkHub:
         """The scheduler's network relay, started on first use (closed by close())."""
         if self._network_hub is None:
@@ -354,15 +363,8 @@ class Scheduler:
         self, request: RunRequest, callbacks: Callbacks = NO_CALLBACKS
     ) -> Session:
         """session() of a request made already (the cluster's hosts get requests)."""
-        specs = self._provisioner.packages_of(request.packages_language, request.packages)
-        self._check_open()
-        await self.start()
-        layer = await self._provisioner.layer_for(
-            request.packages_language, specs, callbacks.on_boot_log
-        )
-        net = None
-        if request.network is not None:
-            net = await NetworkSetup.prepare(request.network, self.config)
+        layer = await self._layer(request, callbacks)
+        net = await self._network(request)
         try:
             with self._foreground.busy():
                 lease, phases = await self._acquire_lease(
