@@ -78,7 +78,15 @@ async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) ->
     except BaseException:
         _forked(registry, forking)
         raise
-    fork = loop.run_in_executor(_spawner, functools.partial(start_qemu, spec, incoming=incoming))
+    try:
+        if forking.killed and registry is not None:
+            registry.check_open()  # closed while this spawn waited for its turn
+        start = functools.partial(start_qemu, spec, incoming=incoming)
+        fork = loop.run_in_executor(_spawner, start)
+    except BaseException:
+        fork_lock.release()
+        _forked(registry, forking)
+        raise
     fork.add_done_callback(lambda _: loop.call_soon(fork_lock.release))
     try:
         vm = await asyncio.shield(fork)
