@@ -12,6 +12,9 @@ BaseSandbox no longer does: glob returns paths relative to the search root, dire
 included; write refuses a file that exists. `file_contract="deepagents"` keeps BaseSandbox's
 versions (absolute glob paths, write overwrites): deepagents' permission `deny` rules and
 CompositeBackend route prefixes only work on absolute glob paths. docs/integrations.md says more.
+
+File transfers are batched (_sandbox_files.py): a few guest round trips per call, not per
+file.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
 
 from ._bridge import Runner
 from ._common import SavedSessions, network_options
+from ._sandbox_files import (
+    download_command,
+    parse_download_report,
+    parse_upload_report,
+    path_batches,
+    upload_batches,
+    upload_blob,
+    upload_command,
+)
 from ._sandbox_glob import glob_command, parse_glob_output, search_root
 
 if TYPE_CHECKING:
@@ -183,71 +195,89 @@ class ExecSandboxBackend(BaseSandbox):
     async def _upload(
         self, scheduler: SandboxScheduler, files: list[tuple[str, bytes]]
     ) -> list[FileUploadResponse]:
-        responses = []
-        for path, content in files:
-            responses.append(
-                FileUploadResponse(
-                    path=path, error=await self._upload_one(scheduler, path, content)
-                )
-            )
-        return responses
+        errors: list[str | None] = [None] * len(files)
+        valid = []
+        for index, (path, content) in enumerate(files):
+            if _is_absolute(path):
+                valid.append((index, path, bytes(content)))
+            else:
+                errors[index] = "invalid_path"
+        for batch in upload_batches(valid):
+            for (index, _, _), error in zip(
+                batch, await self._upload_batch(scheduler, batch), strict=True
+            ):
+                errors[index] = error
+        return [
+            FileUploadResponse(path=path, error=error)
+            for (path, _), error in zip(files, errors, strict=True)
+        ]
 
-    async def _upload_one(
-        self, scheduler: SandboxScheduler, path: str, content: bytes
-    ) -> str | None:
-        if not _is_absolute(path):
-            return "invalid_path"
+    async def _upload_batch(
+        self, scheduler: SandboxScheduler, batch: list[tuple[int, str, bytes]]
+    ) -> list[str | None]:
+        """One file transfer and one command for the whole batch."""
         staged = f"{_STAGING}/{uuid.uuid4().hex}"
         try:
             session = await self._session(scheduler)
-            await session.write_file(staged, bytes(content))
-            quoted = shlex.quote(path)
-            result = await session.exec(
-                f'mkdir -p -- "$(dirname -- {quoted})" && mv -f -- ~/{staged} {quoted}',
-                timeout_seconds=self._timeout,
-            )
+            await session.write_file(staged, upload_blob(batch))
+            result = await session.exec(upload_command(staged), timeout_seconds=self._timeout)
         except SandboxError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if result.exit_code == 0:
-            return None
-        await _discard(session, staged)
-        return _file_error(result.stderr)
+            return [f"{type(exc).__name__}: {exc}"] * len(batch)
+        return parse_upload_report(result.stdout, len(batch))
 
     async def _download(
         self, scheduler: SandboxScheduler, paths: list[str]
     ) -> list[FileDownloadResponse]:
-        responses = []
-        for path in paths:
-            content, error = await self._download_one(scheduler, path)
-            responses.append(FileDownloadResponse(path=path, content=content, error=error))
-        return responses
+        found: list[tuple[bytes | None, str | None]] = [(None, "invalid_path")] * len(paths)
+        pending = [(index, path) for index, path in enumerate(paths) if _is_absolute(path)]
+        while pending:
+            deferred: list[tuple[int, str]] = []
+            for batch in path_batches(pending):
+                done = await self._download_batch(scheduler, [path for _, path in batch])
+                for (index, path), entry in zip(batch, done, strict=True):
+                    if entry is None:
+                        deferred.append((index, path))
+                    else:
+                        found[index] = entry
+            if len(deferred) == len(pending):  # no progress: the guest's report is not honest
+                for index, _ in deferred:
+                    found[index] = (None, "the sandbox did not return this file")
+                break
+            pending = deferred
+        return [
+            FileDownloadResponse(path=path, content=content, error=error)
+            for path, (content, error) in zip(paths, found, strict=True)
+        ]
 
-    async def _download_one(
-        self, scheduler: SandboxScheduler, path: str
-    ) -> tuple[bytes | None, str | None]:
-        if not _is_absolute(path):
-            return None, "invalid_path"
+    async def _download_batch(
+        self, scheduler: SandboxScheduler, paths: list[str]
+    ) -> list[tuple[bytes | None, str | None] | None]:
+        """One command copies the readable files into one staged blob, one file transfer brings
+        it back, one command removes it. None for a path the blob had no room for."""
         staged = f"{_STAGING}/{uuid.uuid4().hex}"
-        quoted = shlex.quote(path)
-        check = (
-            f"if [ -d {quoted} ]; then echo is_directory; "
-            f"elif [ ! -e {quoted} ]; then echo file_not_found; "
-            f"elif [ ! -r {quoted} ]; then echo permission_denied; "
-            f"else cp -- {quoted} ~/{staged} && echo ok; fi"
-        )
         try:
             session = await self._session(scheduler)
-            result = await session.exec(check, timeout_seconds=self._timeout)
-            verdict = result.stdout.strip()
-            if verdict != "ok":
-                return None, verdict or _file_error(result.stderr)
-            data = await session.read_file(staged)
+            result = await session.exec(
+                download_command(staged, paths), timeout_seconds=self._timeout
+            )
+            entries = parse_download_report(result.stdout, len(paths))
+            data = await session.read_file(staged) or b""
         except SandboxError as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            return [(None, f"{type(exc).__name__}: {exc}")] * len(paths)
         finally:
             if self._holder and not self._holder[0].closed:
                 await _discard(self._holder[0], staged)
-        return data, None
+        if sum(e for e in entries if isinstance(e, int)) != len(data):
+            return [(None, "the sandbox's copy of the files is incomplete")] * len(paths)
+        out: list[tuple[bytes | None, str | None] | None] = []
+        offset = 0
+        for entry in entries:
+            if isinstance(entry, int):
+                out.append((data[offset : offset + entry], None))
+                offset += entry
+            else:
+                out.append(None if entry is None else (None, entry))
+        return out
 
     # --- glob and write (the standard suite's contract) ---
 

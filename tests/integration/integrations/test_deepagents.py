@@ -1,7 +1,8 @@
 """Deep Agents: create_deep_agent with ExecSandboxBackend and a scripted model; its file and
 shell tools act in a real VM and the results reach the model's next turn. Plus the backend's
-own contract points the standard suite does not pin down (timeout 124, truncation), and the
-glob/write contract it follows (langchain-tests' rather than deepagents 0.7's BaseSandbox)."""
+own contract points the standard suite does not pin down (timeout 124, truncation, batched
+transfers), and the glob/write contract it follows (langchain-tests' rather than deepagents
+0.7's BaseSandbox)."""
 
 from __future__ import annotations
 
@@ -222,3 +223,42 @@ def test_a_keyed_backend_resumes_its_sandbox_after_close() -> None:
 
 async def _forget(saved: Any, scheduler: Any, key: str) -> None:
     await saved.forget(scheduler, key)
+
+
+class _Counted:
+    """Counts a session's guest round trips (exec, file transfers)."""
+
+    def __init__(self, session: Any) -> None:
+        self.calls: list[str] = []
+        for name in ("exec", "write_file", "read_file"):
+            setattr(session, name, self._wrap(name, getattr(session, name)))
+
+    def _wrap(self, name: str, method: Any) -> Any:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return await method(*args, **kwargs)
+
+        return counted
+
+
+def test_transfers_are_batched_not_per_file() -> None:
+    backend = ExecSandboxBackend()
+    try:
+        assert backend.execute("true").exit_code == 0  # the VM is open
+        counted = _Counted(backend._holder[0])
+        files = [(f"/tmp/batch/d{i}/f{i}.bin", bytes([i]) * (i * 1000)) for i in range(8)]
+        uploads = backend.upload_files([*files, ("/proc/nope/x", b"y"), ("rel", b"z")])
+        assert [u.error for u in uploads[:8]] == [None] * 8
+        assert uploads[8].error is not None and uploads[9].error == "invalid_path"
+        # One file transfer and one command for all ten, where it was two per file.
+        assert counted.calls == ["write_file", "exec"]
+        counted.calls.clear()
+        paths = [p for p, _ in files]
+        downloads = backend.download_files([*paths, "/tmp/batch", "/tmp/none", "rel"])
+        assert [(d.path, d.content) for d in downloads[:8]] == files
+        errors = [d.error for d in downloads[8:]]
+        assert errors == ["is_directory", "file_not_found", "invalid_path"]
+        # One command, one file transfer, one cleanup, where it was three per file.
+        assert counted.calls == ["exec", "read_file", "exec"]
+    finally:
+        backend.close()
