@@ -1,6 +1,6 @@
 """The Deep Agents backend's batched transfers without a VM: the guest scripts run here on the
 host against a temporary directory, the guest's reports are read as untrusted input, batches
-stay within their bounds."""
+stay within their bounds, and a timeout over our limit is clamped with a note."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("deepagents", reason="the deepagents extra is not installed")
 
 from exec_sandbox.integrations import _sandbox_files as files
+from exec_sandbox.integrations.deepagents import _command_timeout
+from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
 
 def _run(script: str, *args: str) -> list[str]:
@@ -96,3 +98,13 @@ def test_batches_are_bounded() -> None:
     assert all(
         len(files.download_command("s", [p for _, p in b])) < 128 * 1024 for b in path_batches
     )
+
+
+def test_timeouts_within_our_limit_pass_through_and_above_it_are_clamped_with_a_note() -> None:
+    assert _command_timeout(120, None) == (120, "")
+    assert _command_timeout(120, 7) == (7, "")
+    assert _command_timeout(120, MAX_TIMEOUT_SECONDS) == (MAX_TIMEOUT_SECONDS, "")
+    seconds, note = _command_timeout(120, 3600)
+    assert seconds == MAX_TIMEOUT_SECONDS and "3600 s is above" in note
+    seconds, note = _command_timeout(120, 0)
+    assert seconds == MAX_TIMEOUT_SECONDS and "no unlimited timeout" in note

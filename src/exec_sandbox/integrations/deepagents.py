@@ -15,6 +15,10 @@ CompositeBackend route prefixes only work on absolute glob paths. docs/integrati
 
 File transfers are batched (_sandbox_files.py): a few guest round trips per call, not per
 file.
+
+A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
+with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
+guest round trips per call, not per file.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from deepagents.backends.protocol import (
 from deepagents.backends.sandbox import BaseSandbox
 
 from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
+from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
 from ._bridge import Runner
 from ._common import SavedSessions, network_options
@@ -106,6 +111,11 @@ class ExecSandboxBackend(BaseSandbox):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
             )
+        if not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"timeout_seconds must be between 1 and {MAX_TIMEOUT_SECONDS}, "
+                f"not {timeout_seconds}"
+            )
         self._contract = file_contract
         self._runner = Runner(scheduler)
         self._memory_mb = memory_mb
@@ -143,7 +153,7 @@ class ExecSandboxBackend(BaseSandbox):
     ) -> ExecuteResponse:
         if not command.strip():
             return ExecuteResponse(output="Error: the command is empty", exit_code=2)
-        seconds = self._timeout if timeout is None or timeout <= 0 else min(timeout, 300)
+        seconds, note = _command_timeout(self._timeout, timeout)
         chunks: list[str] = []
         size = 0
         truncated = False
@@ -172,7 +182,7 @@ class ExecSandboxBackend(BaseSandbox):
             )
         except SandboxError as exc:
             return ExecuteResponse(output=f"Error: {type(exc).__name__}: {exc}", exit_code=None)
-        output = "".join(chunks)
+        output = "".join(chunks) + note
         if result.exit_code == -1:
             output += f"\nError: the command timed out after {seconds} seconds"
             return ExecuteResponse(output=output, exit_code=TIMEOUT_EXIT_CODE, truncated=truncated)
@@ -379,6 +389,25 @@ class ExecSandboxBackend(BaseSandbox):
                     await self._saved.save(scheduler, self._key, session)
                 except SandboxError:
                     await session.close()
+
+
+def _command_timeout(default: int, asked: int | None) -> tuple[int, str]:
+    """The seconds a command runs with, and a note for its output when that is not what was
+    asked: deepagents allows up to an hour per command (0 may mean none), our hard limit is
+    MAX_TIMEOUT_SECONDS, and a model told nothing would take a cut-off run for its own bug."""
+    if asked is None or asked < 0:
+        return default, ""
+    if asked == 0:
+        return MAX_TIMEOUT_SECONDS, (
+            f"\n[sandbox note: this sandbox has no unlimited timeout; the command ran with the "
+            f"maximum, {MAX_TIMEOUT_SECONDS} s]"
+        )
+    if asked > MAX_TIMEOUT_SECONDS:
+        return MAX_TIMEOUT_SECONDS, (
+            f"\n[sandbox note: timeout {asked} s is above this sandbox's limit; the command ran "
+            f"with the maximum, {MAX_TIMEOUT_SECONDS} s]"
+        )
+    return asked, ""
 
 
 def _is_absolute(path: str) -> bool:

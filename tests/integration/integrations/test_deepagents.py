@@ -20,6 +20,7 @@ from langchain_core.messages import AIMessage, ToolMessage
 
 from exec_sandbox.integrations._bridge import background
 from exec_sandbox.integrations.deepagents import ExecSandboxBackend
+from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
 from .conftest import GUEST_PROOF_OUTPUT
 from .fake_langchain_model import ScriptedChatModel
@@ -223,6 +224,24 @@ def test_a_keyed_backend_resumes_its_sandbox_after_close() -> None:
 
 async def _forget(saved: Any, scheduler: Any, key: str) -> None:
     await saved.forget(scheduler, key)
+
+
+def test_a_timeout_above_our_limit_runs_with_the_limit_and_says_so() -> None:
+    # deepagents lets the model ask for up to an hour; ours is MAX_TIMEOUT_SECONDS.
+    backend = ExecSandboxBackend()
+    try:
+        over = backend.execute("echo ran", timeout=3600)
+        assert over.exit_code == 0 and over.output.startswith("ran\n")
+        assert "timeout 3600 s is above this sandbox's limit" in over.output
+        assert f"{MAX_TIMEOUT_SECONDS} s" in over.output
+        unlimited = backend.execute("echo ran", timeout=0)
+        assert "no unlimited timeout" in unlimited.output
+        within = backend.execute("echo ran", timeout=MAX_TIMEOUT_SECONDS)
+        assert within.output == "ran\n"
+    finally:
+        backend.close()
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        ExecSandboxBackend(timeout_seconds=MAX_TIMEOUT_SECONDS + 1)
 
 
 class _Counted:
