@@ -19,6 +19,10 @@ file.
 A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
 with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
 guest round trips per call, not per file.
+
+A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
+with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
+guest round trips per call, not per file.
 """
 
 from __future__ import annotations
@@ -92,6 +96,10 @@ class ExecSandboxBackend(BaseSandbox):
     `file_contract="standard"` (default): glob and write as langchain-tests pins them (relative
     glob paths with directories, write refuses an existing file); `"deepagents"`: BaseSandbox's
     own glob and write, for agents with permission deny rules or CompositeBackend routes.
+
+    With a `session_key`, close() pauses the VM to disk and a later backend with the same key
+    resumes it; a keyed backend dropped without close() is paused the same way when it is
+    garbage-collected.
     """
 
     def __init__(
@@ -134,7 +142,9 @@ class ExecSandboxBackend(BaseSandbox):
         # Concurrent first calls (deepagents runs tools in parallel) must share one session: without
         # it each would open its own and all but the last would leak until their idle timeout.
         self._opening = asyncio.Lock()
-        weakref.finalize(self, _close_quietly, self._runner, self._holder)
+        # Dropped without close(): a keyed backend's VM is paused (its key resumes it later), as
+        # close() would; an unkeyed one is destroyed.
+        weakref.finalize(self, _end_quietly, self._runner, self._holder, self._saved, self._key)
 
     @property
     def id(self) -> str:
@@ -379,16 +389,7 @@ class ExecSandboxBackend(BaseSandbox):
             await self._runner.arun(lambda s: self._end(s))
 
     async def _end(self, scheduler: SandboxScheduler) -> None:
-        if self._saved is None:
-            await _close_all(self._holder)
-            return
-        while self._holder:
-            session = self._holder.pop()
-            if not session.closed:
-                try:
-                    await self._saved.save(scheduler, self._key, session)
-                except SandboxError:
-                    await session.close()
+        await _end_sessions(scheduler, self._holder, self._saved, self._key)
 
 
 def _command_timeout(default: int, asked: int | None) -> tuple[int, str]:
@@ -432,15 +433,32 @@ async def _discard(session: SandboxSession, staged: str) -> None:
         pass
 
 
-async def _close_all(holder: list[SandboxSession]) -> None:
+async def _end_sessions(
+    scheduler: SandboxScheduler,
+    holder: list[SandboxSession],
+    saved: SavedSessions | None,
+    key: str,
+) -> None:
+    """Close the held session, or with a key pause it to disk (closing it if that fails)."""
     while holder:
-        await holder.pop().close()
+        session = holder.pop()
+        if session.closed:
+            continue
+        if saved is None:
+            await session.close()
+            continue
+        try:
+            await saved.save(scheduler, key, session)
+        except SandboxError:
+            await session.close()
 
 
-def _close_quietly(runner: Runner, holder: list[SandboxSession]) -> None:
-    if not holder:
+def _end_quietly(
+    runner: Runner, holder: list[SandboxSession], saved: SavedSessions | None, key: str
+) -> None:
+    if all(session.closed for session in holder):
         return
     try:
-        runner.run(lambda _s: _close_all(holder))
+        runner.run(lambda s: _end_sessions(s, holder, saved, key))
     except Exception:
         pass

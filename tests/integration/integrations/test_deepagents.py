@@ -7,6 +7,7 @@ transfers), and the glob/write contract it follows (langchain-tests' rather than
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from typing import Any
 
@@ -281,3 +282,21 @@ def test_transfers_are_batched_not_per_file() -> None:
         assert counted.calls == ["exec", "read_file", "exec"]
     finally:
         backend.close()
+
+
+def test_a_keyed_backend_dropped_without_close_is_paused_not_destroyed() -> None:
+    key = f"thread-{uuid.uuid4().hex}"
+    first = ExecSandboxBackend(session_key=key)
+    assert first.execute("echo kept > /tmp/dropped.txt && export MARK=yes").exit_code == 0
+    del first
+    gc.collect()
+    second = ExecSandboxBackend(session_key=key)
+    try:
+        result = second.execute("cat /tmp/dropped.txt; echo $MARK")
+        assert result.output.split() == ["kept", "yes"]
+    finally:
+        saved = second._saved
+        second._saved = None  # end it for good
+        second.close()
+        assert saved is not None
+        second._runner.run(lambda s: _forget(saved, s, key))
