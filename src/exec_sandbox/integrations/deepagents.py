@@ -7,18 +7,12 @@ order; a timeout gives exit code 124 (like coreutils `timeout`); output beyond `
 is cut and flagged `truncated=True`. File transfers take absolute paths, report one result per
 path in input order, never raise, create missing parent directories and are binary-safe.
 
-glob and write follow langchain's standard sandbox suite (langchain-tests), which deepagents 0.7's
-BaseSandbox no longer does: glob returns paths relative to the search root, directories
-included; write refuses a file that exists. `file_contract="deepagents"` keeps BaseSandbox's
-versions (absolute glob paths, write overwrites): deepagents' permission `deny` rules and
-CompositeBackend route prefixes only work on absolute glob paths. docs/integrations.md says more.
-
-File transfers are batched (_sandbox_files.py): a few guest round trips per call, not per
-file.
-
-A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
-with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
-guest round trips per call, not per file.
+glob and write follow deepagents' BaseSandbox (`file_contract="deepagents"`, the default): glob
+returns absolute paths of files, which deepagents' permission `deny` rules and CompositeBackend
+route prefixes rely on; write creates or overwrites. `file_contract="standard"` follows
+langchain's standard sandbox suite (langchain-tests 1.1.9) where it disagrees: glob paths relative
+to the search root, directories included; write refuses a file that exists. docs/integrations.md
+says more.
 
 A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
 with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
@@ -93,9 +87,9 @@ class ExecSandboxBackend(BaseSandbox):
     scheduler's `session_idle_timeout_seconds`, and the shared scheduler kills what is left at
     exit. A closed backend opens a fresh VM on its next call.
 
-    `file_contract="standard"` (default): glob and write as langchain-tests pins them (relative
-    glob paths with directories, write refuses an existing file); `"deepagents"`: BaseSandbox's
-    own glob and write, for agents with permission deny rules or CompositeBackend routes.
+    `file_contract="deepagents"` (default): BaseSandbox's own glob (absolute file paths) and
+    write (creates or overwrites); `"standard"`: glob and write as langchain-tests pins them
+    (relative glob paths with directories, write refuses an existing file).
 
     With a `session_key`, close() pauses the VM to disk and a later backend with the same key
     resumes it; a keyed backend dropped without close() is paused the same way when it is
@@ -109,7 +103,7 @@ class ExecSandboxBackend(BaseSandbox):
         timeout_seconds: int = 120,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         memory_mb: int = DEFAULT_MEMORY_MB,
-        file_contract: FileContract = "standard",
+        file_contract: FileContract = "deepagents",
         packages: Sequence[str] | None = None,
         session_key: str | None = None,
         allow_network: bool = False,
@@ -299,7 +293,7 @@ class ExecSandboxBackend(BaseSandbox):
                 out.append(None if entry is None else (None, entry))
         return out
 
-    # --- glob and write (the standard suite's contract) ---
+    # --- glob and write (the BaseSandbox contract, or langchain-tests' with "standard") ---
 
     def glob(self, pattern: str, path: str | None = None) -> GlobResult:
         if self._contract == "deepagents":

@@ -1,8 +1,8 @@
 """Deep Agents: create_deep_agent with ExecSandboxBackend and a scripted model; its file and
 shell tools act in a real VM and the results reach the model's next turn. Plus the backend's
-own contract points the standard suite does not pin down (timeout 124, truncation, batched
-transfers), and the glob/write contract it follows (langchain-tests' rather than deepagents
-0.7's BaseSandbox)."""
+own contract points the standard suite does not pin down (timeout 124 and the clamp to our
+limit, truncation, batched transfers, a keyed backend paused when dropped), and both glob/write
+contracts: deepagents' BaseSandbox (the default) and langchain-tests' ("standard")."""
 
 from __future__ import annotations
 
@@ -43,15 +43,15 @@ async def test_deep_agent_writes_globs_and_executes_in_the_vm() -> None:
         responses=[
             _call(
                 "write_file",
-                {
-                    "file_path": "/tmp/work/calc.py",
-                    "content": "import os\nprint(os.uname().nodename, os.getuid(), 6 * 7)\n",
-                },
+                {"file_path": "/tmp/work/calc.py", "content": "print('first draft')\n"},
                 "c1",
             ),
             _call(
                 "write_file",
-                {"file_path": "/tmp/work/calc.py", "content": "print('clobbered')\n"},
+                {
+                    "file_path": "/tmp/work/calc.py",
+                    "content": "import os\nprint(os.uname().nodename, os.getuid(), 6 * 7)\n",
+                },
                 "c2",
             ),
             _call("glob", {"pattern": "*.py", "path": "/tmp/work"}, "c3"),
@@ -67,14 +67,12 @@ async def test_deep_agent_writes_globs_and_executes_in_the_vm() -> None:
     finally:
         await backend.aclose()
     assert "Updated file /tmp/work/calc.py" in str(_last_tool_message(model, 1).content)
-    # The second write_file is refused and the model is told why and what to do instead.
-    refused = _last_tool_message(model, 2)
-    assert refused.status == "error" and "already exists" in str(refused.content)
-    assert "edit_file" in str(refused.content)
-    # glob answers relative to the search root it was given.
-    assert str(_last_tool_message(model, 3).content) == "['calc.py']"
+    # BaseSandbox's write: the second write_file overwrites.
+    assert "Updated file /tmp/work/calc.py" in str(_last_tool_message(model, 2).content)
+    # BaseSandbox's glob: absolute paths of files.
+    assert str(_last_tool_message(model, 3).content) == "['/tmp/work/calc.py']"
     ran = str(_last_tool_message(model, 4).content)
-    assert GUEST_PROOF_OUTPUT in ran and "clobbered" not in ran
+    assert GUEST_PROOF_OUTPUT in ran and "first draft" not in ran
     assert "124" in str(_last_tool_message(model, 5).content)
     last = str(_last_tool_message(model, 6).content)
     assert "partial" in last and "5" in last
@@ -87,7 +85,7 @@ def _paths(result: GlobResult) -> list[tuple[str, bool]]:
 
 
 def test_standard_contract_glob_is_relative_with_directories_and_write_never_overwrites() -> None:
-    backend = ExecSandboxBackend()
+    backend = ExecSandboxBackend(file_contract="standard")
     try:
         for path in ("/tmp/g/a.py", "/tmp/g/sub/b.py", "/tmp/g/.hidden.py", "/tmp/g/.dot/c.py"):
             assert backend.write(path, "x = 1\n").error is None
@@ -119,13 +117,18 @@ def test_standard_contract_glob_is_relative_with_directories_and_write_never_ove
         backend.close()
 
 
-async def test_deepagents_contract_keeps_base_sandbox_glob_and_write() -> None:
-    backend = ExecSandboxBackend(file_contract="deepagents")
+async def test_default_contract_is_base_sandbox_glob_and_write() -> None:
+    backend = ExecSandboxBackend()
     try:
         assert (await backend.awrite("/tmp/d/a.py", "x = 1\n")).error is None
         assert (await backend.awrite("/tmp/d/a.py", "x = 2\n")).error is None
         assert (await backend.aexecute("cat /tmp/d/a.py")).output == "x = 2\n"
-        assert _paths(await backend.aglob("*.py", path="/tmp/d")) == [("/tmp/d/a.py", False)]
+        assert (await backend.awrite("/tmp/d/sub/b.py", "y\n")).error is None
+        # Absolute paths, files only (the directory sub is never a match).
+        both = [("/tmp/d/a.py", False), ("/tmp/d/sub/b.py", False)]
+        assert _paths(await backend.aglob("**/*.py", path="/tmp/d")) == both
+        assert _paths(await backend.aglob("*", path="/tmp/d")) == both
+        assert _paths(backend.glob("sub/*.py", path="/tmp/d")) == [("/tmp/d/sub/b.py", False)]
     finally:
         await backend.aclose()
     with pytest.raises(ValueError, match="file_contract"):
