@@ -102,6 +102,23 @@ static size_t read_qname(const uint8_t *q, size_t qn, char *name, size_t *name_l
 	return off;
 }
 
+bool sbx_dns_refused_name(const struct sbx_net_config *cfg, const uint8_t *q, size_t qn,
+			  char *name, size_t *name_len)
+{
+	if (qn < HEADER || qn > SBX_DNS_MSG_MAX || !(cfg->flags & SBX_NET_CONFIG_OUTBOUND))
+		return false;
+	uint16_t flags = get16(q + 2);
+	if ((flags & FLAG_QR) || ((flags >> 11) & 0xF) || get16(q + 4) != 1 || get16(q + 6) != 0 ||
+	    get16(q + 8) != 0 || get16(q + 10) > 1)
+		return false;
+	bool valid;
+	size_t off = read_qname(q, qn, name, name_len, &valid);
+	if (off == 0 || qn - off < 4 || off + 16 > SBX_DNS_MSG_MAX || !valid ||
+	    get16(q + off + 2) != SBX_DNS_CLASS_IN)
+		return false;
+	return !sbx_net_name_allowed(cfg, (const uint8_t *)name, *name_len);
+}
+
 size_t sbx_dns_answer(const struct sbx_net_config *cfg, struct sbx_name_table *t,
 		      const uint8_t *q, size_t qn, uint8_t *out, size_t cap, int *new_entry)
 {

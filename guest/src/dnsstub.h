@@ -53,5 +53,10 @@ int sbx_name_table_get(struct sbx_name_table *t, const char *name, size_t n, boo
  * when nothing should be sent. *new_entry: the table index a name was just given, else -1. */
 size_t sbx_dns_answer(const struct sbx_net_config *cfg, struct sbx_name_table *t,
 		      const uint8_t *q, size_t qn, uint8_t *out, size_t cap, int *new_entry);
+/* Whether sbx_dns_answer refuses query q (qn bytes) because its name, one the net port could
+ * carry, is not allowed (outbound on, class IN, NXDOMAIN for the policy alone): then the name is
+ * in name (SBX_NET_NAME_MAX + 1 bytes), *name_len bytes, for the host's log (NET_REFUSED). */
+bool sbx_dns_refused_name(const struct sbx_net_config *cfg, const uint8_t *q, size_t qn,
+			  char *name, size_t *name_len);
 
 #endif /* SBX_DNSSTUB_H */

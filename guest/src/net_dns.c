@@ -52,5 +52,9 @@ void sbx_net_dns_serve(struct sbx_net *n)
 			sbx_net_listen_open(n, (uint32_t)entry);
 		if (len)
 			sendto(n->dns_fd, reply, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
+		char name[SBX_NET_NAME_MAX + 1];
+		size_t name_len;
+		if (len && sbx_dns_refused_name(&n->cfg, q, qn, name, &name_len))
+			sbx_net_report_refusal(n, SBX_NET_REFUSAL_NAME, 0, name, name_len);
 	}
 }

@@ -677,6 +677,69 @@ int sbx_net_stream_open(struct sbx_net *n, int fd, uint32_t port, const char *na
 	return 0;
 }
 
+/* --- refusals for the host's log ------------------------------------------------------------- */
+
+/* Reports wait behind this much unsent port output at most: they never hold up the streams. */
+#define REPORT_OUT_MAX (64u * 1024u)
+
+static void send_refused(struct sbx_net *n, uint32_t what, uint32_t port, uint32_t count,
+			 const char *subject, size_t len)
+{
+	uint32_t head[3] = {what, port, count};
+	size_t start;
+	int rc = sbx_frame_begin(&n->out, SBX_NET_MSG_REFUSED, 0, &start);
+	for (size_t i = 0; rc == 0 && i < 3; i++)
+		rc = sbx_put_u32(&n->out, head[i]);
+	if (rc == 0)
+		rc = sbx_put_str(&n->out, subject, len);
+	if (rc == 0)
+		rc = sbx_frame_end(&n->out, start, SBX_NET_FRAME_MAX);
+	if (rc < 0)
+		n->out.len = start;
+}
+
+void sbx_net_report_refusal(struct sbx_net *n, uint32_t what, uint32_t port, const char *subject,
+			    size_t len)
+{
+	struct sbx_refusal_reports *r = &n->reports;
+	const uint64_t period = 1000000000u / SBX_NET_REPORTS_PER_SECOND;
+	uint64_t now = sbx_now_ns();
+	/* FNV-1a over what, port and subject: enough to tell repeats apart. */
+	uint64_t hash = 1469598103934665603u ^ what ^ ((uint64_t)port << 8);
+	for (size_t i = 0; i < len; i++)
+		hash = (hash ^ (uint8_t)subject[i]) * 1099511628211u;
+	for (uint32_t i = 0; i < SBX_NET_REPORTS_RECENT; i++)
+		if (r->recent[i].hash == hash && now - r->recent[i].at_ns < 1000000000u)
+			return; /* the same attempt again: one entry says it */
+	r->recent[r->recent_pos].hash = hash;
+	r->recent[r->recent_pos].at_ns = now;
+	r->recent_pos = (r->recent_pos + 1) % SBX_NET_REPORTS_RECENT;
+	if (r->refill_ns == 0) {
+		r->tokens = SBX_NET_REPORTS_BURST;
+		r->refill_ns = now;
+	} else if (now - r->refill_ns >= period) {
+		uint64_t add = (now - r->refill_ns) / period;
+		r->tokens = (uint32_t)(add >= SBX_NET_REPORTS_BURST - r->tokens ? SBX_NET_REPORTS_BURST
+										 : r->tokens + add);
+		r->refill_ns += add * period;
+	}
+	if (n->broken || r->tokens == 0 || out_pending(n) > REPORT_OUT_MAX) {
+		r->dropped++;
+		return;
+	}
+	r->tokens--;
+	if (r->dropped > 0) {
+		send_refused(n, SBX_NET_REFUSAL_DROPPED, 0,
+			     (uint32_t)(r->dropped > SBX_NET_REFUSAL_COUNT_MAX
+						? SBX_NET_REFUSAL_COUNT_MAX
+						: r->dropped),
+			     "", 0);
+		r->dropped = 0;
+	}
+	send_refused(n, what, port, 1, subject, len);
+	port_flush(n);
+}
+
 /* --- configuration --------------------------------------------------------------------------- */
 
 __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, int rc,

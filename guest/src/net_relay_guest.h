@@ -86,6 +86,23 @@ struct sbx_net_stream {
 	uint32_t events;        /* the epoll mask in force */
 };
 
+/* What the guest refused itself, told the host (NET_REFUSED) within a rate limit: a burst of
+ * SBX_NET_REPORTS_BURST, then SBX_NET_REPORTS_PER_SECOND; a report identical to one of the last
+ * SBX_NET_REPORTS_RECENT is not sent again within a second (a resolver asks A and AAAA, retries);
+ * those left out are counted and sent as one REFUSAL_DROPPED with the next one let through. */
+#define SBX_NET_REPORTS_BURST 16u
+#define SBX_NET_REPORTS_PER_SECOND 4u
+#define SBX_NET_REPORTS_RECENT 8u
+struct sbx_refusal_reports {
+	uint32_t tokens;
+	uint64_t refill_ns;
+	uint64_t dropped;
+	struct {
+		uint64_t hash, at_ns;
+	} recent[SBX_NET_REPORTS_RECENT];
+	uint32_t recent_pos;
+};
+
 struct sbx_net {
 	bool configured;
 	bool broken; /* the host broke the net port's framing: no more reading */
@@ -103,6 +120,7 @@ struct sbx_net {
 	uint32_t next_id;
 	uint32_t read_from; /* the slot after the last extra read: where the next turn starts */
 	struct sbx_net_stream streams[SBX_NET_STREAMS_MAX];
+	struct sbx_refusal_reports reports;
 };
 
 void sbx_net_init(struct sbx_net *n);
@@ -123,5 +141,10 @@ void sbx_net_handle(struct sbx_net *n);
  * (every stream slot taken): nothing was sent, the caller keeps fd. */
 int sbx_net_stream_open(struct sbx_net *n, int fd, uint32_t port, const char *name,
 			size_t name_len);
+/* An attempt the guest refused itself (what: enum sbx_net_refusal but DROPPED; subject len bytes:
+ * a name, or an address in dotted-quad form), for the host's log, within the rate limit above and
+ * only while the port is not backed up. */
+void sbx_net_report_refusal(struct sbx_net *n, uint32_t what, uint32_t port, const char *subject,
+			    size_t len);
 
 #endif /* SBX_NET_RELAY_GUEST_H */

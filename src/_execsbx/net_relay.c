@@ -22,6 +22,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cleanup.h"
@@ -89,6 +90,11 @@ struct relay {
 	uint32_t next_host_id;
 	uint32_t recent[RECENT_IDS]; /* guest may still send CREDIT/CLOSE for these */
 	unsigned recent_pos;
+	/* NET_REFUSED reports: a token bucket (SBX_NET_RELAY_REFUSALS_*), refilled by the clock,
+	 * and what it left out, told Python with the next one let through. */
+	uint32_t refusal_tokens;
+	uint64_t refusal_refill_ns;
+	uint64_t refusals_dropped;
 };
 
 struct sbx_net_ring {
@@ -527,6 +533,56 @@ static void on_close(struct relay *rl, struct stream *s, const struct sbx_net_fr
 	finish_guest_close(s, f->value);
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A NET_REFUSED: an event for the log, within the relay's own bound whatever the guest sends
+ * (dropped ones are counted and reported as one REFUSAL_DROPPED with the next let through). */
+static void on_refused(struct relay *rl, const struct sbx_net_frame *f)
+{
+	const uint64_t period = 1000000000u / SBX_NET_RELAY_REFUSALS_PER_SECOND;
+	uint64_t now = now_ns();
+	if (rl->refusal_refill_ns == 0) {
+		rl->refusal_tokens = SBX_NET_RELAY_REFUSALS_BURST;
+		rl->refusal_refill_ns = now;
+	} else if (now - rl->refusal_refill_ns >= period) {
+		uint64_t add = (now - rl->refusal_refill_ns) / period;
+		rl->refusal_tokens = (uint32_t)(add >= SBX_NET_RELAY_REFUSALS_BURST - rl->refusal_tokens
+						    ? SBX_NET_RELAY_REFUSALS_BURST
+						    : rl->refusal_tokens + add);
+		rl->refusal_refill_ns += add * period;
+	}
+	uint64_t count = f->count;
+	if (rl->refusal_tokens == 0) {
+		rl->refusals_dropped += count;
+		return;
+	}
+	rl->refusal_tokens--;
+	if (f->value == SBX_NET_REFUSAL_DROPPED) {
+		count += rl->refusals_dropped;
+		rl->refusals_dropped = 0;
+	} else if (rl->refusals_dropped > 0) {
+		struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_GUEST_REFUSED, rl->id, 0);
+		if (!ev)
+			return;
+		ev->status = SBX_NET_REFUSAL_DROPPED;
+		ev->count = rl->refusals_dropped;
+		rl->refusals_dropped = 0;
+	}
+	struct sbx_net_event *ev = push_event(rl->ring, SBX_NET_EV_GUEST_REFUSED, rl->id, 0);
+	if (ev) {
+		ev->status = f->value;
+		ev->port = f->port;
+		ev->count = count;
+		memcpy(ev->text, f->data, f->len);
+		ev->text[f->len] = '\0';
+	}
+}
+
 static void on_frame(struct relay *rl, const struct sbx_frame *fr)
 {
 	struct sbx_net_frame f;
@@ -537,6 +593,10 @@ static void on_frame(struct relay *rl, const struct sbx_frame *fr)
 	}
 	if (f.type == SBX_NET_MSG_OPEN) {
 		on_open(rl, &f);
+		return;
+	}
+	if (f.type == SBX_NET_MSG_REFUSED) {
+		on_refused(rl, &f);
 		return;
 	}
 	struct stream *s = find_stream(rl, f.stream);

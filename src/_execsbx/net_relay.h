@@ -42,17 +42,28 @@ enum sbx_net_event_kind {
 	SBX_NET_EV_REFUSED = 6,     /* stream, port, name, status: an OPEN the relay refused itself
 				     * (SBX_NET_TOO_MANY: host streams fill the table); already
 				     * answered, the stream never existed: for the log only */
+	SBX_NET_EV_GUEST_REFUSED = 7, /* port, status (enum sbx_net_refusal), count, text (the
+				       * subject): an attempt the guest refused itself and reported
+				       * (NET_REFUSED), for the log only; stream 0 */
 };
+
+/* Per relay, NET_REFUSED reports turned into events: a burst of this many, then this many a
+ * second; the rest is counted and reported as one REFUSAL_DROPPED event. */
+#define SBX_NET_RELAY_REFUSALS_BURST 64u
+#define SBX_NET_RELAY_REFUSALS_PER_SECOND 16u
 
 struct sbx_net_event {
 	enum sbx_net_event_kind kind;
 	uint32_t relay;
 	uint32_t stream;
 	uint32_t port;   /* OPEN, REFUSED */
-	uint32_t status; /* CONNECTED, REFUSED: enum sbx_net_status; CLOSED: 1 if reset, 0 if done */
+	uint32_t status; /* CONNECTED, REFUSED: enum sbx_net_status; CLOSED: 1 if reset, 0 if done;
+			  * GUEST_REFUSED: enum sbx_net_refusal */
+	uint64_t count;  /* GUEST_REFUSED: the attempts it stands for */
 	uint64_t bytes_to_guest;
 	uint64_t bytes_from_guest;
-	char text[SBX_NET_NAME_MAX + 1]; /* OPEN, REFUSED: the name; VIOLATION: why (NUL-terminated) */
+	char text[SBX_NET_NAME_MAX + 1]; /* OPEN, REFUSED: the name; GUEST_REFUSED: the subject;
+					  * VIOLATION: why (NUL-terminated) */
 };
 
 struct sbx_net_ring;

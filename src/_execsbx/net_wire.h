@@ -12,10 +12,15 @@
 #include "sbx_err.h"
 
 struct sbx_net_frame {
-	uint8_t type;      /* SBX_NET_MSG_OPEN, _CONNECTED, _DATA, _CREDIT, _SHUTDOWN or _CLOSE */
-	uint32_t stream;   /* never 0; OPEN: bit 31 clear; CONNECTED: bit 31 set */
-	uint32_t value;    /* OPEN: port; CONNECTED: status; CREDIT: bytes; CLOSE: close code */
-	const uint8_t *data; /* OPEN: the name; DATA: the bytes (both point into the frame) */
+	uint8_t type;      /* SBX_NET_MSG_OPEN, _CONNECTED, _REFUSED, _DATA, _CREDIT, _SHUTDOWN
+			    * or _CLOSE */
+	uint32_t stream;   /* never 0 (but REFUSED: always 0); OPEN: bit 31 clear; CONNECTED: set */
+	uint32_t value;    /* OPEN: port; CONNECTED: status; CREDIT: bytes; CLOSE: close code;
+			    * REFUSED: what (enum sbx_net_refusal) */
+	uint32_t port;     /* REFUSED: the port (0 when it has none) */
+	uint32_t count;    /* REFUSED: how many attempts it stands for */
+	const uint8_t *data; /* OPEN: the name; DATA: the bytes; REFUSED: the subject (all point
+			      * into the frame) */
 	uint32_t len;
 };
 
@@ -26,5 +31,9 @@ int sbx_net_decode(const struct sbx_frame *f, struct sbx_net_frame *out, struct 
 /* 1 if name is a name the guest may send in OPEN: 1..SBX_NET_NAME_MAX bytes of lowercase ASCII
  * letters, digits, '-' and '.', not starting or ending with '.', no empty label. */
 int sbx_net_name_ok(const uint8_t *name, uint32_t len);
+
+/* 1 if text is an IPv4 address in dotted-quad form (four decimal numbers 0..255 without leading
+ * zeros): at most SBX_NET_ADDRESS_TEXT_MAX bytes. */
+int sbx_net_address_ok(const uint8_t *text, uint32_t len);
 
 #endif /* SBX_NET_WIRE_H */

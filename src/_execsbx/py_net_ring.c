@@ -94,6 +94,13 @@ static PyStructSequence_Field refused_fields[] = {
 	KIND_FIELD, RELAY_FIELD, STREAM_FIELD,
 	{"name", "the name the guest wanted (str)"}, {"port", "the port it wanted"},
 	{"status", "the refusal the relay answered (TOO_MANY)"}, {NULL, NULL}};
+static PyStructSequence_Field guest_refused_fields[] = {
+	KIND_FIELD, RELAY_FIELD,
+	{"what", "'name' (its DNS stub refused it), 'address' (a connection to an address no "
+		 "allowed name was given) or 'dropped' (reports left out by a rate limit)"},
+	{"subject", "the name or the address (str; empty for 'dropped')"},
+	{"port", "the port (0 for 'name' and 'dropped')"},
+	{"attempts", "how many attempts it stands for (1 but for 'dropped')"}, {NULL, NULL}};
 static PyStructSequence_Field relay_end_fields[] = {
 	KIND_FIELD, RELAY_FIELD, {"reason", "why the relay is dead (str)"}, {NULL, NULL}};
 
@@ -115,6 +122,10 @@ static PyStructSequence_Desc net_event_descs[SBX_PY_NET_EVENT_TYPES] = {
 				      "An OPEN the relay refused itself ('refused'): already "
 				      "answered, for the log only.",
 				      refused_fields, 6},
+	[SBX_PY_NET_GUEST_REFUSED_EVENT] = {"exec_sandbox._execsbx.NetGuestRefusedEvent",
+					    "An attempt the guest refused itself and reported "
+					    "('guest_refused'): the guest's word, for the log only.",
+					    guest_refused_fields, 6},
 };
 
 static PyObject *net_event_value(const sbx_module_state *st, const struct sbx_net_event *ev)
@@ -146,6 +157,21 @@ static PyObject *net_event_value(const sbx_module_state *st, const struct sbx_ne
 				     PyLong_FromUnsignedLong(ev->port),
 				     PyLong_FromUnsignedLong(ev->status)};
 		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_REFUSED_EVENT], 6, items);
+	}
+	case SBX_NET_EV_GUEST_REFUSED: {
+		Py_XDECREF(stream);
+		static const char *const what[] = {[SBX_NET_REFUSAL_NAME] = "name",
+						   [SBX_NET_REFUSAL_ADDRESS] = "address",
+						   [SBX_NET_REFUSAL_DROPPED] = "dropped"};
+		PyObject *items[] = {PyUnicode_FromString("guest_refused"), relay,
+				     PyUnicode_FromString(ev->status <= SBX_NET_REFUSAL_MAX
+							      ? what[ev->status]
+							      : "dropped"),
+				     PyUnicode_FromString(ev->text),
+				     PyLong_FromUnsignedLong(ev->port),
+				     PyLong_FromUnsignedLongLong(ev->count)};
+		return sbx_py_struct_new(st->net_event_types[SBX_PY_NET_GUEST_REFUSED_EVENT], 6,
+					 items);
 	}
 	case SBX_NET_EV_VIOLATION:
 	case SBX_NET_EV_PORT_CLOSED: {
@@ -328,7 +354,8 @@ static PyMethodDef net_ring_methods[] = {
 	 "fileno() -> int: the eventfd, readable when completions wait: call run() then"},
 	{"run", (PyCFunction)net_ring_run, METH_NOARGS,
 	 "run() -> list[NetEvent]: handle every completion; the events that resulted:\n"
-	 "NetOpenEvent, NetConnectedEvent, NetClosedEvent, NetRefusedEvent, NetRelayEndEvent"},
+	 "NetOpenEvent, NetConnectedEvent, NetClosedEvent, NetRefusedEvent,\n"
+	 "NetGuestRefusedEvent, NetRelayEndEvent"},
 	{"add_relay", (PyCFunction)net_ring_add_relay, METH_O,
 	 "add_relay(port_fd) -> int: relay a VM's network port (the fd is duplicated)"},
 	{"close_relay", (PyCFunction)net_ring_close_relay, METH_O,

@@ -302,6 +302,21 @@ class NetRefusedEvent(tuple[str, int, int, str, int, int]):
     def status(self) -> int: ...
 
 @final
+class NetGuestRefusedEvent(tuple[str, int, str, str, int, int]):
+    @property
+    def kind(self) -> Literal["guest_refused"]: ...
+    @property
+    def relay(self) -> int: ...
+    @property
+    def what(self) -> Literal["name", "address", "dropped"]: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+
+@final
 class NetRelayEndEvent(tuple[str, int, str]):
     @property
     def kind(self) -> Literal["violation", "port_closed"]: ...
@@ -311,7 +326,12 @@ class NetRelayEndEvent(tuple[str, int, str]):
     def reason(self) -> str: ...
 
 NetEvent: TypeAlias = (
-    NetOpenEvent | NetConnectedEvent | NetClosedEvent | NetRefusedEvent | NetRelayEndEvent
+    NetOpenEvent
+    | NetConnectedEvent
+    | NetClosedEvent
+    | NetRefusedEvent
+    | NetGuestRefusedEvent
+    | NetRelayEndEvent
 )
 
 class NetRing:

@@ -103,7 +103,12 @@ class NetworkConnection:
     addresses: what the host resolved the name to (outbound); bytes_sent: guest -> peer;
     (both byte counts are known once the stream has ended: see still_open);
     bytes_received: peer -> guest; duration_ms: from the request to the end of the stream (or
-    the refusal); started_at: time.time() of the request."""
+    the refusal); started_at: time.time() of the request.
+
+    reported_by_guest: the guest refused the attempt itself and reported it (a name outside
+    allowed_domains its DNS stub answered NXDOMAIN: port 0). Nothing reached the host; the entry is the guest's word, which a compromised guest may leave
+    out or make up, bounded in number and rate (docs/security.md). Such reports left out by a
+    rate limit are one entry with name "" and the count in its reason."""
 
     direction: Literal["outbound", "inbound"]
     name: str
@@ -116,6 +121,7 @@ class NetworkConnection:
     duration_ms: int = 0
     started_at: float = 0.0
     still_open: bool = False  # the stream was still open when the log was read (bytes: 0 so far)
+    reported_by_guest: bool = False
 
 
 @dataclass(frozen=True)

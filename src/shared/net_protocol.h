@@ -73,6 +73,11 @@ enum sbx_net_msg {
 	SBX_NET_MSG_OPEN = 48,      /* u32 port (1..65535), str name (1..SBX_NET_NAME_MAX, lowercase
 				     * ASCII letters, digits, '-', '.'). id: a new guest stream id. */
 	SBX_NET_MSG_CONNECTED = 49, /* u32 status (enum sbx_net_status): answers NET_CONNECT */
+	SBX_NET_MSG_REFUSED = 50,   /* an attempt the guest refused itself, for the host's log: u32
+				     * what (enum sbx_net_refusal), u32 port, u32 count, str subject
+				     * (see the enum). id: 0 (no stream). The guest sends at most a
+				     * few per second (the rest as one REFUSAL_DROPPED); the host
+				     * bounds them again, since a guest can send anything. */
 	/* host -> guest, on the net port (112..127) */
 	SBX_NET_MSG_OPENED = 112,   /* u32 status (enum sbx_net_status), str reason (<= MESSAGE_MAX;
 				     * empty when OK). Answers NET_OPEN. */
@@ -97,6 +102,20 @@ enum sbx_net_status {
 	SBX_NET_TOO_MANY = 5,        /* the per-VM stream limit was reached */
 };
 #define SBX_NET_STATUS_MAX SBX_NET_TOO_MANY
+
+/* What a NET_REFUSED reports. The guest's word: nothing of it is checked beyond its format. */
+enum sbx_net_refusal {
+	SBX_NET_REFUSAL_NAME = 0,    /* its DNS stub answered NXDOMAIN for a name not allowed:
+				      * subject the name (a NET_OPEN name), port 0, count 1 */
+	SBX_NET_REFUSAL_ADDRESS = 1, /* a connection to an IPv4 address no allowed name was given
+				      * (an IP literal, an unassigned synthetic address) was reset:
+				      * subject the address (dotted quad), port 1..65535, count 1 */
+	SBX_NET_REFUSAL_DROPPED = 2, /* count (1..SBX_NET_REFUSAL_COUNT_MAX) reports the guest's
+				      * rate limit left out; subject empty, port 0 */
+};
+#define SBX_NET_REFUSAL_MAX SBX_NET_REFUSAL_DROPPED
+#define SBX_NET_REFUSAL_COUNT_MAX 1000000000u
+#define SBX_NET_ADDRESS_TEXT_MAX 15u /* "255.255.255.255" */
 
 enum sbx_net_close {
 	SBX_NET_CLOSE_DONE = 0,

@@ -58,6 +58,18 @@ static void drain_events(uint32_t relay)
 							    sv[0], &E);
 				REQUIRE(rc == 0 || rc == -ENOENT);
 			}
+		} else if (ev.kind == SBX_NET_EV_GUEST_REFUSED) {
+			/* Only what the decoder let through, summed within its bound. */
+			size_t n = strlen(ev.text);
+			REQUIRE(ev.stream == 0 && ev.count >= 1);
+			if (ev.status == SBX_NET_REFUSAL_NAME)
+				REQUIRE(ev.port == 0 && ev.count == 1 &&
+					sbx_net_name_ok((const uint8_t *)ev.text, (uint32_t)n));
+			else if (ev.status == SBX_NET_REFUSAL_ADDRESS)
+				REQUIRE(ev.port >= 1 && ev.port <= 65535 && ev.count == 1 &&
+					sbx_net_address_ok((const uint8_t *)ev.text, (uint32_t)n));
+			else
+				REQUIRE(ev.status == SBX_NET_REFUSAL_DROPPED && ev.port == 0 && n == 0);
 		}
 	}
 }

@@ -6,7 +6,7 @@ import struct
 import sys
 from pathlib import Path
 
-OPEN, CONNECTED, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 120, 121, 122, 123
+OPEN, CONNECTED, REFUSED, DATA, CREDIT, SHUTDOWN, CLOSE = 48, 49, 50, 120, 121, 122, 123
 # The window fuzz_net_relay is built with (tests/c/Makefile), and the largest NET_DATA.
 FUZZ_NET_WINDOW, DATA_MAX = 128 * 1024, 60 * 1024
 
@@ -21,6 +21,10 @@ def u32(v: int) -> bytes:
 
 def open_(stream: int, name: bytes, port: int) -> bytes:
     return frame(OPEN, stream, u32(port) + u32(len(name)) + name)
+
+
+def refused(what: int, port: int, count: int, subject: bytes) -> bytes:
+    return frame(REFUSED, 0, u32(what) + u32(port) + u32(count) + u32(len(subject)) + subject)
 
 
 SEEDS = {
@@ -42,6 +46,13 @@ SEEDS = {
     # NET_OPENED (112): a type only the host sends, coming from the guest.
     "opened_from_guest": frame(112, 1, u32(0) + u32(0)),
     "max_frame": frame(DATA, 1, b"q" * 65536),
+    # What the guest refused itself: a name, an address, a count its rate limit left out; then
+    # more than the relay's burst (the rest is counted).
+    "refused": refused(0, 0, 1, b"blocked.example")
+    + refused(1, 443, 1, b"8.8.8.8")
+    + refused(2, 0, 7, b"")
+    + open_(1, b"a.example", 80),
+    "refused_flood": refused(1, 80, 1, b"198.19.0.9") * 80,
 }
 
 

@@ -320,6 +320,30 @@ static void test_dns(void)
 	CHECK(rcode(r) == 0 && r[n - 1] == 1);
 }
 
+/* The names the stub refuses for the policy alone are the ones reported to the host. */
+static void test_dns_refused_names(void)
+{
+	struct sbx_net_config c = {.flags = SBX_NET_CONFIG_OUTBOUND, .name_count = 1};
+	c.names[0] = (const uint8_t *)"allowed.test";
+	c.name_len[0] = 12;
+	uint8_t q[600];
+	char name[SBX_NET_NAME_MAX + 1];
+	size_t len;
+	size_t qn = query(q, "Blocked.Example", SBX_DNS_TYPE_AAAA, 0x0100, 1);
+	CHECK(sbx_dns_refused_name(&c, q, qn, name, &len));
+	CHECK(len == 15 && strcmp(name, "blocked.example") == 0);
+	qn = query(q, "www.allowed.test", SBX_DNS_TYPE_A, 0x0100, 1);
+	CHECK(!sbx_dns_refused_name(&c, q, qn, name, &len)); /* allowed */
+	qn = query(q, "bad_name.example", SBX_DNS_TYPE_A, 0x0100, 1);
+	CHECK(!sbx_dns_refused_name(&c, q, qn, name, &len)); /* not a name the port carries */
+	qn = query(q, "blocked.example", SBX_DNS_TYPE_A, 0x8100, 1);
+	CHECK(!sbx_dns_refused_name(&c, q, qn, name, &len)); /* a response */
+	qn = query(q, "blocked.example", SBX_DNS_TYPE_A, 0x0100, 1);
+	CHECK(!sbx_dns_refused_name(&c, q, qn - 1, name, &len)); /* truncated */
+	c.flags = 0;
+	CHECK(!sbx_dns_refused_name(&c, q, qn, name, &len)); /* no outbound: nothing to report */
+}
+
 int main(void)
 {
 	RUN(test_names);
@@ -327,5 +351,6 @@ int main(void)
 	RUN(test_allowed);
 	RUN(test_host_frames);
 	RUN(test_dns);
+	RUN(test_dns_refused_names);
 	TEST_MAIN_END("test_guest_net");
 }

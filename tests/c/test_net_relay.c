@@ -602,6 +602,119 @@ static void test_decoder_refusals_say_why(void)
 	CHECK(out.value == 80 && out.len == 1 && out.data[0] == 'a');
 }
 
+/* A NET_REFUSED payload: what, port, count, subject. */
+static size_t refused_payload(uint8_t *p, uint32_t what, uint32_t port, uint32_t count,
+			      const char *subject)
+{
+	uint32_t v[4] = {what, port, count, (uint32_t)strlen(subject)};
+	memcpy(p, v, sizeof(v)); /* little-endian host: the tests' builds are x86_64 */
+	memcpy(p + sizeof(v), subject, strlen(subject));
+	return sizeof(v) + strlen(subject);
+}
+
+static void test_guest_refusals_are_decoded_strictly(void)
+{
+	static const struct {
+		uint32_t id, what, port, count;
+		const char *subject;
+		int rc;
+		const char *says;
+	} cases[] = {
+		{0, SBX_NET_REFUSAL_NAME, 0, 1, "blocked.example", 0, ""},
+		{0, SBX_NET_REFUSAL_ADDRESS, 443, 1, "8.8.8.8", 0, ""},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "198.19.255.254", 0, ""},
+		{0, SBX_NET_REFUSAL_DROPPED, 0, 12, "", 0, ""},
+		{7, SBX_NET_REFUSAL_NAME, 0, 1, "a.example", -EPROTO, "REFUSED with stream id 7"},
+		{0, 3, 0, 1, "a.example", -EPROTO, "what 3 unknown"},
+		{0, SBX_NET_REFUSAL_NAME, 80, 1, "a.example", -EPROTO, "name malformed"},
+		{0, SBX_NET_REFUSAL_NAME, 0, 2, "a.example", -EPROTO, "name malformed"},
+		{0, SBX_NET_REFUSAL_NAME, 0, 1, "A.example", -EPROTO, "name malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 0, 1, "8.8.8.8", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 70000, 1, "8.8.8.8", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "8.8.8", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "8.8.8.256", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "8.8.8.08", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "8.8.8.8.", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_ADDRESS, 80, 1, "a.example", -EPROTO, "address malformed"},
+		{0, SBX_NET_REFUSAL_DROPPED, 0, 0, "", -EPROTO, "dropped count malformed"},
+		{0, SBX_NET_REFUSAL_DROPPED, 0, 5, "x", -EPROTO, "dropped count malformed"},
+		{0, SBX_NET_REFUSAL_DROPPED, 0, SBX_NET_REFUSAL_COUNT_MAX + 1, "", -EPROTO,
+		 "dropped count malformed"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint8_t p[64];
+		size_t n = refused_payload(p, cases[i].what, cases[i].port, cases[i].count,
+					   cases[i].subject);
+		struct sbx_frame f = {SBX_NET_MSG_REFUSED, cases[i].id, p, (uint32_t)n};
+		struct sbx_net_frame out;
+		struct sbx_err err = {0};
+		CHECK_EQ(sbx_net_decode(&f, &out, &err), cases[i].rc);
+		if (cases[i].rc == 0) {
+			CHECK(out.value == cases[i].what && out.port == cases[i].port &&
+			      out.count == cases[i].count && out.len == strlen(cases[i].subject));
+			/* One byte more is a trailing byte; one less a truncated subject. */
+			f.payload_len = (uint32_t)n + 1;
+			CHECK_EQ(sbx_net_decode(&f, &out, &err), -EPROTO);
+			if (n > 16) {
+				f.payload_len = (uint32_t)n - 1;
+				CHECK_EQ(sbx_net_decode(&f, &out, &err), -EPROTO);
+			}
+		} else if (!strstr(err.msg, cases[i].says)) {
+			fprintf(stderr, "case %zu: \"%s\" does not say \"%s\"\n", i, err.msg,
+				cases[i].says);
+			CHECK(0);
+		}
+	}
+}
+
+static void test_guest_refusals_are_events_within_the_relays_bound(void)
+{
+	struct guest g;
+	uint32_t relay = start(&g);
+	uint8_t p[64];
+	struct sbx_net_event ev;
+	guest_send(&g, SBX_NET_MSG_REFUSED, 0, p,
+		   refused_payload(p, SBX_NET_REFUSAL_ADDRESS, 443, 1, "8.8.8.8"));
+	pump();
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK(ev.kind == SBX_NET_EV_GUEST_REFUSED && ev.relay == relay && ev.stream == 0);
+	CHECK(ev.status == SBX_NET_REFUSAL_ADDRESS && ev.port == 443 && ev.count == 1);
+	CHECK(strcmp(ev.text, "8.8.8.8") == 0);
+	CHECK_EQ(next_event(&ev), 0);
+	/* A guest that ignores its own rate limit: the burst passes, the rest is counted, and told
+	 * with the next report let through once the bucket refills. */
+	unsigned flood = SBX_NET_RELAY_REFUSALS_BURST + 40;
+	for (unsigned i = 0; i < flood; i++)
+		guest_send(&g, SBX_NET_MSG_REFUSED, 0, p,
+			   refused_payload(p, SBX_NET_REFUSAL_NAME, 0, 1, "x.example"));
+	pump();
+	unsigned events = 0;
+	while (next_event(&ev) == 1) {
+		CHECK(ev.kind == SBX_NET_EV_GUEST_REFUSED && ev.status == SBX_NET_REFUSAL_NAME);
+		events++;
+	}
+	/* The rest of the burst, and what the clock refilled meanwhile (a few ms: none or one). */
+	CHECK(events >= SBX_NET_RELAY_REFUSALS_BURST - 1 && events < flood);
+	usleep(2 * 1000000 / SBX_NET_RELAY_REFUSALS_PER_SECOND);
+	guest_send(&g, SBX_NET_MSG_REFUSED, 0, p,
+		   refused_payload(p, SBX_NET_REFUSAL_DROPPED, 0, 5, ""));
+	pump();
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK(ev.kind == SBX_NET_EV_GUEST_REFUSED && ev.status == SBX_NET_REFUSAL_DROPPED);
+	CHECK_EQ(ev.count, flood - events + 5);
+	CHECK_EQ(next_event(&ev), 0);
+	guest_send(&g, SBX_NET_MSG_REFUSED, 0, p,
+		   refused_payload(p, SBX_NET_REFUSAL_NAME, 0, 1, "y.example"));
+	pump();
+	CHECK_EQ(next_event(&ev), 1);
+	CHECK(ev.status == SBX_NET_REFUSAL_NAME && strcmp(ev.text, "y.example") == 0);
+	/* A malformed one is a violation like any bad frame. */
+	guest_send(&g, SBX_NET_MSG_REFUSED, 0, p,
+		   refused_payload(p, SBX_NET_REFUSAL_NAME, 0, 1, "Y.example"));
+	expect_violation(&g, "REFUSED name malformed");
+	stop(&g);
+}
+
 /* What the relay's calls refuse, each with its code and an explanation (py_errors.c turns them
  * into the Python exceptions NetRing documents). */
 static void test_calls_explain_their_refusals(void)
@@ -655,6 +768,8 @@ int main(void)
 	RUN(test_port_eof_is_reported_and_close_frees_everything);
 	RUN(test_bulk_transfer_respects_windows);
 	RUN(test_decoder_refusals_say_why);
+	RUN(test_guest_refusals_are_decoded_strictly);
+	RUN(test_guest_refusals_are_events_within_the_relays_bound);
 	RUN(test_calls_explain_their_refusals);
 	TEST_MAIN_END("test_net_relay");
 }

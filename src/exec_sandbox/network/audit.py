@@ -26,6 +26,7 @@ class PendingConnection:
     bytes_sent: int = 0
     bytes_received: int = 0
     ended_mono: float | None = None
+    reported_by_guest: bool = False
 
     def finish(self, still_open: bool = False) -> NetworkConnection:
         end = self.ended_mono if self.ended_mono is not None else time.monotonic()
@@ -41,4 +42,5 @@ class PendingConnection:
             duration_ms=max(0, round((end - self.started_mono) * 1000)),
             started_at=self.started_at,
             still_open=still_open,
+            reported_by_guest=self.reported_by_guest,
         )

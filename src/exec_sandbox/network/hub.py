@@ -8,6 +8,7 @@ import asyncio
 import errno
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from ..models import ExposedPort, NetworkConnection
 from ..vm.binding import (
     NetClosedEvent,
     NetConnectedEvent,
+    NetGuestRefusedEvent,
     NetOpenEvent,
     NetRefusedEvent,
     NetRelayEndEvent,
@@ -32,6 +34,14 @@ log = logging.getLogger(__name__)
 # Inbound (the host cannot open one more stream) and outbound (the relay refused the guest's OPEN
 # with TOO_MANY) alike: streams of both directions share the per-VM table (net_protocol.h).
 TOO_MANY_REASON = "the VM has the most streams open (both directions together)"
+# Entries a VM's guest may add to its log by its reports (NET_REFUSED); the relay already bounds
+# their rate, this their number over a long session. Beyond it they are only counted.
+GUEST_REPORTS_MAX = 1000
+GUEST_REFUSAL_REASONS = {
+    "name": "refused by the guest: the name is not in allowed_domains (its DNS stub said NXDOMAIN)",
+    "address": "refused by the guest: no allowed name has this address (an IP literal or an"
+    " unassigned synthetic address)",
+}
 
 
 class NetworkHub:
@@ -100,6 +110,8 @@ class VmNetwork:
         self._tasks: set[asyncio.Task[None]] = set()
         self._listeners: list[tuple[socket.socket, int]] = []
         self._closed = False
+        self._guest_reports = 0
+        self._guest_dropped: tuple[int, PendingConnection] | None = None  # (index in _log, entry)
 
     @property
     def log(self) -> list[NetworkConnection]:
@@ -188,10 +200,31 @@ class VmNetwork:
                 if event.status == p.TOO_MANY
                 else f"refused by the relay (status {event.status})",
             )
+        elif isinstance(event, NetGuestRefusedEvent):
+            self._guest_refused(event)
         elif isinstance(event, NetRelayEndEvent) and event.kind == "violation":
             log.warning("VM network protocol violation: %s", event.reason)
             self._on_violation(event.reason)
         # "port_closed": the VM is going away; its close() tidies up.
+
+    def _guest_refused(self, event: NetGuestRefusedEvent) -> None:
+        """An attempt the guest refused itself: logged as it says (up to GUEST_REPORTS_MAX), the
+        rest counted into one entry kept up to date."""
+        if event.what != "dropped" and self._guest_reports < GUEST_REPORTS_MAX:
+            self._guest_reports += 1
+            rec = PendingConnection("outbound", event.subject, event.port, reported_by_guest=True)
+            self._log_refused(rec, GUEST_REFUSAL_REASONS[event.what])
+            return
+        dropped = event.attempts
+        if self._guest_dropped is None:
+            rec = PendingConnection("outbound", "", 0, reported_by_guest=True)
+            self._guest_dropped = (len(self._log), rec)
+            self._log.append(rec.finish())
+        index, rec = self._guest_dropped
+        dropped += int(rec.reason.split(" ", 1)[0]) if rec.reason else 0
+        rec.reason = f"{dropped} more attempts refused by the guest were not logged (rate limit)"
+        rec.started_at = time.time()
+        self._log[index] = rec.finish()
 
     def _log_refused(self, rec: PendingConnection, reason: str) -> None:
         """Log an attempt that ends without carrying a byte (refused or turned away)."""

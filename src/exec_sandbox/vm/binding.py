@@ -79,6 +79,7 @@ FILE_ERR_REFUSED = int(_execsbx.FILE_ERR_REFUSED)
 NetRing = _execsbx.NetRing
 from .._execsbx import NetClosedEvent as NetClosedEvent  # noqa: E402
 from .._execsbx import NetConnectedEvent as NetConnectedEvent  # noqa: E402
+from .._execsbx import NetGuestRefusedEvent as NetGuestRefusedEvent  # noqa: E402
 from .._execsbx import NetOpenEvent as NetOpenEvent  # noqa: E402
 from .._execsbx import NetRefusedEvent as NetRefusedEvent  # noqa: E402
 from .._execsbx import NetRelayEndEvent as NetRelayEndEvent  # noqa: E402

@@ -142,3 +142,24 @@ async def test_open_into_a_full_stream_table_is_logged_as_refused(net_scheduler:
             assert (await session.exec("print('still here')")).stdout == "still here\n"
         finally:
             writer.close()
+
+
+def refused_frame(what: int, port: int, count: int, subject: str) -> bytes:
+    return frame(50, 0, struct.pack("<IIII", what, port, count, len(subject)) + subject.encode())
+
+
+async def test_a_flood_of_refusal_reports_is_bounded(net_scheduler: Scheduler) -> None:
+    """A guest ignoring its own rate limit on NET_REFUSED: the relay lets a burst through and
+    counts the rest, told as one entry; the VM lives (a well-formed report is no violation)."""
+    async with await net_scheduler.session(allow_network=True) as session:
+        inject(session, b"".join(refused_frame(0, 0, 1, f"n{i}.example") for i in range(300)))
+        await asyncio.sleep(0.5)
+        inject(session, refused_frame(2, 0, 5, ""))
+        await wait_for(lambda: any(e.name == "" for e in session.network_log))
+        reported = [e for e in session.network_log if e.reported_by_guest]
+        assert 64 <= len(reported) < 120, len(reported)
+        assert all(not e.allowed and e.direction == "outbound" for e in reported)
+        (summary,) = [e for e in reported if e.name == ""]
+        dropped = int(summary.reason.split(" ", 1)[0])
+        assert dropped + len(reported) - 1 == 300 + 5, summary
+        assert (await session.exec("print('alive')")).stdout == "alive\n"

@@ -44,6 +44,22 @@ async def test_a_name_outside_allowed_domains_is_not_reached(net_scheduler: Sche
     assert all(e.name != "web.test" or not e.allowed for e in result.network_log)
 
 
+async def test_names_the_guest_refuses_are_reported_by_the_guest(net_scheduler: Scheduler) -> None:
+    # Refused by the guest's own DNS stub: no stream, nothing asked of the host; the guest's
+    # report is what puts the attempt in the log, marked as its word.
+    result = await net_scheduler.run(
+        fetch("http://blocked.example/") + fetch("http://web.test/hello"),
+        allow_network=True,
+        allowed_domains=["web.test"],
+    )
+    assert result.stdout.startswith("FAILED"), result.stdout
+    (entry,) = [e for e in result.network_log if e.name == "blocked.example"]
+    assert (entry.direction, entry.port, entry.allowed) == ("outbound", 0, False), entry
+    assert entry.reported_by_guest and "allowed_domains" in entry.reason, entry
+    allowed = [e for e in result.network_log if e.name == "web.test"]
+    assert allowed and not any(e.reported_by_guest for e in allowed), result.network_log
+
+
 async def test_a_lookalike_name_is_not_a_subdomain(net_scheduler: Scheduler) -> None:
     result = await net_scheduler.run(
         fetch("http://xweb.test/hello"), allow_network=True, allowed_domains=["web.test"]
