@@ -76,7 +76,10 @@ class _RecordingScheduler:
         async def exec(code: str) -> object:
             return SimpleNamespace(stdout="ran\n", stderr="", exit_code=0)
 
-        return SimpleNamespace(closed=False, exec=exec)
+        async def close() -> None:
+            pass
+
+        return SimpleNamespace(closed=False, exec=exec, close=close)
 
 
 @pytest.mark.parametrize("kind", ["sync", "async", "session"])
@@ -94,7 +97,10 @@ async def test_codeact_eval_functions_pass_the_network_to_the_vm_call(kind: str)
         out = await afn("print(1)", {})
     else:
         evaluator = codeact.ExecSandboxSessionEval(sched, **network)  # type: ignore[arg-type]
-        out = await evaluator.aeval("print(1)", {})
+        # Outside a LangGraph run: a session of its own, and a note saying so.
+        text, new_vars = await evaluator.aeval("print(1)", {})
+        out = (text.split("\n")[-1], new_vars)
+        assert text.startswith("[sandbox note: no LangGraph thread_id")
     assert out == ("ran", {})
     ((call, kwargs),) = sched.calls
     assert call == ("session" if kind == "session" else "run")

@@ -27,9 +27,10 @@ LanguageName = Literal["python", "javascript", "raw"]
 LANGUAGES: tuple[str, ...] = get_args(LanguageName)
 
 
-def result_text(result: ExecutionResult) -> str:
-    """What a model reads: stdout, then stderr, then the exit code when it is not 0."""
-    parts = []
+def result_text(result: ExecutionResult, note: str = "") -> str:
+    """What a model reads: a sandbox note if any (ended_note, alone_note), stdout, then stderr,
+    then the exit code when it is not 0."""
+    parts = [note] if note else []
     if result.stdout:
         parts.append(result.stdout.rstrip("\n"))
     if result.stderr:
@@ -37,6 +38,32 @@ def result_text(result: ExecutionResult) -> str:
     if result.exit_code != 0:
         parts.append(f"exit code: {result.exit_code}")
     return "\n".join(parts) if parts else "(no output)"
+
+
+def ended_note(previous: SandboxSession, *, resumed: bool) -> str:
+    """What the model is told when the session behind its key ended since its last call (idle
+    timeout, VM crash, OOM) and the call ran in another: without it the model would take the
+    missing variables for a bug in its own code."""
+    # Session and ClusterSession record why they closed, outside the protocol.
+    reason = getattr(previous, "_close_reason", "") or "it was closed"
+    if resumed:
+        return (
+            f"[sandbox note: the previous session ended ({reason}); this call ran in the "
+            "sandbox as it was last saved, so changes made after that are gone]"
+        )
+    return (
+        f"[sandbox note: the previous session ended ({reason}); this call ran in a new one, so "
+        "variables and files from earlier calls are gone]"
+    )
+
+
+def alone_note(missing: str) -> str:
+    """What the model is told when its call had no conversation key: it ran in a sandbox of its
+    own rather than in one shared by every caller without a key."""
+    return (
+        f"[sandbox note: no {missing} was given, so this call ran in a sandbox of its own, now "
+        "gone; nothing from it persists to the next call]"
+    )
 
 
 def result_artifact(result: ExecutionResult) -> dict[str, Any]:
@@ -158,24 +185,56 @@ class SessionPool:
         self.network = network_options(allow_network, allowed_domains)
         self._sessions: dict[str, SandboxSession] = {}
         self._opening: dict[str, asyncio.Lock] = {}
+        # Per key, the note for the next result when its session ended behind the model's back.
+        self._notes: dict[str, str] = {}
 
     async def get(self, scheduler: SandboxScheduler, key: str) -> SandboxSession:
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._sessions.get(key)
-            if (session is None or session.closed) and self._saved is not None:
+            if session is not None and not session.closed:
+                return session
+            # Sessions we close are dropped from _sessions: a closed one here ended on its own.
+            ended = session
+            session = None
+            if self._saved is not None:
                 session = await self._saved.resume(scheduler, key)
-                if session is not None:
-                    self._sessions[key] = session
-            if session is None or session.closed:
-                session = await scheduler.session(
-                    language=self.language,  # type: ignore[arg-type]
-                    timeout_seconds=self.timeout_seconds,
-                    packages=self.packages,
-                    **self.network,
-                )
-                self._sessions[key] = session
+            if session is None:
+                session = await self.open(scheduler)
+            elif ended is not None:
+                self._notes[key] = ended_note(ended, resumed=True)
+            if ended is not None and key not in self._notes:
+                self._notes[key] = ended_note(ended, resumed=False)
+            self._sessions[key] = session
             return session
+
+    async def open(self, scheduler: SandboxScheduler) -> SandboxSession:
+        """A new session with the pool's settings, kept under no key."""
+        return await scheduler.session(
+            language=self.language,  # type: ignore[arg-type]
+            timeout_seconds=self.timeout_seconds,
+            packages=self.packages,
+            **self.network,
+        )
+
+    def take_note(self, key: str) -> str:
+        """The note owed to the key's next result (ended_note), once; "" when there is none."""
+        return self._notes.pop(key, "")
+
+    async def exec(
+        self, scheduler: SandboxScheduler, key: str | None, code: str, *, missing: str
+    ) -> tuple[ExecutionResult, str]:
+        """Run code in the key's session; the result and the note the model should read with it.
+        Without a key (`missing` names it) the code runs in a session of its own, closed after:
+        callers without a key never share one VM."""
+        if key is None:
+            session = await self.open(scheduler)
+            try:
+                return await session.exec(code), alone_note(missing)
+            finally:
+                await session.close()
+        session = await self.get(scheduler, key)
+        return await session.exec(code), self.take_note(key)
 
     def keys(self) -> list[str]:
         return [key for key, session in self._sessions.items() if not session.closed]

@@ -92,17 +92,17 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
     ) -> CodeExecutionResult:
         key = request.execution_id if self.stateful and request.execution_id else None
         try:
+            note = ""
             if key is not None:
                 session = await self._pool.get(scheduler, key)
+                note = self._pool.take_note(key)
             else:
-                session = await scheduler.session(
-                    language="python",
-                    timeout_seconds=self.timeout_seconds,
-                    packages=self.packages,
-                    **self._pool.network,
-                )
+                session = await self._pool.open(scheduler)
             try:
-                return await _run(session, request)
+                result = await _run(session, request)
+                if note:  # ADK shows the model stdout: the note goes first
+                    result.stdout = f"{note}\n{result.stdout}"
+                return result
             finally:
                 if key is None:
                     await session.close()

@@ -104,7 +104,8 @@ class ExecSandboxSessionEval:
     variables, imports and files persist across the turns of that thread.
 
     Pass `.eval` (sync) or `.aeval` (async) as create_codeact's eval_fn; `close()` destroys the
-    VMs. Abandoned ones close after the scheduler's idle timeout, or at exit.
+    VMs. Abandoned ones close after the scheduler's idle timeout, or at exit. A call without a
+    thread id runs in a VM of its own, closed after it; the output says so.
     """
 
     def __init__(
@@ -128,19 +129,24 @@ class ExecSandboxSessionEval:
 
     def eval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         key = _thread_id()
-        return _output(lambda: self._pool.runner.run(lambda s: self._exec(s, key, code))), {}
+        try:
+            result, note = self._pool.runner.run(lambda s: self._exec(s, key, code))
+        except SandboxError as exc:
+            return f"Error: {type(exc).__name__}: {exc}", {}
+        return result_text(result, note), {}
 
     async def aeval(self, code: str, _locals: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         key = _thread_id()
         try:
-            result = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
+            result, note = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}", {}
-        return result_text(result), {}
+        return result_text(result, note), {}
 
-    async def _exec(self, scheduler: SandboxScheduler, key: str, code: str) -> ExecutionResult:
-        session = await self._pool.get(scheduler, key)
-        return await session.exec(code)
+    async def _exec(
+        self, scheduler: SandboxScheduler, key: str | None, code: str
+    ) -> tuple[ExecutionResult, str]:
+        return await self._pool.exec(scheduler, key, code, missing="LangGraph thread_id")
 
     @property
     def thread_ids(self) -> list[str]:
@@ -153,15 +159,17 @@ class ExecSandboxSessionEval:
         await self._pool.aclose(thread_id)
 
 
-def _thread_id() -> str:
-    """The thread of the LangGraph run calling us, or "default" outside one."""
+def _thread_id() -> str | None:
+    """The thread of the LangGraph run calling us, or None (outside a run, or a run without a
+    thread id): such a call gets a VM of its own, never one shared by all callers without one."""
     try:
         from langgraph.config import get_config
 
         configurable = get_config().get("configurable") or {}
     except (ImportError, RuntimeError):
-        return "default"
-    return str(configurable.get("thread_id") or "default")
+        return None
+    thread = configurable.get("thread_id")
+    return None if thread is None or thread == "" else str(thread)
 
 
 def _close_quietly(pool: SessionPool) -> None:

@@ -22,11 +22,14 @@ guest round trips per call, not per file.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import inspect
 import shlex
 import uuid
 import weakref
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from deepagents.backends.protocol import (
     ExecuteResponse,
@@ -41,7 +44,7 @@ from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
 from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
 from ._bridge import Runner
-from ._common import SavedSessions, network_options
+from ._common import SavedSessions, ended_note, network_options
 from ._sandbox_files import (
     download_command,
     parse_download_report,
@@ -133,6 +136,8 @@ class ExecSandboxBackend(BaseSandbox):
         self._max_output = max_output_bytes
         self._id = f"exec-sandbox-{uuid.uuid4().hex[:12]}"
         self._holder: list[SandboxSession] = []
+        # Owed to the model's next execute() when the session ended behind its back (ended_note).
+        self._note = ""
         # Concurrent first calls (deepagents runs tools in parallel) must share one session: without
         # it each would open its own and all but the last would leak until their idle timeout.
         self._opening = asyncio.Lock()
@@ -147,13 +152,16 @@ class ExecSandboxBackend(BaseSandbox):
     # --- execute ---
 
     def execute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
-        return self._runner.run(lambda s: self._execute(s, command, timeout))
+        # Read here, in the caller's context: the work runs on another loop's thread.
+        for_model = not _IN_FILE_OP.get()
+        return self._runner.run(lambda s: self._execute(s, command, timeout, for_model))
 
     async def aexecute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
-        return await self._runner.arun(lambda s: self._execute(s, command, timeout))
+        for_model = not _IN_FILE_OP.get()
+        return await self._runner.arun(lambda s: self._execute(s, command, timeout, for_model))
 
     async def _execute(
-        self, scheduler: SandboxScheduler, command: str, timeout: int | None
+        self, scheduler: SandboxScheduler, command: str, timeout: int | None, for_model: bool
     ) -> ExecuteResponse:
         if not command.strip():
             return ExecuteResponse(output="Error: the command is empty", exit_code=2)
@@ -187,8 +195,14 @@ class ExecSandboxBackend(BaseSandbox):
         except SandboxError as exc:
             return ExecuteResponse(output=f"Error: {type(exc).__name__}: {exc}", exit_code=None)
         output = "".join(chunks) + note
+        if for_model and self._note:
+            # Before the output, where BaseSandbox's own parsers never see it.
+            output, self._note = f"{self._note}\n{output}", ""
         if result.exit_code == -1:
-            output += f"\nError: the command timed out after {seconds} seconds"
+            output += (
+                f"\nError: the command timed out after {seconds} seconds; the shell was reset, "
+                "so its working directory and environment variables are back to their defaults"
+            )
             return ExecuteResponse(output=output, exit_code=TIMEOUT_EXIT_CODE, truncated=truncated)
         return ExecuteResponse(output=output, exit_code=result.exit_code, truncated=truncated)
 
@@ -353,11 +367,17 @@ class ExecSandboxBackend(BaseSandbox):
         async with self._opening:
             if self._holder and not self._holder[0].closed:
                 return self._holder[0]
+            # close() empties the holder: a closed session still in it ended on its own.
+            ended = self._holder[0] if self._holder else None
             if self._saved is not None:
                 resumed = await self._saved.resume(scheduler, self._key)
                 if resumed is not None:
                     self._holder[:] = [resumed]
+                    if ended is not None:
+                        self._note = ended_note(ended, resumed=True)
                     return resumed
+            if ended is not None:
+                self._note = ended_note(ended, resumed=False)
             session = await scheduler.session(
                 language="raw",
                 timeout_seconds=self._timeout,
@@ -384,6 +404,43 @@ class ExecSandboxBackend(BaseSandbox):
 
     async def _end(self, scheduler: SandboxScheduler) -> None:
         await _end_sessions(scheduler, self._holder, self._saved, self._key)
+
+
+# Set while one of BaseSandbox's file operations runs: the commands they send through execute()
+# have their output parsed, so a note for the model must wait for the model's own execute().
+_IN_FILE_OP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_file_op", default=False)
+_FILE_OPS = (
+    "ls", "als", "read", "aread", "write", "awrite", "edit", "aedit",
+    "delete", "adelete", "grep", "agrep", "glob", "aglob",
+)  # fmt: skip
+
+
+def _as_file_op(method: Callable[..., Any]) -> Callable[..., Any]:
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def async_op(*args: Any, **kwargs: Any) -> Any:
+            token = _IN_FILE_OP.set(True)
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                _IN_FILE_OP.reset(token)
+
+        return async_op
+
+    @functools.wraps(method)
+    def op(*args: Any, **kwargs: Any) -> Any:
+        token = _IN_FILE_OP.set(True)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            _IN_FILE_OP.reset(token)
+
+    return op
+
+
+for _name in _FILE_OPS:
+    setattr(ExecSandboxBackend, _name, _as_file_op(getattr(ExecSandboxBackend, _name)))
 
 
 def _command_timeout(default: int, asked: int | None) -> tuple[int, str]:

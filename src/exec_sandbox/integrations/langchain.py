@@ -31,8 +31,6 @@ from ._common import (
     result_text,
 )
 
-_DEFAULT_THREAD = "default"
-
 
 class ExecSandboxInput(BaseModel):
     code: str = Field(description="The source code to run.")
@@ -75,8 +73,11 @@ def _checked_language(language: str) -> str:
     return language
 
 
-def _as_tool_output(result: ExecutionResult) -> tuple[str, dict[str, Any]]:
-    return result_text(result), result_artifact(result)
+def _as_tool_output(result: ExecutionResult, note: str = "") -> tuple[str, dict[str, Any]]:
+    artifact = result_artifact(result)
+    if note:
+        artifact["sandbox_note"] = note
+    return result_text(result, note), artifact
 
 
 class ExecSandboxTool(_SandboxToolBase):
@@ -179,10 +180,10 @@ class ExecSandboxSessionTool(_SandboxToolBase):
     ) -> tuple[str, dict[str, Any]]:
         key = _thread_id(config)
         try:
-            result = self._pool.runner.run(lambda s: self._exec(s, key, code))
+            result, note = self._pool.runner.run(lambda s: self._exec(s, key, code))
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
-        return _as_tool_output(result)
+        return _as_tool_output(result, note)
 
     async def _arun(
         self,
@@ -192,14 +193,15 @@ class ExecSandboxSessionTool(_SandboxToolBase):
     ) -> tuple[str, dict[str, Any]]:
         key = _thread_id(config)
         try:
-            result = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
+            result, note = await self._pool.runner.arun(lambda s: self._exec(s, key, code))
         except SandboxError as exc:
             raise ToolException(f"{type(exc).__name__}: {exc}") from exc
-        return _as_tool_output(result)
+        return _as_tool_output(result, note)
 
-    async def _exec(self, scheduler: SandboxScheduler, key: str, code: str) -> ExecutionResult:
-        session = await self._pool.get(scheduler, key)
-        return await session.exec(code)
+    async def _exec(
+        self, scheduler: SandboxScheduler, key: str | None, code: str
+    ) -> tuple[ExecutionResult, str]:
+        return await self._pool.exec(scheduler, key, code, missing="thread_id in the run's config")
 
     def close(self, thread_id: str | None = None) -> None:
         """Destroy one thread's VM, or all of them."""
@@ -209,9 +211,13 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         await self._pool.aclose(thread_id)
 
 
-def _thread_id(config: RunnableConfig | None) -> str:
+def _thread_id(config: RunnableConfig | None) -> str | None:
+    """The conversation's key, or None: a call without a thread id runs in a VM of its own
+    (LangGraph keeps no state across runs without one either), never in one shared by every
+    caller that gave none."""
     configurable = (config or {}).get("configurable") or {}
-    return str(configurable.get("thread_id") or _DEFAULT_THREAD)
+    thread = configurable.get("thread_id")
+    return None if thread is None or thread == "" else str(thread)
 
 
 def _close_quietly(pool: SessionPool) -> None:

@@ -49,14 +49,13 @@ class ExecSandboxCodeExecutor:
     async def execute(self, code: str) -> str:
         """Run code in the persistent sandbox session and return what it printed."""
         try:
-            result = await self._pool.runner.arun(lambda s: self._exec(s, code))
+            result, note = await self._pool.runner.arun(lambda s: self._exec(s, code))
         except SandboxError as exc:
             return f"Error: {type(exc).__name__}: {exc}"
-        return result_text(result)
+        return result_text(result, note)
 
-    async def _exec(self, scheduler: SandboxScheduler, code: str) -> ExecutionResult:
-        session = await self._pool.get(scheduler, _KEY)
-        return await session.exec(code)
+    async def _exec(self, scheduler: SandboxScheduler, code: str) -> tuple[ExecutionResult, str]:
+        return await self._pool.exec(scheduler, _KEY, code, missing="key")
 
     def close(self) -> None:
         self._pool.close()
