@@ -236,6 +236,10 @@ class SessionPool:
         session = await self.get(scheduler, key)
         return await session.exec(code), self.take_note(key)
 
+    def sessions(self) -> list[SandboxSession]:
+        """The live sessions, of every key."""
+        return [session for session in self._sessions.values() if not session.closed]
+
     def keys(self) -> list[str]:
         return [key for key, session in self._sessions.items() if not session.closed]
 

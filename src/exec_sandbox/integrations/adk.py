@@ -4,14 +4,17 @@ ADK calls `execute_code` synchronously, possibly from inside its running event l
 is sent to the shared background scheduler's own loop thread, so the caller's loop is never
 re-entered (no deadlock). With `stateful=True`, one VM per `execution_id` keeps variables between
 calls; otherwise each call gets a fresh VM. `input_files` are written into the guest home before
-the code runs; files that appear in the home or its subdirectories during the run come back as
-`output_files` (named by their path under the home; bounded, see `_new_files`); stderr is
+the code runs, each only when the VM does not already hold that content (ADK resends them all on
+every call); files the run creates or changes in the home or its subdirectories come back as
+`output_files` (named by their path under the home; bounded, see `_changed_files`); stderr is
 reported only when the code failed (ADK counts any stderr as an error and retries).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import mimetypes
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -39,10 +42,15 @@ if TYPE_CHECKING:
 MAX_OUTPUT_FILE_BYTES = 32 * 1024 * 1024
 MAX_OUTPUT_FILES = 64
 MAX_OUTPUT_TOTAL_BYTES = 64 * 1024 * 1024
-# The search for new files: one guest round trip per directory, so bounded in directories and
-# depth; dot-directories and __pycache__ (tool caches, not results) are not entered.
+# The search for new and changed files (one guest round trip before the run and one after) is
+# bounded in directories, depth and files; dot-directories and __pycache__ (tool caches, not
+# results) are not entered.
 MAX_SCANNED_DIRS = 256
 MAX_SCAN_DEPTH = 8
+MAX_SCANNED_FILES = 4096
+# An input file written to a session: the digest of the content written, and the file's
+# (size, mtime_ns) in the VM right after.
+_Written = tuple[str, tuple[int, int] | None]
 
 
 class ExecSandboxCodeExecutor(BaseCodeExecutor):
@@ -62,6 +70,8 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
     allow_network: bool = False
     allowed_domains: list[str] | None = None
     _pool: SessionPool = PrivateAttr()
+    # Per session id: the input files written to it (_run), so unchanged ones are not resent.
+    _written: dict[str, dict[str, _Written]] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
@@ -99,7 +109,7 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
             else:
                 session = await self._pool.open(scheduler)
             try:
-                result = await _run(session, request)
+                result = await _run(session, request, self._written_to(session))
                 if note:  # ADK shows the model stdout: the note goes first
                     result.stdout = f"{note}\n{result.stdout}"
                 return result
@@ -109,22 +119,46 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
         except SandboxError as exc:
             return CodeExecutionResult(stderr=f"{type(exc).__name__}: {exc}", exit_code=None)
 
+    def _written_to(self, session: SandboxSession) -> dict[str, _Written]:
+        live = {s.session_id for s in self._pool.sessions()}
+        for gone in [i for i in self._written if i not in live]:
+            del self._written[gone]  # sessions that ended: their files are gone with them
+        return self._written.setdefault(session.session_id, {})
+
     def close(self, execution_id: str | None = None) -> None:
         """Destroy the VM of one execution id, or all of them (with persist_sessions: pause them
         to disk instead, to be resumed by the next call with that id)."""
         self._pool.close(execution_id)
 
 
-async def _run(session: SandboxSession, request: CodeExecutionInput) -> CodeExecutionResult:
-    for file in request.input_files:
-        await session.write_file(file.name, _file_bytes(file.content))
+async def _run(
+    session: SandboxSession, request: CodeExecutionInput, written: dict[str, _Written]
+) -> CodeExecutionResult:
+    """Write the input files the VM does not already hold, run the code, and return the files
+    it created or changed. `written`: per input file name, the digest last written and the file's
+    (size, mtime) right after, for this session."""
     before = await _scan(session)
+    fresh = []
+    for file in request.input_files:
+        data = _file_bytes(file.content)
+        digest = hashlib.sha256(data).hexdigest()
+        record = written.get(file.name)
+        # ADK passes every input file on every call: rewrite one only when it is new, its
+        # content changed, or the code changed or removed the VM's copy since it was written.
+        if record is not None and record == (digest, before.get(file.name)):
+            continue
+        await session.write_file(file.name, data)
+        fresh.append((file.name, digest))
+    if fresh:
+        before = await _scan(session)
+        for name, digest in fresh:
+            written[name] = (digest, before.get(name))
     result = await session.exec(request.code)
-    outputs, left_out = await _new_files(session, before)
+    outputs, left_out = await _changed_files(session, before, await _scan(session))
     stdout = result.stdout
     if left_out:
         stdout += (
-            f"\n[exec-sandbox: {len(left_out)} new file(s) not returned (limits: "
+            f"\n[exec-sandbox: {len(left_out)} new or changed file(s) not returned (limits: "
             f"{MAX_OUTPUT_FILES} files, {MAX_OUTPUT_FILE_BYTES >> 20} MiB each, "
             f"{MAX_OUTPUT_TOTAL_BYTES >> 20} MiB in all): {', '.join(left_out[:10])}]\n"
         )
@@ -136,34 +170,87 @@ async def _run(session: SandboxSession, request: CodeExecutionInput) -> CodeExec
     )
 
 
-async def _scan(session: SandboxSession) -> dict[str, int]:
-    """Files under the home, path -> size, breadth first within the scan bounds."""
-    found: dict[str, int] = {}
-    pending, scanned = [("", 0)], 0
-    while pending and scanned < MAX_SCANNED_DIRS:
-        directory, depth = pending.pop(0)
-        scanned += 1
-        for entry in await session.list_files(directory):
-            if entry.name in ("", ".", "..") or "/" in entry.name:
-                continue  # not a name a well-behaved guest reports
-            path = f"{directory}/{entry.name}" if directory else entry.name
-            if not entry.is_dir:
-                found[path] = entry.size
-            elif depth < MAX_SCAN_DEPTH and not _is_cache_dir(entry.name):
-                pending.append((path, depth + 1))
+# Lists the home in one round trip: run in the session's interpreter in a namespace of its own
+# (the user's variables are neither read nor changed). Prints one marked JSON line: path ->
+# [size, mtime_ns] for regular files, within the scan bounds.
+_SCAN_MARK = "@@exec-sandbox-scan@@ "
+_SCAN_SOURCE = f"""
+import json, os, sys
+root = "/home/user"
+found, pending, scanned = {{}}, [("", 0)], 0
+while pending and scanned < {MAX_SCANNED_DIRS} and len(found) < {MAX_SCANNED_FILES}:
+    rel, depth = pending.pop(0)
+    scanned += 1
+    try:
+        entries = sorted(os.scandir(os.path.join(root, rel)), key=lambda e: e.name)
+    except OSError:
+        continue
+    for entry in entries:
+        path = rel + "/" + entry.name if rel else entry.name
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if depth < {MAX_SCAN_DEPTH} and not (
+                    entry.name.startswith(".") or entry.name == "__pycache__"
+                ):
+                    pending.append((path, depth + 1))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                found[path] = [st.st_size, st.st_mtime_ns]
+        except OSError:
+            pass
+sys.stdout.write("\\n" + {_SCAN_MARK!r} + json.dumps(found) + "\\n")
+sys.stdout.flush()
+"""
+_SCAN_CODE = f"exec({_SCAN_SOURCE!r}, {{'__name__': '__exec_sandbox_scan__'}})"
+
+
+async def _scan(session: SandboxSession) -> dict[str, tuple[int, int]]:
+    """Files under the home, path -> (size, mtime_ns), breadth first within the scan bounds.
+    The guest's answer is untrusted: anything malformed is left out."""
+    result = await session.exec(_SCAN_CODE)
+    line = next((x for x in reversed(result.stdout.splitlines()) if x.startswith(_SCAN_MARK)), None)
+    if line is None:
+        return {}
+    try:
+        raw = json.loads(line[len(_SCAN_MARK) :])
+    except ValueError:
+        return {}
+    found: dict[str, tuple[int, int]] = {}
+    if not isinstance(raw, dict):
+        return found
+    for path, stat in list(raw.items())[:MAX_SCANNED_FILES]:
+        if (
+            isinstance(path, str)
+            and _is_home_path(path)
+            and isinstance(stat, list)
+            and len(stat) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in stat)
+        ):
+            found[path] = (stat[0], stat[1])
     return found
 
 
-async def _new_files(
-    session: SandboxSession, before: dict[str, int]
+def _is_home_path(path: str) -> bool:
+    parts = path.split("/")
+    return (
+        0 < len(path) <= 4096
+        and "\x00" not in path
+        and all(p not in ("", ".", "..") for p in parts)
+    )
+
+
+async def _changed_files(
+    session: SandboxSession,
+    before: dict[str, tuple[int, int]],
+    after: dict[str, tuple[int, int]],
 ) -> tuple[list[File], list[str]]:
-    """The files that were not there before the run, within the output bounds, and the paths
-    of those left out."""
+    """The files the run created or changed (size or mtime differ), within the output bounds,
+    and the paths of those left out."""
     outputs: list[File] = []
     left_out: list[str] = []
     total = 0
-    for path, size in sorted((await _scan(session)).items()):
-        if path in before:
+    for path, (size, _) in sorted(after.items()):
+        if before.get(path) == after[path]:
             continue
         if (
             size > MAX_OUTPUT_FILE_BYTES

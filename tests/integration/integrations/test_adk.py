@@ -181,7 +181,7 @@ def test_output_files_are_capped_with_a_note() -> None:
     assert len(result.output_files) == MAX_OUTPUT_FILES
     first = result.output_files[0]
     assert first.name == "many/sub/f000.txt" and first.content == b"0"
-    assert "3 new file(s) not returned" in result.stdout
+    assert "3 new or changed file(s) not returned" in result.stdout
     assert f"many/sub/f{count - 1:03}.txt" in result.stdout
 
 
@@ -235,3 +235,45 @@ def test_persisted_sessions_come_back_for_their_execution_id() -> None:
 
 async def _forget(saved: Any, scheduler: Any, key: str) -> None:
     await saved.forget(scheduler, key)
+
+
+def test_input_files_are_written_only_when_new_or_changed_and_changed_files_come_back() -> None:
+    executor = ExecSandboxCodeExecutor(stateful=True)
+    key = f"exec-{uuid.uuid4().hex}"
+    writes: list[str] = []
+
+    def run(code: str, *inputs: tuple[str, bytes]) -> Any:
+        files = [File(name=n, content=c, mime_type="text/plain") for n, c in inputs]
+        result = executor.execute_code(
+            None,  # type: ignore[arg-type]
+            CodeExecutionInput(code=code, input_files=files, execution_id=key),
+        )
+        assert result.stderr == "", result.stderr
+        return result
+
+    try:
+        run("open('notes.txt', 'w').write('v1')", ("data.csv", b"a,b\n"))
+        session = executor._pool._sessions[key]
+        write_file = session.write_file
+
+        async def counted(path: str, *args: Any, **kwargs: Any) -> Any:
+            writes.append(path)
+            return await write_file(path, *args, **kwargs)
+
+        session.write_file = counted  # type: ignore[method-assign]
+        # ADK passes every input file on every call: an unchanged one is not sent again.
+        same = run("print(open('data.csv').read().strip())", ("data.csv", b"a,b\n"))
+        assert (same.stdout, same.output_files, writes) == ("a,b\n", [], [])
+        # A file the code changes comes back, as a new one does.
+        changed = run("open('notes.txt', 'a').write('+v2')", ("data.csv", b"a,b\n"))
+        assert [(f.name, f.content) for f in changed.output_files] == [("notes.txt", b"v1+v2")]
+        assert writes == []
+        # New content for an input file is written; so is one the code changed in the VM.
+        run("print(open('data.csv').read())", ("data.csv", b"c,d\n"))
+        assert writes == ["data.csv"]
+        edited = run("open('data.csv', 'w').write('edited')", ("data.csv", b"c,d\n"))
+        assert [(f.name, f.content) for f in edited.output_files] == [("data.csv", b"edited")]
+        back = run("print(open('data.csv').read().strip())", ("data.csv", b"c,d\n"))
+        assert back.stdout == "c,d\n" and writes == ["data.csv", "data.csv"]
+    finally:
+        executor.close()
