@@ -17,7 +17,8 @@ import hashlib
 import json
 import mimetypes
 import weakref
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 from google.adk.code_executors.base_code_executor import BaseCodeExecutor
 from google.adk.code_executors.code_execution_utils import (
@@ -129,6 +130,21 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
         """Destroy the VM of one execution id, or all of them (with persist_sessions: pause them
         to disk instead, to be resumed by the next call with that id)."""
         self._pool.close(execution_id)
+
+    async def aclose(self, execution_id: str | None = None) -> None:
+        """close() for async code: it does not block the caller's loop."""
+        await self._pool.aclose(execution_id)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 async def _run(

@@ -277,3 +277,19 @@ def test_input_files_are_written_only_when_new_or_changed_and_changed_files_come
         assert back.stdout == "c,d\n" and writes == ["data.csv", "data.csv"]
     finally:
         executor.close()
+
+
+async def test_async_with_closes_the_executors_vms_without_blocking_the_loop() -> None:
+    key = f"exec-{uuid.uuid4().hex}"
+    async with ExecSandboxCodeExecutor(stateful=True) as executor:
+        ran = await executor.execute_code_async(
+            None,  # type: ignore[arg-type]
+            CodeExecutionInput(code="x = 1; print(x)", execution_id=key),
+        )
+        assert ran.stdout == "1\n"
+        session = executor._pool._sessions[key]
+    assert session.closed  # the no_vm_leak fixture checks that no VM is left
+    other = ExecSandboxCodeExecutor(stateful=True)
+    await other.execute_code_async(None, CodeExecutionInput(code="y = 2", execution_id=key))  # type: ignore[arg-type]
+    await other.aclose()
+    assert other._pool.keys() == []
