@@ -30,7 +30,7 @@ from pydantic import ConfigDict, PrivateAttr
 
 from exec_sandbox import SandboxError, SandboxScheduler
 
-from ._bridge import Runner
+from ._bridge import Runner, _running_loop
 from ._common import SessionPool
 
 if TYPE_CHECKING:
@@ -76,6 +76,17 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
+        if self.scheduler is not None and _running_loop() is None:
+            # ADK calls execute_code from a worker thread and waits for it; the executor can only
+            # hand the work to a scheduler whose loop it knows, the one running when it is made.
+            # Without one every call would fail later, deep inside the agent's run.
+            raise ValueError(
+                "ExecSandboxCodeExecutor(scheduler=...) was made while no event loop is running, "
+                "so it cannot know the loop that scheduler runs on, and ADK's synchronous "
+                "execute_code could never reach it. Make the executor inside a coroutine on the "
+                "loop that runs the scheduler and the agent (e.g. in `async def main()`), or "
+                "pass scheduler=None to use the shared background scheduler"
+            )
         self._pool = SessionPool(
             Runner(self.scheduler),
             language="python",
