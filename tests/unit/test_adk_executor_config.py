@@ -30,3 +30,9 @@ def test_a_scheduler_given_inside_a_running_loop_is_accepted() -> None:
         return ExecSandboxCodeExecutor(scheduler=_stand_in())
 
     assert asyncio.run(make()).scheduler is not None
+
+
+def test_optimize_data_file_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="does not support optimize_data_file=True"):
+        ExecSandboxCodeExecutor(optimize_data_file=True)
+    assert ExecSandboxCodeExecutor().optimize_data_file is False

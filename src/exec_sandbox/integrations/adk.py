@@ -76,6 +76,15 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
+        if self.optimize_data_file:
+            # ADK would run its pandas data-file exploration code in the VM, which has no pandas
+            # unless the caller installs it, and would inline the files into the prompt: refused
+            # here, as ADK's own sandbox executors refuse it, rather than failing mid-run.
+            raise ValueError(
+                "ExecSandboxCodeExecutor does not support optimize_data_file=True; pass the "
+                "files as input_files (they are written into /home/user) and let the model's "
+                "code read them"
+            )
         if self.scheduler is not None and _running_loop() is None:
             # ADK calls execute_code from a worker thread and waits for it; the executor can only
             # hand the work to a scheduler whose loop it knows, the one running when it is made.
