@@ -13,6 +13,8 @@
 
 /* Listeners per name: 80, 443, then the extra ports in NET_CONFIG's order (index k). */
 #define SBX_NET_LISTEN_PORTS (2u + SBX_NET_EXTRA_PORTS_MAX)
+/* The catch-all listeners: 80 and 443 (index k). */
+#define SBX_NET_CATCHALL_PORTS 2u
 
 struct sbx_net;
 
@@ -25,5 +27,16 @@ void sbx_net_listen_open(struct sbx_net *n, uint32_t entry);
  * up to 16 connections. One the relay does not take (the port is done, or at the stream limit)
  * is reset at once. */
 void sbx_net_listen_accept(struct sbx_net *n, uint32_t index);
+
+/* The catch-all: a wildcard listener on 80 and 443 (SO_REUSEPORT, as the names' own on those
+ * ports: a connection to a name's address still goes to the name's listener, the more specific
+ * bind). With every IPv4 address local (net_routes.h) it gets each connection on those ports to an
+ * address no name was given: an IP literal, an unassigned synthetic address. uid 1000 cannot bind
+ * either port, so it takes nothing from user code. Logged and left out when it cannot be had. */
+void sbx_net_catchall_open(struct sbx_net *n);
+/* Accept up to 16 connections on catch-all port k: each is reset at once and, unless it is to
+ * loopback (the guest talking to itself), reported to the host (NET_REFUSED, an address). One to
+ * a name's address (its own listener could not be had) becomes that name's stream instead. */
+void sbx_net_catchall_accept(struct sbx_net *n, uint32_t k);
 
 #endif /* SBX_NET_LISTEN_H */

@@ -53,6 +53,8 @@ void sbx_net_init(struct sbx_net *n)
 			n->listen_fd[i][k] = -1;
 	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
 		n->streams[i].fd = -1;
+	for (uint32_t k = 0; k < SBX_NET_CATCHALL_PORTS; k++)
+		n->catchall_fd[k] = -1;
 	n->next_id = 1;
 	sbx_reader_init(&n->reader, SBX_NET_FRAME_MAX);
 }
@@ -815,6 +817,13 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 			return refuse(msg, cap, rc, "NET_CONFIG: outbound setup: %s",
 				      strerror(-rc));
 		}
+		/* Without these an IP literal or an unassigned synthetic address fails inside the
+		 * guest unseen; with them it is reset all the same, and reported to the host's log.
+		 * Best effort: without them the VM's network works as before. */
+		if ((rc = sbx_net_route_everything_local()) < 0)
+			sbx_log("net: local default route: %s", strerror(-rc));
+		else
+			sbx_net_catchall_open(n);
 	}
 	n->port_fd = TAKE_FD(port);
 	n->cfg_buf = TAKE_PTR(buf);
@@ -844,6 +853,9 @@ void sbx_net_handle(struct sbx_net *n)
 			break;
 		case SBX_NET_TAG_LISTENER:
 			sbx_net_listen_accept(n, index);
+			break;
+		case SBX_NET_TAG_CATCHALL:
+			sbx_net_catchall_accept(n, index);
 			break;
 		case SBX_NET_TAG_STREAM: {
 			struct sbx_net_stream *s = stream_of_tag(n, index);

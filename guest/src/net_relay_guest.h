@@ -3,8 +3,10 @@
  *
  * Nothing runs until the host sends NET_CONFIG (only VMs started with the net port get one), so a
  * plain VM pays nothing. Then, with outbound allowed:
- *   - the synthetic range 198.18.0.0/15 is made local on lo (net_routes.h), and nothing else is
- *     routable: an IP literal outside it fails at once with ENETUNREACH;
+ *   - the synthetic range 198.18.0.0/15 is made local on lo (net_routes.h), and all of IPv4
+ *     with it: a connection to an address no name was given (an IP literal, an unassigned
+ *     synthetic address) on 80 or 443 reaches the catch-all (net_listen.h), which resets it and
+ *     reports it (NET_REFUSED); on other ports it is refused at once;
  *   - a DNS stub on SBX_NET_DNS_ADDR:53 (net_dns.h, what /etc/resolv.conf names) answers allowed
  *     names with addresses of that range (dnsstub.h);
  *   - when a name first gets its address, the agent listens on that ADDRESS (not on a wildcard) on
@@ -44,12 +46,14 @@
 
 /* Every socket of the net is in n->epfd with data.u64 = sbx_net_tag(kind, index); sbx_net_handle
  * hands each event to the kind's owner: the port and the streams here, SBX_NET_TAG_DNS to
- * sbx_net_dns_serve, SBX_NET_TAG_LISTENER (index: the listener's) to sbx_net_listen_accept. */
+ * sbx_net_dns_serve, SBX_NET_TAG_LISTENER (index: the listener's) to sbx_net_listen_accept,
+ * SBX_NET_TAG_CATCHALL (index: the port's) to sbx_net_catchall_accept. */
 enum sbx_net_tag {
 	SBX_NET_TAG_PORT = 1,
 	SBX_NET_TAG_DNS,
 	SBX_NET_TAG_LISTENER,
 	SBX_NET_TAG_STREAM,
+	SBX_NET_TAG_CATCHALL,
 };
 
 static inline uint64_t sbx_net_tag(enum sbx_net_tag t, uint32_t index)
@@ -114,6 +118,7 @@ struct sbx_net {
 	struct sbx_net_config cfg;
 	struct sbx_name_table table; /* filled by the DNS stub, read by the listeners */
 	int listen_fd[SBX_NET_TABLE_MAX][SBX_NET_LISTEN_PORTS]; /* net_listen.c's */
+	int catchall_fd[SBX_NET_CATCHALL_PORTS];               /* net_listen.c's */
 	struct sbx_reader reader;
 	struct sbx_buf out;
 	size_t out_off;

@@ -59,3 +59,46 @@ int sbx_net_add_synthetic_range(void)
 		return -EPROTO;
 	return ack.err.error == -EEXIST ? 0 : ack.err.error;
 }
+
+int sbx_net_route_everything_local(void)
+{
+	_cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+	if (fd < 0)
+		return -errno;
+	unsigned lo = if_nametoindex("lo");
+	if (!lo)
+		return -errno;
+	struct {
+		struct nlmsghdr nh;
+		struct rtmsg rt;
+		struct rtattr a1;
+		uint32_t oif;
+	} req;
+	memset(&req, 0, sizeof(req));
+	req.nh.nlmsg_len = sizeof(req);
+	req.nh.nlmsg_type = RTM_NEWROUTE;
+	req.nh.nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+	req.nh.nlmsg_seq = 1;
+	req.rt.rtm_family = AF_INET;
+	req.rt.rtm_dst_len = 0;
+	req.rt.rtm_table = RT_TABLE_LOCAL;
+	req.rt.rtm_protocol = RTPROT_BOOT;
+	req.rt.rtm_scope = RT_SCOPE_HOST;
+	req.rt.rtm_type = RTN_LOCAL;
+	req.a1.rta_len = RTA_LENGTH(4);
+	req.a1.rta_type = RTA_OIF;
+	req.oif = lo;
+	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
+		return -errno;
+	struct {
+		struct nlmsghdr nh;
+		struct nlmsgerr err;
+	} ack;
+	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
+	if (r < 0)
+		return -errno;
+	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
+		return -EPROTO;
+	return ack.err.error == -EEXIST ? 0 : ack.err.error;
+}

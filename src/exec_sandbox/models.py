@@ -106,9 +106,12 @@ class NetworkConnection:
     the refusal); started_at: time.time() of the request.
 
     reported_by_guest: the guest refused the attempt itself and reported it (a name outside
-    allowed_domains its DNS stub answered NXDOMAIN: port 0). Nothing reached the host; the entry is the guest's word, which a compromised guest may leave
-    out or make up, bounded in number and rate (docs/security.md). Such reports left out by a
-    rate limit are one entry with name "" and the count in its reason."""
+    allowed_domains its DNS stub answered NXDOMAIN: port 0; a connection on 80 or 443 to an IPv4
+    address no allowed name was given, an IP literal or an unassigned synthetic address, which it
+    reset: the address as name). Nothing reached the host; the entry is the guest's word, which
+    a compromised guest may leave out or make up, bounded in number and rate (docs/security.md).
+    Such reports left out by a rate limit are one entry with name "" and the count in its
+    reason."""
 
     direction: Literal["outbound", "inbound"]
     name: str
