@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -64,9 +65,16 @@ class BackgroundScheduler:
         return await asyncio.wrap_future(self._submit(coro))
 
     def close(self) -> None:
-        """Kill every VM of the shared scheduler and stop the loop. Idempotent."""
+        """Kill every VM of the shared scheduler and stop the loop. Idempotent. First runs the
+        finalizers registered with before_close() (pausing keyed sessions needs this loop)."""
         if self._closed:
             return
+        while _before_close:
+            ending = _before_close.pop()
+            try:
+                ending()  # a weakref.finalize: runs once, and a dead one does nothing
+            except Exception:
+                pass
         self._closed = True
         if self._loop.is_running():
             try:
@@ -80,6 +88,16 @@ class BackgroundScheduler:
 
 _shared: BackgroundScheduler | None = None
 _shared_lock = threading.Lock()
+# Finalizers to run before the shared scheduler closes (at exit included): the scheduler closes
+# at exit before weakref.finalize's own exit hook runs, which would find it closed.
+_before_close: list[weakref.finalize[Any, Any]] = []
+
+
+def before_close(ending: weakref.finalize[Any, Any]) -> None:
+    """Run `ending` (an object's finalizer) before the shared scheduler closes, if the object
+    is still alive then: a keyed session is paused at exit, not killed with the scheduler."""
+    _before_close[:] = [f for f in _before_close if f.alive]
+    _before_close.append(ending)
 
 
 def background() -> BackgroundScheduler:
@@ -88,8 +106,23 @@ def background() -> BackgroundScheduler:
     with _shared_lock:
         if _shared is None or _shared._closed:
             _shared = BackgroundScheduler()
-            atexit.register(_shared.close)
+            _at_exit(_shared.close)
         return _shared
+
+
+def _at_exit(close: Callable[[], None]) -> None:
+    """Run close at interpreter exit while executor threads still take work: closing (and
+    pausing) sessions hands disk and process work to the loop's default executor, which
+    concurrent.futures shuts down in threading's exit hooks, before atexit's. Those hooks run
+    last-registered first, so one registered here runs before that shutdown. atexit stays as the
+    fallback (close is idempotent)."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(close)
+        except RuntimeError:
+            pass  # the interpreter is already shutting down
+    atexit.register(close)
 
 
 class Runner:

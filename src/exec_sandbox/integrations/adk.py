@@ -30,7 +30,7 @@ from pydantic import ConfigDict, PrivateAttr
 
 from exec_sandbox import SandboxError, SandboxScheduler
 
-from ._bridge import Runner, _running_loop
+from ._bridge import Runner, _running_loop, before_close
 from ._common import SessionPool
 
 if TYPE_CHECKING:
@@ -105,7 +105,9 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
             allow_network=self.allow_network,
             allowed_domains=self.allowed_domains,
         )
-        weakref.finalize(self, _close_quietly, self._pool)
+        ending = weakref.finalize(self, _close_quietly, self._pool)
+        if self.persist_sessions and self.scheduler is None:
+            before_close(ending)  # at exit too: paused before the shared scheduler closes
 
     def execute_code(
         self, invocation_context: InvocationContext, code_execution_input: CodeExecutionInput

@@ -43,7 +43,7 @@ from deepagents.backends.sandbox import BaseSandbox
 from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
 from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
-from ._bridge import Runner
+from ._bridge import Runner, before_close
 from ._common import SavedSessions, ended_note, network_options
 from ._sandbox_files import (
     download_command,
@@ -143,7 +143,11 @@ class ExecSandboxBackend(BaseSandbox):
         self._opening = asyncio.Lock()
         # Dropped without close(): a keyed backend's VM is paused (its key resumes it later), as
         # close() would; an unkeyed one is destroyed.
-        weakref.finalize(self, _end_quietly, self._runner, self._holder, self._saved, self._key)
+        ending = weakref.finalize(
+            self, _end_quietly, self._runner, self._holder, self._saved, self._key
+        )
+        if self._saved is not None and scheduler is None:
+            before_close(ending)  # at exit too: paused before the shared scheduler closes
 
     @property
     def id(self) -> str:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
+import textwrap
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +31,8 @@ from .conftest import GUEST_PROOF_OUTPUT
 from .fake_langchain_model import ScriptedChatModel
 
 pytestmark = pytest.mark.vm
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _call(name: str, args: dict[str, object], call_id: str) -> AIMessage:
@@ -297,6 +303,29 @@ def test_a_keyed_backend_dropped_without_close_is_paused_not_destroyed() -> None
     try:
         result = second.execute("cat /tmp/dropped.txt; echo $MARK")
         assert result.output.split() == ["kept", "yes"]
+    finally:
+        saved = second._saved
+        second._saved = None  # end it for good
+        second.close()
+        assert saved is not None
+        second._runner.run(lambda s: _forget(saved, s, key))
+
+
+def test_a_keyed_backend_left_open_at_exit_is_paused_for_the_next_process() -> None:
+    key = f"thread-{uuid.uuid4().hex}"
+    script = textwrap.dedent(f"""
+        from exec_sandbox.integrations.deepagents import ExecSandboxBackend
+        backend = ExecSandboxBackend(session_key={key!r})
+        assert backend.execute("echo kept > /tmp/exit.txt").exit_code == 0
+        KEEP = backend  # never closed, alive at exit
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    second = ExecSandboxBackend(session_key=key)
+    try:
+        assert second.execute("cat /tmp/exit.txt").output == "kept\n"
     finally:
         saved = second._saved
         second._saved = None  # end it for good
