@@ -28,6 +28,9 @@ class SandboxSession(Protocol):
     def closed(self) -> bool: ...
 
     @property
+    def close_reason(self) -> str: ...
+
+    @property
     def exec_count(self) -> int: ...
 
     async def exec(

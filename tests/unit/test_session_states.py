@@ -24,8 +24,9 @@ from tests.unit.guest_stand_in import stand_in_scheduler
 async def test_a_closed_session_refuses_every_call(tmp_path: Path) -> None:
     async with stand_in_scheduler(tmp_path) as (scheduler, _):
         session = await scheduler.session()
+        assert session.close_reason == ""
         await session.close()
-        assert session.closed
+        assert session.closed and session.close_reason == "closed by the caller"
         with pytest.raises(SessionClosedError, match="closed by the caller"):
             await session.exec("out late")
         with pytest.raises(SessionClosedError):
@@ -98,7 +99,7 @@ async def test_exit_137_closes_the_session_and_says_why(tmp_path: Path) -> None:
         session = await scheduler.session()
         result = await session.exec("exit 137")
         assert result.exit_code == 137 and "The session is closed" in result.stderr
-        assert session.closed
+        assert session.closed and "SIGKILL" in session.close_reason
         with pytest.raises(SessionClosedError, match="SIGKILL"):
             await session.exec("out late")
         assert scheduler.capacity().vms_in_use == 0

@@ -452,6 +452,12 @@ class ClusterSession:
         self._close_reason = ""
 
     @property
+    def close_reason(self) -> str:
+        """Why the session closed ("" while it is open): closed by the caller, paused, idle for
+        its timeout, its VM failed, its REPL was killed."""
+        return self._close_reason
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

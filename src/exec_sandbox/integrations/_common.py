@@ -44,8 +44,7 @@ def ended_note(previous: SandboxSession, *, resumed: bool) -> str:
     """What the model is told when the session behind its key ended since its last call (idle
     timeout, VM crash, OOM) and the call ran in another: without it the model would take the
     missing variables for a bug in its own code."""
-    # Session and ClusterSession record why they closed, outside the protocol.
-    reason = getattr(previous, "_close_reason", "") or "it was closed"
+    reason = previous.close_reason or "it was closed"
     if resumed:
         return (
             f"[sandbox note: the previous session ended ({reason}); this call ran in the "
