@@ -33,7 +33,7 @@ from exec_sandbox.vm.spec import VmSpec
 pytestmark = pytest.mark.vm
 
 # src/shared/net_protocol.h
-OPEN, CONNECTED, OPENED, CONNECT = 48, 49, 112, 113
+OPEN, CONNECTED, REFUSED, OPENED, CONNECT = 48, 49, 50, 112, 113
 DATA, CREDIT, SHUTDOWN, CLOSE = 120, 121, 122, 123
 NET_CONFIG = 104
 OUTBOUND = 1
@@ -68,6 +68,8 @@ class NetPortStandIn:
         self.fd = fd
         self.buf = bytearray()
         self.frames: asyncio.Queue[tuple[int, int, bytes]] = asyncio.Queue()
+        # NET_REFUSED reports (what, port, count, subject), kept apart from the streams' frames.
+        self.refused: list[tuple[int, int, int, bytes]] = []
         self.eof = False
         asyncio.get_running_loop().add_reader(fd, self._readable)
 
@@ -92,6 +94,11 @@ class NetPortStandIn:
                 break
             payload = bytes(self.buf[HEADER.size : HEADER.size + length])
             del self.buf[: HEADER.size + length]
+            if type_ == REFUSED:
+                assert id_ == 0, "NET_REFUSED with a stream id"
+                what, port, count, n = struct.unpack_from("<IIII", payload)
+                self.refused.append((what, port, count, payload[16 : 16 + n]))
+                continue
             self.frames.put_nowait((type_, id_, payload))
 
     async def send(self, data: bytes) -> None:
@@ -225,7 +232,7 @@ print(ask('xallowed.test', 1))
 print(ask('other.example', 1))
 print(socket.gethostbyname('api.allowed.test'))
 try:
-    socket.create_connection(('93.184.216.34', 80), timeout=5)
+    socket.create_connection(('93.184.216.34', 80), timeout=5).recv(1)
 except OSError as e:
     print('literal', errno.errorcode[e.errno])
 # user code keeps 127.0.0.1:8080 although the agent listens on 198.18.0.1:8080
@@ -292,7 +299,14 @@ print(repr(open('/etc/ssl/certs/ca-certificates.crt').read()))
     assert lines[3] == "xallowed.test 1 rcode=3 an=0 -"  # not under the allowed name
     assert lines[4] == "other.example 1 rcode=3 an=0 -"
     assert lines[5] == "198.18.0.2"  # case-blind and stable: the same name, the same address
-    assert lines[6] == "literal ENETUNREACH"  # no route: fails at once
+    # Every IPv4 address is the guest's own: the catch-all on 80 takes it and resets it.
+    assert lines[6] == "literal ECONNRESET"
+    # The refusals the guest made itself, reported: two names, the literal (A-record asks only).
+    assert port.refused == [
+        (0, 0, 1, b"xallowed.test"),
+        (0, 0, 1, b"other.example"),
+        (1, 80, 1, b"93.184.216.34"),
+    ], port.refused
     assert lines[7] == "user bind ok"
     assert lines[8] == f"received {len(big)} {hashlib.sha256(big).hexdigest()}"
     assert lines[9] == "True"
