@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import weakref
 from typing import Any
 
@@ -35,6 +36,18 @@ _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pref
 _fork_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
     weakref.WeakKeyDictionary()
 )
+
+
+def _after_fork_in_child() -> None:
+    """A child forked from this process (multiprocessing, a preforking server) has none of its
+    threads: a fresh spawner, no lock held by a fork it will never see end."""
+    global _spawner
+    _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-spawn")
+    _fork_locks.clear()
+    _releasing.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Forking:
@@ -91,9 +104,16 @@ async def spawn(spec: VmSpec, *, incoming: bool, registry: VmRegistry | None) ->
     try:
         vm = await asyncio.shield(fork)
     except asyncio.CancelledError:
-        # The fork goes on in its thread: its QEMU is released once it exists, and the
+        # The fork goes on in its thread, reading fds the caller closes once this returns (a
+        # template's RAM file): wait for it (milliseconds), then release the QEMU it made. The
         # registry counts it as starting until then (close() waits for it).
-        fork.add_done_callback(functools.partial(_abandoned, loop, registry, forking))
+        try:
+            await asyncio.wait({fork})
+        finally:
+            if fork.done():
+                _abandoned(loop, registry, forking, fork)
+            else:  # cancelled again while waiting: released when the fork ends
+                fork.add_done_callback(functools.partial(_abandoned, loop, registry, forking))
         raise
     except FileNotFoundError as exc:
         _forked(registry, forking)
