@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._threads import in_thread
 from ..digest import file_sha256
 
 log = logging.getLogger("exec_sandbox")
@@ -70,34 +72,34 @@ class LayerStore:
 
     async def read_request(self, request_key: str) -> dict[str, Any] | None:
         """The lock a packages request resolved to last time, if it is cached."""
-        return await asyncio.to_thread(self._read_request, request_key)
+        return await in_thread(functools.partial(self._read_request, request_key))
 
     async def write_request(self, request_key: str, lock: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._write_request, request_key, lock)
+        await in_thread(functools.partial(self._write_request, request_key, lock))
 
     async def lookup(self, key: str) -> StoredLayer | None:
         """The published layer of key if its meta reads and its image has the recorded size;
         a damaged one is moved away (and None returned)."""
-        return await asyncio.to_thread(self._lookup, key)
+        return await in_thread(functools.partial(self._lookup, key))
 
     @contextlib.asynccontextmanager
     async def build_dir(self) -> AsyncIterator[Path]:
         """A fresh private directory for one build, removed afterwards (what is published was
         renamed out of it). Locked while in use, so that a cleanup of stale builds by another
         process leaves it alone."""
-        path, fd = await asyncio.to_thread(self._new_build)
+        path, fd = await in_thread(self._new_build, discard=lambda built: _remove_build(*built))
         try:
             yield path
         finally:
-            await asyncio.shield(asyncio.to_thread(_remove_build, path, fd))
+            await in_thread(functools.partial(_remove_build, path, fd))
 
     async def publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
         """Move a built image into the cache as key (complete or not at all), then evict."""
-        return await asyncio.to_thread(self._publish, key, image, meta)
+        return await in_thread(functools.partial(self._publish, key, image, meta))
 
     async def evict(self, keep: str | None = None) -> None:
         """Remove least recently used layers until the cache is under its size cap."""
-        await asyncio.to_thread(self._evict, keep)
+        await in_thread(functools.partial(self._evict, keep))
 
     # --- the blocking steps, run in executor threads ---
 
@@ -155,9 +157,11 @@ class LayerStore:
         identity = (info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size)
         if identity in self._verified:
             return True
-        digest = await asyncio.to_thread(file_sha256, layer.path)
+        digest = await in_thread(functools.partial(file_sha256, layer.path))
         if digest != layer.meta.get("sha256"):
-            await asyncio.to_thread(self._discard, layer.key, "its SHA-256 does not match its meta")
+            await in_thread(
+                functools.partial(self._discard, layer.key, "its SHA-256 does not match its meta")
+            )
             return False
         self._verified.add(identity)
         return True

@@ -42,7 +42,6 @@ ever removed.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import functools
 import hashlib
@@ -56,8 +55,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
 
+from .._threads import in_thread
 from ..digest import file_sha256
 from ..models import Language
 from ..vm.guest import GuestVm
@@ -69,7 +68,6 @@ from .node_startup import NodeStartupCache
 from .ram import RamFiles, mark_used
 
 log = logging.getLogger("exec_sandbox")
-_T = TypeVar("_T")
 
 # Bump when the layout or the way templates are made changes: old snapshots then miss.
 # 2: meta.json carries the RAM digest. 3: TCG guests run without ERMS and boot with the APIC timer
@@ -257,9 +255,9 @@ class SnapshotCache:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.
                 await vm.aclose()
-            state_hash = await _in_thread(functools.partial(file_sha256, work / "state"))
+            state_hash = await in_thread(functools.partial(file_sha256, work / "state"))
             # Kept by ram_files: the first clone of it in this process maps that very copy.
-            ram_hash = await _in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
+            ram_hash = await in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
             meta = {
                 "format": SNAPSHOT_FORMAT,
                 "key": key,
@@ -279,26 +277,11 @@ class SnapshotCache:
             os.close(lock_fd)
             if not published:
                 shutil.rmtree(work, ignore_errors=True)
-        await _in_thread(functools.partial(self.prune, protect=key))
+        await in_thread(functools.partial(self.prune, protect=key))
         snapshot = self.lookup(key, spec.memory_mb)
         if snapshot is None:
             raise RuntimeError(f"memory snapshot {key} vanished after it was built")
         return snapshot
-
-
-async def _in_thread(work: Callable[[], _T]) -> _T:
-    """work() in the default executor. If the caller is cancelled meanwhile (Scheduler.close()
-    cancels snapshot builds), this still waits for work to end before re-raising: a thread
-    cannot be stopped, and the files and memfds it has open must be closed before close()
-    returns (and before the build directory's removal is the last word on it)."""
-    future = asyncio.get_running_loop().run_in_executor(None, work)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        await asyncio.wait({future})
-        if not future.cancelled():
-            future.exception()  # retrieved: its outcome no longer matters
-        raise
 
 
 class _Unusable(Exception):

@@ -145,6 +145,7 @@ class SessionSnapshotService:
         """count live copies of session, each with its own admission ticket."""
         vm = session.vm
         tickets = []
+        copies: list[GuestVm] = []
         try:
             for _ in range(count):
                 tickets.append(await self._admission.acquire(vm.spec.memory_mb, vm.spec.vcpus))
@@ -152,6 +153,9 @@ class SessionSnapshotService:
                 at = time.monotonic()
                 copies = await fork_vms(vm, count, work, timeout=limits.RESTORE_TIMEOUT_SECONDS)
         except BaseException:
+            # Cancelled while the work directory was removed: the copies exist but are nobody's.
+            for copy in copies:
+                copy.close()
             for ticket in tickets:
                 ticket.release()
             raise

@@ -22,8 +22,8 @@ can evict the layer and the snapshot still resumes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from .._threads import in_thread
 from ..digest import fd_sha256, file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
@@ -70,38 +71,40 @@ class SessionSnapshotStore:
     @contextlib.asynccontextmanager
     async def build_dir(self) -> AsyncIterator[Path]:
         """A private directory for one save; removed unless published."""
-        path = await asyncio.to_thread(self._new_build)
+        path = await in_thread(self._new_build, discard=_remove_tree)
         try:
             yield path
         finally:
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, path, ignore_errors=True))
+            await in_thread(functools.partial(_remove_tree, path))
 
     async def publish(self, build: Path, meta: dict[str, Any]) -> SessionSnapshot:
         """Make build the snapshot meta describes, then evict what the cap and TTL allow."""
-        return await asyncio.to_thread(self._publish, build, meta)
+        return await in_thread(functools.partial(self._publish, build, meta))
 
     async def load(self, snapshot_id: str) -> dict[str, Any]:
         """The meta of a snapshot (its directory's mtime refreshed: it was used)."""
-        return await asyncio.to_thread(self._load, snapshot_id)
+        return await in_thread(functools.partial(self._load, snapshot_id))
 
     async def layer_copy(self, snapshot_id: str, meta: dict[str, Any]) -> Path | None:
         """The snapshot's own copy of its package layer if it is the image recorded at the
         pause (size and SHA-256), else None."""
-        return await asyncio.to_thread(self._layer_copy, snapshot_id, meta)
+        return await in_thread(functools.partial(self._layer_copy, snapshot_id, meta))
 
     async def open_verified(self, snapshot_id: str, meta: dict[str, Any]) -> int:
         """An fd of the state, checked against the digest saved with it. The caller hands
         QEMU this very file (/proc/self/fd/N) and closes the fd: what was checked is what is
         loaded, whatever happens to the path meanwhile."""
-        return await asyncio.to_thread(self._open_verified, snapshot_id, meta)
+        return await in_thread(
+            functools.partial(self._open_verified, snapshot_id, meta), discard=os.close
+        )
 
     async def entries(self) -> list[SessionSnapshot]:
         """Every snapshot (none past its TTL), oldest first."""
-        return await asyncio.to_thread(self._entries)
+        return await in_thread(self._entries)
 
     async def delete(self, snapshot_id: str) -> bool:
         """Remove a snapshot; False when there was none of that id."""
-        return await asyncio.to_thread(self._delete, check_id(snapshot_id))
+        return await in_thread(functools.partial(self._delete, check_id(snapshot_id)))
 
     # --- the blocking steps, run in executor threads ---
 
@@ -243,6 +246,10 @@ class SessionSnapshotStore:
                     or now - path.stat().st_mtime > _STALE_BUILD_SECONDS
                 ):
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _well_formed(meta: object) -> bool:
