@@ -11,7 +11,7 @@ holds no callback, so it pickles: the cluster sends it to a host as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from .config import SchedulerConfig
@@ -64,12 +64,14 @@ NO_CALLBACKS = Callbacks()
 
 @dataclass(frozen=True)
 class RunRequest:
-    """One run() (code given) or session() (code None), validated and with its defaults."""
+    """One run() (code given) or session() (code None), validated. Time and memory are None
+    where the caller gave none and the scheduler's defaults are still to be applied
+    (`with_defaults`): a cluster's hosts apply their own, as a local scheduler does."""
 
     language: Language
     code: bytes | None
-    timeout_seconds: float
-    memory_mb: int
+    timeout_seconds: float | None
+    memory_mb: int | None
     # The call's own packages (the scheduler adds its default set), of packages_language: the
     # session's, or (integrations) python for the python3 of a shell session.
     packages: tuple[PackageSpec, ...]
@@ -85,20 +87,23 @@ class RunRequest:
         *,
         code: str | None,
         packages_language: Language | None = None,
+        defaults: bool = True,
     ) -> RunRequest:
-        """The request of code (None: a session) with options, config's defaults and package
-        policy. Raises TypeError for a keyword that is not an option (as a signature would),
-        InputValidationError for a bad value."""
+        """The request of code (None: a session) with options under config's package policy,
+        and config's time and memory defaults unless `defaults` is False. Raises TypeError for a
+        keyword that is not an option (as a signature would), InputValidationError for a bad
+        value."""
         unknown = sorted(set(options) - set(RunOptions.__annotations__))
         if unknown:
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
         language = validate_language(options.get("language", "python"))
         code_bytes = None if code is None else validate_code(code)
         timeout = options.get("timeout_seconds")
-        timeout = config.default_timeout_seconds if timeout is None else timeout
-        validate_timeout(timeout)
+        if timeout is not None:
+            validate_timeout(timeout)
         memory = options.get("memory_mb")
-        memory = validate_memory(config.default_memory_mb if memory is None else memory)
+        if memory is not None:
+            memory = validate_memory(memory)
         env_vars = options.get("env_vars")
         validate_env(env_vars)
         packages_language = (
@@ -112,7 +117,7 @@ class RunRequest:
             options.get("allowed_domains"),
             options.get("expose_ports"),
         )
-        return cls(
+        request = cls(
             language=language,
             code=code_bytes,
             timeout_seconds=timeout,
@@ -122,10 +127,37 @@ class RunRequest:
             env_vars=tuple((env_vars or {}).items()),
             network=network,
         )
+        return request.with_defaults(config) if defaults else request
+
+    def with_defaults(self, config: SchedulerConfig) -> RunRequest:
+        """This request with config's time and memory where it has none."""
+        return replace(
+            self,
+            timeout_seconds=(
+                config.default_timeout_seconds
+                if self.timeout_seconds is None
+                else self.timeout_seconds
+            ),
+            memory_mb=config.default_memory_mb if self.memory_mb is None else self.memory_mb,
+        )
+
+    @property
+    def timeout(self) -> float:
+        """The timeout in seconds, defaults applied (ValueError before `with_defaults`)."""
+        if self.timeout_seconds is None:
+            raise ValueError("the request's defaults were not applied (with_defaults)")
+        return self.timeout_seconds
+
+    @property
+    def memory(self) -> int:
+        """Guest RAM in MB, defaults applied (ValueError before `with_defaults`)."""
+        if self.memory_mb is None:
+            raise ValueError("the request's defaults were not applied (with_defaults)")
+        return self.memory_mb
 
     @property
     def timeout_ms(self) -> int:
-        return validate_timeout(self.timeout_seconds)
+        return validate_timeout(self.timeout)
 
     @property
     def env(self) -> dict[str, str]:

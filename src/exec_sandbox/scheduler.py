@@ -231,6 +231,7 @@ class Scheduler:
     ) -> ExecutionResult:
         """run() of a request made already (the cluster's hosts get requests, not options)."""
         started = time.monotonic() if started is None else started
+        request = request.with_defaults(self.config)
         if request.code is None:
             raise InputValidationError("run() needs code")
         at = time.monotonic()
@@ -259,7 +260,7 @@ class Scheduler:
     ) -> ExecutionResult:
         assert request.code is not None
         lease, phases = await self._acquire_lease(
-            request.language, request.memory_mb, net is not None, layer, callbacks.on_boot_log
+            request.language, request.memory, net is not None, layer, callbacks.on_boot_log
         )
         vm = lease.vm
         exposed = [] if net is None else net.exposed
@@ -302,7 +303,7 @@ class Scheduler:
 
         return shape_result(
             outcome,
-            timeout_seconds=request.timeout_seconds,
+            timeout_seconds=request.timeout,
             in_session=False,
             timing=TimingBreakdown(
                 setup_ms=max(0, setup_ms),
@@ -363,13 +364,14 @@ class Scheduler:
         self, request: RunRequest, callbacks: Callbacks = NO_CALLBACKS
     ) -> Session:
         """session() of a request made already (the cluster's hosts get requests)."""
+        request = request.with_defaults(self.config)
         layer = await self._layer(request, callbacks)
         net = await self._network(request)
         try:
             with self._foreground.busy():
                 lease, phases = await self._acquire_lease(
                     request.language,
-                    request.memory_mb,
+                    request.memory,
                     net is not None,
                     layer,
                     callbacks.on_boot_log,
@@ -387,7 +389,7 @@ class Scheduler:
             lease,
             Adoption(
                 language=request.language,
-                timeout=request.timeout_seconds,
+                timeout=request.timeout,
                 env=request.env,
                 on_stdout=callbacks.on_stdout,
                 on_stderr=callbacks.on_stderr,

@@ -196,8 +196,9 @@ class ClusterScheduler:
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
         """Scheduler.run() on a host with room; same result and errors. See the module's
         docstring for placement and what a lost host raises. The request is validated here,
-        before any host is asked, and sent as it is (run_request.RunRequest)."""
-        request = RunRequest.make(options, self.config, code=code)
+        before any host is asked, and sent as it is (run_request.RunRequest); time and memory
+        left out are the host's defaults, as with a local scheduler."""
+        request = RunRequest.make(options, self.config, code=code, defaults=False)
         callbacks = {
             "stdout": options.get("on_stdout"),
             "stderr": options.get("on_stderr"),
@@ -222,7 +223,7 @@ class ClusterScheduler:
         call there). on_stdout/on_stderr are the defaults of each exec(), kept here.
         `_packages_language`: as Scheduler.session()'s."""
         request = RunRequest.make(
-            options, self.config, code=None, packages_language=_packages_language
+            options, self.config, code=None, packages_language=_packages_language, defaults=False
         )
         on_boot_log = options.get("on_boot_log")
         callbacks = {"boot": on_boot_log}

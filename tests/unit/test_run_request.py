@@ -1,0 +1,39 @@
+"""RunRequest: the options of run()/session() checked once, defaults applied by whoever runs it
+(a local scheduler at once, a cluster's host on arrival). No VM."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from exec_sandbox import InputValidationError, RunRequest, SchedulerConfig
+
+
+def test_a_local_request_has_the_configs_defaults() -> None:
+    config = SchedulerConfig(default_timeout_seconds=12, default_memory_mb=256)
+    request = RunRequest.make({}, config, code="print(1)")
+    assert (request.timeout, request.memory, request.timeout_ms) == (12, 256, 12_000)
+
+
+def test_a_cluster_request_takes_the_hosts_defaults_on_arrival() -> None:
+    client = SchedulerConfig(default_timeout_seconds=12, default_memory_mb=256)
+    request = RunRequest.make({"language": "raw"}, client, code="echo", defaults=False)
+    assert (request.timeout_seconds, request.memory_mb) == (None, None)
+    with pytest.raises(ValueError, match="with_defaults"):
+        _ = request.timeout
+    host = SchedulerConfig(default_timeout_seconds=40, default_memory_mb=512)
+    arrived = pickle.loads(pickle.dumps(request)).with_defaults(host)
+    assert (arrived.timeout, arrived.memory, arrived.language) == (40, 512, "raw")
+    given = RunRequest.make({"timeout_seconds": 5}, client, code="1", defaults=False)
+    assert given.with_defaults(host).timeout == 5
+
+
+def test_bad_options_are_refused_before_anything_runs() -> None:
+    config = SchedulerConfig()
+    with pytest.raises(TypeError, match="timeout"):
+        RunRequest.make({"timeout": 5}, config, code="1")  # type: ignore[typeddict-unknown-key]
+    with pytest.raises(InputValidationError):
+        RunRequest.make({"timeout_seconds": 0}, config, code="1", defaults=False)
+    with pytest.raises(InputValidationError):
+        RunRequest.make({"memory_mb": 16}, config, code="1", defaults=False)
