@@ -13,11 +13,30 @@
 #include "cleanup.h"
 #include "net_protocol.h"
 
-int sbx_net_add_synthetic_range(void)
+/* Send one rtnetlink request (its header first, nlmsg_len its whole size) and read the kernel's
+ * answer: 0 when done or already there (EEXIST), else the negative errno. */
+static int netlink_request(const struct nlmsghdr *req)
 {
 	_cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
 	if (fd < 0)
 		return -errno;
+	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+	if (sendto(fd, req, req->nlmsg_len, 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
+		return -errno;
+	struct {
+		struct nlmsghdr nh;
+		struct nlmsgerr err;
+	} ack;
+	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
+	if (r < 0)
+		return -errno;
+	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
+		return -EPROTO;
+	return ack.err.error == -EEXIST ? 0 : ack.err.error;
+}
+
+int sbx_net_add_synthetic_range(void)
+{
 	struct {
 		struct nlmsghdr nh;
 		struct ifaddrmsg ifa;
@@ -45,26 +64,11 @@ int sbx_net_add_synthetic_range(void)
 	req.a2.rta_len = RTA_LENGTH(4);
 	req.a2.rta_type = IFA_ADDRESS;
 	req.address = addr;
-	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
-		return -errno;
-	struct {
-		struct nlmsghdr nh;
-		struct nlmsgerr err;
-	} ack;
-	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
-	if (r < 0)
-		return -errno;
-	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
-		return -EPROTO;
-	return ack.err.error == -EEXIST ? 0 : ack.err.error;
+	return netlink_request(&req.nh);
 }
 
 int sbx_net_route_everything_local(void)
 {
-	_cleanup_close_ int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-	if (fd < 0)
-		return -errno;
 	unsigned lo = if_nametoindex("lo");
 	if (!lo)
 		return -errno;
@@ -88,17 +92,5 @@ int sbx_net_route_everything_local(void)
 	req.a1.rta_len = RTA_LENGTH(4);
 	req.a1.rta_type = RTA_OIF;
 	req.oif = lo;
-	struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
-	if (sendto(fd, &req, sizeof(req), 0, (struct sockaddr *)&kernel, sizeof(kernel)) < 0)
-		return -errno;
-	struct {
-		struct nlmsghdr nh;
-		struct nlmsgerr err;
-	} ack;
-	ssize_t r = recv(fd, &ack, sizeof(ack), 0);
-	if (r < 0)
-		return -errno;
-	if ((size_t)r < sizeof(ack) || ack.nh.nlmsg_type != NLMSG_ERROR)
-		return -EPROTO;
-	return ack.err.error == -EEXIST ? 0 : ack.err.error;
+	return netlink_request(&req.nh);
 }
