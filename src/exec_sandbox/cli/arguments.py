@@ -32,6 +32,26 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
     source.add_argument("-c", "--code", help="code to run")
 
 
+def add_vm_options(parser: argparse.ArgumentParser, *, timeout_help: str, env_help: str) -> None:
+    """What `sbx run` and `sbx session new` both take for the VM they start: -l, -t, -m, -e, -p."""
+    parser.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
+    parser.add_argument("-t", "--timeout", type=int, help=timeout_help)
+    parser.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
+    parser.add_argument(
+        "-e", "--env", action="append", default=[], metavar="KEY=VALUE", help=env_help
+    )
+    parser.add_argument(
+        "-p",
+        "--package",
+        action="append",
+        default=[],
+        dest="packages",
+        metavar="PKG==VER",
+        help="a package to install: name==version for python, "
+        "name@version for javascript (repeatable)",
+    )
+
+
 def resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
     """The code and its language: -c (python unless -l), or a file (language from -l or its
     extension). ValueError says what is wrong."""

@@ -27,6 +27,7 @@ from . import session_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
+    add_vm_options,
     exit_status,
     parse_env,
     resolve_source,
@@ -46,26 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run code in a fresh VM")
     add_source_arguments(run)
-    run.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
-    run.add_argument("-t", "--timeout", type=int, help="timeout in seconds (1..300)")
-    run.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
-    run.add_argument(
-        "-e",
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment variable for the code",
-    )
-    run.add_argument(
-        "-p",
-        "--package",
-        action="append",
-        default=[],
-        dest="packages",
-        metavar="PKG==VER",
-        help="a package to install: name==version for python, "
-        "name@version for javascript (repeatable)",
+    add_vm_options(
+        run,
+        timeout_help="timeout in seconds (1..300)",
+        env_help="environment variable for the code",
     )
     run.add_argument(
         "--upload",

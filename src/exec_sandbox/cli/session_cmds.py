@@ -24,6 +24,7 @@ from ..snapshots.sessions import SessionSnapshotStore, check_id
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
+    add_vm_options,
     exit_status,
     parse_env,
     resolve_source,
@@ -40,25 +41,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     delete.add_argument("ids", nargs="+", metavar="ID")
     new = actions.add_parser("new", help="run code in a new session and pause it")
     add_source_arguments(new, required=False)
-    new.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
-    new.add_argument("-t", "--timeout", type=int, help="the session's timeout per exec in seconds")
-    new.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
-    new.add_argument(
-        "-e",
-        "--env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="environment variable of the session",
-    )
-    new.add_argument(
-        "-p",
-        "--package",
-        action="append",
-        default=[],
-        dest="packages",
-        metavar="PKG==VER",
-        help="a package to install (repeatable)",
+    add_vm_options(
+        new,
+        timeout_help="the session's timeout per exec in seconds",
+        env_help="environment variable of the session",
     )
     new.add_argument("--json", action="store_true", help="print the result and the id as JSON")
     resume = actions.add_parser("resume", help="run code in a paused session and pause it again")
