@@ -165,5 +165,5 @@ class RunRequest:
 
     @property
     def wire_env(self) -> list[tuple[bytes, bytes]]:
-        """The variables as the guest protocol carries them."""
-        return validate_env(self.env)
+        """The variables as the guest protocol carries them (checked by make(): encoded only)."""
+        return [(name.encode(), value.encode()) for name, value in self.env_vars]
