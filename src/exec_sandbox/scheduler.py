@@ -91,6 +91,7 @@ class Scheduler:
             self._leases,
             self._adopt_session,
             self._check_open,
+            self.start,
         )
         # The pool gets its VMs from provisioning, never from the scheduler.
         self._pool = WarmPool(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, MutableSet
+from collections.abc import Awaitable, Callable, MutableSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,6 +67,7 @@ class SessionSnapshotService:
         leases: MutableSet[Lease[GuestVm]],
         adopt: Adopt,
         check_open: Callable[[], None],
+        start: Callable[[], Awaitable[None]],
     ) -> None:
         self.store = store
         self._admission = admission
@@ -75,6 +76,7 @@ class SessionSnapshotService:
         self._leases = leases
         self._adopt = adopt
         self._check_open = check_open
+        self._start = start  # the scheduler's: finds the host, starts its warm pool
 
     # --- Scheduler ---
 
@@ -88,7 +90,7 @@ class SessionSnapshotService:
         """A live Session from a paused one (see Scheduler.resume)."""
         snapshot_id = check_id(snapshot_id)
         self._check_open()
-        await self._provisioner.start()
+        await self._start()
         meta = await self.store.load(snapshot_id)
         layer = await self._layer_of(meta)
         spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
