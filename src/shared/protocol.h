@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#define SBX_PROTOCOL_VERSION 2u
+#define SBX_PROTOCOL_VERSION 3u
 #define SBX_CHANNEL_PORT_NAME "org.execsandbox.agent.0"
 #define SBX_FRAME_HEADER_SIZE 12u
 
@@ -56,6 +56,9 @@ enum sbx_msg {
 				   * never "." or "..") */
 	SBX_MSG_FILE_DONE = 9,    /* u64: bytes written (write), sent (read) or entries (list) */
 	SBX_MSG_FILE_ERROR = 10,  /* u32 enum sbx_file_error, str message (<= SBX_ERROR_MESSAGE_MAX) */
+	/* Host tools and rich outputs (11..15), see "Host socket" below. */
+	SBX_MSG_TOOL_CALL = 11, /* u32 call (!= 0), str name, str arguments (JSON) */
+	SBX_MSG_OUTPUT = 12,    /* u8 flags (enum sbx_output_flag), [str mime type], bytes data */
 	/* Speed tiers (32..39). */
 	SBX_MSG_RESEEDED = 32, /* empty; answers RESEED once the kernel's CRNG is reseeded */
 
@@ -69,6 +72,7 @@ enum sbx_msg {
 	SBX_MSG_FILE_WRITE_END = 69,   /* u8 1 = commit (rename into place), 0 = abort */
 	SBX_MSG_FILE_READ = 70,        /* str path, u8 file flags: FILE_DATA* then FILE_DONE */
 	SBX_MSG_FILE_LIST = 71,        /* str path ("" = home): FILE_ENTRIES* then FILE_DONE */
+	SBX_MSG_TOOL_RESULT = 72,      /* u32 call, u8 enum sbx_tool_status, str body */
 	/* Speed tiers (96..103). */
 	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
 	SBX_MSG_PRESTART = 97, /* u8 language: pre-start the next EXEC's interpreter; answered by
@@ -176,5 +180,48 @@ enum sbx_file_error {
 	SBX_FILE_ERR_REFUSED = 6,   /* node's startup snapshot behind another CPU's tag */
 };
 #define SBX_FILE_ERR_MAX SBX_FILE_ERR_REFUSED
+
+/* Host socket: user code's one way to the host (docs/protocol.md, "Host tools and rich
+ * outputs"). The agent listens on SBX_HOST_SOCKET_NAME (a Unix stream socket uid 1000 may connect
+ * to). Clients speak frames of the format above (header included) with the types of enum
+ * sbx_local_msg; every request gets exactly one LOCAL_REPLY with its id. The agent checks a
+ * request completely, then forwards it on the channel with the id of the execution running now:
+ *
+ *   LOCAL_CALL   -> TOOL_CALL (the agent numbers the call); TOOL_RESULT -> LOCAL_REPLY
+ *   LOCAL_OUTPUT -> OUTPUT frames (BEGIN with the mime type ... END); LOCAL_REPLY once queued
+ *
+ * so an output acknowledged before the code's end is on the channel before its EXIT. */
+/* In the agent's run directory: /run/sbx/host.sock in a VM. */
+#define SBX_HOST_SOCKET_NAME "host.sock"
+
+enum sbx_local_msg {
+	SBX_LOCAL_CALL = 1,   /* str name, str arguments: JSON {"args": [...], "kwargs": {...}} */
+	SBX_LOCAL_OUTPUT = 2, /* str mime type, then the data (the rest of the payload) */
+	SBX_LOCAL_REPLY = 3,  /* u8 enum sbx_tool_status, str body */
+};
+
+enum sbx_tool_status {
+	SBX_TOOL_OK = 0,      /* CALL: body is the result, JSON; OUTPUT: body empty */
+	SBX_TOOL_ERROR = 1,   /* the tool raised, or the host refused the call: body is the message */
+	SBX_TOOL_REFUSED = 2, /* the agent refused: no execution running, over a limit, malformed */
+};
+
+enum sbx_output_flag {
+	SBX_OUTPUT_BEGIN = 1u << 0, /* a new output: a str mime type follows the flags */
+	SBX_OUTPUT_END = 1u << 1,   /* the output's last frame */
+};
+
+/* A tool's name: [A-Za-z_][A-Za-z0-9_]*. A mime type: type/subtype of [a-z0-9.+_-], one '/',
+ * neither side empty. */
+#define SBX_TOOL_NAME_MAX 64u
+#define SBX_TOOL_ARGS_MAX (60u * 1024u)     /* one guest frame */
+#define SBX_TOOL_RESULT_MAX (1024u * 1024u) /* body of TOOL_RESULT and of LOCAL_REPLY */
+#define SBX_TOOL_CALLS_MAX 16u              /* in flight per execution */
+#define SBX_MIME_TYPE_MAX 127u
+#define SBX_OUTPUT_DATA_MAX (60u * 1024u) /* data bytes per OUTPUT frame */
+#define SBX_OUTPUT_ITEM_MAX (4u * 1024u * 1024u)   /* one output's data */
+#define SBX_OUTPUTS_MAX 32u                        /* outputs per execution */
+#define SBX_OUTPUT_BYTES_MAX (16u * 1024u * 1024u) /* all outputs of one execution */
+#define SBX_HOST_SOCKET_CLIENTS_MAX 16u            /* connections at once */
 
 #endif /* SBX_PROTOCOL_H */
