@@ -27,10 +27,12 @@ from .models import (
     ExposedPort,
     FileInfo,
     NetworkConnection,
+    Output,
     PackagesReport,
     PortMapping,
     SessionSnapshot,
     TimingBreakdown,
+    ToolCall,
 )
 from .network.names import NetworkValidationError
 from .protocols import SandboxScheduler, SandboxSession
@@ -50,6 +52,7 @@ __all__ = [
     "NetworkValidationError",
     "GuestAgentError",
     "InputValidationError",
+    "Output",
     "OutputLimitError",
     "PackageBuildError",
     "PackageNotAllowedError",
@@ -68,6 +71,7 @@ __all__ = [
     "SessionSnapshot",
     "SnapshotError",
     "TimingBreakdown",
+    "ToolCall",
     "TransientError",
     "VmCapacityError",
     "VmConfigError",

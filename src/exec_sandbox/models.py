@@ -137,6 +137,29 @@ class FileInfo:
 
 
 @dataclass(frozen=True)
+class Output:
+    """One rich output of an execution in one MIME type: a matplotlib figure (image/png), an
+    object given to display(), the value of a python cell's last expression. An object shown
+    in several types (a DataFrame: text/html and text/plain) gives one Output per type, in
+    the order the code made them. Text types (text/*, JSON, XML, SVG) are str, others bytes."""
+
+    mime_type: str
+    data: bytes | str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the code made to a host tool (`tools={"name": fn}`): the arguments as the code
+    sent them (JSON text), whether it succeeded, the error the code got otherwise."""
+
+    name: str
+    arguments: str
+    ok: bool
+    error: str | None
+    duration_ms: int
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """The outcome of running code once.
 
@@ -156,6 +179,10 @@ class ExecutionResult:
     packages: PackagesReport | None = None  # None: the VM had no package layer
     # The network connections of the call (of this exec, for a session's): allowed and refused.
     network_log: list[NetworkConnection] = field(default_factory=list)
+    # Figures, display()ed objects and the last expression's value, in the order they came.
+    outputs: list[Output] = field(default_factory=list)
+    # The host tools the code called, in the order the calls ended.
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def timed_out(self) -> bool:

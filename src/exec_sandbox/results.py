@@ -74,4 +74,6 @@ def shape_result(
         l1_cache_hit=l1_cache_hit,
         exposed_ports=list(exposed_ports),
         network_log=list(network_log),
+        outputs=outcome.outputs,
+        tool_calls=outcome.tool_calls,
     )

@@ -5,7 +5,8 @@ become at the API edge (`RunRequest`): validated, defaults applied, immutable, p
 typed by `RunOptions` (`**options: Unpack[RunOptions]`), so the list is not restated per
 method. `RunRequest.make()` is the one place that checks them: bad input raises an
 InputValidationError (or TypeError for an unknown keyword) before any VM starts. A request
-holds no callback, so it pickles: the cluster sends it to a host as it is.
+holds no callback (they are `Callbacks`, beside it), so it pickles: the cluster sends it to a
+host as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from .config import SchedulerConfig
+from .host_tools import HostTools, ToolFunction
 from .models import Language, PortMapping
 from .network.request import NetworkRequest, parse_network_request
 from .packages.specs import PackageSpec, validate_packages
@@ -44,19 +46,28 @@ class RunOptions(TypedDict, total=False):
     on_stdout: OutputCallback | None
     on_stderr: OutputCallback | None
     on_boot_log: OutputCallback | None
+    tools: Mapping[str, ToolFunction] | None
 
 
 @dataclass(frozen=True)
 class Callbacks:
-    """Where a call's output goes (RunOptions' on_*): kept beside a request, never in it."""
+    """The call's host-side callables (RunOptions' on_* and tools): where its output goes and
+    what its code may call on the host. Kept beside a request, never in it."""
 
     on_stdout: OutputCallback | None = None
     on_stderr: OutputCallback | None = None
     on_boot_log: OutputCallback | None = None
+    tools: HostTools | None = None
 
     @classmethod
     def of(cls, options: RunOptions) -> Callbacks:
-        return cls(options.get("on_stdout"), options.get("on_stderr"), options.get("on_boot_log"))
+        """The options' callables; InputValidationError for bad tools."""
+        return cls(
+            options.get("on_stdout"),
+            options.get("on_stderr"),
+            options.get("on_boot_log"),
+            HostTools.of(options.get("tools")),
+        )
 
 
 NO_CALLBACKS = Callbacks()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Unpack
@@ -13,6 +13,7 @@ from typing import Unpack
 from . import _logging, limits
 from .config import SchedulerConfig
 from .errors import InputValidationError, SandboxError
+from .host_tools import HostTools, ToolFunction
 from .models import ExecutionResult, Language, SessionSnapshot, TimingBreakdown
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
@@ -285,6 +286,7 @@ class Scheduler:
                     stderr_limit=limits.STDERR_LIMIT_BYTES,
                     on_stdout=callbacks.on_stdout,
                     on_stderr=callbacks.on_stderr,
+                    tools=callbacks.tools,
                 )
             )
             done_at = time.monotonic()
@@ -398,6 +400,7 @@ class Scheduler:
                 warm_pool_hit=phases.pool_hit,
                 l1_cache_hit=phases.l1_hit,
                 packages=None if layer is None else layer.report,
+                tools=callbacks.tools,
             ),
         )
         try:
@@ -423,6 +426,7 @@ class Scheduler:
             warm_pool_hit=adoption.warm_pool_hit,
             l1_cache_hit=adoption.l1_cache_hit,
             packages=adoption.packages,
+            tools=adoption.tools,
             hooks=SessionHooks(
                 pause=self._paused.pause,
                 fork=self._paused.fork,
@@ -441,11 +445,15 @@ class Scheduler:
         *,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        tools: Mapping[str, ToolFunction] | None = None,
     ) -> Session:
         """A live Session from a paused one (`Session.pause()`), with its variables, imports,
-        cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Raises
-        SnapshotError for an unknown, damaged or foreign snapshot (other images or QEMU)."""
-        return await self._paused.resume(snapshot_id, on_stdout=on_stdout, on_stderr=on_stderr)
+        cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Host
+        tools are not part of a snapshot: give them again (`tools`). Raises SnapshotError for
+        an unknown, damaged or foreign snapshot (other images or QEMU)."""
+        return await self._paused.resume(
+            snapshot_id, on_stdout=on_stdout, on_stderr=on_stderr, tools=HostTools.of(tools)
+        )
 
     async def snapshots(self) -> list[SessionSnapshot]:
         """The paused sessions on disk (this user's, every process's), oldest first."""

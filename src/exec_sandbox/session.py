@@ -25,6 +25,7 @@ from .errors import (
     SessionClosedError,
     VmTransientError,
 )
+from .host_tools import HostTools
 from .models import (
     ExecutionResult,
     ExposedPort,
@@ -71,6 +72,7 @@ class Session:
         warm_pool_hit: bool = False,
         l1_cache_hit: bool = False,
         packages: PackagesReport | None = None,
+        tools: HostTools | None = None,
         hooks: SessionHooks | None = None,
         exec_count: int = 0,
     ) -> None:
@@ -88,6 +90,8 @@ class Session:
         self._default_env = dict(default_env or {})
         self._on_stdout = on_stdout
         self._on_stderr = on_stderr
+        # What the code may call on the host (tools={...}); every exec() offers the same.
+        self.tools = tools
         self._idle_timeout = idle_timeout_seconds
         self._on_close = on_close
         self._boot_ms = boot_ms
@@ -179,6 +183,7 @@ class Session:
             on_stdout=on_stdout if on_stdout is not None else self._on_stdout,
             on_stderr=on_stderr if on_stderr is not None else self._on_stderr,
             session=True,
+            tools=self.tools,
         )
 
         async def run() -> ExecutionResult:

@@ -199,6 +199,7 @@ class ClusterScheduler:
         before any host is asked, and sent as it is (run_request.RunRequest); time and memory
         left out are the host's defaults, as with a local scheduler."""
         request = RunRequest.make(options, self.config, code=code, defaults=False)
+        _refuse_tools(options)
         callbacks = {
             "stdout": options.get("on_stdout"),
             "stderr": options.get("on_stderr"),
@@ -225,6 +226,7 @@ class ClusterScheduler:
         request = RunRequest.make(
             options, self.config, code=None, packages_language=_packages_language, defaults=False
         )
+        _refuse_tools(options)
         on_boot_log = options.get("on_boot_log")
         callbacks = {"boot": on_boot_log}
         streams = ("boot",) if on_boot_log is not None else ()
@@ -668,3 +670,12 @@ def _changed_fields(config: SchedulerConfig) -> dict[str, Any]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+def _refuse_tools(options: RunOptions) -> None:
+    """Host tools run in the caller's process, and a cluster host's VM has no way back to it
+    yet: refused clearly rather than offered to code that could never reach them."""
+    if options.get("tools"):
+        raise InputValidationError(
+            "ClusterScheduler does not support host tools (tools=...): use a local Scheduler"
+        )

@@ -289,9 +289,12 @@ async def _streamed(
     "boot") as it comes, then the outcome. If the client goes away, the generator is closed
     and the call cancelled."""
     queue: asyncio.Queue[Outcome] = asyncio.Queue()
-    names = {"stdout": "on_stdout", "stderr": "on_stderr", "boot": "on_boot_log"}
+
+    def sender(kind: str) -> Callable[[str], None] | None:
+        return _sender(queue, kind) if kind in streams else None
+
     callbacks = Callbacks(
-        **{names[kind]: _sender(queue, kind) for kind in streams if kind in names}
+        on_stdout=sender("stdout"), on_stderr=sender("stderr"), on_boot_log=sender("boot")
     )
 
     async def outcome() -> None:

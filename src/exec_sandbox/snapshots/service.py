@@ -31,6 +31,7 @@ from .forks import check_machine, fork_vms, load_vm, save_session
 from .sessions import SessionSnapshotStore, check_id
 
 if TYPE_CHECKING:
+    from ..host_tools import HostTools
     from ..session import Session
 
 
@@ -49,6 +50,7 @@ class Adoption:
     # Which speed tier gave the VM: a resumed or forked session's is a loaded state (L1).
     warm_pool_hit: bool = False
     l1_cache_hit: bool = True
+    tools: HostTools | None = None
 
 
 class Adopt(Protocol):
@@ -86,6 +88,7 @@ class SessionSnapshotService:
         *,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        tools: HostTools | None = None,
     ) -> Session:
         """A live Session from a paused one (see Scheduler.resume)."""
         snapshot_id = check_id(snapshot_id)
@@ -125,6 +128,7 @@ class SessionSnapshotService:
                 boot_ms=_ms(time.monotonic() - at),
                 packages=None if layer is None else layer.report,
                 exec_count=settings["exec_count"],
+                tools=tools,
             ),
         )
 
@@ -170,6 +174,7 @@ class SessionSnapshotService:
             boot_ms=_ms(time.monotonic() - at),
             packages=session.packages,
             exec_count=session.exec_count,
+            tools=session.tools,  # a copy's code calls what its parent's could
         )
         return [
             self._adopt(Lease(copy, ticket, self._leases), adoption)

@@ -1,6 +1,7 @@
 """One execution in a guest, as the host sees it: the request (`ExecRequest`), its output
-streams while it runs (`OutputStream`) and what the guest reported at its end (`ExecOutcome`).
-`results.py` turns an outcome into the API's ExecutionResult."""
+streams while it runs (`OutputStream`), its rich outputs (`RichOutputs`) and what the guest
+reported at its end (`ExecOutcome`). `results.py` turns an outcome into the API's
+ExecutionResult."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import asyncio
 import codecs
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..models import Language
+from ..models import Language, Output, ToolCall
+
+if TYPE_CHECKING:
+    from ..host_tools import HostTools
 
 OutputCallback = Callable[[str], None]
 
@@ -26,6 +31,7 @@ class ExecRequest:
     on_stdout: OutputCallback | None = None
     on_stderr: OutputCallback | None = None
     session: bool = False  # run in the VM's persistent REPL (SESSION_EXEC)
+    tools: HostTools | None = None  # what the code may call on the host (TOOL_CALL)
 
 
 @dataclass
@@ -35,6 +41,8 @@ class ExecOutcome:
     exit_code: int
     flags: int
     duration_us: int
+    outputs: list[Output] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class OutputStream:
@@ -70,12 +78,74 @@ class OutputStream:
         return "".join(self._parts)
 
 
+# The protocol's limits on rich outputs (src/shared/protocol.h): the guest enforces them, and a
+# guest that passes them loses its VM.
+OUTPUT_BEGIN = 1
+OUTPUT_END = 2
+OUTPUT_ITEM_MAX = 4 * 1024 * 1024
+OUTPUTS_MAX = 32
+OUTPUT_BYTES_MAX = 16 * 1024 * 1024
+TOOL_CALLS_MAX = 16
+
+# MIME types whose data is text (ExecutionResult.outputs gives them as str).
+_TEXT_SUFFIXES = ("+json", "+xml")
+_TEXT_TYPES = frozenset({"application/json", "application/javascript", "image/svg+xml"})
+
+
+def _is_text(mime_type: str) -> bool:
+    return (
+        mime_type.startswith("text/")
+        or mime_type in _TEXT_TYPES
+        or mime_type.endswith(_TEXT_SUFFIXES)
+    )
+
+
+class RichOutputs:
+    """The OUTPUT frames of one execution, assembled: BEGIN (with the type) ... END, one output
+    at a time, within the count and size limits. `feed` returns why a frame breaks the
+    protocol (the caller then ends the VM), or None."""
+
+    def __init__(self) -> None:
+        self.outputs: list[Output] = []
+        self._open: tuple[str, list[bytes]] | None = None
+        self._open_size = 0
+        self._total = 0
+
+    def feed(self, flags: int, mime_type: str, data: bytes) -> str | None:
+        if flags & OUTPUT_BEGIN:
+            if self._open is not None:
+                return "an OUTPUT began before the previous one ended"
+            if len(self.outputs) >= OUTPUTS_MAX:
+                return f"more than {OUTPUTS_MAX} outputs"
+            self._open, self._open_size = (mime_type, []), 0
+        elif self._open is None:
+            return "OUTPUT data outside an output"
+        self._open_size += len(data)
+        self._total += len(data)
+        if self._open_size > OUTPUT_ITEM_MAX or self._total > OUTPUT_BYTES_MAX:
+            return "outputs over their size limit"
+        self._open[1].append(data)
+        if flags & OUTPUT_END:
+            mime, parts = self._open
+            blob = b"".join(parts)
+            self.outputs.append(
+                Output(mime, blob.decode("utf-8", errors="replace") if _is_text(mime) else blob)
+            )
+            self._open = None
+        return None
+
+
 @dataclass
 class Execution:
-    """One execution in flight in a GuestVm: its two streams, their limits (stdout, stderr), and
-    `done`, settled with (exit_code, flags, duration_us) or the error that ended it."""
+    """One execution in flight in a GuestVm: its two streams, their limits (stdout, stderr), its
+    rich outputs and host tool calls (running ones in `calls`), and `done`, settled with
+    (exit_code, flags, duration_us) or the error that ended it."""
 
     stdout: OutputStream
     stderr: OutputStream
     done: asyncio.Future[tuple[int, int, int]]
     limits: tuple[int, int] = (0, 0)
+    tools: HostTools | None = None
+    outputs: RichOutputs = field(default_factory=RichOutputs)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    calls: set[asyncio.Task[None]] = field(default_factory=set)

@@ -27,8 +27,9 @@ from ..errors import (
     VmTimeoutError,
     VmTransientError,
 )
+from ..host_tools import TOOL_ERROR
 from ..limits import HOST_TIMEOUT_GRACE_SECONDS
-from ..models import Language
+from ..models import Language, ToolCall
 from . import process
 from .binding import (
     EXIT_TIMED_OUT,
@@ -41,7 +42,14 @@ from .binding import (
     OutputEvent,
     ProtocolError,
 )
-from .execution import ExecOutcome, ExecRequest, Execution, OutputCallback, OutputStream
+from .execution import (
+    TOOL_CALLS_MAX,
+    ExecOutcome,
+    ExecRequest,
+    Execution,
+    OutputCallback,
+    OutputStream,
+)
 from .jail import report_layers
 from .qmp import QmpClient
 from .registry import VmRegistry
@@ -326,6 +334,7 @@ class GuestVm:
             stderr=OutputStream("stderr", request.on_stderr),
             done=self._loop.create_future(),
             limits=(request.stdout_limit, request.stderr_limit),
+            tools=request.tools,
         )
         self._runs[exec_id] = run
         try:
@@ -366,9 +375,14 @@ class GuestVm:
                 exit_code=exit_code,
                 flags=flags,
                 duration_us=duration_us,
+                outputs=run.outputs.outputs,
+                tool_calls=list(run.tool_calls),
             )
         finally:
             self._runs.pop(exec_id, None)
+            # Calls still running belong to code that has ended: nobody will read their result.
+            for call in run.calls:
+                call.cancel()
 
     # --- file transfers (sessions) ---
 
@@ -510,6 +524,40 @@ class GuestVm:
             self._complete(run, (event.exit_code, event.flags, event.duration_us))
         elif event.kind == "error":
             self._complete(run, GuestAgentError(f"guest agent error {event.code}: {event.message}"))
+        elif event.kind == "output":
+            broken = run.outputs.feed(event.flags, event.mime_type, event.data)
+            if broken is not None:
+                self._complete(run, GuestAgentError(f"guest broke the output protocol: {broken}"))
+                self.close()
+        elif event.kind == "tool_call":
+            if len(run.calls) >= TOOL_CALLS_MAX:
+                self._complete(run, GuestAgentError("guest made too many tool calls at once"))
+                self.close()
+                return
+            task = self._loop.create_task(
+                self._serve_call(exec_id, run, event.call, event.name, event.arguments)
+            )
+            run.calls.add(task)
+            task.add_done_callback(run.calls.discard)
+
+    async def _serve_call(
+        self, exec_id: int, run: Execution, call: int, name: str, arguments: bytes
+    ) -> None:
+        """One TOOL_CALL: run the tool, log it on the execution, answer with TOOL_RESULT."""
+        if run.tools is None:
+            message = "this sandbox has no host tools (pass tools={...} to run() or session())"
+            status, body = TOOL_ERROR, message.encode()
+            record = ToolCall(name, arguments.decode(errors="replace"), False, message, 0)
+        else:
+            status, body, record = await run.tools.call(name, arguments)
+        run.tool_calls.append(record)
+        if self._broken is not None or self._runs.get(exec_id) is not run:
+            return  # the execution ended meanwhile: the guest has answered the code already
+        try:
+            pending = self._vm.send_tool_result(exec_id, call, status, body)
+        except OSError:
+            return  # the channel is gone: the execution fails on its own
+        self._want_write(pending)
 
     def _dispatch_file(self, kind: str, transfer_id: int, event: Event) -> None:
         transfer = self._transfers.get(transfer_id)

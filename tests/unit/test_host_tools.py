@@ -1,0 +1,143 @@
+"""Host tools (host_tools.HostTools) and rich outputs (vm.execution.RichOutputs): the host's
+half of a guest's TOOL_CALL and OUTPUT frames, without a VM. What the guest code sees of them is
+tested in real VMs (tests/integration/functional/test_rich_outputs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from exec_sandbox import InputValidationError, Output, Scheduler
+from exec_sandbox.host_tools import TOOL_ERROR, TOOL_OK, TOOL_RESULT_MAX, HostTools
+from exec_sandbox.vm.execution import (
+    OUTPUT_BEGIN,
+    OUTPUT_END,
+    OUTPUT_ITEM_MAX,
+    OUTPUTS_MAX,
+    RichOutputs,
+)
+
+
+def _args(*args: object, **kwargs: object) -> bytes:
+    return json.dumps({"args": list(args), "kwargs": kwargs}).encode()
+
+
+def test_sync_tool_runs_off_the_loop_and_returns_json() -> None:
+    loop_thread: list[int] = []
+    ran_in: list[int] = []
+
+    def add(a: int, b: int = 0) -> dict[str, int]:
+        ran_in.append(threading.get_ident())
+        return {"sum": a + b}
+
+    async def main() -> tuple[int, bytes, object]:
+        loop_thread.append(threading.get_ident())
+        return await HostTools({"add": add}).call("add", _args(2, b=3))
+
+    status, body, record = asyncio.run(main())
+    assert status == TOOL_OK
+    assert json.loads(body) == {"sum": 5}
+    assert ran_in and ran_in != loop_thread  # a blocking tool never holds the loop
+    assert record.name == "add" and record.ok and record.error is None  # type: ignore[attr-defined]
+    assert json.loads(record.arguments) == {"args": [2], "kwargs": {"b": 3}}  # type: ignore[attr-defined]
+
+
+def test_async_tool_is_awaited() -> None:
+    async def search(query: str) -> list[str]:
+        await asyncio.sleep(0)
+        return [query.upper()]
+
+    status, body, _ = asyncio.run(HostTools({"search": search}).call("search", _args("x")))
+    assert (status, json.loads(body)) == (TOOL_OK, ["X"])
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "message"),
+    [
+        ("missing", _args(), "no tool named 'missing' (tools: boom, ok)"),
+        ("boom", _args(), "RuntimeError: the host says no"),
+        ("ok", b"{not json", "not JSON"),
+        ("ok", b"[1, 2]", '{"args": [...], "kwargs": {...}}'),
+        ("ok", b'{"args": {}, "kwargs": {}}', '{"args": [...], "kwargs": {...}}'),
+        ("ok", _args(1, 2, 3), "TypeError"),  # the function's own signature decides
+    ],
+)
+def test_failures_reach_the_guest_as_messages(name: str, arguments: bytes, message: str) -> None:
+    def boom() -> None:
+        raise RuntimeError("the host says no")
+
+    tools = HostTools({"boom": boom, "ok": lambda: 1})
+    status, body, record = asyncio.run(tools.call(name, arguments))
+    assert status == TOOL_ERROR
+    assert message in body.decode()
+    assert not record.ok and record.error is not None and message in record.error
+
+
+def test_results_that_are_not_json_or_too_big_fail_the_call() -> None:
+    tools = HostTools({"obj": lambda: object(), "big": lambda: "x" * TOOL_RESULT_MAX})
+    status, body, _ = asyncio.run(tools.call("obj", _args()))
+    assert status == TOOL_ERROR and b"not JSON serializable" in body
+    status, body, _ = asyncio.run(tools.call("big", _args()))
+    assert status == TOOL_ERROR and b"over the" in body
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        {"has space": print},
+        {"1st": print},
+        {"_private": print},
+        {"x" * 65: print},
+        {"fine": "not callable"},
+        [("a", print)],
+    ],
+)
+def test_bad_tools_are_refused_before_any_vm(tools: object) -> None:
+    with pytest.raises(InputValidationError):
+        HostTools(tools)  # type: ignore[arg-type]
+
+
+def test_scheduler_run_refuses_bad_tools_before_starting() -> None:
+    async def main() -> None:
+        # Never entered: the check comes before the scheduler starts anything.
+        await Scheduler().run("print(1)", tools={"bad name": print})
+
+    with pytest.raises(InputValidationError):
+        asyncio.run(main())
+
+
+def _feed(outputs: RichOutputs, flags: int, mime: str = "", data: bytes = b"") -> str | None:
+    return outputs.feed(flags, mime, data)
+
+
+def test_outputs_are_assembled_in_order_text_as_str() -> None:
+    outputs = RichOutputs()
+    assert _feed(outputs, OUTPUT_BEGIN, "image/png", b"\x89PN") is None
+    assert _feed(outputs, 0, "", b"G") is None
+    assert _feed(outputs, OUTPUT_END, "", b"\r\n") is None
+    assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "text/html", "<b>é</b>".encode()) is None
+    assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "application/json", b"{}") is None
+    assert outputs.outputs == [
+        Output("image/png", b"\x89PNG\r\n"),
+        Output("text/html", "<b>é</b>"),
+        Output("application/json", "{}"),
+    ]
+
+
+def test_output_protocol_violations_are_reported() -> None:
+    outputs = RichOutputs()
+    assert _feed(outputs, 0, "", b"x") is not None  # data outside an output
+    outputs = RichOutputs()
+    _feed(outputs, OUTPUT_BEGIN, "text/plain")
+    assert _feed(outputs, OUTPUT_BEGIN, "text/plain") is not None  # nested BEGIN
+    outputs = RichOutputs()
+    _feed(outputs, OUTPUT_BEGIN, "image/png")
+    assert _feed(outputs, 0, "", b"x" * OUTPUT_ITEM_MAX) is None
+    assert _feed(outputs, OUTPUT_END, "", b"x") is not None  # one byte over an output's limit
+    outputs = RichOutputs()
+    for _ in range(OUTPUTS_MAX):
+        assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "text/plain", b"1") is None
+    assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "text/plain", b"1") is not None
