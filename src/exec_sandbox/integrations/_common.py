@@ -17,6 +17,7 @@ from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, Snapsh
 from exec_sandbox.network import parse_network_request
 
 from ._bridge import Runner
+from ._outputs import outputs_artifact, outputs_text
 
 if TYPE_CHECKING:
     from exec_sandbox import SandboxSession
@@ -28,11 +29,14 @@ LANGUAGES: tuple[str, ...] = get_args(LanguageName)
 
 
 def result_text(result: ExecutionResult, note: str = "") -> str:
-    """What a model reads: a sandbox note if any (ended_note, alone_note), stdout, then stderr,
-    then the exit code when it is not 0."""
+    """What a model reads: a sandbox note if any (ended_note, alone_note), stdout, the rich
+    outputs (a cell's value, display()ed objects, figures named), then stderr, then the exit
+    code when it is not 0."""
     parts = [note] if note else []
     if result.stdout:
         parts.append(result.stdout.rstrip("\n"))
+    if result.outputs:
+        parts.append(outputs_text(result.outputs))
     if result.stderr:
         parts.append("stderr:\n" + result.stderr.rstrip("\n"))
     if result.exit_code != 0:
@@ -78,6 +82,11 @@ def result_artifact(result: ExecutionResult) -> dict[str, Any]:
             "execute_ms": result.timing.execute_ms,
             "total_ms": result.timing.total_ms,
         },
+        "outputs": outputs_artifact(result.outputs),
+        "tool_calls": [
+            {"name": c.name, "ok": c.ok, "error": c.error, "duration_ms": c.duration_ms}
+            for c in result.tool_calls
+        ],
     }
 
 

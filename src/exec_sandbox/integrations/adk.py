@@ -6,7 +6,8 @@ re-entered (no deadlock). With `stateful=True`, one VM per `execution_id` keeps 
 calls; otherwise each call gets a fresh VM. `input_files` are written into the guest home before
 the code runs, each only when the VM does not already hold that content (ADK resends them all on
 every call); files the run creates or changes in the home or its subdirectories come back as
-`output_files` (named by their path under the home; bounded, see `_changed_files`); stderr is
+`output_files` (named by their path under the home; bounded, see `_changed_files`), and so do
+the figures and other rich outputs the code showed (`_rich_outputs`); stderr is
 reported only when the code failed (ADK counts any stderr as an error and retries).
 """
 
@@ -28,7 +29,7 @@ from google.adk.code_executors.code_execution_utils import (
 )
 from pydantic import ConfigDict, PrivateAttr
 
-from exec_sandbox import SandboxError, SandboxScheduler
+from exec_sandbox import Output, SandboxError, SandboxScheduler
 
 from ._bridge import Runner, _running_loop, before_close
 from ._common import SessionPool
@@ -193,7 +194,9 @@ async def _run(
             written[name] = (digest, before.get(name))
     result = await session.exec(request.code)
     outputs, left_out = await _changed_files(session, before, await _scan(session))
-    stdout = result.stdout
+    shown, text = _rich_outputs(result.outputs, session.exec_count)
+    outputs.extend(shown)
+    stdout = result.stdout + text
     if left_out:
         stdout += (
             f"\n[exec-sandbox: {len(left_out)} new or changed file(s) not returned (limits: "
@@ -303,6 +306,26 @@ async def _changed_files(
         mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
         outputs.append(File(name=path, content=data, mime_type=mime))
     return outputs, left_out
+
+
+def _rich_outputs(results: list[Output], exec_count: int) -> tuple[list[File], str]:
+    """A run's rich outputs as ADK carries them: text/plain values (a cell's last expression,
+    display()ed text) appended to stdout, which the model reads; figures, HTML and every other
+    type as output files (as ADK's own Vertex executor returns images), named
+    `output-<exec>-<n>.<ext>` so that no call's file replaces another's."""
+    files: list[File] = []
+    lines: list[str] = []
+    for n, output in enumerate(results, 1):
+        if output.mime_type == "text/plain" and isinstance(output.data, str):
+            lines.append(output.data)
+            continue
+        ext = mimetypes.guess_extension(output.mime_type) or ".bin"
+        data = output.data.encode() if isinstance(output.data, str) else output.data
+        files.append(
+            File(name=f"output-{exec_count}-{n}{ext}", content=data, mime_type=output.mime_type)
+        )
+    text = "".join(line + "\n" for line in lines)
+    return files, text
 
 
 def _is_cache_dir(name: str) -> bool:

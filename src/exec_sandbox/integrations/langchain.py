@@ -2,8 +2,10 @@
 keeps one VM per conversation (the `thread_id` of the run's config), so variables persist between
 the calls of one thread.
 
-Both return `(text, artifact)` (`response_format="content_and_artifact"`): the model reads the
-text, the artifact carries exit code, stdout, stderr and timing. A non-zero exit is ordinary
+Both return `(content, artifact)` (`response_format="content_and_artifact"`): the model reads the
+text (with a python cell's value and display()ed text), followed by image content blocks for the
+figures the code showed; the artifact carries exit code, stdout, stderr, timing, every rich
+output and the host tool calls. A non-zero exit is ordinary
 output; bad arguments and infrastructure failures become `ToolException`, which
 `handle_tool_error=True` turns into a message the model can read.
 """
@@ -30,6 +32,7 @@ from ._common import (
     result_artifact,
     result_text,
 )
+from ._outputs import image_blocks
 
 
 class ExecSandboxInput(BaseModel):
@@ -73,11 +76,20 @@ def _checked_language(language: str) -> str:
     return language
 
 
-def _as_tool_output(result: ExecutionResult, note: str = "") -> tuple[str, dict[str, Any]]:
+ToolContent = str | list[str | dict[str, Any]]
+
+
+def _as_tool_output(result: ExecutionResult, note: str = "") -> tuple[ToolContent, dict[str, Any]]:
+    """(content, artifact): the text, and the figures the code showed as image content blocks
+    after it (a model that reads images sees the chart; E2B's data-analysis tool does the same)."""
     artifact = result_artifact(result)
     if note:
         artifact["sandbox_note"] = note
-    return result_text(result, note), artifact
+    text = result_text(result, note)
+    images = image_blocks(result.outputs)
+    if not images:
+        return text, artifact
+    return [{"type": "text", "text": text}, *images], artifact
 
 
 class ExecSandboxTool(_SandboxToolBase):
@@ -96,7 +108,7 @@ class ExecSandboxTool(_SandboxToolBase):
         language: LanguageName = "python",
         packages: list[str] | None = None,
         run_manager: CallbackManagerForToolRun | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[ToolContent, dict[str, Any]]:
         try:
             result = self._runner.run(
                 lambda s: s.run(
@@ -117,7 +129,7 @@ class ExecSandboxTool(_SandboxToolBase):
         language: LanguageName = "python",
         packages: list[str] | None = None,
         run_manager: AsyncCallbackManagerForToolRun | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[ToolContent, dict[str, Any]]:
         try:
             result = await self._runner.arun(
                 lambda s: s.run(
@@ -177,7 +189,7 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         code: str,
         config: RunnableConfig,
         run_manager: CallbackManagerForToolRun | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[ToolContent, dict[str, Any]]:
         key = _thread_id(config)
         try:
             result, note = self._pool.runner.run(lambda s: self._exec(s, key, code))
@@ -190,7 +202,7 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         code: str,
         config: RunnableConfig,
         run_manager: AsyncCallbackManagerForToolRun | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    ) -> tuple[ToolContent, dict[str, Any]]:
         key = _thread_id(config)
         try:
             result, note = await self._pool.runner.arun(lambda s: self._exec(s, key, code))

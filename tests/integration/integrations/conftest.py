@@ -32,3 +32,34 @@ def no_vm_leak(request: pytest.FixtureRequest, images_ready: None) -> Iterator[N
     # The standard sandbox suite shares one VM per class; its fixture checks at class end.
     if "sandbox" not in request.fixturenames:
         assert_no_vm_left()
+
+
+def _png_1x1() -> bytes:
+    """A valid one-pixel PNG, made here so that no image library is needed on either side."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00\xff\x00\x00")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+    )
+
+
+PNG_1X1 = _png_1x1()
+# Code that shows a figure the IPython way (an object with _repr_png_), as a chart library's
+# figure would: no savefig, no file.
+SHOW_PNG_CODE = (
+    "import base64\n"
+    "class Chart:\n"
+    "    def _repr_png_(self):\n"
+    f"        return base64.b64decode({__import__('base64').b64encode(PNG_1X1).decode()!r})\n"
+    "    def __repr__(self):\n"
+    "        return 'Chart()'\n"
+    "display(Chart())\n"
+    "print('shown')\n"
+)

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from exec_sandbox.integrations.adk import MAX_OUTPUT_FILES, ExecSandboxCodeExecutor
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT, PNG_1X1, SHOW_PNG_CODE
 
 pytestmark = pytest.mark.vm
 
@@ -293,3 +293,18 @@ async def test_async_with_closes_the_executors_vms_without_blocking_the_loop() -
     await other.execute_code_async(None, CodeExecutionInput(code="y = 2", execution_id=key))  # type: ignore[arg-type]
     await other.aclose()
     assert other._pool.keys() == []
+
+
+def test_figures_are_output_files_and_values_reach_stdout() -> None:
+    executor = ExecSandboxCodeExecutor(stateful=True)
+    try:
+        shown = executor.execute_code(
+            None, CodeExecutionInput(code=SHOW_PNG_CODE, execution_id="fig")
+        )  # type: ignore[arg-type]
+        assert [(f.mime_type, f.content) for f in shown.output_files] == [("image/png", PNG_1X1)]
+        assert shown.output_files[0].name.endswith(".png")
+        assert shown.stdout == "shown\nChart()\n"
+        value = executor.execute_code(None, CodeExecutionInput(code="6 * 7", execution_id="fig"))  # type: ignore[arg-type]
+        assert value.stdout == "42\n" and value.output_files == []
+    finally:
+        executor.close()

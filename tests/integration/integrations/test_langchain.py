@@ -4,6 +4,7 @@ model; the code runs in real VMs and its output must reach the model's next turn
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import pytest
 
@@ -17,7 +18,7 @@ from exec_sandbox.integrations.langchain import (
     ExecSandboxTool,
 )
 
-from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
+from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT, PNG_1X1, SHOW_PNG_CODE
 from .fake_langchain_model import ScriptedChatModel
 
 pytestmark = pytest.mark.vm
@@ -134,3 +135,28 @@ def test_the_model_can_ask_for_packages() -> None:
     assert _tool_messages(model, 1)[-1].content == "1.16.0"
     refused = _tool_messages(model, 2)[-1]
     assert "PackageNotAllowedError" in refused.content
+
+
+async def test_figures_come_back_as_image_blocks_and_values_as_text() -> None:
+    tool = ExecSandboxTool()
+    message = await tool.ainvoke(
+        {"type": "tool_call", "name": "exec_sandbox", "args": {"code": SHOW_PNG_CODE}, "id": "c1"}
+    )
+    assert isinstance(message, ToolMessage)
+    text, image = message.content
+    assert isinstance(text, dict) and isinstance(image, dict)
+    assert text["type"] == "text" and "shown" in text["text"] and "Chart()" in text["text"]
+    assert image["type"] == "image" and image["mime_type"] == "image/png"
+    assert base64.b64decode(image["base64"]) == PNG_1X1
+    kinds = [o["mime_type"] for o in message.artifact["outputs"]]
+    assert kinds == ["image/png", "text/plain"]
+
+    # A session cell's last expression is its value, in the text the model reads.
+    session_tool = ExecSandboxSessionTool()
+    try:
+        config = {"configurable": {"thread_id": "values"}}
+        await session_tool.ainvoke({"code": "x = 20"}, config=config)
+        reply = await session_tool.ainvoke({"code": "x * 2 + 2"}, config=config)
+        assert reply == "42"
+    finally:
+        await session_tool.aclose()
