@@ -98,7 +98,7 @@ def fd_is_open(fd: int) -> bool:
 
 def test_constants() -> None:
     x = _execsbx
-    assert x.PROTOCOL_VERSION == 2
+    assert x.PROTOCOL_VERSION == 3
     assert x.CHANNEL_PORT_NAME == "org.execsandbox.agent.0"
     assert (x.LANG_PYTHON, x.LANG_JAVASCRIPT, x.LANG_RAW) == (1, 2, 3)
     assert (x.EXIT_TIMED_OUT, x.EXIT_STDOUT_LIMIT, x.EXIT_STDERR_LIMIT) == (1, 2, 4)
@@ -818,7 +818,9 @@ def test_net_config_over_the_protocol_limits_is_refused(tmp_path: Path) -> None:
         vm.close()
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, 0xFFFFFFFF])
+@pytest.mark.parametrize(
+    "version", [0, _execsbx.PROTOCOL_VERSION - 1, _execsbx.PROTOCOL_VERSION + 1, 0xFFFFFFFF]
+)
 async def test_a_guest_of_another_protocol_version_is_refused(tmp_path: Path, version: int) -> None:
     """Stand-in QEMU (no VM): an agent announcing another protocol version in READY makes the
     boot fail with VmPermanentError saying to rebuild the images, and the 'QEMU' is gone."""
