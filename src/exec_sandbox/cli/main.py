@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import json
 import logging
@@ -89,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="reach guest PORT at 127.0.0.1:HOST (a free port without HOST)",
     )
     run.add_argument(
-        "--json", action="store_true", help="print the result as JSON (with the connection log)"
+        "--json",
+        action="store_true",
+        help="print the result as JSON (with the connection log; binary outputs in base64)",
     )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
     run.add_argument("--debug", action="store_true", help="debug logging and the boot log")
@@ -171,11 +174,18 @@ def main(argv: list[str] | None = None) -> int:
 def _report(args: argparse.Namespace, result: ExecutionResult) -> None:
     """What follows the code's streamed output: the JSON result, or why it was stopped."""
     if args.json:
-        print(json.dumps(dataclasses.asdict(result), indent=2))
+        print(json.dumps(dataclasses.asdict(result), indent=2, default=_json_bytes))
     elif result.exit_code == -1:
         sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _json_bytes(value: object) -> str:
+    """Binary rich outputs (a figure's PNG) in --json: base64, as JSON has no bytes."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class _Interrupted(Exception):
