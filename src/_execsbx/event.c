@@ -65,6 +65,81 @@ static int decode_file_error(struct sbx_cursor *c, struct sbx_event *ev)
 	return sbx_get_str(c, SBX_ERROR_MESSAGE_MAX, &ev->data, &ev->len);
 }
 
+/* The host looks a tool up by this name and shows it in messages: an identifier, nothing that
+ * could pass for a path, a format or another line. */
+static int tool_name_ok(const uint8_t *s, uint32_t n)
+{
+	if (n == 0)
+		return 0;
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t c = s[i];
+		int alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_';
+		if (!alpha && !(i > 0 && c >= '0' && c <= '9'))
+			return 0;
+	}
+	return 1;
+}
+
+/* type/subtype: one '/', neither side empty, lowercase [a-z0-9.+_-] otherwise. The host hands it
+ * to whoever renders the output, so nothing beyond that narrow set gets through (no parameters,
+ * no spaces, no control bytes). */
+static int mime_type_ok(const uint8_t *s, uint32_t n)
+{
+	uint32_t slash = n;
+	for (uint32_t i = 0; i < n; i++) {
+		uint8_t c = s[i];
+		if (c == '/') {
+			if (slash != n)
+				return 0;
+			slash = i;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '+' ||
+		      c == '_' || c == '-'))
+			return 0;
+	}
+	return slash > 0 && slash + 1 < n; /* slash == n: none at all */
+}
+
+static int decode_tool_call(struct sbx_cursor *c, struct sbx_event *ev)
+{
+	int rc;
+	if ((rc = sbx_get_u32(c, &ev->call)) < 0 ||
+	    (rc = sbx_get_str(c, SBX_TOOL_NAME_MAX, &ev->name, &ev->name_len)) < 0 ||
+	    (rc = sbx_get_str(c, SBX_TOOL_ARGS_MAX, &ev->data, &ev->len)) < 0)
+		return rc;
+	/* Call 0 is no call: the host keys its reply by the number. The arguments are JSON text,
+	 * which is never empty; the host parses them, not this decoder. */
+	if (ev->call == 0 || !tool_name_ok(ev->name, ev->name_len) || ev->len == 0)
+		return -EPROTO;
+	return 0;
+}
+
+static int decode_output(struct sbx_cursor *c, struct sbx_event *ev)
+{
+	uint8_t flags;
+	int rc = sbx_get_u8(c, &flags);
+	if (rc < 0)
+		return rc;
+	if (flags & ~(unsigned)(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END))
+		return -EPROTO;
+	ev->flags = flags;
+	if (flags & SBX_OUTPUT_BEGIN) {
+		rc = sbx_get_str(c, SBX_MIME_TYPE_MAX, &ev->name, &ev->name_len);
+		if (rc < 0)
+			return rc;
+		if (!mime_type_ok(ev->name, ev->name_len))
+			return -EPROTO;
+	}
+	/* The rest is data; empty is fine (an empty output, or an END after a full chunk). */
+	if (c->left > SBX_OUTPUT_DATA_MAX)
+		return -EPROTO;
+	ev->data = c->p;
+	ev->len = (uint32_t)c->left;
+	c->left = 0;
+	return 0;
+}
+
 int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev)
 {
 	struct sbx_cursor c = {f->payload, f->payload_len};
@@ -109,6 +184,12 @@ int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev)
 	case SBX_MSG_FILE_ERROR:
 		rc = decode_file_error(&c, ev);
 		break;
+	case SBX_MSG_TOOL_CALL:
+		rc = decode_tool_call(&c, ev);
+		break;
+	case SBX_MSG_OUTPUT:
+		rc = decode_output(&c, ev);
+		break;
 	case SBX_MSG_RESEEDED:
 		break; /* empty: c.left must be 0 */
 	default:
@@ -148,6 +229,10 @@ const char *sbx_event_kind_name(enum sbx_event_kind kind)
 		return "file_error";
 	case SBX_EV_RESEEDED:
 		return "reseeded";
+	case SBX_EV_TOOL_CALL:
+		return "tool_call";
+	case SBX_EV_OUTPUT:
+		return "output";
 	}
 	return "?";
 }

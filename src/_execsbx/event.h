@@ -23,6 +23,8 @@ enum sbx_event_kind {
 	SBX_EV_FILE_ENTRIES = SBX_MSG_FILE_ENTRIES,
 	SBX_EV_FILE_DONE = SBX_MSG_FILE_DONE,
 	SBX_EV_FILE_ERROR = SBX_MSG_FILE_ERROR,
+	SBX_EV_TOOL_CALL = SBX_MSG_TOOL_CALL,
+	SBX_EV_OUTPUT = SBX_MSG_OUTPUT,
 };
 
 /* data/len point into the frame's payload (valid as long as the frame is). */
@@ -34,8 +36,15 @@ struct sbx_event {
 	uint32_t count;            /* FILE_ENTRIES: number of entries (all validated) */
 	uint64_t value;            /* FILE_DONE */
 	struct sbx_exit exit;      /* EXIT */
-	const uint8_t *data;       /* READY: agent version; STDOUT/STDERR/FILE_DATA: bytes;
-				    * ERROR/FILE_ERROR: message; FILE_ENTRIES: the encoded entries */
+	uint32_t call;             /* TOOL_CALL: the call's number (never 0) */
+	uint32_t flags;            /* OUTPUT: enum sbx_output_flag bits (no others) */
+	const uint8_t *name;       /* TOOL_CALL: the tool's name ([A-Za-z_][A-Za-z0-9_]*);
+				    * OUTPUT with BEGIN: the mime type (type/subtype, [a-z0-9.+_-]),
+				    * else name_len 0. ASCII, checked. */
+	uint32_t name_len;
+	const uint8_t *data;       /* READY: agent version; STDOUT/STDERR/FILE_DATA/OUTPUT: bytes;
+				    * ERROR/FILE_ERROR: message; FILE_ENTRIES: the encoded entries;
+				    * TOOL_CALL: the arguments (JSON text, not parsed here) */
 	uint32_t len;
 };
 

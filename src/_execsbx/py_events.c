@@ -36,6 +36,15 @@ static PyStructSequence_Field file_done_fields[] = {
 static PyStructSequence_Field file_entries_fields[] = {
 	KIND_FIELD, ID_FIELD, {"entries", "list[FileEntry]: one batch of a listing"}, {NULL, NULL}};
 static PyStructSequence_Field eof_fields[] = {KIND_FIELD, {NULL, NULL}};
+static PyStructSequence_Field tool_call_fields[] = {
+	KIND_FIELD, ID_FIELD,
+	{"call", "the call's number within the execution (never 0): send_tool_result() echoes it"},
+	{"name", "the tool's name (str, [A-Za-z_][A-Za-z0-9_]*)"},
+	{"arguments", "bytes: JSON text, unparsed, at most TOOL_ARGS_MAX"}, {NULL, NULL}};
+static PyStructSequence_Field output_chunk_fields[] = {
+	KIND_FIELD, ID_FIELD, {"flags", "OUTPUT_BEGIN | OUTPUT_END (either, both or neither)"},
+	{"mime_type", "the output's type (str, 'type/subtype') with OUTPUT_BEGIN, else ''"},
+	{"data", "bytes: the next part of the output's data (may be empty)"}, {NULL, NULL}};
 static PyStructSequence_Field file_entry_fields[] = {
 	{"name", "bytes: the entry's name"}, {"is_dir", "bool"}, {"size", "bytes (0 for a directory)"},
 	{NULL, NULL}};
@@ -61,6 +70,12 @@ static PyStructSequence_Desc event_descs[SBX_PY_EVENT_TYPES] = {
 			      eof_fields, 1},
 	[SBX_PY_FILE_ENTRY] = {"exec_sandbox._execsbx.FileEntry", "One entry of a FileEntriesEvent.",
 			       file_entry_fields, 3},
+	[SBX_PY_TOOL_CALL_EVENT] = {"exec_sandbox._execsbx.ToolCallEvent",
+				    "The running code called a host tool ('tool_call').",
+				    tool_call_fields, 5},
+	[SBX_PY_OUTPUT_CHUNK_EVENT] = {"exec_sandbox._execsbx.OutputChunkEvent",
+				       "A frame of a rich output of the running code ('output').",
+				       output_chunk_fields, 5},
 };
 
 int sbx_py_event_types_add(PyObject *module, sbx_module_state *st)
@@ -78,6 +93,14 @@ static PyObject *make(const sbx_module_state *st, enum sbx_py_event_type t, int 
 static PyObject *decode_text(const struct sbx_event *ev)
 {
 	return PyUnicode_DecodeUTF8((const char *)ev->data, (Py_ssize_t)ev->len, "replace");
+}
+
+/* The decoder let only ASCII through (a tool name, a mime type); "" when there is none. */
+static PyObject *name_text(const struct sbx_event *ev)
+{
+	if (ev->name_len == 0)
+		return PyUnicode_FromStringAndSize("", 0);
+	return PyUnicode_DecodeASCII((const char *)ev->name, (Py_ssize_t)ev->name_len, "strict");
 }
 
 static PyObject *data_bytes(const struct sbx_event *ev)
@@ -152,6 +175,16 @@ static PyObject *event_value(const sbx_module_state *st, const struct sbx_event 
 	case SBX_EV_FILE_ENTRIES: {
 		PyObject *items[] = {kind, id, entries_list(st, ev)};
 		return make(st, SBX_PY_FILE_ENTRIES_EVENT, 3, items);
+	}
+	case SBX_EV_TOOL_CALL: {
+		PyObject *items[] = {kind, id, PyLong_FromUnsignedLong(ev->call), name_text(ev),
+				     data_bytes(ev)};
+		return make(st, SBX_PY_TOOL_CALL_EVENT, 5, items);
+	}
+	case SBX_EV_OUTPUT: {
+		PyObject *items[] = {kind, id, PyLong_FromUnsignedLong(ev->flags), name_text(ev),
+				     data_bytes(ev)};
+		return make(st, SBX_PY_OUTPUT_CHUNK_EVENT, 5, items);
 	}
 	}
 	Py_XDECREF(kind);

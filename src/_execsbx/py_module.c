@@ -153,6 +153,16 @@ static int add_constants(PyObject *m)
 		{"NET_NAMES_MAX", SBX_NET_NAMES_MAX},
 		{"NET_EXTRA_PORTS_MAX", SBX_NET_EXTRA_PORTS_MAX},
 		{"NET_CA_BUNDLE_MAX", SBX_NET_CA_BUNDLE_MAX},
+		{"OUTPUT_BEGIN", SBX_OUTPUT_BEGIN},
+		{"OUTPUT_END", SBX_OUTPUT_END},
+		{"TOOL_NAME_MAX", SBX_TOOL_NAME_MAX},
+		{"TOOL_ARGS_MAX", SBX_TOOL_ARGS_MAX},
+		{"TOOL_CALLS_MAX", SBX_TOOL_CALLS_MAX},
+		{"MIME_TYPE_MAX", SBX_MIME_TYPE_MAX},
+		{"OUTPUT_DATA_MAX", SBX_OUTPUT_DATA_MAX},
+		{"OUTPUT_ITEM_MAX", SBX_OUTPUT_ITEM_MAX},
+		{"OUTPUTS_MAX", SBX_OUTPUTS_MAX},
+		{"OUTPUT_BYTES_MAX", SBX_OUTPUT_BYTES_MAX},
 	};
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
 		if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)

@@ -54,6 +54,16 @@ NET_NAME_MAX: int
 NET_NAMES_MAX: int
 NET_EXTRA_PORTS_MAX: int
 NET_CA_BUNDLE_MAX: int
+OUTPUT_BEGIN: int
+OUTPUT_END: int
+TOOL_NAME_MAX: int
+TOOL_ARGS_MAX: int
+TOOL_CALLS_MAX: int
+MIME_TYPE_MAX: int
+OUTPUT_DATA_MAX: int
+OUTPUT_ITEM_MAX: int
+OUTPUTS_MAX: int
+OUTPUT_BYTES_MAX: int
 
 # read_events() values: struct sequences (attributes, and tuple positions), kind first.
 @final
@@ -135,6 +145,32 @@ class FileEntriesEvent(tuple[str, int, list[FileEntry]]):
     def entries(self) -> list[FileEntry]: ...
 
 @final
+class ToolCallEvent(tuple[str, int, int, str, bytes]):
+    @property
+    def kind(self) -> Literal["tool_call"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def call(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def arguments(self) -> bytes: ...
+
+@final
+class OutputChunkEvent(tuple[str, int, int, str, bytes]):
+    @property
+    def kind(self) -> Literal["output"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def mime_type(self) -> str: ...
+    @property
+    def data(self) -> bytes: ...
+
+@final
 class EofEvent(tuple[str]):
     @property
     def kind(self) -> Literal["eof"]: ...
@@ -147,6 +183,8 @@ Event: TypeAlias = (
     | AckEvent
     | FileDoneEvent
     | FileEntriesEvent
+    | ToolCallEvent
+    | OutputChunkEvent
     | EofEvent
 )
 

@@ -21,12 +21,25 @@ static struct sbx_channel CH;
 
 static volatile uint32_t sink;
 
+static int ident_char(uint8_t c)
+{
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+static int mime_char(uint8_t c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '+' || c == '_' ||
+	       c == '-';
+}
+
 static void check_event(const struct sbx_event *ev)
 {
 	uint32_t sum = 0;
 	/* Touch every byte the event points at: ASan checks it lies in the decoder's buffer. */
 	for (uint32_t i = 0; i < ev->len; i++)
 		sum += ev->data[i];
+	for (uint32_t i = 0; i < ev->name_len; i++)
+		sum += ev->name[i];
 	sink = sum;
 	switch (ev->kind) {
 	case SBX_EV_READY:
@@ -70,6 +83,31 @@ static void check_event(const struct sbx_event *ev)
 			REQUIRE(!memchr(e.name, '/', e.name_len) && e.is_dir <= 1);
 		}
 		REQUIRE(c.left == 0);
+		break;
+	}
+	case SBX_EV_TOOL_CALL:
+		/* What the binding assumes: a number, an ASCII identifier, non-empty arguments. */
+		REQUIRE(ev->call != 0);
+		REQUIRE(ev->name_len >= 1 && ev->name_len <= SBX_TOOL_NAME_MAX);
+		REQUIRE(!(ev->name[0] >= '0' && ev->name[0] <= '9'));
+		for (uint32_t i = 0; i < ev->name_len; i++)
+			REQUIRE(ident_char(ev->name[i]));
+		REQUIRE(ev->len >= 1 && ev->len <= SBX_TOOL_ARGS_MAX);
+		break;
+	case SBX_EV_OUTPUT: {
+		REQUIRE((ev->flags & ~(uint32_t)(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END)) == 0);
+		REQUIRE(ev->len <= SBX_OUTPUT_DATA_MAX);
+		if (!(ev->flags & SBX_OUTPUT_BEGIN)) {
+			REQUIRE(ev->name_len == 0);
+			break;
+		}
+		/* type/subtype, lowercase, one slash with something on either side. */
+		REQUIRE(ev->name_len >= 3 && ev->name_len <= SBX_MIME_TYPE_MAX);
+		const uint8_t *slash = memchr(ev->name, '/', ev->name_len);
+		REQUIRE(slash && slash != ev->name && slash != ev->name + ev->name_len - 1);
+		REQUIRE(!memchr(slash + 1, '/', (size_t)(ev->name + ev->name_len - slash - 1)));
+		for (uint32_t i = 0; i < ev->name_len; i++)
+			REQUIRE(ev->name[i] == '/' || mime_char(ev->name[i]));
 		break;
 	}
 	default:

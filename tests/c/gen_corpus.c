@@ -51,6 +51,31 @@ static void error(struct sbx_buf *b, uint32_t id, uint32_t code, const char *msg
 	sbx_frame_end(b, start, UINT32_MAX);
 }
 
+static void tool_call(struct sbx_buf *b, uint32_t id, uint32_t call, const char *name,
+		      const char *args)
+{
+	size_t start;
+	sbx_frame_begin(b, SBX_MSG_TOOL_CALL, id, &start);
+	sbx_put_u32(b, call);
+	sbx_put_str(b, name, strlen(name));
+	sbx_put_str(b, args, strlen(args));
+	sbx_frame_end(b, start, UINT32_MAX);
+}
+
+/* mime: with SBX_OUTPUT_BEGIN in flags, else NULL. */
+static void output(struct sbx_buf *b, uint32_t id, uint8_t flags, const char *mime,
+		   const void *data, size_t n)
+{
+	size_t start;
+	sbx_frame_begin(b, SBX_MSG_OUTPUT, id, &start);
+	sbx_put_u8(b, flags);
+	if (mime)
+		sbx_put_str(b, mime, strlen(mime));
+	if (n)
+		sbx_buf_append(b, data, n);
+	sbx_frame_end(b, start, UINT32_MAX);
+}
+
 int main(int argc, char **argv)
 {
 	struct sbx_buf b = {0};
@@ -141,6 +166,41 @@ int main(int argc, char **argv)
 	b.len = 0;
 	frame(&b, SBX_MSG_FILE_ERROR, 24, "\x09\0\0\0\0\0\0\0", 8);
 	emit("bad_file_error", &b, 16);
+
+	/* Host tools and rich outputs: calls and outputs within one execution, as the agent sends
+	 * them; then violations of each field. */
+	b.len = 0;
+	tool_call(&b, 30, 1, "get_weather", "{\"args\": [\"Paris\"], \"kwargs\": {}}");
+	output(&b, 30, SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, "image/png", "\x89PNG\r\n\x1a\n", 8);
+	output(&b, 30, SBX_OUTPUT_BEGIN, "text/html", "<b>", 3);
+	output(&b, 30, 0, NULL, "bold", 4);
+	output(&b, 30, SBX_OUTPUT_END, NULL, "</b>", 4);
+	output(&b, 30, SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, "application/json", NULL, 0);
+	tool_call(&b, 30, 2, "_Lookup2", "{}");
+	sbx_encode_exit(&b, 30, &ex);
+	emit("tools_outputs", &b, 17);
+	b.len = 0;
+	char *chunk = malloc(SBX_OUTPUT_DATA_MAX);
+	memset(chunk, 'P', SBX_OUTPUT_DATA_MAX);
+	output(&b, 31, SBX_OUTPUT_BEGIN, "application/vnd.plotly.v1+json", chunk, SBX_OUTPUT_DATA_MAX);
+	output(&b, 31, SBX_OUTPUT_END, NULL, chunk, SBX_OUTPUT_DATA_MAX);
+	emit("max_output", &b, 18);
+	free(chunk);
+	b.len = 0;
+	tool_call(&b, 32, 0, "f", "{}");
+	emit("bad_call_zero", &b, 19);
+	b.len = 0;
+	tool_call(&b, 32, 1, "9f-x", "{}");
+	emit("bad_tool_name", &b, 20);
+	b.len = 0;
+	tool_call(&b, 32, 1, "f", "");
+	emit("bad_tool_args", &b, 21);
+	b.len = 0;
+	output(&b, 33, SBX_OUTPUT_BEGIN | 4, "text/plain", "x", 1);
+	emit("bad_output_flags", &b, 22);
+	b.len = 0;
+	output(&b, 33, SBX_OUTPUT_BEGIN, "Text/html/x", "x", 1);
+	emit("bad_mime_type", &b, 23);
 	sbx_buf_free(&b);
 	return 0;
 }

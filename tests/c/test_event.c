@@ -143,8 +143,8 @@ static void test_pong_and_bad_types(void)
 	P.n = 1;
 	CHECK_EQ(decode(SBX_MSG_PONG, &P, &ev), -EPROTO);
 	P.n = 0;
-	static const uint8_t bad[] = {0, 11, 31, 63, SBX_MSG_EXEC, SBX_MSG_PING, SBX_MSG_SESSION_EXEC,
-					   SBX_MSG_FILE_READ, 255};
+	static const uint8_t bad[] = {0, 13, 31, 63, SBX_MSG_EXEC, SBX_MSG_PING, SBX_MSG_SESSION_EXEC,
+					   SBX_MSG_FILE_READ, SBX_MSG_TOOL_RESULT, 255};
 	for (size_t i = 0; i < sizeof(bad); i++)
 		CHECK_EQ(decode(bad[i], &P, &ev), -EPROTO);
 }
@@ -323,6 +323,191 @@ static void test_file_entries(void)
 	for (uint32_t i = 0; i < SBX_LIST_BATCH_MAX + 1; i++)
 		p_entry(&P, 0, 1, "f");
 	CHECK_EQ(decode(SBX_MSG_FILE_ENTRIES, &P, &ev), -EPROTO);
+}
+
+static void p_str(struct payload *p, const char *s)
+{
+	p_u32(p, (uint32_t)strlen(s));
+	p_bytes(p, s, strlen(s));
+}
+
+/* A TOOL_CALL payload: call, name, arguments. */
+static void tool_call(uint32_t call, const char *name, const char *args)
+{
+	P.n = 0;
+	p_u32(&P, call);
+	p_str(&P, name);
+	p_str(&P, args);
+}
+
+static void test_tool_call(void)
+{
+	struct sbx_event ev;
+	tool_call(3, "get_weather", "{\"args\": [\"Paris\"], \"kwargs\": {}}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_TOOL_CALL);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "tool_call");
+	CHECK_EQ(ev.id, 99);
+	CHECK_EQ(ev.call, 3);
+	CHECK(ev.name_len == 11 && memcmp(ev.name, "get_weather", 11) == 0);
+	CHECK(ev.len == 33 && memcmp(ev.data, "{\"args\": [\"Paris\"]", 18) == 0);
+	/* The name's whole alphabet, a leading underscore, one letter; the highest call. */
+	tool_call(UINT32_MAX, "_Az09_", "{}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), 0);
+	CHECK_EQ(ev.call, UINT32_MAX);
+	tool_call(1, "x", "1");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), 0);
+
+	/* Both limits exactly: a name of 64, arguments of 60 KiB (still one guest frame). */
+	char name[SBX_TOOL_NAME_MAX + 2];
+	memset(name, 'n', sizeof(name) - 1);
+	name[SBX_TOOL_NAME_MAX] = '\0';
+	P.n = 0;
+	p_u32(&P, 7);
+	p_str(&P, name);
+	p_u32(&P, SBX_TOOL_ARGS_MAX);
+	memset(P.b + P.n, ' ', SBX_TOOL_ARGS_MAX);
+	P.n += SBX_TOOL_ARGS_MAX;
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), 0);
+	CHECK_EQ(ev.name_len, SBX_TOOL_NAME_MAX);
+	CHECK_EQ(ev.len, SBX_TOOL_ARGS_MAX);
+	/* One byte more of arguments, one more of name: over their limits. */
+	P.b[4 + 4 + SBX_TOOL_NAME_MAX] = (uint8_t)((SBX_TOOL_ARGS_MAX + 1) & 0xff);
+	P.b[4 + 4 + SBX_TOOL_NAME_MAX + 1] = (uint8_t)((SBX_TOOL_ARGS_MAX + 1) >> 8);
+	P.b[P.n++] = ' ';
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EMSGSIZE);
+	name[SBX_TOOL_NAME_MAX] = 'n';
+	name[SBX_TOOL_NAME_MAX + 1] = '\0';
+	tool_call(7, name, "{}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EMSGSIZE);
+
+	/* Call 0, empty name or arguments, names that are no identifiers. */
+	tool_call(0, "f", "{}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+	tool_call(1, "", "{}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+	tool_call(1, "f", "");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+	static const char *const bad_names[] = {"9lives", "a-b", "a.b", "a b", "a/b", "f\n", "é",
+						 "f()", "$x", "x\x7f"};
+	for (size_t i = 0; i < sizeof(bad_names) / sizeof(bad_names[0]); i++) {
+		tool_call(1, bad_names[i], "{}");
+		CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+	}
+	P.n = 0; /* a NUL inside the name */
+	p_u32(&P, 1);
+	p_u32(&P, 3);
+	p_bytes(&P, "a\0b", 3);
+	p_str(&P, "{}");
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+
+	/* Trailing bytes; every truncation. */
+	tool_call(2, "f", "{}");
+	size_t full = P.n;
+	P.b[P.n++] = 0;
+	CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+	for (P.n = 0; P.n < full; P.n++)
+		CHECK_EQ(decode(SBX_MSG_TOOL_CALL, &P, &ev), -EPROTO);
+}
+
+/* An OUTPUT payload: flags, the mime type with BEGIN (NULL: none), then n bytes of data. */
+static void output(uint8_t flags, const char *mime, size_t n)
+{
+	P.n = 0;
+	P.b[P.n++] = flags;
+	if (mime)
+		p_str(&P, mime);
+	memset(P.b + P.n, 'd', n);
+	P.n += n;
+}
+
+static void test_rich_output(void)
+{
+	struct sbx_event ev;
+	/* A whole output in one frame. */
+	output(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, "image/png", 5);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_OUTPUT);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "output");
+	CHECK_EQ(ev.id, 99);
+	CHECK_EQ(ev.flags, SBX_OUTPUT_BEGIN | SBX_OUTPUT_END);
+	CHECK(ev.name_len == 9 && memcmp(ev.name, "image/png", 9) == 0);
+	CHECK(ev.len == 5 && memcmp(ev.data, "ddddd", 5) == 0);
+	/* An empty output, then the three frames of a long one: BEGIN, middle, END. */
+	output(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, "text/plain", 0);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.len, 0);
+	output(SBX_OUTPUT_BEGIN, "application/vnd.plotly.v1+json", SBX_OUTPUT_DATA_MAX);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.flags, SBX_OUTPUT_BEGIN);
+	CHECK_EQ(ev.name_len, 30);
+	CHECK_EQ(ev.len, SBX_OUTPUT_DATA_MAX);
+	output(0, NULL, SBX_OUTPUT_DATA_MAX);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.flags, 0);
+	CHECK(ev.name == NULL && ev.name_len == 0);
+	CHECK_EQ(ev.len, SBX_OUTPUT_DATA_MAX);
+	output(SBX_OUTPUT_END, NULL, 1);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.flags, SBX_OUTPUT_END);
+	CHECK_EQ(ev.name_len, 0);
+	CHECK(ev.len == 1 && ev.data[0] == 'd');
+	/* Every character the type may hold; the longest type. */
+	output(SBX_OUTPUT_BEGIN, "a-b.c+d_e/0-9.z+y_x", 0);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	char mime[SBX_MIME_TYPE_MAX + 2];
+	memset(mime, 'm', sizeof(mime) - 1);
+	mime[1] = '/';
+	mime[SBX_MIME_TYPE_MAX] = '\0';
+	output(SBX_OUTPUT_BEGIN, mime, 1);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.name_len, SBX_MIME_TYPE_MAX);
+
+	/* Over the limits: a type of 128, data of 60 KiB + 1 (with and without BEGIN). */
+	mime[SBX_MIME_TYPE_MAX] = 'm';
+	mime[SBX_MIME_TYPE_MAX + 1] = '\0';
+	output(SBX_OUTPUT_BEGIN, mime, 1);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EMSGSIZE);
+	output(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, "image/png", SBX_OUTPUT_DATA_MAX + 1);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+	output(SBX_OUTPUT_END, NULL, SBX_OUTPUT_DATA_MAX + 1);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+
+	/* Unknown flag bits, alone or beside the known ones. */
+	static const uint8_t bad_flags[] = {4, 8, 0x80, SBX_OUTPUT_END | 4, 0xff};
+	for (size_t i = 0; i < sizeof(bad_flags); i++) {
+		output(bad_flags[i], (bad_flags[i] & SBX_OUTPUT_BEGIN) ? "text/plain" : NULL, 1);
+		CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+	}
+	/* Types that are not type/subtype in the narrow alphabet. */
+	static const char *const bad_types[] = {
+		"",           "text",       "text/",          "/plain",   "/",
+		"text/html/x", "text//html", "Text/html",      "text/HTML", "text/plain; charset=utf-8",
+		"text/pl ain", "text/pl\tain", "text/plain\n", "te\\xt/a",  "text/é",
+		"image/svg+xml\x7f"};
+	for (size_t i = 0; i < sizeof(bad_types) / sizeof(bad_types[0]); i++) {
+		output(SBX_OUTPUT_BEGIN | SBX_OUTPUT_END, bad_types[i], 1);
+		CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+	}
+	P.n = 0; /* a NUL inside the type */
+	P.b[P.n++] = SBX_OUTPUT_BEGIN;
+	p_u32(&P, 5);
+	p_bytes(&P, "a/b\0c", 5);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+
+	/* Empty payload (no flags); BEGIN with a cut-off type (these are the only ways to have
+	 * "trailing" bytes: everything after the type is data). */
+	P.n = 0;
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+	output(SBX_OUTPUT_BEGIN, "text/plain", 0);
+	size_t full = P.n;
+	for (P.n = 1; P.n < full; P.n++)
+		CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), -EPROTO);
+	/* Without BEGIN there is no type: bytes that look like one are data. */
+	output(SBX_OUTPUT_END, "text/plain", 0);
+	CHECK_EQ(decode(SBX_MSG_OUTPUT, &P, &ev), 0);
+	CHECK_EQ(ev.name_len, 0);
+	CHECK_EQ(ev.len, 14);
 }
 
 static uint32_t le32(const uint8_t *p)
@@ -694,6 +879,8 @@ int main(void)
 	RUN(test_prestart_encoding);
 	RUN(test_file_data_and_done);
 	RUN(test_file_entries);
+	RUN(test_tool_call);
+	RUN(test_rich_output);
 	RUN(test_file_request_encoding);
 	RUN(test_file_request_limits);
 	RUN(test_net_config_encoding);

@@ -630,6 +630,90 @@ def test_file_events_decode_to_typed_values(tmp_path: Path) -> None:
         vm.close()
 
 
+def tool_call(req_id: int, call: int, name: bytes, arguments: bytes) -> bytes:
+    return frame(11, req_id, struct.pack("<I", call) + sstr(name) + sstr(arguments))
+
+
+def output(req_id: int, flags: int, mime: bytes | None, data: bytes) -> bytes:
+    return frame(12, req_id, bytes([flags]) + (sstr(mime) if mime is not None else b"") + data)
+
+
+def test_tool_call_and_output_events_decode_to_typed_values(tmp_path: Path) -> None:
+    x = _execsbx
+    assert (x.OUTPUT_BEGIN, x.OUTPUT_END) == (1, 2)
+    assert (x.TOOL_NAME_MAX, x.TOOL_ARGS_MAX, x.MIME_TYPE_MAX) == (64, 60 << 10, 127)
+    assert (x.OUTPUT_DATA_MAX, x.OUTPUT_ITEM_MAX) == (60 << 10, 4 << 20)
+    assert x.OUTPUT_BYTES_MAX == 16 << 20
+    assert (x.TOOL_CALLS_MAX, x.OUTPUTS_MAX) == (16, 32)
+    args = b'{"args": ["Paris"], "kwargs": {}}'
+    guest = (
+        ready()
+        + tool_call(5, 1, b"get_weather", args)
+        + output(5, x.OUTPUT_BEGIN, b"text/html", b"<b>")
+        + output(5, 0, None, b"bold")
+        + output(5, x.OUTPUT_END, None, b"</b>")
+        + output(5, x.OUTPUT_BEGIN | x.OUTPUT_END, b"image/svg+xml", b"")
+    )
+    vm = make_vm(fake_qemu(tmp_path, guest, then="exit 0"))
+    try:
+        events = collect(vm, lambda ev: bool(ev) and ev[-1] == ("eof",))
+        assert events[1:] == [
+            ("tool_call", 5, 1, "get_weather", args),
+            ("output", 5, 1, "text/html", b"<b>"),
+            ("output", 5, 0, "", b"bold"),
+            ("output", 5, 2, "", b"</b>"),
+            ("output", 5, 3, "image/svg+xml", b""),
+            ("eof",),
+        ]
+        call, begin, middle = events[1:4]
+        assert type(call) is _execsbx.ToolCallEvent
+        assert (call.kind, call.id, call.call) == ("tool_call", 5, 1)
+        assert (call.name, call.arguments) == ("get_weather", args)
+        assert (
+            type(begin) is _execsbx.OutputChunkEvent and type(middle) is _execsbx.OutputChunkEvent
+        )
+        assert (begin.kind, begin.id, begin.flags) == ("output", 5, x.OUTPUT_BEGIN)
+        assert (begin.mime_type, begin.data) == ("text/html", b"<b>")
+        assert (middle.flags, middle.mime_type, middle.data) == (0, "", b"bold")
+        # Not an OutputEvent: code that routes stdout by that type never sees a rich output.
+        assert not isinstance(begin, _execsbx.OutputEvent)
+    finally:
+        vm.close()
+
+
+@pytest.mark.parametrize(
+    ("bad", "err"),
+    [
+        (tool_call(1, 0, b"f", b"{}"), errno.EPROTO),  # call 0
+        (tool_call(1, 1, b"", b"{}"), errno.EPROTO),  # empty name
+        (tool_call(1, 1, b"a-b", b"{}"), errno.EPROTO),  # not an identifier
+        (tool_call(1, 1, b"1f", b"{}"), errno.EPROTO),
+        (tool_call(1, 1, b"f", b""), errno.EPROTO),  # empty arguments
+        (tool_call(1, 1, b"f" * 65, b"{}"), errno.EMSGSIZE),  # name over TOOL_NAME_MAX
+        (tool_call(1, 1, b"f", b" " * (60 * 1024 + 1)), errno.EMSGSIZE),  # arguments over
+        (frame(11, 1, struct.pack("<I", 1) + sstr(b"f") + sstr(b"{}") + b"x"), errno.EPROTO),
+        (output(1, 4, None, b"x"), errno.EPROTO),  # unknown flag
+        (output(1, 1, b"textplain", b"x"), errno.EPROTO),  # no '/'
+        (output(1, 1, b"text/plain/x", b"x"), errno.EPROTO),  # two
+        (output(1, 1, b"Text/Plain", b"x"), errno.EPROTO),  # uppercase
+        (output(1, 1, b"text/", b"x"), errno.EPROTO),  # empty subtype
+        (output(1, 1, b"t" * 64 + b"/" + b"s" * 63, b""), errno.EMSGSIZE),  # type over 127
+        (output(1, 2, None, b"x" * (60 * 1024 + 1)), errno.EPROTO),  # data over 60 KiB
+        (frame(12, 1), errno.EPROTO),  # no flags
+    ],
+)
+def test_malformed_tool_calls_and_outputs_are_protocol_errors(
+    tmp_path: Path, bad: bytes, err: int
+) -> None:
+    vm = make_vm(fake_qemu(tmp_path, frame(6, 1) + bad))
+    try:
+        with pytest.raises(_execsbx.ProtocolError) as info:
+            collect(vm, lambda ev: False)
+        assert info.value.errno == err
+    finally:
+        vm.close()
+
+
 def test_reseeded_with_a_payload_is_a_protocol_error(tmp_path: Path) -> None:
     vm = make_vm(fake_qemu(tmp_path, frame(32, 1, b"x")))
     try:
