@@ -209,3 +209,10 @@ int sbx_channel_queue_net_config(struct sbx_channel *ch, const struct sbx_net_co
 	size_t before = begin_queue(ch);
 	return commit_queue(ch, before, sbx_encode_net_config(&ch->out, r, e), e);
 }
+
+int sbx_channel_queue_tool_result(struct sbx_channel *ch, const struct sbx_tool_result_req *r,
+				  struct sbx_err *e)
+{
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_tool_result(&ch->out, r, e), e);
+}

@@ -205,6 +205,34 @@ int sbx_encode_file_request(struct sbx_buf *b, const struct sbx_file_req *r, str
 	return 0;
 }
 
+int sbx_encode_tool_result(struct sbx_buf *b, const struct sbx_tool_result_req *r,
+			   struct sbx_err *err)
+{
+	if (r->call == 0)
+		return fail(err, "call 0 is no tool call", -EINVAL);
+	if (r->status != SBX_TOOL_OK && r->status != SBX_TOOL_ERROR)
+		return sbx_err_set(err, -EINVAL, "tool status %u is neither 0 (ok) nor 1 (error)",
+				   r->status);
+	if (r->body_len > SBX_TOOL_RESULT_MAX)
+		return sbx_err_set(err, -EMSGSIZE, "tool result over 1 MiB (%zu bytes)", r->body_len);
+	size_t start, before = b->len;
+	int rc = sbx_frame_begin(b, SBX_MSG_TOOL_RESULT, r->id, &start);
+	if (rc == 0)
+		rc = sbx_put_u32(b, r->call);
+	if (rc == 0)
+		rc = sbx_put_u8(b, (uint8_t)r->status);
+	if (rc == 0)
+		rc = sbx_put_str(b, r->body, r->body_len);
+	if (rc == 0) /* 1 MiB and 9 bytes: far below the frame's own limit, checked all the same */
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(err, rc == -EMSGSIZE ? "TOOL_RESULT frame larger than HOST_FRAME_MAX"
+						 : "out of memory", rc);
+	}
+	return 0;
+}
+
 /* "*" alone, or a lowercase DNS name: labels of 1..63 letters, digits and inner hyphens, no
  * trailing dot (the guest's rule for a pattern). */
 static int pattern_ok(const uint8_t *s, size_t n)

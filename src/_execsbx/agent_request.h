@@ -1,5 +1,5 @@
-/* Host -> guest frames on the agent channel (EXEC, PING, RESEED, PRESTART, FILE_*, NET_CONFIG),
- * validated against protocol.h's and net_protocol.h's limits before encoding. */
+/* Host -> guest frames on the agent channel (EXEC, PING, RESEED, PRESTART, FILE_*, TOOL_RESULT,
+ * NET_CONFIG), validated against protocol.h's and net_protocol.h's limits before encoding. */
 #ifndef SBX_REQUEST_H
 #define SBX_REQUEST_H
 
@@ -57,6 +57,22 @@ int sbx_encode_reseed(struct sbx_buf *b, uint32_t id, const uint8_t *seed, size_
 /* PRESTART: one byte, the language whose interpreter the guest pre-starts (-EINVAL for
  * another). */
 int sbx_encode_prestart(struct sbx_buf *b, uint32_t id, uint8_t language, struct sbx_err *e);
+
+/* TOOL_RESULT: the host's answer to the guest's TOOL_CALL `call` of execution `id`. The body is
+ * the caller's. */
+struct sbx_tool_result_req {
+	uint32_t id;     /* the execution's request id, as the TOOL_CALL carried it */
+	uint32_t call;   /* the TOOL_CALL's number (never 0) */
+	uint32_t status; /* SBX_TOOL_OK (body: the result, JSON) or SBX_TOOL_ERROR (the message) */
+	const uint8_t *body;
+	size_t body_len;
+};
+
+/* Append one TOOL_RESULT frame. Returns 0, or with e saying which: -EINVAL (call 0, a status
+ * other than OK or ERROR: REFUSED is the agent's alone), -EMSGSIZE (a body over
+ * SBX_TOOL_RESULT_MAX) or -ENOMEM. On failure b is left as it was. */
+int sbx_encode_tool_result(struct sbx_buf *b, const struct sbx_tool_result_req *r,
+			   struct sbx_err *e);
 
 /* A string of a request (not NUL-terminated). */
 struct sbx_bytes {

@@ -368,6 +368,33 @@ out:
 	return result;
 }
 
+const char sbx_py_send_tool_result_doc[] =
+	"send_tool_result(id, call, status, body) -> int\n\n"
+	"Queue TOOL_RESULT, the answer to ToolCallEvent(id=id, call=call): status TOOL_OK with\n"
+	"body the result as JSON text, or TOOL_ERROR with body the message (bytes-like, at most\n"
+	"TOOL_RESULT_MAX); and try to write. Returns the bytes still pending. ValueError for call\n"
+	"0, another status or a body over TOOL_RESULT_MAX; OSError(ENOBUFS) when the queue is\n"
+	"full.";
+
+PyObject *sbx_py_send_tool_result(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *o_call, *o_status, *result = NULL;
+	Py_buffer body;
+	struct sbx_tool_result_req r = {0};
+	if (!PyArg_ParseTuple(args, "OOOy*:send_tool_result", &o_id, &o_call, &o_status, &body))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0 &&
+	    to_u32(o_call, "call", &r.call) == 0 && to_u32(o_status, "status", &r.status) == 0) {
+		r.body = body.buf;
+		r.body_len = (size_t)body.len;
+		struct sbx_err err = {0};
+		int rc = sbx_channel_queue_tool_result(&vm->ch, &r, &err);
+		result = pending_or_raise(vm, rc, &err);
+	}
+	PyBuffer_Release(&body);
+	return result;
+}
+
 const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "
 			"now; returns the bytes still pending.";
 

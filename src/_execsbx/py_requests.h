@@ -23,6 +23,8 @@ PyObject *sbx_py_send_file_read(struct sbx_vm *vm, PyObject *args);
 extern const char sbx_py_send_net_config_doc[];
 PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
 PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args);
+extern const char sbx_py_send_tool_result_doc[];
+PyObject *sbx_py_send_tool_result(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_flush(struct sbx_vm *vm);
 
 #endif /* SBX_PY_REQUESTS_H */

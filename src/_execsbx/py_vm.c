@@ -256,6 +256,11 @@ static PyObject *vm_send_file_list(VmObject *self, PyObject *args)
 	return sbx_py_send_file_list(&self->vm, args);
 }
 
+static PyObject *vm_send_tool_result(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_tool_result(&self->vm, args);
+}
+
 static PyObject *vm_flush(VmObject *self, PyObject *unused)
 {
 	(void)unused;
@@ -467,6 +472,8 @@ static PyMethodDef vm_methods[] = {
 	 METH_VARARGS | METH_KEYWORDS,
 	 sbx_py_send_net_config_doc},
 	{"send_file_list", (PyCFunction)vm_send_file_list, METH_VARARGS, sbx_py_send_file_list_doc},
+	{"send_tool_result", (PyCFunction)vm_send_tool_result, METH_VARARGS,
+	 sbx_py_send_tool_result_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"check_spawn", (PyCFunction)vm_check_spawn, METH_NOARGS, check_spawn_doc},

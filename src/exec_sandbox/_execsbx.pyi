@@ -54,6 +54,10 @@ NET_NAME_MAX: int
 NET_NAMES_MAX: int
 NET_EXTRA_PORTS_MAX: int
 NET_CA_BUNDLE_MAX: int
+MSG_TOOL_RESULT: int
+TOOL_OK: int
+TOOL_ERROR: int
+TOOL_RESULT_MAX: int
 OUTPUT_BEGIN: int
 OUTPUT_END: int
 TOOL_NAME_MAX: int
@@ -269,6 +273,9 @@ class Vm:
     def send_file_list(self, id: int, path: bytes, /) -> int: ...
     def send_net_config(
         self, id: int, outbound: bool, names: Sequence[str], ports: Sequence[int], ca_bundle: bytes
+    ) -> int: ...
+    def send_tool_result(
+        self, id: int, call: int, status: int, body: bytes | memoryview, /
     ) -> int: ...
     def flush(self) -> int: ...
     def read_console(self) -> bytes: ...

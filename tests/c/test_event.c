@@ -620,6 +620,70 @@ static void test_file_request_limits(void)
 	sbx_buf_free(&b);
 }
 
+/* TOOL_RESULT in the layout of protocol.h, byte for byte (what the guest parses). */
+static void test_tool_result_encoding(void)
+{
+	struct sbx_buf b = {0};
+	struct sbx_err why = {0};
+	struct sbx_tool_result_req r = {.id = 40, .call = 0x01020304, .status = SBX_TOOL_OK,
+					.body = (const uint8_t *)"[1, 2]", .body_len = 6};
+	CHECK_EQ(sbx_encode_tool_result(&b, &r, &why), 0);
+	check_payload(&b, SBX_MSG_TOOL_RESULT, 40, "\4\3\2\1\0\6\0\0\0[1, 2]", 15);
+	b.len = 0;
+	r = (struct sbx_tool_result_req){.id = 41, .call = 1, .status = SBX_TOOL_ERROR};
+	CHECK_EQ(sbx_encode_tool_result(&b, &r, &why), 0); /* an empty message is fine */
+	check_payload(&b, SBX_MSG_TOOL_RESULT, 41, "\1\0\0\0\1\0\0\0\0", 9);
+	b.len = 0;
+	/* The largest body: still one host frame the guest reads. */
+	uint8_t *big = malloc(SBX_TOOL_RESULT_MAX + 1);
+	memset(big, 'r', SBX_TOOL_RESULT_MAX + 1);
+	r = (struct sbx_tool_result_req){.id = 42, .call = 9, .body = big,
+					 .body_len = SBX_TOOL_RESULT_MAX};
+	CHECK_EQ(sbx_encode_tool_result(&b, &r, &why), 0);
+	CHECK_EQ(b.len, SBX_FRAME_HEADER_SIZE + 9 + SBX_TOOL_RESULT_MAX);
+	struct sbx_reader rd;
+	struct sbx_frame f;
+	sbx_reader_init(&rd, SBX_HOST_FRAME_MAX);
+	CHECK_EQ(sbx_reader_feed(&rd, b.data, b.len), 0);
+	CHECK_EQ(sbx_reader_next(&rd, &f), 1);
+	CHECK_EQ(f.type, SBX_MSG_TOOL_RESULT);
+	CHECK_EQ(f.payload_len, 9 + SBX_TOOL_RESULT_MAX);
+	sbx_reader_free(&rd);
+
+	/* Refused with a reason, the buffer as it was: call 0, REFUSED (the agent's alone) or any
+	 * other status, one byte over the limit. */
+	size_t before = b.len;
+	struct {
+		struct sbx_tool_result_req r;
+		int err;
+		const char *msg;
+	} bad[] = {
+		{{.id = 1, .call = 0}, -EINVAL, "call 0 is no tool call"},
+		{{.id = 1, .call = 1, .status = SBX_TOOL_REFUSED}, -EINVAL,
+		 "tool status 2 is neither 0 (ok) nor 1 (error)"},
+		{{.id = 1, .call = 1, .status = 256}, -EINVAL,
+		 "tool status 256 is neither 0 (ok) nor 1 (error)"},
+		{{.id = 1, .call = 1, .body = big, .body_len = SBX_TOOL_RESULT_MAX + 1}, -EMSGSIZE,
+		 "tool result over 1 MiB (1048577 bytes)"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		sbx_err_clear(&why);
+		CHECK_EQ(sbx_encode_tool_result(&b, &bad[i].r, &why), bad[i].err);
+		CHECK_STR(why.msg, bad[i].msg);
+		CHECK_EQ(why.syscall, 0);
+		CHECK_EQ(b.len, before);
+	}
+	free(big);
+	sbx_buf_free(&b);
+	/* The host -> guest TOOL_RESULT is never accepted from the guest. */
+	P.n = 0;
+	p_u32(&P, 1);
+	P.b[P.n++] = 0;
+	p_str(&P, "{}");
+	struct sbx_event ev;
+	CHECK_EQ(decode(SBX_MSG_TOOL_RESULT, &P, &ev), -EPROTO);
+}
+
 /* NET_CONFIG in the layout of net_protocol.h, byte for byte (what the guest parses). */
 static void test_net_config_encoding(void)
 {
@@ -883,6 +947,7 @@ int main(void)
 	RUN(test_rich_output);
 	RUN(test_file_request_encoding);
 	RUN(test_file_request_limits);
+	RUN(test_tool_result_encoding);
 	RUN(test_net_config_encoding);
 	RUN(test_net_config_limits);
 	RUN(test_exec_roundtrip);

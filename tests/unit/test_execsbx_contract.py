@@ -714,6 +714,54 @@ def test_malformed_tool_calls_and_outputs_are_protocol_errors(
         vm.close()
 
 
+def test_tool_result_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
+    """TOOL_RESULT as protocol.h lays it out: u32 call, u8 status, str body, with the id of the
+    execution that made the call."""
+    x = _execsbx
+    assert (x.MSG_TOOL_RESULT, x.TOOL_OK, x.TOOL_ERROR, x.TOOL_RESULT_MAX) == (72, 0, 1, 1 << 20)
+    wire = tmp_path / "wire"
+    vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
+    big = b"r" * x.TOOL_RESULT_MAX
+    want = (
+        frame(72, 5, struct.pack("<IB", 1, 0) + sstr(b'{"temp": 21}'))
+        + frame(72, 5, struct.pack("<IB", 0xFFFFFFFF, 1) + sstr(b"no such city"))
+        + frame(72, 6, struct.pack("<IB", 2, 1) + sstr(b""))
+        + frame(72, 7, struct.pack("<IB", 3, 0) + sstr(big))
+    )
+    try:
+        assert vm.send_tool_result(5, 1, x.TOOL_OK, b'{"temp": 21}') >= 0
+        vm.send_tool_result(5, 0xFFFFFFFF, x.TOOL_ERROR, bytearray(b"no such city"))
+        vm.send_tool_result(6, 2, x.TOOL_ERROR, b"")
+        vm.send_tool_result(7, 3, x.TOOL_OK, memoryview(big))
+        assert _flushed_to(vm, wire, len(want)) == want
+    finally:
+        vm.close()
+
+
+def test_tool_results_the_guest_would_refuse_are_refused(tmp_path: Path) -> None:
+    vm = make_vm(fake_qemu(tmp_path, b""))
+    try:
+        for args, exc, match in [
+            ((1, 1, 2, b""), ValueError, "tool status 2 is neither 0"),  # REFUSED: the agent's
+            ((1, 1, 256, b""), ValueError, "tool status 256 is neither 0"),
+            ((1, 1, -1, b""), ValueError, "status must be in 0"),
+            ((1, 0, 0, b"{}"), ValueError, "call 0 is no tool call"),
+            ((1, 1 << 32, 0, b"{}"), ValueError, "call must be in 0"),
+            ((-1, 1, 0, b"{}"), ValueError, "id must be in 0"),
+            ((1, 1, 0, b"x" * ((1 << 20) + 1)), ValueError, "tool result over 1 MiB"),
+            ((1, 1, 0, "{}"), TypeError, "bytes-like"),
+            ((1, 1, 0.0, b"{}"), TypeError, "status must be an int"),
+            ((1, 1, 0), TypeError, "takes exactly 4 arguments"),
+        ]:
+            with pytest.raises(exc, match=match):
+                vm.send_tool_result(*args)
+        assert vm.flush() == 0  # nothing was queued
+    finally:
+        vm.close()
+    with pytest.raises(ValueError):
+        vm.send_tool_result(1, 1, 0, b"{}")  # closed
+
+
 def test_reseeded_with_a_payload_is_a_protocol_error(tmp_path: Path) -> None:
     vm = make_vm(fake_qemu(tmp_path, frame(32, 1, b"x")))
     try:
