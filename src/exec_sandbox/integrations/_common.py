@@ -9,11 +9,12 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, SnapshotError
+from exec_sandbox.host_tools import ToolFunction
 from exec_sandbox.network import parse_network_request
 
 from ._bridge import Runner
@@ -196,7 +197,14 @@ class SessionPool:
         # Per key, the note for the next result when its session ended behind the model's back.
         self._notes: dict[str, str] = {}
 
-    async def get(self, scheduler: SandboxScheduler, key: str) -> SandboxSession:
+    async def get(
+        self,
+        scheduler: SandboxScheduler,
+        key: str,
+        *,
+        tools: Mapping[str, ToolFunction] | None = None,
+    ) -> SandboxSession:
+        """The key's live session, opened (with `tools`, which a live one keeps) if it has none."""
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             session = self._sessions.get(key)
@@ -208,7 +216,7 @@ class SessionPool:
             if self._saved is not None:
                 session = await self._saved.resume(scheduler, key)
             if session is None:
-                session = await self.open(scheduler)
+                session = await self.open(scheduler, tools=tools)
             elif ended is not None:
                 self._notes[key] = ended_note(ended, resumed=True)
             if ended is not None and key not in self._notes:
@@ -216,12 +224,19 @@ class SessionPool:
             self._sessions[key] = session
             return session
 
-    async def open(self, scheduler: SandboxScheduler) -> SandboxSession:
-        """A new session with the pool's settings, kept under no key."""
+    async def open(
+        self,
+        scheduler: SandboxScheduler,
+        *,
+        tools: Mapping[str, ToolFunction] | None = None,
+    ) -> SandboxSession:
+        """A new session with the pool's settings (and the host `tools` its code may call), kept
+        under no key."""
         return await scheduler.session(
             language=self.language,  # type: ignore[arg-type]
             timeout_seconds=self.timeout_seconds,
             packages=self.packages,
+            tools=tools,
             **self.network,
         )
 
