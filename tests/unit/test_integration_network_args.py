@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from exec_sandbox import ExecutionResult
 from exec_sandbox.network import NetworkValidationError
 
 
@@ -68,13 +69,13 @@ class _RecordingScheduler:
 
     async def run(self, code: str, **kwargs: object) -> object:
         self.calls.append(("run", kwargs))
-        return SimpleNamespace(stdout="ran\n", stderr="", exit_code=0)
+        return ExecutionResult(stdout="ran\n", stderr="", exit_code=0)
 
     async def session(self, **kwargs: object) -> object:
         self.calls.append(("session", kwargs))
 
         async def exec(code: str) -> object:
-            return SimpleNamespace(stdout="ran\n", stderr="", exit_code=0)
+            return ExecutionResult(stdout="ran\n", stderr="", exit_code=0)
 
         async def close() -> None:
             pass
