@@ -20,7 +20,9 @@
 // When the script has ended as a script would (after every 'exit' listener, unless an uncaught
 // exception ends the process: node prints it after the 'exit' event, and that run ends the usual
 // way, by the process's death), it reports "d" + the exit status byte on fd 3 before node's own
-// teardown, which the result need not wait for.
+// teardown, which the result need not wait for. Right before the script it defines the global
+// `tools` (the host's tools: a getter that loads tools.js, installed beside this file, at its
+// first use), as the session driver does.
 'use strict';
 (function park() {
   const Module = require('module');
@@ -131,5 +133,26 @@
     };
     return;
   }
+  // `tools`, the host's tools (guest/runtime/node/tools.js, beside this file; under
+  // guest/runtime/node in the source tree), read only at its first use, as in the session driver.
+  const own = { writable: true, configurable: true, enumerable: false };
+  Object.defineProperty(globalThis, 'tools', {
+    configurable: true,
+    enumerable: false,
+    get() {
+      let value;
+      for (const file of [path.join(__dirname, 'tools.js'), path.join(__dirname, '..', 'runtime', 'node', 'tools.js')]) {
+        try {
+          value = require(file).tools;
+          break;
+        } catch (e) {
+          if (e.code !== 'MODULE_NOT_FOUND') throw e;
+        }
+      }
+      Object.defineProperty(globalThis, 'tools', { value, ...own });
+      return value;
+    },
+    set(value) { Object.defineProperty(globalThis, 'tools', { value, ...own }); },
+  });
   running = true;
 })();
