@@ -5,8 +5,57 @@
 # are /dev/null again. The nonce is known only from the request line: a thread the code left
 # running, writing on fd 4 while this driver holds no FIFO, cannot complete a request. The user's stdout and stderr are the FIFOs the agent streams, so nothing printed
 # can pass for a completion, and nothing written after the report reaches any result.
+# As in a notebook, a last statement that is an expression has its value (unless None, or the
+# statement ends with ";") sent to the host with display() as rich outputs, not printed; figures
+# matplotlib's sandbox backend holds open are sent after each request (guest/runtime/python).
 import os
 import sys
+
+
+def _runtime():
+    """The guest runtime (guest/runtime/python: display(), matplotlib's flush), or None. In the
+    image it is already imported (its .pth file) and its builtins are in place; the agent's host
+    tests run this file from the source tree, where the runtime sits beside guest/repl/."""
+    try:
+        import exec_sandbox_guest
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(os.path.dirname(here), "runtime", "python"))
+        try:
+            import exec_sandbox_guest
+        except ImportError:
+            return None
+        finally:
+            del sys.path[0]
+    exec_sandbox_guest._install_builtins()
+    return exec_sandbox_guest
+
+
+def _compile_parts(source: bytes):
+    """(code of the statements, code of the last expression or None): the source's last
+    statement, when it is an expression not followed by ";", is split off to be evaluated.
+    Errors are exactly those of compile(source): a SyntaxError the compiler raises for the tree
+    (e.g. 'return' outside function) comes from compiling the source again."""
+    import _ast
+
+    tree = compile(source, "<session>", "exec", _ast.PyCF_ONLY_AST)
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, _ast.Expr):
+        rest = b"".join(source.splitlines(keepends=True)[last.end_lineno - 1 :])
+        if rest[last.end_col_offset :].lstrip().startswith(b";"):
+            last = None  # "value;" shows nothing, as in IPython
+    try:
+        if not isinstance(last, _ast.Expr):
+            return compile(tree, "<session>", "exec"), None
+        body = _ast.Module(body=tree.body[:-1], type_ignores=tree.type_ignores)
+        return (
+            compile(body, "<session>", "exec"),
+            compile(_ast.Expression(body=last.value), "<session>", "eval"),
+        )
+    except SyntaxError:
+        pass
+    # Outside the handler: the error must not carry the first one as its context.
+    return compile(source, "<session>", "exec"), None
 
 
 def _main() -> None:
@@ -25,19 +74,37 @@ def _main() -> None:
                                   errors="backslashreplace", write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
+    runtime = _runtime()  # before the working directory is on sys.path: nothing there shadows it
     # Like the interactive interpreter: the working directory, not this file's, is importable.
     sys.path[0] = ""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     me = os.getpid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+    def flush_figures() -> None:
+        # Only once the code loaded the sandbox's matplotlib backend (never imported here), and
+        # not in a fork of the code that came back through run().
+        backend = sys.modules.get("exec_sandbox_guest.mpl_backend")
+        if backend is not None and os.getpid() == me:
+            try:
+                backend.flush_figures()
+            except BaseException:
+                pass  # an interrupt (the output limit) while sending: the figures are lost
+
+    # Frames of the driver a traceback starts with, cut from it.
+    driver_frames = {_compile_parts.__code__}
+
     def run(source: bytes) -> int:
         # The agent sends SIGINT when the output passes its limit: it interrupts the user's code
         # (KeyboardInterrupt), never the driver between requests.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            # Output is what the code prints, as in run(): no echo of a final expression.
-            exec(compile(source, "<session>", "exec"), namespace)
+            body, last = _compile_parts(source)
+            exec(body, namespace)
+            if last is not None:
+                value = eval(last, namespace)
+                if value is not None and runtime is not None:
+                    runtime.display(value)
             return 0
         except SystemExit as exc:
             if exc.code is None:
@@ -47,16 +114,20 @@ def _main() -> None:
             print(exc.code, file=sys.stderr)
             return 1
         except BaseException:
-            # The user's own frames only: the driver's frame is noise.
+            # The user's own frames only: the driver's frames are noise.
             etype, value, tb = sys.exc_info()
             if isinstance(value, SyntaxError):
                 tb = None  # where in the compiler it was found is of no interest
-            elif tb is not None and tb.tb_frame.f_code is run.__code__:
-                tb = tb.tb_next
+            else:
+                while tb is not None and tb.tb_frame.f_code in driver_frames:
+                    tb = tb.tb_next
             traceback.print_exception(etype, value, tb)
             return 1
         finally:
+            flush_figures()
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    driver_frames.add(run.__code__)
 
     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
