@@ -302,6 +302,8 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 		"TMPDIR=/tmp",
 		"PYTHONUNBUFFERED=1",
 		"PYTHONDONTWRITEBYTECODE=1",
+		/* matplotlib's figures become outputs (guest/runtime/python) */
+		"MPLBACKEND=module://exec_sandbox_guest.mpl_backend",
 	};
 	/* One CA bundle for every client (net_trust.h): the image's, or the host's once NET_CONFIG
 	 * brought it. Fixed paths, filled later: interpreters started before NET_CONFIG read the

@@ -628,6 +628,7 @@ def test_clean_environment(a: Agent) -> None:
         "TMPDIR": "/tmp",
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "module://exec_sandbox_guest.mpl_backend",
         "A_1": "x=y",
         "EMPTY": "",
     }, env
