@@ -42,6 +42,9 @@ RECIPE = [
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
     "guest/repl/prestart.js",
+    "guest/runtime/node/tools.js",
+    "guest/runtime/python/exec_sandbox_guest.pth",
+    "guest/runtime/python/exec_sandbox_guest/*.py",
     "src/shared/*.[ch]",
     "src/shared/warnings.mk",
 ]

@@ -5,8 +5,9 @@
 # packed as a read-only EROFS image. Two cache levels, both keyed by content hash:
 #   rootfs-tree-<H1>/      the unpacked package tree (H1: package list, make-tree.sh, suite, mirror)
 #   rootfs-<H2>.erofs      the image (H2: H1 + the agent binary and node addon + the REPL drivers +
-#                          rootfs/finish-image.sh), with rootfs-<H2>.erofs.json beside it: the
-#                          facts the host needs about the image (python version, glibc)
+#                          the guest runtime + rootfs/finish-image.sh), with rootfs-<H2>.erofs.json
+#                          beside it: the facts the host needs about the image (python version,
+#                          glibc)
 # so that rebuilding the agent only re-runs mkfs.erofs. Usage: build-rootfs.sh AGENT_BINARY.
 # Prints the image path.
 source "$(dirname "$0")/lib.sh"
@@ -22,6 +23,14 @@ if [ "${1:-}" = --pack ]; then
 	install -d -m 0755 "$stage/root/usr/lib/sbx"
 	install -m 0644 "$images_src_dir"/../guest/repl/driver.{py,js,sh} "$images_src_dir"/../guest/repl/prestart.js "$stage/root/usr/lib/sbx/"
 	install -m 0644 "$(dirname "$agent")/sbx-reseed.node" "$stage/root/usr/lib/sbx/"
+	# The guest runtime (guest/runtime/): node's `tools` beside the drivers; the python package
+	# where Debian's python3 imports it without PYTHONPATH, with the .pth file that makes `tools`
+	# and `display` built-ins (compiled to bytecode by finish_image with the rest).
+	install -m 0644 "$images_src_dir"/../guest/runtime/node/tools.js "$stage/root/usr/lib/sbx/"
+	debian_py="$stage/root/usr/lib/python3/dist-packages"
+	install -d -m 0755 "$debian_py/exec_sandbox_guest"
+	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py "$debian_py/exec_sandbox_guest/"
+	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$debian_py/"
 	source "$images_src_dir/rootfs/finish-image.sh"
 	finish_image "$stage/root" "$stage/facts.json" "$tree_key"
 	run_logged "$stage/mkfs.log" mkfs.erofs -T0 "$stage/image.erofs" "$stage/root"
@@ -40,11 +49,13 @@ tree="$images_dir/rootfs-tree-$tree_key"
 HASH_EXTRA="$tree_key"
 # The session REPL drivers and node's pre-start preload (guest/repl/) go to /usr/lib/sbx.
 drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh "$images_src_dir"/../guest/repl/prestart.js)
+# The guest runtime (guest/runtime/), installed beside them and into python's dist-packages.
+runtime=("$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py)
 finish="$images_src_dir/rootfs/finish-image.sh"
 # The node addon (guest/node/) is built beside the agent, and installed beside the drivers.
 addon="$(dirname "$agent")/sbx-reseed.node"
 [ -f "$addon" ] || fail "node addon $addon missing: make -C guest"
-image_key=$(inputs_hash "$agent" "$addon" "${drivers[@]}" "$finish")
+image_key=$(inputs_hash "$agent" "$addon" "${drivers[@]}" "${runtime[@]}" "$finish")
 image="$images_dir/rootfs-$image_key.erofs"
 reuse "$tree"
 if [ -f "$image" ] && [ -f "$image.json" ]; then

@@ -51,6 +51,10 @@ RECIPE = [
     "guest/repl/driver.py",
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
+    "guest/runtime/node/tools.js",
+    "guest/runtime/python/exec_sandbox_guest.pth",
+    "guest/runtime/python/exec_sandbox_guest/__init__.py",
+    "guest/runtime/python/exec_sandbox_guest/mpl_backend.py",
     "src/shared/protocol.h",
     "src/shared/frame.c",
 ]
