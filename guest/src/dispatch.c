@@ -145,6 +145,10 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 	case SBX_MSG_NET_CONFIG:
 		handle_net_config(a, f);
 		break;
+	case SBX_MSG_TOOL_RESULT:
+		/* Never answered on the channel: its id is the execution's (host_socket.h). */
+		sbx_host_socket_on_tool_result(&a->hs, f);
+		break;
 	default:
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BAD_REQUEST,
 				       "unexpected message type %u", f->type);

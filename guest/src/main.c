@@ -206,7 +206,7 @@ static void shutdown_test_mode(struct sbx_agent *a)
 __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 {
 	for (;;) {
-		struct pollfd p[11];
+		struct pollfd p[11 + SBX_HOST_SOCKET_POLL_MAX];
 		int n = 0, timeout = -1;
 		int ci = -1, oi = -1, ei = -1, di = -1, roi = -1, rei = -1, rci = -1, ni = -1;
 		struct sbx_runner *r = &a->runner;
@@ -259,6 +259,9 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			ni = n;
 			p[n++] = (struct pollfd){.fd = sbx_net_poll_fd(&a->net), .events = POLLIN};
 		}
+		int hi = n;
+		int hn = sbx_host_socket_poll(&a->hs, p + n);
+		n += hn;
 
 		if (poll(p, (nfds_t)n, timeout) < 0) {
 			if (errno != EINTR) {
@@ -298,6 +301,8 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 		sbx_files_pump(&a->files);
 		if (ni >= 0 && p[ni].revents)
 			sbx_net_handle(&a->net);
+		/* After the runs' events, so that a call finds the execution that is running now. */
+		sbx_host_socket_handle(&a->hs, p + hi, hn);
 		if (ci >= 0) {
 			switch (sbx_channel_handle(&a->ch, p[ci].revents, sbx_dispatch_frame, a)) {
 			case SBX_CHAN_HANGUP:
@@ -371,6 +376,7 @@ int main(int argc, char **argv)
 		fatal(cfg, "timerfd", rc);
 	sbx_files_init(&agent.files, cfg, &agent.ch);
 	sbx_net_init(&agent.net);
+	sbx_host_socket_init(&agent.hs, cfg, &agent.ch, &agent.runner, &agent.repl);
 	agent.net_test_fd = cfg->net_fd;
 
 	static const char ready[] = "sbx-agent: ready\n";

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "host_socket.h"
 #include "spawn.h"
 
 /* Reads per pipe when draining after a completion or the REPL's death: bounds the work when a
@@ -365,6 +366,7 @@ static void finish(struct sbx_repl *r, int exit_code)
 		if (rc < 0 && rc != -ENOTCONN)
 			sbx_log("sending EXIT: %s", strerror(-rc));
 	}
+	sbx_exec_ended(r->id);
 	r->phase = SBX_REPL_IDLE;
 	r->silent = false;
 	end_streams(r);

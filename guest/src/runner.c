@@ -16,6 +16,7 @@
 
 #include "bootstrap.h"
 #include "cleanup.h"
+#include "host_socket.h"
 #include "spawn.h"
 
 #define TERM_GRACE_MS 500u
@@ -405,6 +406,7 @@ static void finish(struct sbx_runner *r)
 		if (rc < 0 && rc != -ENOTCONN)
 			sbx_log("sending EXIT: %s", strerror(-rc));
 	}
+	sbx_exec_ended(r->id);
 	/* After the EXIT, so that the sweep (a fork under TCG) costs the next request, not this one;
 	 * the next request is read only once this returns. */
 	if (!r->swept)

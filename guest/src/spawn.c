@@ -23,6 +23,7 @@
 
 #include "agent.h"
 #include "cleanup.h"
+#include "host_socket.h"
 #include "net_trust.h"
 
 enum spawn_step {
@@ -317,7 +318,9 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 	const size_t n_trust = sbx_net_trust_ready() ? sizeof(trust) / sizeof(trust[0]) : 0;
 	const size_t n_base = sizeof(base) / sizeof(base[0]);
 	const uint32_t n_req = req ? req->env_count : 0;
-	char **envp = calloc(n_base + n_trust + n_req + 1, sizeof(char *));
+	/* The runtimes' host socket, named only where it is not at its default (test mode). */
+	const char *host_socket = sbx_host_socket_env();
+	char **envp = calloc(n_base + n_trust + 1 + n_req + 1, sizeof(char *));
 	if (!envp)
 		return -ENOMEM;
 	size_t count = 0;
@@ -333,6 +336,12 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 	}
 	for (size_t i = 0; i < n_trust; i++) {
 		char *e = strdup(trust[i]);
+		if (!e)
+			goto oom;
+		envp[count++] = e;
+	}
+	if (host_socket) {
+		char *e = strdup(host_socket);
 		if (!e)
 			goto oom;
 		envp[count++] = e;

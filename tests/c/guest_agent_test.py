@@ -631,6 +631,8 @@ def test_clean_environment(a: Agent) -> None:
         "MPLBACKEND": "module://exec_sandbox_guest.mpl_backend",
         "A_1": "x=y",
         "EMPTY": "",
+        # Test mode only: the runtimes default to /run/sbx/host.sock.
+        "EXEC_SANDBOX_HOST_SOCKET": host_socket_path(a),
     }, env
 
 
@@ -886,6 +888,19 @@ def test_boot_in_namespaces() -> None:
             language=PYTHON,
         )
         assert out == "ping\n/dev/pts/0\n", out
+        # The host socket: root's, at its default path (so not named in the environment), and
+        # the sandbox user connects to it (a malformed call: refused, nothing for the host).
+        out = sh(
+            "import os, socket, struct\n"
+            "st = os.stat('/run/sbx/host.sock')\n"
+            "print(st.st_uid, oct(st.st_mode & 0o777), os.environ.get('EXEC_SANDBOX_HOST_SOCKET'))\n"
+            "s = socket.socket(socket.AF_UNIX); s.connect('/run/sbx/host.sock')\n"
+            "p = struct.pack('<I', 1) + b'-' + struct.pack('<I', 0)\n"
+            "s.sendall(struct.pack('<IBBHI', len(p), 1, 0, 0, 9) + p)\n"
+            "h = s.recv(1024); print(h[4], h[8], h[12])\n",
+            language=PYTHON,
+        )
+        assert out == "0 0o666 None\n3 9 2\n", out
         # A daemon that escaped the process group does not outlive its run.
         out = sh("setsid sleep 100 </dev/null >/dev/null 2>&1 & sleep 0.2; echo started")
         assert out == "started\n"
@@ -1422,6 +1437,348 @@ def test_files_node_snapshot_slot_takes_only_its_own_cpu_tag() -> None:
         assert a.close() == 0
 
 
+# --- host socket (docs/protocol.md, "Host tools and rich outputs") -------------------------------
+
+LOCAL_CALL, LOCAL_OUTPUT, LOCAL_REPLY = 1, 2, 3
+TOOL_CALL, OUTPUT, TOOL_RESULT = 11, 12, 72
+OUTPUT_BEGIN, OUTPUT_END = 1, 2
+TOOL_OK, TOOL_ERROR, TOOL_REFUSED = 0, 1, 2
+TOOL_CALLS_MAX, OUTPUTS_MAX = 16, 32
+OUTPUT_DATA_MAX, OUTPUT_ITEM_MAX = 60 * 1024, 4 * 1024 * 1024
+ARGS = b'{"args": [1, 2], "kwargs": {}}'
+
+
+def host_socket_path(a: Agent) -> str:
+    return os.path.join(a.work.name, "run", "host.sock")
+
+
+class Client:
+    """A process of user code on the host socket: frames of the channel's format."""
+
+    def __init__(self, a: Agent) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(host_socket_path(a))
+        self.buf = b""
+
+    def call(self, rid: int, name: str | bytes, args: bytes = ARGS) -> None:
+        self.sock.sendall(frame(LOCAL_CALL, rid, s(name) + s(args)))
+
+    def output(self, rid: int, mime: str | bytes, data: bytes) -> None:
+        self.sock.sendall(frame(LOCAL_OUTPUT, rid, s(mime) + data))
+
+    def reply(self, timeout: float = 5.0) -> tuple[int, int, bytes] | None:
+        """(id, status, body) of the next LOCAL_REPLY; None on timeout or the end."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= HEADER.size:
+                length, t, flags, reserved, rid = HEADER.unpack_from(self.buf)
+                assert (t, flags, reserved) == (LOCAL_REPLY, 0, 0), (t, flags, reserved)
+                if len(self.buf) >= HEADER.size + length:
+                    p = self.buf[HEADER.size : HEADER.size + length]
+                    self.buf = self.buf[HEADER.size + length :]
+                    n = struct.unpack_from("<I", p, 1)[0]
+                    assert len(p) == 5 + n, "malformed LOCAL_REPLY"
+                    return rid, p[0], p[5:]
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                return None
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+    def refused(self, rid: int, reason: str) -> None:
+        r = self.reply()
+        assert r is not None and r[:2] == (rid, TOOL_REFUSED) and reason in r[2].decode(), r
+
+    def closed_by_agent(self, timeout: float = 5.0) -> bool:
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return False
+        try:
+            return self.sock.recv(1 << 16) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def start_exec(a: Agent, exec_id: int, code: str, msg_type: int = EXEC) -> None:
+    """Start code and return once it runs (the PONG comes after the EXEC is handled)."""
+    a.send(frame(msg_type, exec_id, exec_payload(code)))
+    a.send(frame(PING, exec_id + 5000))
+    assert a.expect() == (PONG, exec_id + 5000, b"")
+
+
+def expect_tool_call(a: Agent, exec_id: int) -> tuple[int, str, bytes]:
+    t, fid, p = a.expect()
+    assert (t, fid) == (TOOL_CALL, exec_id), (t, fid, p[:64])
+    call, n = struct.unpack_from("<II", p)
+    name = p[8 : 8 + n].decode()
+    (m,) = struct.unpack_from("<I", p, 8 + n)
+    assert len(p) == 12 + n + m and call != 0, "malformed TOOL_CALL"
+    return call, name, p[12 + n :]
+
+
+def tool_result(a: Agent, exec_id: int, call: int, status: int, body: bytes) -> None:
+    a.send(frame(TOOL_RESULT, exec_id, struct.pack("<IB", call, status) + s(body)))
+
+
+def expect_output(a: Agent, exec_id: int) -> tuple[str, bytes, list[int]]:
+    """One whole output from the channel: (mime type, data, size of each frame's data)."""
+    mime, data, sizes = None, b"", []
+    while True:
+        t, fid, p = a.expect()
+        assert (t, fid) == (OUTPUT, exec_id), (t, fid, p[:64])
+        flags, off = p[0], 1
+        assert flags & ~(OUTPUT_BEGIN | OUTPUT_END) == 0, flags
+        assert bool(flags & OUTPUT_BEGIN) == (mime is None), "BEGIN only on the first frame"
+        if flags & OUTPUT_BEGIN:
+            (n,) = struct.unpack_from("<I", p, 1)
+            mime, off = p[5 : 5 + n].decode(), 5 + n
+        chunk = p[off:]
+        assert len(chunk) <= OUTPUT_DATA_MAX, len(chunk)
+        data += chunk
+        sizes.append(len(chunk))
+        if flags & OUTPUT_END:
+            return mime, data, sizes
+
+
+def test_host_socket_calls() -> None:
+    """LOCAL_CALL -> TOOL_CALL with the running exec's id -> TOOL_RESULT -> LOCAL_REPLY; the
+    refusals (no execution, malformed, 16 in flight) and the end of the execution answering the
+    calls still open."""
+    a = Agent()
+    clients: list[Client] = []
+    try:
+        assert a.expect()[0] == READY
+        st = os.stat(host_socket_path(a))
+        assert (st.st_mode & 0o777) == 0o666, oct(st.st_mode)
+        c = Client(a)
+        clients.append(c)
+        c.call(1, "add")
+        c.refused(1, "no execution")
+
+        start_exec(a, 40, "sleep 3")
+        c.call(2, "add")
+        call, name, args = expect_tool_call(a, 40)
+        assert (name, args) == ("add", ARGS)
+        tool_result(a, 40, call, TOOL_OK, b"3")
+        assert c.reply() == (2, TOOL_OK, b"3")
+        c.call(3, "fails", b"")
+        call3, _, args = expect_tool_call(a, 40)
+        assert args == b"" and call3 != call
+        tool_result(a, 40, call3, TOOL_ERROR, b"ValueError: no")
+        assert c.reply() == (3, TOOL_ERROR, b"ValueError: no")
+
+        # Malformed requests: refused with their reason, the connection goes on.
+        c.call(4, "1abc")
+        c.refused(4, "invalid tool name")
+        c.call(5, "a-b")
+        c.refused(5, "invalid tool name")
+        c.call(6, "")
+        c.refused(6, "invalid tool name")
+        c.call(7, "x" * 65)
+        c.refused(7, "tool name too long")
+        c.call(8, "ok", b'{"args": ["\xff"]}')
+        c.refused(8, "UTF-8")
+        c.call(9, "ok", b" " * (60 * 1024 + 1))
+        c.refused(9, "too long")
+        c.sock.sendall(frame(LOCAL_CALL, 10, s("ok") + s(ARGS) + b"x"))
+        c.refused(10, "trailing")
+        c.sock.sendall(frame(LOCAL_REPLY, 11, b"\0" + s("")))
+        c.refused(11, "unknown request type")
+        c.call(12, "ok", b'{"args": ["\xc3\xa9"], "kwargs": {}}')  # UTF-8 passes
+        call12, name, _ = expect_tool_call(a, 40)
+        assert name == "ok"
+        # A malformed TOOL_RESULT and one for no call are ignored.
+        a.send(frame(TOOL_RESULT, 40, struct.pack("<IB", call12, 7) + s(b"x")))
+        tool_result(a, 40, 0xFFFF0000, TOOL_OK, b"1")
+        tool_result(a, 41, call12, TOOL_OK, b"1")  # another execution's id
+        assert c.reply(0.3) is None
+
+        # 16 in flight across connections (call 12 is one), the 17th refused.
+        d = Client(a)
+        clients.append(d)
+        calls = {call12}
+        for rid in range(100, 100 + TOOL_CALLS_MAX - 1):
+            d.call(rid, "slow")
+            calls.add(expect_tool_call(a, 40)[0])
+        assert len(calls) == TOOL_CALLS_MAX and 0 not in calls
+        d.call(200, "slow")
+        d.refused(200, "in flight")
+        tool_result(a, 40, call12, TOOL_OK, b"12")
+        assert c.reply() == (12, TOOL_OK, b"12")
+        d.call(201, "slow")  # a place came free
+        calls.discard(call12)
+        calls.add(expect_tool_call(a, 40)[0])
+        # A client that left does not take its result, nor its place away forever.
+        c.close()
+
+        # The end of the execution answers every call still open.
+        r = a.collect(40)
+        assert r["exit"] == 0, r
+        got = {}
+        for _ in range(TOOL_CALLS_MAX):
+            rid, status, body = d.reply()
+            got[rid] = (status, body)
+        assert set(got) == set(range(100, 100 + TOOL_CALLS_MAX - 1)) | {201}, got
+        assert all(v == (TOOL_REFUSED, b"the execution ended") for v in got.values()), got
+        for call in calls:  # late results: dropped
+            tool_result(a, 40, call, TOOL_OK, b"late")
+        assert d.reply(0.3) is None
+        d.call(300, "add")
+        d.refused(300, "no execution")
+        a.send(frame(PING, 41))
+        assert a.expect() == (PONG, 41, b"")
+    finally:
+        for cl in clients:
+            cl.close()
+        assert a.close() == 0
+
+
+def test_host_socket_outputs() -> None:
+    """LOCAL_OUTPUT -> OUTPUT frames (BEGIN with the type ... END, data <= 60 KiB each) queued
+    before the reply and before the EXIT; mime type checks; 32 outputs and 16 MiB per execution,
+    reset by the next one."""
+    a = Agent()
+    c = None
+    try:
+        assert a.expect()[0] == READY
+        c = Client(a)
+        start_exec(a, 50, "sleep 1")
+        data = os.urandom(200 * 1024)
+        c.output(1, "image/png", data)
+        assert c.reply() == (1, TOOL_OK, b"")
+        c.output(2, "text/html", b"")
+        assert c.reply() == (2, TOOL_OK, b"")
+        c.output(3, "application/vnd.custom+json", b"{}")
+        assert c.reply() == (3, TOOL_OK, b"")
+        for rid, mime in enumerate(
+            ["image", "Image/png", "a/b/c", "/png", "image/", "", "im age/png", "x/" + "y" * 126]
+        ):
+            c.output(10 + rid, mime, b"data")
+            c.refused(10 + rid, "mime type")
+        # Everything the replies acknowledged is on the channel, in order, before the EXIT.
+        assert expect_output(a, 50) == ("image/png", data, [OUTPUT_DATA_MAX] * 3 + [20 * 1024])
+        assert expect_output(a, 50) == ("text/html", b"", [0])
+        assert expect_output(a, 50) == ("application/vnd.custom+json", b"{}", [2])
+        r = a.collect(50)
+        assert r["exit"] == 0, r
+
+        c.output(20, "text/plain", b"late")
+        c.refused(20, "no execution")
+
+        # 32 outputs per execution; the count starts again with the next one.
+        for exec_id in (51, 52):
+            start_exec(a, exec_id, "sleep 1")
+            for rid in range(OUTPUTS_MAX):
+                c.output(rid, "text/plain", b"%d" % rid)
+                assert c.reply() == (rid, TOOL_OK, b"")
+                assert expect_output(a, exec_id) == ("text/plain", b"%d" % rid, [len(b"%d" % rid)])
+            c.output(99, "text/plain", b"one more")
+            c.refused(99, "too many outputs")
+            a.send(frame(PING, 1000 + exec_id))
+            assert a.expect() == (PONG, 1000 + exec_id, b"")  # nothing was queued
+            assert a.collect(exec_id)["exit"] == 0
+
+        # 16 MiB per execution: four outputs of 4 MiB, then not one byte more.
+        start_exec(a, 53, "sleep 3")
+        big = os.urandom(OUTPUT_ITEM_MAX)
+        for rid in range(4):
+            c.output(rid, "application/octet-stream", big)
+            mime, got, sizes = expect_output(a, 53)
+            assert got == big and max(sizes) == OUTPUT_DATA_MAX, sizes[-3:]
+            assert c.reply() == (rid, TOOL_OK, b"")
+        c.output(4, "text/plain", b"x")
+        c.refused(4, "16 MiB")
+        c.output(5, "text/plain", b"x" * (OUTPUT_ITEM_MAX + 1))
+        c.refused(5, "too large")
+        assert a.collect(53)["exit"] == 0
+    finally:
+        if c:
+            c.close()
+        assert a.close() == 0
+
+
+def test_host_socket_connections() -> None:
+    """At most 16 clients (the 17th is closed at once); a broken header or an oversized frame
+    costs only that connection; a client that sends a 4 MiB output in small pieces while others
+    call is served in turn."""
+    a = Agent()
+    clients: list[Client] = []
+    try:
+        assert a.expect()[0] == READY
+        clients = [Client(a) for _ in range(16)]
+        for i, cl in enumerate(clients):
+            cl.call(i, "x")
+            cl.refused(i, "no execution")
+        extra = Client(a)
+        assert extra.closed_by_agent()
+        extra.close()
+        bad = clients.pop()
+        bad.sock.sendall(HEADER.pack(0, LOCAL_CALL, 1, 0, 1))  # non-zero flags
+        assert bad.closed_by_agent()
+        bad.close()
+        bad = clients.pop()
+        bad.sock.sendall(HEADER.pack(OUTPUT_ITEM_MAX + 4096 + 1, LOCAL_OUTPUT, 0, 0, 1))
+        assert bad.closed_by_agent()
+        bad.close()
+        # Their places are free again.
+        clients += [Client(a), Client(a)]
+        start_exec(a, 60, "sleep 4")
+        big = os.urandom(OUTPUT_ITEM_MAX)
+        req = frame(LOCAL_OUTPUT, 7, s("image/png") + big)
+        # Two large outputs at once, sent in two halves, and a call on a third client
+        # meanwhile: one output is taken in while the other waits (its sender blocks), and the
+        # call goes by both.
+        def send_slowly(cl: Client) -> None:
+            cl.sock.sendall(req[: len(req) // 2])
+            time.sleep(0.3)
+            cl.sock.sendall(req[len(req) // 2 :])
+
+        senders = [threading.Thread(target=send_slowly, args=(cl,)) for cl in clients[:2]]
+        for t in senders:
+            t.start()
+        time.sleep(0.1)
+        clients[2].call(8, "quick")
+        call, _, _ = expect_tool_call(a, 60)
+        tool_result(a, 60, call, TOOL_OK, b"1")
+        assert clients[2].reply() == (8, TOOL_OK, b"1")
+        for _ in range(2):
+            assert expect_output(a, 60)[:2] == ("image/png", big)
+        for t in senders:
+            t.join(timeout=10)
+        for cl in clients[:2]:
+            assert cl.reply() == (7, TOOL_OK, b"")
+        assert a.collect(60)["exit"] == 0
+    finally:
+        for cl in clients:
+            cl.close()
+        assert a.close() == 0
+
+
+def test_host_socket_session_and_environment() -> None:
+    """A session's request gets its calls under its own id; user code is told where the socket
+    is when it is not at /run/sbx/host.sock (test mode)."""
+    a = session_agent()
+    c = None
+    try:
+        r = a.run(1, 'printf %s "$EXEC_SANDBOX_HOST_SOCKET"')
+        assert r["stdout"].decode() == host_socket_path(a), r
+        start_exec(a, 70, "sleep 2", SESSION_EXEC)
+        c = Client(a)
+        c.call(1, "tool")
+        call, name, _ = expect_tool_call(a, 70)
+        tool_result(a, 70, call, TOOL_OK, b"null")
+        assert c.reply() == (1, TOOL_OK, b"null")
+        assert a.collect(70)["exit"] == 0
+    finally:
+        if c:
+            c.close()
+        assert a.close() == 0
+
+
 def main() -> int:
     global AGENT
     ap = argparse.ArgumentParser()
@@ -1487,6 +1844,10 @@ def main() -> int:
         test_session_copies_of_stdout_kept_by_the_code_do_not_hold_the_exec,
         test_files_write_read_list_and_refusals,
         test_files_node_snapshot_slot_takes_only_its_own_cpu_tag,
+        test_host_socket_calls,
+        test_host_socket_outputs,
+        test_host_socket_connections,
+        test_host_socket_session_and_environment,
     ):
         report(fn.__name__, fn)
     if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
