@@ -7,6 +7,7 @@
 #include <linux/filter.h>
 
 #include "sbx_err.h"
+#include "seccomp_policy.h"
 
 struct sbx_bpf {
 	struct sock_filter *insns; /* heap; NULL when empty */
@@ -15,14 +16,21 @@ struct sbx_bpf {
 
 /* Compile the policy into *out for the native architecture. 0, or -errno with err naming the
  * failed step. Syscalls that the architecture does not have are skipped (they cannot be called). */
+int sbx_seccomp_build_policy(enum sbx_seccomp_policy policy, struct sbx_bpf *out,
+			     struct sbx_err *err);
+/* The deny-list's program (sbx_seccomp_build_policy(SBX_SECCOMP_DENY_LIST, ...)). */
 int sbx_seccomp_build(struct sbx_bpf *out, struct sbx_err *err);
 void sbx_bpf_free(struct sbx_bpf *bpf);
 /* The program of sbx_seccomp_build, compiled once per process on first use (thread-safe) and
  * shared by every spawn: the policy is fixed, and compiling it with libseccomp costs about a
  * millisecond that would otherwise be paid per VM, on the caller's event loop. 0 and *out
  * (valid until exit, never to be freed), or the first build's -errno and err, every time. */
+int sbx_seccomp_program_for(enum sbx_seccomp_policy policy, const struct sbx_bpf **out,
+			    struct sbx_err *err);
+/* The deny-list's shared program. */
 int sbx_seccomp_program(const struct sbx_bpf **out, struct sbx_err *err);
-/* Install the filter on the calling thread (needs no_new_privs or CAP_SYS_ADMIN). 0 or -errno.
+/* Install the filter on the calling thread (needs no_new_privs or CAP_SYS_ADMIN), with
+ * SECCOMP_FILTER_FLAG_LOG where the kernel has it. 0 or -errno.
  * Async-signal-safe. */
 int sbx_seccomp_load(const struct sbx_bpf *bpf);
 

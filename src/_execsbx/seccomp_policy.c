@@ -84,3 +84,79 @@ const struct sbx_seccomp_rule sbx_seccomp_rules[] = {
 };
 
 const size_t sbx_seccomp_rule_count = sizeof(sbx_seccomp_rules) / sizeof(sbx_seccomp_rules[0]);
+
+const char *const sbx_seccomp_policy_names[SBX_SECCOMP__COUNT] = {
+	[SBX_SECCOMP_ALLOW_LIST] = "allow-list",
+	[SBX_SECCOMP_DENY_LIST] = "deny-list",
+	[SBX_SECCOMP_ALLOW_LIST_LOG] = "allow-list (log only)",
+};
+
+/* Not listed, on purpose: socket, connect, bind, listen, accept (every socket QEMU uses is handed
+ * to it as an fd); io_uring_* (QEMU's AIO falls back to ppoll/epoll on ENOSYS, and io_uring is a
+ * large, often exploited kernel surface); unlink, rename, mkdir, chmod, chown, link and every other
+ * call that changes the file system; ptrace, process_vm_*, kexec, modules, bpf, perf, keys, mount
+ * and namespaces (what the deny-list names) are simply not on the list. */
+const struct sbx_seccomp_group sbx_seccomp_allow_groups[] = {
+	{"memory",
+	 "brk mmap munmap mprotect mremap madvise msync mincore mlock munlock get_mempolicy "
+	 "set_mempolicy mbind memfd_create fallocate membarrier",
+	 "guest RAM (anonymous or the snapshot's file, whose pages a discard punches out), TCG's "
+	 "code buffer (mprotect to executable), the heap; NUMA policy queries of the memory backend"},
+	{"threads",
+	 "futex set_robust_list get_robust_list rseq set_tid_address gettid exit exit_group "
+	 "sched_yield sched_getaffinity",
+	 "QEMU's vCPU, RCU, I/O worker and migration threads and their locks (clone: below, without "
+	 "namespace flags)"},
+	{"signals",
+	 "rt_sigaction rt_sigprocmask rt_sigreturn rt_sigtimedwait rt_sigpending sigaltstack "
+	 "signalfd4 tgkill tkill restart_syscall",
+	 "kicking a vCPU thread out of KVM_RUN or TCG (SIG_IPI), the main loop's signalfd, abort()"},
+	{"event loop",
+	 "ppoll poll pselect6 select epoll_create1 epoll_ctl epoll_wait epoll_pwait eventfd2 "
+	 "timerfd_create timerfd_settime timerfd_gettime",
+	 "the main loop and AIO contexts wait on fds; eventfds notify between threads and, under "
+	 "KVM, are the ioeventfds and irqfds of virtio queues"},
+	{"fd I/O",
+	 "read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2 lseek close "
+	 "fcntl dup dup2 dup3 pipe pipe2 fsync fdatasync",
+	 "the disks' reads (a thread pool of preadv), the chardevs, migration streams to and from "
+	 "the pipe the host hands over QMP"},
+	{"sockets handed over as fds",
+	 "recvmsg sendmsg recvfrom sendto getsockopt setsockopt getsockname getpeername shutdown",
+	 "the agent channel, console, QMP monitor (getfd: an fd in SCM_RIGHTS) and network port are "
+	 "socketpairs the host made; QEMU creates no socket"},
+	{"files in the jail's root",
+	 "openat open access faccessat faccessat2 stat lstat fstat newfstatat statx statfs fstatfs "
+	 "readlink readlinkat getdents64 getcwd chdir fchdir fadvise64",
+	 "the binary's libraries, its TCG module and firmware, and the images and RAM file at "
+	 "/proc/self/fd/N: the only files in its root, all read-only"},
+	{"time",
+	 "clock_gettime clock_getres gettimeofday time clock_nanosleep nanosleep",
+	 "guest clocks and timers (the vDSO answers most; the syscall when it cannot)"},
+	{"process facts",
+	 "getpid getppid getuid geteuid getgid getegid getresuid getresgid getgroups uname sysinfo "
+	 "getrlimit prlimit64 getrusage times arch_prctl prctl getrandom getpriority",
+	 "glibc and glib start-up, thread names (prctl PR_SET_NAME), QEMU's own random numbers"},
+	{"start",
+	 "execve seccomp",
+	 "the jail's own exec into QEMU (nothing else in the root could be run, and QEMU's -sandbox "
+	 "spawn=deny refuses it afterwards); QEMU's -sandbox filter stacks on top of this one"},
+};
+
+const size_t sbx_seccomp_allow_group_count =
+	sizeof(sbx_seccomp_allow_groups) / sizeof(sbx_seccomp_allow_groups[0]);
+
+/* KVMIO, the type byte of every /dev/kvm, VM and vCPU ioctl (linux/kvm.h). */
+#define SBX_KVMIO 0xAEu
+
+const struct sbx_seccomp_rule sbx_seccomp_allow_args[] = {
+	{"clone", SBX_ARG_MASKED_EQ, 0, NS_FLAGS, 0, 0,
+	 "threads (and nothing else: QEMU forks nothing) without namespace flags; clone3 is not "
+	 "listed (its flags are in memory), so glibc falls back to clone"},
+	{"ioctl", SBX_ARG_MASKED_EQ, 1, 0xff00u, SBX_KVMIO << 8, 0,
+	 "KVM's ioctls only (type KVMIO: /dev/kvm, the VM and its vCPUs, KVM_RUN); under TCG QEMU "
+	 "makes none on the product's paths, so no terminal or block ioctl (TIOCSTI) passes"},
+};
+
+const size_t sbx_seccomp_allow_arg_count =
+	sizeof(sbx_seccomp_allow_args) / sizeof(sbx_seccomp_allow_args[0]);

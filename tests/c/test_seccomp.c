@@ -1,9 +1,10 @@
-/* The host seccomp policy, tested two ways without QEMU:
+/* The host seccomp policies (the deny-list, then the allow-list), tested two ways without QEMU:
  *   1. as a table of (syscall, arguments) -> action, evaluated against the BPF program that
  *      sbx_seccomp_build exports, by the small classic-BPF interpreter below;
  *   2. in a probe process that loads the same filter and makes the denied calls for real. */
 #define _GNU_SOURCE 1
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -259,6 +260,125 @@ static void test_probe_baseline(void)
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+static struct sbx_bpf ALLOW;
+#define REFUSED DENIED(SBX_SECCOMP_ALLOW_LIST_ERRNO)
+
+static uint32_t allow_action(const char *name, uint64_t a0, uint64_t a1)
+{
+	struct seccomp_data d = {.nr = seccomp_syscall_resolve_name(name),
+				 .arch = AUDIT_ARCH_X86_64};
+	d.args[0] = a0;
+	d.args[1] = a1;
+	return run_bpf(&ALLOW, &d);
+}
+
+/* The allow-list as a table: what QEMU does passes, everything else is refused with ENOSYS. */
+static void test_allow_list_table(void)
+{
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_seccomp_build_policy(SBX_SECCOMP_ALLOW_LIST, &ALLOW, &why), 0);
+	static const struct {
+		const char *name;
+		uint64_t a0, a1;
+		uint32_t expect;
+	} rows[] = {
+		{"read", 0, 0, SECCOMP_RET_ALLOW},
+		{"ppoll", 0, 0, SECCOMP_RET_ALLOW},
+		{"mmap", 0, 0, SECCOMP_RET_ALLOW},
+		{"futex", 0, 0, SECCOMP_RET_ALLOW},
+		{"recvmsg", 0, 0, SECCOMP_RET_ALLOW},
+		{"execve", 0, 0, SECCOMP_RET_ALLOW},
+		{"seccomp", 1, 0, SECCOMP_RET_ALLOW},
+		{"clone", CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD |
+				  CLONE_SYSVSEM | CLONE_SETTLS | CLONE_PARENT_SETTID |
+				  CLONE_CHILD_CLEARTID,
+		 0, SECCOMP_RET_ALLOW},
+		{"clone", CLONE_NEWUSER | SIGCHLD, 0, REFUSED},
+		{"clone", CLONE_NEWNET, 0, REFUSED},
+		{"clone3", 0, 0, REFUSED},
+		{"ioctl", 0, 0xAE01 /* KVM_CREATE_VM */, SECCOMP_RET_ALLOW},
+		{"ioctl", 0, 0xAE80 /* KVM_RUN */, SECCOMP_RET_ALLOW},
+		{"ioctl", 0, TIOCSTI, REFUSED},
+		{"ioctl", 0, TCGETS, REFUSED},
+		{"socket", AF_UNIX, SOCK_STREAM, REFUSED},
+		{"socket", AF_PACKET, SOCK_RAW, REFUSED},
+		{"connect", 0, 0, REFUSED},
+		{"ptrace", 0, 0, REFUSED},
+		{"mount", 0, 0, REFUSED},
+		{"unshare", 0, 0, REFUSED},
+		{"setns", 0, 0, REFUSED},
+		{"bpf", 0, 0, REFUSED},
+		{"io_uring_setup", 0, 0, REFUSED},
+		{"unlinkat", 0, 0, REFUSED},
+		{"setuid", 0, 0, REFUSED},
+		{"kill", 1, 9, REFUSED},
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		uint32_t got = allow_action(rows[i].name, rows[i].a0, rows[i].a1);
+		if (got != rows[i].expect)
+			fprintf(stderr, "allow-list row %zu: %s(%#llx, %#llx) -> %#x, want %#x\n", i,
+				rows[i].name, (unsigned long long)rows[i].a0,
+				(unsigned long long)rows[i].a1, got, rows[i].expect);
+		CHECK_EQ(got, rows[i].expect);
+	}
+	/* every listed call of every group is in the program */
+	char name[64];
+	for (size_t g = 0; g < sbx_seccomp_allow_group_count; g++) {
+		CHECK(sbx_seccomp_allow_groups[g].reason[0]);
+		for (const char *p = sbx_seccomp_allow_groups[g].syscalls; *p;) {
+			size_t n = strcspn(p, " ");
+			memcpy(name, p, n);
+			name[n] = 0;
+			if (seccomp_syscall_resolve_name(name) >= 0 &&
+			    allow_action(name, 0, 0) != SECCOMP_RET_ALLOW) {
+				fprintf(stderr, "listed but not allowed: %s\n", name);
+				CHECK(0);
+			}
+			p += n;
+			p += strspn(p, " ");
+		}
+	}
+	CHECK(allow_action("getpid", 0, 0) == SECCOMP_RET_ALLOW);
+}
+
+/* A probe process under the allow-list: calls outside it fail with ENOSYS for real, calls on it
+ * still work. */
+static void test_allow_list_probe_process(void)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		int bad = 0;
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || sbx_seccomp_load(&ALLOW) < 0)
+			_exit(100);
+		/* unfiltered: a socket */
+		if (socket(AF_UNIX, SOCK_STREAM, 0) >= 0 || errno != ENOSYS)
+			bad |= 1;
+		/* unfiltered: 0 */
+		if (syscall(SYS_ptrace, 0 /* PTRACE_TRACEME */, 0, 0, 0) == 0 || errno != ENOSYS)
+			bad |= 2;
+		/* unfiltered: ENOENT */
+		if (syscall(SYS_unlinkat, AT_FDCWD, "/nonexistent-sbx-probe", 0) == 0 ||
+		    errno != ENOSYS)
+			bad |= 4;
+		/* a terminal ioctl: not KVM's */
+		if (ioctl(0, TCGETS, NULL) == 0 || errno != ENOSYS)
+			bad |= 8;
+		/* a KVM ioctl passes the filter (and fails on a bad fd) */
+		if (ioctl(-1, 0xAE01, 0) == 0 || errno != EBADF)
+			bad |= 16;
+		if (getpid() <= 0)
+			bad |= 32;
+		_exit(bad);
+	}
+	CHECK(pid > 0);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	CHECK(WIFEXITED(st));
+	if (WEXITSTATUS(st))
+		fprintf(stderr, "allow-list probe failures: %#x\n", WEXITSTATUS(st));
+	CHECK_EQ(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
 	RUN(test_build);
@@ -267,6 +387,9 @@ int main(void)
 	RUN(test_foreign_arch_is_killed);
 	RUN(test_probe_process);
 	RUN(test_probe_baseline);
+	RUN(test_allow_list_table);
+	RUN(test_allow_list_probe_process);
 	sbx_bpf_free(&BPF);
+	sbx_bpf_free(&ALLOW);
 	TEST_MAIN_END("test_seccomp");
 }
