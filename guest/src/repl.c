@@ -506,7 +506,7 @@ void sbx_repl_on_timer(struct sbx_repl *r)
 	if (read(r->timer_fd, &ticks, sizeof(ticks)) != (ssize_t)sizeof(ticks))
 		return;
 	if (r->phase == SBX_REPL_RUNNING) {
-		r->flags |= SBX_EXIT_TIMED_OUT;
+		r->flags |= SBX_EXIT_TIMED_OUT | SBX_EXIT_REPL_RESET;
 		r->phase = SBX_REPL_KILLING;
 		kill_repl(r);
 		arm(r, KILL_WAIT_MS);
@@ -530,6 +530,7 @@ void sbx_repl_on_child_exit(struct sbx_repl *r, pid_t pid, int status)
 		 * the interpreter's start-up overlaps the host's turn instead of the next request's
 		 * timeout. Never for a death while idle: a driver that cannot start would loop. */
 		restart = !r->silent;
+		r->flags |= SBX_EXIT_REPL_RESET;
 		drain(r);
 		int code = WIFEXITED(status)   ? WEXITSTATUS(status)
 			   : WIFSIGNALED(status) ? 128 + WTERMSIG(status)

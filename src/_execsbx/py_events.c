@@ -24,7 +24,7 @@ static PyStructSequence_Field output_fields[] = {
 static PyStructSequence_Field exit_fields[] = {
 	KIND_FIELD, ID_FIELD,
 	{"exit_code", "the process's exit code, 128+signal, or -1 (timed out)"},
-	{"flags", "EXIT_TIMED_OUT | EXIT_STDOUT_LIMIT | EXIT_STDERR_LIMIT"},
+	{"flags", "EXIT_TIMED_OUT | EXIT_STDOUT_LIMIT | EXIT_STDERR_LIMIT | EXIT_REPL_RESET"},
 	{"duration_us", "run time measured in the guest"}, {NULL, NULL}};
 static PyStructSequence_Field error_fields[] = {
 	KIND_FIELD, ID_FIELD, {"code", "ERR_* (error) or FILE_ERR_* (file_error)"},

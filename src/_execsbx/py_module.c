@@ -4,6 +4,7 @@
 #include "py_common.h"
 
 #include <errno.h>
+#include <string.h>
 
 #include "net_protocol.h"
 #include "protocol.h"
@@ -71,13 +72,66 @@ static PyObject *tsc_khz(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(seccomp_rules_doc,
-	     "seccomp_rules() -> list[tuple[str, str, str]]\n\n"
-	     "The host seccomp deny-list applied to QEMU: (syscall, errno name, reason).");
+	     "seccomp_rules(policy='allow') -> list[tuple[str, str, str]]\n\n"
+	     "The host seccomp policy applied to QEMU, as data. 'allow' (the default policy):\n"
+	     "(syscall, 'ALLOW' or 'ALLOW IF <condition>', the reason of its group); every other\n"
+	     "call fails with ENOSYS. 'deny' (the fallback): (syscall, errno name, reason).\n"
+	     "Which one a VM got is in its jail_status(); vm/jail.py's seccomp_policy() says\n"
+	     "which this process uses.");
 
-static PyObject *seccomp_rules(PyObject *module, PyObject *unused)
+static int append_rule(PyObject *list, const char *name, const char *action, const char *why)
+{
+	return sbx_py_append_new(list, Py_BuildValue("(sss)", name, action, why));
+}
+
+static PyObject *allow_list_rules(void)
+{
+	PyObject *list = PyList_New(0);
+	char name[64];
+	for (size_t g = 0; list && g < sbx_seccomp_allow_group_count; g++) {
+		const struct sbx_seccomp_group *grp = &sbx_seccomp_allow_groups[g];
+		for (const char *p = grp->syscalls; *p;) {
+			size_t n = strcspn(p, " ");
+			if (n > 0 && n < sizeof(name)) {
+				memcpy(name, p, n);
+				name[n] = 0;
+				char why[512];
+				PyOS_snprintf(why, sizeof(why), "%s: %s", grp->name, grp->reason);
+				if (append_rule(list, name, "ALLOW", why) < 0) {
+					Py_CLEAR(list);
+					return NULL;
+				}
+			}
+			p += n;
+			p += strspn(p, " ");
+		}
+	}
+	for (size_t i = 0; list && i < sbx_seccomp_allow_arg_count; i++) {
+		const struct sbx_seccomp_rule *r = &sbx_seccomp_allow_args[i];
+		char action[96];
+		PyOS_snprintf(action, sizeof(action), "ALLOW IF (arg%u & %#llx) == %#llx",
+			      r->arg_index, (unsigned long long)r->mask,
+			      (unsigned long long)r->value);
+		if (append_rule(list, r->syscall, action, r->reason) < 0)
+			Py_CLEAR(list);
+	}
+	return list;
+}
+
+static PyObject *seccomp_rules(PyObject *module, PyObject *args, PyObject *kwds)
 {
 	(void)module;
-	(void)unused;
+	static char *kwlist[] = {"policy", NULL};
+	const char *policy = "allow";
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|s:seccomp_rules", kwlist, &policy))
+		return NULL;
+	if (strcmp(policy, "allow") == 0 || strcmp(policy, "log") == 0)
+		return allow_list_rules();
+	if (strcmp(policy, "deny") != 0) {
+		PyErr_Format(PyExc_ValueError, "policy must be 'allow', 'deny' or 'log', not '%s'",
+			     policy);
+		return NULL;
+	}
 	PyObject *list = PyList_New((Py_ssize_t)sbx_seccomp_rule_count);
 	for (size_t i = 0; list && i < sbx_seccomp_rule_count; i++) {
 		const struct sbx_seccomp_rule *r = &sbx_seccomp_rules[i];
@@ -93,7 +147,8 @@ static PyObject *seccomp_rules(PyObject *module, PyObject *unused)
 }
 
 static PyMethodDef module_methods[] = {
-	{"seccomp_rules", seccomp_rules, METH_NOARGS, seccomp_rules_doc},
+	{"seccomp_rules", (PyCFunction)(void (*)(void))seccomp_rules, METH_VARARGS | METH_KEYWORDS,
+	 seccomp_rules_doc},
 	{"build_qemu_argv", (PyCFunction)(void (*)(void))build_qemu_argv,
 	 METH_VARARGS | METH_KEYWORDS, build_qemu_argv_doc},
 	{"tsc_khz", tsc_khz, METH_NOARGS, tsc_khz_doc},
@@ -113,6 +168,7 @@ static int add_constants(PyObject *m)
 		{"EXIT_TIMED_OUT", SBX_EXIT_TIMED_OUT},
 		{"EXIT_STDOUT_LIMIT", SBX_EXIT_STDOUT_LIMIT},
 		{"EXIT_STDERR_LIMIT", SBX_EXIT_STDERR_LIMIT},
+		{"EXIT_REPL_RESET", SBX_EXIT_REPL_RESET},
 		{"ERR_BAD_REQUEST", SBX_ERR_BAD_REQUEST},
 		{"ERR_BUSY", SBX_ERR_BUSY},
 		{"ERR_SPAWN", SBX_ERR_SPAWN},

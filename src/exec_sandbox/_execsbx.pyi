@@ -14,6 +14,7 @@ LANG_RAW: int
 EXIT_TIMED_OUT: int
 EXIT_STDOUT_LIMIT: int
 EXIT_STDERR_LIMIT: int
+EXIT_REPL_RESET: int
 ERR_BAD_REQUEST: int
 ERR_BUSY: int
 ERR_SPAWN: int
@@ -214,7 +215,7 @@ def build_qemu_argv(
     layer_kind: str | None = ...,
     net_port: bool = ...,
 ) -> list[str]: ...
-def seccomp_rules() -> list[tuple[str, str, str]]: ...
+def seccomp_rules(policy: str = "allow") -> list[tuple[str, str, str]]: ...
 def tsc_khz() -> int: ...
 
 class Vm:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from . import limits
 from .errors import OutputLimitError
 from .models import ExecutionResult, ExposedPort, NetworkConnection, TimingBreakdown
-from .vm.binding import EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
+from .vm.binding import EXIT_REPL_RESET, EXIT_STDERR_LIMIT, EXIT_STDOUT_LIMIT
 from .vm.execution import ExecOutcome
 
 # A guest process ended by SIGKILL (128 + 9), not by the timeout: in a sandbox that is almost
@@ -62,6 +62,12 @@ def shape_result(
         )
     elif outcome.exit_code == EXIT_SIGKILL:
         stderr += OOM_NOTE + (_SESSION_OOM_NOTE if in_session else "")
+    elif in_session and outcome.flags & EXIT_REPL_RESET:
+        # The REPL died (a signal, os._exit): the session goes on in a fresh one, and whoever
+        # reads the result must not take the lost variables for a bug of the next cell.
+        stderr += (
+            f"\nThe REPL process ended (exit {outcome.exit_code}){_SESSION_TIMEOUT_NOTE}\n"
+        )
     return ExecutionResult(
         stdout=outcome.stdout,
         stderr=stderr,

@@ -132,8 +132,13 @@ enum sbx_exit_flag {
 	SBX_EXIT_TIMED_OUT = 1u << 0,
 	SBX_EXIT_STDOUT_LIMIT = 1u << 1, /* stdout passed its limit: the code was killed */
 	SBX_EXIT_STDERR_LIMIT = 1u << 2,
+	/* SESSION_EXEC only: the REPL process ended during this request (a timeout kills it too),
+	 * so the session's state is gone. The exit code alone cannot say so: os._exit(130) and a
+	 * SIGINT that killed the REPL both give 130, sys.exit(130) keeps it. */
+	SBX_EXIT_REPL_RESET = 1u << 3,
 };
-#define SBX_EXIT_FLAGS_ALL (SBX_EXIT_TIMED_OUT | SBX_EXIT_STDOUT_LIMIT | SBX_EXIT_STDERR_LIMIT)
+#define SBX_EXIT_FLAGS_ALL                                                                         \
+	(SBX_EXIT_TIMED_OUT | SBX_EXIT_STDOUT_LIMIT | SBX_EXIT_STDERR_LIMIT | SBX_EXIT_REPL_RESET)
 #define SBX_EXIT_PAYLOAD_SIZE 16u
 
 enum sbx_error {

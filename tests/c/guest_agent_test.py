@@ -38,7 +38,7 @@ PRESTART = 97
 FILE_ERR_PATH, FILE_ERR_NOT_FOUND, FILE_ERR_PROTOCOL = 1, 2, 5
 FILE_NODE_SNAPSHOT, NODE_TAG_SIZE, FILE_ERR_REFUSED = 2, 64, 6
 PYTHON, JAVASCRIPT, RAW = 1, 2, 3
-TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT = 1, 2, 4
+TIMED_OUT, STDOUT_LIMIT, STDERR_LIMIT, REPL_RESET = 1, 2, 4, 8
 ERR_BAD_REQUEST, ERR_BUSY, ERR_SPAWN, ERR_INTERNAL = 1, 2, 3, 4
 HEADER = struct.Struct("<IBBHI")
 GUEST_FRAME_MAX = 64 * 1024
@@ -1205,7 +1205,7 @@ def test_session_state_survives_errors_and_timeout_resets_it() -> None:
         r = session_run(a, 3, "import sys; print(x + 1); sys.exit(4)", language=PYTHON)
         assert (r["exit"], r["stdout"]) == (4, b"42\n"), r
         r = session_run(a, 4, "while True: pass", language=PYTHON, timeout_ms=500)
-        assert (r["exit"], r["flags"]) == (-1, TIMED_OUT), r
+        assert (r["exit"], r["flags"]) == (-1, TIMED_OUT | REPL_RESET), r
         r = session_run(a, 5, "print('x' in globals())", language=PYTHON, timeout_ms=60_000)
         assert r["stdout"] == b"False\n", r
         # Another language while the REPL lives is refused, the REPL stays.

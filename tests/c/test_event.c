@@ -97,7 +97,7 @@ static void test_exit(void)
 	CHECK_EQ(ev.exit.exit_code, -1);
 	CHECK_EQ(ev.exit.flags, SBX_EXIT_TIMED_OUT);
 	CHECK(ev.exit.duration_us == ((1ull << 32) | 10));
-	P.b[4] = 8; /* unknown flag */
+	P.b[4] = 16; /* unknown flag */
 	CHECK_EQ(decode(SBX_MSG_EXIT, &P, &ev), -EPROTO);
 	P.b[4] = 0;
 	P.n = 17;

@@ -336,7 +336,7 @@ static void test_exit_payload(void)
 	CHECK_EQ(decode_exit_raw(INT32_MIN, 0, 0, 16, SBX_MSG_EXIT, &e), -EPROTO);
 	CHECK_EQ(decode_exit_raw(INT32_MAX, 0, 0, 16, SBX_MSG_EXIT, &e), -EPROTO);
 	/* Invalid flags. */
-	CHECK_EQ(decode_exit_raw(0, 1u << 3, 0, 16, SBX_MSG_EXIT, &e), -EPROTO);
+	CHECK_EQ(decode_exit_raw(0, 1u << 4, 0, 16, SBX_MSG_EXIT, &e), -EPROTO);
 	CHECK_EQ(decode_exit_raw(0, 0x80000000u, 0, 16, SBX_MSG_EXIT, &e), -EPROTO);
 	/* Wrong length or type. */
 	CHECK_EQ(decode_exit_raw(0, 0, 0, 15, SBX_MSG_EXIT, &e), -EPROTO);

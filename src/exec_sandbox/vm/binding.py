@@ -2,7 +2,7 @@
 
 Everything else of the package reaches the C core through the names here: the protocol's
 constants and limits, the QEMU process object (`start_qemu`, an `_execsbx.Vm`), and the host
-facts the C core measures (TSC frequency, the seccomp deny-list, a jail probe for `sbx doctor`).
+facts the C core measures (TSC frequency, the seccomp policies, a jail probe for `sbx doctor`).
 
 Who owns what around it, in this package: `process.py` starts and releases QEMU processes
 without blocking the loop, `registry.py` is a scheduler's set of them, `guest.py` speaks to a
@@ -26,6 +26,7 @@ LANGUAGE_CODES: dict[Language, int] = {
 EXIT_TIMED_OUT = _execsbx.EXIT_TIMED_OUT
 EXIT_STDOUT_LIMIT = _execsbx.EXIT_STDOUT_LIMIT
 EXIT_STDERR_LIMIT = _execsbx.EXIT_STDERR_LIMIT
+EXIT_REPL_RESET = _execsbx.EXIT_REPL_RESET
 PROTOCOL_VERSION = int(_execsbx.PROTOCOL_VERSION)
 RESEED_BYTES = int(_execsbx.RESEED_BYTES)
 # What the wire protocol bounds (src/shared/protocol.h, which the guest agent is built with):
@@ -121,9 +122,10 @@ def measure_tsc_khz() -> int:
     return int(_execsbx.tsc_khz())
 
 
-def seccomp_rules() -> list[tuple[str, str, str]]:
-    """The host seccomp deny-list as (syscall, action, reason), as the C core builds it."""
-    return list(_execsbx.seccomp_rules())
+def seccomp_rules(policy: str = "allow") -> list[tuple[str, str, str]]:
+    """The host seccomp policy as (syscall, action, reason), as the C core builds it: the
+    allow-list ("allow", the default) or the deny-list ("deny", the fallback)."""
+    return list(_execsbx.seccomp_rules(policy))
 
 
 def probe_jail(
@@ -132,7 +134,10 @@ def probe_jail(
     """Spawn `stand_in` (e.g. /bin/true) under `jail` exactly as QEMU would be spawned, for `sbx
     doctor`: returns its exit status (None: still running after `wait_seconds`, then killed) and
     each jail layer as (layer, active, detail). Blocks: not for the event loop."""
-    vm = _execsbx.Vm(qemu_binary=stand_in, kernel="probe", rootfs="probe", memory_mb=128, jail=jail)
+    # The images are opened by the host under the jail: /dev/null stands in for them.
+    vm = _execsbx.Vm(
+        qemu_binary=stand_in, kernel="/dev/null", rootfs="/dev/null", memory_mb=128, jail=jail
+    )
     try:
         vm.wait_spawn()
         deadline = time.monotonic() + wait_seconds

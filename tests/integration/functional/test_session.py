@@ -105,9 +105,14 @@ async def test_timeout_and_signal_reset_the_repl_but_keep_the_session(
         await session.exec("state = 2")
         terminated = await session.exec("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
         assert terminated.exit_code == 128 + signal.SIGTERM
+        # The result says the state is gone: the exit code alone could be the code's own.
+        assert "the REPL was reset (its state is lost)" in terminated.stderr
         assert not session.closed
         after = await session.exec("print('state' in globals())")
         assert after.stdout == "False\n"
+        # sys.exit(143) keeps the REPL: no such note.
+        kept = await session.exec("import sys; sys.exit(143)")
+        assert kept.exit_code == 143 and "REPL" not in kept.stderr
 
 
 async def test_exit_137_closes_the_session(scheduler: Scheduler) -> None:
