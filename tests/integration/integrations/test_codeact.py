@@ -1,5 +1,6 @@
 """langgraph-codeact: create_codeact's own graph with a scripted model; its code blocks run in
-real VMs through our eval functions, and the output must reach the model's next turn."""
+real VMs through our eval functions, the output must reach the model's next turn, and the
+agent's tools, called by name from the code, must run on the host."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import pytest
 
 pytest.importorskip("langgraph_codeact", reason="the codeact extra is not installed")
 
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph_codeact import create_codeact
+from langgraph_codeact import create_codeact, create_default_prompt
 
 from exec_sandbox.integrations.codeact import (
     ExecSandboxSessionEval,
@@ -17,6 +18,13 @@ from exec_sandbox.integrations.codeact import (
     create_exec_sandbox_eval,
 )
 
+from .code_mode_tools import (
+    EXPECTED_CALLS,
+    STEP_ONE,
+    STEP_TWO,
+    assert_step_outputs,
+    recorded_tools,
+)
 from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
 from .fake_langchain_model import ScriptedChatModel
 
@@ -96,3 +104,46 @@ async def test_session_eval_keeps_variables_across_turns_of_a_thread(use_async: 
         assert sorted(evaluator.thread_ids) == ["one", "two"]
     finally:
         await evaluator.aclose()
+
+
+async def test_the_agents_tools_are_functions_in_the_code_and_run_on_the_host() -> None:
+    calls, search, price = recorded_tools()
+    # create_codeact puts each tool's sync function in _locals (search arrives that way); a
+    # tool with only a coroutine arrives as None, and its default prompt cannot describe one,
+    # so price is given to the eval function and described in a prompt of our own.
+    evaluator = ExecSandboxSessionEval(tools=[price])
+    prompt = create_default_prompt([search]) + "\n\nAlso: def price(item: str) -> int"
+    model = ScriptedChatModel(
+        responses=[_code(STEP_ONE), _code(STEP_TWO), AIMessage(content="The total is 13 euros.")]
+    )
+    agent = create_codeact(model, [search, price], evaluator.aeval, prompt=prompt).compile(
+        checkpointer=InMemorySaver()
+    )
+    try:
+        final = await agent.ainvoke(
+            {"messages": [("user", "What do the books cost?")]},
+            config={"configurable": {"thread_id": "shop"}},
+        )
+    finally:
+        await evaluator.aclose()
+    assert final["messages"][-1].content == "The total is 13 euros."
+    system = model.seen[0][0]
+    assert isinstance(system, SystemMessage) and "def search(query: str)" in str(system.content)
+    assert_step_outputs(_last_user_text(model, 1), _last_user_text(model, 2))
+    assert calls == EXPECTED_CALLS
+
+
+def test_tools_without_a_session() -> None:
+    calls, search, price = recorded_tools()
+    # The stateless eval: one run() per block, the tools bound in front of the code.
+    eval_fn = create_exec_sandbox_eval(tools=[price])
+    text, new_vars = eval_fn('print(search("pen"), price("pen-a"))', {"search": search})
+    assert (text, new_vars) == ("['pen-a', 'pen-bb'] 5", {})
+    # The session eval outside a LangGraph run: a session of its own, and a note saying so.
+    evaluator = ExecSandboxSessionEval()
+    try:
+        text, _ = evaluator.eval('print(search("cup"))', {"search": search, "price": None})
+    finally:
+        evaluator.close()
+    assert "no LangGraph thread_id was given" in text and "['cup-a', 'cup-bb']" in text
+    assert calls == [("search", "pen"), ("price", "pen-a"), ("search", "cup")]

@@ -1,6 +1,7 @@
 """LlamaIndex: CodeActAgent with our code_execute_fn, and a ReActAgent with ExecSandboxToolSpec,
-both driven by LlamaIndex's own agent workflows with a scripted LLM; code runs in real VMs and
-its output must reach the LLM's next prompt."""
+both driven by LlamaIndex's own agent workflows with a scripted LLM; code runs in real VMs, its
+output must reach the LLM's next prompt, and the agent's tools, called by name from the code,
+must run on the host."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from llama_index.core.llms import (
     LLMMetadata,
 )
 from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.tools import FunctionTool
 from pydantic import Field
 
 from exec_sandbox.integrations.llamaindex import (
@@ -27,6 +29,13 @@ from exec_sandbox.integrations.llamaindex import (
     create_code_execute_fn,
 )
 
+from .code_mode_tools import (
+    EXPECTED_CALLS,
+    STEP_ONE,
+    STEP_TWO,
+    assert_step_outputs,
+    recorded_tools,
+)
 from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT
 
 pytestmark = pytest.mark.vm
@@ -74,6 +83,34 @@ async def test_codeact_agent_runs_code_with_state_across_steps() -> None:
     assert GUEST_PROOF_OUTPUT in llm.seen[1]
     assert "42" in llm.seen[2].split(GUEST_PROOF_OUTPUT, 1)[1]  # x survived between steps
     assert "NameError" in llm.seen[3]
+
+
+async def test_codeact_agent_tools_are_functions_in_the_code_and_run_on_the_host() -> None:
+    calls, search, price = recorded_tools()
+    # The same tools for the agent (its prompt) and the executor (the VM): a FunctionTool and
+    # a plain async function.
+    tools: list[Any] = [FunctionTool.from_defaults(search), price]
+    code_execute_fn = create_code_execute_fn(tools=tools)
+    llm = ScriptedLLM(
+        replies=[
+            f"<execute>\n{STEP_ONE}\n</execute>",
+            f"<execute>\n{STEP_TWO}\n</execute>",
+            "The books cost 13 euros.",
+        ]
+    )
+    agent = CodeActAgent(
+        code_execute_fn=code_execute_fn, llm=llm, tools=list(tools), streaming=False
+    )
+    try:
+        response = await agent.run(user_msg="What do the books cost?")
+    finally:
+        await code_execute_fn.executor.aclose()  # type: ignore[attr-defined]
+    assert "The books cost 13 euros." in str(response)
+    # The names the agent's prompt shows are the names the code called.
+    assert "def search(query: str) -> list[str]" in llm.seen[0]
+    assert "def price(item: str) -> int" in llm.seen[0]
+    assert_step_outputs(llm.seen[1], llm.seen[2].split("hits ['book-a', 'book-bb']", 1)[1])
+    assert calls == EXPECTED_CALLS
 
 
 async def test_react_agent_uses_the_tool_spec() -> None:
