@@ -18,6 +18,8 @@
 #define BACKOFF_MIN_MS 50u
 #define BACKOFF_MAX_MS 1000u
 #define READ_CHUNK (64u * 1024u)
+/* What the send queue keeps allocated once drained. */
+#define SBX_CHANNEL_KEEP_CAP (256u * 1024u)
 
 /* --- finding the port ------------------------------------------------------------------------ */
 
@@ -156,6 +158,10 @@ static void flush(struct sbx_channel *ch)
 	if (ch->out_off == ch->out.len) {
 		ch->out.len = 0;
 		ch->out_off = 0;
+		/* A rich output queues up to 4 MiB at once: once it has gone, give the memory back
+		 * (the VM may have 128 MiB in all); the usual frames fit in much less. */
+		if (ch->out.cap > SBX_CHANNEL_KEEP_CAP)
+			sbx_buf_free(&ch->out);
 	} else if (ch->out_off >= 64u * 1024u) {
 		/* Compact now and then, not per write: memmove of a long queue is not free. */
 		sbx_buf_consume(&ch->out, ch->out_off);
