@@ -4,13 +4,17 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <linux/capability.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "namespaces.h"
+#include <sched.h>
 
 const char *const sbx_layer_names[SBX_LAYER__COUNT] = {
 	[SBX_LAYER_SECCOMP] = "seccomp",
@@ -18,6 +22,7 @@ const char *const sbx_layer_names[SBX_LAYER__COUNT] = {
 	[SBX_LAYER_CGROUP] = "cgroup",
 	[SBX_LAYER_RLIMITS] = "rlimits",
 	[SBX_LAYER_USER] = "user",
+	[SBX_LAYER_ROOT] = "root",
 };
 
 __attribute__((format(printf, 4, 5))) static void set_status(struct sbx_jail *j, enum sbx_layer l,
@@ -37,6 +42,124 @@ static void init_empty(struct sbx_jail *j)
 	j->cpu_ns = j->memory_peak = UINT64_MAX;
 }
 
+static void free_plan(struct sbx_root_plan *p)
+{
+	if (!p)
+		return;
+	for (unsigned i = 0; i < p->ndirs; i++)
+		free(p->dirs[i]);
+	for (unsigned i = 0; i < p->nfiles; i++) {
+		free(p->sources[i]);
+		free(p->targets[i]);
+	}
+	free(p->dirs);
+	free(p->sources);
+	free(p->targets);
+	free(p->mnt);
+	free(p->proc);
+	free(p);
+}
+
+static char *joined(const char *a, const char *b, size_t blen)
+{
+	size_t alen = strlen(a);
+	char *s = malloc(alen + blen + 1);
+	if (s) {
+		memcpy(s, a, alen);
+		memcpy(s + alen, b, blen);
+		s[alen + blen] = 0;
+	}
+	return s;
+}
+
+/* Where the child mounts the tmpfs that becomes QEMU's root: any directory will do (its mount
+ * namespace is private by then); the first of these the host has. */
+static const char *root_mount_point(void)
+{
+	static const char *const candidates[] = {"/tmp", "/mnt", "/run", "/var/tmp"};
+	struct stat st;
+	for (size_t i = 0; i < sizeof(candidates) / sizeof(candidates[0]); i++)
+		if (stat(candidates[i], &st) == 0 && S_ISDIR(st.st_mode))
+			return candidates[i];
+	return NULL;
+}
+
+/* Every path made before fork: each file's target under mnt and each directory on the way,
+ * parents first, each once. -ENOMEM, -EINVAL (a relative path, "..", too many files) with err. */
+static int plan_root(struct sbx_root_plan **out, char *const *files, struct sbx_err *err)
+{
+	*out = NULL;
+	const char *mnt = root_mount_point();
+	if (!mnt)
+		return sbx_err_set(err, -ENOENT, "no directory to mount QEMU's root on (/tmp, /mnt)");
+	unsigned n = 0;
+	while (files[n])
+		n++;
+	if (n > SBX_ROOT_FILES_MAX)
+		return sbx_err_set(err, -EINVAL, "%u files for QEMU's root, at most %u", n,
+				   SBX_ROOT_FILES_MAX);
+	struct sbx_root_plan *p = calloc(1, sizeof(*p));
+	if (!p)
+		return sbx_err_set(err, -ENOMEM, "out of memory planning QEMU's root");
+	/* A path of k components has at most k - 1 parents. */
+	size_t maxdirs = 0;
+	for (unsigned i = 0; i < n; i++)
+		for (const char *c = files[i]; *c; c++)
+			maxdirs += *c == '/';
+	p->mnt = strdup(mnt);
+	p->proc = joined(mnt, "/proc", 5);
+	p->dirs = calloc(maxdirs + 1, sizeof(char *));
+	p->sources = calloc(n + 1, sizeof(char *));
+	p->targets = calloc(n + 1, sizeof(char *));
+	if (!p->mnt || !p->proc || !p->dirs || !p->sources || !p->targets)
+		goto nomem;
+	for (unsigned i = 0; i < n; i++) {
+		const char *f = files[i];
+		if (f[0] != '/' || strstr(f, "/../") || strstr(f, "/./") || strcmp(f, "/") == 0 ||
+		    strncmp(f, "/proc/", 6) == 0 || strcmp(f, "/proc") == 0) {
+			free_plan(p);
+			return sbx_err_set(err, -EINVAL,
+					   "QEMU's root: \"%s\" is not an absolute, plain path "
+					   "outside /proc",
+					   f);
+		}
+		int dup = 0;
+		for (unsigned k = 0; k < p->nfiles; k++)
+			if (strcmp(p->sources[k], f) == 0)
+				dup = 1;
+		if (dup)
+			continue;
+		/* Each parent directory of f, shortest first, unless already planned. */
+		for (const char *c = strchr(f + 1, '/'); c; c = strchr(c + 1, '/')) {
+			char *d = joined(mnt, f, (size_t)(c - f));
+			if (!d)
+				goto nomem;
+			int known = 0;
+			for (unsigned k = 0; k < p->ndirs; k++)
+				if (strcmp(p->dirs[k], d) == 0)
+					known = 1;
+			if (known)
+				free(d);
+			else
+				p->dirs[p->ndirs++] = d;
+		}
+		p->sources[p->nfiles] = strdup(f);
+		p->targets[p->nfiles] = joined(mnt, f, strlen(f));
+		if (!p->sources[p->nfiles] || !p->targets[p->nfiles]) {
+			free(p->sources[p->nfiles]);
+			free(p->targets[p->nfiles]);
+			p->sources[p->nfiles] = p->targets[p->nfiles] = NULL;
+			goto nomem;
+		}
+		p->nfiles++;
+	}
+	*out = p;
+	return 0;
+nomem:
+	free_plan(p);
+	return sbx_err_set(err, -ENOMEM, "out of memory planning QEMU's root");
+}
+
 int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name,
 		     struct sbx_err *err)
 {
@@ -51,7 +174,8 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	/* seccomp */
 	struct sbx_err why = {0}; /* why a layer is off: its status, not a failure */
 	char text[sizeof(why.msg) + 64];
-	int rc = sbx_seccomp_program(&j->bpf, &why);
+	j->seccomp = cfg->seccomp;
+	int rc = sbx_seccomp_program_for(cfg->seccomp, &j->bpf, &why);
 	if (rc == -ENOMEM) {
 		*err = why;
 		return rc;
@@ -60,8 +184,8 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 		set_status(j, SBX_LAYER_SECCOMP, 0, "cannot build the filter: %s",
 			   sbx_err_text(&why, text, sizeof(text)));
 	else
-		set_status(j, SBX_LAYER_SECCOMP, 1, "deny-list filter of %u BPF instructions",
-			   (unsigned)j->bpf->len);
+		set_status(j, SBX_LAYER_SECCOMP, 1, "%s filter of %u BPF instructions",
+			   sbx_seccomp_policy_names[cfg->seccomp], (unsigned)j->bpf->len);
 
 	/* namespaces: decided here, confirmed by clone() (sbx_jail_namespaces_refused) */
 	j->clone_flags = sbx_ns_clone_flags(cfg->network);
@@ -103,13 +227,55 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 	/* user */
 	j->uid = cfg->uid;
 	j->gid = cfg->gid;
+	if (cfg->ngroups > SBX_JAIL_GROUPS_MAX || (cfg->ngroups && !cfg->groups))
+		return sbx_err_set(err, -EINVAL, "at most %d supplementary groups",
+				   SBX_JAIL_GROUPS_MAX);
+	char groups[96] = "";
+	size_t used = 0;
+	for (unsigned i = 0; i < cfg->ngroups; i++) {
+		if (cfg->groups[i] < 0 || cfg->groups[i] > 0x7fffffffL)
+			return sbx_err_set(err, -EINVAL, "group %ld out of range", cfg->groups[i]);
+		j->groups[i] = (unsigned)cfg->groups[i];
+		if (used < sizeof(groups))
+			used += (size_t)snprintf(groups + used, sizeof(groups) - used, "%s%ld",
+						 i ? " " : "", cfg->groups[i]);
+	}
+	j->ngroups = cfg->ngroups;
 	if (cfg->uid < 0)
 		set_status(j, SBX_LAYER_USER, 0, "no unprivileged user configured "
 						 "(EXEC_SANDBOX_QEMU_USER); QEMU keeps the caller's uid %d",
 			   (int)getuid());
 	else
-		set_status(j, SBX_LAYER_USER, 1, "uid %ld, gid %ld, no supplementary groups", cfg->uid,
-			   cfg->gid < 0 ? cfg->uid : cfg->gid);
+		set_status(j, SBX_LAYER_USER, cfg->uid != 0,
+			   "uid %ld, gid %ld, groups [%s]%s", cfg->uid,
+			   cfg->gid < 0 ? cfg->uid : cfg->gid, groups,
+			   cfg->uid ? ", no capabilities (bounding, ambient, inheritable sets empty)"
+				    : ": root, with its capabilities");
+
+	/* root: decided here; needs the mount and PID namespaces (sbx_jail_namespaces_refused
+	 * turns it off with them) */
+	if (!cfg->root_files)
+		set_status(j, SBX_LAYER_ROOT, 0, "not asked for: QEMU sees the host's tree (read-only)");
+	else {
+		struct sbx_root_plan *plan = NULL;
+		sbx_err_clear(&why);
+		rc = plan_root(&plan, cfg->root_files, &why);
+		if (rc == -ENOMEM) {
+			*err = why;
+			return rc;
+		}
+		if (rc < 0)
+			set_status(j, SBX_LAYER_ROOT, 0, "%s", sbx_err_text(&why, text, sizeof(text)));
+		else if (!(j->clone_flags & CLONE_NEWNS) || !(j->clone_flags & CLONE_NEWPID)) {
+			free_plan(plan);
+			set_status(j, SBX_LAYER_ROOT, 0, "needs the mount and PID namespaces");
+		} else {
+			j->root = plan;
+			set_status(j, SBX_LAYER_ROOT, 1,
+				   "pivot_root into a tmpfs holding %u read-only binds and /proc",
+				   plan->nfiles);
+		}
+	}
 	return 0;
 }
 
@@ -117,6 +283,38 @@ void sbx_jail_namespaces_refused(struct sbx_jail *j, int err)
 {
 	j->clone_flags = 0;
 	set_status(j, SBX_LAYER_NAMESPACES, 0, "clone(CLONE_NEW*) refused: %s", strerror(err));
+	if (j->root) {
+		free_plan(j->root);
+		j->root = NULL;
+		set_status(j, SBX_LAYER_ROOT, 0, "no mount namespace (clone(CLONE_NEW*) refused)");
+	}
+}
+
+/* Every capability gone for good: the bounding set (nothing regained through execve), the
+ * ambient set, then, once the uid is no longer 0 (which clears the permitted and effective
+ * sets), the inheritable set. */
+static int drop_bounding_and_ambient(const char **what)
+{
+	*what = "prctl(PR_CAPBSET_DROP)";
+	for (unsigned long cap = 0;; cap++)
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+			if (errno == EINVAL && cap > 0)
+				break; /* past the kernel's last capability */
+			return -errno;
+		}
+	*what = "prctl(PR_CAP_AMBIENT_CLEAR_ALL)";
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+		return -errno;
+	return 0;
+}
+
+static int clear_capability_sets(const char **what)
+{
+	struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+	memset(data, 0, sizeof(data));
+	*what = "capset";
+	return syscall(SYS_capset, &hdr, data) < 0 ? -errno : 0;
 }
 
 int sbx_jail_enter_cgroup(const struct sbx_jail *j, const char **what)
@@ -139,7 +337,7 @@ int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
 	if (!j->enabled)
 		return 0;
 	if (j->clone_flags) {
-		rc = sbx_ns_setup_child(j->clone_flags, j->read_only_root, what);
+		rc = sbx_ns_setup_child(j->clone_flags, j->read_only_root, j->root, what);
 		if (rc < 0)
 			return rc;
 	}
@@ -156,8 +354,13 @@ int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
 	 * clone): a deadlock before execve. The kernel's calls change this thread only, which here is
 	 * the whole process. */
 	long gid = j->gid >= 0 ? j->gid : j->uid;
+	if (j->uid != 0) {
+		rc = drop_bounding_and_ambient(what);
+		if (rc < 0)
+			return rc;
+	}
 	*what = "setgroups";
-	if (syscall(SYS_setgroups, 0, NULL) < 0)
+	if (syscall(SYS_setgroups, j->ngroups, j->ngroups ? j->groups : NULL) < 0)
 		return -errno;
 	*what = "setresgid";
 	if (syscall(SYS_setresgid, gid, gid, gid) < 0)
@@ -165,6 +368,11 @@ int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what)
 	*what = "setresuid";
 	if (syscall(SYS_setresuid, j->uid, j->uid, j->uid) < 0)
 		return -errno;
+	if (j->uid != 0) {
+		rc = clear_capability_sets(what);
+		if (rc < 0)
+			return rc;
+	}
 	return 1;
 }
 
@@ -199,6 +407,8 @@ void sbx_jail_finish(struct sbx_jail *j)
 void sbx_jail_destroy(struct sbx_jail *j)
 {
 	sbx_cgroup_remove(&j->cg);
+	free_plan(j->root);
+	j->root = NULL;
 	j->bpf = NULL; /* shared, never freed */
 	j->enabled = 0;
 }

@@ -1,5 +1,5 @@
-/* The host jail around one QEMU process: seccomp, namespaces, a cgroup, rlimits and an optional
- * unprivileged user. Prepared in the parent (sbx_jail_prepare: nothing there waits on the
+/* The host jail around one QEMU process: seccomp, namespaces, a root of its own, a cgroup, rlimits
+ * and an unprivileged user without capabilities. Prepared in the parent (sbx_jail_prepare: nothing there waits on the
  * kernel), the child makes and enters its cgroup and the rest itself between fork and exec
  * (sbx_jail_enter_*, async-signal-safe), and the cgroup's figures are read and the cgroup removed
  * after QEMU is reaped (sbx_jail_finish, off the caller's event loop). A layer the host cannot provide is switched off with its reason recorded in
@@ -20,6 +20,7 @@ enum sbx_layer {
 	SBX_LAYER_CGROUP,
 	SBX_LAYER_RLIMITS,
 	SBX_LAYER_USER,
+	SBX_LAYER_ROOT,
 	SBX_LAYER__COUNT,
 };
 
@@ -34,7 +35,30 @@ struct sbx_jail_config {
 	uint64_t memory_bytes; /* cgroup memory limit; 0: none */
 	unsigned cpu_percent;  /* cgroup CPU quota, 100 = one core; 0: none */
 	unsigned pids_max;     /* cgroup pids limit (QEMU's threads); 0: none. All three 0: no cgroup */
-	long uid, gid;         /* run QEMU as this user/group; -1: unchanged */
+	long uid, gid;         /* run QEMU as this user/group; -1: unchanged. A uid other than 0
+				* also drops every capability (bounding set, ambient, inheritable) */
+	const long *groups;    /* supplementary groups with the uid (e.g. /dev/kvm's); NULL/0: none */
+	unsigned ngroups;
+	enum sbx_seccomp_policy seccomp; /* 0: the allow-list */
+	/* QEMU's root: a fresh tmpfs holding read-only binds of exactly these host paths, at the
+	 * same paths, plus a /proc of its PID namespace; NULL: the host's tree, read-only. Needs the
+	 * mount and PID namespaces (without them the layer is off, with the reason). */
+	char *const *root_files; /* NULL-terminated */
+};
+
+#define SBX_JAIL_GROUPS_MAX 16
+/* Files bound into QEMU's root: its binary, ~60 libraries, a module, firmware, 3 devices. */
+#define SBX_ROOT_FILES_MAX 256
+
+/* QEMU's root, planned by the parent (every path made before fork), made by the child. */
+struct sbx_root_plan {
+	char *mnt;        /* host directory the tmpfs goes on, in the child's mount namespace */
+	char **dirs;      /* to make under mnt, parents first (mnt-prefixed) */
+	unsigned ndirs;
+	char **sources;   /* host paths, opened O_PATH before the tmpfs hides anything */
+	char **targets;   /* mnt-prefixed, same path */
+	unsigned nfiles;
+	char *proc;       /* mnt "/proc" */
 };
 
 #define SBX_JAIL_RLIMITS 4
@@ -52,6 +76,10 @@ struct sbx_jail {
 		struct rlimit limit;
 	} rlimits[SBX_JAIL_RLIMITS];
 	long uid, gid;
+	unsigned ngroups;
+	unsigned groups[SBX_JAIL_GROUPS_MAX]; /* gid_t for setgroups */
+	struct sbx_root_plan *root; /* heap; NULL: no root of its own */
+	enum sbx_seccomp_policy seccomp;
 	struct sbx_layer_status status[SBX_LAYER__COUNT];
 	int usage_valid;
 	uint64_t cpu_ns, memory_peak; /* UINT64_MAX if the cgroup had no such figure */
@@ -76,8 +104,8 @@ int sbx_jail_enter_cgroup(const struct sbx_jail *j, const char **what);
  * off with that reason; whatever was made is removed by sbx_jail_finish. */
 void sbx_jail_cgroup_failed(struct sbx_jail *j, int err, const char *what);
 /* Child, in two phases, both async-signal-safe; 0 or -errno with *what naming the step.
- * Privileged phase, right after the child was placed in its cgroup: namespaces' mounts (they need
- * root), rlimits, then the user switch. A credential change clears PR_SET_PDEATHSIG: the caller
+ * Privileged phase, right after the child was placed in its cgroup: namespaces' mounts and the
+ * new root (they need root), rlimits, then the user switch and the capabilities' drop. A credential change clears PR_SET_PDEATHSIG: the caller
  * must re-arm it when this returns 1 (it switched user), else 0.
  * Final phase, after the fds are in place, right before execve: no_new_privs, seccomp. */
 int sbx_jail_enter_privileged(const struct sbx_jail *j, const char **what);

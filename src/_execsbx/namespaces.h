@@ -14,6 +14,11 @@ int sbx_ns_have_mount_setattr(void);
  * read_only, make the whole tree read-only for this namespace (QEMU writes no file).
  * With CLONE_NEWPID too: a /proc of the new PID namespace, so QEMU sees only itself.
  * With CLONE_NEWUTS: a hostname of its own. Returns 0 or -errno and *what names the step. */
-int sbx_ns_setup_child(int clone_flags, int read_only, const char **what);
+struct sbx_root_plan;
+/* With a root plan (and CLONE_NEWNS|CLONE_NEWPID): instead of the host's tree, a fresh tmpfs on
+ * plan->mnt holding read-only binds of plan's files and a /proc, made the root with
+ * pivot_root(2); the host's tree is detached. */
+int sbx_ns_setup_child(int clone_flags, int read_only, const struct sbx_root_plan *plan,
+		       const char **what);
 
 #endif /* SBX_NAMESPACES_H */

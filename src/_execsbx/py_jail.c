@@ -26,12 +26,99 @@ static int jail_int(PyObject *dict, const char *key, long long lo, long long hi,
 }
 
 static const char *const jail_keys[] = {"network", "memory_mb", "cpu_percent", "pids_max", "uid",
-					"gid", NULL};
+					"gid", "groups", "seccomp", "root", NULL};
+
+void sbx_py_jail_release(struct sbx_py_jail_storage *st)
+{
+	PyMem_Free(st->root);
+	st->root = NULL;
+	Py_CLEAR(st->root_bytes);
+}
+
+static int jail_groups(PyObject *dict, struct sbx_jail_config *cfg, struct sbx_py_jail_storage *st)
+{
+	PyObject *v = PyDict_GetItemString(dict, "groups"); /* borrowed */
+	if (!v)
+		return 0;
+	if (!PyList_Check(v) || PyList_GET_SIZE(v) > SBX_JAIL_GROUPS_MAX) {
+		PyErr_Format(PyExc_TypeError, "jail['groups'] must be a list of at most %d ints",
+			     SBX_JAIL_GROUPS_MAX);
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+		PyObject *g = PyList_GET_ITEM(v, i);
+		if (!PyLong_Check(g)) {
+			PyErr_SetString(PyExc_TypeError, "jail['groups'] must be a list of ints");
+			return -1;
+		}
+		long x = PyLong_AsLong(g);
+		if (x == -1 && PyErr_Occurred())
+			return -1;
+		if (x < 0 || x > 0x7fffffffL) {
+			PyErr_SetString(PyExc_ValueError, "jail['groups']: a gid out of range");
+			return -1;
+		}
+		st->groups[i] = x;
+	}
+	cfg->groups = st->groups;
+	cfg->ngroups = (unsigned)PyList_GET_SIZE(v);
+	return 0;
+}
+
+static int jail_seccomp(PyObject *dict, struct sbx_jail_config *cfg)
+{
+	PyObject *v = PyDict_GetItemString(dict, "seccomp"); /* borrowed */
+	if (!v)
+		return 0;
+	static const struct {
+		const char *name;
+		enum sbx_seccomp_policy policy;
+	} names[] = {{"allow", SBX_SECCOMP_ALLOW_LIST},
+		     {"deny", SBX_SECCOMP_DENY_LIST},
+		     {"log", SBX_SECCOMP_ALLOW_LIST_LOG}};
+	for (size_t i = 0; PyUnicode_Check(v) && i < sizeof(names) / sizeof(names[0]); i++)
+		if (PyUnicode_CompareWithASCIIString(v, names[i].name) == 0) {
+			cfg->seccomp = names[i].policy;
+			return 0;
+		}
+	PyErr_Format(PyExc_ValueError, "jail['seccomp'] must be 'allow', 'deny' or 'log', not %R",
+		     v);
+	return -1;
+}
+
+static int jail_root(PyObject *dict, struct sbx_jail_config *cfg, struct sbx_py_jail_storage *st)
+{
+	PyObject *v = PyDict_GetItemString(dict, "root"); /* borrowed */
+	if (!v || v == Py_None)
+		return 0;
+	if (!PyList_Check(v) || PyList_GET_SIZE(v) > SBX_ROOT_FILES_MAX) {
+		PyErr_Format(PyExc_TypeError, "jail['root'] must be a list of at most %d paths",
+			     SBX_ROOT_FILES_MAX);
+		return -1;
+	}
+	Py_ssize_t n = PyList_GET_SIZE(v);
+	st->root_bytes = PyList_New(n);
+	st->root = PyMem_Calloc((size_t)n + 1, sizeof(char *));
+	if (!st->root_bytes || !st->root) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *b = NULL;
+		if (!PyUnicode_FSConverter(PyList_GET_ITEM(v, i), &b))
+			return -1;
+		PyList_SET_ITEM(st->root_bytes, i, b);
+		st->root[i] = PyBytes_AS_STRING(b);
+	}
+	cfg->root_files = st->root;
+	return 0;
+}
 
 /* The jail keyword of Vm(): None (no jail) or a dict with the keys above, all optional. */
-int sbx_py_parse_jail(PyObject *o, struct sbx_jail_config *cfg)
+int sbx_py_parse_jail(PyObject *o, struct sbx_jail_config *cfg, struct sbx_py_jail_storage *st)
 {
 	memset(cfg, 0, sizeof(*cfg));
+	memset(st, 0, sizeof(*st));
 	cfg->uid = cfg->gid = -1;
 	if (!o || o == Py_None)
 		return 0;
@@ -57,7 +144,8 @@ int sbx_py_parse_jail(PyObject *o, struct sbx_jail_config *cfg)
 	    jail_int(o, "cpu_percent", 0, 100000, &cpu) < 0 ||
 	    jail_int(o, "pids_max", 0, 1 << 22, &pids) < 0 ||
 	    jail_int(o, "uid", -1, 0x7fffffff, &uid) < 0 ||
-	    jail_int(o, "gid", -1, 0x7fffffff, &gid) < 0)
+	    jail_int(o, "gid", -1, 0x7fffffff, &gid) < 0 || jail_groups(o, cfg, st) < 0 ||
+	    jail_seccomp(o, cfg) < 0 || jail_root(o, cfg, st) < 0)
 		return -1;
 	cfg->enabled = 1;
 	cfg->network = (int)network;

@@ -41,6 +41,7 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
 	struct sbx_parsed_config pc;
 	struct sbx_jail_config jcfg;
+	struct sbx_py_jail_storage jstore;
 	/* "jail" is Vm's own; the rest is shared with build_qemu_argv. */
 	PyObject *rest = kwds ? PyDict_Copy(kwds) : PyDict_New();
 	if (!rest)
@@ -52,21 +53,27 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		Py_DECREF(rest);
 		return NULL;
 	}
-	int prc = sbx_py_parse_jail(o_jail, &jcfg);
+	int prc = sbx_py_parse_jail(o_jail, &jcfg, &jstore);
 	Py_XDECREF(o_jail);
 	if (prc < 0 || sbx_parse_vm_config(args, rest, "Vm", 1, &pc) < 0) {
+		sbx_py_jail_release(&jstore);
 		Py_DECREF(rest);
 		return NULL;
 	}
 	Py_DECREF(rest);
+	/* Under the jail the images go to QEMU as fds the host opened: its root has no such paths,
+	 * and its uid could not open them in the caller's directories. */
+	pc.cfg.images_by_fd = jcfg.enabled;
 	char **argv = sbx_build_argv_or_raise(&pc.cfg);
 	if (!argv) {
+		sbx_py_jail_release(&jstore);
 		sbx_parsed_config_release(&pc);
 		return NULL;
 	}
 	VmObject *self = (VmObject *)type->tp_alloc(type, 0);
 	if (!self) {
 		sbx_argv_free(argv);
+		sbx_py_jail_release(&jstore);
 		sbx_parsed_config_release(&pc);
 		return NULL;
 	}
@@ -85,12 +92,16 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		.with_mem = pc.mem_fd >= 0,
 		.mem_fd = pc.mem_fd,
 		.with_net = pc.cfg.net_port,
+		.kernel = pc.cfg.images_by_fd ? pc.cfg.kernel : NULL,
+		.rootfs = pc.cfg.rootfs,
+		.layer = pc.cfg.layer,
 	};
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
 	rc = sbx_vm_start(&self->vm, argv, &opts, &err);
 	Py_END_ALLOW_THREADS
 	sbx_argv_free(argv);
+	sbx_py_jail_release(&jstore);
 	sbx_parsed_config_release(&pc);
 	if (rc < 0) {
 		sbx_raise_err(&err, NULL);
@@ -505,9 +516,12 @@ PyDoc_STRVAR(vm_doc,
 	     "from here (fork, pipes) or from check_spawn (the child's steps up to execve),\n"
 	     "ValueError for an invalid configuration.\n\n"
 	     "jail: None, or a dict (every key optional) {'network': 0|1, 'memory_mb',\n"
-	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep)}:\n"
-	     "QEMU then runs under the host jail (seccomp, namespaces, cgroup, rlimits, user);\n"
-	     "see jail_status() for what the host allowed.\n\n"
+	     "'cpu_percent', 'pids_max' (cgroup limits, 0 = none), 'uid', 'gid' (-1 = keep),\n"
+	     "'groups' (supplementary gids), 'seccomp' ('allow' (default), 'deny', 'log'),\n"
+	     "'root' (the paths bound into QEMU's own root)}: QEMU then runs under the host\n"
+	     "jail (seccomp, namespaces, root, cgroup, rlimits, user), and the kernel, rootfs\n"
+	     "and layer are opened here and passed at fds 8, 9, 10; see jail_status() for what\n"
+	     "the host allowed.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
 	     "a thread that lives as long as the Vm. The fork runs without the GIL.");
 

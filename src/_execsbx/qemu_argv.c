@@ -209,7 +209,7 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	 * panic=-1: reboot at once on panic, which -no-reboot turns into QEMU exiting.
 	 * random.trust_cpu=on: seed the CRNG from RDRAND so getrandom() does not block at boot. */
 	add(&b, "-kernel");
-	add(&b, cfg->kernel);
+	add(&b, cfg->images_by_fd ? SBX_CHILD_KERNEL_FD_PATH : cfg->kernel);
 	add(&b, "-append");
 	addf(&b,
 	     "console=hvc0 quiet root=/dev/vda rootfstype=erofs ro init=/usr/sbin/sbx-agent panic=-1 "
@@ -223,17 +223,19 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	/* The root disk: raw image, read-only on the QEMU side too, as /dev/vda. A relative path
 	 * gets "./" in front: QEMU reads "name:" before the first '/' as a block protocol prefix
 	 * ("nbd:...", "json:{...}"), and "./" makes it a plain file name in every case. */
+	const char *rootfs = cfg->images_by_fd ? SBX_CHILD_ROOTFS_FD_PATH : cfg->rootfs;
 	add(&b, "-drive");
-	addf(&b, "file=%s%s,if=none,id=root,format=raw,readonly=on",
-	     cfg->rootfs[0] == '/' ? "" : "./", cfg->rootfs);
+	addf(&b, "file=%s%s,if=none,id=root,format=raw,readonly=on", rootfs[0] == '/' ? "" : "./",
+	     rootfs);
 	add(&b, "-device");
 	add(&b, "virtio-blk-device,drive=root");
 	/* The package layer, read-only like the root, after it so that the root stays /dev/vda.
 	 * The agent mounts it by its serial, not by its device name. */
 	if (cfg->layer) {
+		const char *layer = cfg->images_by_fd ? SBX_CHILD_LAYER_FD_PATH : cfg->layer;
 		add(&b, "-drive");
 		addf(&b, "file=%s%s,if=none,id=layer,format=raw,readonly=on",
-		     cfg->layer[0] == '/' ? "" : "./", cfg->layer);
+		     layer[0] == '/' ? "" : "./", layer);
 		add(&b, "-device");
 		addf(&b, "virtio-blk-device,drive=layer,serial=sbx-layer-%s", cfg->layer_kind);
 	}

@@ -39,6 +39,9 @@ struct sbx_vm_config {
 	/* The network port (net_protocol.h): a third virtserialport on the socket at fd
 	 * SBX_CHILD_NET_FD, for VMs with network or exposed ports. 0: a plain VM, no such port. */
 	int net_port;
+	/* kernel, rootfs and layer are handed over as fds 8-10 (qemu_spawn.h) and QEMU opens
+	 * /proc/self/fd/N; the paths above stay for checks and messages. */
+	int images_by_fd;
 };
 
 /* virtio-blk serials are 20 bytes (VIRTIO_BLK_ID_BYTES): "sbx-layer-" leaves 10 for the kind, and

@@ -5,6 +5,8 @@
  *     5  QMP socket (only when requested)
  *     6  guest RAM file (only when requested)
  *     7  network port socket (only when the VM has the network port)
+ *     8  kernel, 9 root image, 10 package layer (only when the host opened the images: a jailed
+ *        QEMU opens them as /proc/self/fd/N, with no path into the caller's directories)
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *
@@ -28,7 +30,15 @@ struct sbx_jail;
 #define SBX_CHILD_MEM_FD_PATH "/proc/self/fd/6"
 /* The host end of the network port (net_protocol.h), a chardev like the agent channel. */
 #define SBX_CHILD_NET_FD 7
-#define SBX_CHILD_FIRST_CLOSED_FD 8
+/* The images, opened read-only by the host: an unprivileged QEMU could not reach them by path
+ * (a root caller's cache is 0700), and its root holds no such path anyway. */
+#define SBX_CHILD_KERNEL_FD 8
+#define SBX_CHILD_ROOTFS_FD 9
+#define SBX_CHILD_LAYER_FD 10
+#define SBX_CHILD_KERNEL_FD_PATH "/proc/self/fd/8"
+#define SBX_CHILD_ROOTFS_FD_PATH "/proc/self/fd/9"
+#define SBX_CHILD_LAYER_FD_PATH "/proc/self/fd/10"
+#define SBX_CHILD_FIRST_CLOSED_FD 11
 
 struct sbx_spawn_req {
 	const char *path;   /* execve path: no PATH search */
@@ -44,6 +54,10 @@ struct sbx_spawn_req {
 	int mem_fd;         /* with_mem: the guest RAM's backing file, becomes fd 6 */
 	int with_net;       /* 0: no network port socket, fd 7 stays closed */
 	int net_fd;         /* with_net: becomes fd 7 */
+	int with_images;    /* 0: fds 8-10 stay closed */
+	int kernel_fd;      /* with_images: becomes fd 8 */
+	int rootfs_fd;      /* with_images: becomes fd 9 */
+	int layer_fd;       /* with_images and >= 0: becomes fd 10 */
 };
 
 struct sbx_child {

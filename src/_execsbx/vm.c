@@ -139,6 +139,33 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 		return sbx_err_sys(err, rc, "fcntl(O_NONBLOCK)");
 	}
 
+	int kernel_fd = -1, rootfs_fd = -1, layer_fd = -1;
+	if (opts->kernel) {
+		kernel_fd = open(opts->kernel, O_RDONLY | O_CLOEXEC);
+		if (kernel_fd < 0)
+			return sbx_err_sys(err, -errno, "open(kernel)");
+	}
+	_cleanup_close_ int kernel_keep = kernel_fd;
+	if (opts->kernel) {
+		rootfs_fd = open(opts->rootfs, O_RDONLY | O_CLOEXEC);
+		if (rootfs_fd < 0)
+			return sbx_err_sys(err, -errno, "open(rootfs)");
+	}
+	_cleanup_close_ int rootfs_keep = rootfs_fd;
+	if (opts->kernel && opts->layer) {
+		layer_fd = open(opts->layer, O_RDONLY | O_CLOEXEC);
+		if (layer_fd < 0)
+			return sbx_err_sys(err, -errno, "open(layer)");
+	}
+	_cleanup_close_ int layer_keep = layer_fd;
+	/* QEMU reopens the RAM file by /proc/self/fd/6 for reading and writing (memory-backend-file
+	 * takes a path, not an fd), which checks the file's mode: a QEMU under its own uid must own
+	 * it. The file is the caller's, in its private cache; nothing else of QEMU's uid can reach it
+	 * (other QEMUs see only their own root). */
+	if (jail && jail->uid > 0 && opts->with_mem &&
+	    fchown(opts->mem_fd, (uid_t)jail->uid, (gid_t)(jail->gid >= 0 ? jail->gid : jail->uid)) < 0)
+		return sbx_err_sys(err, -errno, "fchown(RAM file)");
+
 	struct sbx_spawn_req req = {
 		.path = argv[0],
 		.argv = argv,
@@ -152,6 +179,10 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 		.mem_fd = opts->mem_fd,
 		.with_net = with_net,
 		.net_fd = net_qemu,
+		.with_images = opts->kernel != NULL,
+		.kernel_fd = kernel_keep,
+		.rootfs_fd = rootfs_keep,
+		.layer_fd = layer_keep,
 	};
 	struct sbx_child child;
 	struct sbx_spawn_pending pending;

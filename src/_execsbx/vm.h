@@ -47,6 +47,11 @@ struct sbx_vm_start_opts {
 	int mem_fd;   /* with with_mem: the caller's fd, which it keeps */
 	int with_net; /* the network port's socketpair, QEMU's end at fd 7 (cfg.net_port), the
 		       * host's in vm->net_fd */
+	/* The images opened here (read-only) and passed at fds 8-10 (cfg.images_by_fd); NULL
+	 * kernel: QEMU opens them by path. layer may be NULL. */
+	const char *kernel;
+	const char *rootfs;
+	const char *layer;
 };
 
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of

@@ -34,7 +34,7 @@ static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t 
 	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 	char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 	struct sbx_child c;
 	struct sbx_err where = {0};
 	int rc = sbx_spawn(&req, &c, &where);
@@ -61,8 +61,11 @@ static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t 
 
 static struct sbx_jail_config full_config(void)
 {
+	/* The deny-list: these tests run a shell, whose calls (fork, wait4) QEMU's allow-list
+	 * refuses; the allow-list has its own probe (test_seccomp.c). */
 	struct sbx_jail_config cfg = {.enabled = 1, .memory_bytes = 64u << 20, .cpu_percent = 50,
-				      .pids_max = 16, .uid = -1, .gid = -1};
+				      .pids_max = 16, .uid = -1, .gid = -1,
+				      .seccomp = SBX_SECCOMP_DENY_LIST};
 	return cfg;
 }
 
@@ -131,7 +134,7 @@ static void test_snapshot_fds_survive_the_jail(void)
 			"{ exec 8<>/proc/self/fd/6; } && echo opened-rw;"
 			"touch /tmp/sbx-jail-probe 2>/dev/null && echo writable || echo read-only; exit 0",
 			NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram, 0, -1, 0, -1, -1, -1};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan[1]);
@@ -286,6 +289,114 @@ static void test_unprivileged_user(void)
 	sbx_jail_destroy(&j);
 }
 
+/* /bin/sh and the libraries the loader maps for it (ldd's list), for a root of its own. */
+static unsigned shell_files(char **files, unsigned max)
+{
+	unsigned n = 0;
+	files[n++] = strdup("/bin/sh");
+	FILE *f = popen("ldd /bin/sh", "r");
+	char line[512];
+	while (f && fgets(line, sizeof(line), f) && n + 2 < max) {
+		char *slash = strchr(line, '/');
+		if (!slash)
+			continue;
+		slash[strcspn(slash, " (\n")] = 0;
+		files[n++] = strdup(slash);
+	}
+	if (f)
+		pclose(f);
+	files[n++] = strdup("/dev/null");
+	files[n] = NULL;
+	return n;
+}
+
+/* QEMU's own root and user, seen from inside: a root holding only the bound files and /proc (no
+ * /etc, /home, /root, /tmp), read-only; uid and gid 65534 with the one supplementary group asked
+ * for; every capability set empty. Builtins only: nothing else is in that root. */
+static void test_own_root_unprivileged_without_capabilities(void)
+{
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("the root needs namespaces, refused on purpose (SBX_TEST_FORCE)");
+	if (geteuid() != 0)
+		SKIP("switching users needs root");
+	char *files[64];
+	unsigned nfiles = shell_files(files, 64);
+	long groups[] = {65533};
+	struct sbx_jail_config cfg = full_config();
+	cfg.uid = 65534;
+	cfg.gid = 65534;
+	cfg.groups = groups;
+	cfg.ngroups = 1;
+	cfg.root_files = files;
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-root", &E), 0);
+	CHECK(j.status[SBX_LAYER_ROOT].active);
+	CHECK(j.status[SBX_LAYER_USER].active);
+	CHECK(strstr(j.status[SBX_LAYER_USER].detail, "no capabilities") != NULL);
+	char out[4096];
+	int rc = run_jailed(&j,
+			    "echo /* /.*;"
+			    "while read -r k v; do case $k in Uid:|Gid:|Groups:|Cap*) echo $k $v;;"
+			    " esac; done < /proc/self/status;"
+			    "[ -e /etc/shadow ] && echo shadow || echo no-shadow;"
+			    "(echo x > /bin/sbx-probe) 2>/dev/null && echo writable || echo read-only;"
+			    "[ -e /proc/1/status ] && echo proc",
+			    out, sizeof(out));
+	CHECK_EQ(rc, 0);
+	/* the root's entries: only the bound files' top directories and /proc */
+	char top[256] = "";
+	size_t toplen = strcspn(out, "\n");
+	memcpy(top, out, toplen < sizeof(top) - 1 ? toplen : sizeof(top) - 1);
+	CHECK(strstr(top, "/bin ") != NULL);
+	CHECK(strstr(top, "/proc") != NULL);
+	CHECK(strstr(top, "/dev") != NULL);
+	CHECK(strstr(top, "/etc") == NULL);
+	CHECK(strstr(top, "/home") == NULL);
+	CHECK(strstr(top, "/root") == NULL);
+	CHECK(strstr(top, "/tmp") == NULL);
+	CHECK(strstr(out, "Uid: 65534 65534 65534 65534\n") != NULL);
+	CHECK(strstr(out, "Gid: 65534 65534 65534 65534\n") != NULL);
+	CHECK(strstr(out, "Groups: 65533\n") != NULL);
+	CHECK(strstr(out, "CapInh: 0000000000000000\n") != NULL);
+	CHECK(strstr(out, "CapPrm: 0000000000000000\n") != NULL);
+	CHECK(strstr(out, "CapEff: 0000000000000000\n") != NULL);
+	CHECK(strstr(out, "CapBnd: 0000000000000000\n") != NULL);
+	CHECK(strstr(out, "CapAmb: 0000000000000000\n") != NULL);
+	CHECK(strstr(out, "no-shadow\n") != NULL);
+	CHECK(strstr(out, "read-only\n") != NULL);
+	CHECK(strstr(out, "proc") != NULL);
+	if (rc != 0 || !strstr(out, "no-shadow"))
+		fprintf(stderr, "output:\n%s\n", out);
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+	for (unsigned i = 0; i < nfiles; i++)
+		free(files[i]);
+}
+
+/* A root that cannot be made (a file that does not exist) fails the spawn with the step named,
+ * rather than starting QEMU in the host's tree. */
+static void test_missing_root_file_fails_the_spawn(void)
+{
+	if (sbx_forced_fallbacks.refuse_namespaces)
+		SKIP("the root needs namespaces, refused on purpose (SBX_TEST_FORCE)");
+	char *files[] = {"/bin/sh", "/nonexistent-sbx-file", NULL};
+	struct sbx_jail_config cfg = full_config();
+	cfg.root_files = files;
+	struct sbx_jail j;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-noroot", &E), 0);
+	char out[256];
+	CHECK_EQ(run_jailed(&j, "echo ran", out, sizeof(out)), -1);
+	sbx_jail_finish(&j);
+	sbx_jail_destroy(&j);
+	/* and a relative path is refused when planned: the layer is off with the reason */
+	char *relative[] = {"bin/sh", NULL};
+	cfg.root_files = relative;
+	CHECK_EQ(sbx_jail_prepare(&j, &cfg, "sbx-ctest-noroot", &E), 0);
+	CHECK(!j.status[SBX_LAYER_ROOT].active);
+	CHECK(strstr(j.status[SBX_LAYER_ROOT].detail, "absolute") != NULL);
+	sbx_jail_destroy(&j);
+}
+
 /* The user switch clears PR_SET_PDEATHSIG; the child re-arms it. A middle process spawns a jailed
  * `sleep` as nobody and exits: as subreaper we inherit the orphan and must see it die of SIGKILL. */
 static void test_parent_death_kills_child_after_user_switch(void)
@@ -296,7 +407,8 @@ static void test_parent_death_kills_child_after_user_switch(void)
 	pid_t middle = fork();
 	if (middle == 0) {
 		/* No limits: no cgroup, which this process could not remove after its exit. */
-		struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
+		struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534,
+					      .seccomp = SBX_SECCOMP_DENY_LIST};
 		struct sbx_jail j;
 		if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-6", &E) < 0)
 			_exit(2);
@@ -304,7 +416,7 @@ static void test_parent_death_kills_child_after_user_switch(void)
 		int chan[2], con[2];
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
@@ -354,7 +466,8 @@ static void *churn(void *arg)
 static int spawn_as_nobody_while_threads_churn(int rounds)
 {
 	/* Namespaces on (the raw clone path), no limits (no cgroup to create and remove per round). */
-	struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534};
+	struct sbx_jail_config cfg = {.enabled = 1, .uid = 65534, .gid = 65534,
+					      .seccomp = SBX_SECCOMP_DENY_LIST};
 	struct sbx_jail j;
 	if (sbx_jail_prepare(&j, &cfg, "sbx-ctest-7", &E) < 0 || !j.clone_flags)
 		return 1;
@@ -368,7 +481,7 @@ static int spawn_as_nobody_while_threads_churn(int rounds)
 		int chan[2], con[2];
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 		struct sbx_child c;
 		struct sbx_err where = {0};
 		int rc = sbx_spawn(&req, &c, &where);
@@ -462,6 +575,8 @@ int main(void)
 	RUN(test_cgroup_the_child_cannot_make_is_off_with_its_reason);
 	RUN(test_network_vm_keeps_host_netns);
 	RUN(test_unprivileged_user);
+	RUN(test_own_root_unprivileged_without_capabilities);
+	RUN(test_missing_root_file_fails_the_spawn);
 	RUN(test_parent_death_kills_child_after_user_switch);
 	RUN(test_user_switch_while_other_threads_churn);
 	TEST_MAIN_END(name);

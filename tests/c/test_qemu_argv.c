@@ -226,6 +226,23 @@ static void test_relative_and_empty_paths(void)
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 }
 
+/* Under the jail the images are the host's fds: QEMU's paths are /proc/self/fd/8, 9, 10. */
+static void test_images_by_fd(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv = NULL;
+	c.images_by_fd = 1;
+	c.layer = "/cache/packages/python.erofs";
+	c.layer_kind = "python";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	CHECK_STR(opt_value(argv, "-kernel"), "/proc/self/fd/8");
+	CHECK(find(argv, "file=/proc/self/fd/9,if=none,id=root,format=raw,readonly=on") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/10,if=none,id=layer,format=raw,readonly=on") > 0);
+	for (char **a = argv; *a; a++)
+		CHECK(strstr(*a, "/cache/") == NULL);
+	sbx_argv_free(argv);
+}
+
 static void test_drive_and_channel(void)
 {
 	struct sbx_vm_config c = base();
@@ -370,6 +387,7 @@ int main(void)
 	RUN(test_comma_rejection);
 	RUN(test_relative_and_empty_paths);
 	RUN(test_drive_and_channel);
+	RUN(test_images_by_fd);
 	RUN(test_snapshot_template_and_clone);
 	RUN(test_package_layer);
 	RUN(test_network_port);

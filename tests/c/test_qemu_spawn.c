@@ -53,7 +53,7 @@ static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan
 {
 	*chan = mkpair();
 	*con = mkpair();
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 	int rc = sbx_spawn(&req, c, where);
 	close(chan->child);
 	close(con->child);
@@ -189,7 +189,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 	for (int i = 0; i < 2; i++) {
 		struct pair chan = mkpair(), con = mkpair();
 		struct sbx_spawn_req req = {argvs[i][0], argvs[i], ENVP, chan.child, con.child,
-					    NULL, 0, -1, 0, -1, 0, -1};
+					    NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 		struct sbx_child c;
 		struct sbx_spawn_pending p;
 		struct sbx_err where = {0};
@@ -220,7 +220,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 static void test_bad_request(void)
 {
 	char *const argv[] = {"/bin/true", NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
@@ -260,7 +260,7 @@ static void test_fd_layout_and_privs(void)
 	chan = mkpair();
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
 	close(con.child);
@@ -318,7 +318,7 @@ static void test_net_port_fd(void)
 	struct pair chan = mkpair(), con = mkpair(), net = mkpair();
 	ino_t net_ino = my_ino(net.child);
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1,
-				    1, net.child};
+				    1, net.child, 0, -1, -1, -1};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
@@ -345,6 +345,45 @@ static void test_net_port_fd(void)
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
 
+/* The images at fds 8, 9 and 10 (a jailed QEMU opens them as /proc/self/fd/N), nothing at 7;
+ * without a layer fd 10 stays closed. */
+static void test_image_fds(void)
+{
+	char *const argv[] = {"/bin/sleep", "30", NULL};
+	for (int with_layer = 0; with_layer < 2; with_layer++) {
+		struct pair chan = mkpair(), con = mkpair();
+		int kernel = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		int rootfs = open("/dev/zero", O_RDONLY | O_CLOEXEC);
+		int layer = with_layer ? open("/dev/urandom", O_RDONLY | O_CLOEXEC) : -1;
+		ino_t rootfs_ino = my_ino(rootfs);
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1,
+					    0, -1, 0, -1, 1, kernel, rootfs, layer};
+		struct sbx_child c;
+		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
+		close(chan.child);
+		close(con.child);
+		unsigned long long want = with_layer ? 0x71f : 0x31f; /* 0..4, 8, 9 (, 10) */
+		unsigned long long fds = 0;
+		for (int i = 0; i < 200; i++) {
+			fds = open_fds(c.pid);
+			if (fds == want)
+				break;
+			sleep_ms(10);
+		}
+		CHECK_EQ(fds, want);
+		CHECK(fd_ino(c.pid, SBX_CHILD_ROOTFS_FD) == rootfs_ino);
+		int st;
+		CHECK_EQ(sbx_child_signal(&c, SIGKILL), 0);
+		reap(&c, &st);
+		close(chan.host);
+		close(con.host);
+		close(kernel);
+		close(rootfs);
+		if (layer >= 0)
+			close(layer);
+	}
+}
+
 static void test_overlapping_fds(void)
 {
 	/* Sources sitting on the target numbers, crossed: channel at 4 and console at 3, then
@@ -361,7 +400,7 @@ static void test_overlapping_fds(void)
 		close(con.child);
 		char *const argv[] = {"/bin/sh", "-c",
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan_at);
@@ -436,7 +475,7 @@ static void test_parent_death_kills_child(void)
 	if (middle == 0) {
 		char *const argv[] = {"/bin/sleep", "30", NULL};
 		struct pair chan = mkpair(), con = mkpair();
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
@@ -540,6 +579,7 @@ int main(void)
 	RUN(test_exit_status);
 	RUN(test_fd_layout_and_privs);
 	RUN(test_net_port_fd);
+	RUN(test_image_fds);
 	RUN(test_overlapping_fds);
 	RUN(test_stdio);
 	RUN(test_environment);

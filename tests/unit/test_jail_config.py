@@ -17,7 +17,10 @@ from exec_sandbox.vm.jail import (
     QEMU_MEMORY_OVERHEAD_MB,
     QEMU_USER_ENV,
     jail_options,
+    opted_out,
+    qemu_identity,
     qemu_user,
+    root_files,
     usage_figures,
 )
 
@@ -41,8 +44,8 @@ def test_qemu_sandbox_option_denies_spawn_privileges_and_resource_control() -> N
     assert "-sandbox" not in _execsbx.build_qemu_argv(**ARGV)
 
 
-def test_seccomp_policy_has_a_reason_for_every_rule() -> None:
-    rules = _execsbx.seccomp_rules()
+def test_seccomp_deny_list_has_a_reason_for_every_rule() -> None:
+    rules = _execsbx.seccomp_rules("deny")
     names = {name for name, _, _ in rules}
     assert {
         "ptrace",
@@ -61,6 +64,34 @@ def test_seccomp_policy_has_a_reason_for_every_rule() -> None:
         assert len(reason) > 10, name
 
 
+def test_seccomp_allow_list_has_a_reason_for_every_call_and_lacks_the_dangerous_ones() -> None:
+    rules = _execsbx.seccomp_rules()
+    assert rules == _execsbx.seccomp_rules("allow")
+    names = {name for name, _, _ in rules}
+    assert {"read", "ppoll", "mmap", "futex", "recvmsg", "execve", "ioctl", "clone"} <= names
+    assert (
+        not {
+            "socket",
+            "connect",
+            "ptrace",
+            "mount",
+            "unshare",
+            "setns",
+            "bpf",
+            "io_uring_setup",
+            "unlink",
+            "kill",
+            "keyctl",
+        }
+        & names
+    )
+    for name, action, reason in rules:
+        assert action == "ALLOW" or action.startswith("ALLOW IF"), name
+        assert len(reason) > 10, name
+    with pytest.raises(ValueError):
+        _execsbx.seccomp_rules("maybe")
+
+
 @pytest.mark.parametrize(
     "jail, error",
     [
@@ -68,6 +99,10 @@ def test_seccomp_policy_has_a_reason_for_every_rule() -> None:
         ({"memory_mb": -1}, ValueError),
         ({"uid": -2}, ValueError),
         ({"network": "yes"}, TypeError),
+        ({"seccomp": "none"}, ValueError),
+        ({"groups": [-1]}, ValueError),
+        ({"groups": "kvm"}, TypeError),
+        ({"root": "/usr/bin"}, TypeError),
         ([], TypeError),
     ],
 )
@@ -78,12 +113,35 @@ def test_jail_dict_is_validated_before_anything_starts(jail: object, error: type
 
 def test_jail_options_follow_the_vm_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(QEMU_USER_ENV, raising=False)
-    options = jail_options(512, vcpus=2)
+    options = jail_options(512, vcpus=2, qemu_binary="/bin/true")
     assert options["memory_mb"] == 512 + QEMU_MEMORY_OVERHEAD_MB
     assert options["cpu_percent"] == 250
     assert options["network"] == 0
-    assert "uid" not in options
-    assert jail_options(128, network=True)["network"] == 1
+    assert jail_options(128, network=True, qemu_binary="/bin/true")["network"] == 1
+
+
+def test_a_root_callers_qemu_gets_a_user_unless_opted_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(QEMU_USER_ENV, raising=False)
+    options = jail_options(128, qemu_binary="/bin/true")
+    if os.geteuid() == 0:
+        assert options["uid"] not in (None, 0) and options["gid"] not in (None, 0)
+        assert isinstance(options["groups"], list)
+    else:
+        assert "uid" not in options  # an unprivileged caller's QEMU keeps its uid
+    monkeypatch.setenv(QEMU_USER_ENV, "root")
+    assert opted_out()
+    assert "uid" not in jail_options(128, qemu_binary="/bin/true")
+    user, why = qemu_identity()
+    assert user is None and "opt-out" in why
+
+
+def test_qemus_root_lists_the_binary_its_libraries_and_devices() -> None:
+    files = root_files("/bin/true")
+    assert files is not None
+    assert files[0] == "/bin/true"
+    assert any("libc.so" in f for f in files)
+    assert "/dev/null" in files and "/dev/urandom" in files
+    assert not [f for f in files if f.startswith(("/etc", "/home", "/root"))]
 
 
 def test_qemu_user_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,9 +169,25 @@ def test_doctor_reports_each_layer_and_why() -> None:
         check=False,
     )
     checks = {c["name"]: c for c in json.loads(proc.stdout)}
-    for layer in ("seccomp", "namespaces", "cgroup", "rlimits"):
+    for layer in ("seccomp", "namespaces", "cgroup", "rlimits", "root", "user"):
         assert checks[f"jail: {layer}"]["ok"], checks[f"jail: {layer}"]
-    user = checks["jail: user"]
-    assert user["ok"] == (QEMU_USER_ENV in os.environ)
-    assert user["detail"]  # says why, when off
+    assert "no capabilities" in checks["jail: user"]["detail"]
+    assert "allow-list" in checks["jail: seccomp"]["detail"]
+    assert checks["jail: seccomp policy"]["ok"], checks["jail: seccomp policy"]
     assert {"accelerator", "qemu", "qemu -sandbox", "images"} <= set(checks)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the opt-out is a root caller's")
+def test_doctor_warns_about_the_opt_out() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "exec_sandbox.cli.main", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, QEMU_USER_ENV: "root"},
+    )
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    user = checks["jail: qemu user"]
+    assert not user["ok"] and "WARNING" in user["detail"] and "uid 0" in user["detail"]
+    assert not checks["jail: user"]["ok"]  # the C core's view: uid 0 kept

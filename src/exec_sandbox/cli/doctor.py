@@ -18,7 +18,14 @@ from ..images.catalog import load_images
 from ..paths import images_dir
 from ..vm import host_facts
 from ..vm.binding import probe_jail, seccomp_rules
-from ..vm.jail import jail_options
+from ..vm.jail import (
+    QEMU_USER_ENV,
+    jail_options,
+    kvm_problem,
+    opted_out,
+    qemu_identity,
+    seccomp_policy,
+)
 
 _STAND_IN = "/bin/true"
 _SANDBOX_OPTION = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
@@ -98,7 +105,14 @@ def _jail_layers() -> list[Check]:
     if not os.path.exists(_STAND_IN):
         return [Check("host jail", False, f"{_STAND_IN} missing: cannot probe", required=False)]
     try:
-        status, layers = probe_jail(_STAND_IN, jail_options(128))
+        qemu: str | None = host_facts.qemu_binary()
+    except SandboxError:
+        qemu = None
+    try:
+        # The stand-in runs under the policy QEMU would get.
+        policy, why = seccomp_policy(qemu) if qemu else ("allow", "no QEMU to ask")
+        options = jail_options(128, qemu_binary=_STAND_IN, seccomp=policy)
+        status, layers = probe_jail(_STAND_IN, options)
     except (OSError, SandboxError) as exc:
         return [Check("host jail", False, f"cannot start a jailed process: {exc}")]
     checks = [
@@ -107,15 +121,46 @@ def _jail_layers() -> list[Check]:
     ]
     if status != 0:
         checks.append(Check("jail: entry", False, f"the jailed stand-in exited with {status}"))
-    rules = seccomp_rules()
-    checks.append(
-        Check(
-            "jail: seccomp policy",
-            True,
-            f"{len(rules)} rules denied, e.g. " + ", ".join(name for name, _, _ in rules[:6]),
-            required=False,
+    user, who = qemu_identity()
+    if opted_out():
+        checks.append(
+            Check(
+                "jail: qemu user",
+                False,
+                f"WARNING: {who}. A QEMU escape is then root on this host, with every "
+                f"capability; unset {QEMU_USER_ENV} to give it sbx-qemu",
+                required=False,
+            )
         )
-    )
+    else:
+        checks.append(
+            Check(
+                "jail: qemu user",
+                user is None or not who.startswith("no user"),
+                who if user is None else f"uid {user[0]}, gid {user[1]}: {who}",
+                required=False,
+            )
+        )
+    rules = seccomp_rules(policy)
+    if policy == "deny":
+        checks.append(
+            Check(
+                "jail: seccomp policy",
+                False,
+                f"WARNING: the deny-list fallback ({len(rules)} calls denied): {why}",
+                required=False,
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "jail: seccomp policy",
+                policy == "allow",
+                f"allow-list of {len(rules)} calls ({why}); every other call fails with "
+                "ENOSYS" + (" (log mode: logged, not refused)" if policy == "log" else ""),
+                required=False,
+            )
+        )
     return checks
 
 
@@ -128,6 +173,9 @@ def _kvm_access() -> Check:
             "no /dev/kvm on this host (no hardware virtualisation exposed): VMs run under TCG",
             required=False,
         )
+    problem = kvm_problem()
+    if problem:
+        return Check("kvm access", False, problem, required=False)
     if os.access("/dev/kvm", os.R_OK | os.W_OK):
         return Check("kvm access", True, "/dev/kvm is readable and writable", required=False)
     user = builder._user_name()

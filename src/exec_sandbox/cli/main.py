@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -143,7 +144,16 @@ def main(argv: list[str] | None = None) -> int:
         return session_cmds.run(args)
     if args.command == "setup":
         from ..images import builder
+        from ..vm.jail import ensure_qemu_user
 
+        # The system user QEMU runs as when the caller is root (docs/security.md).
+        try:
+            done = ensure_qemu_user()
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"sbx: cannot create the QEMU user: {exc}", file=sys.stderr)
+            return 1
+        if not args.quiet:
+            print(f"sbx: {done}", file=sys.stderr)
         return builder.main(quiet=args.quiet, install_deps=args.install_deps)
     try:
         code, language = resolve_source(args)

@@ -45,7 +45,7 @@ from ..snapshots.ram import SnapshotIntegrityError
 from ..vm import host_facts, migration
 from ..vm.execution import OutputCallback
 from ..vm.guest import GuestVm
-from ..vm.jail import jail_options
+from ..vm.jail import jail_options, prepare_host
 from ..vm.qmp import QmpError
 from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
@@ -106,6 +106,8 @@ class QemuVms:
         loop = asyncio.get_running_loop()
         qemu = await loop.run_in_executor(None, host_facts.qemu_binary)
         accel = await loop.run_in_executor(None, host_facts.accelerator)
+        # QEMU's root (ldd) and seccomp policy (its version): programs run once, not on the loop.
+        await loop.run_in_executor(None, prepare_host, qemu)
         khz = await loop.run_in_executor(None, host_facts.tsc_khz)
         if config.memory_snapshots:
             await loop.run_in_executor(None, qemu_version, qemu)
@@ -269,7 +271,7 @@ class Provisioner:
             memory_mb=memory_mb,
             vcpus=VCPUS,
             kernel_cmdline_extra=self._host.kernel_cmdline_extra,
-            jail=jail_options(memory_mb, VCPUS),
+            jail=jail_options(memory_mb, VCPUS, qemu_binary=self._host.qemu_binary),
             qemu_sandbox=True,
             layer=layer,
             # QMP on every VM: a session's VM can be paused or forked (snapshots/forks.py).

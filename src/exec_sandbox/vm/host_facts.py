@@ -73,6 +73,12 @@ def _kvm_unusable_reason() -> str | None:
     except OSError as exc:
         return f"/dev/kvm: {exc.strerror}"
     os.close(fd)
+    # The caller may open it; QEMU runs under its own uid (vm/jail.py), which must too.
+    from .jail import kvm_problem
+
+    problem = kvm_problem()
+    if problem:
+        return problem
     return probe_accelerator(qemu_binary(), "kvm")
 
 

@@ -1,14 +1,17 @@
 """The host jail around QEMU, proven from outside while a real VM runs user code: QEMU's
-/proc/PID shows the seccomp filters and no_new_privs, its namespaces differ from ours, its cgroup
-carries the limits, its rlimits and mount tree are the jail's; after the run the cgroup is gone and
-its figures are in the result. (The policy itself, syscall by syscall, is tested in
-tests/c/test_seccomp.c, in a probe process under the same filter.)"""
+/proc/PID shows the seccomp filters (the allow-list) and no_new_privs, an unprivileged uid without
+capabilities when the caller is root, a root holding only its own files, namespaces that differ
+from ours, a cgroup with the limits, the jail's rlimits and mount tree; after the run the cgroup is
+gone and its figures are in the result. (The policies themselves, syscall by syscall, are tested in
+tests/c/test_seccomp.c; here a probe process under the same jail shows a call outside the
+allow-list refused.)"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,11 +19,17 @@ import pytest
 
 from exec_sandbox import Scheduler
 from exec_sandbox.models import ExecutionResult
+from exec_sandbox.vm import host_facts
+from exec_sandbox.vm.binding import probe_jail, seccomp_rules
 from exec_sandbox.vm.jail import (
     CPU_PERCENT_MAIN_LOOP,
     CPU_PERCENT_PER_VCPU,
     QEMU_MEMORY_OVERHEAD_MB,
     QEMU_PIDS_MAX,
+    QEMU_USER_ENV,
+    jail_options,
+    root_files,
+    seccomp_policy,
 )
 from tests.helpers import qemu_processes
 
@@ -68,8 +77,126 @@ async def test_qemu_runs_under_seccomp_filters_and_no_new_privs(scheduler: Sched
     assert result.exit_code == 0
     assert status["NoNewPrivs"] == "1"
     assert status["Seccomp"] == "2"  # filter mode
-    # Ours (the host jail's deny-list) and QEMU's own (-sandbox on): both stay in force.
+    # Ours (the host jail's allow-list) and QEMU's own (-sandbox on): both stay in force.
     assert int(status["Seccomp_filters"]) >= 2
+
+
+async def test_qemu_runs_under_the_seccomp_allow_list(
+    scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allow-list is the policy in force for this host's QEMU (the deny-list is only the
+    fallback for a QEMU it was not measured on), and the whole VM ran under it."""
+    monkeypatch.delenv("EXEC_SANDBOX_SECCOMP", raising=False)
+    policy, why = seccomp_policy(host_facts.qemu_binary())
+    assert policy == "allow", why
+    rules = {name: action for name, action, _ in seccomp_rules(policy)}
+    assert rules["ppoll"] == "ALLOW" and rules["ioctl"].startswith("ALLOW IF")
+    assert not {"socket", "connect", "ptrace", "mount", "io_uring_setup", "unshare"} & set(rules)
+    status, result = await _inspect_running_qemu(scheduler, _status)
+    assert isinstance(status, dict) and result.exit_code == 0
+    assert status["Seccomp"] == "2"
+
+
+def test_a_call_outside_the_allow_list_is_refused_in_a_probe_process(tmp_path: Path) -> None:
+    """A probe (a shell script, in a root of its own) spawned under the jail QEMU gets: the shell
+    starts and runs under the allow-list, and kill(2), which is not on it, fails; under the
+    deny-list the same call works, so the allow-list is what refused it."""
+    if not os.path.exists("/bin/sh"):
+        pytest.skip("no /bin/sh for the probe")
+
+    def probe(script: str, policy: str) -> tuple[int | None, list[tuple[str, bool, str]]]:
+        path = tmp_path / f"probe-{policy}-{abs(hash(script))}"
+        path.write_text(f"#!/bin/sh\n{script}\n")  # QEMU's arguments land in $@, unused
+        path.chmod(0o755)
+        options = jail_options(64, qemu_binary="/bin/sh", seccomp=policy)
+        options["root"] = [*(root_files("/bin/sh") or ()), str(path)]
+        return probe_jail(str(path), options)
+
+    on_list, layers = probe("cd / && exit 0 || exit 1", "allow")
+    assert on_list == 0, layers
+    refused, layers = probe("kill -0 $$ 2>/dev/null && exit 0 || exit 1", "allow")
+    assert refused == 1, layers
+    assert any(layer == "seccomp" and "allow-list" in detail for layer, _, detail in layers)
+    allowed, _ = probe("kill -0 $$ 2>/dev/null && exit 0 || exit 1", "deny")
+    assert allowed == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root caller's QEMU is the one that changes uid")
+async def test_a_root_callers_qemu_is_unprivileged_and_has_no_capabilities(
+    scheduler: Scheduler,
+) -> None:
+    assert os.environ.get(QEMU_USER_ENV, "") not in ("root", "0"), "opted out: nothing to test"
+    status, result = await _inspect_running_qemu(scheduler, _status)
+    assert isinstance(status, dict) and result.exit_code == 0
+    uids = status["Uid"].split()
+    gids = status["Gid"].split()
+    assert len(set(uids)) == 1 and uids[0] != "0", uids  # real, effective, saved, fs
+    assert len(set(gids)) == 1 and gids[0] != "0", gids
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(status[caps], 16) == 0, (caps, status[caps])
+    assert "0" not in status.get("Groups", "").split()
+
+
+async def test_qemus_root_holds_only_its_own_files(scheduler: Scheduler) -> None:
+    """QEMU's / is a tmpfs holding its binary, libraries, module, firmware and three devices
+    (at their host paths) and its /proc; the host's /etc, /home, /root, /tmp are not there, and
+    reading /etc/shadow from inside its mount namespace fails."""
+
+    def view(pid: int) -> dict[str, object]:
+        root = f"/proc/{pid}/root"
+        # Every file below the root, as QEMU sees it (/proc aside).
+        seen = set()
+        for top, dirs, files in os.walk(root):
+            if top == root:
+                dirs[:] = [d for d in dirs if d != "proc"]
+            seen.update(os.path.join(top, f)[len(root) :] for f in files)
+        return {
+            "entries": sorted(os.listdir(root)),
+            "files": seen,
+            "shadow": _read_in_mount_namespace(pid, "/etc/shadow"),
+            "mountinfo": Path(f"/proc/{pid}/mountinfo").read_text(),
+        }
+
+    seen, result = await _inspect_running_qemu(scheduler, view)
+    assert isinstance(seen, dict) and result.exit_code == 0
+    expected = set(root_files(host_facts.qemu_binary()) or ())
+    assert expected, "no root plan for this QEMU"
+    assert seen["files"] == expected, seen["files"] ^ expected
+    tops = {p.split("/")[1] for p in expected} | {"proc"}
+    assert set(seen["entries"]) == tops  # type: ignore[arg-type]
+    assert not {"etc", "home", "root", "tmp", "var", "sys"} & set(seen["entries"])  # type: ignore[arg-type]
+    assert seen["shadow"] == "ENOENT", seen["shadow"]
+    # The root is a tmpfs, and every mount of the tree is read-only.
+    mounts = [line.split() for line in str(seen["mountinfo"]).splitlines()]
+    root_mount = next(m for m in mounts if m[4] == "/")
+    assert root_mount[root_mount.index("-") + 1] == "tmpfs"
+
+
+_READ_IN_NAMESPACE = """
+import ctypes, errno, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+# setns(CLONE_NEWNS): root and cwd become the namespace's (os.setns is Python 3.12+).
+if libc.setns(os.open(sys.argv[1], os.O_RDONLY), 0x00020000) != 0:
+    sys.exit("setns: " + os.strerror(ctypes.get_errno()))
+try:
+    fd = os.open(sys.argv[2], os.O_RDONLY)
+    print("read", len(os.read(fd, 64)))
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno or 0, "?"))
+"""
+
+
+def _read_in_mount_namespace(pid: int, path: str) -> str:
+    """Open path from inside pid's mount namespace (a single-threaded helper that setns()es into
+    it, and so gets its root): how many bytes it read, or the errno name it failed with."""
+    out = subprocess.run(
+        [sys.executable, "-c", _READ_IN_NAMESPACE, f"/proc/{pid}/ns/mnt", path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return out.stdout.strip() or out.stderr.strip()
 
 
 async def test_qemu_holds_no_fd_of_the_caller(scheduler: Scheduler, tmp_path: Path) -> None:
