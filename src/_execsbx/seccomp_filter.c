@@ -64,27 +64,43 @@ static int add_deny_list(scmp_filter_ctx ctx)
 	return 0;
 }
 
-/* The allow-list: each group's calls, then the calls allowed with certain arguments. */
-static int add_allow_list(scmp_filter_ctx ctx)
+/* One rule with action for each name of a space-separated list this architecture has. */
+static int add_names(scmp_filter_ctx ctx, uint32_t action, const char *p)
 {
 	char name[64];
-	for (size_t g = 0; g < sbx_seccomp_allow_group_count; g++) {
-		const char *p = sbx_seccomp_allow_groups[g].syscalls;
-		while (*p) {
-			size_t n = strcspn(p, " ");
-			if (n > 0 && n < sizeof(name)) {
-				memcpy(name, p, n);
-				name[n] = 0;
-				int nr = seccomp_syscall_resolve_name(name);
-				if (nr != __NR_SCMP_ERROR && nr >= 0) {
-					int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, nr, 0);
-					if (rc < 0)
-						return rc;
-				}
+	while (*p) {
+		size_t n = strcspn(p, " ");
+		if (n > 0 && n < sizeof(name)) {
+			memcpy(name, p, n);
+			name[n] = 0;
+			int nr = seccomp_syscall_resolve_name(name);
+			if (nr != __NR_SCMP_ERROR && nr >= 0) {
+				int rc = seccomp_rule_add(ctx, action, nr, 0);
+				if (rc < 0)
+					return rc;
 			}
-			p += n;
-			p += strspn(p, " ");
 		}
+		p += n;
+		p += strspn(p, " ");
+	}
+	return 0;
+}
+
+/* The allow-list: each group's calls, then the calls allowed with certain arguments. In log
+ * mode also the calls refused on purpose, refused as in the allow-list (its default would
+ * log and allow them). */
+static int add_allow_list(scmp_filter_ctx ctx, int log_mode)
+{
+	for (size_t g = 0; g < sbx_seccomp_allow_group_count; g++) {
+		int rc = add_names(ctx, SCMP_ACT_ALLOW, sbx_seccomp_allow_groups[g].syscalls);
+		if (rc < 0)
+			return rc;
+	}
+	if (log_mode) {
+		int rc = add_names(ctx, SCMP_ACT_ERRNO(SBX_SECCOMP_ALLOW_LIST_ERRNO),
+				   sbx_seccomp_refused_on_purpose);
+		if (rc < 0)
+			return rc;
 	}
 	for (size_t i = 0; i < sbx_seccomp_allow_arg_count; i++) {
 		const struct sbx_seccomp_rule *r = &sbx_seccomp_allow_args[i];
@@ -108,6 +124,7 @@ int sbx_seccomp_build_policy(enum sbx_seccomp_policy policy, struct sbx_bpf *out
 {
 	out->insns = NULL;
 	out->len = 0;
+	out->log_refusals = 0;
 	uint32_t dflt;
 	switch (policy) {
 	case SBX_SECCOMP_DENY_LIST:
@@ -129,7 +146,9 @@ int sbx_seccomp_build_policy(enum sbx_seccomp_policy policy, struct sbx_bpf *out
 	if (!ctx) {
 		return sbx_err_sys(err, -ENOMEM, "seccomp_init");
 	}
-	int rc = policy == SBX_SECCOMP_DENY_LIST ? add_deny_list(ctx) : add_allow_list(ctx);
+	int rc = policy == SBX_SECCOMP_DENY_LIST
+			 ? add_deny_list(ctx)
+			 : add_allow_list(ctx, policy == SBX_SECCOMP_ALLOW_LIST_LOG);
 	if (rc < 0) {
 		return sbx_err_sys(err, rc, "seccomp_rule_add");
 	}
@@ -161,6 +180,7 @@ int sbx_seccomp_build_policy(enum sbx_seccomp_policy policy, struct sbx_bpf *out
 		}
 		got += (size_t)n;
 	}
+	out->log_refusals = policy != SBX_SECCOMP_ALLOW_LIST_LOG;
 	out->insns = TAKE_PTR(insns);
 	out->len = (unsigned short)(size / (off_t)sizeof(struct sock_filter));
 	return 0;
@@ -232,9 +252,11 @@ int sbx_seccomp_load(const struct sbx_bpf *bpf)
 	/* SECCOMP_FILTER_FLAG_LOG: a refused call shows in the host's kernel log (audit type 1326),
 	 * so that an operator sees what a compromised or newer QEMU tried. Kernels before 4.14 lack
 	 * the flag (EINVAL): load without it. */
-	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG, &prog) == 0)
-		return 0;
-	if (errno != EINVAL && errno != ENOSYS)
-		return -errno;
+	if (bpf->log_refusals) {
+		if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_LOG, &prog) == 0)
+			return 0;
+		if (errno != EINVAL && errno != ENOSYS)
+			return -errno;
+	}
 	return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) == 0 ? 0 : -errno;
 }

@@ -12,6 +12,8 @@
 struct sbx_bpf {
 	struct sock_filter *insns; /* heap; NULL when empty */
 	unsigned short len;        /* instruction count */
+	int log_refusals;          /* load with SECCOMP_FILTER_FLAG_LOG (not in log mode, whose
+				    * own action logs what the list lacks) */
 };
 
 /* Compile the policy into *out for the native architecture. 0, or -errno with err naming the
@@ -30,7 +32,7 @@ int sbx_seccomp_program_for(enum sbx_seccomp_policy policy, const struct sbx_bpf
 /* The deny-list's shared program. */
 int sbx_seccomp_program(const struct sbx_bpf **out, struct sbx_err *err);
 /* Install the filter on the calling thread (needs no_new_privs or CAP_SYS_ADMIN), with
- * SECCOMP_FILTER_FLAG_LOG where the kernel has it. 0 or -errno.
+ * SECCOMP_FILTER_FLAG_LOG when bpf->log_refusals and the kernel has it. 0 or -errno.
  * Async-signal-safe. */
 int sbx_seccomp_load(const struct sbx_bpf *bpf);
 

@@ -146,6 +146,13 @@ const struct sbx_seccomp_group sbx_seccomp_allow_groups[] = {
 const size_t sbx_seccomp_allow_group_count =
 	sizeof(sbx_seccomp_allow_groups) / sizeof(sbx_seccomp_allow_groups[0]);
 
+const char sbx_seccomp_refused_on_purpose[] =
+	"clone3 io_uring_setup io_uring_enter io_uring_register";
+const char sbx_seccomp_refused_on_purpose_reason[] =
+	"measured, and refused all the same: glibc falls back from clone3 to clone (whose flags the "
+	"filter can check), QEMU's AIO from io_uring to ppoll/epoll (io_uring is a large, often "
+	"exploited kernel surface)";
+
 /* KVMIO, the type byte of every /dev/kvm, VM and vCPU ioctl (linux/kvm.h). */
 #define SBX_KVMIO 0xAEu
 

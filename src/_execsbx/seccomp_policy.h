@@ -58,6 +58,11 @@ struct sbx_seccomp_group {
 };
 extern const struct sbx_seccomp_group sbx_seccomp_allow_groups[];
 extern const size_t sbx_seccomp_allow_group_count;
+/* Calls QEMU makes that the allow-list refuses on purpose (QEMU and libc fall back on ENOSYS):
+ * space-separated, with the reason. In log mode they are refused as in the allow-list, silently,
+ * so that the log holds only calls the list lacks. */
+extern const char sbx_seccomp_refused_on_purpose[];
+extern const char sbx_seccomp_refused_on_purpose_reason[];
 /* Calls the allow-list admits only with certain arguments (op as above: the call is allowed
  * when the condition holds; error unused). */
 extern const struct sbx_seccomp_rule sbx_seccomp_allow_args[];

@@ -339,6 +339,26 @@ static void test_allow_list_table(void)
 		}
 	}
 	CHECK(allow_action("getpid", 0, 0) == SECCOMP_RET_ALLOW);
+	CHECK(ALLOW.log_refusals);
+}
+
+/* Log mode: what the list lacks is logged and let through; the calls refused on purpose are
+ * refused as in the allow-list (so that QEMU takes its fallback, as in production), unlogged. */
+static void test_log_mode_table(void)
+{
+	struct sbx_bpf log = {0};
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_seccomp_build_policy(SBX_SECCOMP_ALLOW_LIST_LOG, &log, &why), 0);
+	CHECK(!log.log_refusals);
+	struct sbx_bpf saved = ALLOW;
+	ALLOW = log;
+	CHECK_EQ(allow_action("read", 0, 0), SECCOMP_RET_ALLOW);
+	CHECK_EQ(allow_action("kill", 1, 9), SECCOMP_RET_LOG);
+	CHECK_EQ(allow_action("socket", AF_UNIX, SOCK_STREAM), SECCOMP_RET_LOG);
+	CHECK_EQ(allow_action("io_uring_setup", 0, 0), REFUSED);
+	CHECK_EQ(allow_action("clone3", 0, 0), REFUSED);
+	ALLOW = saved;
+	sbx_bpf_free(&log);
 }
 
 /* A probe process under the allow-list: calls outside it fail with ENOSYS for real, calls on it
@@ -389,6 +409,7 @@ int main(void)
 	RUN(test_probe_baseline);
 	RUN(test_allow_list_table);
 	RUN(test_allow_list_probe_process);
+	RUN(test_log_mode_table);
 	sbx_bpf_free(&BPF);
 	sbx_bpf_free(&ALLOW);
 	TEST_MAIN_END("test_seccomp");
