@@ -43,6 +43,7 @@ RECIPE = [
     "guest/repl/driver.sh",
     "guest/repl/prestart.js",
     "guest/runtime/node/tools.js",
+    "guest/runtime/node/tools_global.js",
     "guest/runtime/python/exec_sandbox_guest.pth",
     "guest/runtime/python/exec_sandbox_guest/*.py",
     "src/shared/*.[ch]",

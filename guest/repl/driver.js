@@ -18,29 +18,16 @@ const { PassThrough, Writable } = require('stream');
 
 // fd 4, or fd 3 too when a pre-started node became this driver (guest/src/bootstrap.c): it
 // leaves the fd here, taken off at once so that the session's code does not see it.
-// `tools`, the host's tools (guest/runtime/node/tools.js, installed beside this file; in the
-// source tree, which the agent's host tests run this file from, under guest/runtime/node), read
-// only at its first use: a session that never calls a tool never loads it.
-Object.defineProperty(globalThis, 'tools', {
-  configurable: true,
-  enumerable: false,
-  get() {
-    let value;
-    for (const file of [path.join(__dirname, 'tools.js'), path.join(__dirname, '..', 'runtime', 'node', 'tools.js')]) {
-      try {
-        value = require(file).tools;
-        break;
-      } catch (e) {
-        if (e.code !== 'MODULE_NOT_FOUND') throw e;
-      }
-    }
-    Object.defineProperty(globalThis, 'tools', { value, writable: true, configurable: true, enumerable: false });
-    return value;
-  },
-  set(value) {
-    Object.defineProperty(globalThis, 'tools', { value, writable: true, configurable: true, enumerable: false });
-  },
-});
+// `tools`, the host's tools, loaded at its first use (tools_global.js: installed beside this
+// file; under guest/runtime/node in the source tree, which the agent's host tests run from).
+for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
+  try {
+    require(path.join(dir, 'tools_global.js'));
+    break;
+  } catch (e) {
+    if (e.code !== 'MODULE_NOT_FOUND' || !String(e.message).includes('tools_global.js')) throw e;
+  }
+}
 
 const controlOutKey = Symbol.for('sbx.control-out');
 const controlOut = process[controlOutKey] === 3 ? 3 : 4;

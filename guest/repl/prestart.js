@@ -34,6 +34,7 @@
   }
   const fs = require('fs');
   const path = require('path');
+
   const byte = Buffer.alloc(1);
 
   let running = false;
@@ -133,26 +134,15 @@
     };
     return;
   }
-  // `tools`, the host's tools (guest/runtime/node/tools.js, beside this file; under
-  // guest/runtime/node in the source tree), read only at its first use, as in the session driver.
-  const own = { writable: true, configurable: true, enumerable: false };
-  Object.defineProperty(globalThis, 'tools', {
-    configurable: true,
-    enumerable: false,
-    get() {
-      let value;
-      for (const file of [path.join(__dirname, 'tools.js'), path.join(__dirname, '..', 'runtime', 'node', 'tools.js')]) {
-        try {
-          value = require(file).tools;
-          break;
-        } catch (e) {
-          if (e.code !== 'MODULE_NOT_FOUND') throw e;
-        }
-      }
-      Object.defineProperty(globalThis, 'tools', { value, ...own });
-      return value;
-    },
-    set(value) { Object.defineProperty(globalThis, 'tools', { value, ...own }); },
-  });
+  // `tools`, the host's tools, loaded at its first use (tools_global.js: installed beside this
+  // file; under guest/runtime/node in the source tree, which the agent's host tests run from).
+  for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
+    try {
+      require(path.join(dir, 'tools_global.js'));
+      break;
+    } catch (e) {
+      if (e.code !== 'MODULE_NOT_FOUND' || !String(e.message).includes('tools_global.js')) throw e;
+    }
+  }
   running = true;
 })();

@@ -303,6 +303,15 @@ static int go_prestarted(struct sbx_runner *r, int out_fd[2], int err_fd[2], int
 	return 0;
 }
 
+/* The preload that gives node the global `tools` (guest/runtime/node/tools_global.js), when
+ * the image has it. */
+static bool node_tools_preload(const struct sbx_config *cfg, char *path, size_t size)
+{
+	int n = snprintf(path, size, "%s/tools_global.js",
+			 cfg->driver_dir[0] ? cfg->driver_dir : SBX_LIB_DIR);
+	return n > 0 && (size_t)n < size && access(path, R_OK) == 0;
+}
+
 int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_request *req,
 		     uint32_t *code, char *msg, size_t msg_size)
 {
@@ -349,6 +358,14 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 	if ((rc = sbx_output_pipes(out, err)) < 0)
 		goto fail_env;
 	struct sbx_spawn sp = sbx_user_spawn(r->cfg, req->language, r->code_path, envp, out[1], err[1]);
+	/* A node without the pre-start preload still gets the global `tools` its code may use,
+	 * from the runtime's own small preload (absent in a host test's tree). */
+	char tools_preload[sizeof(r->cfg->driver_dir) + 24];
+	if (req->language == SBX_LANG_JAVASCRIPT &&
+	    node_tools_preload(r->cfg, tools_preload, sizeof(tools_preload))) {
+		sp.inline_flag = "-r";
+		sp.inline_code = tools_preload;
+	}
 	r->start_ns = sbx_now_ns();
 	rc = sbx_spawn(&sp, &pid, msg, msg_size);
 	close(out[1]);

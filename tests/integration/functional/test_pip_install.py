@@ -52,6 +52,7 @@ RECIPE = [
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
     "guest/runtime/node/tools.js",
+    "guest/runtime/node/tools_global.js",
     "guest/runtime/python/exec_sandbox_guest.pth",
     "guest/runtime/python/exec_sandbox_guest/__init__.py",
     "guest/runtime/python/exec_sandbox_guest/mpl_backend.py",

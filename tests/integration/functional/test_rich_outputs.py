@@ -129,11 +129,6 @@ async def test_a_prestarted_node_run_calls_a_host_tool(images_ready: None, tmp_p
     assert qemu_processes(parent=os.getpid()) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a node one-shot started cold (`node /run/sbx/main.js`, guest/src/spawn.c) loads no "
-    "preload, so nothing defines the global `tools` there yet",
-)
 async def test_a_cold_node_run_calls_a_host_tool(scheduler: Scheduler) -> None:
     result = await scheduler.run(
         "tools.add(1, 2).then((r) => console.log(r));",
