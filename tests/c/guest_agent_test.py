@@ -893,7 +893,8 @@ def test_boot_in_namespaces() -> None:
         out = sh(
             "import os, socket, struct\n"
             "st = os.stat('/run/sbx/host.sock')\n"
-            "print(st.st_uid, oct(st.st_mode & 0o777), os.environ.get('EXEC_SANDBOX_HOST_SOCKET'))\n"
+            "env = os.environ.get('EXEC_SANDBOX_HOST_SOCKET')\n"
+            "print(st.st_uid, oct(st.st_mode & 0o777), env)\n"
             "s = socket.socket(socket.AF_UNIX); s.connect('/run/sbx/host.sock')\n"
             "p = struct.pack('<I', 1) + b'-' + struct.pack('<I', 0)\n"
             "s.sendall(struct.pack('<IBBHI', len(p), 1, 0, 0, 9) + p)\n"
