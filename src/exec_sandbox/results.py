@@ -65,9 +65,7 @@ def shape_result(
     elif in_session and outcome.flags & EXIT_REPL_RESET:
         # The REPL died (a signal, os._exit): the session goes on in a fresh one, and whoever
         # reads the result must not take the lost variables for a bug of the next cell.
-        stderr += (
-            f"\nThe REPL process ended (exit {outcome.exit_code}){_SESSION_TIMEOUT_NOTE}\n"
-        )
+        stderr += f"\nThe REPL process ended (exit {outcome.exit_code}){_SESSION_TIMEOUT_NOTE}\n"
     return ExecutionResult(
         stdout=outcome.stdout,
         stderr=stderr,
