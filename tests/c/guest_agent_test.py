@@ -1730,6 +1730,7 @@ def test_host_socket_connections() -> None:
         start_exec(a, 60, "sleep 4")
         big = os.urandom(OUTPUT_ITEM_MAX)
         req = frame(LOCAL_OUTPUT, 7, s("image/png") + big)
+
         # Two large outputs at once, sent in two halves, and a call on a third client
         # meanwhile: one output is taken in while the other waits (its sender blocks), and the
         # call goes by both.
