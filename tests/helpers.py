@@ -52,3 +52,11 @@ def open_fds() -> set[str]:
         except OSError:
             pass
     return result
+
+
+# Live packages (the host's package index, as in test_packages_live.py): wheels for the guest's
+# python 3.11, for the rich-output tests. Importing them under TCG takes seconds, hence the
+# timeout.
+MATPLOTLIB = "matplotlib==3.8.4"
+PANDAS = "pandas==2.2.2"
+PACKAGE_TIMEOUT_SECONDS = 240

@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Output, Scheduler, SchedulerConfig
-from tests.helpers import qemu_processes
+from tests.helpers import MATPLOTLIB, PACKAGE_TIMEOUT_SECONDS, PANDAS, qemu_processes
 
 pytestmark = pytest.mark.vm
 
-# Live packages (the host's package index, as in test_packages_live.py): wheels for the guest's
-# python 3.11. Importing them under TCG takes seconds, hence the timeouts.
-MATPLOTLIB = "matplotlib==3.8.4"
-PANDAS = "pandas==2.2.2"
-PACKAGE_TIMEOUT_SECONDS = 240
 
 HTML_OBJECT = """
 class Table:

@@ -17,6 +17,7 @@ from exec_sandbox.integrations.langchain import (
     ExecSandboxSessionTool,
     ExecSandboxTool,
 )
+from tests.helpers import MATPLOTLIB, PACKAGE_TIMEOUT_SECONDS
 
 from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT, PNG_1X1, SHOW_PNG_CODE
 from .fake_langchain_model import ScriptedChatModel
@@ -138,7 +139,7 @@ def test_the_model_can_ask_for_packages() -> None:
 
 
 async def test_figures_come_back_as_image_blocks_and_values_as_text() -> None:
-    tool = ExecSandboxTool()
+    tool = ExecSandboxTool(timeout_seconds=PACKAGE_TIMEOUT_SECONDS)
     message = await tool.ainvoke(
         {"type": "tool_call", "name": "exec_sandbox", "args": {"code": SHOW_PNG_CODE}, "id": "c1"}
     )
@@ -150,6 +151,21 @@ async def test_figures_come_back_as_image_blocks_and_values_as_text() -> None:
     assert base64.b64decode(image["base64"]) == PNG_1X1
     kinds = [o["mime_type"] for o in message.artifact["outputs"]]
     assert kinds == ["image/png", "text/plain"]
+
+    # A matplotlib chart shown with plt.show() and never saved: an image block too.
+    chart = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()\nprint('drawn')"
+    message = await tool.ainvoke(
+        {
+            "type": "tool_call",
+            "name": "exec_sandbox",
+            "args": {"code": chart, "packages": [MATPLOTLIB]},
+            "id": "c2",
+        }
+    )
+    text, image = message.content
+    assert isinstance(text, dict) and isinstance(image, dict), message.content
+    assert text["text"].startswith("drawn\n[output: image/png, ")
+    assert base64.b64decode(image["base64"]).startswith(b"\x89PNG\r\n\x1a\n")
 
     # A session cell's last expression is its value, in the text the model reads.
     session_tool = ExecSandboxSessionTool()
