@@ -4,9 +4,13 @@ BaseLlm; the model's code blocks run in real VMs and the result reaches the mode
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
 import uuid
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +29,8 @@ from pydantic import Field
 from exec_sandbox.integrations.adk import MAX_OUTPUT_FILES, ExecSandboxCodeExecutor
 
 from .conftest import GUEST_PROOF_CODE, GUEST_PROOF_OUTPUT, PNG_1X1, SHOW_PNG_CODE
+
+ROOT = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.vm
 
@@ -308,3 +314,34 @@ def test_figures_are_output_files_and_values_reach_stdout() -> None:
         assert value.stdout == "42\n" and value.output_files == []
     finally:
         executor.close()
+
+
+def test_a_persisted_executor_left_open_at_exit_is_paused_for_the_next_process() -> None:
+    key = f"thread-{uuid.uuid4().hex}"
+    script = textwrap.dedent(f"""
+        from google.adk.code_executors.code_execution_utils import CodeExecutionInput
+        from exec_sandbox.integrations.adk import ExecSandboxCodeExecutor
+        executor = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
+        run = executor.execute_code(
+            None, CodeExecutionInput(code="kept = 'at exit'", execution_id={key!r})
+        )
+        assert run.stderr == "", run.stderr
+        KEEP = executor  # never closed, alive at exit
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr
+    second = ExecSandboxCodeExecutor(stateful=True, persist_sessions=True)
+    try:
+        back = second.execute_code(
+            None,
+            CodeExecutionInput(code="print(kept)", execution_id=key),  # type: ignore[arg-type]
+        )
+        assert back.stdout == "at exit\n", back.stderr
+    finally:
+        saved = second._pool._saved
+        assert saved is not None
+        second._pool._saved = None  # this test's sessions are not kept
+        second.close()
+        second._pool.runner.run(lambda s: _forget(saved, s, key))
