@@ -341,7 +341,7 @@ def test_vm_events_eof_and_exit_status(tmp_path: Path) -> None:
         (frame(64, 1), errno.EPROTO),  # host -> guest type
         (frame(99, 1), errno.EPROTO),  # unknown type
         (frame(4, 1, struct.pack("<iIQ", 256, 0, 0)), errno.EPROTO),  # exit code out of range
-        (frame(4, 1, struct.pack("<iIQ", 0, 8, 0)), errno.EPROTO),  # unknown exit flag
+        (frame(4, 1, struct.pack("<iIQ", 0, 16, 0)), errno.EPROTO),  # unknown exit flag
         (frame(4, 1, b"\0" * 15), errno.EPROTO),  # short exit payload
         (frame(1, 0, struct.pack("<I", 1) + struct.pack("<I", 9) + b"short"), errno.EPROTO),
         (frame(2, 1, b""), errno.EPROTO),  # empty output chunk
