@@ -262,22 +262,19 @@ def jail_options(
     memory_mb: int,
     vcpus: int = 1,
     network: bool = False,
-    qemu_binary: str | None = None,
+    *,
+    qemu_binary: str,
     seccomp: str | None = None,
 ) -> dict[str, Any]:
     """The jail dict for _execsbx.Vm: cgroup limits derived from the guest's size, QEMU's user
-    and groups, its root's files and the seccomp policy (for qemu_binary: the host's QEMU when
-    None; seccomp given: that policy, e.g. for a stand-in that is not QEMU)."""
+    and groups, its root's files and the seccomp policy for qemu_binary (seccomp given: that
+    policy, e.g. for a stand-in that is not QEMU)."""
     options: dict[str, Any] = {
         "network": int(network),
         "memory_mb": memory_mb + QEMU_MEMORY_OVERHEAD_MB,
         "cpu_percent": vcpus * CPU_PERCENT_PER_VCPU + CPU_PERCENT_MAIN_LOOP,
         "pids_max": QEMU_PIDS_MAX,
     }
-    if qemu_binary is None:
-        from .host_facts import qemu_binary as host_qemu
-
-        qemu_binary = host_qemu()
     user, _ = qemu_identity()
     if user is not None:
         options["uid"], options["gid"] = user
