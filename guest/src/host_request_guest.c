@@ -91,6 +91,12 @@ static int parse_call(struct sbx_cursor *c, struct sbx_local_request *req, const
 		*why = rc == -EMSGSIZE ? "tool arguments too long" : "truncated tool arguments";
 		return rc;
 	}
+	/* JSON text is never empty, and the host's decoder takes an empty TOOL_CALL for a broken
+	 * agent (the VM's end): refused here, the client's own mistake. */
+	if (req->args_len == 0) {
+		*why = "empty tool arguments";
+		return -EPROTO;
+	}
 	if (!sbx_utf8_valid(req->args, req->args_len)) {
 		*why = "tool arguments are not UTF-8";
 		return -EPROTO;

@@ -17,7 +17,7 @@
 /* A request of user code; every pointer refers to the frame payload and lives as long as it. */
 struct sbx_local_request {
 	uint8_t type; /* SBX_LOCAL_CALL or SBX_LOCAL_OUTPUT */
-	/* LOCAL_CALL: a valid tool name, arguments of valid UTF-8 */
+	/* LOCAL_CALL: a valid tool name, 1..SBX_TOOL_ARGS_MAX bytes of arguments, valid UTF-8 */
 	const uint8_t *name;
 	uint32_t name_len;
 	const uint8_t *args;

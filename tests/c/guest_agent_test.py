@@ -1566,9 +1566,13 @@ def test_host_socket_calls() -> None:
         assert (name, args) == ("add", ARGS)
         tool_result(a, 40, call, TOOL_OK, b"3")
         assert c.reply() == (2, TOOL_OK, b"3")
+        # Empty arguments are no JSON, and the host's decoder would take them for a broken
+        # agent and end the VM: refused here.
         c.call(3, "fails", b"")
+        c.refused(3, "empty tool arguments")
+        c.call(3, "fails", b"[]")
         call3, _, args = expect_tool_call(a, 40)
-        assert args == b"" and call3 != call
+        assert args == b"[]" and call3 != call
         tool_result(a, 40, call3, TOOL_ERROR, b"ValueError: no")
         assert c.reply() == (3, TOOL_ERROR, b"ValueError: no")
 
