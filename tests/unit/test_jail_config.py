@@ -191,3 +191,22 @@ def test_doctor_warns_about_the_opt_out() -> None:
     user = checks["jail: qemu user"]
     assert not user["ok"] and "WARNING" in user["detail"] and "uid 0" in user["detail"]
     assert not checks["jail: user"]["ok"]  # the C core's view: uid 0 kept
+
+
+def test_setup_creates_the_qemu_user_as_a_system_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exec_sandbox.vm import jail
+
+    calls: list[list[str]] = []
+
+    def no_such_user(name: str) -> object:
+        raise KeyError(name)
+
+    monkeypatch.setattr(jail.pwd, "getpwnam", no_such_user)
+    monkeypatch.setattr(jail.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(jail.subprocess, "run", lambda argv, **_: calls.append(argv) or None)
+    assert jail.ensure_qemu_user() == "user sbx-qemu: created"
+    (argv,) = calls
+    assert argv[-1] == "sbx-qemu"
+    assert {"--system", "--user-group", "--no-create-home"} <= set(argv)
+    assert argv[argv.index("--shell") + 1] == "/usr/sbin/nologin"
+    jail._default_user.cache_clear()

@@ -84,14 +84,24 @@ def qemu_identity() -> tuple[tuple[int, int] | None, str]:
         return user, f"{QEMU_USER_ENV}={value}"
     if os.geteuid() != 0:
         return None, f"the caller is unprivileged (uid {os.geteuid()}): QEMU keeps its uid"
-    try:
-        entry = pwd.getpwnam(DEFAULT_QEMU_USER)
-    except KeyError:
+    default = _default_user()
+    if default is None:
         return FALLBACK_QEMU_IDS, (
             f"no user {DEFAULT_QEMU_USER} (`sbx setup` creates it): QEMU runs as nobody "
             f"(uid {FALLBACK_QEMU_IDS[0]})"
         )
-    return (entry.pw_uid, entry.pw_gid), f"the system user {DEFAULT_QEMU_USER}"
+    return default, f"the system user {DEFAULT_QEMU_USER}"
+
+
+@functools.cache
+def _default_user() -> tuple[int, int] | None:
+    """sbx-qemu's ids, looked up once per process: jail_options runs on the event loop for every
+    VM, and a user database behind NSS (LDAP, sssd) may take its time."""
+    try:
+        entry = pwd.getpwnam(DEFAULT_QEMU_USER)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
 
 
 def ensure_qemu_user() -> str:
@@ -122,6 +132,7 @@ def ensure_qemu_user() -> str:
         capture_output=True,
         timeout=60,
     )
+    _default_user.cache_clear()
     return f"user {DEFAULT_QEMU_USER}: created"
 
 
