@@ -31,6 +31,11 @@
  * whether the client reads or not), plus what its requests caused before the pause took hold.
  * Never reached through those limits; past it the connection is closed. */
 #define REPLY_BOUND ((size_t)(SBX_TOOL_CALLS_MAX + 1u) * REPLY_FRAME_MAX)
+/* All the replies waiting unread, every connection's together, plus what the calls in flight
+ * may still bring: a call is taken only while this holds. A client's own pause (REPLY_PAUSE)
+ * leaves each connection up to 16 results of 1 MiB; without a common bound, 16 connections
+ * that call and never read would hold 16 times that in PID 1. */
+#define REPLY_BUDGET ((size_t)(SBX_TOOL_CALLS_MAX + 1u) * REPLY_FRAME_MAX)
 /* A reader this large after a big request gives its memory back. */
 #define READER_KEEP (256u * 1024u)
 
@@ -196,6 +201,16 @@ static void do_call(struct sbx_host_socket *hs, int i, uint32_t req_id,
 		}
 	if (!slot) {
 		refuse(hs, i, req_id, "too many calls of this execution in flight (16)");
+		return;
+	}
+	size_t held = 0, in_flight = 0;
+	for (size_t k = 0; k < SBX_HOST_SOCKET_CLIENTS_MAX; k++)
+		if (hs->conns[k].fd >= 0)
+			held += reply_pending(&hs->conns[k]);
+	for (size_t k = 0; k < SBX_TOOL_CALLS_MAX; k++)
+		in_flight += hs->calls[k].call != 0;
+	if (held + (in_flight + 1u) * REPLY_FRAME_MAX > REPLY_BUDGET) {
+		refuse(hs, i, req_id, "the results of earlier calls wait unread by their clients");
 		return;
 	}
 	/* Numbers are never reused while a call holds one, and wrap only after 2^32 calls: a late

@@ -13,7 +13,9 @@
  *
  * Memory: one connection at a time may buffer a request larger than an ordinary call (an
  * output's data, up to 4 MiB); the others wait for it, so the agent never holds more than one
- * such request, whatever user code opens. */
+ * such request, whatever user code opens. Replies clients leave unread, with what the calls in
+ * flight may bring, stay within 17 results of 1 MiB, all connections together: past that a new
+ * call is refused. */
 #ifndef SBX_HOST_SOCKET_H
 #define SBX_HOST_SOCKET_H
 

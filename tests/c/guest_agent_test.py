@@ -1446,6 +1446,7 @@ OUTPUT_BEGIN, OUTPUT_END = 1, 2
 TOOL_OK, TOOL_ERROR, TOOL_REFUSED = 0, 1, 2
 TOOL_CALLS_MAX, OUTPUTS_MAX = 16, 32
 OUTPUT_DATA_MAX, OUTPUT_ITEM_MAX = 60 * 1024, 4 * 1024 * 1024
+TOOL_RESULT_MAX = 1024 * 1024
 ARGS = b'{"args": [1, 2], "kwargs": {}}'
 
 
@@ -1764,6 +1765,56 @@ def test_host_socket_connections() -> None:
         assert a.close() == 0
 
 
+def test_host_socket_unread_results_bound_the_agents_memory() -> None:
+    """Clients that call and never read their replies: the agent takes a new call only while
+    every connection's unread replies, with what the calls in flight may still bring, stay
+    within 17 results of 1 MiB, so 16 such clients cannot hold 16 times that in PID 1."""
+    a = Agent()
+    clients: list[Client] = []
+    try:
+        assert a.expect()[0] == READY
+        start_exec(a, 80, "sleep 8")
+        hog = Client(a)
+        clients.append(hog)
+        for rid in range(TOOL_CALLS_MAX):
+            hog.call(rid, "big")
+        calls = [expect_tool_call(a, 80)[0] for _ in range(TOOL_CALLS_MAX)]
+        body = b'"' + b"x" * (TOOL_RESULT_MAX - 2) + b'"'
+        for call in calls:
+            tool_result(a, 80, call, TOOL_OK, body)
+        a.send(frame(PING, 81))
+        assert a.expect() == (PONG, 81, b"")  # every result handled, none read by the hog
+        # 16 MiB wait unread: another client's calls are taken only as far as the rest of the
+        # budget (and what the hog's socket buffer took) goes, the others refused at once.
+        other = Client(a)
+        clients.append(other)
+        for rid in range(100, 100 + TOOL_CALLS_MAX):
+            other.call(rid, "big")
+        refused = 0
+        while (r := other.reply(0.5)) is not None:
+            assert r[1] == TOOL_REFUSED and b"wait unread" in r[2], r
+            refused += 1
+        assert refused >= TOOL_CALLS_MAX - 3, refused
+        for _ in range(TOOL_CALLS_MAX - refused):
+            call, _, _ = expect_tool_call(a, 80)
+            tool_result(a, 80, call, TOOL_OK, b"0")
+        for _ in range(TOOL_CALLS_MAX - refused):
+            assert other.reply() is not None
+        # Once the hog reads its results, calls are taken again.
+        for rid in range(TOOL_CALLS_MAX):
+            r = hog.reply()
+            assert r is not None and r[:2] == (rid, TOOL_OK) and len(r[2]) == len(body), r
+        other.call(101, "big")
+        call, name, _ = expect_tool_call(a, 80)
+        tool_result(a, 80, call, TOOL_OK, b"1")
+        assert other.reply() == (101, TOOL_OK, b"1")
+        assert a.collect(80)["exit"] == 0
+    finally:
+        for cl in clients:
+            cl.close()
+        assert a.close() == 0
+
+
 def test_host_socket_session_and_environment() -> None:
     """A session's request gets its calls under its own id; user code is told where the socket
     is when it is not at /run/sbx/host.sock (test mode)."""
@@ -1853,6 +1904,7 @@ def main() -> int:
         test_host_socket_calls,
         test_host_socket_outputs,
         test_host_socket_connections,
+        test_host_socket_unread_results_bound_the_agents_memory,
         test_host_socket_session_and_environment,
     ):
         report(fn.__name__, fn)
