@@ -141,6 +141,11 @@ def test_qemus_root_lists_the_binary_its_libraries_and_devices() -> None:
     assert files[0] == "/bin/true"
     assert any("libc.so" in f for f in files)
     assert "/dev/null" in files and "/dev/urandom" in files
+    assert "/dev/kvm" not in files  # only under KVM:
+    tcg = jail_options(128, qemu_binary="/bin/true", accel="tcg")
+    assert "/dev/kvm" not in tcg["root"] and tcg.get("groups", []) == []
+    if os.path.exists("/dev/kvm"):
+        assert "/dev/kvm" in jail_options(128, qemu_binary="/bin/true", accel="kvm")["root"]
     assert not [f for f in files if f.startswith(("/etc", "/home", "/root"))]
 
 

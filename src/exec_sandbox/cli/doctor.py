@@ -111,7 +111,8 @@ def _jail_layers() -> list[Check]:
     try:
         # The stand-in runs under the policy QEMU would get.
         policy, why = seccomp_policy(qemu) if qemu else ("allow", "no QEMU to ask")
-        options = jail_options(128, qemu_binary=_STAND_IN, seccomp=policy)
+        accel = host_facts.accelerator() if qemu else "tcg"
+        options = jail_options(128, qemu_binary=_STAND_IN, accel=accel, seccomp=policy)
         status, layers = probe_jail(_STAND_IN, options)
     except (OSError, SandboxError) as exc:
         return [Check("host jail", False, f"cannot start a jailed process: {exc}")]

@@ -271,7 +271,9 @@ class Provisioner:
             memory_mb=memory_mb,
             vcpus=VCPUS,
             kernel_cmdline_extra=self._host.kernel_cmdline_extra,
-            jail=jail_options(memory_mb, VCPUS, qemu_binary=self._host.qemu_binary),
+            jail=jail_options(
+                memory_mb, VCPUS, qemu_binary=self._host.qemu_binary, accel=self._host.accel
+            ),
             qemu_sandbox=True,
             layer=layer,
             # QMP on every VM: a session's VM can be paused or forked (snapshots/forks.py).

@@ -171,8 +171,10 @@ def kvm_problem() -> str | None:
 
 # Firmware QEMU's microvm loads (7.x: qboot.rom; later: bios-microvm.bin), under its data dir.
 _FIRMWARE = ("qboot.rom", "bios-microvm.bin")
-# Devices QEMU opens: /dev/null (stdin), /dev/urandom (glib, gnutls), /dev/kvm (KVM).
-_DEVICES = ("/dev/null", "/dev/urandom", "/dev/kvm")
+# Devices QEMU opens: /dev/null (stdin), /dev/urandom (glib, gnutls); /dev/kvm only under KVM
+# (jail_options): a TCG QEMU has no use for it, and KVM's ioctls are a surface of their own.
+_DEVICES = ("/dev/null", "/dev/urandom")
+KVM_DEVICE = "/dev/kvm"
 
 
 def _loaded_libraries(path: str) -> list[str]:
@@ -191,8 +193,9 @@ def _loaded_libraries(path: str) -> list[str]:
 @functools.cache
 def root_files(qemu_binary: str) -> tuple[str, ...] | None:
     """The host files QEMU's root holds, at the same paths: the binary, its libraries, its TCG
-    module with theirs, its microvm firmware and three devices; None when they cannot be listed
-    (no ldd): QEMU then sees the host's tree, read-only, and the layer says so."""
+    module with theirs, its microvm firmware and two devices (/dev/kvm is added under KVM by
+    jail_options); None when they cannot be listed (no ldd): QEMU then sees the host's tree,
+    read-only, and the layer says so."""
     if not shutil.which("ldd"):
         return None
     files = [qemu_binary, *_loaded_libraries(qemu_binary)]
@@ -275,11 +278,12 @@ def jail_options(
     network: bool = False,
     *,
     qemu_binary: str,
+    accel: str = "tcg",
     seccomp: str | None = None,
 ) -> dict[str, Any]:
     """The jail dict for _execsbx.Vm: cgroup limits derived from the guest's size, QEMU's user
-    and groups, its root's files and the seccomp policy for qemu_binary (seccomp given: that
-    policy, e.g. for a stand-in that is not QEMU)."""
+    and groups (/dev/kvm's under KVM), its root's files (with /dev/kvm under KVM) and the seccomp
+    policy for qemu_binary (seccomp given: that policy, e.g. for a stand-in that is not QEMU)."""
     options: dict[str, Any] = {
         "network": int(network),
         "memory_mb": memory_mb + QEMU_MEMORY_OVERHEAD_MB,
@@ -289,10 +293,12 @@ def jail_options(
     user, _ = qemu_identity()
     if user is not None:
         options["uid"], options["gid"] = user
-        options["groups"] = kvm_groups()
+        options["groups"] = kvm_groups() if accel == "kvm" else []
     files = root_files(qemu_binary)
     if files is not None:
         options["root"] = list(files)
+        if accel == "kvm" and os.path.exists(KVM_DEVICE):
+            options["root"].append(KVM_DEVICE)
     policy, why = (seccomp, "asked for") if seccomp else seccomp_policy(qemu_binary)
     options["seccomp"] = policy
     if policy != "allow":

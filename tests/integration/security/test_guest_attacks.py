@@ -34,7 +34,9 @@ async def guest(images_ready: None) -> AsyncIterator[GuestVm]:
         accel=host_facts.accelerator(),
         memory_mb=MEMORY_MB,
         kernel_cmdline_extra=f"tsc_early_khz={khz}" if khz else "",
-        jail=jail_options(MEMORY_MB, qemu_binary=host_facts.qemu_binary()),
+        jail=jail_options(
+            MEMORY_MB, qemu_binary=host_facts.qemu_binary(), accel=host_facts.accelerator()
+        ),
         qemu_sandbox=True,
     )
     vm = await GuestVm.boot(spec, registry=None, boot_timeout=limits.BOOT_TIMEOUT_SECONDS)

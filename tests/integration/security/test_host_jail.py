@@ -159,8 +159,11 @@ async def test_qemus_root_holds_only_its_own_files(scheduler: Scheduler) -> None
 
     seen, result = await _inspect_running_qemu(scheduler, view)
     assert isinstance(seen, dict) and result.exit_code == 0
-    expected = set(root_files(host_facts.qemu_binary()) or ())
+    qemu = host_facts.qemu_binary()
+    expected = set(jail_options(64, qemu_binary=qemu, accel=host_facts.accelerator())["root"])
     assert expected, "no root plan for this QEMU"
+    # /dev/kvm only under KVM
+    assert ("/dev/kvm" in expected) == (host_facts.accelerator() == "kvm")
     assert seen["files"] == expected, seen["files"] ^ expected
     tops = {p.split("/")[1] for p in expected} | {"proc"}
     assert set(seen["entries"]) == tops  # type: ignore[arg-type]
