@@ -141,3 +141,49 @@ def test_output_protocol_violations_are_reported() -> None:
     for _ in range(OUTPUTS_MAX):
         assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "text/plain", b"1") is None
     assert _feed(outputs, OUTPUT_BEGIN | OUTPUT_END, "text/plain", b"1") is not None
+
+
+def test_tool_call_log_is_bounded_however_many_calls_the_code_makes() -> None:
+    # Code that calls in a loop with 60 KiB of arguments: the host runs every call, but its log
+    # (ExecutionResult.tool_calls) keeps a bounded number of records and of characters.
+    from types import SimpleNamespace
+
+    from exec_sandbox.vm.execution import (
+        TOOL_CALL_LOG_MAX,
+        TOOL_CALL_LOG_TEXT_MAX,
+        Execution,
+        OutputStream,
+    )
+    from exec_sandbox.vm.guest import GuestVm
+
+    sent: list[tuple[int, int, int]] = []
+
+    async def main() -> Execution:
+        loop = asyncio.get_running_loop()
+        run = Execution(
+            stdout=OutputStream("stdout", None),
+            stderr=OutputStream("stderr", None),
+            done=loop.create_future(),
+            tools=HostTools({"echo": lambda text: len(text)}),
+        )
+        vm = SimpleNamespace(
+            send_tool_result=lambda exec_id, call, status, body: (
+                sent.append((exec_id, call, status)) or 0
+            )
+        )
+        fake = SimpleNamespace(_broken=None, _runs={7: run}, _vm=vm, _want_write=lambda n: None)
+        arguments = _args("x" * (60 * 1024 - 32))
+        for call in range(1, TOOL_CALL_LOG_MAX + 200):
+            await GuestVm._serve_call(fake, 7, run, call, "echo", arguments)  # type: ignore[arg-type]
+        return run
+
+    run = asyncio.run(main())
+    assert len(sent) == TOOL_CALL_LOG_MAX + 199  # every call was answered
+    assert all(status == TOOL_OK for _, _, status in sent)
+    assert len(run.tool_calls) == TOOL_CALL_LOG_MAX
+    assert run.tool_calls_dropped == 199
+    kept = sum(len(c.arguments) + len(c.error or "") for c in run.tool_calls)
+    assert kept <= TOOL_CALL_LOG_TEXT_MAX + TOOL_CALL_LOG_MAX * 400, kept
+    assert run.tool_calls[0].arguments == _args("x" * (60 * 1024 - 32)).decode()
+    assert run.tool_calls[-1].arguments.endswith("characters, cut)")
+    assert all(c.name == "echo" and c.ok for c in run.tool_calls)

@@ -9,7 +9,7 @@ import asyncio
 import codecs
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..models import Language, Output, ToolCall
@@ -86,6 +86,12 @@ OUTPUT_ITEM_MAX = 4 * 1024 * 1024
 OUTPUTS_MAX = 32
 OUTPUT_BYTES_MAX = 16 * 1024 * 1024
 TOOL_CALLS_MAX = 16
+# The log of an execution's tool calls (ExecOutcome.tool_calls). Only 16 calls are in flight,
+# but the code may make one after the other for as long as it runs, each with 60 KiB of
+# arguments: kept whole, the log would grow with the guest's traffic, in the host's memory.
+TOOL_CALL_LOG_MAX = 1024  # records; later calls still run, unlogged
+TOOL_CALL_LOG_TEXT_MAX = 1024 * 1024  # characters of arguments and errors kept whole
+TOOL_CALL_LOG_CUT = 256  # what a record past that budget keeps of each
 
 # MIME types whose data is text (ExecutionResult.outputs gives them as str).
 _TEXT_SUFFIXES = ("+json", "+xml")
@@ -149,3 +155,28 @@ class Execution:
     outputs: RichOutputs = field(default_factory=RichOutputs)
     tool_calls: list[ToolCall] = field(default_factory=list)
     calls: set[asyncio.Task[None]] = field(default_factory=set)
+    tool_calls_dropped: int = field(default=0, init=False)  # calls past TOOL_CALL_LOG_MAX
+    _log_text: int = field(default=0, init=False, repr=False)
+
+    def log_call(self, record: ToolCall) -> None:
+        """Add a call to the log, within its bounds (TOOL_CALL_LOG_*): past the record count a
+        call is only counted, past the text budget its arguments and error are cut."""
+        if len(self.tool_calls) >= TOOL_CALL_LOG_MAX:
+            self.tool_calls_dropped += 1
+            return
+        size = len(record.arguments) + len(record.error or "")
+        if self._log_text + size > TOOL_CALL_LOG_TEXT_MAX:
+            record = replace(
+                record,
+                arguments=_cut(record.arguments),
+                error=None if record.error is None else _cut(record.error),
+            )
+            size = len(record.arguments) + len(record.error or "")
+        self._log_text += size
+        self.tool_calls.append(record)
+
+
+def _cut(text: str) -> str:
+    if len(text) <= TOOL_CALL_LOG_CUT:
+        return text
+    return f"{text[:TOOL_CALL_LOG_CUT]}... ({len(text)} characters, cut)"

@@ -550,7 +550,13 @@ class GuestVm:
             record = ToolCall(name, arguments.decode(errors="replace"), False, message, 0)
         else:
             status, body, record = await run.tools.call(name, arguments)
-        run.tool_calls.append(record)
+        run.log_call(record)
+        if run.tool_calls_dropped == 1:
+            log.warning(
+                "execution %d made more than %d tool calls: the later ones are not logged",
+                exec_id,
+                len(run.tool_calls),
+            )
         if self._broken is not None or self._runs.get(exec_id) is not run:
             return  # the execution ended meanwhile: the guest has answered the code already
         try:
