@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -146,8 +147,6 @@ def test_output_protocol_violations_are_reported() -> None:
 def test_tool_call_log_is_bounded_however_many_calls_the_code_makes() -> None:
     # Code that calls in a loop with 60 KiB of arguments: the host runs every call, but its log
     # (ExecutionResult.tool_calls) keeps a bounded number of records and of characters.
-    from types import SimpleNamespace
-
     from exec_sandbox.vm.execution import (
         TOOL_CALL_LOG_MAX,
         TOOL_CALL_LOG_TEXT_MAX,
@@ -187,3 +186,59 @@ def test_tool_call_log_is_bounded_however_many_calls_the_code_makes() -> None:
     assert run.tool_calls[0].arguments == _args("x" * (60 * 1024 - 32)).decode()
     assert run.tool_calls[-1].arguments.endswith("characters, cut)")
     assert all(c.name == "echo" and c.ok for c in run.tool_calls)
+
+
+def test_a_call_stops_counting_when_its_result_leaves() -> None:
+    # 16 calls in flight; the guest frees a call's place as soon as its result arrives and may
+    # send the next call at once, which the loop can read before the finished call's task has
+    # run its done callbacks. That next call must not count as a 17th, which costs the VM.
+    from exec_sandbox import _execsbx
+    from exec_sandbox.vm.execution import TOOL_CALLS_MAX, Execution, OutputStream
+    from exec_sandbox.vm.guest import GuestVm
+
+    async def main() -> tuple[Execution, list[str]]:
+        loop = asyncio.get_running_loop()
+        release = asyncio.Event()
+
+        async def slow() -> int:
+            await release.wait()
+            return 1
+
+        run = Execution(
+            stdout=OutputStream("stdout", None),
+            stderr=OutputStream("stderr", None),
+            done=loop.create_future(),
+            tools=HostTools({"slow": slow}),
+        )
+        vm = GuestVm.__new__(GuestVm)
+        closed: list[str] = []
+        next_call = iter(range(100, 1000))
+
+        def send_tool_result(exec_id: int, call: int, status: int, body: bytes) -> int:
+            # A fast guest: the result is in, the place is free, the next call comes in the
+            # same turn of the loop.
+            if call < 100:
+                event = _execsbx.ToolCallEvent(("tool_call", 7, next(next_call), "slow", b"{}"))
+                vm._dispatch(event)
+            return 0
+
+        vm._broken = None
+        vm._runs = {7: run}
+        vm._acks = {}
+        vm._loop = loop
+        vm._vm = SimpleNamespace(send_tool_result=send_tool_result)
+        vm._want_write = lambda pending: None  # type: ignore[method-assign]
+        vm.close = lambda: closed.append("closed")  # type: ignore[method-assign]
+        for call in range(1, TOOL_CALLS_MAX + 1):
+            vm._dispatch(_execsbx.ToolCallEvent(("tool_call", 7, call, "slow", b"{}")))
+        await asyncio.sleep(0)
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        for task in list(run.calls):
+            task.cancel()
+        await asyncio.sleep(0)
+        return run, closed
+
+    run, closed = asyncio.run(main())
+    assert closed == [] and not run.done.done(), run.done

@@ -559,6 +559,12 @@ class GuestVm:
             )
         if self._broken is not None or self._runs.get(exec_id) is not run:
             return  # the execution ended meanwhile: the guest has answered the code already
+        # The guest frees the call's place once this result reaches it and may send the next
+        # call at once, which the loop can read before this task's done callbacks run: counted
+        # until then, that call would be a 17th and cost the VM.
+        task = asyncio.current_task()
+        if task is not None:
+            run.calls.discard(task)
         try:
             pending = self._vm.send_tool_result(exec_id, call, status, body)
         except OSError:
