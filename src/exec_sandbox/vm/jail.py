@@ -299,10 +299,13 @@ def jail_options(
         options["root"] = list(files)
         if accel == "kvm" and os.path.exists(KVM_DEVICE):
             options["root"].append(KVM_DEVICE)
-    policy, why = (seccomp, "asked for") if seccomp else seccomp_policy(qemu_binary)
-    options["seccomp"] = policy
-    if policy != "allow":
-        _report_once("seccomp", why, logging.WARNING)
+    if seccomp:
+        options["seccomp"] = seccomp  # the caller's choice, and its to report
+    else:
+        policy, why = seccomp_policy(qemu_binary)
+        options["seccomp"] = policy
+        if policy != "allow":
+            _report_once("seccomp", why, logging.WARNING)
     _warn_once()
     return options
 
