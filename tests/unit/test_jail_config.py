@@ -215,3 +215,19 @@ def test_setup_creates_the_qemu_user_as_a_system_user(monkeypatch: pytest.Monkey
     assert {"--system", "--user-group", "--no-create-home"} <= set(argv)
     assert argv[argv.index("--shell") + 1] == "/usr/sbin/nologin"
     jail._default_user.cache_clear()
+
+
+def test_a_library_outside_the_loaders_own_directories_brings_the_loader_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from exec_sandbox.vm import jail
+
+    real = jail._loaded_libraries("/bin/true")
+    assert "/etc/ld.so.cache" not in (jail.root_files.__wrapped__("/bin/true") or ())
+    if not os.path.exists("/etc/ld.so.cache"):
+        pytest.skip("no loader cache on this host")
+    monkeypatch.setattr(
+        jail, "_loaded_libraries", lambda path: [*real, "/usr/local/lib/libsbx-probe.so.1"]
+    )
+    monkeypatch.setattr(jail.os.path, "exists", lambda p: True)
+    assert "/etc/ld.so.cache" in (jail.root_files.__wrapped__("/bin/true") or ())

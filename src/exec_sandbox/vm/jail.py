@@ -175,6 +175,17 @@ _FIRMWARE = ("qboot.rom", "bios-microvm.bin")
 # (jail_options): a TCG QEMU has no use for it, and KVM's ioctls are a surface of their own.
 _DEVICES = ("/dev/null", "/dev/urandom")
 KVM_DEVICE = "/dev/kvm"
+# Where the dynamic loader looks without its cache (`ld.so --help`, x86_64 Debian).
+_LOADER_DIRS = frozenset(
+    (
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib",
+        "/usr/lib",
+        "/lib64",
+        "/usr/lib64",
+    )
+)
 
 
 def _loaded_libraries(path: str) -> list[str]:
@@ -215,6 +226,15 @@ def root_files(qemu_binary: str) -> tuple[str, ...] | None:
         if os.path.exists(firmware):
             files.append(firmware)
     files += [d for d in _DEVICES if os.path.exists(d)]
+    # The loader in QEMU's root has no /etc/ld.so.cache, and searches only its built-in
+    # directories: a library elsewhere (an ld.so.conf directory such as /usr/local/lib) needs
+    # the cache, which is then the one file of /etc QEMU gets.
+    if any(
+        os.path.dirname(f) not in _LOADER_DIRS
+        for f in files
+        if ".so" in os.path.basename(f) and "/qemu/" not in f
+    ) and os.path.exists("/etc/ld.so.cache"):
+        files.append("/etc/ld.so.cache")
     unique = []
     for f in files:
         if f not in unique and os.path.exists(f):
