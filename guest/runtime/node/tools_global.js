@@ -8,6 +8,11 @@ const path = require('path');
 
 const own = { writable: true, configurable: true, enumerable: false };
 
+// Given with -r (a cold one-shot run): off process.execArgv, as the pre-start preload takes
+// itself off, so that the code sees a script run's flags and its child processes do not load it.
+const preload = process.execArgv.indexOf('-r');
+if (preload >= 0 && process.execArgv[preload + 1] === __filename) process.execArgv.splice(preload, 2);
+
 Object.defineProperty(globalThis, 'tools', {
   configurable: true,
   enumerable: false,
