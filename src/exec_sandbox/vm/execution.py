@@ -154,7 +154,9 @@ class Execution:
     tools: HostTools | None = None
     outputs: RichOutputs = field(default_factory=RichOutputs)
     tool_calls: list[ToolCall] = field(default_factory=list)
-    calls: set[asyncio.Task[None]] = field(default_factory=set)
+    # The calls running now: their task, and (name, arguments, when it started) for the log of
+    # one the execution's end cuts short.
+    calls: dict[asyncio.Task[None], tuple[str, bytes, float]] = field(default_factory=dict)
     tool_calls_dropped: int = field(default=0, init=False)  # calls past TOOL_CALL_LOG_MAX
     _log_text: int = field(default=0, init=False, repr=False)
 

@@ -369,6 +369,19 @@ class GuestVm:
                 )
                 self.close()
                 exit_code, flags, duration_us = -1, EXIT_TIMED_OUT, int(deadline * 1e6)
+            # Calls still running are cut short by the end (a timeout, mostly): logged as such,
+            # since the call that held the code is what its caller needs to see.
+            now = time.monotonic()
+            for name, arguments, started in run.calls.values():
+                run.log_call(
+                    ToolCall(
+                        name,
+                        arguments.decode(errors="replace"),
+                        False,
+                        "cancelled: the execution ended first",
+                        int((now - started) * 1000),
+                    )
+                )
             return ExecOutcome(
                 stdout=run.stdout.text(),
                 stderr=run.stderr.text(),
@@ -381,7 +394,7 @@ class GuestVm:
         finally:
             self._runs.pop(exec_id, None)
             # Calls still running belong to code that has ended: nobody will read their result.
-            for call in run.calls:
+            for call in list(run.calls):
                 call.cancel()
 
     # --- file transfers (sessions) ---
@@ -537,15 +550,18 @@ class GuestVm:
             task = self._loop.create_task(
                 self._serve_call(exec_id, run, event.call, event.name, event.arguments)
             )
-            run.calls.add(task)
-            task.add_done_callback(run.calls.discard)
+            run.calls[task] = (event.name, event.arguments, time.monotonic())
+            task.add_done_callback(lambda done: run.calls.pop(done, None))
 
     async def _serve_call(
         self, exec_id: int, run: Execution, call: int, name: str, arguments: bytes
     ) -> None:
         """One TOOL_CALL: run the tool, log it on the execution, answer with TOOL_RESULT."""
         if run.tools is None:
-            message = "this sandbox has no host tools (pass tools={...} to run() or session())"
+            message = (
+                "this sandbox has no host tools (pass tools={...} to run() or session(), "
+                "and again to Scheduler.resume() for a resumed session)"
+            )
             status, body = TOOL_ERROR, message.encode()
             record = ToolCall(name, arguments.decode(errors="replace"), False, message, 0)
         else:
@@ -564,7 +580,7 @@ class GuestVm:
         # until then, that call would be a 17th and cost the VM.
         task = asyncio.current_task()
         if task is not None:
-            run.calls.discard(task)
+            run.calls.pop(task, None)
         try:
             pending = self._vm.send_tool_result(exec_id, call, status, body)
         except OSError:

@@ -93,6 +93,22 @@ async def test_a_tool_that_raises_is_a_tool_error_in_the_guest(scheduler: Schedu
     assert call.error is not None and "no luck with x" in call.error
 
 
+async def test_a_call_the_timeout_cuts_short_is_logged_as_cancelled(scheduler: Scheduler) -> None:
+    async def slow() -> str:
+        await asyncio.sleep(30)
+        return "never"
+
+    result = await scheduler.run("tools.slow()", timeout_seconds=2, tools={"slow": slow})
+    assert result.exit_code == -1
+    (call,) = result.tool_calls
+    assert (call.name, call.ok, call.error) == (
+        "slow",
+        False,
+        "cancelled: the execution ended first",
+    )
+    assert call.duration_ms >= 1500
+
+
 async def test_node_awaits_a_host_tool_in_a_session(scheduler: Scheduler) -> None:
     async with await scheduler.session(language="javascript", tools={"add": _add}) as session:
         result = await session.exec("const r = await tools.add(1, 2);\nconsole.log(r)")
