@@ -10,8 +10,11 @@ picks one of the callables the caller registered, and the arguments are plain JS
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
+import keyword
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +24,7 @@ from .errors import InputValidationError
 from .models import ToolCall
 
 ToolFunction = Callable[..., Any]
+log = logging.getLogger("exec_sandbox")
 
 # The protocol's limits (src/shared/protocol.h): what one call may carry each way, and how many
 # callables one sandbox may have (the names are listed in error messages the guest sees).
@@ -53,6 +57,10 @@ class HostTools:
                 )
             if name.startswith("_"):
                 raise InputValidationError(f"tool name {name!r} may not start with '_'")
+            if keyword.iskeyword(name):
+                raise InputValidationError(
+                    f"tool name {name!r} is a Python keyword: code could not call tools.{name}"
+                )
             if not callable(fn):
                 raise InputValidationError(f"tool {name!r} is not callable")
         self._tools = dict(tools)
@@ -74,7 +82,16 @@ class HostTools:
         text = arguments.decode("utf-8", errors="replace")
         try:
             result = await self._invoke(name, arguments)
-            body = json.dumps(result, ensure_ascii=False, allow_nan=False).encode()
+            try:
+                body = json.dumps(
+                    result, ensure_ascii=False, allow_nan=False, default=_as_json
+                ).encode()
+            except (TypeError, ValueError) as exc:
+                log.warning("host tool %r returned a value that is not JSON: %s", name, exc)
+                raise _ToolRefusal(
+                    f"tool {name!r} returned a value that is not JSON ({exc}): the host "
+                    "function must return JSON values, dataclasses or pydantic models"
+                ) from None
             if len(body) > TOOL_RESULT_MAX:
                 raise _ToolRefusal(
                     f"the result of tool {name!r} is {len(body)} bytes of JSON, over the "
@@ -115,6 +132,18 @@ class HostTools:
         if inspect.isawaitable(result):
             return await result
         return result
+
+
+def _as_json(value: object) -> Any:
+    """What json.dumps cannot encode by itself but a tool commonly returns, at any depth: a
+    dataclass as its fields, a pydantic model as its JSON form. Anything else stays an error:
+    guessing (str() of an object) would hand the code a value it cannot use."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class _ToolRefusal(Exception):

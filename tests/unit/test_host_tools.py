@@ -242,3 +242,32 @@ def test_a_call_stops_counting_when_its_result_leaves() -> None:
 
     run, closed = asyncio.run(main())
     assert closed == [] and not run.done.done(), run.done
+
+
+def test_dataclasses_and_pydantic_models_are_sent_as_their_fields_at_any_depth() -> None:
+    import dataclasses
+
+    import pydantic
+
+    @dataclasses.dataclass
+    class Hit:
+        title: str
+
+    class Page(pydantic.BaseModel):
+        hits: list[int]
+
+    tools = HostTools({"search": lambda: {"hits": [Hit("a"), Hit("b")], "page": Page(hits=[1])}})
+    status, body, _ = asyncio.run(tools.call("search", _args()))
+    assert status == TOOL_OK
+    assert json.loads(body) == {"hits": [{"title": "a"}, {"title": "b"}], "page": {"hits": [1]}}
+
+
+def test_a_result_that_is_not_json_names_the_tool_and_says_it_was_the_result() -> None:
+    status, body, _ = asyncio.run(HostTools({"weird": lambda: {1, 2}}).call("weird", _args()))
+    assert status == TOOL_ERROR
+    assert body.decode().startswith("tool 'weird' returned a value that is not JSON")
+
+
+def test_a_keyword_is_not_a_tool_name() -> None:
+    with pytest.raises(InputValidationError, match="keyword"):
+        HostTools({"class": print})
