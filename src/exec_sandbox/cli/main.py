@@ -184,18 +184,26 @@ def main(argv: list[str] | None = None) -> int:
 def _report(args: argparse.Namespace, result: ExecutionResult) -> None:
     """What follows the code's streamed output: the JSON result, or why it was stopped."""
     if args.json:
-        print(json.dumps(dataclasses.asdict(result), indent=2, default=_json_bytes))
-    elif result.exit_code == -1:
-        sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
+        report = dataclasses.asdict(result)
+        report["outputs"] = [_output_json(o.mime_type, o.data) for o in result.outputs]
+        print(json.dumps(report, indent=2))
+    else:
+        # A terminal shows no figure: say what the code showed, and where to get it.
+        for output in result.outputs:
+            size = len(output.data.encode() if isinstance(output.data, str) else output.data)
+            sys.stderr.write(f"[output: {output.mime_type}, {size} bytes; --json to get it]\n")
+        if result.exit_code == -1:
+            sys.stderr.write(result.stderr.rsplit("\n", 2)[-2] + "\n")
     sys.stdout.flush()
     sys.stderr.flush()
 
 
-def _json_bytes(value: object) -> str:
-    """Binary rich outputs (a figure's PNG) in --json: base64, as JSON has no bytes."""
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+def _output_json(mime_type: str, data: bytes | str) -> dict[str, str]:
+    """A rich output in --json: text as it is, binary data (a figure's PNG) base64, marked so
+    (JSON has no bytes)."""
+    if isinstance(data, str):
+        return {"mime_type": mime_type, "data": data}
+    return {"mime_type": mime_type, "data": base64.b64encode(data).decode(), "encoding": "base64"}
 
 
 class _Interrupted(Exception):

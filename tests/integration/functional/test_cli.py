@@ -3,6 +3,7 @@ memory snapshot a first run leaves behind."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -47,6 +48,18 @@ def test_json_output_carries_the_result(images_ready: None) -> None:
     assert proc.returncode == 0
     assert (result["stdout"], result["stderr"], result["exit_code"]) == ("hi vm\n", "e\n", 0)
     assert result["timing"]["total_ms"] > 0
+
+
+def test_rich_outputs_are_named_on_a_terminal_and_carried_in_json(images_ready: None) -> None:
+    code = "class P:\n    def _repr_png_(self):\n        return b'\\x89PNG-bytes'\ndisplay(P())\n"
+    proc = sbx("run", "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert "[output: image/png, 10 bytes; --json to get it]" in proc.stderr
+    proc = sbx("run", "--json", "-c", code)
+    outputs = json.loads(proc.stdout)["outputs"]
+    png = {"mime_type": "image/png", "data": base64.b64encode(b"\x89PNG-bytes").decode()}
+    assert outputs[0] == {**png, "encoding": "base64"}
+    assert outputs[1]["mime_type"] == "text/plain" and "encoding" not in outputs[1]
 
 
 def test_timeout_exits_124(images_ready: None) -> None:
