@@ -146,6 +146,10 @@ class ExecSandboxTool(_SandboxToolBase):
 
 
 class ExecSandboxSessionInput(BaseModel):
+    # Extra fields refused: a model that sends "language" must learn that the session's is
+    # fixed, not have its javascript run as python.
+    model_config = ConfigDict(extra="forbid")
+
     code: str = Field(description="The source code to run in the persistent interpreter.")
 
 
@@ -169,6 +173,9 @@ class ExecSandboxSessionTool(_SandboxToolBase):
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         _checked_language(self.language)
+        if "description" not in self.model_fields_set:
+            # The model sees only `code`: the description is where it learns the language.
+            self.description = _session_description(self.language, self.packages)
         self._pool = SessionPool(
             self._runner,
             language=self.language,
@@ -221,6 +228,19 @@ class ExecSandboxSessionTool(_SandboxToolBase):
 
     async def aclose(self, thread_id: str | None = None) -> None:
         await self._pool.aclose(thread_id)
+
+
+_LANGUAGE_NAMES = {"python": "Python", "javascript": "JavaScript (Node.js)", "raw": "bash"}
+
+
+def _session_description(language: str, packages: list[str] | None) -> str:
+    text = (
+        f"Run {_LANGUAGE_NAMES[language]} code in a persistent sandboxed interpreter: variables "
+        "and files from earlier calls in this conversation are still there."
+    )
+    if packages:
+        text += f" Installed packages: {', '.join(packages)}."
+    return text
 
 
 def _thread_id(config: RunnableConfig | None) -> str | None:
