@@ -10,7 +10,9 @@ picks one of the callables the caller registered, and the arguments are plain JS
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import json
 import keyword
@@ -22,19 +24,20 @@ from typing import Any
 
 from .errors import InputValidationError
 from .models import ToolCall
+from .vm.binding import PROTOCOL_LIMITS
 
 ToolFunction = Callable[..., Any]
 log = logging.getLogger("exec_sandbox")
 
-# The protocol's limits (src/shared/protocol.h): what one call may carry each way, and how many
-# callables one sandbox may have (the names are listed in error messages the guest sees).
-TOOL_NAME_MAX = 64
-TOOL_ARGS_MAX = 60 * 1024
-TOOL_RESULT_MAX = 1024 * 1024
+# The protocol's limits (src/shared/protocol.h): what one call may carry each way.
+TOOL_NAME_MAX = PROTOCOL_LIMITS["TOOL_NAME_MAX"]
+TOOL_ARGS_MAX = PROTOCOL_LIMITS["TOOL_ARGS_MAX"]
+TOOL_RESULT_MAX = PROTOCOL_LIMITS["TOOL_RESULT_MAX"]
+TOOL_CALLS_MAX = PROTOCOL_LIMITS["TOOL_CALLS_MAX"]  # in flight per execution
+TOOL_OK = PROTOCOL_LIMITS["TOOL_OK"]  # enum sbx_tool_status
+TOOL_ERROR = PROTOCOL_LIMITS["TOOL_ERROR"]
+# How many callables one sandbox may have (their names are listed in errors the guest sees).
 TOOLS_MAX = 256
-# enum sbx_tool_status
-TOOL_OK = 0
-TOOL_ERROR = 1
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -128,10 +131,21 @@ class HostTools:
         # the execution ends first, the call is abandoned, not awaited: a thread cannot be
         # stopped, and a tool that hangs must not hold the sandbox's result.
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(None, lambda: fn(*args, **kwargs))
+        result = await loop.run_in_executor(_tool_threads(), lambda: fn(*args, **kwargs))
         if inspect.isawaitable(result):
             return await result
         return result
+
+
+@functools.cache
+def _tool_threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads sync tools run in: their own, not the loop's default executor, whose few
+    threads (cores + 4) the scheduler needs for its own blocking work (cgroup reads, stores):
+    slow tools (a web search, an API call) of many sandboxes must not queue that work. As many
+    as calls one execution may have in flight, twice."""
+    return concurrent.futures.ThreadPoolExecutor(
+        max_workers=2 * TOOL_CALLS_MAX, thread_name_prefix="exec-sandbox-tool"
+    )
 
 
 def _as_json(value: object) -> Any:

@@ -42,6 +42,18 @@ PROTOCOL_LIMITS: dict[str, int] = {
         "ENV_VALUE_MAX",
         "TIMEOUT_MS_MIN",
         "TIMEOUT_MS_MAX",
+        # Host tools and rich outputs (docs/protocol.md, "Host tools and rich outputs").
+        "TOOL_NAME_MAX",
+        "TOOL_ARGS_MAX",
+        "TOOL_RESULT_MAX",
+        "TOOL_CALLS_MAX",
+        "TOOL_OK",
+        "TOOL_ERROR",
+        "OUTPUT_BEGIN",
+        "OUTPUT_END",
+        "OUTPUT_ITEM_MAX",
+        "OUTPUTS_MAX",
+        "OUTPUT_BYTES_MAX",
     )
 }
 # The guest broke the protocol (raised by the C decoder): the VM is not to be trusted any more.

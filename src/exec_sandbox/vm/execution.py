@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..models import Language, Output, ToolCall
+from .binding import PROTOCOL_LIMITS
 
 if TYPE_CHECKING:
     from ..host_tools import HostTools
@@ -78,14 +79,14 @@ class OutputStream:
         return "".join(self._parts)
 
 
-# The protocol's limits on rich outputs (src/shared/protocol.h): the guest enforces them, and a
-# guest that passes them loses its VM.
-OUTPUT_BEGIN = 1
-OUTPUT_END = 2
-OUTPUT_ITEM_MAX = 4 * 1024 * 1024
-OUTPUTS_MAX = 32
-OUTPUT_BYTES_MAX = 16 * 1024 * 1024
-TOOL_CALLS_MAX = 16
+# The protocol's limits on rich outputs and tool calls (src/shared/protocol.h): the guest
+# enforces them, and a guest that passes them loses its VM.
+OUTPUT_BEGIN = PROTOCOL_LIMITS["OUTPUT_BEGIN"]
+OUTPUT_END = PROTOCOL_LIMITS["OUTPUT_END"]
+OUTPUT_ITEM_MAX = PROTOCOL_LIMITS["OUTPUT_ITEM_MAX"]
+OUTPUTS_MAX = PROTOCOL_LIMITS["OUTPUTS_MAX"]
+OUTPUT_BYTES_MAX = PROTOCOL_LIMITS["OUTPUT_BYTES_MAX"]
+TOOL_CALLS_MAX = PROTOCOL_LIMITS["TOOL_CALLS_MAX"]
 # The log of an execution's tool calls (ExecOutcome.tool_calls). Only 16 calls are in flight,
 # but the code may make one after the other for as long as it runs, each with 60 KiB of
 # arguments: kept whole, the log would grow with the guest's traffic, in the host's memory.
