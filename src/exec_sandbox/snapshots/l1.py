@@ -58,6 +58,7 @@ from pathlib import Path
 
 from .._threads import in_thread
 from ..digest import file_sha256
+from ..errors import SandboxError
 from ..models import Language
 from ..vm.guest import GuestVm
 from ..vm.migration import save_devices
@@ -251,6 +252,11 @@ class SnapshotCache:
                 # notice a clone that was not reseeded). It also stamps the clock.
                 await vm.reseed()
                 await save_devices(vm, str(work / "state"))
+            except SandboxError:
+                # A template VM that dies leaves only its console to say why (a guest panic,
+                # QEMU's own message): kept in the log beside the caller's warning.
+                log.warning("template VM for %s failed%s", key, vm.console_hint())
+                raise
             finally:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.
