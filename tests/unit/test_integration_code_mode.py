@@ -181,3 +181,27 @@ def _search_tool() -> Any:
         return query
 
     return FunctionTool.from_defaults(search)
+
+
+def test_a_langchain_tools_list_of_dataclasses_reaches_the_code_as_json() -> None:
+    import dataclasses
+    import json
+
+    from langchain_core.tools import tool
+
+    from exec_sandbox.host_tools import TOOL_OK, HostTools
+
+    @dataclasses.dataclass
+    class Hit:
+        title: str
+
+    @tool
+    def search(query: str) -> list[object]:
+        """Search."""
+        return [Hit(query)]
+
+    function = host_function(search)
+    assert function is not None
+    args = json.dumps({"args": ["x"], "kwargs": {}}).encode()
+    status, body, _ = asyncio.run(HostTools({"search": function}).call("search", args))
+    assert (status, json.loads(body)) == (TOOL_OK, [{"title": "x"}])

@@ -11,7 +11,6 @@ failed exec (a timeout or a crash of the REPL loses the bindings with the rest o
 
 from __future__ import annotations
 
-import dataclasses
 import keyword
 import re
 import sys
@@ -68,7 +67,8 @@ def _langchain_function(tool: Any) -> ToolFunction:
         twice = sorted(given.keys() & kwargs.keys())
         if twice:
             raise TypeError(f"{tool.name}() got multiple values for argument {twice[0]!r}")
-        return _plain(await tool.ainvoke({**given, **kwargs}))
+        # Pydantic models and dataclasses in the result: encoded by HostTools, at any depth.
+        return await tool.ainvoke({**given, **kwargs})
 
     call.__name__ = str(tool.name)
     return call
@@ -81,20 +81,10 @@ def _llamaindex_function(tool: Any) -> ToolFunction:
             output = await tool.acall(*args, **kwargs)
         else:
             output = tool.call(*args, **kwargs)
-        return _plain(output.raw_output)
+        return output.raw_output
 
     call.__name__ = str(tool.metadata.get_name())
     return call
-
-
-def _plain(value: Any) -> Any:
-    """A tool result the host can send as JSON: pydantic models and dataclasses as their fields
-    (tools of both frameworks often return them); anything else as it is."""
-    if hasattr(value, "model_dump") and not isinstance(value, type):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
 
 
 def binding_code(language: str, names: Iterable[str]) -> str | None:
