@@ -63,6 +63,9 @@ int sbx_ensure_std_fds(void);
 int sbx_mount_all(void); /* also sbx_mount_layers() */
 /* Mount the package layer disks the host attached (by their serial); 0 or the first -errno. */
 int sbx_mount_layers(void);
+/* The serial of block device `name` (vdb, ...) into buf (NUL-terminated, newline cut); 0 or
+ * -errno. The host names each disk it attaches by its serial (template.h). */
+int sbx_read_serial(const char *name, char *buf, size_t size);
 
 /* net.c */
 int sbx_set_hostname(const char *name);

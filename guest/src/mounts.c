@@ -125,8 +125,7 @@ static const char *const layer_kinds[] = {"python", "javascript"};
 #define LAYER_SERIAL_PREFIX "sbx-layer-"
 #define LAYER_MOUNT_DIR "/usr/lib/sbx/layers/"
 
-/* The serial of block device `name` into buf (NUL-terminated, newline cut); 0 or -errno. */
-static int read_serial(const char *name, char *buf, size_t size)
+int sbx_read_serial(const char *name, char *buf, size_t size)
 {
 	char path[96];
 	int n = snprintf(path, sizeof(path), "/sys/block/%s/serial", name);
@@ -170,7 +169,7 @@ int sbx_mount_layers(void)
 	while ((e = readdir(dir)) != NULL) {
 		char serial[64];
 		if (strncmp(e->d_name, "vd", 2) != 0 ||
-		    read_serial(e->d_name, serial, sizeof(serial)) < 0 ||
+		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 ||
 		    strncmp(serial, LAYER_SERIAL_PREFIX, strlen(LAYER_SERIAL_PREFIX)) != 0)
 			continue;
 		const char *kind = serial + strlen(LAYER_SERIAL_PREFIX);
