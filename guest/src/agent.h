@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "frame.h"
+#include "template_image.h"
 
 #ifndef SBX_AGENT_VERSION
 #define SBX_AGENT_VERSION "0.1.0"
@@ -52,6 +53,8 @@ struct sbx_config {
 	const char *interpreter[4]; /* indexed by enum sbx_language */
 	char driver_dir[256];       /* REPL drivers and node's preload; empty: SBX_LIB_DIR */
 	char node_snapshot[256];    /* SBX_NODE_SNAPSHOT; in test mode, in the work directory */
+	bool builder;               /* builder mode (template.h): raw runs as root, in / */
+	struct sbx_template tpl;    /* template mode (template.h) when tpl.active */
 };
 
 /* log.c: one line on the console (stderr of PID 1 is /dev/console). Never fails. */

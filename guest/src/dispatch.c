@@ -11,6 +11,7 @@
 #include "agent_request_guest.h"
 #include "cleanup.h"
 #include "reseed.h"
+#include "template.h"
 
 static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 {
@@ -28,6 +29,10 @@ static void handle_exec(struct sbx_agent *a, const struct sbx_frame *f)
 	/* A VM serves one-shot runs or one session, never both at once. */
 	if (sbx_runner_busy(&a->runner) || sbx_repl_busy(&a->repl)) {
 		sbx_channel_send_error(&a->ch, f->id, SBX_ERR_BUSY, "an execution is already running");
+		return;
+	}
+	if (!sbx_mode_allows(&a->cfg, req.language, session, &code, msg, sizeof(msg))) {
+		sbx_channel_send_error(&a->ch, f->id, code, "%s", msg);
 		return;
 	}
 	if (session) {
@@ -65,6 +70,10 @@ static void handle_prestart(struct sbx_agent *a, const struct sbx_frame *f)
 	}
 	uint32_t code = 0;
 	char msg[512];
+	if (!sbx_mode_allows(&a->cfg, language, true, &code, msg, sizeof(msg))) {
+		sbx_channel_send_error(&a->ch, f->id, code, "PRESTART: %s", msg);
+		return;
+	}
 	if (sbx_repl_busy(&a->repl) ||
 	    sbx_runner_prestart(&a->runner, language, &code, msg, sizeof(msg)) < 0) {
 		if (sbx_repl_busy(&a->repl)) {

@@ -30,6 +30,7 @@
 #include "reaper.h"
 #include "runner.h"
 #include "sysctl.h"
+#include "template.h"
 
 #define CHANNEL_WAIT_MS 10000u
 
@@ -167,6 +168,16 @@ static void boot_steps(struct sbx_config *cfg)
 	snprintf(cfg->run_dir, sizeof(cfg->run_dir), "%s", SBX_RUN_DIR);
 	snprintf(cfg->home_dir, sizeof(cfg->home_dir), "%s", SBX_HOME_DIR);
 	snprintf(cfg->node_snapshot, sizeof(cfg->node_snapshot), "%s", SBX_NODE_SNAPSHOT);
+	/* The modes only the VM has (template.h): a namespace test's command line is the host's. */
+	if (cfg->test_mode)
+		return;
+	cfg->builder = sbx_builder_requested();
+	if (cfg->builder) {
+		sbx_log("builder mode");
+		sbx_builder_setup();
+	} else {
+		sbx_template_setup(cfg);
+	}
 }
 
 static void setup_signals(bool pid1)
@@ -350,6 +361,9 @@ int main(int argc, char **argv)
 
 	if (cfg->boot) {
 		boot_steps(cfg);
+		/* The builder's steps are root's: its VM is the sandbox. */
+		if (cfg->builder)
+			cfg->drop_privileges = false;
 	} else {
 		if ((rc = setup_work_dir(cfg, work_dir)) < 0)
 			fatal(cfg, "work directory", rc);

@@ -197,7 +197,7 @@ static int spawn_driver(struct sbx_repl *r, uint8_t language, bool for_request, 
 		return -ENAMETOOLONG;
 	}
 	char **envp = NULL;
-	int rc = sbx_env_build(NULL, r->cfg->home_dir, &envp);
+	int rc = sbx_env_build(r->cfg, NULL, &envp);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;

@@ -181,7 +181,7 @@ int sbx_runner_prestart(struct sbx_runner *r, uint8_t language, uint32_t *code, 
 	}
 	/* The clean environment of a request without variables: only such requests use it. */
 	char **envp = NULL;
-	int rc = sbx_env_build(NULL, r->cfg->home_dir, &envp);
+	int rc = sbx_env_build(r->cfg, NULL, &envp);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		return rc;
@@ -349,7 +349,7 @@ int sbx_runner_start(struct sbx_runner *r, uint32_t id, const struct sbx_exec_re
 		/* It died before the go: start afresh, as without it. */
 	}
 	char **envp = NULL;
-	rc = sbx_env_build(req, r->cfg->home_dir, &envp);
+	rc = sbx_env_build(r->cfg, req, &envp);
 	if (rc < 0) {
 		snprintf(msg, msg_size, "building environment: %s", strerror(-rc));
 		unlink(r->code_path);

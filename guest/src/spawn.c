@@ -35,6 +35,7 @@ enum spawn_step {
 	STEP_CLOSE_FDS,
 	STEP_RLIMIT,
 	STEP_SCHED,
+	STEP_CHROOT,
 	STEP_SETGROUPS,
 	STEP_SETGID,
 	STEP_SETUID,
@@ -50,6 +51,7 @@ static const char *const step_names[] = {
 	[STEP_CONTROL] = "control fds",
 	[STEP_CLOSE_FDS] = "close fds",   [STEP_RLIMIT] = "setrlimit",
 	[STEP_SCHED] = "sched_setscheduler",
+	[STEP_CHROOT] = "chroot into the template",
 	[STEP_SETGROUPS] = "setgroups",   [STEP_SETGID] = "setgid",
 	[STEP_SETUID] = "setuid",         [STEP_UID_CHECK] = "credential check",
 	[STEP_PRCTL] = "prctl",           [STEP_CHDIR] = "chdir",
@@ -184,6 +186,11 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	    sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){.sched_priority = 0}) < 0)
 		child_fail(report_fd, STEP_SCHED, errno);
 
+	/* Into the template's tree while still root (chroot needs it); no_new_privs, the uid switch
+	 * and the lack of CAP_SYS_CHROOT afterwards leave no way back out. */
+	if (s->root && (chroot(s->root) < 0 || chdir("/") < 0))
+		child_fail(report_fd, STEP_CHROOT, errno);
+
 	if (s->drop_privileges) {
 		/* Groups first, uid last: after setuid() nothing else could be dropped. */
 		if (setgroups(0, NULL) < 0)
@@ -201,7 +208,8 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 	 * (set after the uid switch, which clears the parent-death signal). */
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		child_fail(report_fd, STEP_PRCTL, errno);
-	if (chdir(s->home) < 0)
+	/* As the user: a working directory it cannot enter is one it does not get. */
+	if (chdir(s->home) < 0 && (!s->home_fallback || chdir(s->home_fallback) < 0))
 		child_fail(report_fd, STEP_CHDIR, errno);
 	umask(022);
 
@@ -292,20 +300,35 @@ static void env_set(char **envp, size_t *count, char *entry, size_t name_len)
 	envp[(*count)++] = entry;
 }
 
-int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***envp_out)
+/* NAME=VALUE strings: the first n_name bytes + '=' name the variable. */
+static size_t env_name_len(const char *entry)
+{
+	const char *eq = strchr(entry, '=');
+	return eq ? (size_t)(eq - entry) : strlen(entry);
+}
+
+static int env_put(char **envp, size_t *count, const char *entry)
+{
+	char *e = strdup(entry);
+	if (!e)
+		return -ENOMEM;
+	env_set(envp, count, e, env_name_len(e));
+	return 0;
+}
+
+int sbx_env_build(const struct sbx_config *cfg, const struct sbx_exec_request *req,
+		  char ***envp_out)
 {
 	static const char *const base[] = {
 		"PATH=/usr/local/bin:/usr/bin:/bin",
-		NULL, /* HOME, filled in below */
-		"USER=user",
 		"LOGNAME=user",
 		"LANG=C.UTF-8",
 		"TMPDIR=/tmp",
 		"PYTHONUNBUFFERED=1",
 		"PYTHONDONTWRITEBYTECODE=1",
-		/* matplotlib's figures become outputs (guest/runtime/python) */
-		"MPLBACKEND=module://exec_sandbox_guest.mpl_backend",
 	};
+	/* matplotlib's figures become outputs (guest/runtime/python): the image's python only. */
+	static const char mpl[] = "MPLBACKEND=module://exec_sandbox_guest.mpl_backend";
 	/* One CA bundle for every client (net_trust.h): the image's, or the host's once NET_CONFIG
 	 * brought it. Fixed paths, filled later: interpreters started before NET_CONFIG read the
 	 * right file when they first need it. */
@@ -317,35 +340,33 @@ int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***
 	};
 	const size_t n_trust = sbx_net_trust_ready() ? sizeof(trust) / sizeof(trust[0]) : 0;
 	const size_t n_base = sizeof(base) / sizeof(base[0]);
+	const bool tpl = cfg->tpl.active;
+	const size_t n_tpl = tpl ? cfg->tpl.env_count : 0;
 	const uint32_t n_req = req ? req->env_count : 0;
 	/* The runtimes' host socket, named only where it is not at its default (test mode). */
 	const char *host_socket = sbx_host_socket_env();
-	char **envp = calloc(n_base + n_trust + 1 + n_req + 1, sizeof(char *));
+	char **envp = calloc(n_base + 1 + n_tpl + 2 + n_trust + 1 + n_req + 1, sizeof(char *));
 	if (!envp)
 		return -ENOMEM;
 	size_t count = 0;
-	for (size_t i = 0; i < n_base; i++) {
-		char *e;
-		if (base[i])
-			e = strdup(base[i]);
-		else if (asprintf(&e, "HOME=%s", home) < 0)
-			e = NULL;
-		if (!e)
+	char home[300], user[16];
+	snprintf(home, sizeof(home), "HOME=%s", cfg->builder ? "/root" : cfg->home_dir);
+	snprintf(user, sizeof(user), "USER=%s", cfg->builder ? "root" : "user");
+	for (size_t i = 0; i < n_base; i++)
+		if (env_put(envp, &count, base[i]) < 0)
 			goto oom;
-		envp[count++] = e;
-	}
-	for (size_t i = 0; i < n_trust; i++) {
-		char *e = strdup(trust[i]);
-		if (!e)
+	if (!tpl && env_put(envp, &count, mpl) < 0)
+		goto oom;
+	for (size_t i = 0; i < n_tpl; i++)
+		if (env_put(envp, &count, cfg->tpl.env[i]) < 0)
 			goto oom;
-		envp[count++] = e;
-	}
-	if (host_socket) {
-		char *e = strdup(host_socket);
-		if (!e)
+	if (env_put(envp, &count, home) < 0 || env_put(envp, &count, user) < 0)
+		goto oom;
+	for (size_t i = 0; i < n_trust; i++)
+		if (env_put(envp, &count, trust[i]) < 0)
 			goto oom;
-		envp[count++] = e;
-	}
+	if (host_socket && env_put(envp, &count, host_socket) < 0)
+		goto oom;
 	for (uint32_t i = 0; i < n_req; i++) {
 		const struct sbx_env_var *v = &req->env[i];
 		size_t len = (size_t)v->name_len + 1 + v->value_len;
@@ -372,7 +393,7 @@ oom:
 static bool use_node_snapshot(const struct sbx_config *cfg, uint8_t language)
 {
 	struct stat st;
-	return cfg->boot && cfg->drop_privileges && language == SBX_LANG_JAVASCRIPT &&
+	return cfg->boot && cfg->drop_privileges && !cfg->tpl.active && language == SBX_LANG_JAVASCRIPT &&
 	       strcmp(cfg->interpreter[language], SBX_NODE_BINARY) == 0 &&
 	       lstat(cfg->node_snapshot, &st) == 0 && S_ISREG(st.st_mode);
 }
@@ -386,7 +407,9 @@ struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, 
 		.opt = snapshot ? "--snapshot-blob" : NULL,
 		.opt_value = snapshot ? cfg->node_snapshot : NULL,
 		.script = script,
-		.home = cfg->home_dir,
+		.root = cfg->tpl.active ? cfg->tpl.root : NULL,
+		.home = cfg->builder ? "/" : cfg->tpl.active ? cfg->tpl.workdir : cfg->home_dir,
+		.home_fallback = cfg->tpl.active ? SBX_HOME_DIR : NULL,
 		.envp = envp,
 		.drop_privileges = cfg->drop_privileges,
 		.limit_nproc = cfg->drop_privileges,

@@ -17,7 +17,9 @@ struct sbx_spawn {
 	const char *script;      /* the code file, passed as the only argument */
 	const char *inline_flag; /* when set, argv is {interpreter, inline_flag, inline_code, script} */
 	const char *inline_code;
-	const char *home;        /* working directory */
+	const char *root;        /* when set: chroot() here before the uid switch (template.h) */
+	const char *home;        /* working directory (inside root) */
+	const char *home_fallback; /* when set: the working directory if home cannot be entered */
 	char *const *envp;
 	bool drop_privileges; /* become SBX_USER_UID/GID (only when the agent is root in the VM) */
 	bool limit_nproc;     /* RLIMIT_NPROC counts all of the uid's processes: VM only */
@@ -32,8 +34,9 @@ struct sbx_spawn {
 
 /* What every child running user code shares (one-shot, pre-started, REPL driver): the
  * interpreter of `language` on `script`, the sandbox user and its limits when the agent drops
- * privileges, cwd and HOME in the home directory, envp, output on the two pipe write ends. The
- * caller adds the inline bootstrap or the control/go fds. */
+ * privileges, cwd in the home directory (a template's root and working directory in template
+ * mode, / for the builder), envp, output on the two pipe write ends. The caller adds the inline
+ * bootstrap or the control/go fds. The interpreter must exist (sbx_mode_allows). */
 struct sbx_spawn sbx_user_spawn(const struct sbx_config *cfg, uint8_t language, const char *script,
 				char *const *envp, int stdout_fd, int stderr_fd);
 
@@ -48,8 +51,12 @@ int sbx_output_pipes(int out[2], int err[2]);
 int sbx_spawn(const struct sbx_spawn *s, pid_t *pid, char *err, size_t err_size);
 
 /* The clean environment of user code plus the request's variables (req may be NULL: none), which
- * override. NULL-terminated; release with sbx_env_free. */
-int sbx_env_build(const struct sbx_exec_request *req, const char *home, char ***envp_out);
+ * override. In template mode the template's variables come over the agent's defaults (PATH
+ * included) but for HOME, USER and the CA bundle's (which the network needs), and the sandbox's
+ * matplotlib backend is left out (the template's python has no sandbox runtime); in builder mode
+ * HOME is /root and USER root. NULL-terminated; release with sbx_env_free. */
+int sbx_env_build(const struct sbx_config *cfg, const struct sbx_exec_request *req,
+		  char ***envp_out);
 void sbx_env_free(char **envp);
 
 #endif /* SBX_SPAWN_H */
