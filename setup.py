@@ -42,6 +42,7 @@ RECIPE = [
     "guest/repl/driver.js",
     "guest/repl/driver.sh",
     "guest/repl/prestart.js",
+    "guest/template/build.sh",
     "guest/runtime/node/tools.js",
     "guest/runtime/node/tools_global.js",
     "guest/runtime/python/exec_sandbox_guest.pth",

@@ -23,6 +23,8 @@ if [ "${1:-}" = --pack ]; then
 	install -d -m 0755 "$stage/root/usr/lib/sbx"
 	install -m 0644 "$images_src_dir"/../guest/repl/driver.{py,js,sh} "$images_src_dir"/../guest/repl/prestart.js "$stage/root/usr/lib/sbx/"
 	install -m 0644 "$(dirname "$agent")/sbx-reseed.node" "$stage/root/usr/lib/sbx/"
+	# The template builder's script (guest/template/), run by the agent in builder mode.
+	install -m 0755 "$images_src_dir"/../guest/template/build.sh "$stage/root/usr/lib/sbx/template-build"
 	# The guest runtime (guest/runtime/): node's `tools` beside the drivers; the python package
 	# where Debian's python3 imports it without PYTHONPATH, with the .pth file that makes `tools`
 	# and `display` built-ins (compiled to bytecode by finish_image with the rest).
@@ -49,6 +51,8 @@ tree="$images_dir/rootfs-tree-$tree_key"
 HASH_EXTRA="$tree_key"
 # The session REPL drivers and node's pre-start preload (guest/repl/) go to /usr/lib/sbx.
 drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/repl/driver.js "$images_src_dir"/../guest/repl/driver.sh "$images_src_dir"/../guest/repl/prestart.js)
+# The template builder's script (guest/template/build.sh), /usr/lib/sbx/template-build.
+drivers+=("$images_src_dir"/../guest/template/build.sh)
 # The guest runtime (guest/runtime/), installed beside them and into python's dist-packages.
 runtime=("$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/node/tools_global.js "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py)
 finish="$images_src_dir/rootfs/finish-image.sh"
