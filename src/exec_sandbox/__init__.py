@@ -15,6 +15,8 @@ from .errors import (
     SandboxError,
     SessionClosedError,
     SnapshotError,
+    TemplateBuildError,
+    TemplateError,
     TransientError,
     VmCapacityError,
     VmConfigError,
@@ -31,6 +33,7 @@ from .models import (
     PackagesReport,
     PortMapping,
     SessionSnapshot,
+    Template,
     TimingBreakdown,
     ToolCall,
 )
@@ -39,19 +42,22 @@ from .protocols import SandboxScheduler, SandboxSession
 from .run_request import RunOptions, RunRequest
 from .scheduler import Scheduler
 from .session import Session
+from .templates.steps import Copy, Env, Run, User, Workdir
 
 __all__ = [
     "CodeValidationError",
     "CommunicationError",
     "CommunicationOutcomeUnknownError",
+    "Copy",
+    "Env",
     "EnvVarValidationError",
     "ExecutionResult",
     "ExposedPort",
     "FileInfo",
-    "NetworkConnection",
-    "NetworkValidationError",
     "GuestAgentError",
     "InputValidationError",
+    "NetworkConnection",
+    "NetworkValidationError",
     "Output",
     "OutputLimitError",
     "PackageBuildError",
@@ -59,6 +65,7 @@ __all__ = [
     "PackagesReport",
     "PermanentError",
     "PortMapping",
+    "Run",
     "RunOptions",
     "RunRequest",
     "SandboxError",
@@ -70,13 +77,18 @@ __all__ = [
     "SessionClosedError",
     "SessionSnapshot",
     "SnapshotError",
+    "Template",
+    "TemplateBuildError",
+    "TemplateError",
     "TimingBreakdown",
     "ToolCall",
     "TransientError",
+    "User",
     "VmCapacityError",
     "VmConfigError",
     "VmPermanentError",
     "VmTimeoutError",
     "VmTransientError",
+    "Workdir",
 ]
 __version__ = "0.1.0"

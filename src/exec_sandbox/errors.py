@@ -45,6 +45,36 @@ class SnapshotError(PermanentError):
     """A memory or disk snapshot could not be created or restored."""
 
 
+class TemplateError(PermanentError):
+    """A template cannot be made or used as asked: its image could not be imported (unknown
+    registry or tag, a blob that does not match its digest, another architecture, over the size
+    cap), skopeo is missing, or no template has that name. The message says which."""
+
+
+class TemplateBuildError(TemplateError):
+    """A template's build failed. step: the index of the failing step in the steps given (None:
+    preparing the tree or finishing the image); output: what the step printed (its last part);
+    exit_code: its exit status (None when it did not exit: timed out, the VM died)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int | None = None,
+        output: str = "",
+        exit_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.output = output
+        self.exit_code = exit_code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickle (e.g. across processes) with the step's details: the default uses args only.
+        state = {"step": self.step, "output": self.output, "exit_code": self.exit_code}
+        return (type(self), self.args, state)
+
+
 class InputValidationError(SandboxError, ValueError):
     """The caller passed invalid input; nothing was sent to any VM."""
 

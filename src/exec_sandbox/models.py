@@ -70,6 +70,32 @@ class SessionSnapshot:
 
 
 @dataclass(frozen=True)
+class Template:
+    """A built template: a whole environment (an image's tree plus the build's steps) that
+    run()/session(template=name) start from.
+
+    digest: "sha256:..." of its disk image (a rebuild under the same name gets a new one when
+    anything changed); size_bytes: that image's size; languages: the interpreters it has and
+    their versions ({"python": "3.12.1", "javascript": "v20.1.0", "raw": "bash"}); env and
+    workdir: the environment and working directory of the code run in it; memory_mb, vcpus:
+    what a call that gives none gets (None: the scheduler's defaults); source: what it was built
+    from (an image reference or path, "default", or "template:<name>"); created_at: time.time()
+    of the build; build_ms: how long the build took (0 when it was a cache hit)."""
+
+    name: str
+    digest: str
+    size_bytes: int
+    languages: dict[str, str]
+    env: dict[str, str]
+    workdir: str
+    memory_mb: int | None = None
+    vcpus: int | None = None
+    source: str = ""
+    created_at: float = 0.0
+    build_ms: int = 0
+
+
+@dataclass(frozen=True)
 class PortMapping:
     """A guest port exposed on a host port (None: chosen by the host). TCP only."""
 

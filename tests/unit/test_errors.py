@@ -16,6 +16,8 @@ def test_hierarchy_matches_the_contract() -> None:
         "VmPermanentError": "PermanentError",
         "VmConfigError": "PermanentError",
         "SnapshotError": "PermanentError",
+        "TemplateError": "PermanentError",
+        "TemplateBuildError": "TemplateError",
         "InputValidationError": "SandboxError",
         "CodeValidationError": "InputValidationError",
         "EnvVarValidationError": "InputValidationError",
