@@ -9,6 +9,8 @@ packages=(
 	libseccomp-dev liburing-dev pkg-config  # C extension
 	clang libclang-rt-14-dev   # fuzz targets and sanitizer builds
 	python3-dev python3-venv
+	skopeo                     # templates from a container image (import)
+	umoci docker-registry busybox-static  # the template tests' images and loopback registry
 )
 missing=()
 for p in "${packages[@]}"; do

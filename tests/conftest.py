@@ -14,6 +14,9 @@ from exec_sandbox.images.catalog import MANIFEST_NAME
 from exec_sandbox.paths import images_dir
 from tests.helpers import open_fds, private_config, qemu_processes
 
+# The template tests' images and loopback registry (session-scoped: made once per worker).
+from tests.templates_support import busybox_image, registry  # noqa: F401
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # VM tests need the images; without them they must fail, not pass vacuously, unless the

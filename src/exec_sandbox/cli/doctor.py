@@ -16,6 +16,7 @@ from ..errors import SandboxError
 from ..images import builder
 from ..images.catalog import load_images
 from ..paths import images_dir
+from ..templates.oci import skopeo_problem
 from ..vm import host_facts
 from ..vm.binding import probe_jail, seccomp_rules
 from ..vm.jail import (
@@ -236,6 +237,17 @@ def _setup_checks(images_ready: bool) -> list[Check]:
     return checks
 
 
+def _skopeo() -> Check:
+    """Templates built from a container image import it with skopeo; nothing else needs it."""
+    problem = skopeo_problem()
+    return Check(
+        "templates: skopeo",
+        problem is None,
+        problem or "container images can be imported for templates",
+        required=False,
+    )
+
+
 def run_checks() -> list[Check]:
     images = _images()
     return [
@@ -244,6 +256,7 @@ def run_checks() -> list[Check]:
         *_qemu(),
         images,
         *_setup_checks(images.ok),
+        _skopeo(),
         *_jail_layers(),
     ]
 

@@ -5,15 +5,18 @@ template, plus build steps) made once into a read-only disk that VMs start from.
 imports a container image with skopeo and checks it; `store` keeps the built disks and their
 records. The builder VM and the run path live elsewhere (they need the VM layer)."""
 
+from .oci import ImportedImage, import_image
 from .steps import Copy, Env, Run, Step, User, Workdir, parse_sandboxfile, validate_steps
 
 __all__ = [
     "Copy",
     "Env",
+    "ImportedImage",
     "Run",
     "Step",
     "User",
     "Workdir",
+    "import_image",
     "parse_sandboxfile",
     "validate_steps",
 ]
