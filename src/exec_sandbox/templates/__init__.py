@@ -7,6 +7,7 @@ records. The builder VM and the run path live elsewhere (they need the VM layer)
 
 from .oci import ImportedImage, import_image
 from .steps import Copy, Env, Run, Step, User, Workdir, parse_sandboxfile, validate_steps
+from .store import TemplateStore
 
 __all__ = [
     "Copy",
@@ -14,6 +15,7 @@ __all__ = [
     "ImportedImage",
     "Run",
     "Step",
+    "TemplateStore",
     "User",
     "Workdir",
     "import_image",
