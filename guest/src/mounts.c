@@ -115,14 +115,15 @@ int sbx_mount_all(void)
 	return first;
 }
 
-/* Package layers (docs/packages.md). The host attaches a VM's layer as a second read-only disk
- * with the serial "sbx-layer-<kind>" (src/_execsbx/qemu_argv.c); it is mounted where the image's
- * links lead the interpreter of that kind (images/rootfs/finish-image.sh). Found by serial, not
- * by device name, and only kinds of this table: the serial comes from the host, but a wrong one
- * must still not pick the mount point. Read-only, nosuid, nodev; not noexec, which would refuse
- * the PROT_EXEC mappings of native extension modules. */
+/* Package layers (docs/packages.md). The host attaches a VM's layer as a read-only disk with the
+ * serial "sbx-disk-<kind>" (src/_execsbx/qemu_argv.c), like its other disks; a layer is mounted
+ * where the image's links lead the interpreter of that kind (images/rootfs/finish-image.sh).
+ * Found by serial, not by device name, and only kinds of this table (other disks' kinds are not
+ * layers): the serial comes from the host, but a wrong one must still not pick the mount point.
+ * Read-only, nosuid, nodev; not noexec, which would refuse the PROT_EXEC mappings of native
+ * extension modules. */
 static const char *const layer_kinds[] = {"python", "javascript"};
-#define LAYER_SERIAL_PREFIX "sbx-layer-"
+#define LAYER_SERIAL_PREFIX "sbx-disk-"
 #define LAYER_MOUNT_DIR "/usr/lib/sbx/layers/"
 
 int sbx_read_serial(const char *name, char *buf, size_t size)

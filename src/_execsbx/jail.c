@@ -212,8 +212,9 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 			   (unsigned long long)(cfg->memory_bytes >> 20), cfg->cpu_percent,
 			   cfg->pids_max);
 
-	/* rlimits: no core dumps (they would hold guest memory), no files written, few fds, no
-	 * locked memory. Address space stays unlimited: TCG reserves a large code buffer. */
+	/* rlimits: no core dumps (they would hold guest memory), no files written (but writable
+	 * disks: sbx_jail_allow_file_size), few fds, no locked memory. Address space stays
+	 * unlimited: TCG reserves a large code buffer. */
 	j->rlimits[0].resource = RLIMIT_CORE;
 	j->rlimits[0].limit = (struct rlimit){0, 0};
 	j->rlimits[1].resource = RLIMIT_FSIZE;
@@ -277,6 +278,19 @@ int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, cons
 		}
 	}
 	return 0;
+}
+
+void sbx_jail_allow_file_size(struct sbx_jail *j, uint64_t bytes)
+{
+	if (!j->enabled)
+		return;
+	rlim_t lim = bytes > (uint64_t)RLIM_INFINITY - 1 ? RLIM_INFINITY - 1 : (rlim_t)bytes;
+	for (int i = 0; i < SBX_JAIL_RLIMITS; i++)
+		if (j->rlimits[i].resource == RLIMIT_FSIZE)
+			j->rlimits[i].limit = (struct rlimit){lim, lim};
+	set_status(j, SBX_LAYER_RLIMITS, 1,
+		   "core 0, fsize %llu (writable disks), nofile 1024, memlock 64 KiB",
+		   (unsigned long long)lim);
 }
 
 void sbx_jail_namespaces_refused(struct sbx_jail *j, int err)

@@ -93,6 +93,10 @@ extern const char *const sbx_layer_names[SBX_LAYER__COUNT];
  * real error -ENOMEM or -EINVAL (a name that is empty or has a '/') with err filled. */
 int sbx_jail_prepare(struct sbx_jail *j, const struct sbx_jail_config *cfg, const char *name,
 		     struct sbx_err *err);
+/* Parent, before the spawn: QEMU may write files up to bytes (RLIMIT_FSIZE, 0 by default): a VM
+ * with writable disks gets the largest one's size, so it writes inside them and grows no file
+ * past that. */
+void sbx_jail_allow_file_size(struct sbx_jail *j, uint64_t bytes);
 /* Parent: clone() refused the namespaces (err): record it and go on without them. */
 void sbx_jail_namespaces_refused(struct sbx_jail *j, int err);
 /* Child, first thing after the go: create its cgroup (planned by sbx_jail_prepare), write the

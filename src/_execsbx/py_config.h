@@ -15,7 +15,12 @@ struct sbx_parsed_config {
 	PyObject *kernel;
 	PyObject *rootfs;
 	PyObject *mem_path; /* bytes or NULL */
-	PyObject *layer;    /* bytes or NULL */
+	/* cfg.disks points here; each path (bytes) and kind (str) is owned by a reference of its own,
+	 * so a list the caller changes meanwhile (another thread, while Vm() runs without the GIL)
+	 * cannot free them. */
+	struct sbx_vm_disk disks[SBX_VM_DISKS_MAX];
+	PyObject *disk_paths[SBX_VM_DISKS_MAX];
+	PyObject *disk_kinds[SBX_VM_DISKS_MAX];
 	int mem_fd;         /* the caller's fd for the RAM file, or -1 */
 };
 

@@ -21,10 +21,12 @@ PyDoc_STRVAR(build_qemu_argv_doc,
 	     "build_qemu_argv(*, qemu_binary, kernel, rootfs, memory_mb, vcpus, accel,\n"
 	     "                kernel_cmdline_extra='', qmp=False, mem_path=None,\n"
 	     "                mem_shared=False, incoming=False, qemu_sandbox=False,\n"
-	     "                mem_fd=-1, layer=None, layer_kind=None, net_port=False)\n"
-	     "                -> list[str]\n\n"
-	     "The QEMU command line Vm() would run. ValueError on an invalid configuration\n"
-	     "(',' in a kernel/rootfs path, accel not 'kvm'/'tcg', memory_mb out of range, ...).");
+	     "                mem_fd=-1, disks=(), net_port=False) -> list[str]\n\n"
+	     "The QEMU command line Vm() would run. disks: up to DISKS_MAX (path, kind,\n"
+	     "writable) after the root disk, in this order (/dev/vdb, ...), each with the serial\n"
+	     "'sbx-disk-<kind>' (kind: 1..10 lower-case letters, unique), read-only unless\n"
+	     "writable. ValueError on an invalid configuration (',' in a path, accel not\n"
+	     "'kvm'/'tcg', memory_mb out of range, a bad or repeated disk kind, ...).");
 
 static PyObject *build_qemu_argv(PyObject *module, PyObject *args, PyObject *kwds)
 {
@@ -223,6 +225,7 @@ static int add_constants(PyObject *m)
 		{"OUTPUT_ITEM_MAX", SBX_OUTPUT_ITEM_MAX},
 		{"OUTPUTS_MAX", SBX_OUTPUTS_MAX},
 		{"OUTPUT_BYTES_MAX", SBX_OUTPUT_BYTES_MAX},
+		{"DISKS_MAX", SBX_VM_DISKS_MAX},
 	};
 	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
 		if (PyModule_AddIntConstant(m, ints[i].name, ints[i].value) < 0)

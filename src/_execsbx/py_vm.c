@@ -94,7 +94,8 @@ static PyObject *vm_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 		.with_net = pc.cfg.net_port,
 		.kernel = pc.cfg.images_by_fd ? pc.cfg.kernel : NULL,
 		.rootfs = pc.cfg.rootfs,
-		.layer = pc.cfg.layer,
+		.disks = pc.cfg.disks,
+		.ndisks = pc.cfg.ndisks,
 	};
 	int rc;
 	Py_BEGIN_ALLOW_THREADS
@@ -504,8 +505,8 @@ static PyMethodDef vm_methods[] = {
 PyDoc_STRVAR(vm_doc,
 	     "Vm(*, qemu_binary, kernel, rootfs, memory_mb, vcpus=1, accel='tcg',\n"
 	     "   kernel_cmdline_extra='', qmp=False, mem_path=None, mem_shared=False,\n"
-	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, layer=None, layer_kind=None,\n"
-	     "   net_port=False, jail=None)\n\n"
+	     "   incoming=False, qemu_sandbox=False, mem_fd=-1, disks=(), net_port=False,\n"
+	     "   jail=None)\n\n"
 	     "Start QEMU at once (see build_qemu_argv) with the agent channel at fd 3 and the\n"
 	     "console at fds 1, 2 and 4 (and with qmp=True a QMP monitor socket at fd 5, its\n"
 	     "host end in .qmp_fd; with mem_fd=N >= 0 a copy of the caller's fd N at fd 6, the\n"
@@ -520,8 +521,9 @@ PyDoc_STRVAR(vm_doc,
 	     "'groups' (supplementary gids), 'seccomp' ('allow' (default), 'deny', 'log'),\n"
 	     "'root' (the paths bound into QEMU's own root)}: QEMU then runs under the host\n"
 	     "jail (seccomp, namespaces, root, cgroup, rlimits, user), and the kernel, rootfs\n"
-	     "and layer are opened here and passed at fds 8, 9, 10; see jail_status() for what\n"
-	     "the host allowed.\n\n"
+	     "and disks are opened here and passed at fds 8, 9 and 10.. (a writable disk opened\n"
+	     "for writing, owned by the jail's uid, RLIMIT_FSIZE its size); see jail_status()\n"
+	     "for what the host allowed.\n\n"
 	     "QEMU dies with the thread that created the Vm (PR_SET_PDEATHSIG): create it from\n"
 	     "a thread that lives as long as the Vm. The fork runs without the GIL.");
 

@@ -83,6 +83,33 @@ static int check_path(const char *p, struct sbx_err *err, const char *empty, con
 	return 0;
 }
 
+/* Each disk: a path like the root's, a kind that fits the serial and names one disk only (the
+ * agent mounts by kind: two disks of one kind would leave it guessing). */
+static int check_disks(const struct sbx_vm_config *cfg, struct sbx_err *err)
+{
+	_Static_assert(SBX_VM_DISKS_MAX == SBX_CHILD_DISKS_MAX, "one fd per disk under the jail");
+	if (cfg->ndisks > SBX_VM_DISKS_MAX)
+		return sbx_err_set(err, -EINVAL, "at most %u disks", SBX_VM_DISKS_MAX);
+	if (cfg->ndisks && !cfg->disks)
+		return reject(err, "ndisks without disks");
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct sbx_vm_disk *d = &cfg->disks[i];
+		int rc = check_path(d->path, err, "disk path must not be empty",
+				    "disk path must not contain ','");
+		if (rc < 0)
+			return rc;
+		size_t n = d->kind ? strlen(d->kind) : 0;
+		if (n == 0 || n > SBX_DISK_KIND_MAX ||
+		    strspn(d->kind, "abcdefghijklmnopqrstuvwxyz") != n)
+			return reject(err, "disk kind must be 1..10 lower-case letters");
+		for (unsigned j = 0; j < i; j++)
+			if (strcmp(cfg->disks[j].kind, d->kind) == 0)
+				return sbx_err_set(err, -EINVAL, "two disks of kind \"%s\"",
+						   d->kind);
+	}
+	return 0;
+}
+
 /* Boot time under TCG, where the guest's clock runs while QEMU emulates (docs/benchmarks.md, "Cold
  * boot under TCG"). TCG's CPU has no TSC-deadline timer, so the kernel would calibrate the local
  * APIC timer against the PIT, busy-waiting 2 x 10 ticks (~0.2 s emulated): QEMU's APIC timer
@@ -133,18 +160,9 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	}
 	if (cfg->incoming && !cfg->qmp)
 		return reject(err, "incoming needs qmp (the migration is started over QMP)");
-	if (!cfg->layer != !cfg->layer_kind)
-		return reject(err, "layer and layer_kind go together");
-	if (cfg->layer) {
-		rc = check_path(cfg->layer, err, "layer must not be empty",
-				"layer path must not contain ','");
-		if (rc < 0)
-			return rc;
-		size_t n = strlen(cfg->layer_kind);
-		if (n == 0 || n > SBX_LAYER_KIND_MAX ||
-		    strspn(cfg->layer_kind, "abcdefghijklmnopqrstuvwxyz") != n)
-			return reject(err, "layer_kind must be 1..10 lower-case letters");
-	}
+	rc = check_disks(cfg, err);
+	if (rc < 0)
+		return rc;
 
 	struct argv_builder b = {0};
 	add(&b, cfg->qemu_binary);
@@ -229,15 +247,23 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	     rootfs);
 	add(&b, "-device");
 	add(&b, "virtio-blk-device,drive=root");
-	/* The package layer, read-only like the root, after it so that the root stays /dev/vda.
-	 * The agent mounts it by its serial, not by its device name. */
-	if (cfg->layer) {
-		const char *layer = cfg->images_by_fd ? SBX_CHILD_LAYER_FD_PATH : cfg->layer;
+	/* The other disks, after the root so that it stays /dev/vda, in the caller's order. The
+	 * agent finds each by its serial, not by its device name. Read-only unless the caller
+	 * asked for a writable one (a builder's output). */
+	for (unsigned i = 0; i < cfg->ndisks; i++) {
+		const struct sbx_vm_disk *d = &cfg->disks[i];
+		char fd_path[32];
+		const char *path = d->path;
+		if (cfg->images_by_fd) {
+			snprintf(fd_path, sizeof(fd_path), "/proc/self/fd/%u",
+				 SBX_CHILD_DISK_FD_BASE + i);
+			path = fd_path;
+		}
 		add(&b, "-drive");
-		addf(&b, "file=%s%s,if=none,id=layer,format=raw,readonly=on",
-		     layer[0] == '/' ? "" : "./", layer);
+		addf(&b, "file=%s%s,if=none,id=disk%u,format=raw,readonly=%s",
+		     path[0] == '/' ? "" : "./", path, i, d->writable ? "off" : "on");
 		add(&b, "-device");
-		addf(&b, "virtio-blk-device,drive=layer,serial=sbx-layer-%s", cfg->layer_kind);
+		addf(&b, "virtio-blk-device,drive=disk%u,serial=sbx-disk-%s", i, d->kind);
 	}
 
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel, and a

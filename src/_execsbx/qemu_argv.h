@@ -15,6 +15,17 @@
 /* x86 COMMAND_LINE_SIZE is 2048 including the NUL; longer lines are cut by the kernel. */
 #define SBX_KERNEL_CMDLINE_MAX 2047u
 
+/* One disk besides the root: a raw image, read-only unless writable. */
+struct sbx_vm_disk {
+	const char *path; /* no ',' */
+	const char *kind; /* [a-z], 1..SBX_DISK_KIND_MAX bytes, unique in the VM: "python",
+			   * "javascript", "template", ... */
+	int writable;     /* QEMU may write it (readonly=off; opened O_RDWR by the host) */
+};
+
+/* Disks besides the root: one per fd the jail passes at SBX_CHILD_DISK_FD_BASE.. */
+#define SBX_VM_DISKS_MAX 4u
+
 struct sbx_vm_config {
 	const char *qemu_binary;          /* a path: execve does no PATH search */
 	const char *kernel;               /* path, no ',' */
@@ -32,21 +43,22 @@ struct sbx_vm_config {
 	int mem_fd;           /* guest RAM in the file at fd SBX_CHILD_MEM_FD (opened by the host:
 	                       * the jail's mount tree is read-only); excludes mem_path */
 	int qemu_sandbox;                 /* QEMU's own seccomp filter (-sandbox on,...) */
-	/* A package layer (docs/packages.md): a second read-only EROFS disk, found by the guest
-	 * agent through its serial "sbx-layer-<layer_kind>" (both NULL: no layer). */
-	const char *layer;      /* path, no ',' */
-	const char *layer_kind; /* [a-z], 1..SBX_LAYER_KIND_MAX bytes: "python", "javascript" */
+	/* Extra disks after the root (a package layer, a template, a builder's source and output),
+	 * in this order: /dev/vdb, /dev/vdc, ... The guest agent finds each by its serial
+	 * "sbx-disk-<kind>", not by its device name. ndisks 0: none (disks may be NULL). */
+	const struct sbx_vm_disk *disks;
+	unsigned ndisks; /* at most SBX_VM_DISKS_MAX */
 	/* The network port (net_protocol.h): a third virtserialport on the socket at fd
 	 * SBX_CHILD_NET_FD, for VMs with network or exposed ports. 0: a plain VM, no such port. */
 	int net_port;
-	/* kernel, rootfs and layer are handed over as fds 8-10 (qemu_spawn.h) and QEMU opens
-	 * /proc/self/fd/N; the paths above stay for checks and messages. */
+	/* kernel, rootfs and the disks are handed over as fds 8, 9 and 10.. (qemu_spawn.h) and QEMU
+	 * opens /proc/self/fd/N; the paths above stay for checks and messages. */
 	int images_by_fd;
 };
 
-/* virtio-blk serials are 20 bytes (VIRTIO_BLK_ID_BYTES): "sbx-layer-" leaves 10 for the kind, and
- * a longer one would be cut off, which the agent would then not recognise. */
-#define SBX_LAYER_KIND_MAX 10u
+/* virtio-blk serials are 20 bytes (VIRTIO_BLK_ID_BYTES) and a longer one is cut off, which the
+ * agent would then not recognise: "sbx-disk-" leaves 11 for the kind, the bound is 10. */
+#define SBX_DISK_KIND_MAX 10u
 
 /* On success *argv_out is a NULL-terminated heap array of heap strings (free with
  * sbx_argv_free) and 0 is returned. On failure, with err filled: -EINVAL (invalid config),

@@ -247,12 +247,17 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	int hi_rootfs = req->with_images ? fcntl(req->rootfs_fd, F_DUPFD_CLOEXEC,
 						    SBX_CHILD_FIRST_CLOSED_FD)
 					 : -1;
-	int with_layer = req->with_images && req->layer_fd >= 0;
-	int hi_layer = with_layer ? fcntl(req->layer_fd, F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD)
-				  : -1;
+	unsigned ndisks = req->with_images ? req->ndisks : 0;
+	int hi_disks[SBX_CHILD_DISKS_MAX];
+	int disks_ok = 1;
+	for (unsigned i = 0; i < ndisks; i++) {
+		hi_disks[i] = fcntl(req->disk_fds[i], F_DUPFD_CLOEXEC, SBX_CHILD_FIRST_CLOSED_FD);
+		if (hi_disks[i] < 0)
+			disks_ok = 0;
+	}
 	if (hi_null < 0 || hi_chan < 0 || hi_con < 0 || (req->with_qmp && hi_qmp < 0) ||
 	    (req->with_mem && hi_mem < 0) || (req->with_net && hi_net < 0) ||
-	    (req->with_images && (hi_kernel < 0 || hi_rootfs < 0)) || (with_layer && hi_layer < 0))
+	    (req->with_images && (hi_kernel < 0 || hi_rootfs < 0)) || !disks_ok)
 		child_fail(err_fd, STEP_DUP, errno);
 	/* dup2 clears FD_CLOEXEC on the target: these survive execve. */
 	if (dup2(hi_null, 0) < 0 || dup2(hi_con, 1) < 0 || dup2(hi_con, 2) < 0 ||
@@ -261,18 +266,22 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	    (hi_mem >= 0 && dup2(hi_mem, SBX_CHILD_MEM_FD) < 0) ||
 	    (hi_net >= 0 && dup2(hi_net, SBX_CHILD_NET_FD) < 0) ||
 	    (hi_kernel >= 0 && dup2(hi_kernel, SBX_CHILD_KERNEL_FD) < 0) ||
-	    (hi_rootfs >= 0 && dup2(hi_rootfs, SBX_CHILD_ROOTFS_FD) < 0) ||
-	    (hi_layer >= 0 && dup2(hi_layer, SBX_CHILD_LAYER_FD) < 0))
+	    (hi_rootfs >= 0 && dup2(hi_rootfs, SBX_CHILD_ROOTFS_FD) < 0))
 		child_fail(err_fd, STEP_DUP2, errno);
+	for (unsigned i = 0; i < ndisks; i++)
+		if (dup2(hi_disks[i], SBX_CHILD_DISK_FD_BASE + (int)i) < 0)
+			child_fail(err_fd, STEP_DUP2, errno);
 
 	/* Close everything else except the error pipe (CLOEXEC: execve closes it). Without a QMP
 	 * socket, fd 5 is closed too, without a RAM file fd 6, without a network port fd 7,
-	 * without images fds 8-9, without a layer fd 10. */
+	 * without images fds 8-9, and the disk fds beyond the last disk's. */
 	if ((hi_qmp < 0 && close_from(SBX_CHILD_QMP_FD, SBX_CHILD_QMP_FD, p->max_fd) < 0) ||
 	    (hi_mem < 0 && close_from(SBX_CHILD_MEM_FD, SBX_CHILD_MEM_FD, p->max_fd) < 0) ||
 	    (hi_net < 0 && close_from(SBX_CHILD_NET_FD, SBX_CHILD_NET_FD, p->max_fd) < 0) ||
 	    (hi_kernel < 0 && close_from(SBX_CHILD_KERNEL_FD, SBX_CHILD_ROOTFS_FD, p->max_fd) < 0) ||
-	    (hi_layer < 0 && close_from(SBX_CHILD_LAYER_FD, SBX_CHILD_LAYER_FD, p->max_fd) < 0) ||
+	    (ndisks < SBX_CHILD_DISKS_MAX &&
+	     close_from(SBX_CHILD_DISK_FD_BASE + ndisks, SBX_CHILD_FIRST_CLOSED_FD - 1, p->max_fd) <
+		     0) ||
 	    close_from(SBX_CHILD_FIRST_CLOSED_FD, (unsigned)hi_err - 1, p->max_fd) < 0 ||
 	    close_from((unsigned)hi_err + 1, ~0U, p->max_fd) < 0)
 		child_fail(err_fd, STEP_CLOSE, errno);
@@ -346,6 +355,11 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	    !req->argv || !req->envp) {
 		return sbx_err_sys(err, -EBADF, "spawn");
 	}
+	if (req->with_images && req->ndisks > SBX_CHILD_DISKS_MAX)
+		return sbx_err_set(err, -EINVAL, "at most %d disks", SBX_CHILD_DISKS_MAX);
+	for (unsigned i = 0; req->with_images && i < req->ndisks; i++)
+		if (req->disk_fds[i] < 0)
+			return sbx_err_sys(err, -EBADF, "spawn");
 
 	_cleanup_close_ int devnull = open("/dev/null", O_RDWR | O_CLOEXEC | O_NOCTTY);
 	if (devnull < 0) {

@@ -5,8 +5,9 @@
  *     5  QMP socket (only when requested)
  *     6  guest RAM file (only when requested)
  *     7  network port socket (only when the VM has the network port)
- *     8  kernel, 9 root image, 10 package layer (only when the host opened the images: a jailed
- *        QEMU opens them as /proc/self/fd/N, with no path into the caller's directories)
+ *     8  kernel, 9 root image, 10..13 the other disks, in the config's order (only when the
+ *        host opened the images: a jailed QEMU opens them as /proc/self/fd/N, with no path
+ *        into the caller's directories)
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *
@@ -30,15 +31,16 @@ struct sbx_jail;
 #define SBX_CHILD_MEM_FD_PATH "/proc/self/fd/6"
 /* The host end of the network port (net_protocol.h), a chardev like the agent channel. */
 #define SBX_CHILD_NET_FD 7
-/* The images, opened read-only by the host: an unprivileged QEMU could not reach them by path
- * (a root caller's cache is 0700), and its root holds no such path anyway. */
+/* The images, opened by the host (read-only, but for a writable disk): an unprivileged QEMU could
+ * not reach them by path (a root caller's cache is 0700), and its root holds no such path
+ * anyway. Disk i (qemu_argv.h's disks[i]) is at SBX_CHILD_DISK_FD_BASE + i. */
 #define SBX_CHILD_KERNEL_FD 8
 #define SBX_CHILD_ROOTFS_FD 9
-#define SBX_CHILD_LAYER_FD 10
+#define SBX_CHILD_DISK_FD_BASE 10
+#define SBX_CHILD_DISKS_MAX 4
 #define SBX_CHILD_KERNEL_FD_PATH "/proc/self/fd/8"
 #define SBX_CHILD_ROOTFS_FD_PATH "/proc/self/fd/9"
-#define SBX_CHILD_LAYER_FD_PATH "/proc/self/fd/10"
-#define SBX_CHILD_FIRST_CLOSED_FD 11
+#define SBX_CHILD_FIRST_CLOSED_FD (SBX_CHILD_DISK_FD_BASE + SBX_CHILD_DISKS_MAX)
 
 struct sbx_spawn_req {
 	const char *path;   /* execve path: no PATH search */
@@ -54,10 +56,12 @@ struct sbx_spawn_req {
 	int mem_fd;         /* with_mem: the guest RAM's backing file, becomes fd 6 */
 	int with_net;       /* 0: no network port socket, fd 7 stays closed */
 	int net_fd;         /* with_net: becomes fd 7 */
-	int with_images;    /* 0: fds 8-10 stay closed */
+	int with_images;    /* 0: fds 8-13 stay closed */
 	int kernel_fd;      /* with_images: becomes fd 8 */
 	int rootfs_fd;      /* with_images: becomes fd 9 */
-	int layer_fd;       /* with_images and >= 0: becomes fd 10 */
+	unsigned ndisks;    /* with_images: disk_fds[i] becomes fd 10 + i; the rest of 10-13 stay
+			     * closed. At most SBX_CHILD_DISKS_MAX (-EINVAL) */
+	int disk_fds[SBX_CHILD_DISKS_MAX];
 };
 
 struct sbx_child {

@@ -119,8 +119,9 @@ const struct sbx_seccomp_group sbx_seccomp_allow_groups[] = {
 	{"fd I/O",
 	 "read write readv writev pread64 pwrite64 preadv pwritev preadv2 pwritev2 lseek close "
 	 "fcntl dup dup2 dup3 pipe pipe2 fsync fdatasync",
-	 "the disks' reads (a thread pool of preadv), the chardevs, migration streams to and from "
-	 "the pipe the host hands over QMP"},
+	 "the disks' reads and a writable disk's writes and flushes (a thread pool of preadv and "
+	 "pwritev, fdatasync), the chardevs, migration streams to and from the pipe the host hands "
+	 "over QMP"},
 	{"sockets handed over as fds",
 	 "recvmsg sendmsg recvfrom sendto getsockopt setsockopt getsockname getpeername shutdown",
 	 "the agent channel, console, QMP monitor (getfd: an fd in SCM_RIGHTS) and network port are "
@@ -129,7 +130,8 @@ const struct sbx_seccomp_group sbx_seccomp_allow_groups[] = {
 	 "openat open access faccessat faccessat2 stat lstat fstat newfstatat statx statfs fstatfs "
 	 "readlink readlinkat getdents64 getcwd chdir fchdir fadvise64",
 	 "the binary's libraries, its TCG module and firmware, and the images and RAM file at "
-	 "/proc/self/fd/N: the only files in its root, all read-only"},
+	 "/proc/self/fd/N: the only files in its root, all read-only (but a writable disk, reopened "
+	 "through its fd)"},
 	{"time",
 	 "clock_gettime clock_getres gettimeofday time clock_nanosleep nanosleep",
 	 "guest clocks and timers (the vDSO answers most; the syscall when it cannot)"},

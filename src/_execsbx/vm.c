@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cleanup.h"
@@ -37,6 +39,20 @@ void sbx_vm_init(struct sbx_vm *vm)
 	sbx_err_clear(&vm->spawn_err);
 	sbx_channel_init(&vm->ch, -1);
 }
+
+/* The disks' fds, open while the child is started (it gets copies). */
+struct disk_fds {
+	int fd[SBX_VM_DISKS_MAX];
+	unsigned n;
+};
+
+static void close_disk_fds(struct disk_fds *d)
+{
+	for (unsigned i = 0; i < d->n; i++)
+		sbx_close_fd(&d->fd[i]);
+}
+
+#define _cleanup_disk_fds_ __attribute__((cleanup(close_disk_fds)))
 
 static int set_nonblock(int fd)
 {
@@ -139,7 +155,7 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 		return sbx_err_sys(err, rc, "fcntl(O_NONBLOCK)");
 	}
 
-	int kernel_fd = -1, rootfs_fd = -1, layer_fd = -1;
+	int kernel_fd = -1, rootfs_fd = -1;
 	if (opts->kernel) {
 		kernel_fd = open(opts->kernel, O_RDONLY | O_CLOEXEC);
 		if (kernel_fd < 0)
@@ -152,12 +168,32 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 			return sbx_err_sys(err, -errno, "open(rootfs)");
 	}
 	_cleanup_close_ int rootfs_keep = rootfs_fd;
-	if (opts->kernel && opts->layer) {
-		layer_fd = open(opts->layer, O_RDONLY | O_CLOEXEC);
-		if (layer_fd < 0)
-			return sbx_err_sys(err, -errno, "open(layer)");
+	if (opts->ndisks > SBX_VM_DISKS_MAX)
+		return sbx_err_set(err, -EINVAL, "at most %u disks", SBX_VM_DISKS_MAX);
+	_cleanup_disk_fds_ struct disk_fds disks = {.n = 0};
+	uint64_t writable_max = 0;
+	int writable_any = 0;
+	for (unsigned i = 0; opts->kernel && i < opts->ndisks; i++) {
+		const struct sbx_vm_disk *d = &opts->disks[i];
+		int fd = open(d->path, (d->writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+		if (fd < 0)
+			return sbx_err_sys(err, -errno, "open(disk %s)", d->kind);
+		disks.fd[disks.n++] = fd;
+		if (!d->writable)
+			continue;
+		struct stat st;
+		if (fstat(fd, &st) < 0)
+			return sbx_err_sys(err, -errno, "fstat(disk %s)", d->kind);
+		writable_any = 1;
+		if ((uint64_t)st.st_size > writable_max)
+			writable_max = (uint64_t)st.st_size;
+		/* QEMU reopens it by /proc/self/fd/N for writing, like the RAM file below. */
+		if (jail && jail->uid > 0 &&
+		    fchown(fd, (uid_t)jail->uid, (gid_t)(jail->gid >= 0 ? jail->gid : jail->uid)) < 0)
+			return sbx_err_sys(err, -errno, "fchown(disk %s)", d->kind);
 	}
-	_cleanup_close_ int layer_keep = layer_fd;
+	if (jail && writable_any)
+		sbx_jail_allow_file_size(jail, writable_max);
 	/* QEMU reopens the RAM file by /proc/self/fd/6 for reading and writing (memory-backend-file
 	 * takes a path, not an fd), which checks the file's mode: a QEMU under its own uid must own
 	 * it. The file is the caller's, in its private cache; nothing else of QEMU's uid can reach it
@@ -182,8 +218,10 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 		.with_images = opts->kernel != NULL,
 		.kernel_fd = kernel_keep,
 		.rootfs_fd = rootfs_keep,
-		.layer_fd = layer_keep,
+		.ndisks = disks.n,
 	};
+	for (unsigned i = 0; i < disks.n; i++)
+		req.disk_fds[i] = disks.fd[i];
 	struct sbx_child child;
 	struct sbx_spawn_pending pending;
 	rc = sbx_spawn_start(&req, &child, &pending, err);

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include "agent_channel.h"
+#include "qemu_argv.h"
 #include "qemu_spawn.h"
 
 struct sbx_vm {
@@ -47,11 +48,15 @@ struct sbx_vm_start_opts {
 	int mem_fd;   /* with with_mem: the caller's fd, which it keeps */
 	int with_net; /* the network port's socketpair, QEMU's end at fd 7 (cfg.net_port), the
 		       * host's in vm->net_fd */
-	/* The images opened here (read-only) and passed at fds 8-10 (cfg.images_by_fd); NULL
-	 * kernel: QEMU opens them by path. layer may be NULL. */
+	/* The images opened here and passed at fds 8, 9 and 10.. (cfg.images_by_fd); NULL kernel:
+	 * QEMU opens them by path. The disks are cfg.disks: read-only, but a writable one is opened
+	 * for writing and, under a jail with a uid of its own, handed to that uid (fchown: QEMU
+	 * reopens /proc/self/fd/N, which checks the file's mode), and the jail's RLIMIT_FSIZE
+	 * becomes the largest writable disk's size (writes inside it, no file grown past it). */
 	const char *kernel;
 	const char *rootfs;
-	const char *layer;
+	const struct sbx_vm_disk *disks;
+	unsigned ndisks;
 };
 
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of

@@ -69,6 +69,7 @@ OUTPUT_DATA_MAX: int
 OUTPUT_ITEM_MAX: int
 OUTPUTS_MAX: int
 OUTPUT_BYTES_MAX: int
+DISKS_MAX: int
 
 # read_events() values: struct sequences (attributes, and tuple positions), kind first.
 @final
@@ -211,8 +212,7 @@ def build_qemu_argv(
     incoming: bool = ...,
     qemu_sandbox: bool = ...,
     mem_fd: int = ...,
-    layer: _Path | None = ...,
-    layer_kind: str | None = ...,
+    disks: Sequence[tuple[_Path, str, bool]] | None = ...,
     net_port: bool = ...,
 ) -> list[str]: ...
 def seccomp_rules(policy: str = "allow") -> list[tuple[str, str, str]]: ...
@@ -244,8 +244,7 @@ class Vm:
         mem_fd: int = ...,
         jail: dict[str, int | bool] | None = ...,
         qemu_sandbox: bool = ...,
-        layer: _Path | None = ...,
-        layer_kind: str | None = ...,
+        disks: Sequence[tuple[_Path, str, bool]] | None = ...,
         net_port: bool = ...,
     ) -> None: ...
     def check_spawn(self) -> bool: ...

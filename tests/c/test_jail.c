@@ -34,7 +34,7 @@ static int run_jailed(struct sbx_jail *j, const char *script, char *out, size_t 
 	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 	socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
 	char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], j, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	struct sbx_child c;
 	struct sbx_err where = {0};
 	int rc = sbx_spawn(&req, &c, &where);
@@ -134,7 +134,7 @@ static void test_snapshot_fds_survive_the_jail(void)
 			"{ exec 8<>/proc/self/fd/6; } && echo opened-rw;"
 			"touch /tmp/sbx-jail-probe 2>/dev/null && echo writable || echo read-only; exit 0",
 			NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram, 0, -1, 0, -1, -1, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 1, qmp[1], 1, ram, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan[1]);
@@ -416,7 +416,7 @@ static void test_parent_death_kills_child_after_user_switch(void)
 		int chan[2], con[2];
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
@@ -481,7 +481,7 @@ static int spawn_as_nobody_while_threads_churn(int rounds)
 		int chan[2], con[2];
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
 		socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, con);
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan[1], con[1], &j, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 		struct sbx_child c;
 		struct sbx_err where = {0};
 		int rc = sbx_spawn(&req, &c, &where);

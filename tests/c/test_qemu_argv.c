@@ -226,20 +226,28 @@ static void test_relative_and_empty_paths(void)
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), -EINVAL);
 }
 
-/* Under the jail the images are the host's fds: QEMU's paths are /proc/self/fd/8, 9, 10. */
+/* Under the jail the images are the host's fds: QEMU's paths are /proc/self/fd/8, 9, and 10 + i
+ * for disk i. */
 static void test_images_by_fd(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv = NULL;
+	const struct sbx_vm_disk disks[] = {{"/cache/packages/python.erofs", "python", 0},
+					    {"/cache/templates/t.erofs", "template", 0},
+					    {"/tmp/build/source.erofs", "source", 0},
+					    {"/tmp/build/output.raw", "output", 1}};
 	c.images_by_fd = 1;
-	c.layer = "/cache/packages/python.erofs";
-	c.layer_kind = "python";
+	c.disks = disks;
+	c.ndisks = 4;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	CHECK_STR(opt_value(argv, "-kernel"), "/proc/self/fd/8");
 	CHECK(find(argv, "file=/proc/self/fd/9,if=none,id=root,format=raw,readonly=on") > 0);
-	CHECK(find(argv, "file=/proc/self/fd/10,if=none,id=layer,format=raw,readonly=on") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/10,if=none,id=disk0,format=raw,readonly=on") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/11,if=none,id=disk1,format=raw,readonly=on") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/12,if=none,id=disk2,format=raw,readonly=on") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/13,if=none,id=disk3,format=raw,readonly=off") > 0);
 	for (char **a = argv; *a; a++)
-		CHECK(strstr(*a, "/cache/") == NULL);
+		CHECK(strstr(*a, "/cache/") == NULL && strstr(*a, "/tmp/") == NULL);
 	sbx_argv_free(argv);
 }
 
@@ -307,47 +315,127 @@ static void test_snapshot_template_and_clone(void)
 	CHECK(strstr(why.msg, "incoming needs qmp") != NULL);
 }
 
-static void test_package_layer(void)
+/* No disks: the root alone. */
+static void test_no_disks(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	int drives = 0;
+	for (char **a = argv; *a; a++)
+		drives += strcmp(*a, "-drive") == 0;
+	CHECK_EQ(drives, 1);
+	sbx_argv_free(argv);
+}
+
+/* The disks come after the root (which stays /dev/vda) in the caller's order, each device named
+ * by its serial for the agent. */
+static void test_disks_in_order_after_the_root(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	const struct sbx_vm_disk disks[] = {{"/cache/layer.erofs", "python", 0},
+					    {"/cache/t.erofs", "template", 0},
+					    {"rel/out.raw", "output", 1}};
+	c.disks = disks;
+	c.ndisks = 3;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	int root = find(argv, "virtio-blk-device,drive=root");
+	int d0 = find(argv, "virtio-blk-device,drive=disk0,serial=sbx-disk-python");
+	int d1 = find(argv, "virtio-blk-device,drive=disk1,serial=sbx-disk-template");
+	int d2 = find(argv, "virtio-blk-device,drive=disk2,serial=sbx-disk-output");
+	CHECK(root > 0 && d0 > root && d1 > d0 && d2 > d1);
+	int f0 = find(argv, "file=/cache/layer.erofs,if=none,id=disk0,format=raw,readonly=on");
+	CHECK(f0 > root && f0 < d0);
+	CHECK(find(argv, "file=/cache/t.erofs,if=none,id=disk1,format=raw,readonly=on") > d0);
+	/* a relative path gets "./" (not a block protocol prefix), as the root's does */
+	CHECK(find(argv, "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off") > d1);
+	sbx_argv_free(argv);
+}
+
+/* Read-only unless asked: readonly=on by default, off only for a writable disk. */
+static void test_disk_readonly_unless_writable(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	struct sbx_vm_disk d = {"/cache/d.raw", "output", 0};
+	c.disks = &d;
+	c.ndisks = 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	CHECK(find(argv, "file=/cache/d.raw,if=none,id=disk0,format=raw,readonly=on") > 0);
+	sbx_argv_free(argv);
+	d.writable = 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	CHECK(find(argv, "file=/cache/d.raw,if=none,id=disk0,format=raw,readonly=off") > 0);
+	sbx_argv_free(argv);
+}
+
+/* At most SBX_VM_DISKS_MAX: one fd each under the jail, 10..13. */
+static void test_too_many_disks(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv = NULL;
+	struct sbx_err why = {0};
+	const struct sbx_vm_disk disks[] = {{"/a", "a", 0}, {"/b", "b", 0}, {"/c", "c", 0},
+					    {"/d", "d", 0}, {"/e", "e", 0}};
+	c.disks = disks;
+	c.ndisks = SBX_VM_DISKS_MAX;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	sbx_argv_free(argv);
+	c.ndisks = SBX_VM_DISKS_MAX + 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "at most 4 disks");
+	CHECK(argv == NULL);
+}
+
+/* A kind must fit the 20-byte serial and be plain letters (it is spliced into QEMU's option
+ * string); a path, like the root's, must not smuggle in options. */
+static void test_bad_disk_kinds_and_paths(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
 	struct sbx_err why = {0};
-	/* No layer: one disk. */
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
-	CHECK(find(argv, "file=/cache/layer.erofs,if=none,id=layer,format=raw,readonly=on") < 0);
-	sbx_argv_free(argv);
-
-	/* A layer: a second read-only disk after the root (which stays /dev/vda), named by its
-	 * serial for the agent. */
-	c.layer = "/cache/layer.erofs";
-	c.layer_kind = "python";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
-	int root = find(argv, "virtio-blk-device,drive=root");
-	int layer = find(argv, "virtio-blk-device,drive=layer,serial=sbx-layer-python");
-	CHECK(root > 0);
-	CHECK(layer > root);
-	CHECK(find(argv, "file=/cache/layer.erofs,if=none,id=layer,format=raw,readonly=on") > 0);
-	sbx_argv_free(argv);
-
-	c.layer = "rel/layer";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
-	CHECK(find(argv, "file=./rel/layer,if=none,id=layer,format=raw,readonly=on") > 0);
-	sbx_argv_free(argv);
-
-	c.layer = "/a,file=/etc/shadow";
-	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why.msg, "layer path must not contain ','");
-	c.layer = "/cache/layer.erofs";
-	static const char *const bad_kinds[] = {"", "Python", "py,serial=x", "a-b",
-						"abcdefghijk"};
+	struct sbx_vm_disk d = {"/cache/layer.erofs", "python", 0};
+	c.disks = &d;
+	c.ndisks = 1;
+	static const char *const bad_kinds[] = {"", "Python", "py,serial=x", "a-b", "abcdefghijk",
+						"py1"};
 	for (size_t i = 0; i < sizeof(bad_kinds) / sizeof(bad_kinds[0]); i++) {
-		c.layer_kind = bad_kinds[i];
+		d.kind = bad_kinds[i];
 		CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-		CHECK(strstr(why.msg, "layer_kind") != NULL);
+		CHECK_STR(why.msg, "disk kind must be 1..10 lower-case letters");
 	}
-	c.layer_kind = NULL;
+	d.kind = NULL;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why.msg, "layer and layer_kind go together");
+	d.kind = "abcdefghij"; /* 10: the longest */
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	CHECK(find(argv, "virtio-blk-device,drive=disk0,serial=sbx-disk-abcdefghij") > 0);
+	sbx_argv_free(argv);
+
+	d.path = "/a,file=/etc/shadow";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "disk path must not contain ','");
+	d.path = "";
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "disk path must not be empty");
+	d.path = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	c.disks = NULL;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+}
+
+/* The agent mounts by kind: two disks of one kind are refused, not left for it to pick from. */
+static void test_duplicate_disk_kinds(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	struct sbx_err why = {0};
+	const struct sbx_vm_disk disks[] = {{"/a", "python", 0}, {"/b", "template", 0},
+					    {"/c", "python", 1}};
+	c.disks = disks;
+	c.ndisks = 3;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "two disks of kind \"python\"");
 }
 
 /* The network port: a third virtserialport on fd 7, named as net_protocol.h says,
@@ -389,7 +477,12 @@ int main(void)
 	RUN(test_drive_and_channel);
 	RUN(test_images_by_fd);
 	RUN(test_snapshot_template_and_clone);
-	RUN(test_package_layer);
+	RUN(test_no_disks);
+	RUN(test_disks_in_order_after_the_root);
+	RUN(test_disk_readonly_unless_writable);
+	RUN(test_too_many_disks);
+	RUN(test_bad_disk_kinds_and_paths);
+	RUN(test_duplicate_disk_kinds);
 	RUN(test_network_port);
 	TEST_MAIN_END("test_qemu_argv");
 }

@@ -53,7 +53,7 @@ static int spawn_argv(char *const argv[], struct sbx_child *c, struct pair *chan
 {
 	*chan = mkpair();
 	*con = mkpair();
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan->child, con->child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	int rc = sbx_spawn(&req, c, where);
 	close(chan->child);
 	close(con->child);
@@ -189,7 +189,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 	for (int i = 0; i < 2; i++) {
 		struct pair chan = mkpair(), con = mkpair();
 		struct sbx_spawn_req req = {argvs[i][0], argvs[i], ENVP, chan.child, con.child,
-					    NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+					    NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 		struct sbx_child c;
 		struct sbx_spawn_pending p;
 		struct sbx_err where = {0};
@@ -220,7 +220,7 @@ static void test_start_reports_the_exec_through_the_error_pipe(void)
 static void test_bad_request(void)
 {
 	char *const argv[] = {"/bin/true", NULL};
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, -1, 1, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
@@ -260,7 +260,7 @@ static void test_fd_layout_and_privs(void)
 	chan = mkpair();
 	con = mkpair();
 	ino_t chan_ino = my_ino(chan.child), con_ino = my_ino(con.child);
-	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
 	close(con.child);
@@ -318,7 +318,7 @@ static void test_net_port_fd(void)
 	struct pair chan = mkpair(), con = mkpair(), net = mkpair();
 	ino_t net_ino = my_ino(net.child);
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1,
-				    1, net.child, 0, -1, -1, -1};
+				    1, net.child, 0, -1, -1, 0, {-1, -1, -1, -1}};
 	struct sbx_child c;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 	close(chan.child);
@@ -345,24 +345,33 @@ static void test_net_port_fd(void)
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
 
-/* The images at fds 8, 9 and 10 (a jailed QEMU opens them as /proc/self/fd/N), nothing at 7;
- * without a layer fd 10 stays closed. */
+/* The images at fds 8, 9 and disk i at 10 + i (a jailed QEMU opens them as /proc/self/fd/N),
+ * nothing at 7; the disk fds past the last disk stay closed. */
 static void test_image_fds(void)
 {
 	char *const argv[] = {"/bin/sleep", "30", NULL};
-	for (int with_layer = 0; with_layer < 2; with_layer++) {
+	static const unsigned counts[] = {0, 1, SBX_CHILD_DISKS_MAX};
+	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+		unsigned ndisks = counts[k];
 		struct pair chan = mkpair(), con = mkpair();
 		int kernel = open("/dev/null", O_RDONLY | O_CLOEXEC);
 		int rootfs = open("/dev/zero", O_RDONLY | O_CLOEXEC);
-		int layer = with_layer ? open("/dev/urandom", O_RDONLY | O_CLOEXEC) : -1;
+		int disks[SBX_CHILD_DISKS_MAX] = {-1, -1, -1, -1};
+		static const char *const sources[] = {"/dev/urandom", "/dev/random", "/dev/full",
+						      "/dev/null"}; /* told apart by inode */
+		for (unsigned i = 0; i < ndisks; i++)
+			disks[i] = open(sources[i], O_RDONLY | O_CLOEXEC);
 		ino_t rootfs_ino = my_ino(rootfs);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1,
-					    0, -1, 0, -1, 1, kernel, rootfs, layer};
+					    0, -1, 0, -1, 1, kernel, rootfs, ndisks,
+					    {disks[0], disks[1], disks[2], disks[3]}};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan.child);
 		close(con.child);
-		unsigned long long want = with_layer ? 0x71f : 0x31f; /* 0..4, 8, 9 (, 10) */
+		unsigned long long want = 0x31f; /* 0..4, 8, 9 */
+		for (unsigned i = 0; i < ndisks; i++)
+			want |= 1ull << (SBX_CHILD_DISK_FD_BASE + i);
 		unsigned long long fds = 0;
 		for (int i = 0; i < 200; i++) {
 			fds = open_fds(c.pid);
@@ -372,6 +381,8 @@ static void test_image_fds(void)
 		}
 		CHECK_EQ(fds, want);
 		CHECK(fd_ino(c.pid, SBX_CHILD_ROOTFS_FD) == rootfs_ino);
+		for (unsigned i = 0; i < ndisks; i++) /* in order */
+			CHECK(fd_ino(c.pid, SBX_CHILD_DISK_FD_BASE + (int)i) == my_ino(disks[i]));
 		int st;
 		CHECK_EQ(sbx_child_signal(&c, SIGKILL), 0);
 		reap(&c, &st);
@@ -379,9 +390,24 @@ static void test_image_fds(void)
 		close(con.host);
 		close(kernel);
 		close(rootfs);
-		if (layer >= 0)
-			close(layer);
+		for (unsigned i = 0; i < ndisks; i++)
+			close(disks[i]);
 	}
+}
+
+/* More disks than fds 10..13 hold, or a disk without an fd: refused before any fork. */
+static void test_disk_fds_refused(void)
+{
+	char *const argv[] = {"/bin/true", NULL};
+	struct sbx_spawn_req req = {argv[0], argv, ENVP, 3, 4, NULL, 0, -1, 0, -1, 0, -1, 1, 0, 0,
+				    SBX_CHILD_DISKS_MAX + 1, {0, 0, 0, 0}};
+	struct sbx_child c;
+	struct sbx_err why = {0};
+	CHECK_EQ(sbx_spawn(&req, &c, &why), -EINVAL);
+	CHECK_STR(why.msg, "at most 4 disks");
+	req.ndisks = 2;
+	req.disk_fds[1] = -1;
+	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);
 }
 
 static void test_overlapping_fds(void)
@@ -400,7 +426,7 @@ static void test_overlapping_fds(void)
 		close(con.child);
 		char *const argv[] = {"/bin/sh", "-c",
 				      "grep NoNewPrivs /proc/self/status >&3; echo console >&4", NULL};
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan_at, con_at, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan_at);
@@ -475,7 +501,7 @@ static void test_parent_death_kills_child(void)
 	if (middle == 0) {
 		char *const argv[] = {"/bin/sleep", "30", NULL};
 		struct pair chan = mkpair(), con = mkpair();
-		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, -1};
+		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1, 0, -1, 0, -1, 0, -1, -1, 0, {-1, -1, -1, -1}};
 		struct sbx_child c;
 		pid_t pid = sbx_spawn(&req, &c, &E) == 0 ? c.pid : -1;
 		if (write(p[1], &pid, sizeof(pid)) != sizeof(pid))
@@ -580,6 +606,7 @@ int main(void)
 	RUN(test_fd_layout_and_privs);
 	RUN(test_net_port_fd);
 	RUN(test_image_fds);
+	RUN(test_disk_fds_refused);
 	RUN(test_overlapping_fds);
 	RUN(test_stdio);
 	RUN(test_environment);

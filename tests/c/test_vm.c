@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include "forced_fallbacks.h"
+#include "jail.h"
 #include "test.h"
 
 /* Where a test does not look at the explanation of an error. */
@@ -238,6 +241,53 @@ static void test_options_place_their_fds(void)
 	close(mem); /* the caller's: the VM had a copy */
 }
 
+/* A writable disk under the jail: the host opens it for writing and hands it to QEMU's uid (which
+ * reopens /proc/self/fd/N, a check of the file's mode), and RLIMIT_FSIZE becomes its size: the
+ * child writes inside it but cannot grow it. The read-only disk beside it stays closed to
+ * writing for that uid. */
+static void test_writable_disk_under_the_jail(void)
+{
+	if (geteuid() != 0)
+		SKIP("needs root (QEMU's uid of its own)");
+	char ro_path[] = "/tmp/sbx-test-disk-ro-XXXXXX", rw_path[] = "/tmp/sbx-test-disk-rw-XXXXXX";
+	int ro = mkstemp(ro_path), rw = mkstemp(rw_path);
+	CHECK(ro >= 0 && rw >= 0);
+	CHECK_EQ(fchmod(ro, 0644), 0); /* as the package cache's images are */
+	CHECK_EQ(ftruncate(rw, 4096), 0);
+	const struct sbx_vm_disk disks[] = {{ro_path, "layer", 0}, {rw_path, "output", 1}};
+	struct sbx_jail_config jail = {.enabled = 1, .uid = 65534, .gid = 65534,
+				       .seccomp = SBX_SECCOMP_DENY_LIST};
+	char *const argv[] = {
+		"/bin/sh", "-c",
+		"printf written 1<>/proc/self/fd/11 && echo rw-ok;"
+		"(printf x 1<>/proc/self/fd/10) 2>/dev/null || echo ro-refused;"
+		"dd if=/dev/zero of=/proc/self/fd/11 bs=1 seek=4096 count=1 conv=notrunc "
+		"2>/dev/null || echo growth-refused;"
+		"ulimit -f",
+		NULL};
+	struct sbx_vm_start_opts opts = {.jail = &jail, .kernel = "/dev/null", .rootfs = "/dev/null",
+					 .disks = disks, .ndisks = 2};
+	sbx_vm_init(&VM);
+	CHECK_EQ(spawn(argv, &opts, &E), 0);
+	int code;
+	CHECK_EQ(wait_exit(5000, &code), 1);
+	CHECK_EQ(code, 0);
+	char out[256] = {0};
+	CHECK(sbx_vm_read_console(&VM, out, sizeof(out) - 1, &E) > 0);
+	CHECK_STR(out, "rw-ok\nro-refused\ngrowth-refused\n8\n"); /* 4096 bytes in 512-byte blocks */
+	sbx_vm_close(&VM);
+	char head[8] = {0};
+	struct stat st;
+	CHECK_EQ(pread(rw, head, 7, 0), 7);
+	CHECK_STR(head, "written");
+	CHECK(fstat(rw, &st) == 0 && st.st_size == 4096 && st.st_uid == 65534);
+	CHECK(fstat(ro, &st) == 0 && st.st_uid == 0);
+	close(ro);
+	close(rw);
+	unlink(ro_path);
+	unlink(rw_path);
+}
+
 int main(void)
 {
 	const char *name = force_fallbacks_from_env("test_vm");
@@ -247,5 +297,6 @@ int main(void)
 	RUN(test_spawn_failure_leaves_closed);
 	RUN(test_qmp_socket);
 	RUN(test_options_place_their_fds);
+	RUN(test_writable_disk_under_the_jail);
 	TEST_MAIN_END(name);
 }

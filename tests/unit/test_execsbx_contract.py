@@ -106,6 +106,7 @@ def test_constants() -> None:
     assert x.CODE_MAX == 1 << 20
     assert x.HOST_FRAME_MAX == 2 << 20
     assert x.GUEST_FRAME_MAX == 64 << 10
+    assert x.DISKS_MAX == 4
     assert issubclass(x.ProtocolError, OSError)
 
 
@@ -173,6 +174,54 @@ def test_build_qemu_argv_signature() -> None:
         _execsbx.build_qemu_argv(qemu_binary="q", kernel="/k", rootfs="/r", memory_mb=128, vcpus=1)
     with pytest.raises(ValueError):
         argv(rootfs="/a\0b")
+
+
+def test_build_qemu_argv_disks_follow_the_root_in_order() -> None:
+    a = argv(
+        disks=[
+            ("/c/python.erofs", "python", False),
+            (b"/c/t.erofs", "template", False),
+            (Path("rel/out.raw"), "output", True),
+        ]
+    )
+    drives = [a[i + 1] for i, x in enumerate(a) if x == "-drive"]
+    assert drives == [
+        "file=/r/rootfs.erofs,if=none,id=root,format=raw,readonly=on",
+        "file=/c/python.erofs,if=none,id=disk0,format=raw,readonly=on",
+        "file=/c/t.erofs,if=none,id=disk1,format=raw,readonly=on",
+        "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off",
+    ]
+    devices = [a[i + 1] for i, x in enumerate(a) if x == "-device" and "blk" in a[i + 1]]
+    assert devices == [
+        "virtio-blk-device,drive=root",
+        "virtio-blk-device,drive=disk0,serial=sbx-disk-python",
+        "virtio-blk-device,drive=disk1,serial=sbx-disk-template",
+        "virtio-blk-device,drive=disk2,serial=sbx-disk-output",
+    ]
+    assert argv(disks=()) == argv() == argv(disks=None)
+
+
+@pytest.mark.parametrize(
+    ("disks", "error", "match"),
+    [
+        ([("/d", k, False) for k in "abcde"], ValueError, "at most 4 disks"),
+        ([("/d", "Python", False)], ValueError, "lower-case"),
+        ([("/d", "abcdefghijk", False)], ValueError, "lower-case"),
+        ([("/d", "py\0x", False)], ValueError, "lower-case"),
+        ([("/d", "", False)], ValueError, "lower-case"),
+        ([("/a", "python", False), ("/b", "python", True)], ValueError, "two disks"),
+        ([("/a,b", "python", False)], ValueError, "','"),
+        ([("/d", 1, False)], TypeError, "path, kind, writable"),
+        ([("/d", "python")], TypeError, "path, kind, writable"),
+        ([["/d", "python", False]], TypeError, "path, kind, writable"),
+        (7, TypeError, "sequence"),
+    ],
+)
+def test_build_qemu_argv_refuses_bad_disks(
+    disks: object, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        argv(disks=disks)
 
 
 def test_tsc_khz() -> None:

@@ -104,6 +104,8 @@ NET_NAME_MAX = int(_execsbx.NET_NAME_MAX)
 NET_NAMES_MAX = int(_execsbx.NET_NAMES_MAX)
 NET_EXTRA_PORTS_MAX = int(_execsbx.NET_EXTRA_PORTS_MAX)
 NET_CA_BUNDLE_MAX = int(_execsbx.NET_CA_BUNDLE_MAX)
+# Disks a VM may have besides the root (VmSpec.disks()): one fd each under the jail.
+DISKS_MAX = int(_execsbx.DISKS_MAX)
 
 
 def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
@@ -124,8 +126,7 @@ def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
         incoming=incoming,
         qemu_sandbox=spec.qemu_sandbox,
         jail=spec.jail,
-        layer=None if spec.layer is None else str(spec.layer.path),
-        layer_kind=None if spec.layer is None else spec.layer.kind,
+        disks=[(str(d.path), d.kind, d.writable) for d in spec.disks()],
         net_port=spec.net_port,
     )
 

@@ -5,9 +5,30 @@ a VM once it runs (`registry.VmRegistry`) is not part of it: it is handed to the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..images.catalog import GuestImages
 from ..packages.layer import PackageLayer
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A disk after the root (/dev/vdb, ...): a raw image the guest agent finds by its serial
+    "sbx-disk-<kind>" (kind: 1..10 lower-case letters, one disk per kind; the C core checks it).
+    Read-only unless writable (a builder's output)."""
+
+    path: Path
+    kind: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class TemplateDisk:
+    """A template's image (an EROFS blob of the template store), attached read-only as the disk
+    of kind "template"; its digest ("sha256:...") is what keys snapshots of VMs running it."""
+
+    path: Path
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -31,6 +52,20 @@ class VmSpec:
     qemu_sandbox: bool = False
     # A package layer (packages/): a read-only EROFS image the guest mounts for this language.
     layer: PackageLayer | None = None
+    # A template (templates/): the environment user code runs in, a read-only EROFS image.
+    template: TemplateDisk | None = None
+    # Any other disks (a template builder's source, base and output), after the two above.
+    extra_disks: tuple[Disk, ...] = ()
     # The network port (network/): a third virtio-serial port for allow_network or
     # expose_ports. Part of the device layout, hence of the snapshot keys.
     net_port: bool = False
+
+    def disks(self) -> tuple[Disk, ...]:
+        """The disks after the root, in the order QEMU gets them: the package layer, the
+        template, then extra_disks."""
+        disks: list[Disk] = []
+        if self.layer is not None:
+            disks.append(Disk(self.layer.path, self.layer.kind))
+        if self.template is not None:
+            disks.append(Disk(self.template.path, "template"))
+        return (*disks, *self.extra_disks)
