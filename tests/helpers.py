@@ -10,13 +10,15 @@ from exec_sandbox import SchedulerConfig
 
 
 def private_config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
-    """A small scheduler whose package and snapshot caches live under tmp_path (a test sees its
-    own builds and snapshots, never the user's), memory snapshots off unless asked for."""
+    """A small scheduler whose package, template and snapshot caches live under tmp_path (a
+    test sees its own builds and snapshots, never the user's), memory snapshots off unless
+    asked for."""
     options: dict[str, object] = {
         "max_concurrent_vms": 3,
         "memory_snapshots": False,
         "package_cache_dir": tmp_path / "packages",
         "memory_snapshot_cache_dir": tmp_path / "memory",
+        "template_cache_dir": tmp_path / "templates",
     }
     options.update(overrides)
     return SchedulerConfig(**options)  # type: ignore[arg-type]

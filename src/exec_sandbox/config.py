@@ -64,6 +64,13 @@ class SchedulerConfig:
     default_packages: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Size cap of the package layer cache (least recently used layers go first).
     package_cache_max_mb: int = 10 * 1024
+    # Templates (templates/, docs/templates.md): the cache, its size cap (least recently used
+    # first), the largest one template may be (also the builder's output disk, sparse), and the
+    # builder VM's RAM (its tmpfs holds the unpacked tree while it is built).
+    template_cache_dir: Path = field(default_factory=lambda: paths.cache_dir() / "templates")
+    template_cache_max_mb: int = 20 * 1024
+    template_max_mb: int = 4 * 1024
+    template_build_memory_mb: int = 3 * 1024
     # What an idle session becomes after session_idle_timeout_seconds: "close" (its state is
     # lost) or "pause" (saved to disk; Scheduler.snapshots() lists it, resume() brings it back).
     session_idle_action: str = "close"
@@ -117,7 +124,12 @@ class SchedulerConfig:
                 self.default_memory_mb, self.memory_overcommit_ratio, self.cpu_overcommit_ratio
             )
         _check_int("max_concurrent_vms", self.max_concurrent_vms, 1, 4096)
-        for name in ("images_dir", "memory_snapshot_cache_dir", "package_cache_dir"):
+        for name in (
+            "images_dir",
+            "memory_snapshot_cache_dir",
+            "package_cache_dir",
+            "template_cache_dir",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (str, os.PathLike)):
                 raise VmConfigError(f"{name} must be a path, got {value!r}")
@@ -132,6 +144,9 @@ class SchedulerConfig:
         if self.admission_queue_size is not None:
             _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
         _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
+        _check_int("template_cache_max_mb", self.template_cache_max_mb, 64, 1 << 30)
+        _check_int("template_max_mb", self.template_max_mb, 16, 1 << 20)
+        _check_int("template_build_memory_mb", self.template_build_memory_mb, 256, 64 * 1024)
         if self.session_idle_action not in ("close", "pause"):
             raise VmConfigError(
                 f"session_idle_action must be 'close' or 'pause', got {self.session_idle_action!r}"

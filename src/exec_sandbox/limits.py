@@ -17,6 +17,11 @@ MIN_TIMEOUT_SECONDS = max(1, PROTOCOL_LIMITS["TIMEOUT_MS_MIN"] // 1000)
 MAX_TIMEOUT_SECONDS = PROTOCOL_LIMITS["TIMEOUT_MS_MAX"] // 1000
 MIN_MEMORY_MB = 128
 MAX_MEMORY_MB = 64 * 1024
+# Virtual CPUs of one VM (run()/session(vcpus=N)); admission counts them against the host's.
+MIN_VCPUS = 1
+MAX_VCPUS = 8
+# When the call asks for none; the warm pool's VMs have this many.
+DEFAULT_VCPUS = 1
 # How long a cold boot may take before VmTimeoutError. Under TCG on a busy 2-core host a boot
 # takes 1-5 s; the margin covers a loaded CI machine.
 BOOT_TIMEOUT_SECONDS = 60.0

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
+from . import limits
 from .config import SchedulerConfig
+from .errors import InputValidationError
 from .host_tools import HostTools, ToolFunction
 from .models import Language, PortMapping
 from .network.request import NetworkRequest, parse_network_request
@@ -25,9 +27,14 @@ from .validation import (
     validate_env,
     validate_language,
     validate_memory,
+    validate_template_name,
     validate_timeout,
+    validate_vcpus,
 )
 from .vm.execution import OutputCallback
+
+if TYPE_CHECKING:
+    from .models import Template
 
 
 class RunOptions(TypedDict, total=False):
@@ -39,6 +46,8 @@ class RunOptions(TypedDict, total=False):
     packages: Sequence[str] | None
     timeout_seconds: float | None
     memory_mb: int | None
+    vcpus: int | None
+    template: str | None
     allow_network: bool
     allowed_domains: Sequence[str] | None
     env_vars: Mapping[str, str] | None
@@ -83,6 +92,11 @@ class RunRequest:
     code: bytes | None
     timeout_seconds: float | None
     memory_mb: int | None
+    # Virtual CPUs of the VM (None: the template's, else 1): the pool serves only 1.
+    vcpus: int | None
+    # The template the VM runs (templates/): its name, resolved by the scheduler, which also
+    # applies the template's memory and vCPU defaults before the config's.
+    template: str | None
     # The call's own packages (the scheduler adds its default set), of packages_language: the
     # session's, or (integrations) python for the python3 of a shell session.
     packages: tuple[PackageSpec, ...]
@@ -115,6 +129,19 @@ class RunRequest:
         memory = options.get("memory_mb")
         if memory is not None:
             memory = validate_memory(memory)
+        vcpus = options.get("vcpus")
+        if vcpus is not None:
+            vcpus = validate_vcpus(vcpus)
+        template = options.get("template")
+        if template == "default":  # the default image, as build_template(base="default") means
+            template = None
+        if template is not None:
+            template = validate_template_name(template)
+            if options.get("packages"):
+                raise InputValidationError(
+                    "packages= cannot be added to a template (its python or node is not the "
+                    "default image's): install them in the template's build steps"
+                )
         env_vars = options.get("env_vars")
         validate_env(env_vars)
         packages_language = (
@@ -133,6 +160,8 @@ class RunRequest:
             code=code_bytes,
             timeout_seconds=timeout,
             memory_mb=memory,
+            vcpus=vcpus,
+            template=template,
             packages=packages,
             packages_language=packages_language,
             env_vars=tuple((env_vars or {}).items()),
@@ -140,8 +169,16 @@ class RunRequest:
         )
         return request.with_defaults(config) if defaults else request
 
-    def with_defaults(self, config: SchedulerConfig) -> RunRequest:
-        """This request with config's time and memory where it has none."""
+    def with_defaults(
+        self, config: SchedulerConfig, template: Template | None = None
+    ) -> RunRequest:
+        """This request with the template's memory and vCPUs, else config's time and memory
+        and one vCPU, where it has none."""
+        memory = self.memory_mb
+        vcpus = self.vcpus
+        if template is not None:
+            memory = template.memory_mb if memory is None else memory
+            vcpus = template.vcpus if vcpus is None else vcpus
         return replace(
             self,
             timeout_seconds=(
@@ -149,7 +186,8 @@ class RunRequest:
                 if self.timeout_seconds is None
                 else self.timeout_seconds
             ),
-            memory_mb=config.default_memory_mb if self.memory_mb is None else self.memory_mb,
+            memory_mb=config.default_memory_mb if memory is None else memory,
+            vcpus=limits.DEFAULT_VCPUS if vcpus is None else vcpus,
         )
 
     @property
@@ -165,6 +203,13 @@ class RunRequest:
         if self.memory_mb is None:
             raise ValueError("the request's defaults were not applied (with_defaults)")
         return self.memory_mb
+
+    @property
+    def cpus(self) -> int:
+        """Virtual CPUs, defaults applied (ValueError before `with_defaults`)."""
+        if self.vcpus is None:
+            raise ValueError("the request's defaults were not applied (with_defaults)")
+        return self.vcpus
 
     @property
     def timeout_ms(self) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Unpack
@@ -14,7 +15,7 @@ from . import _logging, limits
 from .config import SchedulerConfig
 from .errors import InputValidationError, SandboxError
 from .host_tools import HostTools, ToolFunction
-from .models import ExecutionResult, Language, SessionSnapshot, TimingBreakdown
+from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
 from .packages.layer import PackageLayer
@@ -22,18 +23,21 @@ from .packages.specs import validate_packages
 from .provisioning.admission import Admission, Budget
 from .provisioning.lease import Lease
 from .provisioning.pool import PooledVm, WarmPool
-from .provisioning.provisioner import VCPUS, Foreground, Phases, Provisioner, VmFactory
+from .provisioning.provisioner import Foreground, Phases, Provisioner, VmFactory
 from .results import shape_result
 from .run_request import NO_CALLBACKS, Callbacks, RunOptions, RunRequest
 from .session import Session, SessionHooks
 from .snapshots.service import Adoption, SessionSnapshotService
 from .snapshots.sessions import SessionSnapshotStore
+from .templates.service import TemplateService
+from .templates.steps import Step
 from .validation import validate_language, validate_memory
 from .vm.execution import ExecRequest, OutputCallback
 from .vm.guest import GuestVm
 from .vm.jail import usage_figures
 from .vm.process import wait_released
 from .vm.registry import VmRegistry
+from .vm.spec import TemplateDisk
 
 log = logging.getLogger("exec_sandbox")
 
@@ -98,12 +102,20 @@ class Scheduler:
         self._pool = WarmPool(
             self.config.warm_pool_size,
             self.config.default_memory_mb,
-            VCPUS,
+            limits.DEFAULT_VCPUS,
             self._admission,
             self._provisioner.start_pool_vm,
             self._foreground.wait_quiet,
         )
         self._admission.set_reclaim(self._pool.reclaim_one)
+        self._templates = TemplateService(
+            self.config,
+            self._provisioner,
+            self._admission,
+            self._leases,
+            self._hub,
+            self._start_open,
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -211,6 +223,49 @@ class Scheduler:
         so that its build is published rather than cancelled by close() (`sbx run` does)."""
         return await self._provisioner.wait_snapshots(timeout)
 
+    async def build_template(
+        self,
+        name: str,
+        *,
+        image: str | os.PathLike[str] | None = None,
+        base: str = "default",
+        steps: Sequence[Step] = (),
+        allowed_domains: Sequence[str] | None = None,
+        memory_mb: int | None = None,
+        vcpus: int | None = None,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> Template:
+        """Build (or find built) the template `name` (docs/templates.md): from `image` (a
+        registry reference, an OCI layout directory, an OCI or `docker save` archive) or on
+        `base` (the default image or another template), then `steps` (Run, Copy, Env, Workdir,
+        User) in a builder VM whose network reaches only `allowed_domains` (none when None).
+        memory_mb and vcpus become the defaults of its runs. on_progress gets status lines and
+        the steps' output. Raises InputValidationError before anything starts, TemplateError
+        (TemplateBuildError for a failed step) after."""
+        return await self._templates.build(
+            name,
+            image=image,
+            base=base,
+            steps=steps,
+            allowed_domains=allowed_domains,
+            memory_mb=memory_mb,
+            vcpus=vcpus,
+            on_progress=on_progress,
+        )
+
+    async def templates(self) -> list[Template]:
+        """The templates built on this machine, by name."""
+        return await self._templates.list()
+
+    async def delete_template(self, name: str) -> bool:
+        """Forget the template `name` (its image goes once nothing else names it); False when
+        there was none. Paused sessions of it keep their own link to its image."""
+        return await self._templates.delete(name)
+
+    async def _start_open(self) -> None:
+        self._check_open()
+        await self.start()
+
     async def run(self, code: str, **options: Unpack[RunOptions]) -> ExecutionResult:
         """Run `code` in a fresh VM that is destroyed afterwards (options: run_request.RunOptions).
 
@@ -221,7 +276,7 @@ class Scheduler:
         infrastructure failures.
         """
         started = time.monotonic()
-        request = RunRequest.make(options, self.config, code=code)
+        request = RunRequest.make(options, self.config, code=code, defaults=False)
         return await self.run_request(request, Callbacks.of(options), started=started)
 
     async def run_request(
@@ -233,16 +288,16 @@ class Scheduler:
     ) -> ExecutionResult:
         """run() of a request made already (the cluster's hosts get requests, not options)."""
         started = time.monotonic() if started is None else started
-        request = request.with_defaults(self.config)
         if request.code is None:
             raise InputValidationError("run() needs code")
+        request, template = await self._templates.resolve(request)
         at = time.monotonic()
         layer = await self._layer(request, callbacks)
         packages_ms = _ms(time.monotonic() - at)
         net = await self._network(request)
         try:
             with self._foreground.busy():
-                result = await self._run(request, callbacks, net, layer, started)
+                result = await self._run(request, callbacks, net, layer, template, started)
         finally:
             if net is not None:
                 net.discard()
@@ -258,11 +313,12 @@ class Scheduler:
         callbacks: Callbacks,
         net: NetworkSetup | None,
         layer: PackageLayer | None,
+        template: TemplateDisk | None,
         started: float,
     ) -> ExecutionResult:
         assert request.code is not None
         lease, phases = await self._acquire_lease(
-            request.language, request.memory, net is not None, layer, callbacks.on_boot_log
+            request, net is not None, layer, template, callbacks.on_boot_log
         )
         vm = lease.vm
         exposed = [] if net is None else net.exposed
@@ -327,10 +383,13 @@ class Scheduler:
 
     async def _layer(self, request: RunRequest, callbacks: Callbacks) -> PackageLayer | None:
         """Start the scheduler if it is not (refused once closed), then the request's package
-        layer with the scheduler's default packages: cached, or built now (None: no packages)."""
-        specs = self._provisioner.packages_of(request.packages_language, request.packages)
+        layer with the scheduler's default packages: cached, or built now (None: no packages,
+        or a template, which brings its own)."""
         self._check_open()
         await self.start()
+        if request.template is not None:
+            return None
+        specs = self._provisioner.packages_of(request.packages_language, request.packages)
         return await self._provisioner.layer_for(
             request.packages_language, specs, callbacks.on_boot_log
         )
@@ -359,7 +418,7 @@ class Scheduler:
         `_packages_language` (for integrations): the packages are of that language, not the
         session's; a shell session (raw) can so get python packages for the `python3` it runs."""
         request = RunRequest.make(
-            options, self.config, code=None, packages_language=_packages_language
+            options, self.config, code=None, packages_language=_packages_language, defaults=False
         )
         return await self.session_request(request, Callbacks.of(options))
 
@@ -367,17 +426,13 @@ class Scheduler:
         self, request: RunRequest, callbacks: Callbacks = NO_CALLBACKS
     ) -> Session:
         """session() of a request made already (the cluster's hosts get requests)."""
-        request = request.with_defaults(self.config)
+        request, template = await self._templates.resolve(request)
         layer = await self._layer(request, callbacks)
         net = await self._network(request)
         try:
             with self._foreground.busy():
                 lease, phases = await self._acquire_lease(
-                    request.language,
-                    request.memory,
-                    net is not None,
-                    layer,
-                    callbacks.on_boot_log,
+                    request, net is not None, layer, template, callbacks.on_boot_log
                 )
             if net is not None:
                 try:
@@ -465,18 +520,25 @@ class Scheduler:
 
     async def _acquire_lease(
         self,
-        language: Language,
-        memory: int,
+        request: RunRequest,
         network: bool,
         layer: PackageLayer | None,
+        template: TemplateDisk | None,
         on_boot_log: OutputCallback | None,
     ) -> tuple[Lease[GuestVm], Phases]:
         """A VM and its ticket for one run() or session: the pool first, else admission and
         an L1 restore or a cold boot (provisioning.py). network: the VM gets the network port
         (never a pooled VM: those have none; its L1 snapshots are its own)."""
+        language, memory, vcpus = request.language, request.memory, request.cpus
         phases = Phases()
         pooled = None
-        if not network and self._provisioner.pool_serves(language, layer):
+        # The pool's VMs run the default image with the default vCPU count.
+        if (
+            not network
+            and template is None
+            and vcpus == limits.DEFAULT_VCPUS
+            and self._provisioner.pool_serves(language, layer)
+        ):
             pooled = await self._take_pooled(language, memory, False, phases)
         if pooled is not None and self._closed:
             pooled.lease.discard()
@@ -489,7 +551,14 @@ class Scheduler:
 
         async def start() -> GuestVm:
             vm = await self._provisioner.start_vm(
-                language, memory, phases, layer, on_boot_log=on_boot_log, net_port=network
+                language,
+                memory,
+                phases,
+                layer,
+                on_boot_log=on_boot_log,
+                net_port=network,
+                vcpus=vcpus,
+                template=template,
             )
             if self._closed:
                 vm.close()
@@ -497,7 +566,7 @@ class Scheduler:
             return vm
 
         admit_at = time.monotonic()
-        ticket = await self._admission.acquire(memory, VCPUS)
+        ticket = await self._admission.acquire(memory, vcpus)
         phases.admission_ms = _ms(time.monotonic() - admit_at)
         return await Lease.acquire(ticket, start, self._leases), phases
 

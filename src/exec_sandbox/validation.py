@@ -108,6 +108,29 @@ def validate_memory(memory_mb: object) -> int:
     return memory_mb
 
 
+def validate_vcpus(vcpus: object) -> int:
+    if isinstance(vcpus, bool) or not isinstance(vcpus, int):
+        raise InputValidationError(f"vcpus must be an integer, got {vcpus!r}")
+    if not limits.MIN_VCPUS <= vcpus <= limits.MAX_VCPUS:
+        raise InputValidationError(
+            f"vcpus must be between {limits.MIN_VCPUS} and {limits.MAX_VCPUS}, got {vcpus}"
+        )
+    return vcpus
+
+
+# A template's name: what `sbx template` lists and a file name in the template cache.
+TEMPLATE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
+def validate_template_name(name: object) -> str:
+    if not isinstance(name, str) or not TEMPLATE_NAME.fullmatch(name) or ".." in name:
+        raise InputValidationError(
+            f"a template name is 1-63 of a-z, 0-9, '.', '_', '-' (starting with a letter or "
+            f"digit), got {name!r}"
+        )
+    return name
+
+
 def validate_env(env_vars: Mapping[str, str] | None) -> list[tuple[bytes, bytes]]:
     """Return the variables as (name, value) byte pairs, or raise EnvVarValidationError."""
     if env_vars is None:

@@ -37,3 +37,12 @@ def test_bad_options_are_refused_before_anything_runs() -> None:
         RunRequest.make({"timeout_seconds": 0}, config, code="1", defaults=False)
     with pytest.raises(InputValidationError):
         RunRequest.make({"memory_mb": 16}, config, code="1", defaults=False)
+    for vcpus in (0, 9, 1.5, True):
+        with pytest.raises(InputValidationError, match="vcpus"):
+            RunRequest.make({"vcpus": vcpus}, config, code="1")  # type: ignore[typeddict-item]
+
+
+def test_vcpus_default_to_one_and_are_kept() -> None:
+    config = SchedulerConfig()
+    assert RunRequest.make({}, config, code="1").vcpus == 1
+    assert RunRequest.make({"vcpus": 8}, config, code=None).vcpus == 8

@@ -36,11 +36,13 @@ def normalize_tree(tree: Path) -> None:
                 path.unlink()  # devices, fifos, sockets: never part of a package
 
 
-async def pack(tree: Path, image: Path) -> int:
+async def pack(tree: Path, image: Path, *, normalize: bool = True) -> int:
     """mkfs.erofs over tree: files owned by root, timestamps zeroed, no extended attributes.
-    Returns the image's size."""
+    Returns the image's size. normalize: normalize_tree() first (a template build's sources
+    keep their modes and links: they are copied as they are, like a Dockerfile's COPY)."""
     mkfs = require_tool("mkfs.erofs", "erofs-utils")
-    await asyncio.get_running_loop().run_in_executor(None, normalize_tree, tree)
+    if normalize:
+        await asyncio.get_running_loop().run_in_executor(None, normalize_tree, tree)
     result = await run_tool(
         [mkfs, "--quiet", "-T0", "--all-root", "-x-1", f"-U{_UUID}", str(image), str(tree)],
         timeout=MKFS_TIMEOUT_SECONDS,

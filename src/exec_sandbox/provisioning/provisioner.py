@@ -42,20 +42,18 @@ from ..snapshots.identity import machine_identity, qemu_version
 from ..snapshots.l1 import Snapshot, SnapshotCache, snapshot_key, template_holds_interpreter
 from ..snapshots.node_startup import NodeStartupCache, blob_key
 from ..snapshots.ram import SnapshotIntegrityError
+from ..templates.store import TemplateStore
 from ..vm import host_facts, migration
 from ..vm.execution import OutputCallback
 from ..vm.guest import GuestVm
 from ..vm.jail import jail_options, prepare_host
 from ..vm.qmp import QmpError
 from ..vm.registry import VmRegistry
-from ..vm.spec import VmSpec
+from ..vm.spec import TemplateDisk, VmSpec
 from .admission import Admission
 
 log = logging.getLogger("exec_sandbox")
 
-# Every VM has one vCPU: the guest runs one program at a time, and under TCG a second vCPU
-# costs a host thread without making a single-threaded interpreter faster.
-VCPUS = 1
 _QUIET_POLL_SECONDS = 0.05
 
 
@@ -200,6 +198,10 @@ class Provisioner:
         self._snapshot_failed: set[str] = set()
         # Package layers (packages/): the cache, and each language's default set (config).
         self.layers = PackageLayers(config.package_cache_dir, config.package_cache_max_mb << 20)
+        # Templates (templates/): their images, attached to the VMs that run them.
+        self.templates = TemplateStore(
+            config.template_cache_dir, max_bytes=config.template_cache_max_mb << 20
+        )
         self._default_packages: dict[str, tuple[PackageSpec, ...]] = {
             lang: validate_packages(specs, lang, strict=config.enable_package_validation)  # type: ignore[arg-type]
             for lang, specs in config.default_packages.items()
@@ -262,20 +264,27 @@ class Provisioner:
 
         return await self.layers.get(language, specs, self._host.images, progress)
 
-    def spec(self, memory_mb: int, layer: PackageLayer | None = None) -> VmSpec:
+    def spec(
+        self,
+        memory_mb: int,
+        layer: PackageLayer | None = None,
+        vcpus: int = limits.DEFAULT_VCPUS,
+        template: TemplateDisk | None = None,
+    ) -> VmSpec:
         assert self._host is not None
         return VmSpec(
             qemu_binary=self._host.qemu_binary,
             images=self._host.images,
             accel=self._host.accel,
             memory_mb=memory_mb,
-            vcpus=VCPUS,
+            vcpus=vcpus,
             kernel_cmdline_extra=self._host.kernel_cmdline_extra,
             jail=jail_options(
-                memory_mb, VCPUS, qemu_binary=self._host.qemu_binary, accel=self._host.accel
+                memory_mb, vcpus, qemu_binary=self._host.qemu_binary, accel=self._host.accel
             ),
             qemu_sandbox=True,
             layer=layer,
+            template=template,
             # QMP on every VM: a session's VM can be paused or forked (snapshots/forks.py).
             qmp=True,
         )
@@ -295,10 +304,12 @@ class Provisioner:
         *,
         on_boot_log: OutputCallback | None = None,
         net_port: bool = False,
+        vcpus: int = limits.DEFAULT_VCPUS,
+        template: TemplateDisk | None = None,
     ) -> GuestVm:
         """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot).
         net_port: the VM gets the network port (its own snapshots: the device layout differs)."""
-        spec = replace(self.spec(memory_mb, layer), net_port=net_port)
+        spec = replace(self.spec(memory_mb, layer, vcpus, template), net_port=net_port)
         if self.snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self.snapshots.lookup(key, memory_mb)
@@ -315,7 +326,8 @@ class Provisioner:
             boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
             on_boot_log=on_boot_log,
         )
-        if language == "javascript" and node_startup.GIVE_TO_COLD_BOOTS:
+        # The startup blob is of the default image's node: a template's node is its own.
+        if language == "javascript" and node_startup.GIVE_TO_COLD_BOOTS and template is None:
             try:
                 await self._give_node_startup(vm, spec)
             except BaseException:
@@ -323,6 +335,16 @@ class Provisioner:
                 raise
         phases.boot_ms = _ms(time.monotonic() - at)
         return vm
+
+    async def boot(self, spec: VmSpec) -> GuestVm:
+        """A cold boot of spec, registered like every VM, never from or into a snapshot (a
+        template's builder VM)."""
+        return await self.factory.boot(
+            spec,
+            registry=self._registry,
+            boot_timeout=limits.BOOT_TIMEOUT_SECONDS,
+            on_boot_log=None,
+        )
 
     async def _give_node_startup(self, vm: GuestVm, spec: VmSpec) -> None:
         """A cold-booted VM's node starts from this machine's startup snapshot when the host

@@ -24,7 +24,8 @@ def qemu_version(qemu_binary: str) -> str:
 
 def machine_identity(spec: VmSpec) -> dict[str, object]:
     """What a saved VM state can only be loaded into the same of: images, QEMU, accelerator,
-    RAM size, vCPUs, kernel command line (part of L1 keys and of paused sessions' metadata)."""
+    RAM size, vCPUs, kernel command line, template (part of L1 keys and of paused sessions'
+    metadata)."""
     return {
         "kernel": spec.images.kernel_hash,
         "rootfs": spec.images.rootfs_hash,
@@ -35,6 +36,9 @@ def machine_identity(spec: VmSpec) -> dict[str, object]:
         "cmdline": _stable_cmdline(spec.kernel_cmdline_extra),
         # The network port changes the device layout (kept out of plain VMs' keys: unchanged).
         **({"net_port": True} if spec.net_port else {}),
+        # A template's disk is the root its processes run in: another one (a rebuilt template
+        # of the same name) must never get this state.
+        **({"template": spec.template.digest} if spec.template is not None else {}),
     }
 
 

@@ -110,6 +110,12 @@ def template_holds_interpreter(language: Language) -> bool:
     return language in TEMPLATE_PRESTART_LANGUAGES
 
 
+def _gets_node_blob(spec: VmSpec, language: Language) -> bool:
+    """Whether the snapshot VM's node starts from a startup blob: the blob is of the default
+    image's node, and a user template brings its own node."""
+    return language == "javascript" and node_startup.BUILT_IN_TEMPLATES and spec.template is None
+
+
 def snapshot_key(spec: VmSpec, language: Language) -> str:
     """Everything that changes what a restored VM would be: images, QEMU, accelerator, RAM,
     vCPUs, kernel command line, language (the warmed-up interpreter), the package layer, the
@@ -119,7 +125,7 @@ def snapshot_key(spec: VmSpec, language: Language) -> str:
         **machine_identity(spec),
         "language": language,
         "template_prestart": template_holds_interpreter(language),
-        "node_snapshot": language == "javascript" and node_startup.BUILT_IN_TEMPLATES,
+        "node_snapshot": _gets_node_blob(spec, language),
         # A second disk changes the device layout, and its files are in the guest's page cache.
         "layer": None if spec.layer is None else spec.layer.identity,
     }
@@ -242,7 +248,7 @@ class SnapshotCache:
                 os.close(ram_fd)  # QEMU has its own copy (fd 6)
             try:
                 await vm.warm_up(language)
-                if language == "javascript" and node_startup.BUILT_IN_TEMPLATES:
+                if _gets_node_blob(spec, language):
                     await node_startup.give_template_blob(vm, spec, self.node_cache)
                 if template_holds_interpreter(language):
                     await vm.prestart(language)

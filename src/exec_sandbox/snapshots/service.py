@@ -11,6 +11,7 @@ timed out like an opened one.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableSet
@@ -27,6 +28,7 @@ from ..provisioning.provisioner import Provisioner
 from ..vm.execution import OutputCallback
 from ..vm.guest import GuestVm
 from ..vm.registry import VmRegistry
+from ..vm.spec import TemplateDisk
 from .forks import check_machine, fork_vms, load_vm, save_session
 from .sessions import SessionSnapshotStore, check_id
 
@@ -96,7 +98,14 @@ class SessionSnapshotService:
         await self._start()
         meta = await self.store.load(snapshot_id)
         layer = await self._layer_of(meta)
-        spec = self._provisioner.spec(int(meta["machine"]["memory_mb"]), layer)
+        template = await self._template_of(meta)
+        machine = meta["machine"]
+        spec = self._provisioner.spec(
+            int(machine["memory_mb"]),
+            layer,
+            int(machine.get("vcpus", limits.DEFAULT_VCPUS)),
+            template,
+        )
         check_machine(meta, spec)
         settings = meta["session"]
         at = 0.0
@@ -185,10 +194,12 @@ class SessionSnapshotService:
 
     async def _meta(self, session: Session) -> dict[str, object]:
         layer = session.vm.spec.layer
+        template = session.vm.spec.template
         return {
             "language": session.language,
             "session": session.settings(),
             "layer": None if layer is None else await self._layer_meta(layer),
+            "template": None if template is None else template.digest,
             "packages": [] if session.packages is None else list(session.packages.packages),
         }
 
@@ -204,6 +215,19 @@ class SessionSnapshotService:
             "size": stored.size,
             "sha256": stored.meta.get("sha256"),
         }
+
+    async def _template_of(self, meta: dict[str, Any]) -> TemplateDisk | None:
+        """The template disk a paused session's VM had: the same image (by digest) again."""
+        digest = meta.get("template")
+        if not digest:
+            return None
+        path = self._provisioner.templates.blob_path(str(digest))
+        if not await asyncio.to_thread(path.is_file):
+            raise SnapshotError(
+                f"session snapshot {meta.get('id')} needs template image {digest}, which is "
+                "no longer in the template cache"
+            )
+        return TemplateDisk(path, str(digest))
 
     async def _layer_of(self, meta: dict[str, Any]) -> PackageLayer | None:
         """The package layer a paused session's VM had (its disk must be the same again): the

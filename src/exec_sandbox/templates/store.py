@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from .._threads import in_thread
-from ..errors import InputValidationError, TemplateError
+from ..errors import TemplateError
 from ..models import Template
+from ..validation import validate_template_name
 
 log = logging.getLogger("exec_sandbox")
 
@@ -53,17 +54,6 @@ _LOCK_POLL_SECONDS = 0.1
 _RECORD_MAX_BYTES = 1 << 20
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _INPUTS_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
-# A template's name is a file name here: the same rule as validation.validate_template_name.
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-
-
-def check_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise InputValidationError(
-            f"a template name is 1-63 of a-z, 0-9, '.', '_', '-' (starting with a letter or "
-            f"digit), got {name!r}"
-        )
-    return name
 
 
 def _check_key(key: str) -> str:
@@ -95,7 +85,7 @@ class TemplateStore:
     async def get(self, name: str) -> Template | None:
         """The template called name, if its record reads and its image is there with the
         recorded size (a damaged record is removed); marks its image used."""
-        return await in_thread(functools.partial(self._get, check_name(name)))
+        return await in_thread(functools.partial(self._get, validate_template_name(name)))
 
     async def get_by_inputs(self, key: str) -> Template | None:
         """The template a build of these inputs made last time (under whatever name), if its
@@ -113,7 +103,7 @@ class TemplateStore:
         template.digest) into the store, then record template under its name (replacing an
         older record of that name) and under inputs_key; then evict. If the store has that
         digest already, image is dropped and the stored one kept."""
-        check_name(template.name)
+        validate_template_name(template.name)
         _hex(template.digest)
         if inputs_key is not None:
             _check_key(inputs_key)
@@ -131,7 +121,7 @@ class TemplateStore:
         defaults of this build, created now, built in no time. The record written is returned."""
         named = dataclasses.replace(
             template,
-            name=check_name(name),
+            name=validate_template_name(name),
             memory_mb=memory_mb,
             vcpus=vcpus,
             created_at=time.time(),
@@ -142,7 +132,7 @@ class TemplateStore:
     async def delete(self, name: str) -> bool:
         """Remove the record of name (False: there was none). Its image goes with it unless
         another record names it or it was used in the last minutes (then eviction takes it)."""
-        return await in_thread(functools.partial(self._delete, check_name(name)))
+        return await in_thread(functools.partial(self._delete, validate_template_name(name)))
 
     async def evict(self, keep: str | None = None) -> None:
         """Remove images until the store is under its size cap (keep: a digest to spare)."""
@@ -396,7 +386,7 @@ def _template_from_json(data: object) -> Template:
     names = {f.name for f in dataclasses.fields(Template)}
     if set(data) != names:
         raise ValueError(f"fields {sorted(set(data) ^ names)} differ from a Template's")
-    check_name(data["name"])
+    validate_template_name(data["name"])
     _hex(data["digest"])
     for field in ("size_bytes", "build_ms"):
         if isinstance(data[field], bool) or not isinstance(data[field], int) or data[field] < 0:
