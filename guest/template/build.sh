@@ -20,6 +20,8 @@
 # one line on stderr and exits non-zero.
 set -euo pipefail
 shopt -s nullglob
+# The agent gives user code no sbin in PATH; this script runs as root and needs chroot, mount.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 B=/run/sbx/build
 SRC=$B/source
@@ -377,7 +379,7 @@ cmd_finish() {
 	chmod 0644 "$STAGE/sbx/env" "$STAGE/sbx/workdir"
 	chmod 0755 "$STAGE/sbx"
 	# Uncompressed: the VM reads it straight; timestamps as they are.
-	mkfs.erofs "$dev" "$STAGE" >&2 || die "mkfs.erofs onto the output disk failed"
+	mkfs.erofs --quiet "$dev" "$STAGE" >&2 || die "mkfs.erofs onto the output disk failed"
 	sync
 	# The image's size from its superblock (at 1024): blocks (u32 at +36) << blkszbits (u8 at +12).
 	local magic bits blocks
