@@ -25,7 +25,7 @@ from ..errors import InputValidationError
 from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
-from . import session_cmds
+from . import session_cmds, template_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "host's layers and capacity",
     )
     session_cmds.add_parser(commands)
+    template_cmds.add_parser(commands)
     return parser
 
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         return _doctor(args.json)
     if args.command == "session":
         return session_cmds.run(args)
+    if args.command == "template":
+        return template_cmds.run(args)
     if args.command == "setup":
         from ..images import builder
         from ..vm.jail import ensure_qemu_user
@@ -330,6 +333,8 @@ async def _execute(
         "packages": args.packages or None,
         "timeout_seconds": args.timeout,
         "memory_mb": args.memory,
+        "vcpus": args.vcpus,
+        "template": args.template,
         "env_vars": env or None,
         "allow_network": args.network or bool(args.allowed_domains),
         "allowed_domains": args.allowed_domains or None,

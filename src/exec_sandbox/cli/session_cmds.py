@@ -119,6 +119,8 @@ def _run_code(args: argparse.Namespace) -> int:
                     packages=args.packages or None,
                     timeout_seconds=args.timeout,
                     memory_mb=args.memory,
+                    vcpus=args.vcpus,
+                    template=args.template,
                     env_vars=env or None,
                     **callbacks,
                 )
