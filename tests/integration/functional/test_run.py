@@ -150,3 +150,15 @@ async def test_four_parallel_runs_all_succeed(scheduler: Scheduler) -> None:
     results = await asyncio.gather(*(scheduler.run(f"print({i} * 11)") for i in range(4)))
     assert [r.stdout for r in results] == ["0\n", "11\n", "22\n", "33\n"]
     assert all(r.exit_code == 0 for r in results)
+
+
+async def test_vcpus_gives_the_guest_that_many_cpus_and_admission_counts_them(
+    scheduler: Scheduler,
+) -> None:
+    code = "import os; print(os.cpu_count(), len(os.sched_getaffinity(0)))"
+    assert (await scheduler.run(code, vcpus=2)).stdout == "2 2\n"
+    before = scheduler.capacity().free_vcpus
+    async with await scheduler.session(language="python", vcpus=3) as session:
+        assert (await session.exec(code)).stdout == "3 3\n"
+        assert scheduler.capacity().free_vcpus == before - 3
+    assert (await scheduler.run(code)).stdout == "1 1\n"
