@@ -378,8 +378,15 @@ cmd_finish() {
 	printf '%s\n' "$wd" >"$STAGE/sbx/workdir"
 	chmod 0644 "$STAGE/sbx/env" "$STAGE/sbx/workdir"
 	chmod 0755 "$STAGE/sbx"
+	# The output disk is the host's size cap (template_max_mb): say so rather than let mkfs fail.
+	local need have
+	need=$(du -sb "$STAGE" | cut -f1)
+	have=$(blockdev --getsize64 "$dev")
+	[ "$need" -lt "$have" ] || die "the template's files ($((need >> 20)) MB) do not fit in \
+template_max_mb ($((have >> 20)) MB): raise SchedulerConfig.template_max_mb"
 	# Uncompressed: the VM reads it straight; timestamps as they are.
-	mkfs.erofs --quiet "$dev" "$STAGE" >&2 || die "mkfs.erofs onto the output disk failed"
+	mkfs.erofs --quiet "$dev" "$STAGE" >&2 ||
+		die "mkfs.erofs onto the output disk failed (is the template larger than template_max_mb?)"
 	sync
 	# The image's size from its superblock (at 1024): blocks (u32 at +36) << blkszbits (u8 at +12).
 	local magic bits blocks

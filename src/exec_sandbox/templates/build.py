@@ -19,6 +19,7 @@ hit and build nothing.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import logging
@@ -153,6 +154,25 @@ async def build_template(
     """The template of request: the cached one for the same inputs, else built now. Raises
     TemplateError (and its TemplateBuildError for a step that failed); nothing half-built is
     left behind."""
+    try:
+        return await _build_or_find(request, store, images, builder_vms, max_bytes, progress)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise TemplateError(
+                f"the disk holding the template cache is full ({exc}): free some space or set "
+                "SchedulerConfig.template_cache_dir to a larger disk"
+            ) from None
+        raise
+
+
+async def _build_or_find(
+    request: BuildRequest,
+    store: TemplateStore,
+    images: GuestImages,
+    builder_vms: BuilderVms,
+    max_bytes: int,
+    progress: Progress | None,
+) -> Template:
     build = _Build(request, store, builder_vms, max_bytes, _Say(progress), time.monotonic())
     base: Template | None = None
     if request.source_kind == "template":
@@ -165,7 +185,9 @@ async def build_template(
         imported: ImportedImage | None = None
         if request.image is not None:
             build.say(f"importing {request.image}")
-            imported = await import_image(request.image, source, progress=build.say)
+            imported = await import_image(
+                request.image, source, progress=build.say, max_bytes=max_bytes
+            )
             build.say(
                 f"imported {imported.layers} layers, {imported.size_bytes / 1e6:.1f} MB "
                 f"({imported.manifest_digest})"
@@ -415,7 +437,8 @@ def _inputs_key(
     copies: dict[int, str],
 ) -> str:
     """What makes two builds give the same template: the builder's images (its umoci, mkfs and
-    script; the default base's tree), the source, and the steps."""
+    script; the default base's tree), the source, the steps, and what their network reaches (a
+    step that fetches gets another result with another allowance)."""
     source: str
     if imported is not None:
         source = imported.manifest_digest
@@ -432,10 +455,18 @@ def _inputs_key(
             "builder": [images.kernel_hash, images.rootfs_hash],
             "source": source,
             "plan": plan,
+            "network": _network_key(request.network),
         },
         sort_keys=True,
     )
     return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _network_key(network: NetworkRequest | None) -> list[str] | None:
+    if network is None:
+        return None
+    rules = network.rules or ()
+    return sorted(f"{rule.name}:{rule.port}" for rule in rules)
 
 
 def _sparse(path: Path, size: int) -> None:

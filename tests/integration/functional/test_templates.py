@@ -9,8 +9,11 @@ run in builder VMs. Builds are cached by their inputs in a cache shared by the m
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.server
 import os
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -295,3 +298,64 @@ def test_concurrent_builds_of_one_name_leave_one_template(
 
     digests = asyncio.run(go())
     assert len(digests) == 1  # the same image through two sources: one template
+
+
+@pytest.fixture
+def web_server(tmp_path: Path) -> Iterator[int]:
+    """A loopback HTTP server of tmp_path/www (the build's one allowed destination)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "file").write_text("fetched by a build step\n")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+async def test_a_builds_network_reaches_only_its_allowed_domains(
+    tmp_path: Path,
+    shared_cache: Path,
+    images_ready: None,
+    busybox_image: BusyboxImage,
+    web_server: int,
+) -> None:
+    config = private_config(
+        tmp_path,
+        template_cache_dir=shared_cache / "templates",
+        template_build_memory_mb=1024,
+        network_test_hosts={"web.test:80": f"127.0.0.1:{web_server}"},
+    )
+    fetch = "busybox wget -q -O /srv/got http://web.test/file"
+    async with Scheduler(config) as sched:
+        allowed = await sched.build_template(
+            "fetched", image=busybox_image.layout, steps=[Run(fetch)], allowed_domains=["web.test"]
+        )
+        result = await sched.run("cat /srv/got", language="raw", template=allowed.name)
+        assert result.stdout == "fetched by a build step\n"
+        with pytest.raises(TemplateBuildError) as caught:
+            await sched.build_template("unfetched", image=busybox_image.layout, steps=[Run(fetch)])
+        assert caught.value.step == 0
+        with pytest.raises(TemplateBuildError):
+            await sched.build_template(
+                "elsewhere",
+                image=busybox_image.layout,
+                steps=[Run(fetch)],
+                allowed_domains=["other.test"],
+            )
+
+
+async def test_a_template_over_its_size_cap_fails_clearly(
+    tmp_path: Path, images_ready: None, busybox_image: BusyboxImage
+) -> None:
+    config = private_config(tmp_path, template_max_mb=16, template_build_memory_mb=1024)
+    async with Scheduler(config) as sched:
+        with pytest.raises(TemplateBuildError, match="template_max_mb"):
+            await sched.build_template(
+                "big",
+                image=busybox_image.layout,
+                steps=[Run("busybox dd if=/dev/zero of=/big bs=1M count=24 2>/dev/null")],
+            )
+        assert await sched.templates() == []
