@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import http.server
+import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ from exec_sandbox import (
     TemplateError,
     Workdir,
 )
+from exec_sandbox.paths import images_dir
 from tests.helpers import private_config, qemu_processes
 from tests.templates_support import (
     IMAGE_WORKDIR,
@@ -359,3 +363,47 @@ async def test_a_template_over_its_size_cap_fails_clearly(
                 steps=[Run("busybox dd if=/dev/zero of=/big bs=1M count=24 2>/dev/null")],
             )
         assert await sched.templates() == []
+
+
+def test_sbx_template_build_list_run_rm(
+    tmp_path: Path, images_ready: None, busybox_image: BusyboxImage
+) -> None:
+    env = {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
+
+    def sbx(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "exec_sandbox.cli.main", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+    (tmp_path / "notes.txt").write_text("copied by COPY\n")
+    sandboxfile = tmp_path / "Sandboxfile"
+    sandboxfile.write_text(
+        f"# a comment\nFROM {busybox_image.layout}\n"
+        "ENV GREETING=hi \\\n    OTHER=x\nWORKDIR /app\nCOPY notes.txt /app\n"
+        'RUN ["sh", "-c", "echo $GREETING > made"]\n'
+    )
+    built = sbx("template", "build", "tb", "--file", str(sandboxfile))
+    assert built.returncode == 0, built.stderr
+    assert built.stdout.startswith("sha256:")
+    assert "step 4/4: RUN" in built.stderr  # progress and the steps' output on stderr
+    listed = json.loads(sbx("template", "list", "--json").stdout)
+    assert [t["name"] for t in listed] == ["tb"] and listed[0]["languages"] == {"raw": "sh"}
+    ran = sbx("run", "--template", "tb", "-l", "raw", "-c", "pwd; cat made notes.txt")
+    assert (ran.returncode, ran.stdout) == (0, "/app\nhi\ncopied by COPY\n"), ran.stderr
+    wrong = sbx("run", "--template", "tb", "-c", "print(1)")
+    assert wrong.returncode == 2 and "no python3" in wrong.stderr
+    bad = tmp_path / "Bad"
+    bad.write_text("FROM default\nEXPOSE 80\n")
+    refused = sbx("template", "build", "x", "--file", str(bad))
+    assert refused.returncode == 2 and "line 2" in refused.stderr
+    assert sbx("template", "rm", "tb").returncode == 0
+    assert sbx("template", "rm", "tb").returncode == 1
