@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -25,13 +24,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import percentile, summary, timed
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from exec_sandbox.images.catalog import load_images
-from exec_sandbox.paths import images_dir
 from exec_sandbox.templates.oci import import_image
+from tests.templates_support import make_debian_layout
 
 CODE = "print(1)"
 
@@ -39,18 +38,7 @@ CODE = "print(1)"
 def make_archive(where: Path) -> Path:
     """An oci-archive of the default image's package tree (python3, node, bash: ~300 MB
     unpacked, ~100 MB gzipped)."""
-    images = load_images(images_dir())
-    trees = sorted(images.rootfs.parent.glob("rootfs-tree-*"), key=lambda p: p.stat().st_mtime)
-    if not trees:
-        raise SystemExit("no rootfs-tree-* in the images directory: run `sbx setup` first")
-    layout, bundle = where / "layout", where / "bundle"
-    subprocess.run(["umoci", "init", "--layout", layout], check=True)
-    subprocess.run(["umoci", "new", "--image", f"{layout}:1"], check=True)
-    subprocess.run(["umoci", "unpack", "--image", f"{layout}:1", bundle], check=True)
-    subprocess.run(["cp", "-a", f"{trees[-1]}/.", f"{bundle}/rootfs/"], check=True)
-    subprocess.run(["umoci", "repack", "--image", f"{layout}:1", bundle], check=True)
-    subprocess.run(["umoci", "gc", "--layout", layout], check=True)
-    shutil.rmtree(bundle)
+    layout = make_debian_layout(where / "layout")
     archive = where / "debian.oci.tar"
     with tarfile.open(archive, "w") as tar:
         for entry in sorted(layout.iterdir()):

@@ -33,6 +33,10 @@ if [ "${1:-}" = --pack ]; then
 	install -d -m 0755 "$debian_py/exec_sandbox_guest"
 	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py "$debian_py/exec_sandbox_guest/"
 	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$debian_py/"
+	# And beside the drivers, which a template VM binds into its root: a template's own python
+	# finds it there through the session driver (guest/repl/driver.py).
+	install -d -m 0755 "$stage/root/usr/lib/sbx/python/exec_sandbox_guest"
+	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py "$stage/root/usr/lib/sbx/python/exec_sandbox_guest/"
 	source "$images_src_dir/rootfs/finish-image.sh"
 	finish_image "$stage/root" "$stage/facts.json" "$tree_key"
 	run_logged "$stage/mkfs.log" mkfs.erofs -T0 "$stage/image.erofs" "$stage/root"

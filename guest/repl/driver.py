@@ -14,19 +14,29 @@ import sys
 
 def _runtime():
     """The guest runtime (guest/runtime/python: display(), matplotlib's flush), or None. In the
-    image it is already imported (its .pth file) and its builtins are in place; the agent's host
-    tests run this file from the source tree, where the runtime sits beside guest/repl/."""
+    image it is already imported (its .pth file) and its builtins are in place. A template's own
+    python has no .pth of it: it is beside this file, in python/ (the image's /usr/lib/sbx, which
+    a template VM binds into its root); the agent's host tests run this file from the source
+    tree, where the runtime sits beside guest/repl/."""
     try:
         import exec_sandbox_guest
     except ImportError:
         here = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(0, os.path.join(os.path.dirname(here), "runtime", "python"))
-        try:
-            import exec_sandbox_guest
-        except ImportError:
+        for where in (
+            os.path.join(here, "python"),
+            os.path.join(os.path.dirname(here), "runtime", "python"),
+        ):
+            sys.path.insert(0, where)
+            try:
+                import exec_sandbox_guest
+
+                break
+            except ImportError:
+                pass
+            finally:
+                del sys.path[0]
+        else:
             return None
-        finally:
-            del sys.path[0]
     exec_sandbox_guest._install_builtins()
     return exec_sandbox_guest
 

@@ -203,7 +203,9 @@ prepare_oci() {
 	mkdir "$B/oci-rw/upper" "$B/oci-rw/work"
 	mount -t overlay overlay -o "lowerdir=$SRC/oci,upperdir=$B/oci-rw/upper,workdir=$B/oci-rw/work" "$B/oci"
 	umoci raw unpack --image "$B/oci:sbx" "$STAGE/root" >&2 || die "umoci could not unpack the image"
-	# The image config: Env and WorkingDir are the start of the build's own.
+	# The image config: Env and WorkingDir are the start of the build's own. Without a
+	# WorkingDir, the sandbox user's home (a container runtime would use /, which uid 1000
+	# cannot write to).
 	local idx=$B/oci/index.json manifest config
 	manifest=$(jq -r '[.manifests[] | select(.annotations["org.opencontainers.image.ref.name"] == "sbx")][0].digest // .manifests[0].digest' "$idx")
 	[[ $manifest =~ ^sha256:[0-9a-f]{64}$ ]] || die "the layout's index names no manifest"
@@ -212,7 +214,7 @@ prepare_oci() {
 	local cfg=$B/oci/blobs/sha256/${config#sha256:}
 	set_env_json "$(jq '[(.config.Env // [])[] | select(test("^[A-Za-z_][A-Za-z0-9_]*="))
 		| capture("^(?<k>[^=]*)=(?<v>.*)$"; "s")] | map({(.k): .v}) | add // {}' "$cfg")"
-	state_set workdir "$(jq -r '.config.WorkingDir // "" | if . == "" then "/" else . end' "$cfg")"
+	state_set workdir "$(jq -r '.config.WorkingDir // "" | if . == "" then "/home/user" else . end' "$cfg")"
 	umount "$B/oci"
 	umount "$B/oci-rw"
 }

@@ -39,6 +39,7 @@ from tests.templates_support import (
     Registry,
     flip_a_byte,
     layer_blobs,
+    make_debian_layout,
     make_hostile_layout,
 )
 
@@ -407,3 +408,39 @@ def test_sbx_template_build_list_run_rm(
     assert refused.returncode == 2 and "line 2" in refused.stderr
     assert sbx("template", "rm", "tb").returncode == 0
     assert sbx("template", "rm", "tb").returncode == 1
+
+
+@pytest.fixture(scope="module")
+def debian_layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_debian_layout(tmp_path_factory.mktemp("debian") / "layout")
+
+
+async def test_an_images_own_python_and_node_run_and_restore_from_its_snapshot(
+    tmp_path: Path, shared_cache: Path, images_ready: None, debian_layout: Path
+) -> None:
+    config = private_config(
+        tmp_path,
+        memory_snapshots=True,
+        template_cache_dir=shared_cache / "templates",
+        template_build_memory_mb=2048,
+    )
+    async with Scheduler(config) as sched:
+        template = await sched.build_template("debian", image=debian_layout)
+        assert template.languages["python"].startswith("3.")
+        assert template.languages["javascript"].startswith("v")
+        code = "import sys, os; print(sys.executable, os.getuid(), os.getcwd())"
+        first = await sched.run(code, template="debian")
+        assert first.stdout == "/usr/bin/python3 1000 /home/user\n", first.stderr
+        node = await sched.run(
+            "console.log(process.version)", language="javascript", template="debian"
+        )
+        assert node.stdout.strip() == template.languages["javascript"], node.stderr
+        async with await sched.session(language="python", template="debian") as session:
+            await session.exec("x = 41")
+            assert (await session.exec("print(x + 1)")).stdout == "42\n"
+            # The guest runtime reaches a template's own python through the session driver.
+            shown = await session.exec("x + 1")
+            assert [(o.mime_type, o.data) for o in shown.outputs] == [("text/plain", "42")]
+        assert await sched.wait_snapshots(180)
+        again = await sched.run(code, template="debian")
+        assert again.l1_cache_hit and again.stdout == first.stdout
