@@ -99,14 +99,27 @@ static void fail(struct sbx_template *t, const char *fmt, ...)
 	sbx_log("template: %s", t->error);
 }
 
-static int open_in_root(int root_fd, const char *path, int flags)
+static int resolve_in_root(int root_fd, const char *path, int flags, uint64_t resolve)
 {
 	struct open_how how = {
 		.flags = (uint64_t)(unsigned)(flags | O_CLOEXEC),
-		.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+		.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | resolve,
 	};
 	int fd = (int)syscall(SYS_openat2, root_fd, path, &how, sizeof(how));
 	return fd < 0 ? -errno : fd;
+}
+
+static int open_in_root(int root_fd, const char *path, int flags)
+{
+	return resolve_in_root(root_fd, path, flags, 0);
+}
+
+/* Where a mount point is made: on the template's own overlay only. An image symlink leading
+ * into a bind made earlier (the agent's /dev, /run/sbx, the home) must not have the agent
+ * create or replace entries there. */
+static int open_on_overlay(int root_fd, const char *path, int flags)
+{
+	return resolve_in_root(root_fd, path, flags, RESOLVE_NO_XDEV);
 }
 
 /* The directory path (relative, "a/b/c") inside the root, made where missing: each prefix is
@@ -126,7 +139,7 @@ static int dir_in_root(int root_fd, const char *path)
 			continue;
 		memcpy(prefix, path, i);
 		prefix[i] = '\0';
-		int fd = open_in_root(root_fd, prefix, O_PATH | O_DIRECTORY);
+		int fd = open_on_overlay(root_fd, prefix, O_PATH | O_DIRECTORY);
 		if (fd == -ENOENT) {
 			const char *name = strrchr(prefix, '/');
 			name = name ? name + 1 : prefix;
@@ -135,7 +148,7 @@ static int dir_in_root(int root_fd, const char *path)
 				close(parent);
 				return -e;
 			}
-			fd = open_in_root(root_fd, prefix, O_PATH | O_DIRECTORY);
+			fd = open_on_overlay(root_fd, prefix, O_PATH | O_DIRECTORY);
 		}
 		close(parent);
 		if (fd < 0)

@@ -11,7 +11,6 @@ timed out like an opened one.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableSet
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import limits
-from ..errors import SnapshotError
+from ..errors import SnapshotError, TemplateError
 from ..models import Language, PackagesReport, SessionSnapshot
 from ..packages.layer import PackageLayer
 from ..provisioning.admission import Admission
@@ -221,12 +220,10 @@ class SessionSnapshotService:
         digest = meta.get("template")
         if not digest:
             return None
-        path = self._provisioner.templates.blob_path(str(digest))
-        if not await asyncio.to_thread(path.is_file):
-            raise SnapshotError(
-                f"session snapshot {meta.get('id')} needs template image {digest}, which is "
-                "no longer in the template cache"
-            )
+        try:
+            path = await self._provisioner.templates.verified(str(digest))
+        except TemplateError as exc:
+            raise SnapshotError(f"session snapshot {meta.get('id')}: {exc}") from None
         return TemplateDisk(path, str(digest))
 
     async def _layer_of(self, meta: dict[str, Any]) -> PackageLayer | None:

@@ -230,7 +230,7 @@ class _Build:
         await asyncio.to_thread(_sparse, output, self.max_bytes)
         disks = [Disk(source_disk, "source")]
         if base is not None:
-            disks.append(Disk(self.store.blob_path(base.digest), "base"))
+            disks.append(Disk(await self.store.verified(base.digest), "base"))
         disks.append(Disk(output, "output", writable=True))
         say("starting the builder VM")
         async with self.builder_vms(tuple(disks), request.network) as vm:
@@ -241,7 +241,8 @@ class _Build:
             say("writing the template image")
             finish = await _exec(vm, "finish", None, say, quiet=True)
         facts = _finish_facts(finish, self.max_bytes)
-        digest = await asyncio.to_thread(_seal, output, facts.size)
+        image = staging / "image.erofs"
+        digest = await asyncio.to_thread(_seal, output, image, facts.size)
         template = Template(
             name=request.name,
             digest=digest,
@@ -255,7 +256,7 @@ class _Build:
             created_at=time.time(),
             build_ms=int((time.monotonic() - self.started) * 1000),
         )
-        published = await self.store.publish(template, output, inputs_key=key)
+        published = await self.store.publish(template, image, inputs_key=key)
         say(f"template {request.name}: {digest} ({facts.size / 1e6:.1f} MB)")
         return published
 
@@ -341,7 +342,7 @@ def _finish_facts(stdout: str, max_bytes: int) -> _Facts:
         raise TemplateError("the builder VM reported no template")
     try:
         raw = json.loads(lines[-1])
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deep enough blows the parser's stack
         raise TemplateError("the builder VM's report is not JSON") from None
     if not isinstance(raw, dict):
         raise TemplateError("the builder VM's report is not an object")
@@ -401,14 +402,25 @@ def _stage_copies(steps: tuple[Step, ...], into: Path) -> dict[int, str]:
         target = into / str(index)
         try:
             if source.is_dir():
-                shutil.copytree(source, target, symlinks=True)
+                shutil.copytree(source, target, symlinks=True, copy_function=_copy_regular)
             else:
                 target.mkdir(parents=True)
-                shutil.copy2(source, target / source.name, follow_symlinks=False)
+                _copy_regular(str(source), str(target / source.name))
         except OSError as exc:
             raise InputValidationError(f"Copy({str(source)!r}): {exc.strerror or exc}") from None
         hashes[index] = _tree_hash(target)
     return hashes
+
+
+def _copy_regular(source: str, dest: str) -> None:
+    """copy2 of a regular file only: a device or fifo in a Copy source would be read on the host
+    (/dev/zero without end), and has no place in a template (the builder makes no nodes)."""
+    if not stat.S_ISREG(os.stat(source).st_mode):
+        raise InputValidationError(
+            f"Copy: {source} is not a regular file, directory or symlink (a device, fifo or "
+            "socket cannot be copied into a template)"
+        )
+    shutil.copy2(source, dest)
 
 
 def _tree_hash(root: Path) -> str:
@@ -474,11 +486,25 @@ def _sparse(path: Path, size: int) -> None:
         f.truncate(size)
 
 
-def _seal(output: Path, size: int) -> str:
-    """Cut the output disk to the image the builder wrote, and hash it."""
-    os.truncate(output, size)
+def _seal(output: Path, image: Path, size: int) -> str:
+    """The image the builder wrote (the output disk's first `size` bytes) copied into a new file
+    of the host's own, read-only, and hashed on the way. Never the output disk itself: QEMU
+    wrote it, and the jail gave it to QEMU's user, who could change it later (a VM running the
+    template has it open read-only, but a QEMU taken over could reopen a file its user owns)."""
     digest = hashlib.sha256()
-    with output.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    left = size
+    fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with output.open("rb") as src:
+            while left > 0:
+                block = src.read(min(left, 1 << 20))
+                if not block:
+                    raise TemplateError("the builder's output disk is shorter than its report")
+                digest.update(block)
+                os.write(fd, block)
+                left -= len(block)
+        os.fchmod(fd, 0o444)
+    finally:
+        os.close(fd)
+    output.unlink()
     return "sha256:" + digest.hexdigest()

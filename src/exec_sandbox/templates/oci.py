@@ -199,7 +199,10 @@ def _reset(layout: Path, scratch: Path) -> None:
 
 
 def _skopeo_argv(transport: str, layout: Path, scratch: Path) -> list[str]:
-    argv = ["skopeo"]
+    # Killed with this process, even SIGKILLed: a copy nobody waits for must not go on pulling
+    # (with the host's credentials) and filling the disk past the cap no one checks any more.
+    setpriv = shutil.which("setpriv")
+    argv = [setpriv, "--pdeathsig", "KILL", "skopeo"] if setpriv else ["skopeo"]
     # Newer skopeo reads this variable itself; older ones only take the (hidden) flag.
     registries_conf = os.environ.get("CONTAINERS_REGISTRIES_CONF")
     if registries_conf:
@@ -256,7 +259,10 @@ async def _skopeo_copy(
                 pass
             if loop.time() > deadline:
                 raise TemplateError(f"importing {transport} took more than {timeout:.0f} s")
-            if await in_thread(functools.partial(_tree_bytes, layout)) > max_bytes:
+            # skopeo's scratch counts too: it unpacks an oci-archive and decompresses there.
+            used = await in_thread(functools.partial(_tree_bytes, layout))
+            used += await in_thread(functools.partial(_tree_bytes, scratch))
+            if used > max_bytes:
                 over_cap = True
                 break
     finally:
@@ -418,7 +424,7 @@ def _read_json(path: Path, limit: int, what: str) -> dict[str, Any]:
 def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nesting deep enough blows the parser's stack
         raise TemplateError(f"the image's {what} is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise TemplateError(f"the image's {what} is not a JSON object")

@@ -118,7 +118,7 @@ class TemplateService:
                 f"template {template.name!r} has no bash, which a raw session needs (one-shot "
                 "raw runs use its sh)"
             )
-        disk = TemplateDisk(self.store.blob_path(template.digest), template.digest)
+        disk = TemplateDisk(await self.store.verified(template.digest), template.digest)
         return request.with_defaults(self._config, template), disk
 
     @contextlib.asynccontextmanager

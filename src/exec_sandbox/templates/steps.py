@@ -94,7 +94,8 @@ class Run:
 class Copy:
     """Copy a host file or directory into the tree. dest is a directory of the tree (created as
     needed): a file lands in it under its own name, a directory's contents are copied into it
-    (owners, modes and symlinks kept; a symlink is copied as a symlink, never followed)."""
+    (modes kept, owned by root; a symlink inside is copied as a symlink, never followed; the
+    source itself, when it is a symlink, is followed). Devices, fifos and sockets are refused."""
 
     source: Path
     dest: str

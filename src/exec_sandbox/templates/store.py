@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -77,10 +78,28 @@ class TemplateStore:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self._verified: set[str] = set()  # digests whose image this process hashed
 
     def blob_path(self, digest: str) -> Path:
         """Where the image of digest is (or would be)."""
         return self.root / "blobs" / f"{_hex(digest)}.erofs"
+
+    async def verified(self, digest: str) -> Path:
+        """The image of digest, its SHA-256 checked once per process before a VM gets it (the
+        cache is the user's files, and an image is a guest's whole root); TemplateError when it
+        is gone or no longer matches."""
+        path = self.blob_path(digest)
+        if digest not in self._verified:
+            actual = await in_thread(functools.partial(_file_digest, path))
+            if actual is None:
+                raise TemplateError(f"the template image {digest} is no longer in the cache")
+            if actual != digest:
+                raise TemplateError(
+                    f"the template image {digest} is damaged (its SHA-256 is now {actual}): "
+                    "build the template again"
+                )
+            self._verified.add(digest)
+        return path
 
     async def get(self, name: str) -> Template | None:
         """The template called name, if its record reads and its image is there with the
@@ -193,7 +212,7 @@ class TemplateStore:
             log.warning("template record %s names an image that is gone: removed", path.name)
             _unlink(path)
             return None
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, RecursionError, TypeError) as exc:
             log.warning("template record %s is damaged (%s): removed", path.name, exc)
             _unlink(path)
             return None
@@ -240,7 +259,7 @@ class TemplateStore:
             raise TemplateError(
                 f"template {template.name}: the image is {size} bytes, not {template.size_bytes}"
             )
-        os.chmod(image, 0o644)
+        os.chmod(image, 0o444)  # nobody writes a published image: not QEMU's user, not ours
         try:
             # link, not rename: it never replaces a published blob (rewriting one under a VM
             # that has it open would change its disk under it).
@@ -288,7 +307,7 @@ class TemplateStore:
             try:
                 with open(path, "rb") as f:
                     digest = json.loads(f.read(_RECORD_MAX_BYTES))["digest"]
-            except (OSError, ValueError, KeyError, TypeError):
+            except (OSError, ValueError, RecursionError, KeyError, TypeError):
                 continue
             if isinstance(digest, str):
                 named.setdefault(digest, []).append(path)
@@ -302,7 +321,7 @@ class TemplateStore:
                     with open(path, "rb") as f:
                         if json.loads(f.read(_RECORD_MAX_BYTES)).get("digest") == digest:
                             found.append(path)
-                except (OSError, ValueError, AttributeError):
+                except (OSError, ValueError, RecursionError, AttributeError):
                     continue
         return found
 
@@ -406,6 +425,17 @@ def _template_from_json(data: object) -> Template:
     if not isinstance(data["created_at"], (int, float)) or isinstance(data["created_at"], bool):
         raise ValueError("created_at is not a time")
     return Template(**{**data, "created_at": float(data["created_at"])})
+
+
+def _file_digest(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return "sha256:" + digest.hexdigest()
 
 
 def _unlink(path: Path) -> None:
