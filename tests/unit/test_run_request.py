@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from exec_sandbox import InputValidationError, RunRequest, SchedulerConfig
+from exec_sandbox import InputValidationError, RunRequest, SchedulerConfig, Template
 
 
 def test_a_local_request_has_the_configs_defaults() -> None:
@@ -46,3 +46,31 @@ def test_vcpus_default_to_one_and_are_kept() -> None:
     config = SchedulerConfig()
     assert RunRequest.make({}, config, code="1").vcpus == 1
     assert RunRequest.make({"vcpus": 8}, config, code=None).vcpus == 8
+
+
+def test_a_template_is_a_checked_name_whose_defaults_come_before_the_configs() -> None:
+    config = SchedulerConfig(default_memory_mb=256)
+    assert RunRequest.make({"template": "default"}, config, code="1").template is None
+    request = RunRequest.make({"template": "go-dev"}, config, code="1", defaults=False)
+    assert request.template == "go-dev"
+    template = Template(
+        name="go-dev", digest="sha256:" + "0" * 64, size_bytes=4096, languages={"raw": "sh"},
+        env={}, workdir="/", memory_mb=1024, vcpus=2,
+    )  # fmt: skip
+    applied = request.with_defaults(config, template)
+    assert (applied.memory, applied.cpus) == (1024, 2)
+    own = RunRequest.make({"template": "go-dev", "vcpus": 1}, config, code="1", defaults=False)
+    assert own.with_defaults(config, template).cpus == 1
+    for bad in ("Go", "../x", "", "a" * 64, 3):
+        with pytest.raises(InputValidationError, match="template name"):
+            RunRequest.make({"template": bad}, config, code="1")  # type: ignore[typeddict-item]
+    with pytest.raises(InputValidationError, match="packages"):
+        RunRequest.make({"template": "go-dev", "packages": ["six==1.16.0"]}, config, code="1")
+
+
+def test_a_cluster_refuses_templates_before_any_host_is_asked() -> None:
+    from exec_sandbox.cluster.client import _refuse_tools
+
+    with pytest.raises(InputValidationError, match="templates"):
+        _refuse_tools({"template": "go-dev"})
+    _refuse_tools({"template": "default"})
