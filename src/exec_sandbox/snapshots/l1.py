@@ -261,7 +261,7 @@ class SnapshotCache:
             except SandboxError:
                 # A template VM that dies leaves only its console to say why (a guest panic,
                 # QEMU's own message): kept in the log beside the caller's warning.
-                log.warning("template VM for %s failed%s", key, vm.console_hint())
+                log.warning("the VM making memory snapshot %s failed%s", key, vm.console_hint())
                 raise
             finally:
                 # The RAM file must not change after the state was saved: QEMU is reaped

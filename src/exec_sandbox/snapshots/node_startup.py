@@ -209,7 +209,7 @@ async def read_out(vm: GuestVm) -> bytes | None:
     try:
         data = await file_transfer.read_target(vm, b"", None, binding.FILE_NODE_SNAPSHOT, BLOB_MAX)
     except (SandboxError, OSError) as exc:
-        log.warning("node startup snapshot not read out of the template: %s", exc)
+        log.warning("node startup snapshot not read out of the memory snapshot VM: %s", exc)
         return None
     return data if data is not None and len(data) > binding.NODE_TAG_SIZE else None
 
@@ -273,7 +273,7 @@ async def _build_in_vm(vm: GuestVm) -> bool:
     )
     if outcome.exit_code != 0:
         log.warning(
-            "javascript template without node's startup snapshot (exit %s): %s",
+            "javascript memory snapshot without node's startup snapshot (exit %s): %s",
             outcome.exit_code,
             outcome.stderr[-300:],
         )
