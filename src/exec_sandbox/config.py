@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
-from .errors import PackageNotAllowedError, VmConfigError
+from .errors import InputValidationError, PackageNotAllowedError, VmConfigError
 from .limits import (
     ADMISSION_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
@@ -18,6 +18,7 @@ from .limits import (
 )
 from .models import LANGUAGES
 from .packages.specs import validate_packages
+from .validation import validate_template_name
 
 
 def _host_memory_mb() -> int:
@@ -38,9 +39,10 @@ class SchedulerConfig:
     """Settings of a Scheduler. Every field is checked on construction: a bad value raises
     VmConfigError before anything starts."""
 
-    # Idle VMs kept ready per language: one count for every language, or a mapping such as
-    # {"python": 2} (languages left out get none). Cut, with a warning, to what admission admits
-    # at once (pool.py).
+    # Idle VMs kept ready: one count for every language of the default image, or a mapping
+    # such as {"python": 2, "go-dev:raw": 1} whose keys are a language (the default image) or
+    # "TEMPLATE:LANGUAGE" (a template's VMs; docs/templates.md); what is left out gets none. Cut,
+    # with a warning, to what admission admits at once (pool.py).
     warm_pool_size: int | Mapping[str, int] = 0
     default_memory_mb: int = 192
     default_timeout_seconds: int = 30
@@ -200,18 +202,28 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 
 
 def _check_pool_size(value: object) -> int | dict[str, int]:
-    """An int, or a mapping of known languages to ints (copied: later changes to the caller's
-    dict do not reach the scheduler)."""
+    """An int, or a mapping of "LANGUAGE" or "TEMPLATE:LANGUAGE" keys to ints (copied: later
+    changes to the caller's dict do not reach the scheduler)."""
     if not isinstance(value, Mapping):
         _check_int("warm_pool_size", value, 0, 64)
         assert isinstance(value, int)
         return value
     sizes: dict[str, int] = {}
-    for lang, count in value.items():
+    for key, count in value.items():
+        if not isinstance(key, str):
+            raise VmConfigError(f"warm_pool_size: keys are strings, got {key!r}")
+        # Template names have no ':' (validate_template_name), so the last one splits.
+        template, colon, lang = key.rpartition(":")
+        if colon:
+            try:
+                validate_template_name(template)
+            except InputValidationError as exc:
+                raise VmConfigError(f"warm_pool_size[{key!r}]: {exc}") from None
         if lang not in LANGUAGES:
             raise VmConfigError(
-                f"warm_pool_size: unknown language {lang!r} (one of {', '.join(LANGUAGES)})"
+                f"warm_pool_size: unknown language {lang!r} in {key!r} (keys are LANGUAGE or "
+                f"TEMPLATE:LANGUAGE, the language one of {', '.join(LANGUAGES)})"
             )
-        _check_int(f"warm_pool_size[{lang!r}]", count, 0, 64)
-        sizes[lang] = count
+        _check_int(f"warm_pool_size[{key!r}]", count, 0, 64)
+        sizes[key] = count
     return sizes

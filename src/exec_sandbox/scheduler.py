@@ -22,7 +22,7 @@ from .packages.layer import PackageLayer
 from .packages.specs import validate_packages
 from .provisioning.admission import Admission, Budget
 from .provisioning.lease import Lease
-from .provisioning.pool import PooledVm, WarmPool
+from .provisioning.pool import PooledVm, PoolKey, WarmPool
 from .provisioning.provisioner import Foreground, Phases, Provisioner, VmFactory
 from .results import shape_result
 from .run_request import NO_CALLBACKS, Callbacks, RunOptions, RunRequest
@@ -98,7 +98,8 @@ class Scheduler:
             self._check_open,
             self.start,
         )
-        # The pool gets its VMs from provisioning, never from the scheduler.
+        # The pool gets its VMs from provisioning, never from the scheduler, and the templates
+        # of its template pools from the template store.
         self._pool = WarmPool(
             self.config.warm_pool_size,
             self.config.default_memory_mb,
@@ -106,6 +107,7 @@ class Scheduler:
             self._admission,
             self._provisioner.start_pool_vm,
             self._foreground.wait_quiet,
+            self._provisioner.templates.get,
         )
         self._admission.set_reclaim(self._pool.reclaim_one)
         self._templates = TemplateService(
@@ -186,15 +188,17 @@ class Scheduler:
             free_memory_mb=max(0, budget.memory_mb - memory),
             free_vcpus=max(0, budget.vcpus - vcpus),
             waiting=self._admission.foreground_waiting,
-            warm_pool={str(lang): idle for lang, idle in self._pool.idle_by_language().items()},
+            warm_pool={str(key): idle for key, idle in self._pool.idle_by_key().items()},
             sessions=len(self._sessions),
         )
 
     async def wait_pool_ready(self, timeout: float | None = None) -> None:
-        """Wait until the warm pool holds its ready VMs for every language (`warm_pool_size`, cut
-        to what admission admits at once; at once when the pool is off). Raises SandboxError
-        when that cannot happen (pool closed, VMs failing to start; pool.py), and
-        asyncio.TimeoutError after `timeout` seconds."""
+        """Wait until the warm pool holds its ready VMs for every pool (`warm_pool_size`, cut to
+        what admission admits at once; at once when the pool is off). A template's pool whose
+        template is not built (or lacks the language) is not waited for: it fills in the
+        background once the template is there. Raises SandboxError when the rest cannot fill
+        (pool closed, VMs failing to start; pool.py), and asyncio.TimeoutError after `timeout`
+        seconds."""
         await self.start()
         await self._pool.wait_ready(timeout)
 
@@ -242,7 +246,7 @@ class Scheduler:
         memory_mb and vcpus become the defaults of its runs. on_progress gets status lines and
         the steps' output. Raises InputValidationError before anything starts, TemplateError
         (TemplateBuildError for a failed step) after."""
-        return await self._templates.build(
+        template = await self._templates.build(
             name,
             image=image,
             base=base,
@@ -252,6 +256,9 @@ class Scheduler:
             vcpus=vcpus,
             on_progress=on_progress,
         )
+        # Its warm pools (if any) drop VMs of an older build and fill now.
+        self._pool.template_changed(template.name, template)
+        return template
 
     async def templates(self) -> list[Template]:
         """The templates built on this machine, by name."""
@@ -260,7 +267,10 @@ class Scheduler:
     async def delete_template(self, name: str) -> bool:
         """Forget the template `name` (its image goes once nothing else names it); False when
         there was none. Paused sessions of it keep their own link to its image."""
-        return await self._templates.delete(name)
+        deleted = await self._templates.delete(name)
+        if deleted:
+            self._pool.template_changed(name, None)
+        return deleted
 
     async def _start_open(self) -> None:
         self._check_open()
@@ -532,14 +542,11 @@ class Scheduler:
         language, memory, vcpus = request.language, request.memory, request.cpus
         phases = Phases()
         pooled = None
-        # The pool's VMs run the default image with the default vCPU count.
-        if (
-            not network
-            and template is None
-            and vcpus == limits.DEFAULT_VCPUS
-            and self._provisioner.pool_serves(language, layer)
-        ):
-            pooled = await self._take_pooled(language, memory, False, phases)
+        # Pooled VMs have no network port; the default image's have its default packages.
+        if not network and (template is not None or self._provisioner.pool_serves(language, layer)):
+            key = PoolKey(language, request.template)
+            digest = None if template is None else template.digest
+            pooled = await self._take_pooled(key, memory, vcpus, digest, phases)
         if pooled is not None and self._closed:
             pooled.lease.discard()
             raise SandboxError("the scheduler was closed while the VM started")
@@ -571,35 +578,36 @@ class Scheduler:
         return await Lease.acquire(ticket, start, self._leases), phases
 
     async def _take_pooled(
-        self, language: Language, memory: int, allow_network: bool, phases: Phases
+        self, key: PoolKey, memory: int, vcpus: int, digest: str | None, phases: Phases
     ) -> PooledVm | None:
-        """A healthy idle pooled VM for this configuration (the caller owns it), or None.
+        """A healthy idle VM of pool key started with this RAM, these vCPUs and this template
+        digest (the caller owns it), or None (pool.py says what a pooled VM serves).
 
         Health: the pool hands out only VMs whose QEMU is alive. A VM proved its agent answers
         when it joined the pool (its warm-up and PRESTART are round trips); one idle for longer
         than _POOL_RECHECK_SECONDS is asked again (PING) before use, and dropped if it does not
         answer, the request then taking the next path."""
-        while self._pool.matches(memory, allow_network):
-            pooled = self._pool.take(language)
+        while True:
+            pooled = self._pool.take(key, memory, vcpus, digest)
             if pooled is None or time.monotonic() - pooled.checked_at < _POOL_RECHECK_SECONDS:
                 return pooled
             at = time.monotonic()
             try:
                 await pooled.vm.ping(timeout=_POOL_PING_TIMEOUT_SECONDS)
             except SandboxError as exc:
-                log.warning("pooled %s VM failed its health check (%s): discarded", language, exc)
+                log.warning("pooled %s VM failed its health check (%s): discarded", key, exc)
                 pooled.lease.discard()
                 continue
             phases.connect_ms = _ms(time.monotonic() - at)
             return pooled
-        return None
 
 
 @dataclass(frozen=True)
 class HostCapacity:
     """Scheduler.capacity(): VMs (pooled ones included) against max_concurrent_vms, the guest
     RAM and vCPU budgets left, foreground requests waiting for admission, idle warm-pool VMs
-    per language (each can serve a request without a free slot), and open sessions."""
+    per pool ("python" for the default image, "go-dev:raw" for a template; each can serve a
+    request without a free slot), and open sessions."""
 
     max_vms: int
     vms_in_use: int

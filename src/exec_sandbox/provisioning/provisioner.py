@@ -8,10 +8,11 @@ else a cold boot, which also schedules the snapshot's build in the background. T
   boot, the snapshot is discarded and not rebuilt automatically (it would fail again);
 - a cold boot that fails: its error goes to the caller (VmTransientError: the code never ran).
 
-The warm pool (`pool.py`) gets its VMs from here too (`start_pool_vm`: start, then warm up),
-so the pool depends on this module, never on the scheduler. Background work (pool refills,
-snapshot builds) waits for `Foreground.wait_quiet()`: on a 2-core host a background boot next
-to a request makes the request slower.
+The warm pool (`pool.py`) gets its VMs from here too (`start_pool_vm`: start, then warm up; of
+the default image or of a template, at the pool's RAM and vCPUs), so the pool depends on this
+module, never on the scheduler. Background work (pool refills, snapshot builds) waits for
+`Foreground.wait_quiet()`: on a 2-core host a background boot next to a request makes the
+request slower.
 
 The VMs themselves come from a `VmFactory`: QEMU (`QemuVms`) in production; unit tests pass a
 factory of guest stand-ins (tests/unit/guest_stand_in.py) so that the orchestration's failure
@@ -27,13 +28,13 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .. import limits
 from ..config import SchedulerConfig
 from ..errors import SandboxError
 from ..images.catalog import GuestImages, load_images
-from ..models import Language
+from ..models import Language, Template
 from ..packages.layer import PackageLayer
 from ..packages.layers import PackageLayers
 from ..packages.specs import PackageSpec, merge_packages, validate_packages
@@ -51,6 +52,9 @@ from ..vm.qmp import QmpError
 from ..vm.registry import VmRegistry
 from ..vm.spec import TemplateDisk, VmSpec
 from .admission import Admission
+
+if TYPE_CHECKING:  # the pool depends on this module, not the other way round
+    from .pool import PoolShape
 
 log = logging.getLogger("exec_sandbox")
 
@@ -412,14 +416,29 @@ class Provisioner:
         log.debug("restored %s in %.0f ms", key, (time.monotonic() - at) * 1000)
         return vm
 
-    async def start_pool_vm(self, language: Language) -> tuple[GuestVm, bool]:
+    async def start_pool_vm(
+        self, language: Language, shape: PoolShape | None = None
+    ) -> tuple[GuestVm, bool]:
         """A VM for the warm pool, warmed up, with its interpreter pre-started; and whether it
-        was restored from an L1 snapshot. The pool owns it (pool.VmSource)."""
+        was restored from an L1 snapshot. shape (pool.py): its RAM, vCPUs and template; None:
+        the default image at the scheduler's default RAM and vCPUs. The pool owns it
+        (pool.VmFactory)."""
         phases = Phases()
-        # The pool holds VMs of the default configuration, with the language's default packages.
-        layer = await self.layer_for(language, self._default_packages.get(language, ()), None)
-        self.pool_layers[language] = None if layer is None else layer.identity
-        vm = await self.start_vm(language, self.config.default_memory_mb, phases, layer)
+        template = None if shape is None else shape.template
+        layer = None
+        disk = None
+        if template is None:
+            # The default image's pools hold VMs with the language's default packages.
+            specs = self._default_packages.get(language, ())
+            layer = await self.layer_for(language, specs, None)
+            self.pool_layers[language] = None if layer is None else layer.identity
+        else:
+            # A template brings its own packages; its L1 snapshots key on its digest. Its image
+            # is hashed before the first VM of this process gets it, as a call's is (resolve).
+            disk = TemplateDisk(await self.templates.verified(template.digest), template.digest)
+        memory = self.config.default_memory_mb if shape is None else shape.memory_mb
+        vcpus = limits.DEFAULT_VCPUS if shape is None else shape.vcpus
+        vm = await self.start_vm(language, memory, phases, layer, vcpus=vcpus, template=disk)
         try:
             # The interpreter of the next run starts now, off the request path (after the RESEED
             # of a clone; never in a template: none is taken of this VM). The warm-up then runs
@@ -429,9 +448,12 @@ class Provisioner:
             # would otherwise pay. Then the interpreter for the hit: a new process, whose own
             # first-time work the bootstraps do before their ready (guest/src/bootstrap.c). A
             # clone of a template that holds a parked interpreter has the first one already
-            # (one interpreter start, and its memory, saved).
+            # (one interpreter start, and its memory, saved). A template's shell is pre-started
+            # only when it is bash (the agent refuses to pre-start sh: guest/src/template.c).
             parked = phases.l1_hit and template_holds_interpreter(language)
-            if parked or await vm.prestart(language):
+            if not _can_prestart(language, template):
+                await vm.warm_up(language)
+            elif parked or await vm.prestart(language):
                 await vm.warm_up(language)
                 await vm.prestart(language)
             else:
@@ -514,6 +536,12 @@ class Provisioner:
             return None
         finally:
             ticket.release()
+
+
+def _can_prestart(language: Language, template: Template | None) -> bool:
+    """Whether the agent pre-starts language's interpreter in a VM of template: always, but for
+    a template's raw shell, which must be bash (a sh has no bootstrap)."""
+    return template is None or language != "raw" or template.languages.get("raw") == "bash"
 
 
 def _ms(seconds: float) -> int:
