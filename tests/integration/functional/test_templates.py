@@ -444,3 +444,25 @@ async def test_an_images_own_python_and_node_run_and_restore_from_its_snapshot(
         assert await sched.wait_snapshots(180)
         again = await sched.run(code, template="debian")
         assert again.l1_cache_hit and again.stdout == first.stdout
+
+
+async def test_a_templates_warm_pool_serves_its_runs(
+    tmp_path: Path, shared_cache: Path, images_ready: None, busybox_image: BusyboxImage
+) -> None:
+    templates = shared_cache / "templates"
+    async with Scheduler(
+        private_config(tmp_path, template_cache_dir=templates, template_build_memory_mb=1024)
+    ) as builder:
+        await builder.build_template("bb-pool", image=busybox_image.layout)
+    # A pool fills from templates that exist: a second scheduler, of the same template cache.
+    config = private_config(
+        tmp_path / "pooled", template_cache_dir=templates, warm_pool_size={"bb-pool:raw": 1}
+    )
+    async with Scheduler(config) as sched:
+        await sched.wait_pool_ready(timeout=240)
+        assert sched.capacity().warm_pool["bb-pool:raw"] == 1
+        result = await sched.run("pwd", language="raw", template="bb-pool")
+        assert result.warm_pool_hit and result.stdout.strip() == IMAGE_WORKDIR, result.stderr
+        plain = await sched.run("pwd", language="raw")
+        assert not plain.warm_pool_hit  # the default image has no pool here
+    assert qemu_processes(parent=os.getpid()) == [], "a QEMU process outlived its Scheduler"
