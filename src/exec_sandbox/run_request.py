@@ -92,7 +92,7 @@ class RunRequest:
     code: bytes | None
     timeout_seconds: float | None
     memory_mb: int | None
-    # Virtual CPUs of the VM (None: the template's, else 1): the pool serves only 1.
+    # Virtual CPUs of the VM (None: the template's, else 1); the pool serves the same default.
     vcpus: int | None
     # The template the VM runs (templates/): its name, resolved by the scheduler, which also
     # applies the template's memory and vCPU defaults before the config's.
