@@ -81,7 +81,7 @@ async def _publish_template(root: Path, name: str, memory_mb: int) -> Template:
     read it)."""
     data = b"GUEST STAND-IN: not a template image\n"
     store = TemplateStore(root, 1 << 30)
-    async with store.staging() as staging:
+    async with store.build_dir() as staging:
         image = staging / "image"
         image.write_bytes(data)
         template = Template(

@@ -102,7 +102,7 @@ def test_copy_sources_keep_links_and_refuse_devices_and_fifos(tmp_path: Path) ->
 def test_a_published_image_is_checked_once_per_process(tmp_path: Path) -> None:
     async def go() -> None:
         store = TemplateStore(tmp_path / "cache", max_bytes=MAX)
-        async with store.staging() as staging:
+        async with store.build_dir() as staging:
             image = staging / "image.erofs"
             data = b"an image" * 1000
             image.write_bytes(data)

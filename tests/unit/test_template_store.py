@@ -41,7 +41,7 @@ def _template(name: str, data: bytes, **fields: object) -> Template:
 async def _publish(
     store: TemplateStore, name: str, data: bytes, key: str | None = None
 ) -> Template:
-    async with store.staging() as staging:
+    async with store.build_dir() as staging:
         image = staging / "output.raw"
         image.write_bytes(data)
         return await store.publish(_template(name, data), image, inputs_key=key)
@@ -172,7 +172,7 @@ async def test_a_published_image_is_never_rewritten(tmp_path: Path) -> None:
 async def test_a_failed_publish_leaves_nothing_behind(tmp_path: Path) -> None:
     store = TemplateStore(tmp_path, 1 << 30)
     with pytest.raises(TemplateError, match="bytes"):
-        async with store.staging() as staging:
+        async with store.build_dir() as staging:
             image = staging / "output.raw"
             image.write_bytes(b"twelve bytes")
             await store.publish(_template("t", b"twelve bytes", size_bytes=99), image)
@@ -184,7 +184,7 @@ async def test_a_failed_publish_leaves_nothing_behind(tmp_path: Path) -> None:
 async def test_a_build_that_raises_leaves_no_staging(tmp_path: Path) -> None:
     store = TemplateStore(tmp_path, 1 << 30)
     with pytest.raises(RuntimeError):
-        async with store.staging() as staging:
+        async with store.build_dir() as staging:
             (staging / "output.raw").write_bytes(b"half")
             raise RuntimeError("the builder VM died")
     assert _files(tmp_path) == set()

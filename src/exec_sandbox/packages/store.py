@@ -17,21 +17,18 @@ used layers under a size cap; "used" is the directory's mtime, refreshed on each
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import fcntl
 import functools
 import json
 import logging
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._cache_dirs import build_dir, build_lock, write_json_atomically
 from .._threads import in_thread
 from ..digest import file_sha256
 
@@ -40,10 +37,8 @@ log = logging.getLogger("exec_sandbox")
 LAYER_FILE = "layer.erofs"
 META_FILE = "meta.json"
 # Leftovers of a killed builder older than this, and not locked, are removed.
-_STALE_BUILD_SECONDS = 3600.0
 # A layer used this recently is never evicted: a VM may be about to open it by path.
 _EVICT_GRACE_SECONDS = 600.0
-_LOCK_POLL_SECONDS = 0.1
 _REQUESTS_KEEP = 2000
 
 
@@ -82,17 +77,6 @@ class LayerStore:
         a damaged one is moved away (and None returned)."""
         return await in_thread(functools.partial(self._lookup, key))
 
-    @contextlib.asynccontextmanager
-    async def build_dir(self) -> AsyncIterator[Path]:
-        """A fresh private directory for one build, removed afterwards (what is published was
-        renamed out of it). Locked while in use, so that a cleanup of stale builds by another
-        process leaves it alone."""
-        path, fd = await in_thread(self._new_build, discard=lambda built: _remove_build(*built))
-        try:
-            yield path
-        finally:
-            await in_thread(functools.partial(_remove_build, path, fd))
-
     async def publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
         """Move a built image into the cache as key (complete or not at all), then evict."""
         return await in_thread(functools.partial(self._publish, key, image, meta))
@@ -100,6 +84,15 @@ class LayerStore:
     async def evict(self, keep: str | None = None) -> None:
         """Remove least recently used layers until the cache is under its size cap."""
         await in_thread(functools.partial(self._evict, keep))
+
+    def build_dir(self) -> contextlib.AbstractAsyncContextManager[Path]:
+        """A fresh private directory for one build on the store's file system, removed
+        afterwards (what was published was moved out of it); _cache_dirs.build_dir."""
+        return build_dir(self.root)
+
+    def build_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the build lock of key (across processes); _cache_dirs.build_lock."""
+        return build_lock(self._dir("locks") / f"{key}.lock")
 
     # --- the blocking steps, run in executor threads ---
 
@@ -122,7 +115,7 @@ class LayerStore:
 
     def _write_request(self, request_key: str, lock: dict[str, Any]) -> None:
         directory = self._dir("requests")
-        _write_json_atomically(directory / f"{request_key}.json", lock)
+        write_json_atomically(directory / f"{request_key}.json", lock)
         entries = sorted(directory.glob("*.json"), key=_mtime, reverse=True)
         for stale in entries[_REQUESTS_KEEP:]:
             with contextlib.suppress(OSError):
@@ -170,36 +163,11 @@ class LayerStore:
         log.warning("package layer %s is damaged (%s): it is removed and will be rebuilt", key, why)
         self._remove(self.root / "layers" / key)
 
-    @contextlib.asynccontextmanager
-    async def build_lock(self, key: str) -> AsyncIterator[None]:
-        """Hold the build lock of key (an flock, so across processes); polled, never blocking
-        the loop."""
-        path = self._dir("locks") / f"{key}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(_LOCK_POLL_SECONDS)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _new_build(self) -> tuple[Path, int]:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._remove_stale_builds()
-        path = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return path, fd
-
     def _publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
         staging = image.parent / "publish"
         staging.mkdir()
         image.rename(staging / LAYER_FILE)
-        _write_json_atomically(staging / META_FILE, meta)
+        write_json_atomically(staging / META_FILE, meta)
         os.chmod(staging, 0o755)
         target = self._dir("layers") / key
         if target.exists():
@@ -239,34 +207,6 @@ class LayerStore:
         except FileNotFoundError:
             return
         shutil.rmtree(trash, ignore_errors=True)
-
-    def _remove_stale_builds(self) -> None:
-        now = time.time()
-        for path in self.root.glob(".build-*"):
-            with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime < _STALE_BUILD_SECONDS:
-                    continue
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live builder
-                finally:
-                    os.close(fd)
-                shutil.rmtree(path, ignore_errors=True)
-        for path in self.root.glob(".trash-*"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _remove_build(path: Path, lock_fd: int) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    os.close(lock_fd)  # releases the build directory's lock
-
-
-def _write_json_atomically(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def _mtime(path: Path) -> float:

@@ -179,7 +179,7 @@ async def _build_or_find(
         base = await store.get(request.base)
         if base is None:
             raise TemplateError(f"no template named {request.base!r} to build on")
-    async with store.staging() as staging:
+    async with store.build_dir() as staging:
         source = staging / "source"
         source.mkdir()
         imported: ImportedImage | None = None

@@ -24,24 +24,19 @@ VM may be about to open it by path).
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
+from .._cache_dirs import build_dir, build_lock, write_json_atomically
 from .._threads import in_thread
 from ..errors import TemplateError
 from ..models import Template
@@ -49,9 +44,7 @@ from ..validation import validate_template_name
 
 log = logging.getLogger("exec_sandbox")
 
-_STALE_BUILD_SECONDS = 3600.0
 _EVICT_GRACE_SECONDS = 600.0
-_LOCK_POLL_SECONDS = 0.1
 _RECORD_MAX_BYTES = 1 << 20
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _INPUTS_KEY = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -118,7 +111,7 @@ class TemplateStore:
     async def publish(
         self, template: Template, image: Path, inputs_key: str | None = None
     ) -> Template:
-        """Move a built image (a file in a staging() directory, whose SHA-256 is
+        """Move a built image (a file in a build_dir() directory, whose SHA-256 is
         template.digest) into the store, then record template under its name (replacing an
         older record of that name) and under inputs_key; then evict. If the store has that
         digest already, image is dropped and the stored one kept."""
@@ -157,33 +150,14 @@ class TemplateStore:
         """Remove images until the store is under its size cap (keep: a digest to spare)."""
         await in_thread(functools.partial(self._evict, keep))
 
-    @contextlib.asynccontextmanager
-    async def staging(self) -> AsyncIterator[Path]:
-        """A fresh private directory for one build, on the store's filesystem, removed
-        afterwards (what was published was linked out of it). Locked while in use, so that a
-        cleanup of stale builds by another process leaves it alone."""
-        path, fd = await in_thread(self._new_build, discard=lambda built: _remove_build(*built))
-        try:
-            yield path
-        finally:
-            await in_thread(functools.partial(_remove_build, path, fd))
+    def build_dir(self) -> contextlib.AbstractAsyncContextManager[Path]:
+        """A fresh private directory for one build on the store's file system, removed
+        afterwards (what was published was moved out of it); _cache_dirs.build_dir."""
+        return build_dir(self.root)
 
-    @contextlib.asynccontextmanager
-    async def build_lock(self, key: str) -> AsyncIterator[None]:
-        """Hold the build lock of an inputs key (an flock, so across processes); polled, never
-        blocking the loop."""
-        path = self._dir("locks") / f"{_check_key(key)}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(_LOCK_POLL_SECONDS)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+    def build_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the build lock of key (across processes); _cache_dirs.build_lock."""
+        return build_lock(self._dir("locks") / f"{_check_key(key)}.lock")
 
     # --- the blocking steps, run in executor threads ---
 
@@ -277,8 +251,8 @@ class TemplateStore:
             raise TemplateError(f"template {template.name}: its image {template.digest} is gone")
         data = dataclasses.asdict(template)
         if inputs_key is not None:
-            _write_json_atomically(self._dir("inputs") / f"{inputs_key}.json", data)
-        _write_json_atomically(self._dir("names") / f"{template.name}.json", data)
+            write_json_atomically(self._dir("inputs") / f"{inputs_key}.json", data)
+        write_json_atomically(self._dir("names") / f"{template.name}.json", data)
         return template
 
     def _delete(self, name: str) -> bool:
@@ -373,29 +347,6 @@ class TemplateStore:
     def _remove_blob(self, digest: str) -> None:
         _unlink(self.blob_path(digest))
 
-    def _new_build(self) -> tuple[Path, int]:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._remove_stale_builds()
-        path = Path(tempfile.mkdtemp(prefix=".build-", dir=self.root))
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return path, fd
-
-    def _remove_stale_builds(self) -> None:
-        now = time.time()
-        for path in self.root.glob(".build-*"):
-            with contextlib.suppress(OSError):
-                if now - path.stat().st_mtime < _STALE_BUILD_SECONDS:
-                    continue
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a live build
-                finally:
-                    os.close(fd)
-                shutil.rmtree(path, ignore_errors=True)
-
 
 def _template_from_json(data: object) -> Template:
     """A Template from a record, every field checked (a record is our own file, but a damaged
@@ -441,18 +392,3 @@ def _file_digest(path: Path) -> str | None:
 def _unlink(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-
-
-def _remove_build(path: Path, lock_fd: int) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    os.close(lock_fd)  # releases the build directory's lock
-
-
-def _write_json_atomically(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, sort_keys=True))
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
