@@ -29,6 +29,7 @@ from .run_request import NO_CALLBACKS, Callbacks, RunOptions, RunRequest
 from .session import Session, SessionHooks
 from .snapshots.service import Adoption, SessionSnapshotService
 from .snapshots.sessions import SessionSnapshotStore
+from .templates.build import BuildRequest
 from .templates.service import TemplateService
 from .templates.steps import Step
 from .validation import validate_language, validate_memory
@@ -246,7 +247,7 @@ class Scheduler:
         memory_mb and vcpus become the defaults of its runs. on_progress gets status lines and
         the steps' output. Raises InputValidationError before anything starts, TemplateError
         (TemplateBuildError for a failed step) after."""
-        template = await self._templates.build(
+        request = BuildRequest.make(
             name,
             image=image,
             base=base,
@@ -254,8 +255,8 @@ class Scheduler:
             allowed_domains=allowed_domains,
             memory_mb=memory_mb,
             vcpus=vcpus,
-            on_progress=on_progress,
         )
+        template = await self._templates.build(request, on_progress)
         # Its warm pools (if any) drop VMs of an older build and fill now.
         self._pool.template_changed(template.name, template)
         return template
@@ -265,8 +266,9 @@ class Scheduler:
         return await self._templates.list()
 
     async def delete_template(self, name: str) -> bool:
-        """Forget the template `name` (its image goes once nothing else names it); False when
-        there was none. Paused sessions of it keep their own link to its image."""
+        """Forget the template `name` (its image goes once nothing else names it and the
+        cache needs the room); False when there was none. A paused session of it resumes only
+        while its image is still in the cache."""
         deleted = await self._templates.delete(name)
         if deleted:
             self._pool.template_changed(name, None)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableSet, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableSet
 from dataclasses import replace
 
 from .. import limits
@@ -24,8 +23,7 @@ from ..run_request import RunRequest
 from ..validation import validate_template_name
 from ..vm.guest import GuestVm
 from ..vm.spec import Disk, TemplateDisk
-from .build import DEFAULT_BASE, BuildRequest, Progress, build_template
-from .steps import Step
+from .build import BuildRequest, Progress, build_template
 
 log = logging.getLogger("exec_sandbox")
 
@@ -52,27 +50,8 @@ class TemplateService:
         self._start = start
         self.store = provisioner.templates
 
-    async def build(
-        self,
-        name: str,
-        *,
-        image: str | os.PathLike[str] | None = None,
-        base: str = DEFAULT_BASE,
-        steps: Sequence[Step] = (),
-        allowed_domains: Sequence[str] | None = None,
-        memory_mb: int | None = None,
-        vcpus: int | None = None,
-        on_progress: Progress | None = None,
-    ) -> Template:
-        request = BuildRequest.make(
-            name,
-            image=image,
-            base=base,
-            steps=steps,
-            allowed_domains=allowed_domains,
-            memory_mb=memory_mb,
-            vcpus=vcpus,
-        )
+    async def build(self, request: BuildRequest, on_progress: Progress | None) -> Template:
+        """Scheduler.build_template() of a request checked already."""
         await self._start()
         images = self._provisioner.images
         assert images is not None
