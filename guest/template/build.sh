@@ -40,6 +40,8 @@ die() {
 	exit 1
 }
 warn() { printf 'template-build: %s\n' "$*" >&2; }
+# A progress line for the person waiting (the host streams stderr to the build's progress).
+note() { printf '%s\n' "$*" >&2; }
 
 [ -f "$PLAN" ] || die "no plan.json on the source disk ($PLAN)"
 
@@ -135,6 +137,12 @@ mount_for_step() {
 		die "cannot mount /proc in the tree (is /proc a symlink there?)"
 	tree_dir dev && mount --rbind /dev "$TREE/dev" && BOUND+=("$TREE/dev") ||
 		die "cannot mount /dev in the tree (is /dev a symlink there?)"
+	# The CA bundle the agent got with the network (the host's trust, which may hold a proxy's
+	# CA): the step's clients find it where every VM's do (run_in_tree sets SSL_CERT_FILE & co.).
+	if [ -f /run/sbx/ca-certificates.crt ]; then
+		tree_dir run/sbx && mount --bind /run/sbx "$TREE/run/sbx" && BOUND+=("$TREE/run/sbx") ||
+			die "cannot mount /run/sbx in the tree (is /run a symlink there?)"
+	fi
 	tree_dir etc || die "the tree's /etc is not a directory"
 	bind_file resolv.conf || warn "no /etc/resolv.conf for the step"
 	[ ! -e /etc/hosts ] || bind_file hosts || warn "no /etc/hosts for the step"
@@ -183,6 +191,10 @@ run_in_tree() {
 	local -a envv=()
 	mapfile -d '' envv < <(state_env | jq -j --arg path "$DEFAULT_PATH" --arg home "$home" \
 		'{PATH: $path, HOME: $home} + . | to_entries[] | "\(.key)=\(.value)\u0000"')
+	if [ -f /run/sbx/ca-certificates.crt ]; then
+		envv+=("SSL_CERT_FILE=/run/sbx/ca-certificates.crt" "REQUESTS_CA_BUNDLE=/run/sbx/ca-certificates.crt"
+			"PIP_CERT=/run/sbx/ca-certificates.crt" "NODE_EXTRA_CA_CERTS=/run/sbx/extra-ca-certificates.crt")
+	fi
 	local status=0
 	mount_for_step
 	# cd inside the chroot: the working directory is the tree's path, symlinks and all.
@@ -190,6 +202,14 @@ run_in_tree() {
 		'cd -- "$0" || exit 125; exec /bin/sh -c "$1"' "$wd" "$cmd" </dev/null || status=$?
 	unmount_for_step
 	return "$status"
+}
+
+# The working directory of the steps after this one and of the template's code. Until one is set
+# the steps run in / and the code in /home/user (the sandbox user's home: the VM's own, so
+# nothing a build leaves there is seen at run time).
+set_workdir() {
+	state_set workdir "$1"
+	state_set codedir "$1"
 }
 
 # --- prepare --------------------------------------------------------------------------------------
@@ -202,10 +222,11 @@ prepare_oci() {
 	mount -t tmpfs -o size=5%,mode=0700 tmpfs "$B/oci-rw"
 	mkdir "$B/oci-rw/upper" "$B/oci-rw/work"
 	mount -t overlay overlay -o "lowerdir=$SRC/oci,upperdir=$B/oci-rw/upper,workdir=$B/oci-rw/work" "$B/oci"
+	note "unpacking the image's layers (umoci)"
 	umoci raw unpack --image "$B/oci:sbx" "$STAGE/root" >&2 || die "umoci could not unpack the image"
 	# The image config: Env and WorkingDir are the start of the build's own. Without a
-	# WorkingDir, the sandbox user's home (a container runtime would use /, which uid 1000
-	# cannot write to).
+	# WorkingDir, steps run in / (as a container runtime's would) and the template's code in the
+	# sandbox user's home.
 	local idx=$B/oci/index.json manifest config
 	manifest=$(jq -r '[.manifests[] | select(.annotations["org.opencontainers.image.ref.name"] == "sbx")][0].digest // .manifests[0].digest' "$idx")
 	[[ $manifest =~ ^sha256:[0-9a-f]{64}$ ]] || die "the layout's index names no manifest"
@@ -214,7 +235,9 @@ prepare_oci() {
 	local cfg=$B/oci/blobs/sha256/${config#sha256:}
 	set_env_json "$(jq '[(.config.Env // [])[] | select(test("^[A-Za-z_][A-Za-z0-9_]*="))
 		| capture("^(?<k>[^=]*)=(?<v>.*)$"; "s")] | map({(.k): .v}) | add // {}' "$cfg")"
-	state_set workdir "$(jq -r '.config.WorkingDir // "" | if . == "" then "/home/user" else . end' "$cfg")"
+	local wd
+	wd=$(jq -r '.config.WorkingDir // ""' "$cfg")
+	[ -z "$wd" ] || set_workdir "$wd"
 	umount "$B/oci"
 	umount "$B/oci-rw"
 }
@@ -224,11 +247,11 @@ prepare_default() {
 	# agent's files: a template VM gets those from its agent.
 	mkdir -p "$B/self"
 	mount --bind / "$B/self"
+	note "copying the default image's tree"
 	cp -a "$B/self/." "$STAGE/root/"
 	umount "$B/self"
 	rm -rf "$STAGE/root/usr/sbin/sbx-agent" "$STAGE/root/usr/lib/sbx"
 	set_env_json "{\"PATH\": \"/usr/local/bin:/usr/bin:/bin\"}"
-	state_set workdir /home/user
 }
 
 prepare_template() {
@@ -237,8 +260,10 @@ prepare_template() {
 	if [ -f "$BASE/sbx/env" ]; then
 		set_env_json "$(env_lines_to_json "$BASE/sbx/env")"
 	fi
+	local wd
 	if [ -f "$BASE/sbx/workdir" ]; then
-		state_set workdir "$(head -n1 "$BASE/sbx/workdir")"
+		wd=$(head -n1 "$BASE/sbx/workdir")
+		[ "$wd" = /home/user ] || set_workdir "$wd"
 	fi
 }
 
@@ -249,6 +274,7 @@ cmd_prepare() {
 	mount -t tmpfs -o size=80%,mode=0755 tmpfs "$STAGE"
 	set_env_json '{}'
 	state_set workdir /
+	state_set codedir /home/user
 	state_set user root
 	local source
 	source=$(jq -r '.source' "$PLAN")
@@ -264,7 +290,7 @@ cmd_prepare() {
 	jq '.env // {}' "$PLAN" | merge_env
 	local wd
 	wd=$(jq -r '.workdir // ""' "$PLAN")
-	[ -z "$wd" ] || state_set workdir "$wd"
+	[ -z "$wd" ] || set_workdir "$wd"
 	ensure_user
 	# As a container runtime does: the working directory exists (a symlinked one is left as is).
 	wd=$(state_get workdir)
@@ -294,13 +320,34 @@ cmd_step() {
 		dest=$(jq -r '.dest' <<<"$step")
 		[[ $dest == /* ]] || dest=$(state_get workdir)/$dest
 		[ -d "$from" ] || die "copy: no files for step $n on the source disk"
+		# A file goes to dest itself, as a Dockerfile's COPY does, unless dest ends with "/" or is
+		# a directory of the tree already: then into it under its own name. Renamed in a
+		# scratch directory first, so that what lands in the tree is still tar's doing.
+		local file into
+		file=$(jq -r '.file // ""' <<<"$step")
+		into=$(jq -r '.into // false' <<<"$step")
+		if [ -n "$file" ] && [ "$into" != true ] && [ "$dest" != / ] &&
+			! { [ -d "$TREE$dest" ] && [ ! -L "$TREE$dest" ]; }; then
+			[[ $file != */* && $file != . && $file != .. ]] || die "copy: bad file name $file"
+			local scratch=$B/copy-scratch
+			rm -rf "$scratch" && mkdir -p "$scratch"
+			cp -p "$from/$file" "$scratch/${dest##*/}" || die "copy: no file $file for step $n"
+			from=$scratch
+			dest=${dest%/*}
+			dest=${dest:-/}
+		fi
 		tree_dir "${dest#/}" || die "copy: $dest in the tree is not a directory (or under a symlink)"
 		# Owned by root as in the tree's other files; tar replaces what is in its way.
 		tar -C "$from" --owner=0 --group=0 --numeric-owner -cf - . |
 			tar -C "$TREE/${dest#/}" --numeric-owner -xpf - || die "copy: could not copy to $dest"
+		rm -rf "$B/copy-scratch"
 		;;
 	env)
-		jq '.vars' <<<"$step" | merge_env
+		# $NAME and ${NAME} expand from the environment so far, as a Dockerfile's ENV does.
+		jq --slurpfile cur "$STATE/env.json" --arg dpath "$DEFAULT_PATH" '.vars | map_values(
+			gsub("\\$\\{(?<a>[A-Za-z_][A-Za-z0-9_]*)\\}|\\$(?<b>[A-Za-z_][A-Za-z0-9_]*)";
+				((.a // .b) as $n | $cur[0][$n] // (if $n == "PATH" then $dpath else "" end))))' \
+			<<<"$step" | merge_env
 		;;
 	workdir)
 		local wd
@@ -308,7 +355,7 @@ cmd_step() {
 		[[ $wd == /* ]] || wd=$(state_get workdir)/$wd
 		tree_dir "${wd#/}" 2>/dev/null ||
 			run_in_tree 0:0 / "mkdir -p -- '${wd//\'/\'\\\'\'}'" || die "workdir: cannot make $wd"
-		state_set workdir "$wd"
+		set_workdir "$wd"
 		;;
 	user)
 		local name
@@ -375,8 +422,13 @@ cmd_finish() {
 		warn "variables the template cannot hold (a newline, over the limits) left out"
 	jq -j 'to_entries[] | "\(.key)=\(.value)\n"' "$STATE/env.final.json" >"$STAGE/sbx/env"
 	local wd
-	wd=$(state_get workdir)
+	wd=$(state_get codedir)
 	[[ $wd == /* ]] && [ "${#wd}" -le 255 ] && [[ $wd != *$'\n'* ]] || die "bad workdir: $wd"
+	# The code runs as uid 1000: its working directory is its to write in (the directory only,
+	# not what is in it; never / or a directory under a symlink).
+	if [ "$wd" != / ] && tree_dir "${wd#/}" 2>/dev/null && [ "$(stat -c %u "$TREE$wd")" = 0 ]; then
+		chown 1000:1000 "$TREE$wd"
+	fi
 	printf '%s\n' "$wd" >"$STAGE/sbx/workdir"
 	chmod 0644 "$STAGE/sbx/env" "$STAGE/sbx/workdir"
 	chmod 0755 "$STAGE/sbx"
@@ -386,6 +438,10 @@ cmd_finish() {
 	have=$(blockdev --getsize64 "$dev")
 	[ "$need" -lt "$have" ] || die "the template's files ($((need >> 20)) MB) do not fit in \
 template_max_mb ($((have >> 20)) MB): raise SchedulerConfig.template_max_mb"
+	if [ -n "$(ls -A "$TREE/home/user" 2>/dev/null)" ]; then
+		warn "files under /home/user are hidden when the template runs (each VM mounts its own home there): put them elsewhere, e.g. in the WORKDIR"
+	fi
+	note "packing $((need >> 20)) MB of files into the template image"
 	# Uncompressed: the VM reads it straight; timestamps as they are.
 	mkfs.erofs --quiet "$dev" "$STAGE" >&2 ||
 		die "mkfs.erofs onto the output disk failed (is the template larger than template_max_mb?)"

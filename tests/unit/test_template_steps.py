@@ -68,7 +68,7 @@ def test_copy_takes_an_existing_file_or_directory(tmp_path: Path) -> None:
     step = Copy(tmp_path / "f.txt", "/opt/tools/")
     assert step.source == tmp_path / "f.txt"
     assert step.dest == "/opt/tools"
-    assert step.plan() == {"op": "copy", "dest": "/opt/tools"}
+    assert step.plan() == {"op": "copy", "dest": "/opt/tools", "file": "f.txt", "into": True}
     assert Copy(str(tmp_path), "/srv").source == tmp_path
 
 
@@ -143,7 +143,7 @@ WORKDIR data
         Env(LANG="C.UTF-8", GREETING="hello world"),
         Env(LEGACY="the rest of the line"),
         Workdir("/srv"),
-        Copy(tmp_path / "requirements.txt", "/opt"),
+        Copy(tmp_path / "requirements.txt", "/opt/"),
         Copy(tmp_path / "app", "/srv/app"),
         Run("pip install -r /opt/requirements.txt"),
         Run("echo 'it'\"'\"'s' json"),
@@ -225,4 +225,16 @@ def test_sandboxfile_copy_of_several_sources_makes_a_step_each(tmp_path: Path) -
     for name in ("a", "b"):
         (tmp_path / name).write_text(name)
     _, steps = parse_sandboxfile('COPY ["a", "b", "/opt/"]\n', tmp_path)
-    assert steps == [Copy(tmp_path / "a", "/opt"), Copy(tmp_path / "b", "/opt")]
+    assert steps == [Copy(tmp_path / "a", "/opt/"), Copy(tmp_path / "b", "/opt/")]
+    assert all(step.into for step in steps)
+
+
+def test_copy_of_a_file_goes_to_dest_or_into_it_as_a_dockerfiles_does(tmp_path: Path) -> None:
+    (tmp_path / "hi.sh").write_text("echo hi")
+    (tmp_path / "dir").mkdir()
+    at = Copy(tmp_path / "hi.sh", "/usr/local/bin/hi")
+    assert (at.dest, at.into) == ("/usr/local/bin/hi", False)
+    assert at.plan() == {"op": "copy", "dest": "/usr/local/bin/hi", "file": "hi.sh", "into": False}
+    into = Copy(tmp_path / "hi.sh", "/usr/local/bin/")
+    assert into.plan()["into"] is True
+    assert Copy(tmp_path / "dir", "/opt").plan() == {"op": "copy", "dest": "/opt"}

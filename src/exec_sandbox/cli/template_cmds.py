@@ -105,8 +105,12 @@ async def _build(scheduler: Scheduler, args: argparse.Namespace) -> int:
             context = args.context if args.context is not None else args.file.parent
             start, parsed = parse_sandboxfile(text, context)
             steps = list(parsed)
-            if start is not None:
-                image, base = _from(start)
+            if start is None:
+                raise InputValidationError(
+                    f"{args.file}: a Sandboxfile starts with FROM (`FROM default` for the "
+                    "default image, `FROM template:NAME`, or an image)"
+                )
+            image, base = _from(start)
         else:
             image = _source(args.image)
     except (OSError, InputValidationError) as exc:
@@ -159,7 +163,8 @@ def _from(start: str) -> tuple[str | Path | None, str]:
 
 
 def _source(value: str) -> str | Path:
-    """A path when one exists there (a layout directory, an archive), else a reference."""
+    """A path when one exists there (a layout directory, an archive), else the string: a
+    reference, or DIR:tag (templates/oci.py tells them apart)."""
     path = Path(value).expanduser()
     return path if path.exists() else value
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -196,7 +197,8 @@ async def _build_or_find(
         key = _inputs_key(request, images, imported, base, copies)
         # One build per inputs at a time (in this process and others): the second waits and
         # then finds the first one's template.
-        async with store.build_lock(key):
+        waiting = functools.partial(build.say, "waiting for a build of the same inputs to end")
+        async with store.build_lock(key, waiting):
             cached = await store.get_by_inputs(key)
             if cached is not None:
                 build.say(f"cached: {cached.digest}")
@@ -269,7 +271,7 @@ def _describe(step: Step) -> str:
         return f"RUN {plan['cmd']}" + (f" (as {plan['user']})" if plan.get("user") else "")
     if op == "copy":
         assert isinstance(step, Copy)
-        return f"COPY {step.source} {plan['dest']}"
+        return f"COPY {step.source} {step.dest}{'/' if step.into else ''}"
     if op == "env":
         return "ENV " + " ".join(f"{k}={v}" for k, v in plan["vars"].items())
     if op == "workdir":

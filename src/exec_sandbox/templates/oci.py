@@ -102,7 +102,12 @@ def skopeo_sources(source: str | Path) -> list[str]:
         reference = source[len("docker://") :]
         _check_reference(reference, source)
         return [source]
-    if source.startswith(("/", "./", "../", "~")) or os.path.exists(source):
+    head = source.rpartition(":")[0]
+    if (
+        source.startswith(("/", "./", "../", "~"))
+        or os.path.exists(source)
+        or (head and os.path.isdir(head))  # DIR:tag of a layout in the current directory
+    ):
         path, tag = Path(source).expanduser(), None
         if not path.exists() and ":" in source:
             # DIR:tag, a tag of an OCI layout directory

@@ -92,13 +92,16 @@ class Run:
 
 @dataclass(frozen=True)
 class Copy:
-    """Copy a host file or directory into the tree. dest is a directory of the tree (created as
-    needed): a file lands in it under its own name, a directory's contents are copied into it
-    (modes kept, owned by root; a symlink inside is copied as a symlink, never followed; the
-    source itself, when it is a symlink, is followed). Devices, fifos and sockets are refused."""
+    """Copy a host file or directory into the tree, as a Dockerfile's COPY does: a directory's
+    contents go into the directory dest (created as needed); a file is written at dest, or into
+    dest under its own name when dest ends with "/" or is a directory of the tree already. Modes
+    are kept, files are owned by root; a symlink inside a directory is copied as a symlink,
+    never followed (the source itself, when it is a symlink, is followed). Devices, fifos and
+    sockets are refused."""
 
     source: Path
     dest: str
+    into: bool  # dest ended with "/": a file goes into it, never at it
 
     def __init__(self, source: Path | str, dest: str) -> None:
         if not isinstance(source, (str, Path)):
@@ -110,9 +113,13 @@ class Copy:
             )
         object.__setattr__(self, "source", path.absolute())
         object.__setattr__(self, "dest", _absolute_path(dest, "a Copy destination"))
+        object.__setattr__(self, "into", dest.endswith("/"))
 
     def plan(self) -> dict[str, Any]:
-        return {"op": "copy", "dest": self.dest}
+        step: dict[str, Any] = {"op": "copy", "dest": self.dest}
+        if self.source.is_file():
+            step.update(file=self.source.name, into=self.into)
+        return step
 
 
 @dataclass(frozen=True)
@@ -341,6 +348,8 @@ def parse_sandboxfile(text: str, context_dir: Path | str) -> tuple[str | None, l
                             f"COPY destination {dest!r} is relative and no WORKDIR came before"
                         )
                     dest = posixpath.join(workdir, dest)
+                if len(words) > 2 and not dest.endswith("/"):
+                    dest += "/"  # several sources: dest is a directory, as Docker requires
                 for source in words[:-1]:
                     steps.append(Copy(_within(context, source, line), dest))
             elif directive == "ENV":

@@ -386,20 +386,27 @@ def test_sbx_template_build_list_run_rm(
         )
 
     (tmp_path / "notes.txt").write_text("copied by COPY\n")
+    (tmp_path / "hi.sh").write_text("#!/bin/sh\necho hi from a tool\n")
+    (tmp_path / "hi.sh").chmod(0o755)
     sandboxfile = tmp_path / "Sandboxfile"
     sandboxfile.write_text(
         f"# a comment\nFROM {busybox_image.layout}\n"
         "ENV GREETING=hi \\\n    OTHER=x\nWORKDIR /app\nCOPY notes.txt /app\n"
+        "COPY hi.sh /opt/bin/hi\nENV PATH=/opt/bin:$PATH\n"
         'RUN ["sh", "-c", "echo $GREETING > made"]\n'
     )
     built = sbx("template", "build", "tb", "--file", str(sandboxfile))
     assert built.returncode == 0, built.stderr
     assert built.stdout.startswith("sha256:")
-    assert "step 4/4: RUN" in built.stderr  # progress and the steps' output on stderr
+    assert "step 6/6: RUN" in built.stderr  # progress and the steps' output on stderr
     listed = json.loads(sbx("template", "list", "--json").stdout)
     assert [t["name"] for t in listed] == ["tb"] and listed[0]["languages"] == {"raw": "sh"}
-    ran = sbx("run", "--template", "tb", "-l", "raw", "-c", "pwd; cat made notes.txt")
-    assert (ran.returncode, ran.stdout) == (0, "/app\nhi\ncopied by COPY\n"), ran.stderr
+    # COPY of a file to a path that is not a directory writes it there; ENV expands $PATH; the
+    # code (uid 1000) may write in its working directory.
+    code = "pwd; cat made notes.txt; hi; touch mine && echo wrote"
+    ran = sbx("run", "--template", "tb", "-l", "raw", "-c", code)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "/app\nhi\ncopied by COPY\nhi from a tool\nwrote\n"
     wrong = sbx("run", "--template", "tb", "-c", "print(1)")
     assert wrong.returncode == 2 and "no python3" in wrong.stderr
     bad = tmp_path / "Bad"
