@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,10 @@ async def build_dir(root: Path) -> AsyncIterator[Path]:
 
 
 @contextlib.asynccontextmanager
-async def build_lock(path: Path) -> AsyncIterator[None]:
+async def build_lock(path: Path, on_wait: Callable[[], None] | None = None) -> AsyncIterator[None]:
     """Hold the flock of the file at path (created as needed): one build of a key at a time,
-    across processes; polled, never blocking the loop."""
+    across processes; polled, never blocking the loop. on_wait is called once if another holds
+    it (someone may want to say why nothing happens)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         while True:
@@ -52,6 +53,9 @@ async def build_lock(path: Path) -> AsyncIterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                    on_wait = None
                 await asyncio.sleep(_LOCK_POLL_SECONDS)
         yield
     finally:

@@ -84,32 +84,30 @@ async def test_lookup_by_inputs_key(tmp_path: Path) -> None:
 
 async def test_a_rebuilt_name_gets_the_new_digest(tmp_path: Path) -> None:
     store = TemplateStore(tmp_path, 1 << 30)
-    first = await _publish(store, "py", b"first build")
-    second = await _publish(store, "py", b"second build")
+    first = await _publish(store, "py", b"first build", key="k1")
+    second = await _publish(store, "py", b"second build", key="k2")
     assert first.digest != second.digest
     got = await store.get("py")
     assert got is not None and got.digest == second.digest
-    # the old image is unnamed now; it stays until eviction needs the room
-    assert store.blob_path(first.digest).exists()
+    # an image lives as long as a name refers to it: the old one is gone, and no cache hit
+    # leads to it any more
+    assert not store.blob_path(first.digest).exists()
+    assert await store.get_by_inputs("k1") is None
+    assert await store.get_by_inputs("k2") == second
 
 
-async def test_eviction_takes_unnamed_images_first_then_the_least_recently_used(
+async def test_eviction_takes_the_least_recently_used_images_with_their_names(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = TemplateStore(tmp_path, 10_000)
     a = await _publish(store, "a", b"a" * 3000)
     b = await _publish(store, "b", b"b" * 3000)
-    old_a = await _publish(store, "a", b"A" * 3000)  # a's first image is now unnamed
-    old_a, a = a, old_a
-    for template in (old_a, a, b):
+    for template in (a, b):
         _age(store, template, OLD)
-    _age(store, b, OLD - 100)  # b: the least recently used named image
-    await store.get("a")  # a used just now
-    assert (await store.get("a")) == a
-    with caplog.at_level(logging.INFO, logger="exec_sandbox"):
-        c = await _publish(store, "c", b"c" * 3000)
-    # 12000 > 10000: the unnamed image goes; 9000 fits
-    assert not store.blob_path(old_a.digest).exists()
+    _age(store, b, OLD - 100)  # b: the least recently used image
+    assert (await store.get("a")) == a  # a used just now
+    c = await _publish(store, "c", b"c" * 3000)
+    # 9000 fits
     assert {t.name for t in await store.list()} == {"a", "b", "c"}
     _age(store, a, OLD)
     _age(store, b, OLD - 100)

@@ -34,6 +34,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .._cache_dirs import build_dir, build_lock, write_json_atomically
@@ -142,8 +143,8 @@ class TemplateStore:
         return await in_thread(functools.partial(self._record, named, None))
 
     async def delete(self, name: str) -> bool:
-        """Remove the record of name (False: there was none). Its image goes with it unless
-        another record names it or it was used in the last minutes (then eviction takes it)."""
+        """Remove the record of name (False: there was none), and its image unless another
+        name refers to it."""
         return await in_thread(functools.partial(self._delete, validate_template_name(name)))
 
     async def evict(self, keep: str | None = None) -> None:
@@ -155,9 +156,11 @@ class TemplateStore:
         afterwards (what was published was moved out of it); _cache_dirs.build_dir."""
         return build_dir(self.root)
 
-    def build_lock(self, key: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def build_lock(
+        self, key: str, on_wait: Callable[[], None] | None = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold the build lock of key (across processes); _cache_dirs.build_lock."""
-        return build_lock(self._dir("locks") / f"{_check_key(key)}.lock")
+        return build_lock(self._dir("locks") / f"{_check_key(key)}.lock", on_wait)
 
     # --- the blocking steps, run in executor threads ---
 
@@ -250,10 +253,23 @@ class TemplateStore:
         if not self.blob_path(template.digest).is_file():
             raise TemplateError(f"template {template.name}: its image {template.digest} is gone")
         data = dataclasses.asdict(template)
+        previous = self._read_record(self._dir("names") / f"{template.name}.json")
         if inputs_key is not None:
             write_json_atomically(self._dir("inputs") / f"{inputs_key}.json", data)
         write_json_atomically(self._dir("names") / f"{template.name}.json", data)
+        if previous is not None and previous.digest != template.digest:
+            self._forget_if_unnamed(previous.digest)
         return template
+
+    def _forget_if_unnamed(self, digest: str) -> None:
+        """An image lives as long as a name refers to it: the last name gone (deleted, or
+        rebuilt into another image), the image and the inputs records leading to it go too. A
+        VM running it keeps its open file; a paused session of it can no longer resume."""
+        if self._named_digests().get(digest):
+            return
+        for record in self._records_of(digest):
+            _unlink(record)
+        self._remove_blob(digest)
 
     def _delete(self, name: str) -> bool:
         path = self._dir("names") / f"{name}.json"
@@ -262,16 +278,8 @@ class TemplateStore:
             path.unlink()
         except FileNotFoundError:
             return False
-        if template is None:
-            return True
-        if self._named_digests().get(template.digest):
-            return True
-        blob = self.blob_path(template.digest)
-        with contextlib.suppress(OSError):
-            if time.time() - blob.stat().st_mtime >= _EVICT_GRACE_SECONDS:
-                for record in self._records_of(template.digest):
-                    _unlink(record)
-                self._remove_blob(template.digest)
+        if template is not None:
+            self._forget_if_unnamed(template.digest)
         return True
 
     def _named_digests(self) -> dict[str, builtins.list[Path]]:
