@@ -526,7 +526,9 @@ class Provisioner:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.warning(
+            # A build the scheduler's close() cut short failed for that reason only.
+            log.log(
+                logging.DEBUG if self._registry.closed else logging.WARNING,
                 "building memory snapshot %s failed (%s): fresh VMs of this "
                 "configuration cold boot",
                 key,

@@ -261,7 +261,14 @@ class SnapshotCache:
             except SandboxError:
                 # A template VM that dies leaves only its console to say why (a guest panic,
                 # QEMU's own message): kept in the log beside the caller's warning.
-                log.warning("the VM making memory snapshot %s failed%s", key, vm.console_hint())
+                # Killed by its scheduler's close(): nothing went wrong, nothing to say.
+                closing = vm.registry is not None and vm.registry.closed
+                log.log(
+                    logging.DEBUG if closing else logging.WARNING,
+                    "the VM making memory snapshot %s failed%s",
+                    key,
+                    vm.console_hint(),
+                )
                 raise
             finally:
                 # The RAM file must not change after the state was saved: QEMU is reaped
