@@ -219,8 +219,8 @@ async def test_a_host_without_skopeo_is_told_to_install_it(
 
 def test_sources_are_read_as_references_or_paths(busybox_image: BusyboxImage) -> None:
     assert skopeo_sources("alpine:3.20") == ["docker://alpine:3.20"]
-    assert skopeo_sources("ghcr.io/o/r@sha256:" + "a" * 64) == [
-        "docker://ghcr.io/o/r@sha256:" + "a" * 64
+    assert skopeo_sources("registry.example/o/r@sha256:" + "a" * 64) == [
+        "docker://registry.example/o/r@sha256:" + "a" * 64
     ]
     assert skopeo_sources("docker://alpine") == ["docker://alpine"]
     assert skopeo_sources(busybox_image.layout) == [f"oci:{busybox_image.layout}"]
@@ -237,3 +237,11 @@ def test_sources_that_are_neither_are_refused(source: str) -> None:
 def test_a_directory_that_is_not_a_layout_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputValidationError, match="not an OCI layout"):
         skopeo_sources(tmp_path)
+
+
+def test_a_reference_carrying_credentials_is_refused() -> None:
+    with pytest.raises(InputValidationError, match="credentials"):
+        skopeo_sources("user:token@registry.example/team/image:1")
+    assert skopeo_sources("registry.example:5000/team/image:1") == [
+        "docker://registry.example:5000/team/image:1"
+    ]

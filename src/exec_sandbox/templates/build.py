@@ -284,7 +284,8 @@ class _Say:
         self._progress = progress
 
     def __call__(self, line: str) -> None:
-        log.info("template build: %s", line.rstrip())
+        # DEBUG: a RUN line may carry a token, and the caller's on_progress shows it anyway.
+        log.debug("template build: %s", line.rstrip())
         if self._progress is not None:
             self._progress(line if line.endswith("\n") else line + "\n")
 

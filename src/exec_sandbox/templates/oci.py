@@ -119,6 +119,13 @@ def skopeo_sources(source: str | Path) -> list[str]:
 
 
 def _check_reference(reference: str, source: str) -> None:
+    # user:token@registry/...: credentials would reach logs, errors and the template's record
+    # before skopeo refused them. They belong in the host's registry configuration.
+    if re.match(r"[^/@]+:[^/@]*@", reference):
+        raise InputValidationError(
+            "an image reference cannot carry credentials: log in with `skopeo login` (the "
+            "host's registry configuration is used, and never enters a VM)"
+        )
     if not _REFERENCE.fullmatch(reference):
         raise InputValidationError(
             f"{source!r} is not an image reference (name[:tag] or name@sha256:...) nor an "
