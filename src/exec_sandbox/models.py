@@ -79,8 +79,9 @@ class Template:
     their versions ({"python": "3.12.1", "javascript": "v20.1.0", "raw": "bash"}); env and
     workdir: the environment and working directory of the code run in it; memory_mb, vcpus:
     what a call that gives none gets (None: the scheduler's defaults); source: what it was built
-    from (an image reference or path, "default", or "template:<name>"); created_at: time.time()
-    of the build; build_ms: how long the build took (0 when it was a cache hit)."""
+    from (an image reference or path, "default", or "template:<name>", then " + N steps"
+    when it had steps); created_at: time.time() of the build; build_ms: how long the build took
+    (0 when it was a cache hit)."""
 
     name: str
     digest: str

@@ -138,9 +138,12 @@ class BuildRequest:
 
     @property
     def description(self) -> str:
+        """Template.source: the image, "default" or "template:NAME", and how many steps."""
         if self.image is not None:
-            return f"image {self.image}"
-        return f"{self.base} + {len(self.steps)} steps" if self.steps else self.base
+            start = str(self.image)
+        else:
+            start = self.base if self.base == DEFAULT_BASE else f"template:{self.base}"
+        return f"{start} + {len(self.steps)} steps" if self.steps else start
 
 
 async def build_template(
