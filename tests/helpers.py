@@ -24,8 +24,9 @@ def private_config(tmp_path: Path, **overrides: object) -> SchedulerConfig:
     return SchedulerConfig(**options)  # type: ignore[arg-type]
 
 
-def qemu_processes(parent: int | None = None) -> list[int]:
-    """PIDs of live qemu-system processes, optionally only the children of `parent`."""
+def processes(name: str, parent: int | None = None) -> list[int]:
+    """PIDs of live processes whose command name starts with name, optionally only the
+    children of `parent`."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -38,11 +39,16 @@ def qemu_processes(parent: int | None = None) -> list[int]:
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
         state, ppid = fields[0], int(fields[1])
-        if not comm.startswith("qemu-system") or state == "Z":
+        if not comm.startswith(name) or state == "Z":
             continue
         if parent is None or ppid == parent:
             found.append(int(entry.name))
     return found
+
+
+def qemu_processes(parent: int | None = None) -> list[int]:
+    """PIDs of live qemu-system processes, optionally only the children of `parent`."""
+    return processes("qemu-system", parent)
 
 
 def open_fds() -> set[str]:

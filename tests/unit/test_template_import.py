@@ -22,6 +22,7 @@ from exec_sandbox.templates.oci import (
     import_image,
     skopeo_sources,
 )
+from tests.helpers import processes
 from tests.templates_support import (
     BusyboxImage,
     Registry,
@@ -38,19 +39,7 @@ def _layer_digests(layout: Path, tag: str) -> list[str]:
 
 
 def _skopeo_children() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if comm == "skopeo" and fields[0] != "Z" and int(fields[1]) == os.getpid():
-            found.append(int(entry.name))
-    return found
+    return processes("skopeo", os.getpid())
 
 
 async def test_import_from_a_layout_directory(busybox_image: BusyboxImage, tmp_path: Path) -> None:
