@@ -38,8 +38,9 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 		*why = "unknown language";
 		return -EPROTO;
 	}
-	if (req->timeout_ms < SBX_TIMEOUT_MS_MIN || req->timeout_ms > SBX_TIMEOUT_MS_MAX) {
-		*why = "timeout_ms out of range 1..300000";
+	if (req->timeout_ms != SBX_TIMEOUT_NONE &&
+	    (req->timeout_ms < SBX_TIMEOUT_MS_MIN || req->timeout_ms > SBX_TIMEOUT_MS_MAX)) {
+		*why = "timeout_ms out of range 1..86400000 (or 0: none)";
 		return -EPROTO;
 	}
 	if (req->env_count > SBX_ENV_MAX_COUNT) {

@@ -16,8 +16,9 @@ static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
 {
 	if (!sbx_language_valid(r->language))
 		return fail(err, "unknown language", -EINVAL);
-	if (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX)
-		return fail(err, "timeout_ms out of range (1 .. 300000)", -EINVAL);
+	if (r->timeout_ms != SBX_TIMEOUT_NONE &&
+	    (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX))
+		return fail(err, "timeout_ms out of range (1 .. 86400000, or 0: none)", -EINVAL);
 	if (r->code_len > SBX_CODE_MAX)
 		return fail(err, "code longer than CODE_MAX", -EMSGSIZE);
 	if (r->env_count > SBX_ENV_MAX_COUNT)

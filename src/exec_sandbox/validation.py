@@ -87,12 +87,16 @@ def validate_language(language: object) -> Language:
 
 
 def validate_timeout(timeout_seconds: object) -> int:
+    """The timeout in ms: 1 s .. MAX_TIMEOUT_SECONDS, or 0 (no limit: the code runs until it
+    ends, as a framework's 0 means)."""
     if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
         raise InputValidationError(f"timeout_seconds must be a number, got {timeout_seconds!r}")
+    if timeout_seconds == 0:
+        return limits.NO_TIMEOUT_MS
     if not limits.MIN_TIMEOUT_SECONDS <= timeout_seconds <= limits.MAX_TIMEOUT_SECONDS:
         raise InputValidationError(
             f"timeout_seconds must be between {limits.MIN_TIMEOUT_SECONDS} and "
-            f"{limits.MAX_TIMEOUT_SECONDS}, got {timeout_seconds}"
+            f"{limits.MAX_TIMEOUT_SECONDS}, or 0 for no limit, got {timeout_seconds}"
         )
     return int(timeout_seconds * 1000)
 

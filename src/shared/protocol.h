@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#define SBX_PROTOCOL_VERSION 3u
+#define SBX_PROTOCOL_VERSION 4u
 #define SBX_CHANNEL_PORT_NAME "org.execsandbox.agent.0"
 #define SBX_FRAME_HEADER_SIZE 12u
 
@@ -37,9 +37,11 @@
 #define SBX_ERROR_MESSAGE_MAX 1024u
 #define SBX_STDOUT_LIMIT_DEFAULT (1024u * 1024u)
 #define SBX_STDERR_LIMIT_DEFAULT (100u * 1024u)
-/* An EXEC's timeout: 1 ms .. 300 s (the API's 1..300 s; host and guest both check it). */
+/* An EXEC's timeout: 1 ms .. 24 h (the API's 1..86400 s; host and guest both check it), or
+ * SBX_TIMEOUT_NONE: the code runs until it ends (the API's timeout_seconds=0). */
 #define SBX_TIMEOUT_MS_MIN 1u
-#define SBX_TIMEOUT_MS_MAX 300000u
+#define SBX_TIMEOUT_MS_MAX 86400000u
+#define SBX_TIMEOUT_NONE 0u
 
 enum sbx_msg {
 	/* guest -> host */

@@ -875,10 +875,12 @@ static void test_exec_validation(void)
 	r.language = 4;
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
 	r = ok;
-	r.timeout_ms = 0;
-	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
 	r.timeout_ms = SBX_TIMEOUT_MS_MAX + 1;
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r.timeout_ms = UINT32_MAX;
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), -EINVAL);
+	r.timeout_ms = SBX_TIMEOUT_NONE; /* no limit: the code runs until it ends */
+	CHECK_EQ(sbx_encode_exec(&b, &r, &why), 0);
 	r.timeout_ms = SBX_TIMEOUT_MS_MAX;
 	CHECK_EQ(sbx_encode_exec(&b, &r, &why), 0);
 	len = b.len;

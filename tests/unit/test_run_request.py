@@ -34,7 +34,7 @@ def test_bad_options_are_refused_before_anything_runs() -> None:
     with pytest.raises(TypeError, match="timeout"):
         RunRequest.make({"timeout": 5}, config, code="1")  # type: ignore[typeddict-unknown-key]
     with pytest.raises(InputValidationError):
-        RunRequest.make({"timeout_seconds": 0}, config, code="1", defaults=False)
+        RunRequest.make({"timeout_seconds": 86_401}, config, code="1", defaults=False)
     with pytest.raises(InputValidationError):
         RunRequest.make({"memory_mb": 16}, config, code="1", defaults=False)
     for vcpus in (0, 9, 1.5, True):
@@ -74,3 +74,9 @@ def test_a_cluster_refuses_templates_before_any_host_is_asked() -> None:
     with pytest.raises(InputValidationError, match="templates"):
         _refuse_tools({"template": "go-dev"})
     _refuse_tools({"template": "default"})
+
+
+def test_a_timeout_of_zero_is_no_limit_and_a_day_is_the_longest() -> None:
+    config = SchedulerConfig()
+    assert RunRequest.make({"timeout_seconds": 0}, config, code="1").timeout_ms == 0
+    assert RunRequest.make({"timeout_seconds": 86_400}, config, code="1").timeout_ms == 86_400_000

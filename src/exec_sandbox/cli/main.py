@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_arguments(run)
     add_vm_options(
         run,
-        timeout_help="timeout in seconds (1..300)",
+        timeout_help="timeout in seconds (1..86400; 0: no limit)",
         env_help="environment variable for the code",
     )
     run.add_argument(

@@ -14,9 +14,9 @@ langchain's standard sandbox suite (langchain-tests 1.1.9) where it disagrees: g
 to the search root, directories included; write refuses a file that exists. docs/integrations.md
 says more.
 
-A per-command timeout above our hard limit (MAX_TIMEOUT_SECONDS; deepagents allows an hour) runs
-with that limit, and the output says so. File transfers are batched (_sandbox_files.py): a few
-guest round trips per call, not per file.
+A per-command timeout passes through as deepagents gives it (0: no limit); one above our hard
+limit (MAX_TIMEOUT_SECONDS, a day) runs with that limit, and the output says so. File transfers
+are batched (_sandbox_files.py): a few guest round trips per call, not per file.
 """
 
 from __future__ import annotations
@@ -116,10 +116,10 @@ class ExecSandboxBackend(BaseSandbox):
             raise ValueError(
                 f"file_contract must be 'standard' or 'deepagents', not {file_contract!r}"
             )
-        if not 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS:
+        if not (timeout_seconds == 0 or 1 <= timeout_seconds <= MAX_TIMEOUT_SECONDS):
             raise ValueError(
-                f"timeout_seconds must be between 1 and {MAX_TIMEOUT_SECONDS}, "
-                f"not {timeout_seconds}"
+                f"timeout_seconds must be between 1 and {MAX_TIMEOUT_SECONDS}, or 0 for no "
+                f"limit, not {timeout_seconds}"
             )
         self._contract = file_contract
         self._runner = Runner(scheduler)
@@ -448,16 +448,11 @@ for _name in _FILE_OPS:
 
 
 def _command_timeout(default: int, asked: int | None) -> tuple[int, str]:
-    """The seconds a command runs with, and a note for its output when that is not what was
-    asked: deepagents allows up to an hour per command (0 may mean none), our hard limit is
-    MAX_TIMEOUT_SECONDS, and a model told nothing would take a cut-off run for its own bug."""
+    """The seconds a command runs with (0: no limit, as deepagents means it), and a note for its
+    output when that is not what was asked: above our hard limit, MAX_TIMEOUT_SECONDS (a day),
+    it runs with the limit, and a model told nothing would take a cut-off run for its own bug."""
     if asked is None or asked < 0:
         return default, ""
-    if asked == 0:
-        return MAX_TIMEOUT_SECONDS, (
-            f"\n[sandbox note: this sandbox has no unlimited timeout; the command ran with the "
-            f"maximum, {MAX_TIMEOUT_SECONDS} s]"
-        )
     if asked > MAX_TIMEOUT_SECONDS:
         return MAX_TIMEOUT_SECONDS, (
             f"\n[sandbox note: timeout {asked} s is above this sandbox's limit; the command ran "

@@ -42,6 +42,7 @@ PROTOCOL_LIMITS: dict[str, int] = {
         "ENV_VALUE_MAX",
         "TIMEOUT_MS_MIN",
         "TIMEOUT_MS_MAX",
+        "TIMEOUT_NONE",
         # Host tools and rich outputs (docs/protocol.md, "Host tools and rich outputs").
         "TOOL_NAME_MAX",
         "TOOL_ARGS_MAX",

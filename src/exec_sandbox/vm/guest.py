@@ -28,7 +28,7 @@ from ..errors import (
     VmTransientError,
 )
 from ..host_tools import TOOL_ERROR
-from ..limits import HOST_TIMEOUT_GRACE_SECONDS
+from ..limits import HOST_TIMEOUT_GRACE_SECONDS, NO_TIMEOUT_MS
 from ..models import Language, ToolCall
 from . import process
 from .binding import (
@@ -357,8 +357,13 @@ class GuestVm:
                 raise error from exc
             self._want_write(pending)
             # The guest enforces the timeout; the host waits a little longer and then gives up
-            # on a guest that stalls, so that a hostile guest cannot hold the caller.
-            deadline = request.timeout_ms / 1000 + HOST_TIMEOUT_GRACE_SECONDS
+            # on a guest that stalls, so that a hostile guest cannot hold the caller. Without a
+            # timeout (0) the caller asked to wait for as long as the code runs.
+            deadline = (
+                None
+                if request.timeout_ms == NO_TIMEOUT_MS
+                else request.timeout_ms / 1000 + HOST_TIMEOUT_GRACE_SECONDS
+            )
             try:
                 exit_code, flags, duration_us = await asyncio.wait_for(
                     asyncio.shield(run.done), deadline
@@ -368,6 +373,7 @@ class GuestVm:
                     "guest did not report the end of execution %d in time: killing the VM", exec_id
                 )
                 self.close()
+                assert deadline is not None  # no deadline, no timeout
                 exit_code, flags, duration_us = -1, EXIT_TIMED_OUT, int(deadline * 1e6)
             # Calls still running are cut short by the end (a timeout, mostly): logged as such,
             # since the call that held the code is what its caller needs to see.

@@ -236,22 +236,23 @@ async def _forget(saved: Any, scheduler: Any, key: str) -> None:
     await saved.forget(scheduler, key)
 
 
-def test_a_timeout_above_our_limit_runs_with_the_limit_and_says_so() -> None:
-    # deepagents lets the model ask for up to an hour; ours is MAX_TIMEOUT_SECONDS.
+def test_timeouts_pass_through_and_only_past_a_day_are_cut() -> None:
+    # deepagents lets the model ask for up to an hour (0: none): both pass through unchanged;
+    # only past our limit (MAX_TIMEOUT_SECONDS, a day) is the run cut, and the output says so.
     backend = ExecSandboxBackend()
     try:
-        over = backend.execute("echo ran", timeout=3600)
+        hour = backend.execute("echo ran", timeout=3600)
+        assert hour.exit_code == 0 and hour.output == "ran\n"
+        unlimited = backend.execute("sleep 1; echo ran", timeout=0)
+        assert unlimited.exit_code == 0 and unlimited.output == "ran\n"
+        over = backend.execute("echo ran", timeout=MAX_TIMEOUT_SECONDS + 1)
         assert over.exit_code == 0 and over.output.startswith("ran\n")
-        assert "timeout 3600 s is above this sandbox's limit" in over.output
-        assert f"{MAX_TIMEOUT_SECONDS} s" in over.output
-        unlimited = backend.execute("echo ran", timeout=0)
-        assert "no unlimited timeout" in unlimited.output
-        within = backend.execute("echo ran", timeout=MAX_TIMEOUT_SECONDS)
-        assert within.output == "ran\n"
+        assert f"timeout {MAX_TIMEOUT_SECONDS + 1} s is above this sandbox's limit" in over.output
     finally:
         backend.close()
     with pytest.raises(ValueError, match="timeout_seconds"):
         ExecSandboxBackend(timeout_seconds=MAX_TIMEOUT_SECONDS + 1)
+    ExecSandboxBackend(timeout_seconds=0).close()
 
 
 class _Counted:
