@@ -7,6 +7,9 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from exec_sandbox import SchedulerConfig
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -38,3 +41,14 @@ async def timed(fn: Callable[[], Awaitable[object]]) -> tuple[float, object]:
     started = time.perf_counter()
     value = await fn()
     return (time.perf_counter() - started) * 1000, value
+
+
+def config(cache: Path, **overrides: object) -> SchedulerConfig:
+    """A scheduler for a bench: its own snapshot cache, room for many VMs at once."""
+    values: dict[str, object] = {
+        "memory_snapshot_cache_dir": cache,
+        "max_concurrent_vms": 12,
+        "cpu_overcommit_ratio": 8.0,
+    }
+    values.update(overrides)
+    return SchedulerConfig(**values)  # type: ignore[arg-type]

@@ -38,9 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import percentile
+from common import config, percentile
 
-from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox import Scheduler
 from exec_sandbox.images.catalog import load_images
 from exec_sandbox.paths import images_dir
 from exec_sandbox.session import Session
@@ -313,16 +313,6 @@ def engines(tree: Path, tmp: Path) -> Iterator[dict[str, Engine | str]]:
 
 
 # --- us ------------------------------------------------------------------------------------
-
-
-def config(cache: Path, **overrides: object) -> SchedulerConfig:
-    values: dict[str, object] = {
-        "memory_snapshot_cache_dir": cache,
-        "max_concurrent_vms": 12,
-        "cpu_overcommit_ratio": 8.0,
-    }
-    values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import host_spawn_ms, percentile, summary, timed
+from common import config, host_spawn_ms, percentile, summary, timed
 
-from exec_sandbox import Scheduler, SchedulerConfig
+from exec_sandbox import Scheduler
 from exec_sandbox.provisioning.provisioner import Phases as _Phases
 from exec_sandbox.snapshots import l1, node_startup
 from exec_sandbox.vm.guest import GuestVm
@@ -40,16 +40,6 @@ CASES = {
     "raw": ("echo 1", ["bash", "-c", "echo 1"]),
 }
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def config(cache: Path, **overrides: object) -> SchedulerConfig:
-    values: dict[str, object] = {
-        "memory_snapshot_cache_dir": cache,
-        "max_concurrent_vms": 12,
-        "cpu_overcommit_ratio": 8.0,
-    }
-    values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
 
 
 async def latency(cache: Path, runs: int) -> None:
