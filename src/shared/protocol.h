@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#define SBX_PROTOCOL_VERSION 4u
+#define SBX_PROTOCOL_VERSION 5u
 #define SBX_CHANNEL_PORT_NAME "org.execsandbox.agent.0"
 #define SBX_FRAME_HEADER_SIZE 12u
 
@@ -61,6 +61,9 @@ enum sbx_msg {
 	/* Host tools and rich outputs (11..15), see "Host socket" below. */
 	SBX_MSG_TOOL_CALL = 11, /* u32 call (!= 0), str name, str arguments (JSON) */
 	SBX_MSG_OUTPUT = 12,    /* u8 flags (enum sbx_output_flag), [str mime type], bytes data */
+	/* Background processes and terminals (13..15), see "Processes" below. */
+	SBX_MSG_PROC_INFO = 13, /* u32 count (0..SBX_PROC_TRACKED_MAX), then count entries */
+	SBX_MSG_PROC_DATA = 14, /* u64 offset, u8 flags (enum sbx_proc_data_flag), bytes data */
 	/* Speed tiers (32..39). */
 	SBX_MSG_RESEEDED = 32, /* empty; answers RESEED once the kernel's CRNG is reseeded */
 
@@ -75,6 +78,14 @@ enum sbx_msg {
 	SBX_MSG_FILE_READ = 70,        /* str path, u8 file flags: FILE_DATA* then FILE_DONE */
 	SBX_MSG_FILE_LIST = 71,        /* str path ("" = home): FILE_ENTRIES* then FILE_DONE */
 	SBX_MSG_TOOL_RESULT = 72,      /* u32 call, u8 enum sbx_tool_status, str body */
+	/* Background processes and terminals (73..79), see "Processes" below. */
+	SBX_MSG_PROC_SPAWN = 73,  /* -> PROC_INFO (one entry) or ERROR */
+	SBX_MSG_PROC_READ = 74,   /* -> PROC_DATA or ERROR */
+	SBX_MSG_PROC_WRITE = 75,  /* -> PONG or ERROR */
+	SBX_MSG_PROC_SIGNAL = 76, /* -> PONG or ERROR */
+	SBX_MSG_PROC_WAIT = 77,   /* -> PROC_INFO (one entry) or ERROR */
+	SBX_MSG_PROC_LIST = 78,   /* empty -> PROC_INFO (every tracked process) */
+	SBX_MSG_PROC_RESIZE = 79, /* -> PONG or ERROR */
 	/* Speed tiers (96..103). */
 	SBX_MSG_RESEED = 96, /* SBX_RESEED_BYTES random bytes; answered by RESEEDED (or ERROR) */
 	SBX_MSG_PRESTART = 97, /* u8 language: pre-start the next EXEC's interpreter; answered by
@@ -148,7 +159,11 @@ enum sbx_error {
 	SBX_ERR_BUSY = 2,        /* an EXEC arrived while another one runs */
 	SBX_ERR_SPAWN = 3,       /* the interpreter could not be started */
 	SBX_ERR_INTERNAL = 4,
+	SBX_ERR_NO_PROCESS = 5, /* PROC_*: no tracked process with that pid (or, for SIGNAL, RESIZE
+				 * and WRITE, it is no longer running / its stdin is closed) */
+	SBX_ERR_LIMIT = 6,      /* PROC_*: over SBX_PROC_MAX running or SBX_PROC_PENDING_MAX waits */
 };
+#define SBX_ERR_MAX SBX_ERR_LIMIT
 
 /* Sessions (SESSION_EXEC): the guest keeps one REPL per VM alive between requests. Replies are
  * those of EXEC. A timeout (-1) or the REPL's death (any other exit of the interpreter process)
@@ -230,5 +245,90 @@ enum sbx_output_flag {
 #define SBX_OUTPUTS_MAX 32u                        /* outputs per execution */
 #define SBX_OUTPUT_BYTES_MAX (16u * 1024u * 1024u) /* all outputs of one execution */
 #define SBX_HOST_SOCKET_CLIENTS_MAX 16u            /* connections at once */
+
+/* Processes: background processes and terminals a session starts beside its executions. They
+ * live in the VM (pause, resume and fork keep them, and the agent's record of them), so every
+ * reference is the guest pid; the host holds no state a new host process could not ask for.
+ *
+ * The agent starts a process as it starts an EXEC's code (uid 1000, its own session and process
+ * group, the template's root and environment, no_new_privs, the clean environment plus the
+ * request's variables) and keeps, per process, a ring buffer of each output stream: its last
+ * SBX_PROC_BUFFER_MAX bytes, addressed by the absolute offset of the stream (bytes produced so
+ * far). Readers pull (PROC_READ from an offset, waiting up to wait_ms for data), so any number of
+ * readers, before or after a pause, each get what they missed, and neither side holds more than
+ * the rings: a reader that fell behind gets a PROC_DATA whose offset is past the one it asked for
+ * (the bytes between were dropped). The agent reaps exited processes and keeps their record (exit
+ * status, rings) until SBX_PROC_TRACKED_MAX records exist; then the oldest exited record goes.
+ *
+ * PROC_SPAWN (host -> guest):
+ *     u8   flags (enum sbx_spawn_flag)
+ *     u16  cols, u16 rows (PTY: the terminal size, 1..SBX_PROC_TTY_MAX each; else both 0)
+ *     u32  argc (1..SBX_PROC_ARGV_MAX), then argc str: argv (argv[0] is looked up in PATH;
+ *          each 1..SBX_PROC_ARG_MAX bytes, no NUL)
+ *     str  cwd: an absolute path (<= SBX_PATH_MAX, no NUL), or empty: the working directory an
+ *          EXEC's code gets (the home, or the template's WORKDIR)
+ *     u32  env count (<= SBX_ENV_MAX_COUNT), then per variable: str name, str value (as EXEC)
+ * Reply: PROC_INFO with one entry once the program is executing (an exec failure, a missing
+ * cwd: ERROR SPAWN with the reason), or ERROR LIMIT past SBX_PROC_MAX running processes.
+ * With SBX_SPAWN_PTY the process gets a new pseudo-terminal as its controlling terminal and
+ * stdin/stdout/stderr (TERM comes from env); its output is all on stdout, stderr stays empty
+ * and ends with it.
+ *
+ * PROC_INFO entry (guest -> host):
+ *     u32  pid
+ *     u8   flags (enum sbx_proc_flag)
+ *     i32  exit code: as EXIT's (128+N when killed by signal N); 0 while running
+ *     u64  stdout bytes produced so far, u64 stderr bytes produced so far
+ *     str  command: argv joined by spaces, cut to SBX_PROC_COMMAND_MAX bytes
+ *
+ * PROC_READ (host -> guest): u32 pid, u8 stream (1 stdout, 2 stderr), u64 offset,
+ *     u32 max bytes (1..SBX_OUTPUT_CHUNK_MAX), u32 wait_ms (0..SBX_PROC_WAIT_MS_MAX).
+ * Reply PROC_DATA: u64 offset of its first byte (>= the one asked for: more means the bytes
+ * between were dropped), u8 flags, then 0..max bytes. Sent as soon as a byte at or after the
+ * offset exists or the stream has ended (flag EOF: nothing after these bytes will ever come), or
+ * empty when wait_ms passed first. An offset past the bytes produced so far: ERROR BAD_REQUEST.
+ *
+ * PROC_WRITE: u32 pid, u8 flags (enum sbx_proc_write_flag), bytes data (0..SBX_PROC_WRITE_MAX).
+ *     PONG once every byte is written to the process's stdin (the agent holds the reply while
+ *     the pipe or terminal is full: one write per process at a time), then, with CLOSE_STDIN,
+ *     stdin is closed. ERROR NO_PROCESS when stdin is already closed or the process has ended.
+ * PROC_SIGNAL: u32 pid, u32 signal (1..64): sent to the process's group. PONG; ERROR NO_PROCESS
+ *     once it has ended.
+ * PROC_WAIT: u32 pid, u32 wait_ms (0..SBX_PROC_WAIT_MS_MAX): PROC_INFO (one entry) once the
+ *     process has ended, or when wait_ms passed (then flagged RUNNING).
+ * PROC_RESIZE: u32 pid, u16 cols, u16 rows: the terminal's new size (SIGWINCH follows). PONG;
+ *     ERROR NO_PROCESS when it has no terminal or has ended.
+ */
+enum sbx_spawn_flag {
+	SBX_SPAWN_PTY = 1u << 0,
+};
+enum sbx_proc_flag {
+	SBX_PROC_RUNNING = 1u << 0,
+	SBX_PROC_PTY = 1u << 1,
+	SBX_PROC_STDIN_OPEN = 1u << 2,
+};
+#define SBX_PROC_FLAGS_ALL (SBX_PROC_RUNNING | SBX_PROC_PTY | SBX_PROC_STDIN_OPEN)
+enum sbx_proc_stream {
+	SBX_PROC_STDOUT = 1,
+	SBX_PROC_STDERR = 2,
+};
+enum sbx_proc_data_flag {
+	SBX_PROC_DATA_EOF = 1u << 0,
+};
+enum sbx_proc_write_flag {
+	SBX_PROC_CLOSE_STDIN = 1u << 0,
+};
+#define SBX_PROC_MAX 128u              /* running at once */
+#define SBX_PROC_TRACKED_MAX 256u      /* records kept, running or ended */
+#define SBX_PROC_PENDING_MAX 64u       /* PROC_READ/PROC_WAIT/PROC_WRITE replies held at once */
+#define SBX_PROC_ARGV_MAX 256u
+#define SBX_PROC_ARG_MAX (128u * 1024u)
+#define SBX_PROC_COMMAND_MAX 128u
+#define SBX_PROC_TTY_MAX 1000u
+#define SBX_PROC_WAIT_MS_MAX 60000u
+#define SBX_PROC_WRITE_MAX (60u * 1024u)
+#define SBX_PROC_BUFFER_MAX (1024u * 1024u)           /* per output stream */
+#define SBX_PROC_BUFFERS_TOTAL_MAX (16u * 1024u * 1024u) /* all rings together: past it, rings
+							   * stop growing and drop their oldest */
 
 #endif /* SBX_PROTOCOL_H */
