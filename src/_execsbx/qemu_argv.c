@@ -259,9 +259,13 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 				 SBX_CHILD_DISK_FD_BASE + i);
 			path = fd_path;
 		}
+		/* A writable disk: an I/O error (the host's disk full) goes to the guest, whose
+		 * file system reports it to the code (werror=enospc, the default, would pause the
+		 * VM with nothing to resume it); the guest's discards punch holes in the file. */
 		add(&b, "-drive");
-		addf(&b, "file=%s%s,if=none,id=disk%u,format=raw,readonly=%s",
-		     path[0] == '/' ? "" : "./", path, i, d->writable ? "off" : "on");
+		addf(&b, "file=%s%s,if=none,id=disk%u,format=raw,readonly=%s%s",
+		     path[0] == '/' ? "" : "./", path, i, d->writable ? "off" : "on",
+		     d->writable ? ",werror=report,rerror=report,discard=unmap" : "");
 		add(&b, "-device");
 		addf(&b, "virtio-blk-device,drive=disk%u,serial=sbx-disk-%s", i, d->kind);
 	}

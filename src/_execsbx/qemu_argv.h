@@ -24,7 +24,7 @@ struct sbx_vm_disk {
 };
 
 /* Disks besides the root: one per fd the jail passes at SBX_CHILD_DISK_FD_BASE.. */
-#define SBX_VM_DISKS_MAX 4u
+#define SBX_VM_DISKS_MAX 6u /* microvm's transports allow no more (qemu_spawn.h) */
 
 struct sbx_vm_config {
 	const char *qemu_binary;          /* a path: execve does no PATH search */

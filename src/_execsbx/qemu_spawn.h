@@ -5,7 +5,7 @@
  *     5  QMP socket (only when requested)
  *     6  guest RAM file (only when requested)
  *     7  network port socket (only when the VM has the network port)
- *     8  kernel, 9 root image, 10..13 the other disks, in the config's order (only when the
+ *     8  kernel, 9 root image, 10..15 the other disks, in the config's order (only when the
  *        host opened the images: a jailed QEMU opens them as /proc/self/fd/N, with no path
  *        into the caller's directories)
  * and nothing else open, a default signal mask and dispositions, its own process group,
@@ -37,7 +37,9 @@ struct sbx_jail;
 #define SBX_CHILD_KERNEL_FD 8
 #define SBX_CHILD_ROOTFS_FD 9
 #define SBX_CHILD_DISK_FD_BASE 10
-#define SBX_CHILD_DISKS_MAX 4
+/* Six: the microvm machine (acpi=off) has eight virtio-mmio transports, and the root disk and
+ * the virtio-serial bus take two (a work disk, a package layer or template and three volumes). */
+#define SBX_CHILD_DISKS_MAX 6
 #define SBX_CHILD_KERNEL_FD_PATH "/proc/self/fd/8"
 #define SBX_CHILD_ROOTFS_FD_PATH "/proc/self/fd/9"
 #define SBX_CHILD_FIRST_CLOSED_FD (SBX_CHILD_DISK_FD_BASE + SBX_CHILD_DISKS_MAX)
@@ -56,10 +58,10 @@ struct sbx_spawn_req {
 	int mem_fd;         /* with_mem: the guest RAM's backing file, becomes fd 6 */
 	int with_net;       /* 0: no network port socket, fd 7 stays closed */
 	int net_fd;         /* with_net: becomes fd 7 */
-	int with_images;    /* 0: fds 8-13 stay closed */
+	int with_images;    /* 0: fds 8-15 stay closed */
 	int kernel_fd;      /* with_images: becomes fd 8 */
 	int rootfs_fd;      /* with_images: becomes fd 9 */
-	unsigned ndisks;    /* with_images: disk_fds[i] becomes fd 10 + i; the rest of 10-13 stay
+	unsigned ndisks;    /* with_images: disk_fds[i] becomes fd 10 + i; the rest of 10-15 stay
 			     * closed. At most SBX_CHILD_DISKS_MAX (-EINVAL) */
 	int disk_fds[SBX_CHILD_DISKS_MAX];
 };

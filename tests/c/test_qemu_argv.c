@@ -245,7 +245,8 @@ static void test_images_by_fd(void)
 	CHECK(find(argv, "file=/proc/self/fd/10,if=none,id=disk0,format=raw,readonly=on") > 0);
 	CHECK(find(argv, "file=/proc/self/fd/11,if=none,id=disk1,format=raw,readonly=on") > 0);
 	CHECK(find(argv, "file=/proc/self/fd/12,if=none,id=disk2,format=raw,readonly=on") > 0);
-	CHECK(find(argv, "file=/proc/self/fd/13,if=none,id=disk3,format=raw,readonly=off") > 0);
+	CHECK(find(argv, "file=/proc/self/fd/13,if=none,id=disk3,format=raw,readonly=off,"
+			 "werror=report,rerror=report,discard=unmap") > 0);
 	for (char **a = argv; *a; a++)
 		CHECK(strstr(*a, "/cache/") == NULL && strstr(*a, "/tmp/") == NULL);
 	sbx_argv_free(argv);
@@ -349,11 +350,14 @@ static void test_disks_in_order_after_the_root(void)
 	CHECK(f0 > root && f0 < d0);
 	CHECK(find(argv, "file=/cache/t.erofs,if=none,id=disk1,format=raw,readonly=on") > d0);
 	/* a relative path gets "./" (not a block protocol prefix), as the root's does */
-	CHECK(find(argv, "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off") > d1);
+	CHECK(find(argv, "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off,"
+			 "werror=report,rerror=report,discard=unmap") > d1);
 	sbx_argv_free(argv);
 }
 
-/* Read-only unless asked: readonly=on by default, off only for a writable disk. */
+/* Read-only unless asked: readonly=on by default, off only for a writable disk, which also
+ * reports I/O errors to the guest (never pauses the VM: werror=enospc is QEMU's default) and
+ * passes the guest's discards on to the file. */
 static void test_disk_readonly_unless_writable(void)
 {
 	struct sbx_vm_config c = base();
@@ -366,25 +370,27 @@ static void test_disk_readonly_unless_writable(void)
 	sbx_argv_free(argv);
 	d.writable = 1;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
-	CHECK(find(argv, "file=/cache/d.raw,if=none,id=disk0,format=raw,readonly=off") > 0);
+	CHECK(find(argv, "file=/cache/d.raw,if=none,id=disk0,format=raw,readonly=off,"
+			 "werror=report,rerror=report,discard=unmap") > 0);
 	sbx_argv_free(argv);
 }
 
-/* At most SBX_VM_DISKS_MAX: one fd each under the jail, 10..13. */
+/* At most SBX_VM_DISKS_MAX: one fd each under the jail, 10..15. */
 static void test_too_many_disks(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv = NULL;
 	struct sbx_err why = {0};
 	const struct sbx_vm_disk disks[] = {{"/a", "a", 0}, {"/b", "b", 0}, {"/c", "c", 0},
-					    {"/d", "d", 0}, {"/e", "e", 0}};
+					    {"/d", "d", 0}, {"/e", "e", 0}, {"/f", "f", 0},
+					    {"/g", "g", 0}};
 	c.disks = disks;
 	c.ndisks = SBX_VM_DISKS_MAX;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
 	sbx_argv_free(argv);
 	c.ndisks = SBX_VM_DISKS_MAX + 1;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
-	CHECK_STR(why.msg, "at most 4 disks");
+	CHECK_STR(why.msg, "at most 6 disks");
 	CHECK(argv == NULL);
 }
 

@@ -356,15 +356,16 @@ static void test_image_fds(void)
 		struct pair chan = mkpair(), con = mkpair();
 		int kernel = open("/dev/null", O_RDONLY | O_CLOEXEC);
 		int rootfs = open("/dev/zero", O_RDONLY | O_CLOEXEC);
-		int disks[SBX_CHILD_DISKS_MAX] = {-1, -1, -1, -1};
+		int disks[SBX_CHILD_DISKS_MAX] = {-1, -1, -1, -1, -1, -1};
 		static const char *const sources[] = {"/dev/urandom", "/dev/random", "/dev/full",
-						      "/dev/null"}; /* told apart by inode */
+						      "/dev/null",    "/etc/passwd", "/etc/group"};
+		/* told apart by inode */
 		for (unsigned i = 0; i < ndisks; i++)
 			disks[i] = open(sources[i], O_RDONLY | O_CLOEXEC);
 		ino_t rootfs_ino = my_ino(rootfs);
 		struct sbx_spawn_req req = {argv[0], argv, ENVP, chan.child, con.child, NULL, 0, -1,
 					    0, -1, 0, -1, 1, kernel, rootfs, ndisks,
-					    {disks[0], disks[1], disks[2], disks[3]}};
+					    {disks[0], disks[1], disks[2], disks[3], disks[4], disks[5]}};
 		struct sbx_child c;
 		CHECK_EQ(sbx_spawn(&req, &c, &E), 0);
 		close(chan.child);
@@ -395,16 +396,16 @@ static void test_image_fds(void)
 	}
 }
 
-/* More disks than fds 10..13 hold, or a disk without an fd: refused before any fork. */
+/* More disks than fds 10..15 hold, or a disk without an fd: refused before any fork. */
 static void test_disk_fds_refused(void)
 {
 	char *const argv[] = {"/bin/true", NULL};
 	struct sbx_spawn_req req = {argv[0], argv, ENVP, 3, 4, NULL, 0, -1, 0, -1, 0, -1, 1, 0, 0,
-				    SBX_CHILD_DISKS_MAX + 1, {0, 0, 0, 0}};
+				    SBX_CHILD_DISKS_MAX + 1, {0, 0, 0, 0, 0, 0}};
 	struct sbx_child c;
 	struct sbx_err why = {0};
 	CHECK_EQ(sbx_spawn(&req, &c, &why), -EINVAL);
-	CHECK_STR(why.msg, "at most 4 disks");
+	CHECK_STR(why.msg, "at most 6 disks");
 	req.ndisks = 2;
 	req.disk_fds[1] = -1;
 	CHECK_EQ(sbx_spawn(&req, &c, &E), -EBADF);

@@ -106,7 +106,7 @@ def test_constants() -> None:
     assert x.CODE_MAX == 1 << 20
     assert x.HOST_FRAME_MAX == 2 << 20
     assert x.GUEST_FRAME_MAX == 64 << 10
-    assert x.DISKS_MAX == 4
+    assert x.DISKS_MAX == 6
     assert issubclass(x.ProtocolError, OSError)
 
 
