@@ -23,6 +23,8 @@ from .errors import (
     VmPermanentError,
     VmTimeoutError,
     VmTransientError,
+    VolumeError,
+    VolumeInUseError,
 )
 from .models import (
     ExecutionResult,
@@ -43,6 +45,7 @@ from .run_request import RunOptions, RunRequest
 from .scheduler import Scheduler
 from .session import Session
 from .templates.steps import Copy, Env, Run, User, Workdir
+from .volumes import Volume, VolumeMount
 
 __all__ = [
     "CodeValidationError",
@@ -89,6 +92,10 @@ __all__ = [
     "VmPermanentError",
     "VmTimeoutError",
     "VmTransientError",
+    "Volume",
+    "VolumeError",
+    "VolumeInUseError",
+    "VolumeMount",
     "Workdir",
 ]
 __version__ = "0.1.0"

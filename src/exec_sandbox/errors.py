@@ -75,6 +75,17 @@ class TemplateBuildError(TemplateError):
         return (type(self), self.args, state)
 
 
+class VolumeError(PermanentError):
+    """A volume cannot be made or used as asked: no volume of that name, one of another size,
+    an image the host cannot open. The message says which."""
+
+
+class VolumeInUseError(TransientError):
+    """A volume is attached in a mode that excludes the one asked for (read-write needs it
+    alone; read-only shares it with other readers), or is to be deleted while attached. Nothing
+    started: retry once the other sandbox is closed."""
+
+
 class InputValidationError(SandboxError, ValueError):
     """The caller passed invalid input; nothing was sent to any VM."""
 

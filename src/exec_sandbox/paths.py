@@ -16,6 +16,17 @@ def cache_dir() -> Path:
     return base / "exec-sandbox"
 
 
+def data_dir() -> Path:
+    """$EXEC_SANDBOX_DATA_DIR, else $XDG_DATA_HOME/exec-sandbox, else ~/.local/share/exec-sandbox:
+    the user's data (volumes), which a cache cleaner must not remove."""
+    explicit = os.environ.get("EXEC_SANDBOX_DATA_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "share"
+    return base / "exec-sandbox"
+
+
 def images_dir() -> Path:
     """$EXEC_SANDBOX_IMAGES_DIR, else <cache_dir>/images."""
     explicit = os.environ.get("EXEC_SANDBOX_IMAGES_DIR")

@@ -18,6 +18,8 @@ def test_hierarchy_matches_the_contract() -> None:
         "SnapshotError": "PermanentError",
         "TemplateError": "PermanentError",
         "TemplateBuildError": "TemplateError",
+        "VolumeError": "PermanentError",
+        "VolumeInUseError": "TransientError",
         "InputValidationError": "SandboxError",
         "CodeValidationError": "InputValidationError",
         "EnvVarValidationError": "InputValidationError",

@@ -1,0 +1,260 @@
+"""The volumes of this host: a directory of sparse raw disk images and their records.
+
+```
+<name>.img    the disk: created empty (ftruncate, sparse), 0600; only guests read or write it
+<name>.json   its record: {"name", "size_mb", "created_at"}, written after the image
+.lock         flock: one create or delete at a time, across processes
+```
+
+Attaching (`claim`) opens the image and takes an flock on that open file for as long as the VM
+lives: LOCK_EX for read-write, LOCK_SH for read-only, never waiting (LOCK_NB). So a volume is
+written by one VM at a time, and never read by one while another writes it (a guest's page
+cache over a disk another guest changes would read garbage). The lock is the kernel's: it holds
+across processes and goes with the fd when its holder dies. The VM gets the image as
+/proc/self/fd/N of the locked fd, so what was locked is what QEMU opens, even if the name was
+deleted and made again meanwhile. delete() takes LOCK_EX itself: refused while attached.
+
+The host never reads an image's content (the guest formats and mounts it; docs/security.md).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .._cache_dirs import write_json_atomically
+from .._threads import in_thread
+from ..errors import VolumeError, VolumeInUseError
+from .volume import (
+    VOLUME_KINDS,
+    Volume,
+    VolumeAttach,
+    validate_volume_name,
+    validate_volume_size,
+)
+
+_RECORD_MAX_BYTES = 4096
+
+
+@dataclass
+class VolumeClaims:
+    """The locked images of one VM's volumes: hold it for the VM's life, close() after its QEMU
+    is gone (idempotent). disks: (kind, /proc/self/fd path, writable) in VOLUME_KINDS order."""
+
+    attaches: tuple[VolumeAttach, ...]
+    fds: list[int] = field(default_factory=list)
+
+    @property
+    def read_write(self) -> bool:
+        return any(not a.read_only for a in self.attaches)
+
+    def disks(self) -> list[tuple[str, str, bool]]:
+        return [
+            (kind, f"/proc/self/fd/{fd}", not a.read_only)
+            for kind, fd, a in zip(VOLUME_KINDS, self.fds, self.attaches, strict=True)
+        ]
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            os.close(fd)  # releases its lock
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class VolumeStore:
+    """The volumes of one directory (SchedulerConfig.volume_dir). The blocking methods do file
+    system work; the coroutines run them in a thread."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    # --- coroutines for the scheduler ---
+
+    async def create(self, name: str, size_mb: int) -> Volume:
+        name, size_mb = validate_volume_name(name), validate_volume_size(size_mb)
+        return await in_thread(lambda: self.create_sync(name, size_mb))
+
+    async def list(self) -> list[Volume]:
+        return await in_thread(self.list_sync)
+
+    async def delete(self, name: str) -> bool:
+        name = validate_volume_name(name)
+        return await in_thread(lambda: self.delete_sync(name))
+
+    async def claim(self, attaches: tuple[VolumeAttach, ...]) -> VolumeClaims:
+        return await in_thread(lambda: self.claim_sync(attaches), discard=VolumeClaims.close)
+
+    # --- blocking work ---
+
+    def _image(self, name: str) -> Path:
+        return self.root / f"{name}.img"
+
+    def _record(self, name: str) -> Path:
+        return self.root / f"{name}.json"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def get_sync(self, name: str) -> Volume | None:
+        """The record of name, or None (also for a record without its image)."""
+        try:
+            with open(self._record(name), "rb") as f:
+                raw = f.read(_RECORD_MAX_BYTES + 1)
+            if not self._image(name).exists():
+                return None
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(raw)
+            volume = Volume(str(data["name"]), int(data["size_mb"]), float(data["created_at"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise VolumeError(f"volume {name!r}: unreadable record ({exc})") from exc
+        if volume.name != name or len(raw) > _RECORD_MAX_BYTES:
+            raise VolumeError(f"volume {name!r}: its record names another volume")
+        return volume
+
+    def create_sync(self, name: str, size_mb: int) -> Volume:
+        """The volume name, made empty at size_mb if there is none. An existing one of another
+        size is an error (volumes do not grow or shrink)."""
+        with self._locked():
+            existing = self.get_sync(name)
+            if existing is not None:
+                if existing.size_mb != size_mb:
+                    raise VolumeError(
+                        f"volume {name!r} exists with size_mb={existing.size_mb}, not {size_mb}"
+                    )
+                return existing
+            image = self._image(name)
+            tmp = self.root / f".{name}.{os.getpid()}.tmp"
+            try:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.ftruncate(fd, size_mb << 20)  # sparse: no block written
+                finally:
+                    os.close(fd)
+                os.replace(tmp, image)  # a leftover image of a crashed create is replaced
+            except OSError as exc:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                raise VolumeError(f"cannot create volume {name!r} in {self.root}: {exc}") from exc
+            volume = Volume(name, size_mb, time.time())
+            write_json_atomically(
+                self._record(name),
+                {"name": name, "size_mb": size_mb, "created_at": volume.created_at},
+            )
+            return volume
+
+    def list_sync(self) -> builtins.list[Volume]:
+        if not self.root.is_dir():
+            return []
+        volumes = []
+        for record in sorted(self.root.glob("*.json")):
+            name = record.name[: -len(".json")]
+            with contextlib.suppress(VolumeError):
+                volume = self.get_sync(name)
+                if volume is not None:
+                    volumes.append(volume)
+        return volumes
+
+    def delete_sync(self, name: str) -> bool:
+        """Remove the volume and its content; False when there was none. VolumeInUseError while
+        any VM has it attached."""
+        with self._locked():
+            try:
+                fd = os.open(self._image(name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                with contextlib.suppress(FileNotFoundError):
+                    self._record(name).unlink()
+                return False
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise VolumeInUseError(
+                        f"volume {name!r} is attached to a running sandbox: close it first"
+                    ) from None
+                # The record first: a volume is listed only while both exist.
+                with contextlib.suppress(FileNotFoundError):
+                    self._record(name).unlink()
+                self._image(name).unlink()
+            finally:
+                os.close(fd)
+            return True
+
+    def claim_sync(self, attaches: tuple[VolumeAttach, ...]) -> VolumeClaims:
+        """Open and lock every volume of attaches (all or none): VolumeError for one that does
+        not exist, VolumeInUseError for one another VM holds in a conflicting mode."""
+        claims = VolumeClaims(attaches)
+        try:
+            for attach in attaches:
+                claims.fds.append(self._claim_one(attach))
+        except BaseException:
+            claims.close()
+            raise
+        return claims
+
+    def _claim_one(self, attach: VolumeAttach) -> int:
+        name = attach.name
+        volume = self.get_sync(name)
+        if volume is None:
+            raise VolumeError(
+                f"no volume {name!r} in {self.root}: create it first "
+                f"(scheduler.volume({name!r}, size_mb=...) or sbx volume create)"
+            )
+        flags = (os.O_RDONLY if attach.read_only else os.O_RDWR) | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(self._image(name), flags)
+        except OSError as exc:
+            raise VolumeError(f"cannot open volume {name!r}: {exc}") from exc
+        try:
+            try:
+                fcntl.flock(
+                    fd, (fcntl.LOCK_SH if attach.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB
+                )
+            except BlockingIOError:
+                raise VolumeInUseError(_in_use_message(fd, attach)) from None
+            st = os.fstat(fd)
+            if st.st_nlink == 0:  # deleted between the lookup and the lock
+                raise VolumeError(f"volume {name!r} was deleted")
+            if st.st_size != volume.size_mb << 20:
+                raise VolumeError(
+                    f"volume {name!r}: its image is {st.st_size} bytes, not {volume.size_mb} MB"
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _in_use_message(fd: int, attach: VolumeAttach) -> str:
+    """Why a lock was refused: a writer holds it, or (for a read-write attach) readers do."""
+    if attach.read_only:
+        return f"volume {attach.name!r} is attached read-write by another sandbox"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return f"volume {attach.name!r} is attached read-write by another sandbox"
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return (
+        f"volume {attach.name!r} is attached read-only by another sandbox (read-write needs it "
+        f"alone)"
+    )
