@@ -216,3 +216,9 @@ int sbx_channel_queue_tool_result(struct sbx_channel *ch, const struct sbx_tool_
 	size_t before = begin_queue(ch);
 	return commit_queue(ch, before, sbx_encode_tool_result(&ch->out, r, e), e);
 }
+
+int sbx_channel_queue_proc(struct sbx_channel *ch, const struct sbx_proc_req *r, struct sbx_err *e)
+{
+	size_t before = begin_queue(ch);
+	return commit_queue(ch, before, sbx_encode_proc_request(&ch->out, r, e), e);
+}

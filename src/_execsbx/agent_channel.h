@@ -62,6 +62,7 @@ int sbx_channel_queue_net_config(struct sbx_channel *ch, const struct sbx_net_co
 				 struct sbx_err *e);
 int sbx_channel_queue_tool_result(struct sbx_channel *ch, const struct sbx_tool_result_req *r,
 				  struct sbx_err *e);
+int sbx_channel_queue_proc(struct sbx_channel *ch, const struct sbx_proc_req *r, struct sbx_err *e);
 /* Write as much of the queue as the socket takes now. 0 or -errno with e filled (EAGAIN is not
  * an error). */
 int sbx_channel_flush(struct sbx_channel *ch, struct sbx_err *e);

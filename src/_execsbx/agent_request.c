@@ -12,19 +12,12 @@ static int fail(struct sbx_err *err, const char *msg, int code)
 	return sbx_err_set(err, code, "%s", msg);
 }
 
-static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
+static int validate_env(const struct sbx_env_var *env, size_t count, struct sbx_err *err)
 {
-	if (!sbx_language_valid(r->language))
-		return fail(err, "unknown language", -EINVAL);
-	if (r->timeout_ms != SBX_TIMEOUT_NONE &&
-	    (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX))
-		return fail(err, "timeout_ms out of range (1 .. 86400000, or 0: none)", -EINVAL);
-	if (r->code_len > SBX_CODE_MAX)
-		return fail(err, "code longer than CODE_MAX", -EMSGSIZE);
-	if (r->env_count > SBX_ENV_MAX_COUNT)
+	if (count > SBX_ENV_MAX_COUNT)
 		return fail(err, "more than 100 environment variables", -EMSGSIZE);
-	for (size_t i = 0; i < r->env_count; i++) {
-		const struct sbx_env_var *e = &r->env[i];
+	for (size_t i = 0; i < count; i++) {
+		const struct sbx_env_var *e = &env[i];
 		if (e->name_len == 0)
 			return fail(err, "empty environment variable name", -EINVAL);
 		if (e->name_len > SBX_ENV_NAME_MAX)
@@ -37,6 +30,18 @@ static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
 			return fail(err, "environment variable value contains NUL", -EINVAL);
 	}
 	return 0;
+}
+
+static int validate(const struct sbx_exec_req *r, struct sbx_err *err)
+{
+	if (!sbx_language_valid(r->language))
+		return fail(err, "unknown language", -EINVAL);
+	if (r->timeout_ms != SBX_TIMEOUT_NONE &&
+	    (r->timeout_ms < SBX_TIMEOUT_MS_MIN || r->timeout_ms > SBX_TIMEOUT_MS_MAX))
+		return fail(err, "timeout_ms out of range (1 .. 86400000, or 0: none)", -EINVAL);
+	if (r->code_len > SBX_CODE_MAX)
+		return fail(err, "code longer than CODE_MAX", -EMSGSIZE);
+	return validate_env(r->env, r->env_count, err);
 }
 
 int sbx_encode_exec(struct sbx_buf *b, const struct sbx_exec_req *r, struct sbx_err *err)
@@ -309,6 +314,158 @@ int sbx_encode_net_config(struct sbx_buf *b, const struct sbx_net_config_req *r,
 	if (rc < 0) {
 		b->len = before; /* drop the partial frame */
 		return fail(err, rc == -EMSGSIZE ? "NET_CONFIG frame larger than HOST_FRAME_MAX"
+						 : "out of memory", rc);
+	}
+	return 0;
+}
+
+static int tty_size_ok(uint32_t cols, uint32_t rows)
+{
+	return cols >= 1 && cols <= SBX_PROC_TTY_MAX && rows >= 1 && rows <= SBX_PROC_TTY_MAX;
+}
+
+static int validate_spawn(const struct sbx_proc_req *r, struct sbx_err *err)
+{
+	if (r->flags & ~(unsigned)SBX_SPAWN_PTY)
+		return fail(err, "unknown spawn flag", -EINVAL);
+	if ((r->flags & SBX_SPAWN_PTY) ? !tty_size_ok(r->cols, r->rows) : (r->cols || r->rows))
+		return fail(err, "terminal size out of range (1..1000 with a pty, else 0)", -EINVAL);
+	if (r->argc < 1)
+		return fail(err, "empty argv", -EINVAL);
+	if (r->argc > SBX_PROC_ARGV_MAX)
+		return sbx_err_set(err, -EMSGSIZE, "more than %u arguments", SBX_PROC_ARGV_MAX);
+	for (size_t i = 0; i < r->argc; i++) {
+		const struct sbx_bytes *a = &r->argv[i];
+		if (a->len == 0)
+			return sbx_err_set(err, -EINVAL, "argument %zu is empty", i);
+		if (a->len > SBX_PROC_ARG_MAX)
+			return sbx_err_set(err, -EMSGSIZE, "argument %zu longer than %u bytes", i,
+					   SBX_PROC_ARG_MAX);
+		if (memchr(a->data, 0, a->len))
+			return sbx_err_set(err, -EINVAL, "argument %zu contains NUL", i);
+	}
+	if (r->cwd_len > SBX_PATH_MAX)
+		return fail(err, "cwd longer than PATH_MAX", -EMSGSIZE);
+	if (r->cwd_len && (r->cwd[0] != '/' || memchr(r->cwd, 0, r->cwd_len)))
+		return fail(err, "cwd must be an absolute path without NUL", -EINVAL);
+	return validate_env(r->env, r->env_count, err);
+}
+
+static int validate_proc(const struct sbx_proc_req *r, struct sbx_err *err)
+{
+	switch (r->type) {
+	case SBX_MSG_PROC_SPAWN:
+		return validate_spawn(r, err);
+	case SBX_MSG_PROC_READ:
+		if (r->stream != SBX_PROC_STDOUT && r->stream != SBX_PROC_STDERR)
+			return fail(err, "stream must be 1 (stdout) or 2 (stderr)", -EINVAL);
+		if (r->max < 1 || r->max > SBX_OUTPUT_CHUNK_MAX)
+			return fail(err, "max bytes out of range (1..OUTPUT_CHUNK_MAX)", -EINVAL);
+		break;
+	case SBX_MSG_PROC_WRITE:
+		if (r->flags & ~(unsigned)SBX_PROC_CLOSE_STDIN)
+			return fail(err, "unknown write flag", -EINVAL);
+		if (r->data_len > SBX_PROC_WRITE_MAX)
+			return fail(err, "write larger than PROC_WRITE_MAX", -EMSGSIZE);
+		break;
+	case SBX_MSG_PROC_SIGNAL:
+		if (r->signal < 1 || r->signal > 64)
+			return fail(err, "signal out of range (1..64)", -EINVAL);
+		break;
+	case SBX_MSG_PROC_WAIT:
+	case SBX_MSG_PROC_LIST:
+		break;
+	case SBX_MSG_PROC_RESIZE:
+		if (!tty_size_ok(r->cols, r->rows))
+			return fail(err, "terminal size out of range (1..1000)", -EINVAL);
+		break;
+	default:
+		return fail(err, "not a process message type", -EINVAL);
+	}
+	if ((r->type == SBX_MSG_PROC_READ || r->type == SBX_MSG_PROC_WAIT) &&
+	    r->wait_ms > SBX_PROC_WAIT_MS_MAX)
+		return fail(err, "wait_ms over PROC_WAIT_MS_MAX", -EINVAL);
+	return 0;
+}
+
+static int put_u16(struct sbx_buf *b, uint16_t v)
+{
+	uint8_t le[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
+	return sbx_buf_append(b, le, 2);
+}
+
+static int put_spawn(struct sbx_buf *b, const struct sbx_proc_req *r)
+{
+	int rc = sbx_put_u8(b, r->flags);
+	if (rc == 0)
+		rc = put_u16(b, r->cols);
+	if (rc == 0)
+		rc = put_u16(b, r->rows);
+	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->argc);
+	for (size_t i = 0; rc == 0 && i < r->argc; i++)
+		rc = sbx_put_str(b, r->argv[i].data, r->argv[i].len);
+	if (rc == 0)
+		rc = sbx_put_str(b, r->cwd, r->cwd_len);
+	if (rc == 0)
+		rc = sbx_put_u32(b, (uint32_t)r->env_count);
+	for (size_t i = 0; rc == 0 && i < r->env_count; i++) {
+		rc = sbx_put_str(b, r->env[i].name, r->env[i].name_len);
+		if (rc == 0)
+			rc = sbx_put_str(b, r->env[i].value, r->env[i].value_len);
+	}
+	return rc;
+}
+
+int sbx_encode_proc_request(struct sbx_buf *b, const struct sbx_proc_req *r, struct sbx_err *err)
+{
+	int rc = validate_proc(r, err);
+	if (rc < 0)
+		return rc;
+	size_t start, before = b->len;
+	rc = sbx_frame_begin(b, r->type, r->id, &start);
+	if (rc == 0 && r->type != SBX_MSG_PROC_SPAWN && r->type != SBX_MSG_PROC_LIST)
+		rc = sbx_put_u32(b, r->pid);
+	if (rc == 0) {
+		switch (r->type) {
+		case SBX_MSG_PROC_SPAWN:
+			rc = put_spawn(b, r);
+			break;
+		case SBX_MSG_PROC_READ:
+			rc = sbx_put_u8(b, r->stream);
+			if (rc == 0)
+				rc = sbx_put_u64(b, r->offset);
+			if (rc == 0)
+				rc = sbx_put_u32(b, r->max);
+			if (rc == 0)
+				rc = sbx_put_u32(b, r->wait_ms);
+			break;
+		case SBX_MSG_PROC_WRITE:
+			/* The data is the rest of the payload, as in OUTPUT and PROC_DATA. */
+			rc = sbx_put_u8(b, r->flags);
+			if (rc == 0 && r->data_len)
+				rc = sbx_buf_append(b, r->data, r->data_len);
+			break;
+		case SBX_MSG_PROC_SIGNAL:
+			rc = sbx_put_u32(b, r->signal);
+			break;
+		case SBX_MSG_PROC_WAIT:
+			rc = sbx_put_u32(b, r->wait_ms);
+			break;
+		case SBX_MSG_PROC_RESIZE:
+			rc = put_u16(b, r->cols);
+			if (rc == 0)
+				rc = put_u16(b, r->rows);
+			break;
+		default: /* LIST: empty */
+			break;
+		}
+	}
+	if (rc == 0)
+		rc = sbx_frame_end(b, start, SBX_HOST_FRAME_MAX);
+	if (rc < 0) {
+		b->len = before; /* drop the partial frame */
+		return fail(err, rc == -EMSGSIZE ? "PROC frame larger than HOST_FRAME_MAX"
 						 : "out of memory", rc);
 	}
 	return 0;

@@ -101,4 +101,33 @@ struct sbx_net_config_req {
 int sbx_encode_net_config(struct sbx_buf *b, const struct sbx_net_config_req *r,
 			  struct sbx_err *e);
 
+/* One PROC_* request (protocol.h, "Processes"): type says which fields count. The pointers are
+ * the caller's. */
+struct sbx_proc_req {
+	uint8_t type;  /* SBX_MSG_PROC_SPAWN .. SBX_MSG_PROC_RESIZE */
+	uint32_t id;
+	uint32_t pid;  /* all but SPAWN and LIST */
+	uint8_t flags; /* SPAWN: enum sbx_spawn_flag; WRITE: enum sbx_proc_write_flag */
+	uint16_t cols, rows;          /* SPAWN with SBX_SPAWN_PTY, RESIZE: 1..SBX_PROC_TTY_MAX */
+	const struct sbx_bytes *argv; /* SPAWN: 1..SBX_PROC_ARGV_MAX, each 1..SBX_PROC_ARG_MAX */
+	size_t argc;
+	const uint8_t *cwd; /* SPAWN: absolute, or empty */
+	size_t cwd_len;
+	const struct sbx_env_var *env; /* SPAWN, as EXEC's */
+	size_t env_count;
+	uint8_t stream;    /* READ: SBX_PROC_STDOUT or SBX_PROC_STDERR */
+	uint64_t offset;   /* READ */
+	uint32_t max;      /* READ: 1..SBX_OUTPUT_CHUNK_MAX */
+	uint32_t wait_ms;  /* READ, WAIT: 0..SBX_PROC_WAIT_MS_MAX */
+	uint32_t signal;   /* SIGNAL: 1..64 */
+	const uint8_t *data; /* WRITE: 0..SBX_PROC_WRITE_MAX bytes */
+	size_t data_len;
+};
+
+/* Append the request's frame. Returns 0, or with e saying which: -EINVAL (another type, an
+ * unknown flag, a field out of its range, a NUL in an argument, cwd or env name/value, a
+ * relative cwd), -EMSGSIZE (over a count or length limit) or -ENOMEM. On failure b is left as
+ * it was. */
+int sbx_encode_proc_request(struct sbx_buf *b, const struct sbx_proc_req *r, struct sbx_err *e);
+
 #endif /* SBX_REQUEST_H */

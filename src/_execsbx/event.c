@@ -18,7 +18,7 @@ static int decode_error(struct sbx_cursor *c, struct sbx_event *ev)
 	int rc = sbx_get_u32(c, &ev->error_code);
 	if (rc < 0)
 		return rc;
-	if (ev->error_code < SBX_ERR_BAD_REQUEST || ev->error_code > SBX_ERR_INTERNAL)
+	if (ev->error_code < SBX_ERR_BAD_REQUEST || ev->error_code > SBX_ERR_MAX)
 		return -EPROTO;
 	return sbx_get_str(c, SBX_ERROR_MESSAGE_MAX, &ev->data, &ev->len);
 }
@@ -140,6 +140,62 @@ static int decode_output(struct sbx_cursor *c, struct sbx_event *ev)
 	return 0;
 }
 
+int sbx_proc_entry_next(struct sbx_cursor *c, struct sbx_proc_entry *e)
+{
+	uint32_t code;
+	int rc;
+	if ((rc = sbx_get_u32(c, &e->pid)) < 0 || (rc = sbx_get_u8(c, &e->flags)) < 0 ||
+	    (rc = sbx_get_u32(c, &code)) < 0 || (rc = sbx_get_u64(c, &e->stdout_bytes)) < 0 ||
+	    (rc = sbx_get_u64(c, &e->stderr_bytes)) < 0 ||
+	    (rc = sbx_get_str(c, SBX_PROC_COMMAND_MAX, &e->command, &e->command_len)) < 0)
+		return rc;
+	e->exit_code = (int32_t)code;
+	/* The host keys handles by pid and hands the status to callers as an exit code: a pid 0,
+	 * an unknown flag, a status EXIT could not carry or one while running is a lie. */
+	if (e->pid == 0 || (e->flags & ~(unsigned)SBX_PROC_FLAGS_ALL) || e->exit_code < 0 ||
+	    e->exit_code > 255 || ((e->flags & SBX_PROC_RUNNING) && e->exit_code != 0))
+		return -EPROTO;
+	if (e->command_len && memchr(e->command, '\0', e->command_len))
+		return -EPROTO;
+	return 0;
+}
+
+static int decode_proc_info(struct sbx_cursor *c, struct sbx_event *ev)
+{
+	int rc = sbx_get_u32(c, &ev->count);
+	if (rc < 0)
+		return rc;
+	if (ev->count > SBX_PROC_TRACKED_MAX)
+		return -EPROTO;
+	ev->data = c->p;
+	for (uint32_t i = 0; i < ev->count; i++) {
+		struct sbx_proc_entry e;
+		if ((rc = sbx_proc_entry_next(c, &e)) < 0)
+			return rc;
+	}
+	ev->len = (uint32_t)(c->p - ev->data);
+	return 0;
+}
+
+static int decode_proc_data(struct sbx_cursor *c, struct sbx_event *ev)
+{
+	uint8_t flags;
+	int rc;
+	if ((rc = sbx_get_u64(c, &ev->value)) < 0 || (rc = sbx_get_u8(c, &flags)) < 0)
+		return rc;
+	if (flags & ~(unsigned)SBX_PROC_DATA_EOF)
+		return -EPROTO;
+	ev->flags = flags;
+	/* The rest is the data (may be empty: the wait passed, or EOF). No more than one PROC_READ
+	 * may ask for, and the stream's offsets must not wrap. */
+	if (c->left > SBX_OUTPUT_CHUNK_MAX || ev->value > UINT64_MAX - c->left)
+		return -EPROTO;
+	ev->data = c->p;
+	ev->len = (uint32_t)c->left;
+	c->left = 0;
+	return 0;
+}
+
 int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev)
 {
 	struct sbx_cursor c = {f->payload, f->payload_len};
@@ -190,6 +246,12 @@ int sbx_event_decode(const struct sbx_frame *f, struct sbx_event *ev)
 	case SBX_MSG_OUTPUT:
 		rc = decode_output(&c, ev);
 		break;
+	case SBX_MSG_PROC_INFO:
+		rc = decode_proc_info(&c, ev);
+		break;
+	case SBX_MSG_PROC_DATA:
+		rc = decode_proc_data(&c, ev);
+		break;
 	case SBX_MSG_RESEEDED:
 		break; /* empty: c.left must be 0 */
 	default:
@@ -233,6 +295,10 @@ const char *sbx_event_kind_name(enum sbx_event_kind kind)
 		return "tool_call";
 	case SBX_EV_OUTPUT:
 		return "output";
+	case SBX_EV_PROC_INFO:
+		return "proc_info";
+	case SBX_EV_PROC_DATA:
+		return "proc_data";
 	}
 	return "?";
 }

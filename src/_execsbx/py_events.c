@@ -45,6 +45,22 @@ static PyStructSequence_Field output_chunk_fields[] = {
 	KIND_FIELD, ID_FIELD, {"flags", "OUTPUT_BEGIN | OUTPUT_END (either, both or neither)"},
 	{"mime_type", "the output's type (str, 'type/subtype') with OUTPUT_BEGIN, else ''"},
 	{"data", "bytes: the next part of the output's data (may be empty)"}, {NULL, NULL}};
+static PyStructSequence_Field proc_info_fields[] = {
+	KIND_FIELD, ID_FIELD,
+	{"processes", "list[ProcessEntry]: one (SPAWN, WAIT) or every tracked process (LIST)"},
+	{NULL, NULL}};
+static PyStructSequence_Field proc_data_fields[] = {
+	KIND_FIELD, ID_FIELD,
+	{"offset", "the stream offset of data's first byte (past the one asked for: dropped)"},
+	{"flags", "PROC_DATA_EOF: nothing after these bytes will ever come"},
+	{"data", "bytes: 0..OUTPUT_CHUNK_MAX bytes of the stream"}, {NULL, NULL}};
+static PyStructSequence_Field proc_entry_fields[] = {
+	{"pid", "the guest pid (never 0)"},
+	{"flags", "PROC_RUNNING | PROC_PTY | PROC_STDIN_OPEN"},
+	{"exit_code", "as ExitEvent's (128+N: killed by signal N); 0 while running"},
+	{"stdout_bytes", "stdout bytes produced so far"},
+	{"stderr_bytes", "stderr bytes produced so far"},
+	{"command", "argv joined by spaces, cut to PROC_COMMAND_MAX bytes (str)"}, {NULL, NULL}};
 static PyStructSequence_Field file_entry_fields[] = {
 	{"name", "bytes: the entry's name"}, {"is_dir", "bool"}, {"size", "bytes (0 for a directory)"},
 	{NULL, NULL}};
@@ -76,6 +92,13 @@ static PyStructSequence_Desc event_descs[SBX_PY_EVENT_TYPES] = {
 	[SBX_PY_OUTPUT_CHUNK_EVENT] = {"exec_sandbox._execsbx.OutputChunkEvent",
 				       "A frame of a rich output of the running code ('output').",
 				       output_chunk_fields, 5},
+	[SBX_PY_PROC_INFO_EVENT] = {"exec_sandbox._execsbx.ProcInfoEvent",
+				    "Processes of the guest ('proc_info').", proc_info_fields, 3},
+	[SBX_PY_PROC_DATA_EVENT] = {"exec_sandbox._execsbx.ProcDataEvent",
+				    "Bytes of a process's output stream ('proc_data').",
+				    proc_data_fields, 5},
+	[SBX_PY_PROC_ENTRY] = {"exec_sandbox._execsbx.ProcessEntry",
+			       "One process of a ProcInfoEvent.", proc_entry_fields, 6},
 };
 
 int sbx_py_event_types_add(PyObject *module, sbx_module_state *st)
@@ -135,6 +158,36 @@ static PyObject *entries_list(const sbx_module_state *st, const struct sbx_event
 	return list;
 }
 
+/* [ProcessEntry(...), ...]; the decoder validated every entry. */
+static PyObject *proc_list(const sbx_module_state *st, const struct sbx_event *ev)
+{
+	PyObject *list = PyList_New((Py_ssize_t)ev->count);
+	if (!list)
+		return NULL;
+	struct sbx_cursor c = {ev->data, ev->len};
+	for (uint32_t i = 0; i < ev->count; i++) {
+		struct sbx_proc_entry e;
+		if (sbx_proc_entry_next(&c, &e) < 0) {
+			Py_DECREF(list);
+			PyErr_SetString(PyExc_SystemError, "undecodable process after validation");
+			return NULL;
+		}
+		PyObject *items[] = {
+			PyLong_FromUnsignedLong(e.pid), PyLong_FromUnsignedLong(e.flags),
+			PyLong_FromLong(e.exit_code), PyLong_FromUnsignedLongLong(e.stdout_bytes),
+			PyLong_FromUnsignedLongLong(e.stderr_bytes),
+			PyUnicode_DecodeUTF8((const char *)e.command, (Py_ssize_t)e.command_len,
+					     "replace")};
+		PyObject *item = make(st, SBX_PY_PROC_ENTRY, 6, items);
+		if (!item) {
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+	}
+	return list;
+}
+
 static PyObject *event_value(const sbx_module_state *st, const struct sbx_event *ev)
 {
 	PyObject *kind = PyUnicode_FromString(sbx_event_kind_name(ev->kind));
@@ -185,6 +238,15 @@ static PyObject *event_value(const sbx_module_state *st, const struct sbx_event 
 		PyObject *items[] = {kind, id, PyLong_FromUnsignedLong(ev->flags), name_text(ev),
 				     data_bytes(ev)};
 		return make(st, SBX_PY_OUTPUT_CHUNK_EVENT, 5, items);
+	}
+	case SBX_EV_PROC_INFO: {
+		PyObject *items[] = {kind, id, proc_list(st, ev)};
+		return make(st, SBX_PY_PROC_INFO_EVENT, 3, items);
+	}
+	case SBX_EV_PROC_DATA: {
+		PyObject *items[] = {kind, id, PyLong_FromUnsignedLongLong(ev->value),
+				     PyLong_FromUnsignedLong(ev->flags), data_bytes(ev)};
+		return make(st, SBX_PY_PROC_DATA_EVENT, 5, items);
 	}
 	}
 	Py_XDECREF(kind);

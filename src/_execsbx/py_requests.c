@@ -36,6 +36,42 @@ static PyObject *pending_or_raise(struct sbx_vm *vm, int rc, const struct sbx_er
 	return PyLong_FromSize_t(sbx_channel_pending(&vm->ch));
 }
 
+/* env: a sequence of (bytes, bytes) -> *vars (PyMem_Free it) pointing into *seq's items
+ * (Py_XDECREF it after encoding; the GIL is held until then). 0 or -1 with an exception. */
+static int env_vars(PyObject *o_env, PyObject **seq, struct sbx_env_var **vars, Py_ssize_t *n)
+{
+	*seq = PySequence_Fast(o_env, "env must be a sequence of (bytes, bytes) pairs");
+	if (!*seq)
+		return -1;
+	Py_ssize_t count = PySequence_Fast_GET_SIZE(*seq);
+	if (count > (Py_ssize_t)SBX_ENV_MAX_COUNT) {
+		PyErr_SetString(PyExc_ValueError, "more than 100 environment variables");
+		return -1;
+	}
+	*vars = PyMem_Calloc(count ? (size_t)count : 1, sizeof(**vars));
+	if (!*vars) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	/* Borrowed references: seq owns the items, the items own their bytes. */
+	for (Py_ssize_t i = 0; i < count; i++) {
+		PyObject *item = PySequence_Fast_GET_ITEM(*seq, i);
+		if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 0)) ||
+		    !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+			PyErr_SetString(PyExc_TypeError, "env items must be (bytes, bytes) tuples");
+			return -1;
+		}
+		PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+		(*vars)[i].name = (const uint8_t *)PyBytes_AS_STRING(name);
+		(*vars)[i].name_len = (size_t)PyBytes_GET_SIZE(name);
+		(*vars)[i].value = (const uint8_t *)PyBytes_AS_STRING(value);
+		(*vars)[i].value_len = (size_t)PyBytes_GET_SIZE(value);
+	}
+	*n = count;
+	return 0;
+}
+
 const char sbx_py_send_exec_doc[] =
 	     "send_exec(id, language, timeout_ms, stdout_limit, stderr_limit, env, code,\n"
 	     "          session=False) -> int\n\n"
@@ -67,35 +103,9 @@ PyObject *sbx_py_send_exec(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
 	    to_u32(o_out, "stdout_limit", &req.stdout_limit) < 0 ||
 	    to_u32(o_err, "stderr_limit", &req.stderr_limit) < 0)
 		goto out;
-	seq = PySequence_Fast(o_env, "env must be a sequence of (bytes, bytes) pairs");
-	if (!seq)
+	Py_ssize_t count;
+	if (env_vars(o_env, &seq, &vars, &count) < 0)
 		goto out;
-	Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-	if (count > (Py_ssize_t)SBX_ENV_MAX_COUNT) {
-		PyErr_SetString(PyExc_ValueError, "more than 100 environment variables");
-		goto out;
-	}
-	vars = PyMem_Calloc(count ? (size_t)count : 1, sizeof(*vars));
-	if (!vars) {
-		PyErr_NoMemory();
-		goto out;
-	}
-	/* Borrowed references: seq owns the items, the items own their bytes, and the GIL is held
-	 * until encoding is done. */
-	for (Py_ssize_t i = 0; i < count; i++) {
-		PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-		if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
-		    !PyBytes_Check(PyTuple_GET_ITEM(item, 0)) ||
-		    !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
-			PyErr_SetString(PyExc_TypeError, "env items must be (bytes, bytes) tuples");
-			goto out;
-		}
-		PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
-		vars[i].name = (const uint8_t *)PyBytes_AS_STRING(name);
-		vars[i].name_len = (size_t)PyBytes_GET_SIZE(name);
-		vars[i].value = (const uint8_t *)PyBytes_AS_STRING(value);
-		vars[i].value_len = (size_t)PyBytes_GET_SIZE(value);
-	}
 	req.env = vars;
 	req.env_count = (size_t)count;
 	req.code = code.buf;
@@ -393,6 +403,219 @@ PyObject *sbx_py_send_tool_result(struct sbx_vm *vm, PyObject *args)
 	}
 	PyBuffer_Release(&body);
 	return result;
+}
+
+/* Queue one PROC_* request (agent_request.h). */
+static PyObject *queue_proc(struct sbx_vm *vm, const struct sbx_proc_req *r)
+{
+	struct sbx_err err = {0};
+	int rc = sbx_channel_queue_proc(&vm->ch, r, &err);
+	return pending_or_raise(vm, rc, &err);
+}
+
+#define PROC_SEND_NOTE                                                                         \
+	"Returns the bytes still pending. ValueError for a request the protocol refuses (out of\n" \
+	"range, over a limit); OSError(ENOBUFS) when the queue is full."
+
+/* A Python int in 0 .. max (a u16 or u8 field); ValueError otherwise. */
+static int to_small(PyObject *o, const char *name, uint32_t max, uint32_t *out)
+{
+	if (to_u32(o, name, out) < 0)
+		return -1;
+	if (*out > max) {
+		PyErr_Format(PyExc_ValueError, "%s must be in 0 .. %u", name, max);
+		return -1;
+	}
+	return 0;
+}
+
+const char sbx_py_send_proc_spawn_doc[] =
+	"send_proc_spawn(id, argv, cwd, env, pty=False, cols=0, rows=0) -> int\n\n"
+	"Queue PROC_SPAWN: argv (sequence of bytes, argv[0] looked up in PATH), cwd (bytes: an\n"
+	"absolute path, or b'' for the EXEC working directory), env (list of (bytes, bytes)); with\n"
+	"pty=True the process gets a terminal of cols x rows (1..PROC_TTY_MAX each). Answered by\n"
+	"ProcInfoEvent (one entry) or ErrorEvent (ERR_SPAWN, ERR_LIMIT). " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_spawn(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"id", "argv", "cwd", "env", "pty", "cols", "rows", NULL};
+	PyObject *o_id, *o_argv, *o_env, *o_cols = NULL, *o_rows = NULL;
+	PyObject *argv = NULL, *env = NULL, *result = NULL;
+	Py_buffer cwd;
+	int pty = 0;
+	struct sbx_bytes *av = NULL;
+	struct sbx_env_var *vars = NULL;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_SPAWN};
+	uint32_t cols = 0, rows = 0;
+	Py_ssize_t env_count = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOy*O|pOO:send_proc_spawn", kwlist, &o_id,
+					 &o_argv, &cwd, &o_env, &pty, &o_cols, &o_rows))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0)
+		goto out;
+	if ((o_cols && to_small(o_cols, "cols", UINT16_MAX, &cols) < 0) ||
+	    (o_rows && to_small(o_rows, "rows", UINT16_MAX, &rows) < 0))
+		goto out;
+	argv = PySequence_Fast(o_argv, "argv must be a sequence of bytes");
+	if (!argv)
+		goto out;
+	r.argc = (size_t)PySequence_Fast_GET_SIZE(argv);
+	if (r.argc > SBX_PROC_ARGV_MAX) {
+		PyErr_Format(PyExc_ValueError, "more than %u arguments", SBX_PROC_ARGV_MAX);
+		goto out;
+	}
+	av = PyMem_Calloc(r.argc ? r.argc : 1, sizeof(*av));
+	if (!av) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	/* Borrowed: argv owns the items, the GIL is held until encoding is done. */
+	for (size_t i = 0; i < r.argc; i++) {
+		PyObject *item = PySequence_Fast_GET_ITEM(argv, (Py_ssize_t)i);
+		if (!PyBytes_Check(item)) {
+			PyErr_SetString(PyExc_TypeError, "argv must be a sequence of bytes");
+			goto out;
+		}
+		av[i] = (struct sbx_bytes){(const uint8_t *)PyBytes_AS_STRING(item),
+					   (size_t)PyBytes_GET_SIZE(item)};
+	}
+	if (env_vars(o_env, &env, &vars, &env_count) < 0)
+		goto out;
+	r.flags = pty ? (uint8_t)SBX_SPAWN_PTY : 0;
+	r.cols = (uint16_t)cols;
+	r.rows = (uint16_t)rows;
+	r.argv = av;
+	r.cwd = cwd.buf;
+	r.cwd_len = (size_t)cwd.len;
+	r.env = vars;
+	r.env_count = (size_t)env_count;
+	result = queue_proc(vm, &r);
+out:
+	PyMem_Free(av);
+	PyMem_Free(vars);
+	Py_XDECREF(argv);
+	Py_XDECREF(env);
+	PyBuffer_Release(&cwd);
+	return result;
+}
+
+const char sbx_py_send_proc_read_doc[] =
+	"send_proc_read(id, pid, stream, offset, max_bytes, wait_ms) -> int\n\n"
+	"Queue PROC_READ of stream (PROC_STDOUT or PROC_STDERR) from offset, at most max_bytes\n"
+	"(1..OUTPUT_CHUNK_MAX), the guest waiting up to wait_ms (0..PROC_WAIT_MS_MAX) for data.\n"
+	"Answered by ProcDataEvent or ErrorEvent. " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_read(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *o_pid, *o_stream, *o_max, *o_wait;
+	unsigned long long offset;
+	uint32_t stream;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_READ};
+	if (!PyArg_ParseTuple(args, "OOOKOO:send_proc_read", &o_id, &o_pid, &o_stream, &offset,
+			      &o_max, &o_wait))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0 ||
+	    to_u32(o_pid, "pid", &r.pid) < 0 || to_small(o_stream, "stream", 0xff, &stream) < 0 ||
+	    to_u32(o_max, "max_bytes", &r.max) < 0 || to_u32(o_wait, "wait_ms", &r.wait_ms) < 0)
+		return NULL;
+	r.stream = (uint8_t)stream;
+	r.offset = (uint64_t)offset;
+	return queue_proc(vm, &r);
+}
+
+const char sbx_py_send_proc_write_doc[] =
+	"send_proc_write(id, pid, data, close_stdin=False) -> int\n\n"
+	"Queue PROC_WRITE: data (bytes-like, at most PROC_WRITE_MAX) to the process's stdin, then\n"
+	"with close_stdin=True its stdin closed. Answered by ('pong', id) once written, or\n"
+	"ErrorEvent (ERR_NO_PROCESS). " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_write(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"id", "pid", "data", "close_stdin", NULL};
+	PyObject *o_id, *o_pid, *result = NULL;
+	Py_buffer data;
+	int close_stdin = 0;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_WRITE};
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOy*|p:send_proc_write", kwlist, &o_id, &o_pid,
+					 &data, &close_stdin))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) == 0 && to_u32(o_id, "id", &r.id) == 0 &&
+	    to_u32(o_pid, "pid", &r.pid) == 0) {
+		r.flags = close_stdin ? (uint8_t)SBX_PROC_CLOSE_STDIN : 0;
+		r.data = data.buf;
+		r.data_len = (size_t)data.len;
+		result = queue_proc(vm, &r);
+	}
+	PyBuffer_Release(&data);
+	return result;
+}
+
+const char sbx_py_send_proc_signal_doc[] =
+	"send_proc_signal(id, pid, signal) -> int\n\n"
+	"Queue PROC_SIGNAL: signal (1..64) to the process's group. Answered by ('pong', id) or\n"
+	"ErrorEvent (ERR_NO_PROCESS once it has ended). " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_signal(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *o_pid, *o_sig;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_SIGNAL};
+	if (!PyArg_ParseTuple(args, "OOO:send_proc_signal", &o_id, &o_pid, &o_sig))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0 ||
+	    to_u32(o_pid, "pid", &r.pid) < 0 || to_u32(o_sig, "signal", &r.signal) < 0)
+		return NULL;
+	return queue_proc(vm, &r);
+}
+
+const char sbx_py_send_proc_wait_doc[] =
+	"send_proc_wait(id, pid, wait_ms) -> int\n\n"
+	"Queue PROC_WAIT: answered by ProcInfoEvent (one entry) once the process has ended or\n"
+	"wait_ms (0..PROC_WAIT_MS_MAX) passed (then flagged PROC_RUNNING), or ErrorEvent. "
+	PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_wait(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *o_pid, *o_wait;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_WAIT};
+	if (!PyArg_ParseTuple(args, "OOO:send_proc_wait", &o_id, &o_pid, &o_wait))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0 ||
+	    to_u32(o_pid, "pid", &r.pid) < 0 || to_u32(o_wait, "wait_ms", &r.wait_ms) < 0)
+		return NULL;
+	return queue_proc(vm, &r);
+}
+
+const char sbx_py_send_proc_list_doc[] =
+	"send_proc_list(id) -> int\n\n"
+	"Queue PROC_LIST: answered by ProcInfoEvent with every tracked process. " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_list(struct sbx_vm *vm, PyObject *o_id)
+{
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_LIST};
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0)
+		return NULL;
+	return queue_proc(vm, &r);
+}
+
+const char sbx_py_send_proc_resize_doc[] =
+	"send_proc_resize(id, pid, cols, rows) -> int\n\n"
+	"Queue PROC_RESIZE: the terminal's new size (1..PROC_TTY_MAX each). Answered by\n"
+	"('pong', id) or ErrorEvent (ERR_NO_PROCESS: no terminal, or ended). " PROC_SEND_NOTE;
+
+PyObject *sbx_py_send_proc_resize(struct sbx_vm *vm, PyObject *args)
+{
+	PyObject *o_id, *o_pid, *o_cols, *o_rows;
+	uint32_t cols, rows;
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_RESIZE};
+	if (!PyArg_ParseTuple(args, "OOOO:send_proc_resize", &o_id, &o_pid, &o_cols, &o_rows))
+		return NULL;
+	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &r.id) < 0 ||
+	    to_u32(o_pid, "pid", &r.pid) < 0 || to_small(o_cols, "cols", UINT16_MAX, &cols) < 0 ||
+	    to_small(o_rows, "rows", UINT16_MAX, &rows) < 0)
+		return NULL;
+	r.cols = (uint16_t)cols;
+	r.rows = (uint16_t)rows;
+	return queue_proc(vm, &r);
 }
 
 const char sbx_py_flush_doc[] = "flush() -> int\n\nWrite pending bytes as far as the socket takes them "

@@ -25,6 +25,21 @@ PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kw
 PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args);
 extern const char sbx_py_send_tool_result_doc[];
 PyObject *sbx_py_send_tool_result(struct sbx_vm *vm, PyObject *args);
+
+extern const char sbx_py_send_proc_spawn_doc[];
+PyObject *sbx_py_send_proc_spawn(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
+extern const char sbx_py_send_proc_read_doc[];
+PyObject *sbx_py_send_proc_read(struct sbx_vm *vm, PyObject *args);
+extern const char sbx_py_send_proc_write_doc[];
+PyObject *sbx_py_send_proc_write(struct sbx_vm *vm, PyObject *args, PyObject *kwds);
+extern const char sbx_py_send_proc_signal_doc[];
+PyObject *sbx_py_send_proc_signal(struct sbx_vm *vm, PyObject *args);
+extern const char sbx_py_send_proc_wait_doc[];
+PyObject *sbx_py_send_proc_wait(struct sbx_vm *vm, PyObject *args);
+extern const char sbx_py_send_proc_list_doc[];
+PyObject *sbx_py_send_proc_list(struct sbx_vm *vm, PyObject *o_id);
+extern const char sbx_py_send_proc_resize_doc[];
+PyObject *sbx_py_send_proc_resize(struct sbx_vm *vm, PyObject *args);
 PyObject *sbx_py_flush(struct sbx_vm *vm);
 
 #endif /* SBX_PY_REQUESTS_H */

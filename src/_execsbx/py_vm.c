@@ -273,6 +273,41 @@ static PyObject *vm_send_tool_result(VmObject *self, PyObject *args)
 	return sbx_py_send_tool_result(&self->vm, args);
 }
 
+static PyObject *vm_send_proc_spawn(VmObject *self, PyObject *args, PyObject *kwds)
+{
+	return sbx_py_send_proc_spawn(&self->vm, args, kwds);
+}
+
+static PyObject *vm_send_proc_read(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_proc_read(&self->vm, args);
+}
+
+static PyObject *vm_send_proc_write(VmObject *self, PyObject *args, PyObject *kwds)
+{
+	return sbx_py_send_proc_write(&self->vm, args, kwds);
+}
+
+static PyObject *vm_send_proc_signal(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_proc_signal(&self->vm, args);
+}
+
+static PyObject *vm_send_proc_wait(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_proc_wait(&self->vm, args);
+}
+
+static PyObject *vm_send_proc_list(VmObject *self, PyObject *o_id)
+{
+	return sbx_py_send_proc_list(&self->vm, o_id);
+}
+
+static PyObject *vm_send_proc_resize(VmObject *self, PyObject *args)
+{
+	return sbx_py_send_proc_resize(&self->vm, args);
+}
+
 static PyObject *vm_flush(VmObject *self, PyObject *unused)
 {
 	(void)unused;
@@ -486,6 +521,17 @@ static PyMethodDef vm_methods[] = {
 	{"send_file_list", (PyCFunction)vm_send_file_list, METH_VARARGS, sbx_py_send_file_list_doc},
 	{"send_tool_result", (PyCFunction)vm_send_tool_result, METH_VARARGS,
 	 sbx_py_send_tool_result_doc},
+	{"send_proc_spawn", (PyCFunction)(void (*)(void))vm_send_proc_spawn,
+	 METH_VARARGS | METH_KEYWORDS, sbx_py_send_proc_spawn_doc},
+	{"send_proc_read", (PyCFunction)vm_send_proc_read, METH_VARARGS, sbx_py_send_proc_read_doc},
+	{"send_proc_write", (PyCFunction)(void (*)(void))vm_send_proc_write,
+	 METH_VARARGS | METH_KEYWORDS, sbx_py_send_proc_write_doc},
+	{"send_proc_signal", (PyCFunction)vm_send_proc_signal, METH_VARARGS,
+	 sbx_py_send_proc_signal_doc},
+	{"send_proc_wait", (PyCFunction)vm_send_proc_wait, METH_VARARGS, sbx_py_send_proc_wait_doc},
+	{"send_proc_list", (PyCFunction)vm_send_proc_list, METH_O, sbx_py_send_proc_list_doc},
+	{"send_proc_resize", (PyCFunction)vm_send_proc_resize, METH_VARARGS,
+	 sbx_py_send_proc_resize_doc},
 	{"flush", (PyCFunction)vm_flush, METH_NOARGS, sbx_py_flush_doc},
 	{"read_console", (PyCFunction)vm_read_console, METH_NOARGS, read_console_doc},
 	{"check_spawn", (PyCFunction)vm_check_spawn, METH_NOARGS, check_spawn_doc},

@@ -55,7 +55,7 @@ static void check_event(const struct sbx_event *ev)
 		REQUIRE(ev->exit.exit_code >= -1 && ev->exit.exit_code <= 255);
 		break;
 	case SBX_EV_ERROR:
-		REQUIRE(ev->error_code >= SBX_ERR_BAD_REQUEST && ev->error_code <= SBX_ERR_INTERNAL);
+		REQUIRE(ev->error_code >= SBX_ERR_BAD_REQUEST && ev->error_code <= SBX_ERR_MAX);
 		REQUIRE(ev->len <= SBX_ERROR_MESSAGE_MAX);
 		break;
 	case SBX_EV_PONG:
@@ -110,6 +110,27 @@ static void check_event(const struct sbx_event *ev)
 			REQUIRE(ev->name[i] == '/' || mime_char(ev->name[i]));
 		break;
 	}
+	case SBX_EV_PROC_INFO: {
+		/* What the binding does: walk every entry; each must decode within its limits. */
+		REQUIRE(ev->count <= SBX_PROC_TRACKED_MAX);
+		struct sbx_cursor c = {ev->data, ev->len};
+		for (uint32_t i = 0; i < ev->count; i++) {
+			struct sbx_proc_entry e;
+			REQUIRE(sbx_proc_entry_next(&c, &e) == 0);
+			REQUIRE(e.pid != 0 && (e.flags & ~(unsigned)SBX_PROC_FLAGS_ALL) == 0);
+			REQUIRE(e.exit_code >= 0 && e.exit_code <= 255);
+			REQUIRE(!(e.flags & SBX_PROC_RUNNING) || e.exit_code == 0);
+			REQUIRE(e.command_len <= SBX_PROC_COMMAND_MAX);
+			REQUIRE(!e.command_len || !memchr(e.command, 0, e.command_len));
+		}
+		REQUIRE(c.left == 0);
+		break;
+	}
+	case SBX_EV_PROC_DATA:
+		REQUIRE((ev->flags & ~(uint32_t)SBX_PROC_DATA_EOF) == 0);
+		REQUIRE(ev->len <= SBX_OUTPUT_CHUNK_MAX);
+		REQUIRE(ev->value <= UINT64_MAX - ev->len);
+		break;
 	default:
 		__builtin_trap();
 	}

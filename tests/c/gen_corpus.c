@@ -201,6 +201,35 @@ int main(int argc, char **argv)
 	b.len = 0;
 	output(&b, 33, SBX_OUTPUT_BEGIN, "Text/html/x", "x", 1);
 	emit("bad_mime_type", &b, 23);
+
+	/* Processes: a spawn's PROC_INFO, output pulled with a drop (offset jump) and EOF, a wait,
+	 * a list, the new error codes; then a lie in each field. */
+	b.len = 0;
+	static const char info1[] = "\x01\0\0\0" "\x2a\0\0\0" "\x05" "\0\0\0\0"
+				    "\0\0\0\0\0\0\0\0" "\0\0\0\0\0\0\0\0"
+				    "\x0e\0\0\0" "python3 -m http";
+	frame(&b, SBX_MSG_PROC_INFO, 40, info1, sizeof(info1) - 1);
+	frame(&b, SBX_MSG_PROC_DATA, 41, "\0\0\0\0\0\0\0\0\0" "hello", 14);
+	frame(&b, SBX_MSG_PROC_DATA, 42, "\x00\x10\0\0\0\0\0\0\0" "late", 13);
+	frame(&b, SBX_MSG_PROC_DATA, 43, "\x04\x10\0\0\0\0\0\0\x01", 9);
+	frame(&b, SBX_MSG_PONG, 44, NULL, 0);
+	static const char info2[] = "\x02\0\0\0"
+				    "\x2a\0\0\0" "\x00" "\x8f\0\0\0"
+				    "\x05\0\0\0\0\0\0\0" "\0\0\0\0\0\0\0\0" "\x01\0\0\0" "x"
+				    "\x2b\0\0\0" "\x03" "\0\0\0\0"
+				    "\0\0\0\0\0\0\0\0" "\0\0\0\0\0\0\0\0" "\0\0\0\0";
+	frame(&b, SBX_MSG_PROC_INFO, 45, info2, sizeof(info2) - 1);
+	error(&b, 46, SBX_ERR_NO_PROCESS, "no such process");
+	error(&b, 47, SBX_ERR_LIMIT, "too many processes");
+	emit("processes", &b, 24);
+	b.len = 0;
+	static const char bad_info[] = "\x01\0\0\0" "\x2a\0\0\0" "\x01" "\x01\0\0\0"
+				       "\0\0\0\0\0\0\0\0" "\0\0\0\0\0\0\0\0" "\0\0\0\0";
+	frame(&b, SBX_MSG_PROC_INFO, 48, bad_info, sizeof(bad_info) - 1);
+	emit("bad_proc_info", &b, 25);
+	b.len = 0;
+	frame(&b, SBX_MSG_PROC_DATA, 49, "\xff\xff\xff\xff\xff\xff\xff\xff\x00" "ab", 11);
+	emit("bad_proc_data", &b, 26);
 	sbx_buf_free(&b);
 	return 0;
 }

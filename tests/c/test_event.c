@@ -117,8 +117,14 @@ static void test_error(void)
 	CHECK_EQ(ev.len, 4);
 	P.b[0] = 0;
 	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
-	P.b[0] = SBX_ERR_INTERNAL + 1;
+	P.b[0] = SBX_ERR_MAX + 1;
 	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
+	/* The process errors of protocol v5 are codes like the others. */
+	P.b[0] = SBX_ERR_NO_PROCESS;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), 0);
+	P.b[0] = SBX_ERR_LIMIT;
+	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), 0);
+	CHECK_EQ(ev.error_code, SBX_ERR_LIMIT);
 	P.b[0] = SBX_ERR_SPAWN;
 	P.n--;
 	CHECK_EQ(decode(SBX_MSG_ERROR, &P, &ev), -EPROTO);
@@ -143,7 +149,7 @@ static void test_pong_and_bad_types(void)
 	P.n = 1;
 	CHECK_EQ(decode(SBX_MSG_PONG, &P, &ev), -EPROTO);
 	P.n = 0;
-	static const uint8_t bad[] = {0, 13, 31, 63, SBX_MSG_EXEC, SBX_MSG_PING, SBX_MSG_SESSION_EXEC,
+	static const uint8_t bad[] = {0, 15, 31, 63, SBX_MSG_EXEC, SBX_MSG_PING, SBX_MSG_SESSION_EXEC,
 					   SBX_MSG_FILE_READ, SBX_MSG_TOOL_RESULT, 255};
 	for (size_t i = 0; i < sizeof(bad); i++)
 		CHECK_EQ(decode(bad[i], &P, &ev), -EPROTO);
@@ -933,6 +939,272 @@ static void test_exec_validation(void)
 	sbx_buf_free(&b);
 }
 
+/* One PROC_INFO entry in protocol.h's layout. */
+static void p_proc(struct payload *p, uint32_t pid, uint8_t flags, int32_t code, uint64_t out,
+		   uint64_t err, const char *command)
+{
+	p_u32(p, pid);
+	p->b[p->n++] = flags;
+	p_u32(p, (uint32_t)code);
+	p_u32(p, (uint32_t)out);
+	p_u32(p, (uint32_t)(out >> 32));
+	p_u32(p, (uint32_t)err);
+	p_u32(p, (uint32_t)(err >> 32));
+	p_str(p, command);
+}
+
+static void test_proc_info(void)
+{
+	struct sbx_event ev;
+	struct sbx_proc_entry e;
+	P.n = 0;
+	p_u32(&P, 2);
+	p_proc(&P, 41, SBX_PROC_RUNNING | SBX_PROC_STDIN_OPEN, 0, 5, 1ull << 40, "sleep 9");
+	p_proc(&P, 42, SBX_PROC_PTY, 130, 0, 0, "");
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_PROC_INFO);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "proc_info");
+	CHECK_EQ(ev.count, 2);
+	struct sbx_cursor c = {ev.data, ev.len};
+	CHECK_EQ(sbx_proc_entry_next(&c, &e), 0);
+	CHECK_EQ(e.pid, 41);
+	CHECK_EQ(e.flags, SBX_PROC_RUNNING | SBX_PROC_STDIN_OPEN);
+	CHECK(e.stderr_bytes == 1ull << 40);
+	CHECK_EQ(e.command_len, 7);
+	CHECK_EQ(sbx_proc_entry_next(&c, &e), 0);
+	CHECK_EQ(e.exit_code, 130);
+	CHECK_EQ(e.command_len, 0);
+	CHECK_EQ(c.left, 0);
+	/* An empty list is a list (LIST with nothing tracked). */
+	P.n = 0;
+	p_u32(&P, 0);
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), 0);
+	CHECK_EQ(ev.count, 0);
+	/* Each lie refused: pid 0, unknown flag, a status EXIT cannot carry, a status while
+	 * running, a NUL in the command, an over-long command, a count past the tracked maximum,
+	 * fewer entries than counted, a trailing byte. */
+	struct {
+		uint32_t pid;
+		uint8_t flags;
+		int32_t code;
+		const char *command;
+	} bad[] = {
+		{0, 0, 0, "x"},
+		{1, 1u << 3, 0, "x"},
+		{1, 0, -1, "x"},
+		{1, 0, 256, "x"},
+		{1, SBX_PROC_RUNNING, 1, "x"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		P.n = 0;
+		p_u32(&P, 1);
+		p_proc(&P, bad[i].pid, bad[i].flags, bad[i].code, 0, 0, bad[i].command);
+		CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EPROTO);
+	}
+	P.n = 0;
+	p_u32(&P, 1);
+	p_proc(&P, 1, 0, 0, 0, 0, "a");
+	P.b[P.n - 1] = 0;
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EPROTO);
+	char longer[SBX_PROC_COMMAND_MAX + 2];
+	memset(longer, 'c', sizeof(longer) - 1);
+	longer[sizeof(longer) - 1] = 0;
+	P.n = 0;
+	p_u32(&P, 1);
+	p_proc(&P, 1, 0, 0, 0, 0, longer);
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EMSGSIZE);
+	P.n = 0;
+	p_u32(&P, SBX_PROC_TRACKED_MAX + 1);
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, 2);
+	p_proc(&P, 1, 0, 0, 0, 0, "a");
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u32(&P, 1);
+	p_proc(&P, 1, 0, 0, 0, 0, "a");
+	P.b[P.n++] = 0;
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), -EPROTO);
+	/* The most a LIST can answer fits one guest frame. */
+	memset(longer, 'c', SBX_PROC_COMMAND_MAX);
+	longer[SBX_PROC_COMMAND_MAX] = 0;
+	P.n = 0;
+	p_u32(&P, SBX_PROC_TRACKED_MAX);
+	for (uint32_t i = 0; i < SBX_PROC_TRACKED_MAX; i++)
+		p_proc(&P, i + 1, 0, 0, 0, 0, longer);
+	CHECK(P.n <= SBX_GUEST_FRAME_MAX);
+	CHECK_EQ(decode(SBX_MSG_PROC_INFO, &P, &ev), 0);
+	CHECK_EQ(ev.count, SBX_PROC_TRACKED_MAX);
+}
+
+static void p_u64(struct payload *p, uint64_t v)
+{
+	p_u32(p, (uint32_t)v);
+	p_u32(p, (uint32_t)(v >> 32));
+}
+
+static void test_proc_data(void)
+{
+	struct sbx_event ev;
+	P.n = 0;
+	p_u64(&P, 1ull << 33);
+	P.b[P.n++] = 0;
+	p_bytes(&P, "out", 3);
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), 0);
+	CHECK_EQ(ev.kind, SBX_EV_PROC_DATA);
+	CHECK_STR(sbx_event_kind_name(ev.kind), "proc_data");
+	CHECK(ev.value == 1ull << 33);
+	CHECK_EQ(ev.flags, 0);
+	CHECK_EQ(ev.len, 3);
+	CHECK(memcmp(ev.data, "out", 3) == 0);
+	/* Empty with EOF: the stream ended. */
+	P.n = 0;
+	p_u64(&P, 7);
+	P.b[P.n++] = SBX_PROC_DATA_EOF;
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), 0);
+	CHECK_EQ(ev.flags, SBX_PROC_DATA_EOF);
+	CHECK_EQ(ev.len, 0);
+	/* An unknown flag, a short header, more than one chunk, an offset that would wrap. */
+	P.b[8] = 2;
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), -EPROTO);
+	P.n = 8;
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u64(&P, 0);
+	P.b[P.n++] = 0;
+	memset(P.b + P.n, 'f', SBX_OUTPUT_CHUNK_MAX + 1);
+	P.n += SBX_OUTPUT_CHUNK_MAX;
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), 0);
+	P.n++;
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), -EPROTO);
+	P.n = 0;
+	p_u64(&P, UINT64_MAX - 1);
+	P.b[P.n++] = 0;
+	p_bytes(&P, "ab", 2);
+	CHECK_EQ(decode(SBX_MSG_PROC_DATA, &P, &ev), -EPROTO);
+	/* Host -> guest process requests are never accepted from the guest. */
+	P.n = 0;
+	p_u32(&P, 0);
+	for (uint8_t t = SBX_MSG_PROC_SPAWN; t <= SBX_MSG_PROC_RESIZE; t++)
+		CHECK_EQ(decode(t, &P, &ev), -EPROTO);
+}
+
+/* Each PROC_* request in the layout of protocol.h, byte for byte (what the guest parses). */
+static void test_proc_request_encoding(void)
+{
+	struct sbx_buf b = {0};
+	struct sbx_bytes argv[] = {{(const uint8_t *)"sh", 2}, {(const uint8_t *)"-c", 2}};
+	struct sbx_env_var env[] = {{(const uint8_t *)"A", 1, (const uint8_t *)"b", 1}};
+	struct sbx_proc_req r = {.type = SBX_MSG_PROC_SPAWN, .id = 3, .flags = SBX_SPAWN_PTY,
+				 .cols = 80, .rows = 0x102, .argv = argv, .argc = 2,
+				 .cwd = (const uint8_t *)"/tmp", .cwd_len = 4, .env = env,
+				 .env_count = 1};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_SPAWN, 3,
+		      "\1\x50\0\2\1\2\0\0\0\2\0\0\0sh\2\0\0\0-c\4\0\0\0/tmp\1\0\0\0\1\0\0\0A\1\0\0\0b",
+		      43);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_READ, .id = 4, .pid = 0x01020304,
+				  .stream = SBX_PROC_STDERR, .offset = 0x1122334455667788ull,
+				  .max = 9, .wait_ms = 0x100};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_READ, 4,
+		      "\4\3\2\1\2\x88\x77\x66\x55\x44\x33\x22\x11\x09\0\0\0\0\1\0\0", 21);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_WRITE, .id = 5, .pid = 7,
+				  .flags = SBX_PROC_CLOSE_STDIN, .data = (const uint8_t *)"hi",
+				  .data_len = 2};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_WRITE, 5, "\7\0\0\0\1hi", 7);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_SIGNAL, .id = 6, .pid = 7, .signal = 15};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_SIGNAL, 6, "\7\0\0\0\x0f\0\0\0", 8);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_WAIT, .id = 7, .pid = 7, .wait_ms = 1};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_WAIT, 7, "\7\0\0\0\1\0\0\0", 8);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_LIST, .id = 8};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_LIST, 8, "", 0);
+	b.len = 0;
+	r = (struct sbx_proc_req){.type = SBX_MSG_PROC_RESIZE, .id = 9, .pid = 7, .cols = 1000,
+				  .rows = 1};
+	CHECK_EQ(sbx_encode_proc_request(&b, &r, &E), 0);
+	check_payload(&b, SBX_MSG_PROC_RESIZE, 9, "\7\0\0\0\xe8\3\1\0", 8);
+	sbx_buf_free(&b);
+}
+
+static void test_proc_request_limits(void)
+{
+	struct sbx_buf b = {0};
+	struct sbx_bytes one[] = {{(const uint8_t *)"true", 4}};
+	struct sbx_bytes empty[] = {{(const uint8_t *)"", 0}};
+	struct sbx_bytes nul[] = {{(const uint8_t *)"a\0b", 3}};
+	struct sbx_env_var badenv[] = {{(const uint8_t *)"A=B", 3, (const uint8_t *)"", 0}};
+	static struct sbx_bytes many[SBX_PROC_ARGV_MAX + 1];
+	for (size_t i = 0; i < SBX_PROC_ARGV_MAX + 1; i++)
+		many[i] = one[0];
+	uint8_t *big = malloc(SBX_PROC_ARG_MAX + 1);
+	memset(big, 'a', SBX_PROC_ARG_MAX + 1);
+	struct sbx_bytes huge[] = {{big, SBX_PROC_ARG_MAX + 1}};
+	struct sbx_bytes largest[16];
+	for (size_t i = 0; i < 16; i++)
+		largest[i] = (struct sbx_bytes){big, SBX_PROC_ARG_MAX};
+	const struct sbx_proc_req spawn = {.type = SBX_MSG_PROC_SPAWN, .id = 1, .argv = one,
+					   .argc = 1};
+	struct sbx_proc_req bad[] = {
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 0},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = many, .argc = SBX_PROC_ARGV_MAX + 1},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = empty, .argc = 1},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = nul, .argc = 1},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = huge, .argc = 1},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = largest, .argc = 16}, /* > HOST_FRAME_MAX */
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .flags = 2},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .flags = SBX_SPAWN_PTY},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .cols = 80, .rows = 24},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .flags = SBX_SPAWN_PTY,
+		 .cols = 1001, .rows = 24},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .cwd = (const uint8_t *)"tmp",
+		 .cwd_len = 3},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = one, .argc = 1, .env = badenv, .env_count = 1},
+		{.type = SBX_MSG_PROC_READ, .stream = 3, .max = 1},
+		{.type = SBX_MSG_PROC_READ, .stream = 1, .max = 0},
+		{.type = SBX_MSG_PROC_READ, .stream = 1, .max = SBX_OUTPUT_CHUNK_MAX + 1},
+		{.type = SBX_MSG_PROC_READ, .stream = 1, .max = 1, .wait_ms = SBX_PROC_WAIT_MS_MAX + 1},
+		{.type = SBX_MSG_PROC_WAIT, .wait_ms = SBX_PROC_WAIT_MS_MAX + 1},
+		{.type = SBX_MSG_PROC_WRITE, .flags = 2},
+		{.type = SBX_MSG_PROC_WRITE, .data = big, .data_len = SBX_PROC_WRITE_MAX + 1},
+		{.type = SBX_MSG_PROC_SIGNAL, .signal = 0},
+		{.type = SBX_MSG_PROC_SIGNAL, .signal = 65},
+		{.type = SBX_MSG_PROC_RESIZE, .cols = 0, .rows = 1},
+		{.type = SBX_MSG_PROC_RESIZE, .cols = 1, .rows = 1001},
+		{.type = SBX_MSG_PING},
+	};
+	CHECK_EQ(sbx_encode_proc_request(&b, &spawn, &E), 0);
+	size_t before = b.len;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = sbx_encode_proc_request(&b, &bad[i], &E);
+		if (rc != -EINVAL && rc != -EMSGSIZE)
+			fprintf(stderr, "bad[%zu] gave %d\n", i, rc);
+		CHECK(rc == -EINVAL || rc == -EMSGSIZE);
+		CHECK_EQ(b.len, before);
+	}
+	/* The largest write and the edges of the ranges are fine. */
+	struct sbx_proc_req ok[] = {
+		{.type = SBX_MSG_PROC_WRITE, .data = big, .data_len = SBX_PROC_WRITE_MAX},
+		{.type = SBX_MSG_PROC_READ, .stream = 2, .max = SBX_OUTPUT_CHUNK_MAX,
+		 .wait_ms = SBX_PROC_WAIT_MS_MAX},
+		{.type = SBX_MSG_PROC_SIGNAL, .signal = 64},
+		{.type = SBX_MSG_PROC_SPAWN, .argv = largest, .argc = 15},
+	};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+		CHECK_EQ(sbx_encode_proc_request(&b, &ok[i], &E), 0);
+	free(big);
+	sbx_buf_free(&b);
+}
+
 int main(void)
 {
 	RUN(test_ready);
@@ -954,5 +1226,9 @@ int main(void)
 	RUN(test_net_config_limits);
 	RUN(test_exec_roundtrip);
 	RUN(test_exec_validation);
+	RUN(test_proc_info);
+	RUN(test_proc_data);
+	RUN(test_proc_request_encoding);
+	RUN(test_proc_request_limits);
 	TEST_MAIN_END("test_event");
 }
