@@ -31,6 +31,7 @@
 #include "runner.h"
 #include "sysctl.h"
 #include "template.h"
+#include "volumes.h"
 
 #define CHANNEL_WAIT_MS 10000u
 
@@ -176,6 +177,8 @@ static void boot_steps(struct sbx_config *cfg)
 		sbx_log("builder mode");
 		sbx_builder_setup();
 	} else {
+		/* Before the template: it binds the volumes into its root. */
+		sbx_volumes_setup();
 		sbx_template_setup(cfg);
 	}
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "volumes.h"
 
 #define NOSUID_NODEV (MS_NOSUID | MS_NODEV)
 #define TEMPLATE_IMAGE SBX_TEMPLATE_DIR "/image"
@@ -249,6 +250,34 @@ static int mount_in_root(int root_fd, const struct root_mount *m)
 	return rc;
 }
 
+/* Volume i (volumes.h) at its path inside the root, read-only if it is. Its mount point is
+ * made on the template's overlay; under a bind of the agent's (/home/user), where the agent
+ * already made it, it is looked up across that mount instead. */
+static int bind_volume(int root_fd, size_t i)
+{
+	const struct sbx_volume_arg *v = sbx_volume_at(i);
+	char source[64];
+	int rc = sbx_volume_source(i, source, sizeof(source));
+	if (rc < 0)
+		return rc;
+	const char *rel = v->path + 1;
+	int fd = dir_in_root(root_fd, rel);
+	if (fd == -EXDEV)
+		fd = open_in_root(root_fd, rel, O_PATH | O_DIRECTORY);
+	if (fd < 0)
+		return fd;
+	rc = mount_on(fd, source, NULL, MS_BIND, NULL);
+	close(fd);
+	if (rc < 0 || !v->read_only)
+		return rc;
+	fd = open_in_root(root_fd, rel, O_PATH | O_DIRECTORY);
+	if (fd < 0)
+		return fd;
+	rc = mount_on(fd, NULL, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | NOSUID_NODEV, NULL);
+	close(fd);
+	return rc;
+}
+
 /* A small file of the image's sbx/ directory, at most max bytes (more: -EFBIG). The length or
  * -errno; *out malloc'd (NUL-terminated). */
 static long read_image_file(const char *name, size_t max, char **out)
@@ -370,6 +399,14 @@ void sbx_template_setup(struct sbx_config *cfg)
 			return;
 		}
 	}
+	for (size_t i = 0; i < sbx_volumes_count(); i++) {
+		int rc = bind_volume(root_fd, i);
+		if (rc < 0) {
+			fail(t, "mounting volume %s in the template: %s", sbx_volume_at(i)->path,
+			     strerror(-rc));
+			return;
+		}
+	}
 	/* Node's reseed addon is built for the default image's node: another node must not load
 	 * it. An empty file over it fails its dlopen, which the preload takes as "no addon": that
 	 * node then reports it cannot refresh its generators, and a RESEED discards it. */
@@ -402,6 +439,12 @@ bool sbx_mode_allows(const struct sbx_config *cfg, uint8_t language, bool sessio
 			return true;
 		*code = SBX_ERR_BAD_REQUEST;
 		snprintf(msg, msg_size, "a template builder runs one-shot raw code only");
+		return false;
+	}
+	const char *volumes = sbx_volumes_error();
+	if (volumes) {
+		*code = SBX_ERR_SPAWN;
+		snprintf(msg, msg_size, "the volumes could not be set up: %s", volumes);
 		return false;
 	}
 	if (!t->active)
