@@ -70,6 +70,9 @@ class SchedulerConfig:
     # first), the largest one template may be (also the builder's output disk, sparse), and the
     # builder VM's RAM (its tmpfs holds the unpacked tree while it is built).
     template_cache_dir: Path = field(default_factory=lambda: paths.cache_dir() / "templates")
+    # Volumes (volumes/, docs/design.md "Volumes"): user data, so under the data directory, not
+    # the cache.
+    volume_dir: Path = field(default_factory=lambda: paths.data_dir() / "volumes")
     template_cache_max_mb: int = 20 * 1024
     template_max_mb: int = 4 * 1024
     template_build_memory_mb: int = 3 * 1024

@@ -25,7 +25,7 @@ from ..errors import InputValidationError
 from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
-from . import session_cmds, template_cmds
+from . import session_cmds, template_cmds, volume_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     session_cmds.add_parser(commands)
     template_cmds.add_parser(commands)
+    volume_cmds.add_parser(commands)
     return parser
 
 
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         return session_cmds.run(args)
     if args.command == "template":
         return template_cmds.run(args)
+    if args.command == "volume":
+        return volume_cmds.run(args)
     if args.command == "setup":
         from ..images import builder
         from ..vm.jail import ensure_qemu_user
