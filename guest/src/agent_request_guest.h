@@ -1,5 +1,5 @@
-/* Decoding and validation of what the host sends: EXEC and PRESTART payloads, and the path of the
- * FILE_* requests (layouts in protocol.h). Pure: no I/O, so the host tests and the fuzz target
+/* Decoding and validation of what the host sends: EXEC and PRESTART payloads, the path of the
+ * FILE_* requests and the PROC_* requests (layouts in protocol.h). Pure: no I/O, so the host tests and the fuzz target
  * (tests/c/fuzz_guest_request.c) exercise it directly. */
 #ifndef SBX_AGENT_REQUEST_GUEST_H
 #define SBX_AGENT_REQUEST_GUEST_H
@@ -58,5 +58,45 @@ int sbx_parse_file_path(const uint8_t *payload, size_t len, bool with_u8, bool a
  * snapshot); otherwise the path is a non-empty valid path. 0, -EPROTO or -EINVAL as above. */
 int sbx_parse_file_target(const uint8_t *payload, size_t len, uint8_t allowed,
 			  struct sbx_path_parts *p, uint8_t *flags);
+
+/* A byte run inside the frame payload. */
+struct sbx_bytes {
+	const uint8_t *p;
+	uint32_t n;
+};
+
+/* PROC_SPAWN. Every pointer refers to the frame payload. argv entries are 1..SBX_PROC_ARG_MAX
+ * bytes without NUL; cwd is empty or an absolute path without NUL; env as EXEC's. */
+struct sbx_proc_spawn_request {
+	uint8_t flags; /* enum sbx_spawn_flag */
+	uint16_t cols, rows;
+	uint32_t argc;
+	struct sbx_bytes argv[SBX_PROC_ARGV_MAX];
+	struct sbx_bytes cwd;
+	uint32_t env_count;
+	struct sbx_env_var env[SBX_ENV_MAX_COUNT];
+};
+
+/* The other PROC_* requests; `type` says which fields count (protocol.h, "Processes"). */
+struct sbx_proc_request {
+	uint8_t type;
+	uint32_t pid;
+	uint8_t stream;     /* READ: enum sbx_proc_stream */
+	uint64_t offset;    /* READ */
+	uint32_t max;       /* READ: 1..SBX_OUTPUT_CHUNK_MAX */
+	uint32_t wait_ms;   /* READ, WAIT: 0..SBX_PROC_WAIT_MS_MAX */
+	uint8_t flags;      /* WRITE: enum sbx_proc_write_flag */
+	struct sbx_bytes data; /* WRITE: 0..SBX_PROC_WRITE_MAX bytes, the rest of the payload */
+	uint32_t signal;    /* SIGNAL: 1..64 */
+	uint16_t cols, rows; /* RESIZE: 1..SBX_PROC_TTY_MAX each */
+};
+
+/* 0, or -EPROTO/-EMSGSIZE with *why set to a static explanation for the ERROR message. */
+int sbx_parse_proc_spawn(const uint8_t *payload, size_t len, struct sbx_proc_spawn_request *req,
+			 const char **why);
+/* PROC_READ .. PROC_RESIZE (not SPAWN); `type` is the frame's. 0, or -EPROTO/-EMSGSIZE with
+ * *why set. */
+int sbx_parse_proc_request(uint8_t type, const uint8_t *payload, size_t len,
+			   struct sbx_proc_request *req, const char **why);
 
 #endif /* SBX_AGENT_REQUEST_GUEST_H */

@@ -154,6 +154,15 @@ void sbx_dispatch_frame(void *ctx, const struct sbx_frame *f)
 	case SBX_MSG_NET_CONFIG:
 		handle_net_config(a, f);
 		break;
+	case SBX_MSG_PROC_SPAWN:
+	case SBX_MSG_PROC_READ:
+	case SBX_MSG_PROC_WRITE:
+	case SBX_MSG_PROC_SIGNAL:
+	case SBX_MSG_PROC_WAIT:
+	case SBX_MSG_PROC_LIST:
+	case SBX_MSG_PROC_RESIZE:
+		sbx_procs_handle(&a->procs, f);
+		break;
 	case SBX_MSG_TOOL_RESULT:
 		/* Never answered on the channel: its id is the execution's (host_socket.h). */
 		sbx_host_socket_on_tool_result(&a->hs, f);

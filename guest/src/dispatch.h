@@ -6,6 +6,7 @@
 #include "files.h"
 #include "host_socket.h"
 #include "net_relay_guest.h"
+#include "procs.h"
 #include "repl.h"
 #include "runner.h"
 
@@ -17,6 +18,7 @@ struct sbx_agent {
 	struct sbx_files files; /* FILE_* transfers */
 	struct sbx_net net;     /* the network, after NET_CONFIG (net_relay_guest.h) */
 	struct sbx_host_socket hs; /* user code's calls and outputs (host_socket.h) */
+	struct sbx_procs procs; /* background processes and terminals (procs.h) */
 	int net_test_fd;        /* test mode: the net port's socket (--net-fd), else -1 */
 	int signal_fd;
 };

@@ -204,6 +204,7 @@ static void on_child_exit(void *ctx, pid_t pid, int status)
 	struct sbx_agent *a = ctx;
 	sbx_runner_on_child_exit(&a->runner, pid, status);
 	sbx_repl_on_child_exit(&a->repl, pid, status);
+	sbx_procs_on_child_exit(&a->procs, pid, status);
 }
 
 static void shutdown_test_mode(struct sbx_agent *a)
@@ -211,6 +212,7 @@ static void shutdown_test_mode(struct sbx_agent *a)
 	sbx_runner_abort(&a->runner);
 	sbx_repl_abort(&a->repl);
 	sbx_files_abort(&a->files);
+	sbx_procs_abort(&a->procs);
 	sbx_channel_free(&a->ch);
 	exit(0);
 }
@@ -220,7 +222,7 @@ static void shutdown_test_mode(struct sbx_agent *a)
 __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 {
 	for (;;) {
-		struct pollfd p[11 + SBX_HOST_SOCKET_POLL_MAX];
+		static struct pollfd p[11 + SBX_HOST_SOCKET_POLL_MAX + SBX_PROCS_POLL_MAX];
 		int n = 0, timeout = -1;
 		int ci = -1, oi = -1, ei = -1, di = -1, roi = -1, rei = -1, rci = -1, ni = -1;
 		struct sbx_runner *r = &a->runner;
@@ -276,6 +278,9 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 		int hi = n;
 		int hn = sbx_host_socket_poll(&a->hs, p + n);
 		n += hn;
+		int pi = n;
+		int pn = sbx_procs_poll(&a->procs, p + n, &timeout);
+		n += pn;
 
 		if (poll(p, (nfds_t)n, timeout) < 0) {
 			if (errno != EINTR) {
@@ -317,6 +322,9 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 			sbx_net_handle(&a->net);
 		/* After the runs' events, so that a call finds the execution that is running now. */
 		sbx_host_socket_handle(&a->hs, p + hi, hn);
+		/* Background processes: after the reaper (an exit answers a held PROC_WAIT), before
+		 * the channel (new requests see this turn's output). */
+		sbx_procs_handle_poll(&a->procs, p + pi, pn);
 		if (ci >= 0) {
 			switch (sbx_channel_handle(&a->ch, p[ci].revents, sbx_dispatch_frame, a)) {
 			case SBX_CHAN_HANGUP:
@@ -328,6 +336,8 @@ __attribute__((noreturn)) static void serve(struct sbx_agent *a)
 				sbx_runner_abort(r);
 				sbx_repl_abort(s);
 				sbx_files_abort(&a->files);
+				/* Processes go on: they belong to the VM, not to a connection. */
+				sbx_procs_drop_held(&a->procs);
 				break;
 			default:
 				break;
@@ -394,6 +404,7 @@ int main(int argc, char **argv)
 	sbx_files_init(&agent.files, cfg, &agent.ch);
 	sbx_net_init(&agent.net);
 	sbx_host_socket_init(&agent.hs, cfg, &agent.ch, &agent.runner, &agent.repl);
+	sbx_procs_init(&agent.procs, cfg, &agent.ch);
 	agent.net_test_fd = cfg->net_fd;
 
 	static const char ready[] = "sbx-agent: ready\n";

@@ -3,9 +3,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,6 +19,7 @@
 #include "bootstrap.h"
 #include "cleanup.h"
 #include "host_socket.h"
+#include "procs.h"
 #include "spawn.h"
 
 #define TERM_GRACE_MS 500u
@@ -53,23 +56,86 @@ static void kill_group(struct sbx_runner *r, int sig)
 		sbx_log("kill(-%d, %d): %s", (int)r->pid, sig, strerror(errno));
 }
 
+/* In the sweep's helper: whether process `pid` is to be left alone: of a spared session, or
+ * dead. */
+static bool spared(const char *pid, const pid_t *keep, size_t n_keep)
+{
+	char path[64], stat[512];
+	snprintf(path, sizeof(path), "/proc/%s/stat", pid);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return true; /* gone already */
+	ssize_t n = read(fd, stat, sizeof(stat) - 1);
+	if (n <= 0)
+		return true;
+	stat[n] = '\0';
+	/* "pid (comm) state ppid pgrp session ...": comm may hold anything, so from its last ')'. */
+	const char *rp = strrchr(stat, ')');
+	char state;
+	int sid;
+	if (!rp || sscanf(rp + 1, " %c %*d %*d %d", &state, &sid) != 2)
+		return false;
+	/* A zombie is dead already (the agent reaps it after the sweep): a pass that "killed" it
+	 * would only call for another pass. */
+	if (state == 'Z' || state == 'X')
+		return true;
+	for (size_t i = 0; i < n_keep; i++)
+		if (keep[i] == sid)
+			return true;
+	return false;
+}
+
+/* One pass over /proc killing what is not spared; returns how many it signalled. */
+static int kill_unspared(const pid_t *keep, size_t n_keep)
+{
+	DIR *d = opendir("/proc");
+	if (!d)
+		return 0;
+	int killed = 0;
+	pid_t self = getpid();
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		char *end;
+		long pid = strtol(e->d_name, &end, 10);
+		if (*end != '\0' || pid <= 1 || pid == self)
+			continue;
+		/* As uid 1000: processes of other users refuse (EPERM). */
+		if (!spared(e->d_name, keep, n_keep) && kill((pid_t)pid, SIGKILL) == 0)
+			killed++;
+	}
+	closedir(d);
+	return killed;
+}
+
 /* Kill every process of uid 1000, whatever session it escaped to: kill(-1) from a process with that
- * uid reaches exactly those (never PID 1). Only in the VM: on a test host it would hit real users. */
+ * uid reaches exactly those (never PID 1). The background processes' sessions are spared
+ * (procs.h): then the helper walks /proc instead, killing each uid-1000 process of any other
+ * session, pass after pass until one finds nothing (a process cannot move into a spared session:
+ * setsid() only makes a new one). Only in the VM: on a test host it would hit real users. */
 void sbx_kill_user_processes(const struct sbx_config *cfg)
 {
 	if (!cfg->drop_privileges)
 		return;
+	static pid_t keep[SBX_PROC_TRACKED_MAX];
+	size_t n_keep = sbx_procs_sessions(keep, SBX_PROC_TRACKED_MAX);
 	pid_t pid = fork();
 	if (pid < 0) {
 		sbx_log("fork for cleanup: %s", strerror(errno));
 		return;
 	}
 	if (pid == 0) {
+		if (setgroups(0, NULL) != 0 || setgid(SBX_USER_GID) != 0 || setuid(SBX_USER_UID) != 0)
+			_exit(1);
 		/* Repeated: a process that was mid-fork during one pass can leave a child the pass
 		 * did not see. */
-		if (setgroups(0, NULL) == 0 && setgid(SBX_USER_GID) == 0 && setuid(SBX_USER_UID) == 0)
+		if (n_keep == 0) {
 			for (int i = 0; i < 3; i++)
 				kill(-1, SIGKILL);
+		} else {
+			/* RLIMIT_NPROC bounds what a fork loop can make between passes. */
+			for (int i = 0; i < 64 && kill_unspared(keep, n_keep) > 0; i++)
+				;
+		}
 		_exit(0);
 	}
 	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)

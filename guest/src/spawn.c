@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -132,6 +133,47 @@ static char *unconst(const char *s)
 	return (char *)(uintptr_t)s;
 }
 
+/* execvpe() with the PATH of envp (glibc's takes the caller's): each directory in turn; the
+ * error reported is EACCES if one of them refused, else the last one's. */
+__attribute__((noreturn)) static void exec_in_path(char *const *argv, char *const *envp,
+						  int report_fd)
+{
+	const char *file = argv[0];
+	if (strchr(file, '/')) {
+		execve(file, argv, envp);
+		child_fail(report_fd, STEP_EXEC, errno);
+	}
+	const char *path = "/usr/local/bin:/usr/bin:/bin";
+	for (char *const *e = envp; *e; e++)
+		if (strncmp(*e, "PATH=", 5) == 0)
+			path = *e + 5;
+	size_t flen = strlen(file);
+	int err = ENOENT;
+	bool denied = false;
+	for (const char *p = path;; p++) {
+		const char *colon = strchrnul(p, ':');
+		size_t dlen = (size_t)(colon - p);
+		char full[4096];
+		/* An empty entry is the working directory, as for execvp(). */
+		if (dlen + 1 + flen < sizeof(full)) {
+			memcpy(full, dlen ? p : ".", dlen ? dlen : 1);
+			size_t at = dlen ? dlen : 1;
+			full[at] = '/';
+			memcpy(full + at + 1, file, flen + 1);
+			execve(full, argv, envp);
+			err = errno;
+			if (err == EACCES)
+				denied = true;
+			else if (err != ENOENT && err != ENOTDIR)
+				break;
+		}
+		if (*colon == '\0')
+			break;
+		p = colon;
+	}
+	child_fail(report_fd, STEP_EXEC, denied && (err == ENOENT || err == ENOTDIR) ? EACCES : err);
+}
+
 __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int report_fd)
 {
 	/* Own session and process group: the agent kills the whole group at the end, and no
@@ -152,8 +194,11 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 
 	/* fds 0-2 of the agent are always open (sbx_ensure_std_fds), so every fd here is >= 3 and
 	 * the dup2() calls cannot clobber one another. */
-	int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int null_fd = s->with_stdin ? s->stdin_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (null_fd < 0 || dup2(null_fd, STDIN_FILENO) < 0)
+		child_fail(report_fd, STEP_STDIN, errno);
+	/* A terminal's process: the slave becomes the controlling terminal of the new session. */
+	if (s->ctty && ioctl(STDIN_FILENO, TIOCSCTTY, 0) < 0)
 		child_fail(report_fd, STEP_STDIN, errno);
 	if (dup2(s->stdout_fd, STDOUT_FILENO) < 0 || dup2(s->stderr_fd, STDERR_FILENO) < 0)
 		child_fail(report_fd, STEP_STDOUT, errno);
@@ -213,6 +258,8 @@ __attribute__((noreturn)) static void child_main(const struct sbx_spawn *s, int 
 		child_fail(report_fd, STEP_CHDIR, errno);
 	umask(022);
 
+	if (s->argv)
+		exec_in_path(s->argv, s->envp, report_fd);
 	const char *base = strrchr(s->interpreter, '/');
 	char *argv[7];
 	size_t argc = 0;
@@ -270,7 +317,8 @@ int sbx_spawn(const struct sbx_spawn *s, pid_t *pid_out, char *err, size_t err_s
 		return -EIO;
 	}
 	if (r.step == STEP_EXEC)
-		snprintf(err, err_size, "execve %s: %s", s->interpreter, strerror(r.err));
+		snprintf(err, err_size, "execve %s: %s", s->argv ? s->argv[0] : s->interpreter,
+			 strerror(r.err));
 	else
 		snprintf(err, err_size, "%s: %s", step_names[r.step], strerror(r.err));
 	return -r.err;

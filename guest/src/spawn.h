@@ -30,6 +30,12 @@ struct sbx_spawn {
 	int control_out_fd;   /* write end: completions to the agent */
 	bool with_go;         /* a pre-started interpreter: go_fd becomes fd 3 (see runner.h) */
 	int go_fd;            /* socket: "r" to the agent when ready, "1" from it when the code is in place */
+	/* A background process (procs.h): argv instead of the interpreter fields, argv[0] looked
+	 * up in the PATH of envp when it has no '/'; home is its working directory. */
+	char *const *argv;
+	bool with_stdin;      /* stdin_fd becomes stdin instead of /dev/null */
+	int stdin_fd;
+	bool ctty;            /* stdin is a terminal's slave: make it the controlling terminal */
 };
 
 /* What every child running user code shares (one-shot, pre-started, REPL driver): the

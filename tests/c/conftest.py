@@ -1,3 +1,3 @@
-# guest_agent_test.py is a script run by `make -C guest test` (it needs --agent); pytest over
-# tests/ must not collect it.
-collect_ignore = ["guest_agent_test.py"]
+# guest_agent_test.py and guest_proc_test.py are scripts run by `make -C guest test` (they need
+# --agent); pytest over tests/ must not collect them.
+collect_ignore = ["guest_agent_test.py", "guest_proc_test.py"]

@@ -1870,7 +1870,7 @@ def main() -> int:
     a = Agent()
     try:
         mtype, fid, payload = a.expect()
-        assert (mtype, fid) == (READY, 0) and payload[:4] == struct.pack("<I", 4), payload
+        assert (mtype, fid) == (READY, 0) and payload[:4] == struct.pack("<I", 5), payload
         version = payload[8:].decode()
         assert version.startswith("sbx-agent "), version
         assert len(payload) == 8 + struct.unpack_from("<I", payload, 4)[0]
