@@ -1,7 +1,8 @@
 /* Boot-time file systems. The root file system is a read-only EROFS image, so every place that
- * must be writable is a size-capped tmpfs: a full disk inside the VM then hurts only the run that
- * filled it. The image must provide the mount points (/proc /sys /dev /tmp /run /home/user), since
- * nothing can be created on a read-only root.
+ * must be writable is a size-capped file system of its own: a full one then hurts only the run
+ * that filled it. /home/user and /tmp are on the VM's work disk when the host attached one
+ * (workspace.c), else tmpfs like the rest. The image must provide the mount points (/proc /sys
+ * /dev /tmp /run /home/user), since nothing can be created on a read-only root.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "workspace.h"
 
 struct mount_spec {
 	const char *source;
@@ -20,6 +22,7 @@ struct mount_spec {
 	const char *fstype;
 	unsigned long flags;
 	const char *data;
+	bool workspace; /* on the work disk when there is one (only then a tmpfs) */
 };
 
 #define NOSUID_NODEV (MS_NOSUID | MS_NODEV)
@@ -27,19 +30,19 @@ struct mount_spec {
 /* Order matters: /dev/pts and /dev/shm live on /dev. */
 static const struct mount_spec mounts[] = {
 	/* hidepid=2: uid 1000 sees only its own processes, not the agent. */
-	{"proc", "/proc", "proc", NOSUID_NODEV | MS_NOEXEC, "hidepid=2"},
+	{"proc", "/proc", "proc", NOSUID_NODEV | MS_NOEXEC, "hidepid=2", false},
 	/* Read-only: the agent only reads /sys/class/virtio-ports. */
-	{"sysfs", "/sys", "sysfs", NOSUID_NODEV | MS_NOEXEC | MS_RDONLY, NULL},
+	{"sysfs", "/sys", "sysfs", NOSUID_NODEV | MS_NOEXEC | MS_RDONLY, NULL, false},
 	/* Normally mounted by the kernel already (CONFIG_DEVTMPFS_MOUNT); skipped if so. */
-	{"devtmpfs", "/dev", "devtmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755"},
-	{"devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666"},
+	{"devtmpfs", "/dev", "devtmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755", false},
+	{"devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "mode=0620,ptmxmode=0666", false},
 	/* tmpfs pages are RAM: sizes are shares of the guest's memory, so that filling one file
 	 * system ends in ENOSPC, not in the OOM killer (a fixed 512m on a 192 MiB guest did). */
-	{"tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777,size=10%"},
-	{"tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, "mode=1777,size=25%"},
-	{"tmpfs", "/run", "tmpfs", NOSUID_NODEV | MS_NOEXEC, "mode=0755,size=16m"},
+	{"tmpfs", "/dev/shm", "tmpfs", NOSUID_NODEV, "mode=1777,size=10%", false},
+	{"tmpfs", "/tmp", "tmpfs", NOSUID_NODEV, "mode=1777,size=25%", true},
+	{"tmpfs", "/run", "tmpfs", NOSUID_NODEV | MS_NOEXEC, "mode=0755,size=16m", false},
 	/* 0700 and owned by the user: the only place besides /tmp where user code may write. */
-	{"tmpfs", SBX_HOME_DIR, "tmpfs", NOSUID_NODEV, "mode=0700,uid=1000,gid=1000,size=40%"},
+	{"tmpfs", SBX_HOME_DIR, "tmpfs", NOSUID_NODEV, "mode=0700,uid=1000,gid=1000,size=40%", true},
 };
 
 /* A directory is a mount point when it lives on a different device than its parent. */
@@ -93,6 +96,17 @@ int sbx_mount_all(void)
 {
 	int first = 0;
 	for (size_t i = 0; i < sizeof(mounts) / sizeof(mounts[0]); i++) {
+		if (mounts[i].workspace)
+			continue; /* below, once /run (the work disk's mount point) is there */
+		int rc = mount_one(&mounts[i]);
+		if (rc < 0 && first == 0)
+			first = rc;
+	}
+	/* A work disk that cannot be set up leaves the VM on tmpfs (logged): smaller, but working. */
+	bool on_disk = sbx_workspace_setup() > 0 && sbx_workspace_bind(SBX_HOME_DIR, "/tmp") == 0;
+	for (size_t i = 0; !on_disk && i < sizeof(mounts) / sizeof(mounts[0]); i++) {
+		if (!mounts[i].workspace)
+			continue;
 		int rc = mount_one(&mounts[i]);
 		if (rc < 0 && first == 0)
 			first = rc;

@@ -16,6 +16,7 @@
 
 #include "cleanup.h"
 #include "volumes.h"
+#include "workspace.h"
 
 #define NOSUID_NODEV (MS_NOSUID | MS_NODEV)
 #define TEMPLATE_IMAGE SBX_TEMPLATE_DIR "/image"
@@ -211,7 +212,8 @@ struct root_mount {
 static const struct root_mount root_mounts[] = {
 	{"proc", "proc", "proc", NOSUID_NODEV | MS_NOEXEC, "hidepid=2", false, false, false},
 	{"dev", "/dev", NULL, MS_BIND | MS_REC, NULL, false, false, false},
-	{"tmp", "tmpfs", "tmpfs", NOSUID_NODEV, "mode=1777,size=25%", false, false, false},
+	/* The agent's /tmp: on the work disk when the VM has one (mounts.c mounts it first). */
+	{"tmp", "/tmp", NULL, MS_BIND, NULL, false, false, false},
 	{"home/user", SBX_HOME_DIR, NULL, MS_BIND, NULL, false, false, false},
 	{"usr/lib/sbx", SBX_LIB_DIR, NULL, MS_BIND, NULL, false, true, false},
 	{"run/sbx", SBX_RUN_DIR, NULL, MS_BIND, NULL, false, false, false},
@@ -372,9 +374,13 @@ void sbx_template_setup(struct sbx_config *cfg)
 		fail(t, "mounting the template image %s: %s", dev, strerror(errno));
 		return;
 	}
-	/* The writes of user code (as root could, of the tree's own owners) are RAM: a share of
-	 * it, as the agent's /tmp, so that a full one is ENOSPC. */
-	if (mount("tmpfs", TEMPLATE_RW, "tmpfs", NOSUID_NODEV, "mode=0755,size=25%") < 0 ||
+	/* The writes of user code (as root could, of the tree's own owners) go to the work disk
+	 * when there is one (workspace.h; a directory user code cannot reach outside the root),
+	 * else to RAM: a share of it, as the agent's /tmp, so that a full one is ENOSPC. */
+	if ((sbx_workspace_active()
+		 ? (mkdir_one(SBX_WORK_DIR "/template", 0700) < 0 ||
+		    mount(SBX_WORK_DIR "/template", TEMPLATE_RW, NULL, MS_BIND, NULL) < 0)
+		 : mount("tmpfs", TEMPLATE_RW, "tmpfs", NOSUID_NODEV, "mode=0755,size=25%") < 0) ||
 	    mkdir_one(TEMPLATE_RW "/upper", 0755) < 0 || mkdir_one(TEMPLATE_RW "/work", 0755) < 0) {
 		fail(t, "the template's writable layer: %s", strerror(errno));
 		return;
