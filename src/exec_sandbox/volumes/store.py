@@ -59,7 +59,9 @@ class VolumeClaims:
     def disks(self) -> list[tuple[str, str, bool]]:
         return [
             (kind, f"/proc/self/fd/{fd}", not a.read_only)
-            for kind, fd, a in zip(VOLUME_KINDS, self.fds, self.attaches, strict=True)
+            for kind, fd, a in zip(
+                VOLUME_KINDS[: len(self.fds)], self.fds, self.attaches, strict=True
+            )
         ]
 
     def close(self) -> None:

@@ -1,0 +1,196 @@
+"""The volume store and the checks of `volumes=`, without VMs: names, sizes, mount paths, the
+locks that make a volume read-write in one VM or read-only in many, and deletion."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import InputValidationError, Volume, VolumeError, VolumeInUseError, VolumeMount
+from exec_sandbox.volumes import (
+    VolumeAttach,
+    VolumeStore,
+    kernel_cmdline,
+    parse_volume_option,
+    validate_volumes,
+)
+
+
+def rw(name: str, path: str = "/mnt/data") -> tuple[VolumeAttach, ...]:
+    return (VolumeAttach(path, name, False),)
+
+
+def ro(name: str, path: str = "/mnt/data") -> tuple[VolumeAttach, ...]:
+    return (VolumeAttach(path, name, True),)
+
+
+def test_a_volume_is_a_sparse_empty_file_and_a_record(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    volume = store.create_sync("data", 64)
+    assert (volume.name, volume.size_mb) == ("data", 64)
+    image = tmp_path / "data.img"
+    assert image.stat().st_size == 64 << 20
+    assert image.stat().st_blocks == 0  # nothing written: sparse
+    assert image.stat().st_mode & 0o777 == 0o600
+    assert store.list_sync() == [volume]
+    assert store.create_sync("data", 64) == volume  # the existing one
+    with pytest.raises(VolumeError, match="size_mb=64"):
+        store.create_sync("data", 128)
+
+
+@pytest.mark.parametrize("name", ["", "Data", "-x", ".x", "a/b", "a" * 64, "é"])
+def test_bad_names_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(InputValidationError):
+        validate_volumes({"/mnt/data": name})
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "mnt/data",
+        "/data",
+        "/",
+        "/mnt/../etc",
+        "/mnt/./x",
+        "/mnt//x",
+        "/mnt/x/",
+        "/mnt/a b",
+        "/mnt/a,b",
+        "/proc/x",
+        "/etc/x",
+        "/usr/local/x",
+        "/dev/x",
+        "/run/x",
+        "/tmp/x",
+        "/home/user",
+        "/home/other/x",
+        "/mnt/" + "x" * 100,
+    ],
+)
+def test_bad_mount_paths_are_refused(path: str) -> None:
+    with pytest.raises(InputValidationError, match="mount path"):
+        validate_volumes({path: "data"})
+
+
+def test_volumes_option_forms_and_limits() -> None:
+    attaches = validate_volumes(
+        {
+            "/mnt/data": Volume("data", 64),
+            "/home/user/ref": VolumeMount("ref", read_only=True),
+            "/srv/x": Volume("x", 64).read_only(),
+        }
+    )
+    assert attaches == (
+        VolumeAttach("/mnt/data", "data", False),
+        VolumeAttach("/home/user/ref", "ref", True),
+        VolumeAttach("/srv/x", "x", True),
+    )
+    assert kernel_cmdline(attaches) == (
+        "sbx.vola=rw:/mnt/data sbx.volb=ro:/home/user/ref sbx.volc=ro:/srv/x"
+    )
+    with pytest.raises(InputValidationError, match="at most 3"):
+        validate_volumes({f"/mnt/{i}": f"v{i}" for i in range(4)})
+    with pytest.raises(InputValidationError, match="twice"):
+        validate_volumes({"/mnt/a": "data", "/mnt/b": "data"})
+    with pytest.raises(InputValidationError, match="nest"):
+        validate_volumes({"/mnt/a": "one", "/mnt/a/b": "two"})
+    with pytest.raises(InputValidationError):
+        validate_volumes(["/mnt/data"])
+    assert parse_volume_option("/mnt/data=data:ro") == ("/mnt/data", VolumeMount("data", True))
+    assert parse_volume_option("/mnt/data=data") == ("/mnt/data", VolumeMount("data", False))
+    with pytest.raises(InputValidationError):
+        parse_volume_option("/mnt/data=data:rx")
+
+
+def test_one_writer_or_many_readers(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    writer = store.claim_sync(rw("data"))
+    with pytest.raises(VolumeInUseError, match="attached read-write by another sandbox"):
+        store.claim_sync(rw("data"))
+    with pytest.raises(VolumeInUseError, match="attached read-write by another sandbox"):
+        store.claim_sync(ro("data"))
+    writer.close()
+    readers = [store.claim_sync(ro("data")), store.claim_sync(ro("data"))]
+    with pytest.raises(VolumeInUseError, match="attached read-only by another sandbox"):
+        store.claim_sync(rw("data"))
+    for reader in readers:
+        reader.close()
+    store.claim_sync(rw("data")).close()
+
+
+def test_the_lock_holds_across_processes_and_goes_with_its_holder(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from exec_sandbox.volumes import VolumeAttach, VolumeStore\n"
+            f"claims = VolumeStore(Path({str(tmp_path)!r})).claim_sync("
+            "(VolumeAttach('/mnt/data', 'data', False),))\n"
+            "print('held', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(VolumeInUseError):
+            store.claim_sync(ro("data"))
+    finally:
+        holder.kill()
+        holder.wait()
+    store.claim_sync(rw("data")).close()  # the kernel dropped the dead holder's lock
+
+
+def test_a_claim_gives_the_locked_file_itself_to_the_vm(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    store.create_sync("ref", 64)
+    claims = store.claim_sync(
+        (VolumeAttach("/mnt/a", "data", False), VolumeAttach("/mnt/b", "ref", True))
+    )
+    try:
+        disks = claims.disks()
+        assert [(kind, writable) for kind, _, writable in disks] == [
+            ("vola", True),
+            ("volb", False),
+        ]
+        for (_, path, _), name in zip(disks, ("data", "ref"), strict=True):
+            assert os.stat(path).st_ino == (tmp_path / f"{name}.img").stat().st_ino
+        assert claims.read_write
+    finally:
+        claims.close()
+    assert claims.fds == []
+    claims.close()  # idempotent
+
+
+def test_claims_are_all_or_none(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    with pytest.raises(VolumeError, match="no volume 'missing'"):
+        store.claim_sync(
+            (VolumeAttach("/mnt/a", "data", False), VolumeAttach("/mnt/b", "missing", False))
+        )
+    store.claim_sync(rw("data")).close()  # the first lock was given back
+
+
+def test_delete_is_refused_while_attached(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    claims = store.claim_sync(ro("data"))
+    with pytest.raises(VolumeInUseError, match="attached"):
+        store.delete_sync("data")
+    claims.close()
+    assert store.delete_sync("data") is True
+    assert store.delete_sync("data") is False
+    assert store.list_sync() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
