@@ -40,6 +40,7 @@ from .models import (
     ToolCall,
 )
 from .network.names import NetworkValidationError
+from .processes import OutputGap, Process, ProcessError, ProcessInfo, ProcessOutput, Terminal
 from .protocols import SandboxScheduler, SandboxSession
 from .run_request import RunOptions, RunRequest
 from .scheduler import Scheduler
@@ -62,12 +63,17 @@ __all__ = [
     "NetworkConnection",
     "NetworkValidationError",
     "Output",
+    "OutputGap",
     "OutputLimitError",
     "PackageBuildError",
     "PackageNotAllowedError",
     "PackagesReport",
     "PermanentError",
     "PortMapping",
+    "Process",
+    "ProcessError",
+    "ProcessInfo",
+    "ProcessOutput",
     "Run",
     "RunOptions",
     "RunRequest",
@@ -83,6 +89,7 @@ __all__ = [
     "Template",
     "TemplateBuildError",
     "TemplateError",
+    "Terminal",
     "TimingBreakdown",
     "ToolCall",
     "TransientError",

@@ -71,6 +71,34 @@ OUTPUT_ITEM_MAX: int
 OUTPUTS_MAX: int
 OUTPUT_BYTES_MAX: int
 DISKS_MAX: int
+ERR_NO_PROCESS: int
+ERR_LIMIT: int
+MSG_PROC_SPAWN: int
+MSG_PROC_READ: int
+MSG_PROC_WRITE: int
+MSG_PROC_SIGNAL: int
+MSG_PROC_WAIT: int
+MSG_PROC_LIST: int
+MSG_PROC_RESIZE: int
+SPAWN_PTY: int
+PROC_RUNNING: int
+PROC_PTY: int
+PROC_STDIN_OPEN: int
+PROC_STDOUT: int
+PROC_STDERR: int
+PROC_DATA_EOF: int
+PROC_CLOSE_STDIN: int
+PROC_MAX: int
+PROC_TRACKED_MAX: int
+PROC_PENDING_MAX: int
+PROC_ARGV_MAX: int
+PROC_ARG_MAX: int
+PROC_COMMAND_MAX: int
+PROC_TTY_MAX: int
+PROC_WAIT_MS_MAX: int
+PROC_WRITE_MAX: int
+PROC_BUFFER_MAX: int
+PROC_BUFFERS_TOTAL_MAX: int
 
 # read_events() values: struct sequences (attributes, and tuple positions), kind first.
 @final
@@ -178,6 +206,43 @@ class OutputChunkEvent(tuple[str, int, int, str, bytes]):
     def data(self) -> bytes: ...
 
 @final
+class ProcessEntry(tuple[int, int, int, int, int, str]):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def stdout_bytes(self) -> int: ...
+    @property
+    def stderr_bytes(self) -> int: ...
+    @property
+    def command(self) -> str: ...
+
+@final
+class ProcInfoEvent(tuple[str, int, list[ProcessEntry]]):
+    @property
+    def kind(self) -> Literal["proc_info"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def processes(self) -> list[ProcessEntry]: ...
+
+@final
+class ProcDataEvent(tuple[str, int, int, int, bytes]):
+    @property
+    def kind(self) -> Literal["proc_data"]: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def flags(self) -> int: ...
+    @property
+    def data(self) -> bytes: ...
+
+@final
 class EofEvent(tuple[str]):
     @property
     def kind(self) -> Literal["eof"]: ...
@@ -192,6 +257,8 @@ Event: TypeAlias = (
     | FileEntriesEvent
     | ToolCallEvent
     | OutputChunkEvent
+    | ProcInfoEvent
+    | ProcDataEvent
     | EofEvent
 )
 
@@ -278,6 +345,26 @@ class Vm:
     def send_tool_result(
         self, id: int, call: int, status: int, body: bytes | memoryview, /
     ) -> int: ...
+    def send_proc_spawn(
+        self,
+        id: int,
+        argv: Sequence[bytes],
+        cwd: bytes,
+        env: Sequence[tuple[bytes, bytes]],
+        pty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+    ) -> int: ...
+    def send_proc_read(
+        self, id: int, pid: int, stream: int, offset: int, max_bytes: int, wait_ms: int, /
+    ) -> int: ...
+    def send_proc_write(
+        self, id: int, pid: int, data: bytes | memoryview, close_stdin: bool = False
+    ) -> int: ...
+    def send_proc_signal(self, id: int, pid: int, signal: int, /) -> int: ...
+    def send_proc_wait(self, id: int, pid: int, wait_ms: int, /) -> int: ...
+    def send_proc_list(self, id: int, /) -> int: ...
+    def send_proc_resize(self, id: int, pid: int, cols: int, rows: int, /) -> int: ...
     def flush(self) -> int: ...
     def read_console(self) -> bytes: ...
     def poll_exit(self) -> int | None: ...

@@ -9,6 +9,7 @@ the session, and the next call raises SessionClosedError.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -16,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import limits
 from .errors import (
@@ -41,7 +42,13 @@ from .results import EXIT_SIGKILL, shape_result
 from .validation import validate_code, validate_env, validate_timeout
 from .vm import file_transfer
 from .vm.execution import ExecRequest, OutputCallback
-from .vm.guest import GuestVm
+from .vm.guest import GuestRequestError, GuestVm
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .processes import Process, ProcessOutputCallback, Terminal
+    from .vm.binding import Event
 
 log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
@@ -56,6 +63,12 @@ class Session:
     All operations on one session run one at a time, in call order. Any activity resets the idle
     timer; a session idle for `session_idle_timeout_seconds` closes itself.
     """
+
+    # Resolved when the session closes: process operations in flight fail then (_process_request).
+    _closing: asyncio.Future[None] | None = None
+    # Handles of the session's processes by pid (processes.py), and the held-request slots.
+    _process_handles: dict[int, Process] | None = None
+    _held_slots: asyncio.Semaphore | None = None
 
     def __init__(
         self,
@@ -310,6 +323,194 @@ class Session:
         forks = await self._serialised(run)
         return forks if count is not None else forks[0]
 
+    # --- background processes and terminals (processes.py) ---
+
+    async def spawn(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_stdout: ProcessOutputCallback | None = None,
+        on_stderr: ProcessOutputCallback | None = None,
+    ) -> Process:
+        """Start a process in the session's VM beside its executions and return its handle
+        once it is executing. `cmd`: a str runs through the image's shell (`sh -c`), a list is
+        the argv (argv[0] looked up in PATH). It runs as the code of exec() does (same user,
+        limits and image; the session's env_vars plus `env`; `cwd` or the working directory
+        code gets) and goes on until it ends or is killed: exec() calls, pause/resume and
+        fork keep it. Callbacks get its output as bytes (sync or async functions)."""
+        from . import processes
+
+        argv = processes.validate_argv(cmd)
+        cwd_bytes = processes.validate_cwd(cwd)
+        env_list = processes.spawn_env(self._default_env, env)
+        for name, callback in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
+            if callback is not None and not callable(callback):
+                raise InputValidationError(f"{name} must be callable")
+        process: Process = await self._spawn(argv, cwd_bytes, env_list, None)
+        process._start_callbacks(on_stdout, on_stderr)
+        return process
+
+    async def terminal(
+        self,
+        cols: int = 80,
+        rows: int = 24,
+        *,
+        cmd: str | Sequence[str] | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal:
+        """A process with a pseudo-terminal of cols x rows (1..1000 each): the image's bash as
+        a login, interactive shell (its sh without bash), or `cmd`; TERM=xterm-256color. Use it
+        as an async context manager, or close() it."""
+        from . import processes
+
+        cols, rows = processes.validate_terminal_size(cols, rows)
+        argv = processes.validate_argv(processes.TERMINAL_SHELL if cmd is None else cmd)
+        cwd_bytes = processes.validate_cwd(cwd)
+        env_list = processes.spawn_env({**self._default_env, **processes.TERMINAL_ENV}, env)
+        terminal = await self._spawn(argv, cwd_bytes, env_list, (cols, rows))
+        assert isinstance(terminal, processes.Terminal)
+        return terminal
+
+    async def processes(self) -> list[Process]:
+        """Every process the guest tracks (running, or ended with its record still kept),
+        oldest first: the handles spawn() gave, and new ones for processes started before a
+        pause or a fork, or by another host process."""
+
+        async def run() -> list[Process]:
+            event = await self._process_request(
+                lambda vm, i, hold: vm.send_proc_list(i), "proc_info", held=False
+            )
+            return [self._process_handle(entry) for entry in event.processes]  # type: ignore[union-attr]
+
+        return await self._serialised(run)
+
+    async def _spawn(
+        self,
+        argv: list[bytes],
+        cwd: bytes,
+        env: list[tuple[bytes, bytes]],
+        size: tuple[int, int] | None,
+    ) -> Any:
+        from .processes import ProcessError
+
+        async def run() -> Process:
+            cols, rows = size or (0, 0)
+            try:
+                event = await self._process_request(
+                    lambda vm, i, hold: vm.send_proc_spawn(
+                        i, argv, cwd, env, pty=size is not None, cols=cols, rows=rows
+                    ),
+                    "proc_info",
+                    held=False,
+                    timeout=60.0,
+                )
+            except GuestRequestError as exc:
+                raise ProcessError(
+                    f"cannot start {argv[0].decode(errors='replace')}: {exc.guest_message}"
+                ) from None
+            entries = event.processes  # type: ignore[union-attr]
+            if len(entries) != 1:
+                raise ProcessError("the guest answered a spawn with another number of processes")
+            return self._process_handle(entries[0], size)
+
+        process: Process = await self._serialised(run)
+        return process
+
+    def _process_handle(self, entry: Any, size: tuple[int, int] | None = None) -> Process:
+        """The handle of the process entry describes: the one this session made for its pid
+        (unless the guest reused the pid for a new process), else a new one."""
+        from .processes import PTY_FLAG, Process, Terminal
+
+        if self._process_handles is None:
+            self._process_handles = {}
+        handle = self._process_handles.get(entry.pid)
+        if handle is None or handle.command != entry.command or size is not None:
+            pty = bool(entry.flags & PTY_FLAG)
+            if pty:
+                cols, rows = size or (80, 24)
+                handle = Terminal(self, entry.pid, entry.command, cols, rows)
+            else:
+                handle = Process(self, entry.pid, entry.command, False)
+            self._process_handles[entry.pid] = handle
+        handle._update(entry)
+        return handle
+
+    async def _process_request(
+        self,
+        send: Callable[[Any, int, int], int],
+        expect: str,
+        *,
+        held: bool,
+        hold_ms: int = 0,
+        timeout: float | None = 30.0,
+    ) -> Event:
+        """One process request to the guest (processes.py), outside the lock that orders
+        exec() and the file calls: a reader runs beside an exec. `send(vm, id, hold_ms)`.
+        While it waits the session counts as busy (a host reader keeps it from idling); once
+        the session closes it fails with SessionClosedError at once. Held requests (the guest
+        keeps a PROC_READ / PROC_WAIT up to hold_ms, a PROC_WRITE until written) take one of
+        the slots that keep the host under the guest's limit; without a free one, a read or
+        wait polls instead."""
+        from .processes import ERR_LIMIT, HELD_MAX, POLL_SECONDS, REPLY_GRACE_SECONDS, ProcessError
+
+        self._check_open()
+        if self._held_slots is None:
+            self._held_slots = asyncio.Semaphore(HELD_MAX)
+        if self._closing is None:
+            self._closing = self._loop.create_future()
+        slots = self._held_slots
+        self._busy += 1
+        try:
+            while True:
+                hold = hold_ms
+                slot = False
+                if held and (hold == 0 or not slots.locked()):
+                    await slots.acquire()
+                    slot = True
+                elif held:
+                    hold = 0  # every slot taken: poll
+                    await asyncio.sleep(POLL_SECONDS)
+                    self._check_open()
+                wait = timeout if not held or hold == 0 else hold / 1000 + REPLY_GRACE_SECONDS
+                if held and hold_ms == 0:
+                    wait = None  # a write waits until the process has read it
+                request: asyncio.Future[Any] = asyncio.ensure_future(
+                    self._vm.proc_request(
+                        functools.partial(_with_hold, send, hold), expect, wait or 1e9
+                    )
+                )
+                closing: asyncio.Future[Any] = self._closing
+                try:
+                    await asyncio.wait({request, closing}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if slot:
+                        slots.release()
+                if not request.done():
+                    request.cancel()
+                    self._check_open()
+                try:
+                    event: Event = request.result()
+                    return event
+                except GuestRequestError as exc:
+                    if exc.code == ERR_LIMIT and held and hold_ms > 0:  # the guest's slots: retry
+                        await asyncio.sleep(POLL_SECONDS)
+                        self._check_open()
+                        continue
+                    if exc.code == ERR_LIMIT:
+                        raise ProcessError(f"the sandbox refused: {exc.guest_message}") from None
+                    raise
+                except (CommunicationError, VmTransientError) as exc:
+                    if not self._vm.alive:
+                        self._close_now(f"the VM failed: {exc}")
+                    self._check_open()
+                    raise
+        finally:
+            self._busy -= 1
+            self._touch()
+
     @property
     def vm(self) -> GuestVm:
         """The session's VM (for the scheduler that owns it)."""
@@ -398,6 +599,10 @@ class Session:
             return
         self._closed = True
         self._close_reason = reason
+        if self._closing is not None and not self._closing.done():
+            self._closing.set_result(None)  # process operations in flight fail now
+        for handle in (self._process_handles or {}).values():
+            handle._stop_callbacks()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -413,6 +618,10 @@ class SessionHooks:
     pause: Callable[[Session], Awaitable[SessionSnapshot]]
     fork: Callable[[Session, int], Awaitable[list[Session]]]
     pause_when_idle: bool = False
+
+
+def _with_hold(send: Callable[[Any, int, int], int], hold: int, vm: Any, req_id: int) -> int:
+    return send(vm, req_id, hold)
 
 
 def _ms(seconds: float) -> int:

@@ -87,6 +87,18 @@ FILE_ERR_TOO_LARGE = int(_execsbx.FILE_ERR_TOO_LARGE)
 FILE_ERR_PROTOCOL = int(_execsbx.FILE_ERR_PROTOCOL)
 FILE_ERR_REFUSED = int(_execsbx.FILE_ERR_REFUSED)
 
+# Background processes and terminals (protocol.h, "Processes"; processes.py speaks them through
+# GuestVm.proc_request): limits, flags and error codes, as the C core defines them.
+PROC: dict[str, int] = {
+    name: int(getattr(_execsbx, name))
+    for name in dir(_execsbx)
+    if name.startswith(("PROC_", "MSG_PROC_"))
+    or name in ("SPAWN_PTY", "ERR_NO_PROCESS", "ERR_LIMIT", "ERR_SPAWN", "OUTPUT_CHUNK_MAX")
+}
+from .._execsbx import ProcDataEvent as ProcDataEvent  # noqa: E402
+from .._execsbx import ProcessEntry as ProcessEntry  # noqa: E402
+from .._execsbx import ProcInfoEvent as ProcInfoEvent  # noqa: E402
+
 # The network relay (network/hub.py): one NetRing per scheduler; NET_CONFIG goes on the agent
 # channel like a file frame (GuestVm.send_net_config). NetRing.run() gives typed events (struct
 # sequences, told apart with isinstance; `NetEvent` is their union, for the type checker only).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -75,6 +76,20 @@ _WARM_UP_CODE: dict[Language, bytes] = {
 }
 
 
+class GuestRequestError(GuestAgentError):
+    """The guest answered a request with ERROR; `code` is its ERR_* code (processes.py tells
+    a missing process from a limit by it)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"guest agent error {code}: {message}")
+        self.code = code
+        self.guest_message = message
+
+
+# What answers a request of the reply table (proc_request), by the kind the caller expects.
+_REPLY_KINDS = frozenset({"proc_info", "proc_data", "pong"})
+
+
 class GuestFileError(Exception):
     """The guest refused or failed a file transfer (FILE_ERROR); `kind` is a FILE_ERR_* code."""
 
@@ -115,11 +130,17 @@ class GuestVm:
         # does not shrink for a long time means a stalled guest or QEMU).
         self.bytes_flushed = 0
         self._pending = 0
-        self._next_id = 1
+        # Request ids start at a random point: a VM restored from a snapshot (resume, fork) may
+        # still answer requests its guest held for the previous host process (PROC_READ and
+        # PROC_WAIT wait in the guest), and such a late answer must not match a new request.
+        self._next_id = 1 + secrets.randbelow(1 << 30)
         self.registry: VmRegistry | None = None  # its owner's (spawn), which close() leaves
         self._broken: BaseException | None = None
         self._writing = False
         self._acks: dict[int, asyncio.Future[None]] = {}
+        # The reply table of the process requests (proc_request): one waiter per request id,
+        # resolved by the first PROC_INFO, PROC_DATA, PONG or ERROR of that id.
+        self._replies: dict[int, asyncio.Future[Event]] = {}
         self._released: asyncio.Task[None] | None = None  # set by close()
         self.qmp: QmpClient | None = None
         # The VM's network (attach_network), closed with the VM.
@@ -306,6 +327,47 @@ class GuestVm:
     @property
     def alive(self) -> bool:
         return self._broken is None and self._released is None
+
+    async def proc_request(
+        self, send: Callable[[Any, int], int], expect: str, timeout: float
+    ) -> Event:
+        """Send one PROC_* request under a fresh id (`send(vm, id)` queues it on the C core's
+        Vm, see Vm.send_proc_*) and return the event that answers it, of kind `expect`
+        ("proc_info", "proc_data" or "pong"). An ERROR raises GuestRequestError; an answer of another kind is a lie that
+        costs the VM; VmTimeoutError after `timeout` seconds (the guest holds PROC_READ and
+        PROC_WAIT up to their wait_ms: the caller adds that); the VM's own failure if it
+        breaks meanwhile."""
+        if self._broken is not None:
+            raise self._broken
+        req_id = self._next_id
+        self._next_id = self._next_id + 1 if self._next_id < 0xFFFFFFFF else 1
+        reply: asyncio.Future[Event] = self._loop.create_future()
+        self._replies[req_id] = reply
+        try:
+            try:
+                self._want_write(send(self._vm, req_id))
+            except OSError as exc:
+                error = CommunicationError(f"cannot send to the guest: {exc}")
+                self._fail(error)
+                raise error from exc
+            try:
+                event = await asyncio.wait_for(asyncio.shield(reply), timeout)
+            except TimeoutError:
+                raise VmTimeoutError(
+                    f"the guest did not answer a {expect} request in time"
+                ) from None
+        finally:
+            self._replies.pop(req_id, None)
+        if event.kind == "error":
+            raise GuestRequestError(event.code, event.message)
+        if event.kind != expect:
+            error = GuestAgentError(
+                f"guest answered a request expecting {expect} with {event.kind}"
+            )
+            self._fail(error)
+            self.close()
+            raise error
+        return event
 
     @property
     def jail_status(self) -> list[tuple[str, bool, str]]:
@@ -511,6 +573,16 @@ class GuestVm:
                 else:
                     self._ready.set_result(None)
             return
+        if exec_id in self._replies and (kind in _REPLY_KINDS or kind == "error"):
+            reply = self._replies[exec_id]
+            if not reply.done():
+                reply.set_result(event)
+            return
+        if kind in ("proc_info", "proc_data"):
+            # A request nobody waits for any more: one that timed out on the host, or one the
+            # guest held for the host process before a pause or a fork.
+            log.debug("event %s for unknown request %d ignored", kind, exec_id)
+            return
         if kind in ("pong", "reseeded"):
             waiter = self._acks.get(exec_id)
             if waiter is not None and not waiter.done():
@@ -690,6 +762,10 @@ class GuestVm:
             if not waiter.done():
                 waiter.set_exception(error)
                 waiter.exception()
+        for reply in list(self._replies.values()):
+            if not reply.done():
+                reply.set_exception(error)
+                reply.exception()
         for run in list(self._runs.values()):
             if not run.done.done():
                 run.done.set_exception(
