@@ -12,7 +12,10 @@ from . import paths
 from .errors import InputValidationError, PackageNotAllowedError, VmConfigError
 from .limits import (
     ADMISSION_TIMEOUT_SECONDS,
+    DEFAULT_DISK_MB,
+    MAX_DISK_MB,
     MAX_TIMEOUT_SECONDS,
+    MIN_DISK_MB,
     MIN_MEMORY_MB,
     MIN_TIMEOUT_SECONDS,
 )
@@ -45,6 +48,9 @@ class SchedulerConfig:
     # with a warning, to what admission admits at once (pool.py).
     warm_pool_size: int | Mapping[str, int] = 0
     default_memory_mb: int = 192
+    # Each VM's work disk (/home/user and /tmp; docs/design.md "Workspace"): sparse on the host,
+    # so its size costs nothing until the guest writes. Per call: disk_mb.
+    default_disk_mb: int = DEFAULT_DISK_MB
     default_timeout_seconds: int = 30
     session_idle_timeout_seconds: int = 300
     max_concurrent_vms: int | None = None
@@ -151,6 +157,7 @@ class SchedulerConfig:
         _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
         _check_int("template_cache_max_mb", self.template_cache_max_mb, 64, 1 << 30)
         _check_int("template_max_mb", self.template_max_mb, 16, 1 << 20)
+        _check_int("default_disk_mb", self.default_disk_mb, MIN_DISK_MB, MAX_DISK_MB)
         _check_int("template_build_memory_mb", self.template_build_memory_mb, 256, 64 * 1024)
         if self.session_idle_action not in ("close", "pause"):
             raise VmConfigError(

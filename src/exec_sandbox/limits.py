@@ -19,6 +19,11 @@ MAX_TIMEOUT_SECONDS = PROTOCOL_LIMITS["TIMEOUT_MS_MAX"] // 1000
 NO_TIMEOUT_MS = PROTOCOL_LIMITS["TIMEOUT_NONE"]
 MIN_MEMORY_MB = 128
 MAX_MEMORY_MB = 64 * 1024
+# The VM's work disk (/home/user and /tmp, docs/design.md "Workspace"), sparse on the host: it
+# costs what the guest writes, not its size. Under 64 MB ext4's own metadata is a large share.
+MIN_DISK_MB = 64
+MAX_DISK_MB = 1024 * 1024
+DEFAULT_DISK_MB = 4096
 # Virtual CPUs of one VM (run()/session(vcpus=N)); admission counts them against the host's.
 MIN_VCPUS = 1
 MAX_VCPUS = 8

@@ -24,6 +24,7 @@ from .network.request import NetworkRequest, parse_network_request
 from .packages.specs import PackageSpec, validate_packages
 from .validation import (
     validate_code,
+    validate_disk,
     validate_env,
     validate_language,
     validate_memory,
@@ -47,6 +48,7 @@ class RunOptions(TypedDict, total=False):
     timeout_seconds: float | None
     memory_mb: int | None
     vcpus: int | None
+    disk_mb: int | None
     template: str | None
     allow_network: bool
     allowed_domains: Sequence[str] | None
@@ -94,6 +96,8 @@ class RunRequest:
     memory_mb: int | None
     # Virtual CPUs of the VM (None: the template's, else 1); the pool serves the same default.
     vcpus: int | None
+    # The work disk's size (/home/user and /tmp; None: the config's default_disk_mb).
+    disk_mb: int | None
     # The template the VM runs (templates/): its name, resolved by the scheduler, which also
     # applies the template's memory and vCPU defaults before the config's.
     template: str | None
@@ -132,6 +136,9 @@ class RunRequest:
         vcpus = options.get("vcpus")
         if vcpus is not None:
             vcpus = validate_vcpus(vcpus)
+        disk = options.get("disk_mb")
+        if disk is not None:
+            disk = validate_disk(disk)
         template = options.get("template")
         if template == "default":  # the default image, as build_template(base="default") means
             template = None
@@ -161,6 +168,7 @@ class RunRequest:
             timeout_seconds=timeout,
             memory_mb=memory,
             vcpus=vcpus,
+            disk_mb=disk,
             template=template,
             packages=packages,
             packages_language=packages_language,
@@ -188,6 +196,7 @@ class RunRequest:
             ),
             memory_mb=config.default_memory_mb if memory is None else memory,
             vcpus=limits.DEFAULT_VCPUS if vcpus is None else vcpus,
+            disk_mb=config.default_disk_mb if self.disk_mb is None else self.disk_mb,
         )
 
     @property
@@ -203,6 +212,13 @@ class RunRequest:
         if self.memory_mb is None:
             raise ValueError("the request's defaults were not applied (with_defaults)")
         return self.memory_mb
+
+    @property
+    def disk(self) -> int:
+        """The work disk's size in MB, defaults applied (ValueError before `with_defaults`)."""
+        if self.disk_mb is None:
+            raise ValueError("the request's defaults were not applied (with_defaults)")
+        return self.disk_mb
 
     @property
     def cpus(self) -> int:

@@ -544,8 +544,13 @@ class Scheduler:
         language, memory, vcpus = request.language, request.memory, request.cpus
         phases = Phases()
         pooled = None
-        # Pooled VMs have no network port; the default image's have its default packages.
-        if not network and (template is not None or self._provisioner.pool_serves(language, layer)):
+        # Pooled VMs have no network port; the default image's have its default packages; all
+        # have a work disk of the config's size.
+        if (
+            not network
+            and request.disk == self.config.default_disk_mb
+            and (template is not None or self._provisioner.pool_serves(language, layer))
+        ):
             key = PoolKey(language, request.template)
             digest = None if template is None else template.digest
             pooled = await self._take_pooled(key, memory, vcpus, digest, phases)
@@ -568,6 +573,7 @@ class Scheduler:
                 net_port=network,
                 vcpus=vcpus,
                 template=template,
+                disk_mb=request.disk,
             )
             if self._closed:
                 vm.close()

@@ -112,6 +112,16 @@ def validate_memory(memory_mb: object) -> int:
     return memory_mb
 
 
+def validate_disk(disk_mb: object) -> int:
+    if isinstance(disk_mb, bool) or not isinstance(disk_mb, int):
+        raise InputValidationError(f"disk_mb must be an integer, got {disk_mb!r}")
+    if not limits.MIN_DISK_MB <= disk_mb <= limits.MAX_DISK_MB:
+        raise InputValidationError(
+            f"disk_mb must be between {limits.MIN_DISK_MB} and {limits.MAX_DISK_MB}, got {disk_mb}"
+        )
+    return disk_mb
+
+
 def validate_vcpus(vcpus: object) -> int:
     if isinstance(vcpus, bool) or not isinstance(vcpus, int):
         raise InputValidationError(f"vcpus must be an integer, got {vcpus!r}")

@@ -126,10 +126,13 @@ class StandInVms:
         return alive
 
 
-def publish_l1_snapshot(cache_dir: Path, key: str, memory_mb: int, *, damaged: bool) -> None:
+def publish_l1_snapshot(
+    cache_dir: Path, key: str, memory_mb: int, *, damaged: bool, disk_mb: int = 0
+) -> None:
     """A published L1 snapshot directory for key in the snapshot cache's format (snapshots.py):
-    a sparse RAM file of the right size and a state file with its hash. damaged: the RAM digest
-    recorded does not match the RAM (what a changed RAM file looks like to RamFiles.fd_for)."""
+    a sparse RAM file of the right size and a state file with its hash, and a sparse work disk
+    of disk_mb (0: none). damaged: the RAM digest recorded does not match the RAM (what a
+    changed RAM file looks like to RamFiles.fd_for)."""
     directory = cache_dir / key
     directory.mkdir(parents=True)
     ram = directory / "ram"
@@ -144,7 +147,11 @@ def publish_l1_snapshot(cache_dir: Path, key: str, memory_mb: int, *, damaged: b
         "state_sha256": hashlib.sha256(state.read_bytes()).hexdigest(),
         "ram_bytes": memory_mb * 1024 * 1024,
         "ram_digest": digest,
+        "disk_bytes": disk_mb << 20,
     }
+    if disk_mb:
+        with open(directory / "disk", "wb") as f:
+            f.truncate(disk_mb << 20)
     (directory / "meta.json").write_text(json.dumps(meta))
 
 

@@ -189,7 +189,8 @@ def test_build_qemu_argv_disks_follow_the_root_in_order() -> None:
         "file=/r/rootfs.erofs,if=none,id=root,format=raw,readonly=on",
         "file=/c/python.erofs,if=none,id=disk0,format=raw,readonly=on",
         "file=/c/t.erofs,if=none,id=disk1,format=raw,readonly=on",
-        "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off",
+        "file=./rel/out.raw,if=none,id=disk2,format=raw,readonly=off,"
+        "werror=report,rerror=report,discard=unmap",
     ]
     devices = [a[i + 1] for i, x in enumerate(a) if x == "-device" and "blk" in a[i + 1]]
     assert devices == [
@@ -204,7 +205,7 @@ def test_build_qemu_argv_disks_follow_the_root_in_order() -> None:
 @pytest.mark.parametrize(
     ("disks", "error", "match"),
     [
-        ([("/d", k, False) for k in "abcde"], ValueError, "at most 4 disks"),
+        ([("/d", k, False) for k in "abcdefg"], ValueError, "at most 6 disks"),
         ([("/d", "Python", False)], ValueError, "lower-case"),
         ([("/d", "abcdefghijk", False)], ValueError, "lower-case"),
         ([("/d", "py\0x", False)], ValueError, "lower-case"),

@@ -17,7 +17,9 @@ from tests.unit.guest_stand_in import StandInVms, publish_l1_snapshot, stand_in_
 
 
 def _l1_key(scheduler: Scheduler) -> str:
-    spec = scheduler._provisioner.spec(scheduler.config.default_memory_mb)
+    spec = scheduler._provisioner.spec(
+        scheduler.config.default_memory_mb, disk_mb=scheduler.config.default_disk_mb
+    )
     return snapshot_key(spec, "python")
 
 
@@ -41,6 +43,7 @@ async def test_an_l1_snapshot_is_restored_instead_of_booted(tmp_path: Path) -> N
             _l1_key(scheduler),
             scheduler.config.default_memory_mb,
             damaged=False,
+            disk_mb=scheduler.config.default_disk_mb,
         )
         result = await scheduler.run("out clone")
         assert result.stdout == "clone\n" and result.l1_cache_hit
@@ -55,6 +58,7 @@ async def test_a_damaged_l1_snapshot_is_discarded_and_the_vm_cold_boots(tmp_path
             key,
             scheduler.config.default_memory_mb,
             damaged=True,
+            disk_mb=scheduler.config.default_disk_mb,
         )
         result = await scheduler.run("out cold")
         assert result.stdout == "cold\n" and not result.l1_cache_hit
@@ -79,6 +83,7 @@ async def test_an_l1_snapshot_that_fails_to_restore_is_dropped_and_not_rebuilt(
             key,
             scheduler.config.default_memory_mb,
             damaged=False,
+            disk_mb=scheduler.config.default_disk_mb,
         )
         result = await scheduler.run("out cold")
         assert result.stdout == "cold\n" and not result.l1_cache_hit

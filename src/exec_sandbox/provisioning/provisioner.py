@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from .. import limits
@@ -274,7 +275,9 @@ class Provisioner:
         layer: PackageLayer | None = None,
         vcpus: int = limits.DEFAULT_VCPUS,
         template: TemplateDisk | None = None,
+        disk_mb: int = 0,
     ) -> VmSpec:
+        """A VM of this host; disk_mb: its work disk's size (0: none, as a template builder)."""
         assert self._host is not None
         return VmSpec(
             qemu_binary=self._host.qemu_binary,
@@ -291,7 +294,15 @@ class Provisioner:
             template=template,
             # QMP on every VM: a session's VM can be paused or forked (snapshots/forks.py).
             qmp=True,
+            disk_mb=disk_mb,
+            disk_dir=self.disk_dir,
         )
+
+    @property
+    def disk_dir(self) -> Path:
+        """Where work disks are made: on the snapshot cache's file system, so that a pause
+        links a disk into its snapshot and copies can share extents (vm/workspace.py)."""
+        return self.config.memory_snapshot_cache_dir / "disks"
 
     def pool_serves(self, language: Language, layer: PackageLayer | None) -> bool:
         """Whether the pool's VMs of language have this package layer (the default one)."""
@@ -310,10 +321,12 @@ class Provisioner:
         net_port: bool = False,
         vcpus: int = limits.DEFAULT_VCPUS,
         template: TemplateDisk | None = None,
+        disk_mb: int = 0,
     ) -> GuestVm:
         """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot).
-        net_port: the VM gets the network port (its own snapshots: the device layout differs)."""
-        spec = replace(self.spec(memory_mb, layer, vcpus, template), net_port=net_port)
+        net_port: the VM gets the network port (its own snapshots: the device layout differs).
+        disk_mb: its work disk (a copy of the snapshot's, or a new one the guest formats)."""
+        spec = replace(self.spec(memory_mb, layer, vcpus, template, disk_mb), net_port=net_port)
         if self.snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self.snapshots.lookup(key, memory_mb)
@@ -373,13 +386,21 @@ class Provisioner:
             ram_fd = await asyncio.get_running_loop().run_in_executor(
                 None, self.snapshots.ram_fd, snapshot
             )
-            vm = await self.factory.restore(
-                replace(spec, mem_fd=ram_fd, mem_shared=False),
-                str(snapshot.state),
-                registry=self._registry,
-                timeout=limits.RESTORE_TIMEOUT_SECONDS,
-                on_boot_log=on_boot_log,
-            )
+            # Its own copy of the snapshot's work disk (a fresh file system: small), which the
+            # guest has mounted in the state it resumes from.
+            disk = await self.snapshots.disk_copy(snapshot, spec)
+            try:
+                vm = await self.factory.restore(
+                    replace(spec, mem_fd=ram_fd, mem_shared=False, work=disk),
+                    str(snapshot.state),
+                    registry=self._registry,
+                    timeout=limits.RESTORE_TIMEOUT_SECONDS,
+                    on_boot_log=on_boot_log,
+                )
+            except BaseException:
+                if disk is not None:
+                    disk.close()  # the VM's, if it started (closed with it): idempotent
+                raise
         except SnapshotIntegrityError as exc:
             # Damaged since it was built (checked on the copy clones would map): a rebuild
             # fixes that, once; damaged again, this scheduler gives up on it.
@@ -438,7 +459,15 @@ class Provisioner:
             disk = TemplateDisk(await self.templates.verified(template.digest), template.digest)
         memory = self.config.default_memory_mb if shape is None else shape.memory_mb
         vcpus = limits.DEFAULT_VCPUS if shape is None else shape.vcpus
-        vm = await self.start_vm(language, memory, phases, layer, vcpus=vcpus, template=disk)
+        vm = await self.start_vm(
+            language,
+            memory,
+            phases,
+            layer,
+            vcpus=vcpus,
+            template=disk,
+            disk_mb=self.config.default_disk_mb,
+        )
         try:
             # The interpreter of the next run starts now, off the request path (after the RESEED
             # of a clone; never in a template: none is taken of this VM). The warm-up then runs
@@ -473,7 +502,7 @@ class Provisioner:
         if self.snapshots is None:
             return False
         layer = await self.layer_for(language, specs, None)
-        spec = self.spec(memory_mb, layer)
+        spec = self.spec(memory_mb, layer, disk_mb=self.config.default_disk_mb)
         key = snapshot_key(spec, language)
         if self.snapshots.lookup(key, memory_mb) is not None:
             return True

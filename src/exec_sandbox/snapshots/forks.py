@@ -18,12 +18,20 @@ from typing import Any
 from ..digest import file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
-from ..vm import migration
+from ..vm import migration, workspace
 from ..vm.guest import GuestVm
 from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
+from ..vm.workspace import WorkDisk
 from .identity import machine_identity
-from .sessions import LAYER_FILE, SESSION_SNAPSHOT_FORMAT, STATE_FILE, SessionSnapshotStore
+from .ram import fd_digest
+from .sessions import (
+    DISK_FILE,
+    LAYER_FILE,
+    SESSION_SNAPSHOT_FORMAT,
+    STATE_FILE,
+    SessionSnapshotStore,
+)
 
 log = logging.getLogger("exec_sandbox")
 
@@ -57,7 +65,8 @@ async def save_session(
 ) -> SessionSnapshot:
     """Stop vm and write its whole state into a new snapshot described by meta (language,
     session settings, layer; id, size, digest and machine are filled in here). The VM stays
-    stopped: the caller closes it (pause) or runs it on (cont)."""
+    stopped: the caller closes it (pause), or runs it on (cont) only if this failed: a
+    published snapshot's work disk is the VM's own file, given a name."""
     async with store.build_dir() as build:
         layer = vm.spec.layer
         if layer is not None and (meta.get("layer") or {}).get("sha256"):
@@ -65,6 +74,9 @@ async def save_session(
         state = build / STATE_FILE
         await migration.save_state(vm, str(state))
         size, digest = await asyncio.to_thread(lambda: (state.stat().st_size, file_sha256(state)))
+        work = vm.spec.work
+        if work is not None:  # stopped by the save, its writes flushed: the disk as saved
+            meta = {**meta, "disk": await asyncio.to_thread(_keep_disk, work, build)}
         full = {
             **meta,
             "format": SESSION_SNAPSHOT_FORMAT,
@@ -75,6 +87,17 @@ async def save_session(
             "machine": machine_identity(vm.spec),
         }
         return await store.publish(build, full)
+
+
+def _keep_disk(work: WorkDisk, build: Path) -> dict[str, object]:
+    """The session's work disk as the snapshot's own file (a link, no copy), with its size and
+    digest, which resume() checks before it copies it."""
+    work.link(build / DISK_FILE)
+    return {
+        "size": os.fstat(work.fd).st_size,
+        "size_mb": work.size_mb,
+        "sha256": fd_digest(work.fd),
+    }
 
 
 def _keep_layer(image: Path, build: Path) -> None:
@@ -106,17 +129,28 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
 
 
 async def load_vm(
-    spec: VmSpec, state: str, *, registry: VmRegistry | None, timeout: float
+    spec: VmSpec,
+    state: str,
+    *,
+    registry: VmRegistry | None,
+    timeout: float,
+    disk: WorkDisk | None = None,
 ) -> GuestVm:
     """A running VM from a full state file: its RAM anonymous, its RNG reseeded and clock set
-    before this returns."""
-    return await migration.restore(
-        replace(spec, mem_fd=None, mem_shared=False, mem_path=None),
-        state,
-        registry=registry,
-        timeout=timeout,
-        ram_in_stream=True,
-    )
+    before this returns. disk: its work disk (a copy of the snapshot's), which it owns from
+    here on, also if this fails."""
+    try:
+        return await migration.restore(
+            replace(spec, mem_fd=None, mem_shared=False, mem_path=None, work=disk),
+            state,
+            registry=registry,
+            timeout=timeout,
+            ram_in_stream=True,
+        )
+    except BaseException:
+        if disk is not None:
+            disk.close()  # idempotent: the VM's close() may have done it
+        raise
 
 
 async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
@@ -137,10 +171,22 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
 
 async def _fork_one(vm: GuestVm, *, timeout: float) -> GuestVm:
     steps = StepTimer()
-    private = replace(vm.spec, mem_fd=None, mem_shared=False, mem_path=None)
+    # work=None: the copy starts with an empty disk of its own (GuestVm.spawn), which gets
+    # the parent's content once the parent is stopped.
+    private = replace(vm.spec, mem_fd=None, mem_shared=False, mem_path=None, work=None)
     copy = await migration.transfer(vm, private, timeout=timeout)  # on failure vm runs on
     steps.mark("spawn+stream into copy")
     steps.note("(of which stream)", copy.restore_seconds)
+    if vm.spec.work is not None and copy.spec.work is not None:
+        try:
+            # The parent is stopped, its writes flushed by the stream's end: its disk is the
+            # one the copied RAM (page cache included) goes with.
+            await asyncio.to_thread(workspace.clone, vm.spec.work.fd, copy.spec.work.fd)
+        except BaseException:
+            await copy.aclose()
+            await _settled(asyncio.ensure_future(_run_on(vm)))
+            raise
+        steps.mark("disk copy")
     parent = asyncio.ensure_future(_run_on(vm))
     try:
         await migration.start(copy)
@@ -163,20 +209,36 @@ async def _fork_one(vm: GuestVm, *, timeout: float) -> GuestVm:
 async def _fork_many(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
     steps = StepTimer()
     ram = migration.ram_memfd(vm.spec.memory_mb)
+    frozen: WorkDisk | None = None
     try:
-        spec = replace(vm.spec, mem_fd=ram, mem_path=None)
+        # work=None: the maker gets an empty disk it never uses (it only saves devices).
+        spec = replace(vm.spec, mem_fd=ram, mem_path=None, work=None)
         maker = await migration.transfer(vm, replace(spec, mem_shared=True), timeout=timeout)
         steps.mark("spawn+stream into maker")
         steps.note("(of which stream)", maker.restore_seconds)
+        if vm.spec.work is not None and vm.spec.disk_dir is not None:
+            # The parent's disk as the stream left it, once, before the parent runs on; each
+            # copy gets a copy of this one.
+            try:
+                frozen = await workspace.new(
+                    vm.spec.disk_dir, vm.spec.work.size_mb, vm.spec.work.fd
+                )
+            except BaseException:
+                await maker.aclose()
+                await _settled(asyncio.ensure_future(_run_on(vm)))
+                raise
+            steps.mark("disk copy")
         parent = asyncio.ensure_future(_run_on(vm))  # while the template is made
         try:
-            copies = await _clones(maker, ram, spec, count, work, timeout, steps)
+            copies = await _clones(maker, ram, spec, count, work, timeout, steps, frozen)
         except BaseException:
             await asyncio.wait({parent})
             _retrieve(parent)
             raise
     finally:
         os.close(ram)
+        if frozen is not None:
+            frozen.close()
     try:
         await _settled(parent)
     except BaseException:
@@ -195,7 +257,14 @@ async def _run_on(vm: GuestVm) -> None:
 
 
 async def _clones(
-    maker: GuestVm, ram: int, spec: VmSpec, count: int, work: Path, timeout: float, steps: StepTimer
+    maker: GuestVm,
+    ram: int,
+    spec: VmSpec,
+    count: int,
+    work: Path,
+    timeout: float,
+    steps: StepTimer,
+    disk: WorkDisk | None,
 ) -> list[GuestVm]:
     """count copy-on-write clones of maker (stopped, its RAM the shared memfd ram); maker is
     gone when this returns, and so is every clone if it raises."""
@@ -224,12 +293,7 @@ async def _clones(
     )
     tasks = [
         asyncio.ensure_future(
-            migration.restore(
-                replace(spec, mem_shared=False),
-                str(work / "devices"),
-                registry=maker.registry,
-                timeout=timeout,
-            )
+            _clone(replace(spec, mem_shared=False), str(work / "devices"), maker, timeout, disk)
         )
         for _ in range(count)
     ]
@@ -246,6 +310,23 @@ async def _clones(
         raise
     steps.mark("clones spawn+load+reseed")
     return copies
+
+
+async def _clone(
+    spec: VmSpec, devices: str, maker: GuestVm, timeout: float, disk: WorkDisk | None
+) -> GuestVm:
+    """One copy of a fork template, on its own copy of disk (the parent's, frozen)."""
+    own = None
+    if disk is not None and spec.disk_dir is not None:
+        own = await workspace.new(spec.disk_dir, disk.size_mb, disk.fd)
+    try:
+        return await migration.restore(
+            replace(spec, work=own), devices, registry=maker.registry, timeout=timeout
+        )
+    except BaseException:
+        if own is not None:
+            own.close()  # idempotent: the VM's close() may have done it
+        raise
 
 
 async def _settled(task: asyncio.Future[None]) -> None:

@@ -39,6 +39,9 @@ def machine_identity(spec: VmSpec) -> dict[str, object]:
         # A template's disk is the root its processes run in: another one (a rebuilt template
         # of the same name) must never get this state.
         **({"template": spec.template.digest} if spec.template is not None else {}),
+        # The work disk: another size is another device, and another file system in the
+        # guest's memory (kept out of disk-less VMs' identity: a template builder's).
+        **({"disk_mb": spec.disk_mb} if spec.disk_mb else {}),
     }
 
 

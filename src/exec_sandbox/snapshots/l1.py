@@ -19,6 +19,8 @@ cannot change the template every other clone reads (docs/security.md).
 Cache layout, one directory per key under `memory_snapshot_cache_dir`:
     <key>/ram         the template's RAM (sparse; never rewritten once published)
     <key>/state       QEMU's device state stream
+    <key>/disk        the template's work disk (read-only; the guest formatted and mounted it
+                      before the save), when its VMs have one: each clone runs on a copy
     <key>/meta.json   the key's inputs, the state's SHA-256, the RAM size and the RAM digest
 A directory is built under a temporary name (`.build-<key>-*`, flock()ed while its builder
 lives) and published by rename, so readers see complete snapshots only. An invalid one (missing
@@ -60,9 +62,11 @@ from .._threads import in_thread
 from ..digest import file_sha256
 from ..errors import SandboxError
 from ..models import Language
+from ..vm import workspace
 from ..vm.guest import GuestVm
 from ..vm.migration import save_devices
 from ..vm.spec import VmSpec
+from ..vm.workspace import WorkDisk
 from . import node_startup
 from .identity import machine_identity
 from .node_startup import NodeStartupCache
@@ -75,7 +79,8 @@ log = logging.getLogger("exec_sandbox")
 # rate given (the C side's fixed QEMU options and command line are not in the key otherwise).
 # 4: the RAM digest is of the bytes, not of the file's layout (ram.py): a digest of format 3
 # would not match, and its snapshot would be refused as damaged instead of missing.
-SNAPSHOT_FORMAT = 4
+# 5: VMs have a work disk, kept beside the RAM (its size is in the key, through the machine).
+SNAPSHOT_FORMAT = 5
 # Snapshot directories kept after a publish, most recently used first: every kernel, root image
 # or QEMU change makes a new key, whose predecessors would otherwise stay on disk forever
 # (~40 MB each). Eight covers three languages at a couple of memory sizes.
@@ -139,6 +144,7 @@ class Snapshot:
     ram: Path
     state: Path
     ram_digest: str  # from meta.json; RamFiles.fd_for checks the RAM against it
+    disk: Path | None = None  # the work disk, when its VMs have one (size checked by lookup)
 
 
 class SnapshotCache:
@@ -156,6 +162,21 @@ class SnapshotCache:
         blocking: call it from an executor). SnapshotIntegrityError if it is damaged."""
         return self.ram_files.fd_for(snapshot.key, snapshot.ram, snapshot.ram_digest)
 
+    async def disk_copy(self, snapshot: Snapshot, spec: VmSpec) -> WorkDisk | None:
+        """A new copy of snapshot's work disk for one clone of it (None: spec has no disk).
+        The snapshot's file is never written: every clone has its own copy."""
+        if not spec.disk_mb:
+            return None
+        if snapshot.disk is None or spec.disk_dir is None:
+            raise SandboxError(f"memory snapshot {snapshot.key} has no work disk")
+        fd = await in_thread(
+            functools.partial(workspace.open_file, snapshot.disk), discard=os.close
+        )
+        try:
+            return await workspace.new(spec.disk_dir, spec.disk_mb, fd)
+        finally:
+            os.close(fd)
+
     def lookup(self, key: str, memory_mb: int) -> Snapshot | None:
         """The published snapshot for key if it is complete and intact, else None (an invalid
         one is logged and removed)."""
@@ -172,7 +193,10 @@ class SnapshotCache:
             )
             self.invalidate(key)
             return None
-        return Snapshot(key, directory / "ram", directory / "state", digest)
+        disk = directory / "disk"
+        return Snapshot(
+            key, directory / "ram", directory / "state", digest, disk if disk.exists() else None
+        )
 
     def invalidate(self, key: str) -> None:
         _remove_published(self.root, key)
@@ -236,6 +260,7 @@ class SnapshotCache:
         lock_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         published = False
+        disk_fd = -1
         try:
             # Opened and sized here: the jailed QEMU could neither open it by path (read-only
             # mounts) nor grow it (RLIMIT_FSIZE 0); it writes the RAM through its shared mapping.
@@ -258,6 +283,10 @@ class SnapshotCache:
                 # notice a clone that was not reseeded). It also stamps the clock.
                 await vm.reseed()
                 await save_devices(vm, str(work / "state"))
+                # The work disk as the saved state has it mounted: kept open past the VM's
+                # close, named once QEMU is reaped (nothing writes it after that).
+                if vm.spec.work is not None:
+                    disk_fd = os.dup(vm.spec.work.fd)
             except SandboxError:
                 # A template VM that dies leaves only its console to say why (a guest panic,
                 # QEMU's own message): kept in the log beside the caller's warning.
@@ -274,6 +303,8 @@ class SnapshotCache:
                 # The RAM file must not change after the state was saved: QEMU is reaped
                 # before anything reads it.
                 await vm.aclose()
+            if disk_fd >= 0:
+                await in_thread(functools.partial(workspace.link, disk_fd, work / "disk"))
             state_hash = await in_thread(functools.partial(file_sha256, work / "state"))
             # Kept by ram_files: the first clone of it in this process maps that very copy.
             ram_hash = await in_thread(functools.partial(self.ram_files.seal, key, work / "ram"))
@@ -283,6 +314,7 @@ class SnapshotCache:
                 "state_sha256": state_hash,
                 "ram_bytes": spec.memory_mb * 1024 * 1024,
                 "ram_digest": ram_hash,
+                "disk_bytes": spec.disk_mb << 20,
             }
             (work / "meta.json").write_text(json.dumps(meta))
             try:
@@ -294,6 +326,8 @@ class SnapshotCache:
             published = True
         finally:
             os.close(lock_fd)
+            if disk_fd >= 0:
+                os.close(disk_fd)
             if not published:
                 shutil.rmtree(work, ignore_errors=True)
         await in_thread(functools.partial(self.prune, protect=key))
@@ -332,6 +366,12 @@ def _check(directory: Path, key: str, memory_mb: int) -> str:
             raise _Unusable(f"state file has {size} bytes")
         if file_sha256(state) != meta.get("state_sha256"):
             raise _Unusable("state file does not match its hash")
+        disk_bytes = meta.get("disk_bytes", 0)  # none: a VM without a work disk
+        if not isinstance(disk_bytes, int):
+            raise _Unusable("meta.json has no disk size")
+        disk = directory / "disk"
+        if disk_bytes and disk.stat().st_size != disk_bytes:
+            raise _Unusable(f"disk file has {disk.stat().st_size} bytes")
     except (OSError, ValueError) as exc:
         raise _Unusable(str(exc)) from None
     return ram_hash

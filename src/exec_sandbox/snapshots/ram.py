@@ -111,6 +111,12 @@ def ram_digest(path: Path) -> str:
     return digest
 
 
+def fd_digest(fd: int) -> str:
+    """The same digest of any file (a paused session's work disk): of its bytes, data ranges
+    only read. Blocking."""
+    return _memfd_digest(fd, os.fstat(fd).st_size)
+
+
 def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
     """(start, end) of each data range of fd below size, in order (SEEK_DATA / SEEK_HOLE)."""
     ranges = []

@@ -104,6 +104,9 @@ class SessionSnapshotService:
             layer,
             int(machine.get("vcpus", limits.DEFAULT_VCPUS)),
             template,
+            # A snapshot of a VM without a work disk (made before there were any) resumes
+            # without one: its guest has /home/user in RAM.
+            int(machine.get("disk_mb", 0)),
         )
         check_machine(meta, spec)
         settings = meta["session"]
@@ -114,11 +117,13 @@ class SessionSnapshotService:
             state = await self.store.open_verified(snapshot_id, meta)
             try:
                 at = time.monotonic()
+                disk = await self.store.disk_copy(snapshot_id, meta, spec)
                 return await load_vm(
                     spec,
                     f"/proc/self/fd/{state}",
                     registry=self._registry,
                     timeout=limits.RESTORE_TIMEOUT_SECONDS,
+                    disk=disk,
                 )
             finally:
                 os.close(state)

@@ -5,6 +5,7 @@
                                              and RAM, the REPL and /home/user included),
                                              meta.json (identity, session settings, SHA-256),
                                              layer (its package layer's image, when it had one)
+                                             disk (its work disk: /home/user and /tmp)
                                    .build-*/ a pause in progress (renamed to <id> when complete)
 ```
 
@@ -39,6 +40,10 @@ from .._threads import in_thread
 from ..digest import fd_sha256, file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
+from ..vm import workspace
+from ..vm.spec import VmSpec
+from ..vm.workspace import WorkDisk
+from .ram import fd_digest
 
 log = logging.getLogger("exec_sandbox")
 
@@ -46,6 +51,7 @@ SESSION_SNAPSHOT_FORMAT = 1
 STATE_FILE = "state"
 META_FILE = "meta.json"
 LAYER_FILE = "layer"
+DISK_FILE = "disk"
 _ID = re.compile(r"[0-9a-f]{32}")
 _STALE_BUILD_SECONDS = 3600.0
 
@@ -97,6 +103,24 @@ class SessionSnapshotStore:
         return await in_thread(
             functools.partial(self._open_verified, snapshot_id, meta), discard=os.close
         )
+
+    async def disk_copy(
+        self, snapshot_id: str, meta: dict[str, Any], spec: VmSpec
+    ) -> WorkDisk | None:
+        """A new work disk for the resumed VM: a copy of the snapshot's (which may be resumed
+        again), checked against the size and digest recorded at the pause. None when the
+        session had none."""
+        if not meta.get("disk"):
+            return None
+        if spec.disk_dir is None or not spec.disk_mb:
+            raise SnapshotError(f"session snapshot {snapshot_id} has a work disk, the VM none")
+        fd = await in_thread(
+            functools.partial(self._open_disk, snapshot_id, meta, spec.disk_mb), discard=os.close
+        )
+        try:
+            return await workspace.new(spec.disk_dir, spec.disk_mb, fd)
+        finally:
+            os.close(fd)
 
     async def entries(self) -> list[SessionSnapshot]:
         """Every snapshot (none past its TTL), oldest first."""
@@ -178,6 +202,30 @@ class SessionSnapshotStore:
             )
         return fd
 
+    def _open_disk(self, snapshot_id: str, meta: dict[str, Any], disk_mb: int) -> int:
+        saved = meta["disk"]
+        try:
+            fd = os.open(self.root / check_id(snapshot_id) / DISK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SnapshotError(
+                f"session snapshot {snapshot_id}'s disk is unreadable: {exc}"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            ok = size == saved.get("size") == disk_mb << 20 and fd_digest(fd) == saved.get("sha256")
+        except OSError as exc:
+            os.close(fd)
+            raise SnapshotError(
+                f"session snapshot {snapshot_id}'s disk is unreadable: {exc}"
+            ) from None
+        if not ok:
+            os.close(fd)
+            raise SnapshotError(
+                f"session snapshot {snapshot_id} is damaged (its work disk does not match the "
+                f"size and digest recorded when it was saved): it is not loaded"
+            )
+        return fd
+
     def _entries(self) -> list[SessionSnapshot]:
         out: list[SessionSnapshot] = []
         if not self.root.is_dir():
@@ -214,7 +262,7 @@ class SessionSnapshotStore:
                 entries.append(
                     (
                         directory.stat().st_mtime,
-                        (directory / STATE_FILE).stat().st_size,
+                        (directory / STATE_FILE).stat().st_size + _allocated(directory / DISK_FILE),
                         directory.name,
                     )
                 )
@@ -246,6 +294,14 @@ class SessionSnapshotStore:
                     or now - path.stat().st_mtime > _STALE_BUILD_SECONDS
                 ):
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def _allocated(path: Path) -> int:
+    """The bytes a sparse file takes on disk (0 if absent): what a work disk costs the cap."""
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
 
 
 def _remove_tree(path: Path) -> None:
@@ -280,6 +336,14 @@ def _well_formed(meta: object) -> bool:
             )
         )
         and isinstance(meta.get("packages", []), list)
+        and (
+            meta.get("disk") is None
+            or (
+                isinstance(meta["disk"], dict)
+                and isinstance(meta["disk"].get("size"), int)
+                and isinstance(meta["disk"].get("sha256"), str)
+            )
+        )
     )
 
 

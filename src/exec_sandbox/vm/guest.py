@@ -54,7 +54,7 @@ from .execution import (
 from .jail import report_layers
 from .qmp import QmpClient
 from .registry import VmRegistry
-from .spec import VmSpec
+from .spec import VmSpec, with_work_disk
 
 if TYPE_CHECKING:
     from ..network.hub import NetworkHub, VmNetwork
@@ -189,7 +189,14 @@ class GuestVm:
         """Start QEMU for spec and register its fds; not yet READY (boot() waits for that,
         migration.restore() loads a state into it). registry: its owner's, whose close() kills
         it (None: the caller alone owns it)."""
-        vm = await process.spawn(spec, incoming=incoming, registry=registry)
+        # Its own work disk (workspace.py), closed with it from here on.
+        spec = await with_work_disk(spec)
+        try:
+            vm = await process.spawn(spec, incoming=incoming, registry=registry)
+        except BaseException:
+            if spec.work is not None:
+                spec.work.close()
+            raise
         report_layers(vm.jail_status())
         loop = asyncio.get_running_loop()
         guest = cls(vm, loop, on_boot_log)
@@ -524,6 +531,8 @@ class GuestVm:
         if self._network is not None:
             self._network.close()  # listeners and streams go with the VM
         self._released = process.release(self._loop, self._vm)
+        if self.spec.work is not None:
+            self.spec.work.close()  # the file goes once QEMU's fd is closed too
         self._fail(VmTransientError("the VM was closed"))
 
     async def aclose(self) -> None:

@@ -4,11 +4,13 @@ a VM once it runs (`registry.VmRegistry`) is not part of it: it is handed to the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..images.catalog import GuestImages
 from ..packages.layer import PackageLayer
+from . import workspace
+from .workspace import WORK_DISK_KIND, WorkDisk
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,41 @@ class VmSpec:
     # The network port (network/): a third virtio-serial port for allow_network or
     # expose_ports. Part of the device layout, hence of the snapshot keys.
     net_port: bool = False
+    # The work disk (workspace.py; /home/user and /tmp in the guest): its size in MB (0: none,
+    # the guest keeps tmpfs: a template builder), part of the machine (snapshots/identity.py),
+    # and where new disks are made (the cache's file system). `work`: the disk this VM starts
+    # with (a copy of a snapshot's), else GuestVm.spawn makes an empty one.
+    disk_mb: int = 0
+    disk_dir: Path | None = None
+    work: WorkDisk | None = None
 
     def disks(self) -> tuple[Disk, ...]:
         """The disks after the root, in the order QEMU gets them: the package layer, the
-        template, then extra_disks."""
+        template, the work disk, then extra_disks."""
         disks: list[Disk] = []
         if self.layer is not None:
             disks.append(Disk(self.layer.path, self.layer.kind))
         if self.template is not None:
             disks.append(Disk(self.template.path, "template"))
+        if self.work is not None:
+            disks.append(Disk(self.work.path, WORK_DISK_KIND, writable=True))
         return (*disks, *self.extra_disks)
+
+
+async def with_work_disk(spec: VmSpec) -> VmSpec:
+    """spec with the work disk its VM starts with: the one given (spec.work: a copy made for
+    it), else a new empty one when it should have one (spec.disk_mb). The VM owns it from here:
+    GuestVm.spawn closes it if QEMU does not start, GuestVm.close() with the VM. A disk given
+    to a second VM is a bug (two guests writing one file system), refused."""
+    if spec.work is not None:
+        if spec.work.claimed or spec.work.closed:
+            raise RuntimeError("a work disk was given to a second VM")
+        spec.work.claimed = True
+        return spec
+    if not spec.disk_mb:
+        return spec
+    if spec.disk_dir is None:
+        raise RuntimeError("VmSpec.disk_mb without disk_dir")
+    disk = await workspace.new(spec.disk_dir, spec.disk_mb)
+    disk.claimed = True
+    return replace(spec, work=disk)
