@@ -79,9 +79,7 @@ async def test_a_background_server_is_reached_read_later_fed_and_killed(
         assert (await session.exec("print(6 * 7)")).stdout == "42\n"
         assert (await session.exec("x = 1")).exit_code == 0
         # A reader that comes later gets everything from the first byte.
-        assert await read_until(server.stdout, b"served /one\n") == (
-            b"listening\nserved /one\n"
-        )
+        assert await read_until(server.stdout, b"served /one\n") == (b"listening\nserved /one\n")
         await server.write_stdin("ping\n")
         await read_until(server.stdout, b"echo: ping\n")
         info = await server.info()
@@ -120,9 +118,7 @@ async def test_callbacks_get_the_output_sync_and_async(scheduler: Scheduler) -> 
         errors.append(chunk)
 
     async with await scheduler.session(language="raw") as session:
-        proc = await session.spawn(
-            "echo out; echo err >&2", on_stdout=got.append, on_stderr=on_err
-        )
+        proc = await session.spawn("echo out; echo err >&2", on_stdout=got.append, on_stderr=on_err)
         assert await proc.wait(timeout=30) == 0
         for _ in range(100):
             if got and errors:
