@@ -2,7 +2,7 @@
  * (sbx_reader with the host frame limit, as guest/src/agent_channel_guest.c feeds it, then
  * sbx_parse_exec for every EXEC frame, sbx_parse_prestart for every PRESTART and
  * sbx_parse_file_path for the FILE_* requests that carry a path, as guest/src/dispatch.c and
- * files.c do), split at pseudo-random points.
+ * files.c do, and the PROC_* parsers as guest/src/procs.c does), split at pseudo-random points.
  *
  * The host is trusted, but the agent is PID 1: a crash there is a dead VM, and the parser is the
  * place where a length field could walk out of the payload. Every accepted request is checked
@@ -102,6 +102,83 @@ static void check_file_path(const struct sbx_frame *f)
 	REQUIRE(total + 4 + with_u8 == f->payload_len);
 }
 
+/* What procs.c relies on: every limit of protocol.h's "Processes", pointers inside the frame. */
+static void check_proc(const struct sbx_frame *f)
+{
+	if (f->type == SBX_MSG_PROC_SPAWN) {
+		struct sbx_proc_spawn_request *req = malloc(sizeof(*req));
+		REQUIRE(req);
+		const char *why = NULL;
+		int rc = sbx_parse_proc_spawn(f->payload, f->payload_len, req, &why);
+		if (rc < 0) {
+			REQUIRE((rc == -EPROTO || rc == -EMSGSIZE) && why && why[0]);
+			free(req);
+			return;
+		}
+		REQUIRE((req->flags & ~(unsigned)SBX_SPAWN_PTY) == 0);
+		if (req->flags & SBX_SPAWN_PTY)
+			REQUIRE(req->cols >= 1 && req->cols <= SBX_PROC_TTY_MAX && req->rows >= 1 &&
+				req->rows <= SBX_PROC_TTY_MAX);
+		else
+			REQUIRE(req->cols == 0 && req->rows == 0);
+		REQUIRE(req->argc >= 1 && req->argc <= SBX_PROC_ARGV_MAX);
+		uint32_t sum = 0;
+		for (uint32_t i = 0; i < req->argc; i++) {
+			const struct sbx_bytes *a = &req->argv[i];
+			REQUIRE(a->n >= 1 && a->n <= SBX_PROC_ARG_MAX && in_frame(a->p, a->n, f));
+			REQUIRE(memchr(a->p, 0, a->n) == NULL);
+			sum += a->p[a->n - 1];
+		}
+		REQUIRE(req->cwd.n <= SBX_PATH_MAX);
+		if (req->cwd.n)
+			REQUIRE(in_frame(req->cwd.p, req->cwd.n, f) && req->cwd.p[0] == '/' &&
+				memchr(req->cwd.p, 0, req->cwd.n) == NULL);
+		REQUIRE(req->env_count <= SBX_ENV_MAX_COUNT);
+		for (uint32_t i = 0; i < req->env_count; i++) {
+			const struct sbx_env_var *v = &req->env[i];
+			REQUIRE(v->name_len >= 1 && v->name_len <= SBX_ENV_NAME_MAX);
+			REQUIRE(in_frame(v->name, v->name_len, f));
+			REQUIRE(v->value_len <= SBX_ENV_VALUE_MAX);
+			REQUIRE(v->value_len == 0 || (in_frame(v->value, v->value_len, f) &&
+						      memchr(v->value, 0, v->value_len) == NULL));
+		}
+		sink = sum;
+		free(req);
+		return;
+	}
+	struct sbx_proc_request r;
+	const char *why = NULL;
+	int rc = sbx_parse_proc_request(f->type, f->payload, f->payload_len, &r, &why);
+	if (rc < 0) {
+		REQUIRE((rc == -EPROTO || rc == -EMSGSIZE) && why && why[0]);
+		return;
+	}
+	REQUIRE(r.type == f->type);
+	REQUIRE(f->type == SBX_MSG_PROC_LIST ? f->payload_len == 0 : r.pid != 0);
+	REQUIRE(r.wait_ms <= SBX_PROC_WAIT_MS_MAX);
+	switch (f->type) {
+	case SBX_MSG_PROC_READ:
+		REQUIRE(r.stream == SBX_PROC_STDOUT || r.stream == SBX_PROC_STDERR);
+		REQUIRE(r.max >= 1 && r.max <= SBX_OUTPUT_CHUNK_MAX);
+		REQUIRE(f->payload_len == 21);
+		break;
+	case SBX_MSG_PROC_WRITE:
+		REQUIRE((r.flags & ~(unsigned)SBX_PROC_CLOSE_STDIN) == 0);
+		REQUIRE(r.data.n <= SBX_PROC_WRITE_MAX && r.data.n + 5 == f->payload_len);
+		REQUIRE(r.data.n == 0 || in_frame(r.data.p, r.data.n, f));
+		break;
+	case SBX_MSG_PROC_SIGNAL:
+		REQUIRE(r.signal >= 1 && r.signal <= 64);
+		break;
+	case SBX_MSG_PROC_RESIZE:
+		REQUIRE(r.cols >= 1 && r.cols <= SBX_PROC_TTY_MAX && r.rows >= 1 &&
+			r.rows <= SBX_PROC_TTY_MAX);
+		break;
+	default:
+		break;
+	}
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 2)
@@ -139,6 +216,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			if (f.type == SBX_MSG_FILE_WRITE_BEGIN || f.type == SBX_MSG_FILE_READ ||
 			    f.type == SBX_MSG_FILE_LIST) {
 				check_file_path(&f);
+				continue;
+			}
+			if (f.type >= SBX_MSG_PROC_SPAWN && f.type <= SBX_MSG_PROC_RESIZE) {
+				check_proc(&f);
 				continue;
 			}
 			if (f.type != SBX_MSG_EXEC && f.type != SBX_MSG_SESSION_EXEC)
