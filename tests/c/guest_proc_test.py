@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import struct
 import sys
 import time
@@ -436,6 +437,36 @@ def test_pty(a: Agent) -> None:
     assert p.wait(pid3)["exit"] == 0
 
 
+def test_boot_sweep_spares_processes() -> None:
+    """As in the VM (PID 1 of fresh namespaces, user code as uid 1000): the sweep after each
+    execution kills what the execution left, never a background process or its children."""
+    a = Agent(boot=True)
+    try:
+        assert a.expect()[0] == g.READY
+        p = P(a)
+        lone = p.spawn(["sleep", "100"])["pid"]
+        family = p.spawn(["sh", "-c", "sleep 101 & sleep 102 & wait"])["pid"]
+        term = p.spawn(["sh", "-c", "id -u; stat -c %u $(tty); tty; exec sleep 103"], pty=(80, 24))
+        out, _ = p.read_until(term["pid"], b"/dev/pts/")
+        assert out.split(b"\r\n")[:2] == [b"1000", b"1000"], out
+        res = a.run(7101, "setsid sleep 104 </dev/null >/dev/null 2>&1 & sleep 0.2; echo left")
+        assert res["stdout"] == b"left\n", res
+        res = a.run(7102, "sleep 5", timeout_ms=300)
+        assert res["flags"] & g.TIMED_OUT
+        res = a.run(7103, "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done")
+        running = res["stdout"].decode()
+        for n in (100, 101, 102, 103):
+            assert f"sleep {n}" in running, (n, running)
+        assert "sleep 104" not in running and "sleep 5" not in running, running
+        for pid in (lone, family, term["pid"]):
+            assert p.wait(pid, wait_ms=0)["flags"] & RUNNING
+        # Once a process ends, what it left in its session goes with the next sweep.
+        assert p.signal(lone, 9)[0] == PONG
+        assert p.wait(lone)["exit"] == 128 + 9
+    finally:
+        assert a.close() == 0
+
+
 SHARED = [
     test_spawn_read_wait_list,
     test_read_holds_until_data_and_times_out_empty,
@@ -476,6 +507,18 @@ def main() -> int:
             if a.close() != 0:
                 failed += 1
                 print(f"FAIL  {fn.__name__}: agent exit status", flush=True)
+    if args.k in "test_boot_sweep_spares_processes":
+        if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("chroot"):
+            t0 = time.monotonic()
+            try:
+                test_boot_sweep_spares_processes()
+                print(f"ok    test_boot_sweep_spares_processes ({time.monotonic() - t0:.2f}s)")
+            except Exception:
+                failed += 1
+                print("FAIL  test_boot_sweep_spares_processes", flush=True)
+                traceback.print_exc()
+        else:
+            print("skip  test_boot_sweep_spares_processes (needs root, unshare and chroot)")
     print("FAILED" if failed else "all passed", f"({failed} failures)" if failed else "")
     return 1 if failed else 0
 
