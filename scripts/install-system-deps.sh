@@ -11,6 +11,7 @@ packages=(
 	python3-dev python3-venv
 	skopeo                     # templates from a container image (import)
 	umoci docker-registry busybox-static  # the template tests' images and loopback registry
+	tmux                       # the `sbx shell` test drives it through a real terminal
 )
 missing=()
 for p in "${packages[@]}"; do

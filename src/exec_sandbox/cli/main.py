@@ -25,7 +25,7 @@ from ..errors import InputValidationError
 from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
-from . import session_cmds, template_cmds, volume_cmds
+from . import session_cmds, shell_cmds, template_cmds, volume_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "host's layers and capacity",
     )
     session_cmds.add_parser(commands)
+    shell_cmds.add_parser(commands)
     template_cmds.add_parser(commands)
     volume_cmds.add_parser(commands)
     return parser
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return _doctor(args.json)
     if args.command == "session":
         return session_cmds.run(args)
+    if args.command == "shell":
+        return shell_cmds.run(args)
     if args.command == "template":
         return template_cmds.run(args)
     if args.command == "volume":

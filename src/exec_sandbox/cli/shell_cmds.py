@@ -1,0 +1,171 @@
+"""`sbx shell`: an interactive shell in a sandbox, as `docker exec -it` gives one in a container.
+
+The host terminal goes into raw mode and every keystroke goes to a terminal in the VM
+(Session.terminal(): a pty, the image's bash as a login shell); its output is written back as it
+comes, a resized window (SIGWINCH) resizes it, and `sbx shell` exits with the shell's status.
+`--resume ID` opens the shell in a paused session (`sbx session new`, Session.pause()), and
+`--pause` pauses the session again when the shell exits (the new id goes to stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import termios
+import tty
+from collections.abc import Iterator
+from typing import Any
+
+from ..processes import Terminal
+from ..scheduler import Scheduler
+from ..session import Session
+from ..snapshots.sessions import check_id
+from .arguments import EXIT_USAGE, parse_env, run_command
+
+_READ_SIZE = 4096
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    shell = commands.add_parser(
+        "shell", help="an interactive shell in a new sandbox or a paused session"
+    )
+    shell.add_argument(
+        "--resume", metavar="ID", help="open the shell in this paused session (sbx session list)"
+    )
+    shell.add_argument(
+        "--pause",
+        action="store_true",
+        help="pause the session when the shell exits (prints the new id) instead of closing it",
+    )
+    shell.add_argument(
+        "-l",
+        "--language",
+        choices=["python", "javascript", "raw"],
+        default="raw",
+        help="the session's REPL language, for later `sbx session resume` (default raw)",
+    )
+    shell.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
+    shell.add_argument("--vcpus", type=int, help="virtual CPUs of the VM (1..8, default 1)")
+    shell.add_argument("--template", metavar="NAME", help="a shell in this template's image")
+    shell.add_argument(
+        "-e", "--env", action="append", default=[], metavar="KEY=VALUE", help="for the shell"
+    )
+    shell.add_argument("--network", action="store_true", help="let the sandbox connect out by name")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        env = parse_env(args.env)
+        if args.resume is not None:
+            check_id(args.resume)
+    except ValueError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def go() -> int:
+        async with Scheduler() as scheduler:
+            if args.resume is not None:
+                session = await scheduler.resume(args.resume)
+            else:
+                options: dict[str, Any] = {}
+                if args.network:
+                    options["allow_network"] = True
+                session = await scheduler.session(
+                    language=args.language,
+                    memory_mb=args.memory,
+                    vcpus=args.vcpus,
+                    template=args.template,
+                    env_vars=env or None,
+                    **options,
+                )
+            async with contextlib.AsyncExitStack() as stack:
+                if not args.pause:
+                    stack.push_async_callback(session.close)
+                status = await _attach(session)
+                if args.pause:
+                    snapshot = await session.pause()
+                    print(f"sbx: paused as {snapshot.id}", file=sys.stderr)
+            return status
+
+    return run_command(go)
+
+
+def _size() -> tuple[int, int]:
+    """The host terminal's size (80x24 when stdout is not a terminal)."""
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return 80, 24
+    return max(1, min(size.columns, 1000)), max(1, min(size.lines, 1000))
+
+
+@contextlib.contextmanager
+def _raw(fd: int) -> Iterator[None]:
+    """The host terminal in raw mode (keystrokes as they are typed, Ctrl-C as a byte for the
+    guest's shell, no local echo) while the shell runs; restored whatever happens."""
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def _attach(session: Session) -> int:
+    """Connect this process's stdin/stdout to a terminal in the session until its shell exits;
+    returns the shell's exit status."""
+    loop = asyncio.get_running_loop()
+    cols, rows = _size()
+    terminal = await session.terminal(cols, rows)
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    keys: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def on_keys() -> None:
+        try:
+            data = os.read(stdin, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:  # stdin closed (not a terminal): the shell gets end of file
+            loop.remove_reader(stdin)
+        keys.put_nowait(data)
+
+    def on_resize() -> None:
+        new_cols, new_rows = _size()
+        loop.create_task(terminal.resize(new_cols, new_rows))
+
+    async def forward_keys() -> None:
+        while True:
+            data = await keys.get()
+            if not data:
+                await terminal.close_stdin()
+                return
+            await terminal.write(data)
+
+    writer = loop.create_task(forward_keys())
+    with _raw(stdin):
+        loop.add_reader(stdin, on_keys)
+        loop.add_signal_handler(signal.SIGWINCH, on_resize)
+        try:
+            await _copy_output(terminal, stdout)
+        finally:
+            loop.remove_reader(stdin)
+            loop.remove_signal_handler(signal.SIGWINCH)
+            writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError, BrokenPipeError):
+        await writer
+    return await terminal.wait(timeout=30)
+
+
+async def _copy_output(terminal: Terminal, stdout: int) -> None:
+    async for chunk in terminal:
+        # A few KB at a time to a terminal: a short write, done here in order.
+        view = memoryview(chunk)
+        while view:
+            written = os.write(stdout, view)
+            view = view[written:]
