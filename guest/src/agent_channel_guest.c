@@ -13,6 +13,7 @@
 
 #include "agent.h"
 #include "cleanup.h"
+#include "volumes.h"
 
 #define VPORT_CLASS_DIR "/sys/class/virtio-ports"
 #define BACKOFF_MIN_MS 50u
@@ -210,6 +211,8 @@ int sbx_channel_send_exit(struct sbx_channel *ch, uint32_t id, const struct sbx_
 {
 	if (!ch->connected)
 		return -ENOTCONN;
+	/* What the exec wrote to volumes is on their disks before its result is out. */
+	sbx_volumes_settle();
 	int rc = sbx_encode_exit(&ch->out, id, e);
 	if (rc == 0)
 		flush(ch);

@@ -12,10 +12,13 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <linux/fs.h>
 
 #include "agent.h"
 #include "cleanup.h"
@@ -319,5 +322,27 @@ void sbx_volumes_setup(void)
 		nmounted = i + 1;
 		sbx_log("volumes: %s at %s (%s)", vols[i].kind, vols[i].path,
 			vols[i].read_only ? "read-only" : "read-write");
+	}
+}
+
+void sbx_volumes_settle(void)
+{
+	for (size_t i = 0; i < nmounted; i++) {
+		if (vols[i].read_only)
+			continue;
+		char source[64];
+		if (sbx_volume_source(i, source, sizeof(source)) < 0)
+			continue;
+		_cleanup_close_ int fd = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0) {
+			sbx_log("volumes: settle %s: %s", vols[i].path, strerror(errno));
+			continue;
+		}
+		if (ioctl(fd, FIFREEZE, 0) < 0) {
+			sbx_log("volumes: freeze %s: %s", vols[i].path, strerror(errno));
+			continue;
+		}
+		if (ioctl(fd, FITHAW, 0) < 0)
+			sbx_log("volumes: thaw %s: %s", vols[i].path, strerror(errno));
 	}
 }

@@ -17,6 +17,13 @@
  * never run without a volume the caller asked for. */
 void sbx_volumes_setup(void);
 
+/* Make what was written to the read-write volumes durable and self-contained: a freeze (which
+ * writes every dirty page, commits the journal and checkpoints it) and a thaw. Called before
+ * each EXIT is sent, so what an exec wrote is on the disk, with an empty journal, when its
+ * result arrives: the host may SIGKILL the VM at any moment after, and a read-only reader
+ * (which cannot replay a journal) sees it. Nothing without read-write volumes. */
+void sbx_volumes_settle(void);
+
 /* The first failure of sbx_volumes_setup, or NULL. */
 const char *sbx_volumes_error(void);
 
