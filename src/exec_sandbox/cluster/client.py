@@ -551,6 +551,17 @@ class ClusterSession:
         copies = [self._cluster._adopt(self._host, info, None, None, owned=True) for info in infos]
         return copies if count is not None else copies[0]
 
+    async def spawn(self, cmd: Any, **options: Any) -> Any:
+        """Not over the cluster: a process handle pulls its output from the VM in many small
+        requests, which the host actor does not relay (yet). Raises NotImplementedError."""
+        raise NotImplementedError(_NO_PROCESSES)
+
+    async def processes(self) -> Any:
+        raise NotImplementedError(_NO_PROCESSES)
+
+    async def terminal(self, cols: int = 80, rows: int = 24, **options: Any) -> Any:
+        raise NotImplementedError(_NO_PROCESSES)
+
     async def close(self) -> None:
         """Close the session on its host (for every client attached to it). Idempotent; a
         lost host has closed it already."""
@@ -589,6 +600,12 @@ class ClusterSession:
 
 
 # --- helpers ---
+
+
+_NO_PROCESSES = (
+    "background processes and terminals are not available through ClusterScheduler: use a "
+    "Scheduler on the host (spawn/processes/terminal of Session)"
+)
 
 
 async def _await(ref: _ray.Ref, timeout: float | None = None) -> Any:
