@@ -44,7 +44,7 @@ from .volume import (
 _RECORD_MAX_BYTES = 4096
 
 
-@dataclass
+@dataclass(eq=False)  # one VM's: compared and hashed by identity, as a VmSpec field
 class VolumeClaims:
     """The locked images of one VM's volumes: hold it for the VM's life, close() after its QEMU
     is gone (idempotent). disks: (kind, /proc/self/fd path, writable) in VOLUME_KINDS order."""
@@ -63,6 +63,13 @@ class VolumeClaims:
                 VOLUME_KINDS[: len(self.fds)], self.fds, self.attaches, strict=True
             )
         ]
+
+    def give_to(self, uid: int, gid: int) -> None:
+        """Make the images the QEMU user's (a root caller's QEMU runs as its own, vm/jail.py):
+        QEMU reopens each by /proc/self/fd/N, which checks the file's owner and mode. The C
+        core does the same for writable disks; read-only ones need it too."""
+        for fd in self.fds:
+            os.fchown(fd, uid, gid)
 
     def close(self) -> None:
         fds, self.fds = self.fds, []
