@@ -98,11 +98,12 @@ def fd_is_open(fd: int) -> bool:
 
 def test_constants() -> None:
     x = _execsbx
-    assert x.PROTOCOL_VERSION == 4
+    assert x.PROTOCOL_VERSION == 5
     assert x.CHANNEL_PORT_NAME == "org.execsandbox.agent.0"
     assert (x.LANG_PYTHON, x.LANG_JAVASCRIPT, x.LANG_RAW) == (1, 2, 3)
     assert (x.EXIT_TIMED_OUT, x.EXIT_STDOUT_LIMIT, x.EXIT_STDERR_LIMIT) == (1, 2, 4)
     assert (x.ERR_BAD_REQUEST, x.ERR_BUSY, x.ERR_SPAWN, x.ERR_INTERNAL) == (1, 2, 3, 4)
+    assert (x.ERR_NO_PROCESS, x.ERR_LIMIT) == (5, 6)
     assert x.CODE_MAX == 1 << 20
     assert x.HOST_FRAME_MAX == 2 << 20
     assert x.GUEST_FRAME_MAX == 64 << 10
@@ -1072,3 +1073,142 @@ def _flushed_to(vm: _execsbx.Vm, wire: Path, size: int) -> bytes:
     while time.monotonic() < deadline and (not wire.exists() or wire.stat().st_size < size):
         time.sleep(0.01)
     return wire.read_bytes()
+
+
+# --- background processes (protocol v5, "Processes") ---
+
+
+def proc_entry(pid: int, flags: int, code: int, out: int, err: int, command: bytes) -> bytes:
+    return struct.pack("<IBiQQ", pid, flags, code, out, err) + sstr(command)
+
+
+def test_process_events_decode_to_typed_values(tmp_path: Path) -> None:
+    x = _execsbx
+    assert (x.MSG_PROC_SPAWN, x.MSG_PROC_RESIZE) == (73, 79)
+    assert (x.PROC_RUNNING, x.PROC_PTY, x.PROC_STDIN_OPEN, x.PROC_DATA_EOF) == (1, 2, 4, 1)
+    guest = (
+        ready()
+        + frame(
+            13,
+            8,
+            struct.pack("<I", 2)
+            + proc_entry(41, x.PROC_RUNNING | x.PROC_STDIN_OPEN, 0, 5, 0, b"sleep 9")
+            + proc_entry(42, x.PROC_PTY, 130, 1 << 40, 0, b"bash --login -i"),
+        )
+        + frame(14, 9, struct.pack("<QB", 1 << 33, 0) + b"late bytes")
+        + frame(14, 10, struct.pack("<QB", 7, x.PROC_DATA_EOF))
+        + frame(5, 11, struct.pack("<I", x.ERR_NO_PROCESS) + sstr(b"no such process"))
+    )
+    vm = make_vm(fake_qemu(tmp_path, guest, then="exit 0"))
+    try:
+        events = collect(vm, lambda ev: bool(ev) and ev[-1] == ("eof",))
+        info, data, eof, error = events[1:5]
+        assert type(info) is _execsbx.ProcInfoEvent and (info.kind, info.id) == ("proc_info", 8)
+        first, second = info.processes
+        assert type(first) is _execsbx.ProcessEntry
+        assert tuple(first) == (41, 5, 0, 5, 0, "sleep 9")
+        assert (second.pid, second.exit_code, second.stdout_bytes) == (42, 130, 1 << 40)
+        assert second.command == "bash --login -i"
+        assert type(data) is _execsbx.ProcDataEvent
+        assert (data.kind, data.id, data.offset, data.flags, data.data) == (
+            "proc_data", 9, 1 << 33, 0, b"late bytes",
+        )  # fmt: skip
+        assert (eof.offset, eof.flags, eof.data) == (7, x.PROC_DATA_EOF, b"")
+        assert (error.kind, error.code, error.message) == ("error", 5, "no such process")
+    finally:
+        vm.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame(13, 1, struct.pack("<I", 1) + proc_entry(0, 0, 0, 0, 0, b"x")),  # pid 0
+        frame(13, 1, struct.pack("<I", 1) + proc_entry(1, 8, 0, 0, 0, b"x")),  # unknown flag
+        frame(13, 1, struct.pack("<I", 1) + proc_entry(1, 1, 3, 0, 0, b"x")),  # code, running
+        frame(13, 1, struct.pack("<I", 1) + proc_entry(1, 0, 256, 0, 0, b"x")),
+        frame(13, 1, struct.pack("<I", 1) + proc_entry(1, 0, 0, 0, 0, b"a\0b")),
+        frame(13, 1, struct.pack("<I", 2) + proc_entry(1, 0, 0, 0, 0, b"x")),  # one missing
+        frame(13, 1, struct.pack("<I", 257)),  # over PROC_TRACKED_MAX
+        frame(14, 1, struct.pack("<QB", 0, 2)),  # unknown data flag
+        frame(14, 1, struct.pack("<QB", 0, 0) + b"d" * (32 * 1024 + 1)),  # over a chunk
+        frame(14, 1, struct.pack("<QB", (1 << 64) - 1, 0) + b"ab"),  # offset wraps
+        frame(5, 1, struct.pack("<I", 7) + sstr(b"")),  # error code past ERR_LIMIT
+    ],
+)
+def test_malformed_process_events_are_protocol_errors(tmp_path: Path, bad: bytes) -> None:
+    vm = make_vm(fake_qemu(tmp_path, frame(6, 1) + bad))
+    try:
+        with pytest.raises(_execsbx.ProtocolError) as info:
+            collect(vm, lambda ev: False)
+        assert info.value.errno == errno.EPROTO
+    finally:
+        vm.close()
+
+
+def test_process_requests_go_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
+    x = _execsbx
+    wire = tmp_path / "wire"
+    vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
+    want = (
+        frame(
+            73,
+            1,
+            struct.pack("<BHHI", 1, 80, 24, 2)
+            + sstr(b"sh")
+            + sstr(b"-l")
+            + sstr(b"/tmp")
+            + struct.pack("<I", 1)
+            + sstr(b"TERM")
+            + sstr(b"xterm-256color"),
+        )
+        + frame(73, 2, struct.pack("<BHHI", 0, 0, 0, 1) + sstr(b"true") + sstr(b"") + b"\0" * 4)
+        + frame(74, 3, struct.pack("<IBQII", 41, 2, 1 << 40, 32768, 30000))
+        + frame(75, 4, struct.pack("<IB", 41, 1) + b"bye")
+        + frame(76, 5, struct.pack("<II", 41, 15))
+        + frame(77, 6, struct.pack("<II", 41, 0))
+        + frame(78, 7)
+        + frame(79, 8, struct.pack("<IHH", 41, 132, 43))
+    )
+    try:
+        vm.send_proc_spawn(1, [b"sh", b"-l"], b"/tmp", [(b"TERM", b"xterm-256color")], True, 80, 24)
+        vm.send_proc_spawn(2, (b"true",), b"", [])
+        vm.send_proc_read(3, 41, x.PROC_STDERR, 1 << 40, x.OUTPUT_CHUNK_MAX, 30000)
+        vm.send_proc_write(4, 41, memoryview(b"bye"), close_stdin=True)
+        vm.send_proc_signal(5, 41, 15)
+        vm.send_proc_wait(6, 41, 0)
+        vm.send_proc_list(7)
+        vm.send_proc_resize(8, 41, 132, 43)
+        assert _flushed_to(vm, wire, len(want)) == want
+    finally:
+        vm.close()
+
+
+def test_process_requests_the_guest_would_refuse_are_refused(tmp_path: Path) -> None:
+    vm = make_vm(fake_qemu(tmp_path, b""))
+    try:
+        for call, exc in [
+            (lambda: vm.send_proc_spawn(1, [], b"", []), ValueError),  # no argv
+            (lambda: vm.send_proc_spawn(1, [b""], b"", []), ValueError),
+            (lambda: vm.send_proc_spawn(1, [b"a\0"], b"", []), ValueError),
+            (lambda: vm.send_proc_spawn(1, ["sh"], b"", []), TypeError),
+            (lambda: vm.send_proc_spawn(1, [b"sh"], b"rel", []), ValueError),
+            (lambda: vm.send_proc_spawn(1, [b"sh"], b"", [], True, 0, 24), ValueError),
+            (lambda: vm.send_proc_spawn(1, [b"sh"], b"", [], False, 80, 24), ValueError),
+            (lambda: vm.send_proc_spawn(1, [b"sh"], b"", [(b"A=B", b"")]), ValueError),
+            (lambda: vm.send_proc_spawn(1, [b"x"] * 257, b"", []), ValueError),
+            (lambda: vm.send_proc_read(1, 1, 3, 0, 1, 0), ValueError),
+            (lambda: vm.send_proc_read(1, 1, 1, 0, 0, 0), ValueError),
+            (lambda: vm.send_proc_read(1, 1, 1, 0, 32769, 0), ValueError),
+            (lambda: vm.send_proc_read(1, 1, 1, 0, 1, 60001), ValueError),
+            (lambda: vm.send_proc_write(1, 1, b"x" * (60 * 1024 + 1)), ValueError),
+            (lambda: vm.send_proc_signal(1, 1, 0), ValueError),
+            (lambda: vm.send_proc_signal(1, 1, 65), ValueError),
+            (lambda: vm.send_proc_wait(1, 1, 60001), ValueError),
+            (lambda: vm.send_proc_resize(1, 1, 1001, 1), ValueError),
+            (lambda: vm.send_proc_list(-1), ValueError),
+        ]:
+            with pytest.raises(exc):
+                call()
+        assert vm.flush() == 0  # nothing was queued
+    finally:
+        vm.close()

@@ -225,6 +225,7 @@ def test_a_call_stops_counting_when_its_result_leaves() -> None:
         vm._broken = None
         vm._runs = {7: run}
         vm._acks = {}
+        vm._replies = {}
         vm._loop = loop
         vm._vm = SimpleNamespace(send_tool_result=send_tool_result)
         vm._want_write = lambda pending: None  # type: ignore[method-assign]
