@@ -23,6 +23,7 @@ from exec_sandbox import (
     VolumeMount,
 )
 from tests.helpers import private_config, qemu_processes
+from tests.templates_support import BusyboxImage
 
 pytestmark = pytest.mark.vm
 
@@ -124,6 +125,28 @@ async def test_a_session_with_volumes_is_not_forked_or_paused(vsched: Scheduler)
             await session.pause()
         # Refused before anything was saved: the session goes on, state intact.
         assert (await session.exec("print(x + 1)")).stdout == "42\n"
+
+
+async def test_volumes_are_mounted_in_a_templates_root(
+    vsched: Scheduler, busybox_image: BusyboxImage
+) -> None:
+    await vsched.volume("data", size_mb=64)
+    await vsched.build_template("bb", image=busybox_image.layout)
+    wrote = await vsched.run(
+        "echo from-template > /mnt/data/f; cat /mnt/data/f",
+        language="raw",
+        template="bb",
+        volumes={"/mnt/data": "data"},
+    )
+    assert (wrote.exit_code, wrote.stdout) == (0, "from-template\n"), wrote.stderr
+    # Read-only under the home, which the template binds from the agent.
+    read = await vsched.run(
+        "cat /home/user/v/f; echo x > /home/user/v/g || echo refused",
+        language="raw",
+        template="bb",
+        volumes={"/home/user/v": VolumeMount("data", read_only=True)},
+    )
+    assert read.stdout == "from-template\nrefused\n", read.stderr
 
 
 def test_cli_creates_lists_attaches_and_removes_volumes(images_ready: None, tmp_path: Path) -> None:
