@@ -33,6 +33,7 @@ from .validation import (
     validate_vcpus,
 )
 from .vm.execution import OutputCallback
+from .volumes import Volume, VolumeAttach, VolumeMount, validate_volumes
 
 if TYPE_CHECKING:
     from .models import Template
@@ -58,6 +59,7 @@ class RunOptions(TypedDict, total=False):
     on_stderr: OutputCallback | None
     on_boot_log: OutputCallback | None
     tools: Mapping[str, ToolFunction] | None
+    volumes: Mapping[str, Volume | VolumeMount | str] | None
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class RunRequest:
     packages_language: Language
     env_vars: tuple[tuple[str, str], ...]
     network: NetworkRequest | None
+    # Volumes (volumes/): where each goes in the guest, which one, read-only or not. A VM with
+    # volumes is cold-booted and never pooled or snapshotted (docs/design.md, "Volumes").
+    volumes: tuple[VolumeAttach, ...] = ()
 
     @classmethod
     def make(
@@ -174,6 +179,7 @@ class RunRequest:
             packages_language=packages_language,
             env_vars=tuple((env_vars or {}).items()),
             network=network,
+            volumes=validate_volumes(options.get("volumes")),
         )
         return request.with_defaults(config) if defaults else request
 

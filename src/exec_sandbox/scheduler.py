@@ -13,7 +13,7 @@ from typing import Unpack
 
 from . import _logging, limits
 from .config import SchedulerConfig
-from .errors import InputValidationError, SandboxError
+from .errors import InputValidationError, SandboxError, SnapshotError
 from .host_tools import HostTools, ToolFunction
 from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
 from .network.attach import NetworkSetup
@@ -39,6 +39,7 @@ from .vm.jail import usage_figures
 from .vm.process import wait_released
 from .vm.registry import VmRegistry
 from .vm.spec import TemplateDisk
+from .volumes import Volume, VolumeClaims, VolumeStore
 
 log = logging.getLogger("exec_sandbox")
 
@@ -119,6 +120,8 @@ class Scheduler:
             self._hub,
             self._start_open,
         )
+        # Volumes (volumes/): named disks of this host, locked by each VM that has them.
+        self._volumes = VolumeStore(self.config.volume_dir)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -274,6 +277,23 @@ class Scheduler:
             self._pool.template_changed(name, None)
         return deleted
 
+    # --- volumes: volumes/ owns them ---
+
+    async def volume(self, name: str, *, size_mb: int) -> Volume:
+        """The volume `name` of this host, made empty at size_mb MB if there is none (sparse:
+        it takes room as guests write). Attach it with run()/session(volumes={"/mnt/data":
+        volume}), or `volume.read_only()`. VolumeError for an existing one of another size."""
+        return await self._volumes.create(name, size_mb)
+
+    async def volumes(self) -> list[Volume]:
+        """The volumes of this host (SchedulerConfig.volume_dir), by name."""
+        return await self._volumes.list()
+
+    async def delete_volume(self, name: str | Volume) -> bool:
+        """Delete a volume and its content; False when there was none. VolumeInUseError while
+        a VM (of any process) has it attached."""
+        return await self._volumes.delete(name.name if isinstance(name, Volume) else name)
+
     async def _start_open(self) -> None:
         self._check_open()
         await self.start()
@@ -370,7 +390,11 @@ class Scheduler:
         # Destroyed on the loop's next turn: killing QEMU is then not part of the caller's wait
         # (its reap and cgroup removal happen off the loop, and close() waits for them). Until
         # then it is in self._leases, so close() still destroys it.
-        asyncio.get_running_loop().call_soon(lease.discard)
+        if request.volumes:
+            # Its volumes are free again once run() returns: the VM is reaped first.
+            await lease.release()
+        else:
+            asyncio.get_running_loop().call_soon(lease.discard)
 
         return shape_result(
             outcome,
@@ -495,8 +519,8 @@ class Scheduler:
             packages=adoption.packages,
             tools=adoption.tools,
             hooks=SessionHooks(
-                pause=self._paused.pause,
-                fork=self._paused.fork,
+                pause=self._pause_session,
+                fork=self._fork_session,
                 pause_when_idle=self.config.session_idle_action == "pause",
             ),
             exec_count=adoption.exec_count,
@@ -530,6 +554,14 @@ class Scheduler:
         """Remove a paused session; False when there was none of that id."""
         return await self._paused.delete(snapshot_id)
 
+    async def _pause_session(self, session: Session) -> SessionSnapshot:
+        _refuse_volumes(session, "paused")
+        return await self._paused.pause(session)
+
+    async def _fork_session(self, session: Session, count: int) -> list[Session]:
+        _refuse_volumes(session, "forked")
+        return await self._paused.fork(session, count)
+
     async def _acquire_lease(
         self,
         request: RunRequest,
@@ -541,6 +573,27 @@ class Scheduler:
         """A VM and its ticket for one run() or session: the pool first, else admission and
         an L1 restore or a cold boot (provisioning.py). network: the VM gets the network port
         (never a pooled VM: those have none; its L1 snapshots are its own)."""
+        if request.volumes:
+            # Locked before admission: a volume in use fails at once, not after a wait.
+            volumes = await self._volumes.claim(request.volumes)
+            try:
+                return await self._acquire_lease_inner(
+                    request, network, layer, template, on_boot_log, volumes
+                )
+            except BaseException:
+                volumes.close()  # also the VM's, if one started: it is gone
+                raise
+        return await self._acquire_lease_inner(request, network, layer, template, on_boot_log)
+
+    async def _acquire_lease_inner(
+        self,
+        request: RunRequest,
+        network: bool,
+        layer: PackageLayer | None,
+        template: TemplateDisk | None,
+        on_boot_log: OutputCallback | None,
+        volumes: VolumeClaims | None = None,
+    ) -> tuple[Lease[GuestVm], Phases]:
         language, memory, vcpus = request.language, request.memory, request.cpus
         phases = Phases()
         pooled = None
@@ -548,6 +601,7 @@ class Scheduler:
         # have a work disk of the config's size.
         if (
             not network
+            and volumes is None
             and request.disk == self.config.default_disk_mb
             and (template is not None or self._provisioner.pool_serves(language, layer))
         ):
@@ -574,6 +628,7 @@ class Scheduler:
                 vcpus=vcpus,
                 template=template,
                 disk_mb=request.disk,
+                volumes=volumes,
             )
             if self._closed:
                 vm.close()
@@ -630,6 +685,18 @@ class HostCapacity:
         """Whether a request of language would be admitted now without waiting: a free slot,
         or an idle pooled VM (of its language, or of another one that admission reclaims)."""
         return self.waiting == 0 and (self.free_vms > 0 or sum(self.warm_pool.values()) > 0)
+
+
+def _refuse_volumes(session: Session, what: str) -> None:
+    """A session's volumes are locked by its one VM: a copy would be a second writer, and a
+    paused state would hold their file systems mounted while another VM changes them."""
+    claims = session.vm.spec.volumes
+    if claims is not None and claims.attaches:
+        paths = ", ".join(a.path for a in claims.attaches)
+        raise SnapshotError(
+            f"a session with volumes ({paths}) cannot be {what}: a volume belongs to one "
+            f"running VM (close the session to release it)"
+        )
 
 
 _POOL_PING_TIMEOUT_SECONDS = 2.0

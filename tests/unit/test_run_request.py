@@ -80,3 +80,17 @@ def test_a_timeout_of_zero_is_no_limit_and_a_day_is_the_longest() -> None:
     config = SchedulerConfig()
     assert RunRequest.make({"timeout_seconds": 0}, config, code="1").timeout_ms == 0
     assert RunRequest.make({"timeout_seconds": 86_400}, config, code="1").timeout_ms == 86_400_000
+
+
+def test_disk_mb_is_checked_and_a_cluster_host_applies_its_own_default() -> None:
+    config = SchedulerConfig(default_disk_mb=2048)
+    assert RunRequest.make({}, config, code="1").disk == 2048
+    assert RunRequest.make({"disk_mb": 64}, config, code=None).disk == 64
+    for bad in (63, 1024 * 1024 + 1, 1.5, True, "64"):
+        with pytest.raises(InputValidationError, match="disk_mb"):
+            RunRequest.make({"disk_mb": bad}, config, code="1")  # type: ignore[typeddict-item]
+    request = RunRequest.make({}, config, code="1", defaults=False)
+    host = SchedulerConfig(default_disk_mb=8192)
+    assert pickle.loads(pickle.dumps(request)).with_defaults(host).disk == 8192
+    sized = RunRequest.make({"disk_mb": 100}, config, code="1", defaults=False)
+    assert pickle.loads(pickle.dumps(sized)).with_defaults(host).disk == 100

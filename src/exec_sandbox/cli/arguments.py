@@ -34,11 +34,18 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
 
 def add_vm_options(parser: argparse.ArgumentParser, *, timeout_help: str, env_help: str) -> None:
     """What `sbx run` and `sbx session new` both take for the VM they start: -l, -t, -m,
-    --vcpus, --template, -e, -p."""
+    --vcpus, --disk-mb, --template, -e, -p."""
     parser.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
     parser.add_argument("-t", "--timeout", type=int, help=timeout_help)
     parser.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
     parser.add_argument("--vcpus", type=int, help="virtual CPUs of the VM (1..8, default 1)")
+    parser.add_argument(
+        "--disk-mb",
+        type=int,
+        metavar="MB",
+        help="size of the VM's disk for /home/user and /tmp (64..1048576, default 4096; "
+        "sparse: costs only what is written)",
+    )
     parser.add_argument(
         "--template", metavar="NAME", help="run in this template (see `sbx template list`)"
     )

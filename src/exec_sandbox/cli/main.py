@@ -25,6 +25,7 @@ from ..errors import InputValidationError
 from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
+from ..volumes import parse_volume_option
 from . import session_cmds, shell_cmds, template_cmds, volume_cmds
 from .arguments import (
     EXIT_USAGE,
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="allow this name and its subdomains (name:port opens "
         "another port besides 80 and 443); implies --network",
+    )
+    run.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        dest="volumes",
+        metavar="PATH=NAME[:ro]",
+        help="mount the volume NAME (sbx volume create) at guest PATH, read-only with :ro "
+        "(repeatable)",
     )
     run.add_argument(
         "--expose",
@@ -340,11 +350,13 @@ async def _execute(
         "timeout_seconds": args.timeout,
         "memory_mb": args.memory,
         "vcpus": args.vcpus,
+        "disk_mb": args.disk_mb,
         "template": args.template,
         "env_vars": env or None,
         "allow_network": args.network or bool(args.allowed_domains),
         "allowed_domains": args.allowed_domains or None,
         "expose_ports": args.expose or None,
+        "volumes": dict(parse_volume_option(v) for v in args.volumes) or None,
         "on_stdout": out if stream else None,
         "on_stderr": err if stream else None,
         "on_boot_log": boot_log,

@@ -120,6 +120,7 @@ def _run_code(args: argparse.Namespace) -> int:
                     timeout_seconds=args.timeout,
                     memory_mb=args.memory,
                     vcpus=args.vcpus,
+                    disk_mb=args.disk_mb,
                     template=args.template,
                     env_vars=env or None,
                     **callbacks,

@@ -693,7 +693,7 @@ def _refuse_tools(options: RunOptions) -> None:
     """Host tools run in the caller's process, and a cluster host's VM has no way back to it
     yet: refused clearly rather than offered to code that could never reach them. Templates
     live in one machine's cache, and a cluster has no way yet to build or ship one to each
-    host."""
+    host; volumes are disks of one machine, locked there."""
     if options.get("tools"):
         raise InputValidationError(
             "ClusterScheduler does not support host tools (tools=...): use a local Scheduler"
@@ -701,4 +701,9 @@ def _refuse_tools(options: RunOptions) -> None:
     if options.get("template") not in (None, "default"):
         raise InputValidationError(
             "ClusterScheduler does not support templates (template=...): use a local Scheduler"
+        )
+    if options.get("volumes"):
+        raise InputValidationError(
+            "ClusterScheduler does not support volumes (volumes=...): a volume is a disk of "
+            "one machine; use a local Scheduler"
         )

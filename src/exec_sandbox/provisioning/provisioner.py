@@ -52,6 +52,7 @@ from ..vm.jail import jail_options, prepare_host
 from ..vm.qmp import QmpError
 from ..vm.registry import VmRegistry
 from ..vm.spec import TemplateDisk, VmSpec
+from ..volumes import VolumeClaims, kernel_cmdline
 from .admission import Admission
 
 if TYPE_CHECKING:  # the pool depends on this module, not the other way round
@@ -322,12 +323,20 @@ class Provisioner:
         vcpus: int = limits.DEFAULT_VCPUS,
         template: TemplateDisk | None = None,
         disk_mb: int = 0,
+        volumes: VolumeClaims | None = None,
     ) -> GuestVm:
         """Restore the configuration's L1 snapshot, or cold boot (scheduling the snapshot).
+        volumes: always a cold boot, never a snapshot: a guest's state holds the volumes'
+        file systems mounted, and a snapshot's clones would all write one disk.
         net_port: the VM gets the network port (its own snapshots: the device layout differs).
         disk_mb: its work disk (a copy of the snapshot's, or a new one the guest formats)."""
         spec = replace(self.spec(memory_mb, layer, vcpus, template, disk_mb), net_port=net_port)
-        if self.snapshots is not None:
+        if volumes is not None and volumes.attaches:
+            extra = f"{spec.kernel_cmdline_extra} {kernel_cmdline(volumes.attaches)}".strip()
+            spec = replace(spec, volumes=volumes, kernel_cmdline_extra=extra)
+            if spec.jail is not None and spec.jail.get("uid", -1) > 0:
+                volumes.give_to(spec.jail["uid"], spec.jail.get("gid", spec.jail["uid"]))
+        elif self.snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self.snapshots.lookup(key, memory_mb)
             if snapshot is None:

@@ -531,6 +531,10 @@ class GuestVm:
         if self._network is not None:
             self._network.close()  # listeners and streams go with the VM
         self._released = process.release(self._loop, self._vm)
+        if self.spec.volumes is not None:
+            # Another VM may take a volume only once this QEMU can no longer write it.
+            volumes = self.spec.volumes
+            self._released.add_done_callback(lambda _: volumes.close())
         if self.spec.work is not None:
             self.spec.work.close()  # the file goes once QEMU's fd is closed too
         self._fail(VmTransientError("the VM was closed"))

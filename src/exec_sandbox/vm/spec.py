@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..images.catalog import GuestImages
 from ..packages.layer import PackageLayer
+from ..volumes import VolumeClaims
 from . import workspace
 from .workspace import WORK_DISK_KIND, WorkDisk
 
@@ -68,10 +69,13 @@ class VmSpec:
     disk_mb: int = 0
     disk_dir: Path | None = None
     work: WorkDisk | None = None
+    # Volumes (volumes/): the locked images, after every other disk. The VM holds the locks
+    # until its QEMU is reaped (GuestVm.close); the kernel command line says where they go.
+    volumes: VolumeClaims | None = None
 
     def disks(self) -> tuple[Disk, ...]:
         """The disks after the root, in the order QEMU gets them: the package layer, the
-        template, the work disk, then extra_disks."""
+        template, the work disk, the volumes, then extra_disks."""
         disks: list[Disk] = []
         if self.layer is not None:
             disks.append(Disk(self.layer.path, self.layer.kind))
@@ -79,6 +83,10 @@ class VmSpec:
             disks.append(Disk(self.template.path, "template"))
         if self.work is not None:
             disks.append(Disk(self.work.path, WORK_DISK_KIND, writable=True))
+        if self.volumes is not None:
+            disks.extend(
+                Disk(Path(p), kind, writable) for kind, p, writable in self.volumes.disks()
+            )
         return (*disks, *self.extra_disks)
 
 
