@@ -21,6 +21,44 @@ static bool valid_env_name(const uint8_t *s, uint32_t n)
 	return true;
 }
 
+/* The env part of EXEC and PROC_SPAWN: u32 count, then name/value pairs. */
+static int parse_env(struct sbx_cursor *c, uint32_t *count, struct sbx_env_var *env,
+		     const char **why)
+{
+	if (sbx_get_u32(c, count) < 0) {
+		*why = "truncated environment count";
+		return -EPROTO;
+	}
+	if (*count > SBX_ENV_MAX_COUNT) {
+		*why = "too many environment variables";
+		return -EMSGSIZE;
+	}
+	for (uint32_t i = 0; i < *count; i++) {
+		struct sbx_env_var *v = &env[i];
+		int rc = sbx_get_str(c, SBX_ENV_NAME_MAX, &v->name, &v->name_len);
+		if (rc < 0) {
+			*why = rc == -EMSGSIZE ? "environment variable name too long"
+					       : "truncated environment variable name";
+			return rc;
+		}
+		if (!valid_env_name(v->name, v->name_len)) {
+			*why = "invalid environment variable name";
+			return -EPROTO;
+		}
+		rc = sbx_get_str(c, SBX_ENV_VALUE_MAX, &v->value, &v->value_len);
+		if (rc < 0) {
+			*why = rc == -EMSGSIZE ? "environment variable value too long"
+					       : "truncated environment variable value";
+			return rc;
+		}
+		if (v->value_len && memchr(v->value, '\0', v->value_len)) {
+			*why = "NUL byte in environment variable value";
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
 int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *req,
 		   const char **why)
 {
@@ -29,8 +67,7 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 
 	memset(req, 0, sizeof(*req));
 	if (sbx_get_u8(&c, &req->language) < 0 || sbx_get_u32(&c, &req->timeout_ms) < 0 ||
-	    sbx_get_u32(&c, &req->stdout_limit) < 0 || sbx_get_u32(&c, &req->stderr_limit) < 0 ||
-	    sbx_get_u32(&c, &req->env_count) < 0) {
+	    sbx_get_u32(&c, &req->stdout_limit) < 0 || sbx_get_u32(&c, &req->stderr_limit) < 0) {
 		*why = "truncated EXEC header";
 		return -EPROTO;
 	}
@@ -43,33 +80,9 @@ int sbx_parse_exec(const uint8_t *payload, size_t len, struct sbx_exec_request *
 		*why = "timeout_ms out of range 1..86400000 (or 0: none)";
 		return -EPROTO;
 	}
-	if (req->env_count > SBX_ENV_MAX_COUNT) {
-		*why = "too many environment variables";
-		return -EMSGSIZE;
-	}
-	for (uint32_t i = 0; i < req->env_count; i++) {
-		struct sbx_env_var *v = &req->env[i];
-		rc = sbx_get_str(&c, SBX_ENV_NAME_MAX, &v->name, &v->name_len);
-		if (rc < 0) {
-			*why = rc == -EMSGSIZE ? "environment variable name too long"
-					       : "truncated environment variable name";
-			return rc;
-		}
-		if (!valid_env_name(v->name, v->name_len)) {
-			*why = "invalid environment variable name";
-			return -EPROTO;
-		}
-		rc = sbx_get_str(&c, SBX_ENV_VALUE_MAX, &v->value, &v->value_len);
-		if (rc < 0) {
-			*why = rc == -EMSGSIZE ? "environment variable value too long"
-					       : "truncated environment variable value";
-			return rc;
-		}
-		if (v->value_len && memchr(v->value, '\0', v->value_len)) {
-			*why = "NUL byte in environment variable value";
-			return -EPROTO;
-		}
-	}
+	rc = parse_env(&c, &req->env_count, req->env, why);
+	if (rc < 0)
+		return rc;
 	rc = sbx_get_str(&c, SBX_CODE_MAX, &req->code, &req->code_len);
 	if (rc < 0) {
 		*why = rc == -EMSGSIZE ? "code too long" : "truncated code";
@@ -168,44 +181,6 @@ static int get_u16(struct sbx_cursor *c, uint16_t *v)
 static bool tty_size_valid(uint16_t cols, uint16_t rows)
 {
 	return cols >= 1 && cols <= SBX_PROC_TTY_MAX && rows >= 1 && rows <= SBX_PROC_TTY_MAX;
-}
-
-/* The env part of EXEC and PROC_SPAWN: u32 count, then name/value pairs. */
-static int parse_env(struct sbx_cursor *c, uint32_t *count, struct sbx_env_var *env,
-		     const char **why)
-{
-	if (sbx_get_u32(c, count) < 0) {
-		*why = "truncated environment count";
-		return -EPROTO;
-	}
-	if (*count > SBX_ENV_MAX_COUNT) {
-		*why = "too many environment variables";
-		return -EMSGSIZE;
-	}
-	for (uint32_t i = 0; i < *count; i++) {
-		struct sbx_env_var *v = &env[i];
-		int rc = sbx_get_str(c, SBX_ENV_NAME_MAX, &v->name, &v->name_len);
-		if (rc < 0) {
-			*why = rc == -EMSGSIZE ? "environment variable name too long"
-					       : "truncated environment variable name";
-			return rc;
-		}
-		if (!valid_env_name(v->name, v->name_len)) {
-			*why = "invalid environment variable name";
-			return -EPROTO;
-		}
-		rc = sbx_get_str(c, SBX_ENV_VALUE_MAX, &v->value, &v->value_len);
-		if (rc < 0) {
-			*why = rc == -EMSGSIZE ? "environment variable value too long"
-					       : "truncated environment variable value";
-			return rc;
-		}
-		if (v->value_len && memchr(v->value, '\0', v->value_len)) {
-			*why = "NUL byte in environment variable value";
-			return -EPROTO;
-		}
-	}
-	return 0;
 }
 
 int sbx_parse_proc_spawn(const uint8_t *payload, size_t len, struct sbx_proc_spawn_request *req,

@@ -37,7 +37,7 @@ void sbx_procs_init(struct sbx_procs *t, const struct sbx_config *cfg, struct sb
 	t->budget.max = SBX_PROC_BUFFERS_TOTAL_MAX - 2u * SBX_PROC_TRACKED_MAX * SBX_RING_MIN_CAP;
 	for (size_t i = 0; i < SBX_PROC_TRACKED_MAX; i++) {
 		struct sbx_proc *p = &t->proc[i];
-		p->in_fd = p->out_fd = p->err_fd = -1;
+		p->in_fd = p->out_fd = p->err_fd = p->master_fd = -1;
 	}
 	/* Up to three fds per tracked record, beside the agent's own: more than the usual soft
 	 * limit of 1024 allows. User code gets its own limit (spawn.c). */
@@ -175,7 +175,7 @@ static void close_stdin(struct sbx_proc *p)
 		char eof = tcgetattr(p->in_fd, &tio) == 0 ? (char)tio.c_cc[VEOF] : '\x04';
 		ssize_t w = write(p->in_fd, &eof, 1);
 		(void)w;
-		p->in_fd = -1;
+		p->in_fd = -1; /* borrowed */
 		return;
 	}
 	sbx_close_fd(&p->in_fd);
@@ -298,17 +298,24 @@ void sbx_procs_drop_held(struct sbx_procs *t)
 
 /* --- the table ------------------------------------------------------------------------------- */
 
-static void free_record(struct sbx_procs *t, struct sbx_proc *p)
+/* Close a record's fds: a terminal's in_fd and out_fd borrow its master. */
+static void close_fds(struct sbx_proc *p)
 {
 	if (p->pty)
-		p->in_fd = -1; /* the master, closed as out_fd */
+		p->in_fd = p->out_fd = -1;
 	sbx_close_fd(&p->in_fd);
 	sbx_close_fd(&p->out_fd);
 	sbx_close_fd(&p->err_fd);
+	sbx_close_fd(&p->master_fd);
+}
+
+static void free_record(struct sbx_procs *t, struct sbx_proc *p)
+{
+	close_fds(p);
 	sbx_ring_free(&p->out, &t->budget);
 	sbx_ring_free(&p->err, &t->budget);
 	memset(p, 0, sizeof(*p));
-	p->in_fd = p->out_fd = p->err_fd = -1;
+	p->in_fd = p->out_fd = p->err_fd = p->master_fd = -1;
 }
 
 /* A slot for a new process with `pid`: an ended record of the same pid goes (the kernel reused
@@ -427,12 +434,12 @@ static int start(struct sbx_procs *t, const struct sbx_proc_spawn_request *req,
 		goto oom;
 
 	if (req->flags & SBX_SPAWN_PTY) {
-		rc = open_pty(t->cfg, req->cols, req->rows, &p->out_fd, &child_in);
+		rc = open_pty(t->cfg, req->cols, req->rows, &p->master_fd, &child_in);
 		if (rc < 0) {
 			snprintf(msg, msg_size, "pseudo-terminal: %s", strerror(-rc));
 			goto out;
 		}
-		p->in_fd = p->out_fd;
+		p->in_fd = p->out_fd = p->master_fd;
 		p->pty = true;
 		child_out = child_err = child_in;
 	} else {
@@ -502,16 +509,12 @@ static void handle_spawn(struct sbx_procs *t, const struct sbx_frame *f)
 				       "%u processes are running already", SBX_PROC_MAX);
 		return;
 	}
-	struct sbx_proc np = {.in_fd = -1, .out_fd = -1, .err_fd = -1};
+	struct sbx_proc np = {.in_fd = -1, .out_fd = -1, .err_fd = -1, .master_fd = -1};
 	uint32_t code = 0;
 	char msg[512];
 	int rc = start(t, req, &np, &code, msg, sizeof(msg));
 	if (rc < 0) {
-		if (np.pty)
-			np.in_fd = -1;
-		sbx_close_fd(&np.in_fd);
-		sbx_close_fd(&np.out_fd);
-		sbx_close_fd(&np.err_fd);
+		close_fds(&np);
 		sbx_channel_send_error(t->ch, f->id, code, "%s", msg);
 		return;
 	}
@@ -632,14 +635,14 @@ static void handle_signal(struct sbx_procs *t, const struct sbx_proc_request *r,
 static void handle_resize(struct sbx_procs *t, const struct sbx_proc_request *r, uint32_t id)
 {
 	struct sbx_proc *p = find(t, (pid_t)r->pid);
-	if (!p || !p->running || !p->pty || p->out_fd < 0) {
+	if (!p || !p->running || !p->pty || p->master_fd < 0) {
 		no_process(t, id, r->pid,
 			   !p ? "not tracked" : !p->running ? "has ended" : "has no terminal");
 		return;
 	}
 	/* The kernel sends SIGWINCH to the terminal's foreground group. */
 	struct winsize ws = {.ws_row = r->rows, .ws_col = r->cols};
-	if (ioctl(p->out_fd, TIOCSWINSZ, &ws) < 0) {
+	if (ioctl(p->master_fd, TIOCSWINSZ, &ws) < 0) {
 		sbx_channel_send_error(t->ch, id, SBX_ERR_INTERNAL, "TIOCSWINSZ: %s",
 				       strerror(errno));
 		return;
@@ -762,15 +765,20 @@ static void read_stream(struct sbx_procs *t, struct sbx_proc *p, int which)
 	}
 	if (n < 0 && errno == EAGAIN)
 		return;
-	if (p->pty) {
-		p->in_fd = -1; /* the same fd: no input without the output */
-		p->err_eof = true;
-	}
-	sbx_close_fd(fd);
 	if (which == 0)
 		p->out_eof = true;
 	else
 		p->err_eof = true;
+	if (p->pty) {
+		/* Borrowed: no input without the output either. The master itself stays open while
+		 * the process lives (struct sbx_proc). */
+		p->in_fd = p->out_fd = -1;
+		p->err_eof = true;
+		if (!p->running)
+			sbx_close_fd(&p->master_fd);
+		return;
+	}
+	sbx_close_fd(fd);
 }
 
 void sbx_procs_handle_poll(struct sbx_procs *t, const struct pollfd *pfd, int n)
@@ -802,11 +810,15 @@ void sbx_procs_on_child_exit(struct sbx_procs *t, pid_t pid, int status)
 		p->exit_code = 128 + WTERMSIG(status);
 	else
 		p->exit_code = -1;
-	/* Nobody will read its input now (a terminal's master stays open for the output). */
-	if (p->pty)
+	/* Nobody will read its input now (a terminal's master stays open for the output, until
+	 * its end). */
+	if (p->pty) {
 		p->in_fd = -1;
-	else
+		if (p->out_eof)
+			sbx_close_fd(&p->master_fd);
+	} else {
 		sbx_close_fd(&p->in_fd);
+	}
 	answer_ready(t);
 }
 

@@ -37,6 +37,10 @@ struct sbx_proc {
 	uint64_t ended;     /* exit order: the oldest ended record goes first */
 	int in_fd;          /* stdin: the pipe's write end or the pty master; -1 once closed */
 	int out_fd, err_fd; /* read ends (pty: out_fd is the master, err_fd -1); -1 at EOF */
+	/* A terminal's master, which in_fd and out_fd only borrow: open until the process is
+	 * reaped even after the output's end, since closing it hangs the terminal up, and that
+	 * SIGHUP would kill a process that closed its terminal on its way out. */
+	int master_fd;
 	bool out_eof, err_eof;
 	struct sbx_ring out, err;
 	char command[SBX_PROC_COMMAND_MAX];
