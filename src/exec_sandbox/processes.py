@@ -20,16 +20,31 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .errors import InputValidationError, SandboxError
+from .errors import InputValidationError, SandboxError, SessionClosedError
 from .validation import validate_env
 from .vm.binding import PATH_MAX, PROC, ProcDataEvent, ProcessEntry, ProcInfoEvent
 from .vm.guest import GuestRequestError
 
 if TYPE_CHECKING:
-    from .session import Session
     from .vm.binding import Event
+
+
+class ProcessHost(Protocol):
+    """What a handle asks its session for (Session._process_request): one process request to
+    the guest, failing with SessionClosedError once the session is closed."""
+
+    async def _process_request(
+        self,
+        send: Callable[[Any, int, int], int],
+        expect: str,
+        *,
+        held: bool,
+        hold_ms: int = 0,
+        timeout: float | None = 30.0,
+    ) -> Event: ...
+
 
 log = logging.getLogger("exec_sandbox")
 
@@ -231,7 +246,7 @@ class Process:
     SessionClosedError once the session is closed or paused (the process goes on in a paused
     snapshot: `session.processes()` of the resumed session gives it back)."""
 
-    def __init__(self, session: Session, pid: int, command: str, pty: bool) -> None:
+    def __init__(self, session: ProcessHost, pid: int, command: str, pty: bool) -> None:
         self._session = session
         self.pid = pid
         self.command = command
@@ -448,7 +463,7 @@ class Terminal(Process):
     `terminal.stdout` still gives a reader from the start. Keystrokes go in with write();
     close() hangs it up (SIGHUP, then SIGKILL if it lingers)."""
 
-    def __init__(self, session: Session, pid: int, command: str, cols: int, rows: int) -> None:
+    def __init__(self, session: ProcessHost, pid: int, command: str, cols: int, rows: int) -> None:
         super().__init__(session, pid, command, pty=True)
         self.cols = cols
         self.rows = rows
@@ -488,8 +503,6 @@ class Terminal(Process):
     async def close(self, timeout: float = 5.0) -> int | None:
         """Hang up: SIGHUP to the terminal's process group, SIGKILL if it still runs after
         `timeout` seconds; returns its exit code (None if the session closed first)."""
-        from .errors import SessionClosedError
-
         try:
             if self.exit_code is None:
                 await self.kill(_signal.SIGHUP)

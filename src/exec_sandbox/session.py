@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import limits
+from . import processes as _processes
 from .errors import (
     CommunicationError,
     InputValidationError,
@@ -37,6 +38,7 @@ from .models import (
     SessionSnapshot,
     TimingBreakdown,
 )
+from .processes import Process, ProcessOutputCallback, Terminal
 from .provisioning.lease import Lease
 from .results import EXIT_SIGKILL, shape_result
 from .validation import validate_code, validate_env, validate_timeout
@@ -47,7 +49,6 @@ from .vm.guest import GuestRequestError, GuestVm
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .processes import Process, ProcessOutputCallback, Terminal
     from .vm.binding import Event
 
 log = logging.getLogger("exec_sandbox")
@@ -340,11 +341,9 @@ class Session:
         limits and image; the session's env_vars plus `env`; `cwd` or the working directory
         code gets) and goes on until it ends or is killed: exec() calls, pause/resume and
         fork keep it. Callbacks get its output as bytes (sync or async functions)."""
-        from . import processes
-
-        argv = processes.validate_argv(cmd)
-        cwd_bytes = processes.validate_cwd(cwd)
-        env_list = processes.spawn_env(self._default_env, env)
+        argv = _processes.validate_argv(cmd)
+        cwd_bytes = _processes.validate_cwd(cwd)
+        env_list = _processes.spawn_env(self._default_env, env)
         for name, callback in (("on_stdout", on_stdout), ("on_stderr", on_stderr)):
             if callback is not None and not callable(callback):
                 raise InputValidationError(f"{name} must be callable")
@@ -364,14 +363,12 @@ class Session:
         """A process with a pseudo-terminal of cols x rows (1..1000 each): the image's bash as
         a login, interactive shell (its sh without bash), or `cmd`; TERM=xterm-256color. Use it
         as an async context manager, or close() it."""
-        from . import processes
-
-        cols, rows = processes.validate_terminal_size(cols, rows)
-        argv = processes.validate_argv(processes.TERMINAL_SHELL if cmd is None else cmd)
-        cwd_bytes = processes.validate_cwd(cwd)
-        env_list = processes.spawn_env({**self._default_env, **processes.TERMINAL_ENV}, env)
+        cols, rows = _processes.validate_terminal_size(cols, rows)
+        argv = _processes.validate_argv(_processes.TERMINAL_SHELL if cmd is None else cmd)
+        cwd_bytes = _processes.validate_cwd(cwd)
+        env_list = _processes.spawn_env({**self._default_env, **_processes.TERMINAL_ENV}, env)
         terminal = await self._spawn(argv, cwd_bytes, env_list, (cols, rows))
-        assert isinstance(terminal, processes.Terminal)
+        assert isinstance(terminal, Terminal)
         return terminal
 
     async def processes(self) -> list[Process]:
@@ -394,8 +391,6 @@ class Session:
         env: list[tuple[bytes, bytes]],
         size: tuple[int, int] | None,
     ) -> Any:
-        from .processes import ProcessError
-
         async def run() -> Process:
             cols, rows = size or (0, 0)
             try:
@@ -408,12 +403,14 @@ class Session:
                     timeout=60.0,
                 )
             except GuestRequestError as exc:
-                raise ProcessError(
+                raise _processes.ProcessError(
                     f"cannot start {argv[0].decode(errors='replace')}: {exc.guest_message}"
                 ) from None
             entries = event.processes  # type: ignore[union-attr]
             if len(entries) != 1:
-                raise ProcessError("the guest answered a spawn with another number of processes")
+                raise _processes.ProcessError(
+                    "the guest answered a spawn with another number of processes"
+                )
             return self._process_handle(entries[0], size)
 
         process: Process = await self._serialised(run)
@@ -422,13 +419,11 @@ class Session:
     def _process_handle(self, entry: Any, size: tuple[int, int] | None = None) -> Process:
         """The handle of the process entry describes: the one this session made for its pid
         (unless the guest reused the pid for a new process), else a new one."""
-        from .processes import PTY_FLAG, Process, Terminal
-
         if self._process_handles is None:
             self._process_handles = {}
         handle = self._process_handles.get(entry.pid)
         if handle is None or handle.command != entry.command or size is not None:
-            pty = bool(entry.flags & PTY_FLAG)
+            pty = bool(entry.flags & _processes.PTY_FLAG)
             if pty:
                 cols, rows = size or (80, 24)
                 handle = Terminal(self, entry.pid, entry.command, cols, rows)
@@ -454,11 +449,9 @@ class Session:
         keeps a PROC_READ / PROC_WAIT up to hold_ms, a PROC_WRITE until written) take one of
         the slots that keep the host under the guest's limit; without a free one, a read or
         wait polls instead."""
-        from .processes import ERR_LIMIT, HELD_MAX, POLL_SECONDS, REPLY_GRACE_SECONDS, ProcessError
-
         self._check_open()
         if self._held_slots is None:
-            self._held_slots = asyncio.Semaphore(HELD_MAX)
+            self._held_slots = asyncio.Semaphore(_processes.HELD_MAX)
         if self._closing is None:
             self._closing = self._loop.create_future()
         slots = self._held_slots
@@ -472,9 +465,13 @@ class Session:
                     slot = True
                 elif held:
                     hold = 0  # every slot taken: poll
-                    await asyncio.sleep(POLL_SECONDS)
+                    await asyncio.sleep(_processes.POLL_SECONDS)
                     self._check_open()
-                wait = timeout if not held or hold == 0 else hold / 1000 + REPLY_GRACE_SECONDS
+                wait = (
+                    timeout
+                    if not held or hold == 0
+                    else hold / 1000 + _processes.REPLY_GRACE_SECONDS
+                )
                 if held and hold_ms == 0:
                     wait = None  # a write waits until the process has read it
                 request: asyncio.Future[Any] = asyncio.ensure_future(
@@ -495,12 +492,16 @@ class Session:
                     event: Event = request.result()
                     return event
                 except GuestRequestError as exc:
-                    if exc.code == ERR_LIMIT and held and hold_ms > 0:  # the guest's slots: retry
-                        await asyncio.sleep(POLL_SECONDS)
+                    if (
+                        exc.code == _processes.ERR_LIMIT and held and hold_ms > 0
+                    ):  # the guest's slots: retry
+                        await asyncio.sleep(_processes.POLL_SECONDS)
                         self._check_open()
                         continue
-                    if exc.code == ERR_LIMIT:
-                        raise ProcessError(f"the sandbox refused: {exc.guest_message}") from None
+                    if exc.code == _processes.ERR_LIMIT:
+                        raise _processes.ProcessError(
+                            f"the sandbox refused: {exc.guest_message}"
+                        ) from None
                     raise
                 except (CommunicationError, VmTransientError) as exc:
                     if not self._vm.alive:
