@@ -331,19 +331,15 @@ class GuestVm:
         finally:
             self._acks.pop(req_id, None)
 
-    @property
-    def alive(self) -> bool:
-        return self._broken is None and self._released is None
-
     async def proc_request(
         self, send: Callable[[Any, int], int], expect: str, timeout: float
     ) -> Event:
         """Send one PROC_* request under a fresh id (`send(vm, id)` queues it on the C core's
         Vm, see Vm.send_proc_*) and return the event that answers it, of kind `expect`
-        ("proc_info", "proc_data" or "pong"). An ERROR raises GuestRequestError; an answer of another kind is a lie that
-        costs the VM; VmTimeoutError after `timeout` seconds (the guest holds PROC_READ and
-        PROC_WAIT up to their wait_ms: the caller adds that); the VM's own failure if it
-        breaks meanwhile."""
+        ("proc_info", "proc_data" or "pong"). An ERROR raises GuestRequestError; an answer of
+        another kind is a lie that costs the VM; VmTimeoutError after `timeout` seconds (the
+        guest holds PROC_READ and PROC_WAIT up to their wait_ms: the caller adds that); the
+        VM's own failure if it breaks meanwhile."""
         if self._broken is not None:
             raise self._broken
         req_id = self._next_id
@@ -375,6 +371,10 @@ class GuestVm:
             self.close()
             raise error
         return event
+
+    @property
+    def alive(self) -> bool:
+        return self._broken is None and self._released is None
 
     @property
     def jail_status(self) -> list[tuple[str, bool, str]]:
