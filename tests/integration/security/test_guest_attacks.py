@@ -243,9 +243,13 @@ async def test_proc_hides_other_users_processes_and_root_is_read_only(scheduler:
         "    except OSError as e: print(e.errno)\n"
         "sizes = {l.split()[1]: l.split()[3] for l in open('/proc/mounts') if l.startswith('tmpfs')}\n"  # noqa: E501
         "print(all('size=' in o for o in sizes.values()), sorted(sizes))\n"
+        "disk = sorted((l.split()[1], l.split()[3]) for l in open('/proc/mounts') if ' ext4 ' in l)\n"  # noqa: E501
+        "print([(m, 'nosuid' in o and 'nodev' in o) for m, o in disk])\n"
     )
     lines = result.stdout.splitlines()
     assert lines[0] == "others []"
     assert lines[1] == "pid1 False"
     assert lines[2:5] == ["30", "30", "30"]  # EROFS
-    assert lines[5] == "True ['/dev/shm', '/home/user', '/run', '/tmp']"
+    assert lines[5] == "True ['/dev/shm', '/run']"
+    # The workspace: a disk of its own, as capped (disk_mb) as the tmpfs were (docs/design.md).
+    assert lines[6] == "[('/home/user', True), ('/run/sbx-work', True), ('/tmp', True)]"
