@@ -382,7 +382,9 @@ class Session:
             )
             return [self._process_handle(entry) for entry in event.processes]  # type: ignore[union-attr]
 
-        return await self._serialised(run)
+        # Beside exec() and the file calls, not after them: a server is started or listed while
+        # a long exec (a test suite) runs.
+        return await run()
 
     async def _spawn(
         self,
@@ -413,7 +415,7 @@ class Session:
                 )
             return self._process_handle(entries[0], size)
 
-        process: Process = await self._serialised(run)
+        process: Process = await run()  # beside exec(), as processes()
         return process
 
     def _process_handle(self, entry: Any, size: tuple[int, int] | None = None) -> Process:

@@ -250,3 +250,15 @@ async def test_processes_survive_pause_and_resume_and_forks(
                 assert (await again.info()).running
             await again.kill()
             assert await again.wait(timeout=30) == 128 + signal.SIGTERM
+
+
+async def test_processes_start_and_answer_while_an_exec_runs(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="raw") as session:
+        long_exec = asyncio.ensure_future(session.exec("sleep 8; echo done"))
+        await asyncio.sleep(1.0)
+        proc = await session.spawn(["echo", "beside"])
+        assert await proc.wait(timeout=30) == 0
+        assert await proc.stdout.read() == b"beside\n"
+        assert proc.pid in {p.pid for p in await session.processes()}
+        assert not long_exec.done()  # all of it happened during the exec
+        assert (await long_exec).stdout == "done\n"
