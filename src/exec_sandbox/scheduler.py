@@ -555,11 +555,12 @@ class Scheduler:
         return await self._paused.delete(snapshot_id)
 
     async def _pause_session(self, session: Session) -> SessionSnapshot:
-        _refuse_volumes(session, "paused")
+        _refuse_volumes(session, "paused", read_only_ok=False)
         return await self._paused.pause(session)
 
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
-        _refuse_volumes(session, "forked")
+        # Read-only volumes are shared: each copy takes its own lock (GuestVm.spawn).
+        _refuse_volumes(session, "forked", read_only_ok=True)
         return await self._paused.fork(session, count)
 
     async def _acquire_lease(
@@ -687,16 +688,19 @@ class HostCapacity:
         return self.waiting == 0 and (self.free_vms > 0 or sum(self.warm_pool.values()) > 0)
 
 
-def _refuse_volumes(session: Session, what: str) -> None:
-    """A session's volumes are locked by its one VM: a copy would be a second writer, and a
-    paused state would hold their file systems mounted while another VM changes them."""
+def _refuse_volumes(session: Session, what: str, *, read_only_ok: bool) -> None:
+    """A read-write volume is locked by its one VM: a copy would be a second writer. A paused
+    state would hold any volume's file system mounted while another VM changes it."""
     claims = session.vm.spec.volumes
-    if claims is not None and claims.attaches:
-        paths = ", ".join(a.path for a in claims.attaches)
-        raise SnapshotError(
-            f"a session with volumes ({paths}) cannot be {what}: a volume belongs to one "
-            f"running VM (close the session to release it)"
-        )
+    if claims is None or not claims.attaches or (read_only_ok and not claims.read_write):
+        return
+    attaches = [a for a in claims.attaches if not (read_only_ok and a.read_only)]
+    paths = ", ".join(a.path for a in attaches)
+    kind = "read-write volumes" if read_only_ok else "volumes"
+    raise SnapshotError(
+        f"a session with {kind} ({paths}) cannot be {what}: a volume attached that way "
+        f"belongs to one running VM (close the session to release it)"
+    )
 
 
 _POOL_PING_TIMEOUT_SECONDS = 2.0

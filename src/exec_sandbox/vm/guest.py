@@ -17,7 +17,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (
@@ -191,11 +191,22 @@ class GuestVm:
         it (None: the caller alone owns it)."""
         # Its own work disk (workspace.py), closed with it from here on.
         spec = await with_work_disk(spec)
+        # Its own volume locks (volumes/store.py), released by close(): a second VM of a spec
+        # (a fork's copy of read-only volumes) takes new ones.
+        volumes = None
+        claims = spec.volumes
+        if claims is not None:
+            if claims.given:
+                volumes = claims = claims.share()
+                spec = replace(spec, volumes=claims)
+            claims.given = True
         try:
             vm = await process.spawn(spec, incoming=incoming, registry=registry)
         except BaseException:
             if spec.work is not None:
                 spec.work.close()
+            if volumes is not None:
+                volumes.close()
             raise
         report_layers(vm.jail_status())
         loop = asyncio.get_running_loop()

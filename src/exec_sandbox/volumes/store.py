@@ -51,6 +51,9 @@ class VolumeClaims:
 
     attaches: tuple[VolumeAttach, ...]
     fds: list[int] = field(default_factory=list)
+    # Given to a VM (GuestVm.spawn): a second VM of the same spec (a fork's copy) takes its
+    # own locks (share()), so that each VM releases only its own.
+    given: bool = False
 
     @property
     def read_write(self) -> bool:
@@ -63,6 +66,26 @@ class VolumeClaims:
                 VOLUME_KINDS[: len(self.fds)], self.fds, self.attaches, strict=True
             )
         ]
+
+    def share(self) -> VolumeClaims:
+        """Locks of their own on the same read-only images, for another VM (a copy of a
+        session): a new open file of each, LOCK_SH. VolumeError for read-write volumes (one
+        VM alone may hold those), VolumeInUseError should a writer hold one meanwhile."""
+        if self.read_write:
+            raise VolumeError("a read-write volume cannot be attached to a second VM")
+        other = VolumeClaims(self.attaches)
+        try:
+            for fd, attach in zip(self.fds, self.attaches, strict=True):
+                own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+                other.fds.append(own)
+                try:
+                    fcntl.flock(own, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise VolumeInUseError(_in_use_message(own, attach)) from None
+        except BaseException:
+            other.close()
+            raise
+        return other
 
     def give_to(self, uid: int, gid: int) -> None:
         """Make the images the QEMU user's (a root caller's QEMU runs as its own, vm/jail.py):

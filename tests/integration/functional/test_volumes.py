@@ -119,7 +119,7 @@ async def test_a_session_with_volumes_is_not_forked_or_paused(vsched: Scheduler)
     volume = await vsched.volume("data", size_mb=64)
     async with await vsched.session(volumes={"/mnt/data": volume}) as session:
         await session.exec("x = 41")
-        with pytest.raises(SnapshotError, match="cannot be forked"):
+        with pytest.raises(SnapshotError, match="read-write volumes .* cannot be forked"):
             await session.fork()
         with pytest.raises(SnapshotError, match="cannot be paused"):
             await session.pause()
@@ -147,6 +147,22 @@ async def test_volumes_are_mounted_in_a_templates_root(
         volumes={"/home/user/v": VolumeMount("data", read_only=True)},
     )
     assert read.stdout == "from-template\nrefused\n", read.stderr
+
+
+async def test_a_session_with_read_only_volumes_forks_and_each_copy_holds_its_lock(
+    vsched: Scheduler,
+) -> None:
+    volume = await vsched.volume("data", size_mb=64)
+    await vsched.run(WRITE, volumes={"/mnt/data": volume})
+    session = await vsched.session(volumes={"/mnt/data": volume.read_only()})
+    copy = await session.fork()
+    async with copy:
+        await session.close()
+        assert (await copy.exec(READ)).stdout == "kept\n"
+        # The copy still reads it: no writer yet.
+        with pytest.raises(VolumeInUseError, match="attached read-only"):
+            await vsched.run("print(1)", volumes={"/mnt/data": volume})
+    assert (await vsched.run("print(2)", volumes={"/mnt/data": volume})).stdout == "2\n"
 
 
 def test_cli_creates_lists_attaches_and_removes_volumes(images_ready: None, tmp_path: Path) -> None:
