@@ -177,3 +177,32 @@ async def test_a_template_session_works_on_the_disk(tmp_path: Path, images_ready
                 "300000000",
                 "100000000",
             ], result.stdout + result.stderr
+
+
+async def test_a_full_host_disk_is_an_io_error_in_the_guest_and_the_vm_goes_on(
+    tmp_path: Path, images_ready: None
+) -> None:
+    # The cache's file system is a 120 MB tmpfs: the guest's 512 MB disk outgrows it. QEMU
+    # reports the failed writes to the guest (werror=report) instead of pausing the VM.
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=120m tmpfs {small}") != 0:
+        pytest.skip("needs root to mount a small tmpfs as the cache's file system")
+    try:
+        config = private_config(tmp_path, memory_snapshot_cache_dir=small)
+        async with Scheduler(config) as sched:
+            async with await sched.session(language="raw", disk_mb=512) as session:
+                fill = await session.exec(
+                    "dd if=/dev/urandom of=/home/user/f bs=1M count=300 conv=fsync 2>&1; "
+                    "echo rc=$?",
+                    timeout_seconds=300,
+                )
+                assert "Input/output error" in fill.stdout and "rc=1" in fill.stdout
+                # Deleting gives the host its space back (discard): the VM writes again.
+                again = await session.exec(
+                    "rm /home/user/f && sync && sleep 1 && head -c 50000000 /dev/zero > "
+                    "/home/user/g && sync && stat -c %s /home/user/g"
+                )
+                assert again.stdout == "50000000\n", again.stdout + again.stderr
+    finally:
+        os.system(f"umount {small}")
