@@ -127,3 +127,28 @@ def test_sbx_shell_through_tmux(tmp_path: Path, images_ready: None) -> None:
         assert status.read_text().strip() == "5"
     finally:
         subprocess.run([*base, "kill-server"], capture_output=True)
+
+
+def test_sbx_shell_pause_then_resume_keeps_the_session(images_ready: None) -> None:
+    """Without a terminal on stdin (a pipe): the keys are typed as they come, end of input is
+    Ctrl-D; --pause prints the id that --resume opens."""
+    sbx = str(Path(sys.executable).with_name("sbx"))
+    first = subprocess.run(
+        [sbx, "shell", "--pause"],
+        input=b"echo kept > note.txt\nexit 0\n",
+        capture_output=True,
+        timeout=240,
+    )
+    assert first.returncode == 0, first.stderr
+    snapshot = first.stderr.decode().strip().rsplit(" ", 1)[-1]
+    try:
+        again = subprocess.run(
+            [sbx, "shell", "--resume", snapshot],
+            input=b"cat note.txt; exit 4\n",
+            capture_output=True,
+            timeout=240,
+        )
+        assert again.returncode == 4, again.stderr
+        assert b"kept" in again.stdout
+    finally:
+        subprocess.run([sbx, "session", "delete", snapshot], capture_output=True)
