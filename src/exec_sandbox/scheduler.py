@@ -279,10 +279,11 @@ class Scheduler:
 
     # --- volumes: volumes/ owns them ---
 
-    async def volume(self, name: str, *, size_mb: int) -> Volume:
+    async def volume(self, name: str, *, size_mb: int | None = None) -> Volume:
         """The volume `name` of this host, made empty at size_mb MB if there is none (sparse:
-        it takes room as guests write). Attach it with run()/session(volumes={"/mnt/data":
-        volume}), or `volume.read_only()`. VolumeError for an existing one of another size."""
+        it takes room as guests write; without size_mb it must exist). Attach it with
+        run()/session(volumes={"/mnt/data": volume}), or `volume.read_only()`. VolumeError for
+        an existing one of another size, or none without size_mb."""
         return await self._volumes.create(name, size_mb)
 
     async def volumes(self) -> list[Volume]:

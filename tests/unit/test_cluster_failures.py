@@ -16,6 +16,7 @@ if os.environ.get("EXEC_SANDBOX_SKIP_CLUSTER_TESTS") == "1":
 from exec_sandbox import (
     CommunicationOutcomeUnknownError,
     ExecutionResult,
+    InputValidationError,
     SessionClosedError,
     VmCapacityError,
     VmTransientError,
@@ -154,3 +155,12 @@ async def test_exec_lost_after_it_started_is_outcome_unknown_then_session_closed
     with pytest.raises(SessionClosedError):
         await session.exec("print(x)")
     assert plans["calls"] == ["sandbox-host-a"]  # never retried
+
+
+async def test_volumes_are_refused_before_any_host_is_asked(cluster: Any) -> None:
+    scheduler, plans = cluster
+    with pytest.raises(InputValidationError, match="does not support volumes"):
+        await scheduler.run("print(1)", volumes={"/mnt/data": "data"})
+    with pytest.raises(InputValidationError, match="does not support volumes"):
+        await scheduler.session(volumes={"/mnt/data": "data"})
+    assert plans["calls"] == []

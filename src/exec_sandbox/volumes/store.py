@@ -112,9 +112,17 @@ class VolumeStore:
 
     # --- coroutines for the scheduler ---
 
-    async def create(self, name: str, size_mb: int) -> Volume:
-        name, size_mb = validate_volume_name(name), validate_volume_size(size_mb)
-        return await in_thread(lambda: self.create_sync(name, size_mb))
+    async def create(self, name: str, size_mb: int | None) -> Volume:
+        """The volume name, made at size_mb if there is none; size_mb None: only an existing
+        one (VolumeError otherwise)."""
+        name = validate_volume_name(name)
+        if size_mb is None:
+            volume = await in_thread(lambda: self.get_sync(name))
+            if volume is None:
+                raise VolumeError(f"no volume {name!r} in {self.root}: give size_mb to create it")
+            return volume
+        size = validate_volume_size(size_mb)
+        return await in_thread(lambda: self.create_sync(name, size))
 
     async def list(self) -> list[Volume]:
         return await in_thread(self.list_sync)

@@ -113,6 +113,9 @@ async def test_bad_volume_arguments_are_refused_before_any_vm(vsched: Scheduler)
         await vsched.volume("data", size_mb=1)
     with pytest.raises(VolumeError, match="size_mb=64"):
         await vsched.volume("data", size_mb=128)
+    assert (await vsched.volume("data")).size_mb == 64  # the existing one, by name
+    with pytest.raises(VolumeError, match="give size_mb"):
+        await vsched.volume("other")
 
 
 async def test_a_session_with_volumes_is_not_forked_or_paused(vsched: Scheduler) -> None:
