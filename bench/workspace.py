@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -148,7 +149,11 @@ async def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--only", nargs="*", choices=["throughput", "start", "fork"])
+    parser.add_argument("--debug", action="store_true", help="log each fork's steps")
     args = parser.parse_args()
+    if args.debug:
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("exec_sandbox").setLevel(logging.DEBUG)
     only = set(args.only or ["throughput", "start", "fork"])
     with tempfile.TemporaryDirectory(prefix="sbx-bench-ws-", dir=Path.home() / ".cache") as root:
         cache = Path(root)
