@@ -468,18 +468,33 @@ class Terminal(Process):
         self.cols = cols
         self.rows = rows
         self._screen = ProcessOutput(self, "stdout")
+        # The read in flight: a read() that times out leaves it running for the next one, so
+        # that polling with short timeouts neither loses output nor piles up requests.
+        self._next: asyncio.Future[bytes] | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._screen
+        return self
 
     async def __anext__(self) -> bytes:
-        return await self._screen.__anext__()
+        data = await self.read()
+        if not data:
+            raise StopAsyncIteration
+        return data
 
     async def read(self, timeout: float | None = None) -> bytes:
         """The next output (b"" once the terminal's process has ended); TimeoutError after
-        `timeout` seconds without any."""
+        `timeout` seconds without any (what comes later is returned by the next read)."""
+        if self._next is None:
+            self._next = asyncio.ensure_future(self._next_chunk())
+        done, _ = await asyncio.wait({self._next}, timeout=timeout)
+        if not done:
+            raise TimeoutError(f"no output from terminal {self.pid} within {timeout} s")
+        chunk, self._next = self._next, None
+        return chunk.result()
+
+    async def _next_chunk(self) -> bytes:
         try:
-            return await asyncio.wait_for(self._screen.__anext__(), timeout)
+            return await self._screen.__anext__()
         except StopAsyncIteration:
             return b""
 
@@ -516,6 +531,8 @@ class Terminal(Process):
             return None
         finally:
             self._stop_callbacks()
+            if self._next is not None and not self._next.done():
+                self._next.cancel()
 
     async def __aenter__(self) -> Terminal:
         return self

@@ -484,6 +484,9 @@ class Session:
                 closing: asyncio.Future[Any] = self._closing
                 try:
                     await asyncio.wait({request, closing}, return_when=asyncio.FIRST_COMPLETED)
+                except asyncio.CancelledError:
+                    request.cancel()  # the caller gave up: nobody is left to take the answer
+                    raise
                 finally:
                     if slot:
                         slots.release()

@@ -20,12 +20,17 @@ pytestmark = pytest.mark.vm
 
 
 async def expect(terminal: Terminal, needle: bytes, timeout: float = 60.0) -> bytes:
-    """The terminal's output from where the last expect() stopped until `needle` appeared."""
+    """The terminal's output from where the last expect() stopped until `needle` appeared.
+    Polls with short read timeouts on purpose: a read that times out must lose nothing."""
     seen = b""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while needle not in seen:
-        chunk = await terminal.read(timeout=max(0.1, deadline - loop.time()))
+        assert loop.time() < deadline, f"no {needle!r} within {timeout} s: {seen!r}"
+        try:
+            chunk = await terminal.read(timeout=0.2)
+        except TimeoutError:
+            continue
         if not chunk:
             raise AssertionError(f"terminal ended before {needle!r}: {seen!r}")
         seen += chunk
