@@ -318,13 +318,27 @@ static void free_record(struct sbx_procs *t, struct sbx_proc *p)
 	p->in_fd = p->out_fd = p->err_fd = p->master_fd = -1;
 }
 
+/* An ended record goes: the replies held for it get their answer first, so that none of them
+ * is taken for the next process of that pid. */
+static void evict(struct sbx_procs *t, struct sbx_proc *p)
+{
+	for (size_t i = 0; i < SBX_PROC_PENDING_MAX; i++) {
+		struct sbx_held *h = &t->held[i];
+		if (h->kind != SBX_HELD_NONE && h->pid == p->pid) {
+			no_process(t, h->id, (uint32_t)h->pid, "no longer tracked");
+			release(h);
+		}
+	}
+	free_record(t, p);
+}
+
 /* A slot for a new process with `pid`: an ended record of the same pid goes (the kernel reused
  * it), else a free slot, else the record that ended first. */
 static struct sbx_proc *slot_for(struct sbx_procs *t, pid_t pid)
 {
 	struct sbx_proc *same = find(t, pid), *free_slot = NULL, *oldest = NULL;
 	if (same) {
-		free_record(t, same);
+		evict(t, same);
 		return same;
 	}
 	for (size_t i = 0; i < SBX_PROC_TRACKED_MAX; i++) {
@@ -339,7 +353,7 @@ static struct sbx_proc *slot_for(struct sbx_procs *t, pid_t pid)
 	if (free_slot)
 		return free_slot;
 	if (oldest)
-		free_record(t, oldest);
+		evict(t, oldest);
 	return oldest; /* never NULL: at most SBX_PROC_MAX < SBX_PROC_TRACKED_MAX run */
 }
 
