@@ -262,3 +262,16 @@ async def test_processes_start_and_answer_while_an_exec_runs(scheduler: Schedule
         assert proc.pid in {p.pid for p in await session.processes()}
         assert not long_exec.done()  # all of it happened during the exec
         assert (await long_exec).stdout == "done\n"
+
+
+async def test_past_the_running_cap_spawn_is_a_clear_error(scheduler: Scheduler) -> None:
+    async with await scheduler.session(language="raw") as session:
+        sleepers = [await session.spawn(["sleep", "120"]) for _ in range(PROC["PROC_MAX"])]
+        with pytest.raises(ProcessError, match="refused"):
+            await session.spawn(["true"])
+        for proc in sleepers:
+            await proc.kill(signal.SIGKILL)
+        assert {await p.wait(timeout=60) for p in sleepers} == {128 + signal.SIGKILL}
+        # Room again, and the session unharmed.
+        assert await (await session.spawn(["true"])).wait(timeout=30) == 0
+        assert (await session.exec("echo ok")).stdout == "ok\n"
