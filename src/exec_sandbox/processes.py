@@ -55,6 +55,7 @@ ProcessOutputCallback = Callable[[bytes], "Awaitable[None] | None"]
 PROC_ARGV_MAX = PROC["PROC_ARGV_MAX"]
 PROC_ARG_MAX = PROC["PROC_ARG_MAX"]
 TERMINAL_SIZE_MAX = PROC["PROC_TTY_MAX"]
+PROC_TRACKED_MAX = PROC["PROC_TRACKED_MAX"]
 # How long the guest holds one PROC_READ / PROC_WAIT before answering empty: long enough that an
 # idle reader costs a frame every half minute, short of the protocol's PROC_WAIT_MS_MAX.
 _HOLD_MS = 30_000

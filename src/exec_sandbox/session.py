@@ -380,7 +380,10 @@ class Session:
             event = await self._process_request(
                 lambda vm, i, hold: vm.send_proc_list(i), "proc_info", held=False
             )
-            return [self._process_handle(entry) for entry in event.processes]  # type: ignore[union-attr]
+            listed = [self._process_handle(entry) for entry in event.processes]  # type: ignore[union-attr]
+            # The guest dropped the records of the others: so does this session's table.
+            self._process_handles = {p.pid: p for p in listed}
+            return listed
 
         # Beside exec() and the file calls, not after them: a server is started or listed while
         # a long exec (a test suite) runs.
@@ -432,6 +435,12 @@ class Session:
             else:
                 handle = Process(self, entry.pid, entry.command, False)
             self._process_handles[entry.pid] = handle
+            if len(self._process_handles) > 2 * _processes.PROC_TRACKED_MAX:
+                # Spawned and never listed: the ended ones go (the guest keeps at most
+                # PROC_TRACKED_MAX records, so the table stays bounded as well).
+                self._process_handles = {
+                    pid: p for pid, p in self._process_handles.items() if p.exit_code is None
+                }
         handle._update(entry)
         return handle
 
