@@ -2,7 +2,8 @@
 baseline is a cold run without a volume (memory snapshots off), interleaved in the same run:
 the first run on a fresh volume (the guest formats it: mke2fs), later read-write runs (mount,
 plus the freeze that makes the exec's writes durable before its EXIT) and read-only runs. Also
-the host disk a fresh 1 GB volume takes after its format (sparse).
+the host disk a fresh 1 GB volume takes after its format (sparse), and what that freeze costs
+a session's exec (against an exec in a session without a volume).
 
     .venv/bin/python bench/volumes.py --runs 5
 """
@@ -56,6 +57,31 @@ async def main(runs: int) -> None:
             ):
                 print(f"{name:34s} {summary(values)}  x{percentile(values, 50) / base:.2f}")
             print(f"host disk used by a fresh 1 GB volume after its format: {used / 1e6:.2f} MB")
+            await session_execs(scheduler, runs * 8)
+
+
+async def session_execs(scheduler: Scheduler, runs: int) -> None:
+    """What the freeze before each EXIT costs a session's exec: `exec("pass")` without a volume
+    and with a read-write one, and an exec that writes 4 KiB to it, interleaved."""
+    volume = await scheduler.volume("bench-session", size_mb=256)
+    plain = await scheduler.session()
+    with_volume = await scheduler.session(volumes={"/mnt/v": volume})
+    async with plain, with_volume:
+        base: list[float] = []
+        idle: list[float] = []
+        writing: list[float] = []
+        for i in range(runs):
+            base.append((await timed(lambda: plain.exec("pass")))[0])
+            idle.append((await timed(lambda: with_volume.exec("pass")))[0])
+            code = f"open('/mnt/v/f{i}', 'w').write('x' * 4096)"
+            writing.append((await timed(lambda: with_volume.exec(code)))[0])  # noqa: B023
+        p50 = percentile(base, 50)
+        for name, values in (
+            ("session exec, no volume", base),
+            ("session exec, rw volume", idle),
+            ("session exec writing 4 KiB to it", writing),
+        ):
+            print(f"{name:34s} {summary(values)}  x{percentile(values, 50) / p50:.2f}")
 
 
 if __name__ == "__main__":
