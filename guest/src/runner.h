@@ -98,7 +98,8 @@ void sbx_runner_on_done(struct sbx_runner *r);
 void sbx_runner_abort(struct sbx_runner *r);
 
 /* Shared with the session REPL (repl.c). */
-/* Kill every process of the sandbox uid, whatever session it escaped to (VM only). */
+/* Kill every process of the sandbox uid, whatever session it escaped to, but for the sessions of
+ * the background processes (procs.h) (VM only). */
 void sbx_kill_user_processes(const struct sbx_config *cfg);
 /* Replace path by a fresh root-owned, read-only regular file holding the bytes. */
 int sbx_write_code_file(const char *path, const uint8_t *code, size_t len);
