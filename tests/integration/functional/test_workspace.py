@@ -4,6 +4,7 @@ template)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +30,8 @@ async def ws(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
 
 
 def _disk_fds(directory: Path) -> list[str]:
-    """This process's fds open on a file of directory (a work disk: O_TMPFILE, "#N (deleted)")."""
+    """This process's fds open on a file of directory (a work disk: O_TMPFILE, "#N (deleted)"),
+    as /proc/self/fd paths."""
     found = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -37,8 +39,12 @@ def _disk_fds(directory: Path) -> list[str]:
         except OSError:
             continue
         if target.startswith(f"{directory}/"):
-            found.append(target)
+            found.append(f"/proc/self/fd/{fd}")
     return found
+
+
+def _allocated_mb(path: str) -> float:
+    return os.stat(path).st_blocks * 512 / (1 << 20)
 
 
 async def test_a_1gb_file_in_a_default_session(ws: Scheduler) -> None:
@@ -128,13 +134,18 @@ async def test_two_forks_write_the_same_path_and_each_sees_its_own(ws: Scheduler
 async def test_the_disk_is_gone_when_the_vm_is(ws: Scheduler) -> None:
     disks = ws.config.memory_snapshot_cache_dir / "disks"
     session = await ws.session(language="raw")
-    await session.exec("head -c 10000000 /dev/zero > /home/user/f")
-    assert len(_disk_fds(disks)) == 1  # the host's: nameless (O_TMPFILE), open while it runs
+    await session.exec("head -c 20000000 /dev/urandom > /home/user/f && sync")
+    (disk,) = _disk_fds(disks)  # the host's: nameless (O_TMPFILE), open while it runs
     assert [p.name for p in disks.iterdir()] == []
+    assert _allocated_mb(disk) > 19  # sparse: it takes what the guest wrote
+    # A deleted file gives its blocks back to the host (discard in the guest, unmap in QEMU).
+    await session.exec("rm /home/user/f && sync && sleep 1")
+    assert _allocated_mb(disk) < 10
     await session.close()
     assert _disk_fds(disks) == []
     result = await ws.run("ls /home/user", language="raw")  # a new VM: an empty disk
     assert result.stdout == ""
+    await asyncio.sleep(0.1)  # run() destroys its VM on the loop's next turn
     assert _disk_fds(disks) == [] and [p.name for p in disks.iterdir()] == []
 
 
