@@ -69,17 +69,21 @@ class P:
     def __init__(self, a: Agent) -> None:
         self.a = a
         self.next_id = 1000
+        self.early: dict[int, tuple[int, bytes]] = {}  # replies that came while waiting for another
 
     def rid(self) -> int:
         self.next_id += 1
         return self.next_id
 
     def reply(self, rid: int, timeout: float = 10.0) -> tuple[int, bytes]:
+        if rid in self.early:
+            return self.early.pop(rid)
         deadline = time.monotonic() + timeout
         while True:
             mtype, fid, payload = self.a.expect(max(0.0, deadline - time.monotonic()))
             if fid == rid:
                 return mtype, payload
+            self.early[fid] = (mtype, payload)
 
     def request(self, mtype: int, payload: bytes, timeout: float = 10.0) -> tuple[int, bytes]:
         rid = self.rid()
@@ -363,6 +367,25 @@ def test_many_short_processes_are_reaped_and_listed(a: Agent) -> None:
             pass
 
 
+def test_evicted_record_answers_its_held_read(a: Agent) -> None:
+    p = P(a)
+    # Ended, but its child keeps stdout open: a read of it is held.
+    pid = p.spawn(["sh", "-c", "sleep 30 & echo $!"])["pid"]
+    line = p.read(pid, wait_ms=5000)[2]
+    child = int(line)
+    assert p.wait(pid)["exit"] == 0
+    rid = p.rid()
+    a.send(frame(PROC_READ, rid, struct.pack("<IBQII", pid, STDOUT, len(line), 10, 60000)))
+    assert a.recv(0.3) is None
+    # TRACKED_MAX newer records push it out (it ended first): the held read is answered.
+    for _ in range(TRACKED_MAX):
+        p.wait(p.spawn(["true"])["pid"])
+    mtype, payload = p.reply(rid)
+    assert mtype == ERROR and decode_error(payload)[0] == ERR_NO_PROCESS, payload
+    assert pid not in {x["pid"] for x in p.list()}
+    os.kill(child, 9)
+
+
 def test_running_limit(a: Agent) -> None:
     p = P(a)
     pids = [p.spawn(["sleep", "60"])["pid"] for _ in range(PROC_MAX)]
@@ -490,6 +513,7 @@ SHARED = [
     test_processes_outlive_execs,
     test_pty,
     test_held_reply_limit,
+    test_evicted_record_answers_its_held_read,
     test_running_limit,
     test_many_short_processes_are_reaped_and_listed,
 ]
