@@ -79,13 +79,15 @@ static int has_ext4(const char *dev)
 }
 
 /* mke2fs from the image (e2fsprogs). -m 0: no blocks reserved for root (user code is not root).
+ * No resize inode: the disk never grows, and its reserved descriptor blocks are most of a fresh
+ * file system's data (2.2 MB of 2.4 on 4 GiB), which every L1 clone and fork copies.
  * lazy_itable_init: inode tables are not zeroed (see WORK_OPTIONS). nodiscard: the disk is a new
  * sparse file, there is nothing to discard. */
 static int format(const char *dev)
 {
 	static const char *const args[] = {
-		MKE2FS, "-q", "-F", "-t", "ext4", "-O", "^has_journal", "-m", "0", "-E",
-		"lazy_itable_init=1,lazy_journal_init=1,nodiscard,root_owner=0:0", "-L", "sbx-work",
+		MKE2FS, "-q", "-F", "-t", "ext4", "-O", "^has_journal,^resize_inode", "-m", "0", "-E",
+		"lazy_itable_init=1,nodiscard,root_owner=0:0", "-L", "sbx-work",
 	};
 	enum { NARGS = sizeof(args) / sizeof(args[0]) };
 	/* execve() takes char *const[] for historical reasons; it does not write to the strings. */
