@@ -316,7 +316,9 @@ async def test_qemu_rlimits(scheduler: Scheduler) -> None:
     seen, _ = await _inspect_running_qemu(scheduler, limits)
     assert isinstance(seen, dict)
     assert seen["Max core file size"] == ["0", "0"]
-    assert seen["Max file size"] == ["0", "0"]
+    # Its one writable disk is its work disk: no file grows past that disk's size.
+    disk = str(scheduler.config.default_disk_mb << 20)
+    assert seen["Max file size"] == [disk, disk]
     assert seen["Max open files"] == ["1024", "1024"]
 
 
