@@ -28,7 +28,7 @@ from .results import shape_result
 from .run_request import NO_CALLBACKS, Callbacks, RunOptions, RunRequest
 from .session import Session, SessionHooks
 from .snapshots.service import Adoption, SessionSnapshotService
-from .snapshots.sessions import SessionSnapshotStore
+from .snapshots.sessions import SessionSnapshotStore, check_id
 from .templates.build import BuildRequest
 from .templates.service import TemplateService
 from .templates.steps import Step
@@ -120,8 +120,12 @@ class Scheduler:
             self._hub,
             self._start_open,
         )
-        # Volumes (volumes/): named disks of this host, locked by each VM that has them.
-        self._volumes = VolumeStore(self.config.volume_dir)
+        # Volumes (volumes/): named disks of this host, locked by each VM that has them, and
+        # kept for paused sessions while their snapshots exist.
+        sessions_dir = self.config.memory_snapshot_cache_dir / "sessions"
+        self._volumes = VolumeStore(
+            self.config.volume_dir, lambda snapshot_id: (sessions_dir / snapshot_id).is_dir()
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -542,22 +546,50 @@ class Scheduler:
         """A live Session from a paused one (`Session.pause()`), with its variables, imports,
         cwd, env and files; the snapshot stays (resume it again, or delete_snapshot()). Host
         tools are not part of a snapshot: give them again (`tools`). Raises SnapshotError for
-        an unknown, damaged or foreign snapshot (other images or QEMU)."""
-        return await self._paused.resume(
-            snapshot_id, on_stdout=on_stdout, on_stderr=on_stderr, tools=HostTools.of(tools)
-        )
+        an unknown, damaged or foreign snapshot (other images or QEMU). A session paused with
+        (read-only) volumes gets them again, at the same paths."""
+        volumes = None
+        attaches = await self._volumes.snapshot_volumes(check_id(snapshot_id))
+        if attaches:
+            volumes = await self._volumes.claim(attaches)
+        try:
+            return await self._paused.resume(
+                snapshot_id,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                tools=HostTools.of(tools),
+                volumes=volumes,
+            )
+        except BaseException:
+            if volumes is not None:
+                volumes.close()  # also the VM's, if one started: it is gone
+            raise
 
     async def snapshots(self) -> list[SessionSnapshot]:
         """The paused sessions on disk (this user's, every process's), oldest first."""
         return await self._paused.snapshots()
 
     async def delete_snapshot(self, snapshot_id: str | SessionSnapshot) -> bool:
-        """Remove a paused session; False when there was none of that id."""
-        return await self._paused.delete(snapshot_id)
+        """Remove a paused session; False when there was none of that id. Its volumes, if
+        any, may be written again."""
+        deleted = await self._paused.delete(snapshot_id)
+        await self._volumes.release_snapshot(check_id(snapshot_id))
+        return deleted
 
     async def _pause_session(self, session: Session) -> SessionSnapshot:
-        _refuse_volumes(session, "paused", read_only_ok=False)
-        return await self._paused.pause(session)
+        # Read-only volumes are kept for the snapshot (its memory has them mounted): no
+        # writer until it is deleted. The VM holds their locks until after this returns.
+        _refuse_volumes(session, "paused", read_only_ok=True)
+        snapshot = await self._paused.pause(session)
+        claims = session.vm.spec.volumes
+        if claims is not None and claims.attaches:
+            try:
+                await self._volumes.hold_for_snapshot(snapshot.id, claims.attaches)
+            except BaseException:
+                session.vm.close()  # stopped for the save: it ends with its session
+                await self._paused.delete(snapshot.id)
+                raise
+        return snapshot
 
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
         # Read-only volumes are shared: each copy takes its own lock (GuestVm.spawn).

@@ -194,3 +194,24 @@ def test_delete_is_refused_while_attached(tmp_path: Path) -> None:
     assert store.delete_sync("data") is False
     assert store.list_sync() == []
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
+def test_a_paused_sessions_hold_refuses_writers_until_its_snapshot_is_gone(tmp_path: Path) -> None:
+    live = {"a" * 32}
+    store = VolumeStore(tmp_path, lambda snapshot_id: snapshot_id in live)
+    store.create_sync("data", 64)
+    with pytest.raises(VolumeError, match="read-only"):
+        store.hold_for_snapshot_sync("a" * 32, rw("data"))
+    store.hold_for_snapshot_sync("a" * 32, ro("data"))
+    assert store.snapshot_volumes_sync("a" * 32) == ro("data")
+    store.claim_sync(ro("data")).close()  # readers are fine
+    with pytest.raises(VolumeInUseError, match="paused session a{32}"):
+        store.claim_sync(rw("data"))
+    with pytest.raises(VolumeInUseError, match="paused session"):
+        store.delete_sync("data")
+    live.clear()  # the snapshot expired: its hold is stale, and goes
+    store.claim_sync(rw("data")).close()
+    assert store.snapshot_volumes_sync("a" * 32) == ()
+    store.hold_for_snapshot_sync("b" * 32, ro("data"))
+    store.release_snapshot_sync("b" * 32)
+    assert store.delete_sync("data") is True

@@ -334,8 +334,6 @@ class Provisioner:
         if volumes is not None and volumes.attaches:
             extra = f"{spec.kernel_cmdline_extra} {kernel_cmdline(volumes.attaches)}".strip()
             spec = replace(spec, volumes=volumes, kernel_cmdline_extra=extra)
-            if spec.jail is not None and spec.jail.get("uid", -1) > 0:
-                volumes.give_to(spec.jail["uid"], spec.jail.get("gid", spec.jail["uid"]))
         elif self.snapshots is not None:
             key = snapshot_key(spec, language)
             snapshot = self.snapshots.lookup(key, memory_mb)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable, MutableSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import limits
@@ -28,6 +28,7 @@ from ..vm.execution import OutputCallback
 from ..vm.guest import GuestVm
 from ..vm.registry import VmRegistry
 from ..vm.spec import TemplateDisk
+from ..volumes import VolumeClaims, kernel_cmdline
 from .forks import check_machine, fork_vms, load_vm, save_session
 from .sessions import SessionSnapshotStore, check_id
 
@@ -90,8 +91,10 @@ class SessionSnapshotService:
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
         tools: HostTools | None = None,
+        volumes: VolumeClaims | None = None,
     ) -> Session:
-        """A live Session from a paused one (see Scheduler.resume)."""
+        """A live Session from a paused one (see Scheduler.resume). volumes: the locked
+        volumes its VM had (the caller's: closed by the caller if this fails)."""
         snapshot_id = check_id(snapshot_id)
         self._check_open()
         await self._start()
@@ -108,6 +111,9 @@ class SessionSnapshotService:
             # without one: its guest has /home/user in RAM.
             int(machine.get("disk_mb", 0)),
         )
+        if volumes is not None and volumes.attaches:
+            extra = f"{spec.kernel_cmdline_extra} {kernel_cmdline(volumes.attaches)}".strip()
+            spec = replace(spec, volumes=volumes, kernel_cmdline_extra=extra)
         check_machine(meta, spec)
         settings = meta["session"]
         at = 0.0

@@ -200,6 +200,8 @@ class GuestVm:
                 volumes = claims = claims.share()
                 spec = replace(spec, volumes=claims)
             claims.given = True
+            if spec.jail is not None and spec.jail.get("uid", -1) > 0:
+                claims.give_to(spec.jail["uid"], spec.jail.get("gid", spec.jail["uid"]))
         try:
             vm = await process.spawn(spec, incoming=incoming, registry=registry)
         except BaseException:

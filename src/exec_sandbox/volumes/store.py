@@ -4,6 +4,7 @@
 <name>.img    the disk: created empty (ftruncate, sparse), 0600; only guests read or write it
 <name>.json   its record: {"name", "size_mb", "created_at"}, written after the image
 .lock         flock: one create or delete at a time, across processes
+claims/<id>.json  the read-only volumes of the paused session <id>, where they were mounted
 ```
 
 Attaching (`claim`) opens the image and takes an flock on that open file for as long as the VM
@@ -13,6 +14,12 @@ cache over a disk another guest changes would read garbage). The lock is the ker
 across processes and goes with the fd when its holder dies. The VM gets the image as
 /proc/self/fd/N of the locked fd, so what was locked is what QEMU opens, even if the name was
 deleted and made again meanwhile. delete() takes LOCK_EX itself: refused while attached.
+
+A paused session holds its (read-only) volumes' file systems mounted in its saved memory: while
+its snapshot exists, the volumes must not change. Its claim (claims/<id>.json, written at the
+pause while its VM still holds the locks) refuses read-write attaches and deletion; resume()
+attaches the same volumes again from it. A claim whose snapshot is gone (deleted, expired) is
+ignored and removed (`snapshot_exists`).
 
 The host never reads an image's content (the guest formats and mounts it; docs/security.md).
 """
@@ -25,8 +32,9 @@ import errno
 import fcntl
 import json
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +50,7 @@ from .volume import (
 )
 
 _RECORD_MAX_BYTES = 4096
+_SNAPSHOT_ID = re.compile(r"[0-9a-f]{32}")  # snapshots/sessions.py's ids
 
 
 @dataclass(eq=False)  # one VM's: compared and hashed by identity, as a VmSpec field
@@ -105,10 +114,12 @@ class VolumeClaims:
 
 class VolumeStore:
     """The volumes of one directory (SchedulerConfig.volume_dir). The blocking methods do file
-    system work; the coroutines run them in a thread."""
+    system work; the coroutines run them in a thread. snapshot_exists(id): whether a paused
+    session's snapshot still exists (its claim holds only then); None: no claims are kept."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, snapshot_exists: Callable[[str], bool] | None = None) -> None:
         self.root = root
+        self._snapshot_exists = snapshot_exists
 
     # --- coroutines for the scheduler ---
 
@@ -134,7 +145,73 @@ class VolumeStore:
     async def claim(self, attaches: tuple[VolumeAttach, ...]) -> VolumeClaims:
         return await in_thread(lambda: self.claim_sync(attaches), discard=VolumeClaims.close)
 
+    async def hold_for_snapshot(self, snapshot_id: str, attaches: tuple[VolumeAttach, ...]) -> None:
+        await in_thread(lambda: self.hold_for_snapshot_sync(snapshot_id, attaches))
+
+    async def snapshot_volumes(self, snapshot_id: str) -> tuple[VolumeAttach, ...]:
+        return await in_thread(lambda: self.snapshot_volumes_sync(snapshot_id))
+
+    async def release_snapshot(self, snapshot_id: str) -> None:
+        await in_thread(lambda: self.release_snapshot_sync(snapshot_id))
+
     # --- blocking work ---
+
+    # --- paused sessions' claims ---
+
+    def _claim_file(self, snapshot_id: str) -> Path:
+        if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+            raise ValueError(f"not a snapshot id: {snapshot_id!r}")
+        return self.root / "claims" / f"{snapshot_id}.json"
+
+    def hold_for_snapshot_sync(self, snapshot_id: str, attaches: tuple[VolumeAttach, ...]) -> None:
+        """Keep attaches (read-only) for the paused session snapshot_id. Its VM still holds
+        their locks: no writer can come in between."""
+        if any(not a.read_only for a in attaches):
+            raise VolumeError("only read-only volumes are kept for a paused session")
+        path = self._claim_file(snapshot_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_json_atomically(path, {"volumes": [[a.path, a.name, a.read_only] for a in attaches]})
+
+    def snapshot_volumes_sync(self, snapshot_id: str) -> tuple[VolumeAttach, ...]:
+        """What the paused session snapshot_id had attached (empty: none, or no claim)."""
+        try:
+            with open(self._claim_file(snapshot_id), "rb") as f:
+                raw = f.read(_RECORD_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return ()
+        try:
+            entries = json.loads(raw)["volumes"]
+            attaches = tuple(VolumeAttach(str(p), str(n), bool(r)) for p, n, r in entries)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise VolumeError(f"unreadable volume claim of snapshot {snapshot_id}: {exc}") from exc
+        if len(raw) > _RECORD_MAX_BYTES or any(not a.read_only for a in attaches):
+            raise VolumeError(f"a volume claim of snapshot {snapshot_id} is not read-only")
+        for a in attaches:
+            validate_volume_name(a.name)
+        return attaches
+
+    def release_snapshot_sync(self, snapshot_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            self._claim_file(snapshot_id).unlink()
+
+    def _held_by(self, name: str) -> str | None:
+        """The id of a paused session that holds volume name, if any (stale claims go)."""
+        if self._snapshot_exists is None:
+            return None
+        directory = self.root / "claims"
+        if not directory.is_dir():
+            return None
+        for path in sorted(directory.glob("*.json")):
+            snapshot_id = path.name[: -len(".json")]
+            if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+                continue
+            if not self._snapshot_exists(snapshot_id):
+                self.release_snapshot_sync(snapshot_id)
+                continue
+            with contextlib.suppress(VolumeError):
+                if any(a.name == name for a in self.snapshot_volumes_sync(snapshot_id)):
+                    return snapshot_id
+        return None
 
     def _image(self, name: str) -> Path:
         return self.root / f"{name}.img"
@@ -224,12 +301,18 @@ class VolumeStore:
                     self._record(name).unlink()
                 return False
             try:
+                holder = self._held_by(name)  # the more telling reason first, as in claims
+                if holder is not None:
+                    raise VolumeInUseError(_held_message(name, holder))
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     raise VolumeInUseError(
                         f"volume {name!r} is attached to a running sandbox: close it first"
                     ) from None
+                holder = self._held_by(name)
+                if holder is not None:
+                    raise VolumeInUseError(_held_message(name, holder))
                 # The record first: a volume is listed only while both exist.
                 with contextlib.suppress(FileNotFoundError):
                     self._record(name).unlink()
@@ -264,12 +347,22 @@ class VolumeStore:
         except OSError as exc:
             raise VolumeError(f"cannot open volume {name!r}: {exc}") from exc
         try:
-            try:
-                fcntl.flock(
-                    fd, (fcntl.LOCK_SH if attach.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB
-                )
-            except BlockingIOError:
-                raise VolumeInUseError(_in_use_message(fd, attach)) from None
+            # A paused session's hold, before the lock (the more telling reason while its VM
+            # is still being reaped) and after it: the hold is written while that VM still
+            # holds its lock, so a writer that got the lock since sees it.
+            for locked in (False, True):
+                if not attach.read_only:
+                    holder = self._held_by(name)
+                    if holder is not None:
+                        raise VolumeInUseError(_held_message(name, holder))
+                if locked:
+                    break
+                try:
+                    fcntl.flock(
+                        fd, (fcntl.LOCK_SH if attach.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB
+                    )
+                except BlockingIOError:
+                    raise VolumeInUseError(_in_use_message(fd, attach)) from None
             st = os.fstat(fd)
             if st.st_nlink == 0:  # deleted between the lookup and the lock
                 raise VolumeError(f"volume {name!r} was deleted")
@@ -281,6 +374,13 @@ class VolumeStore:
             os.close(fd)
             raise
         return fd
+
+
+def _held_message(name: str, snapshot_id: str) -> str:
+    return (
+        f"volume {name!r} is held read-only by the paused session {snapshot_id} (its saved "
+        f"memory has it mounted): delete that snapshot to write or delete the volume"
+    )
 
 
 def _in_use_message(fd: int, attach: VolumeAttach) -> str:

@@ -124,7 +124,7 @@ async def test_a_session_with_volumes_is_not_forked_or_paused(vsched: Scheduler)
         await session.exec("x = 41")
         with pytest.raises(SnapshotError, match="read-write volumes .* cannot be forked"):
             await session.fork()
-        with pytest.raises(SnapshotError, match="cannot be paused"):
+        with pytest.raises(SnapshotError, match="read-write volumes .* cannot be paused"):
             await session.pause()
         # Refused before anything was saved: the session goes on, state intact.
         assert (await session.exec("print(x + 1)")).stdout == "42\n"
@@ -165,6 +165,30 @@ async def test_a_session_with_read_only_volumes_forks_and_each_copy_holds_its_lo
         # The copy still reads it: no writer yet.
         with pytest.raises(VolumeInUseError, match="attached read-only"):
             await vsched.run("print(1)", volumes={"/mnt/data": volume})
+    assert (await vsched.run("print(2)", volumes={"/mnt/data": volume})).stdout == "2\n"
+
+
+async def test_a_paused_session_keeps_its_read_only_volumes_until_its_snapshot_goes(
+    vsched: Scheduler,
+) -> None:
+    volume = await vsched.volume("data", size_mb=64)
+    await vsched.run(WRITE, volumes={"/mnt/data": volume})
+    session = await vsched.session(volumes={"/mnt/data": volume.read_only()})
+    await session.exec("note = open('/mnt/data/note.txt')")
+    snapshot = await session.pause()
+    # Its saved memory has the volume mounted: no writer, no deletion, while it exists.
+    with pytest.raises(VolumeInUseError, match=f"paused session {snapshot.id}"):
+        await vsched.run("print(1)", volumes={"/mnt/data": volume})
+    with pytest.raises(VolumeInUseError, match="paused session"):
+        await vsched.delete_volume(volume)
+    readers = await vsched.run(READ, volumes={"/mnt/data": volume.read_only()})
+    assert readers.stdout == "kept\n"
+    # Resumed (twice: a snapshot stays), with the volume at its path and the file still open.
+    for _ in range(2):
+        async with await vsched.resume(snapshot) as resumed:
+            assert (await resumed.exec("print(note.read())")).stdout == "kept\n"
+            assert (await resumed.exec(READ)).stdout == "kept\n"
+    assert await vsched.delete_snapshot(snapshot)
     assert (await vsched.run("print(2)", volumes={"/mnt/data": volume})).stdout == "2\n"
 
 
