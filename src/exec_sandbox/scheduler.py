@@ -122,10 +122,7 @@ class Scheduler:
         )
         # Volumes (volumes/): named disks of this host, locked by each VM that has them, and
         # kept for paused sessions while their snapshots exist.
-        sessions_dir = self.config.memory_snapshot_cache_dir / "sessions"
-        self._volumes = VolumeStore(
-            self.config.volume_dir, lambda snapshot_id: (sessions_dir / snapshot_id).is_dir()
-        )
+        self._volumes = VolumeStore.of(self.config)
 
     def _check_open(self) -> None:
         if self._closed:

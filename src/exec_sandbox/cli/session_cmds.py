@@ -16,11 +16,12 @@ import time
 from typing import Any
 
 from ..config import SchedulerConfig
-from ..errors import SnapshotError
+from ..errors import InputValidationError, SnapshotError
 from ..models import ExecutionResult, SessionSnapshot
 from ..scheduler import Scheduler
 from ..session import Session
 from ..snapshots.sessions import SessionSnapshotStore, check_id
+from ..volumes import VolumeMount, parse_volume_option
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -45,6 +46,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         new,
         timeout_help="the session's timeout per exec in seconds",
         env_help="environment variable of the session",
+    )
+    new.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        dest="volumes",
+        metavar="PATH=NAME:ro",
+        help="mount the volume NAME read-only at guest PATH (repeatable; the paused session "
+        "keeps it from writers until its snapshot is deleted)",
     )
     new.add_argument("--json", action="store_true", help="print the result and the id as JSON")
     resume = actions.add_parser("resume", help="run code in a paused session and pause it again")
@@ -92,6 +102,19 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def _volumes(options: list[str]) -> dict[str, VolumeMount]:
+    """--volume PATH=NAME:ro of `session new`: read-only only, since the session is paused
+    (a paused session cannot hold a volume read-write: docs/design.md, "Volumes")."""
+    volumes = dict(parse_volume_option(option) for option in options)
+    writable = [path for path, mount in volumes.items() if not mount.read_only]
+    if writable:
+        raise InputValidationError(
+            f"sbx session new pauses its session, which can hold volumes read-only only: "
+            f"add :ro ({', '.join(writable)})"
+        )
+    return volumes
+
+
 def _run_code(args: argparse.Namespace) -> int:
     try:
         if args.session_command == "resume":
@@ -102,6 +125,7 @@ def _run_code(args: argparse.Namespace) -> int:
         )
         language = args.language or language
         env = parse_env(args.env) if args.session_command == "new" else {}
+        volumes = _volumes(args.volumes) if args.session_command == "new" else {}
     except (ValueError, SnapshotError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -123,6 +147,7 @@ def _run_code(args: argparse.Namespace) -> int:
                     disk_mb=args.disk_mb,
                     template=args.template,
                     env_vars=env or None,
+                    volumes=volumes or None,
                     **callbacks,
                 )
             else:

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _go(args: argparse.Namespace) -> int:
     # The store alone: no VM is started, so no Scheduler (and no images) is needed.
-    store = VolumeStore(SchedulerConfig().volume_dir)
+    store = VolumeStore.of(SchedulerConfig())
     if args.volume_command == "create":
         volume = await store.create(args.name, args.size_mb)
         print(volume.name)

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._cache_dirs import write_json_atomically
 from .._threads import in_thread
@@ -48,6 +49,9 @@ from .volume import (
     validate_volume_name,
     validate_volume_size,
 )
+
+if TYPE_CHECKING:  # config imports vm/, which imports this module
+    from ..config import SchedulerConfig
 
 _RECORD_MAX_BYTES = 4096
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{32}")  # snapshots/sessions.py's ids
@@ -115,11 +119,18 @@ class VolumeClaims:
 class VolumeStore:
     """The volumes of one directory (SchedulerConfig.volume_dir). The blocking methods do file
     system work; the coroutines run them in a thread. snapshot_exists(id): whether a paused
-    session's snapshot still exists (its claim holds only then); None: no claims are kept."""
+    session's snapshot still exists (its hold counts only then); None: every hold counts."""
 
     def __init__(self, root: Path, snapshot_exists: Callable[[str], bool] | None = None) -> None:
         self.root = root
         self._snapshot_exists = snapshot_exists
+
+    @classmethod
+    def of(cls, config: SchedulerConfig) -> VolumeStore:
+        """The store of config's volume_dir, its holds checked against config's paused
+        sessions (the Scheduler's and the CLI's: one rule for both)."""
+        sessions = config.memory_snapshot_cache_dir / "sessions"
+        return cls(config.volume_dir, lambda snapshot_id: (sessions / snapshot_id).is_dir())
 
     # --- coroutines for the scheduler ---
 
@@ -196,8 +207,6 @@ class VolumeStore:
 
     def _held_by(self, name: str) -> str | None:
         """The id of a paused session that holds volume name, if any (stale claims go)."""
-        if self._snapshot_exists is None:
-            return None
         directory = self.root / "claims"
         if not directory.is_dir():
             return None
@@ -205,7 +214,7 @@ class VolumeStore:
             snapshot_id = path.name[: -len(".json")]
             if not _SNAPSHOT_ID.fullmatch(snapshot_id):
                 continue
-            if not self._snapshot_exists(snapshot_id):
+            if self._snapshot_exists is not None and not self._snapshot_exists(snapshot_id):
                 self.release_snapshot_sync(snapshot_id)
                 continue
             with contextlib.suppress(VolumeError):

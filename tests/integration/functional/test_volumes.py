@@ -5,6 +5,7 @@ copied, and `sbx volume` / `sbx run --volume`. Each test has its own volume dire
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -215,6 +216,20 @@ def test_cli_creates_lists_attaches_and_removes_volumes(images_ready: None, tmp_
     assert (read.returncode, read.stdout) == (0, "hi\n"), read.stderr
     bad = sbx("run", "--volume", "/etc/n=notes", "-c", "print(1)")
     assert bad.returncode == 2 and "mount path" in bad.stderr
+    # A paused session holds its read-only volume until its snapshot is deleted.
+    writable = sbx("session", "new", "--volume", "/mnt/n=notes", "-c", "print(1)")
+    assert writable.returncode == 2 and "add :ro" in writable.stderr
+    new = sbx(
+        "session", "new", "--json", "--volume", "/mnt/n=notes:ro", "-c", "f = open('/mnt/n/f')"
+    )
+    assert new.returncode == 0, new.stderr
+    snapshot_id = json.loads(new.stdout)["snapshot"]["id"]
+    resumed = sbx("session", "resume", "--json", snapshot_id, "-c", "print(f.read(), end='')")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["result"]["stdout"] == "hi\n"
+    held = sbx("volume", "rm", "notes")
+    assert held.returncode == 125 and "paused session" in held.stderr
+    assert sbx("session", "delete", json.loads(resumed.stdout)["snapshot"]["id"]).returncode == 0
     assert sbx("volume", "rm", "notes").returncode == 0
     assert "no volumes" in sbx("volume", "list").stdout
     assert sbx("volume", "rm", "notes").returncode == 1
