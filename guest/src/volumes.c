@@ -102,9 +102,10 @@ static int find_disk(const char *kind, char *dev, size_t size)
 	return rc;
 }
 
-/* 1: an ext4 superblock; 0: a fresh volume (its superblock's block all zeros, as the host
- * created it); -EUCLEAN: something else, left as it is; -errno. */
-static int probe(const char *dev)
+/* 1: an ext4 superblock (*recover: its journal is marked for replay, as every VM that had it
+ * read-write and was killed leaves it); 0: a fresh volume (its superblock's block all zeros,
+ * as the host created it); -EUCLEAN: something else, left as it is; -errno. */
+static int probe(const char *dev, bool *recover)
 {
 	_cleanup_close_ int fd = open(dev, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -115,8 +116,11 @@ static int probe(const char *dev)
 		return -errno;
 	if (n != (ssize_t)sizeof(block))
 		return -EUCLEAN;
-	if ((unsigned)(block[56] | block[57] << 8) == EXT4_MAGIC)
+	if ((unsigned)(block[56] | block[57] << 8) == EXT4_MAGIC) {
+		/* s_feature_incompat (offset 0x60), EXT4_FEATURE_INCOMPAT_RECOVER (0x4). */
+		*recover = (block[0x60] & 0x4) != 0;
 		return 1;
+	}
 	for (size_t i = 0; i < sizeof(block); i++)
 		if (block[i])
 			return -EUCLEAN;
@@ -218,7 +222,8 @@ static int make_dirs(const char *path)
 
 static int mount_fs(const struct sbx_volume_arg *v, const char *dev, const char *target)
 {
-	int kind = probe(dev);
+	bool recover = false;
+	int kind = probe(dev, &recover);
 	if (kind == -EUCLEAN) {
 		set_error("volume at %s holds no ext4 file system: left as it is", v->path);
 		return kind;
@@ -246,15 +251,13 @@ static int mount_fs(const struct sbx_volume_arg *v, const char *dev, const char 
 		sbx_log("volumes: formatted %s (ext4) for %s", dev, v->path);
 	}
 	unsigned long flags = NOSUID_NODEV | (v->read_only ? MS_RDONLY : 0);
-	if (mount(dev, target, "ext4", flags, NULL) == 0)
+	/* A killed writer leaves its journal marked for replay, which a read-only disk cannot
+	 * take: read the file system as its last checkpoint left it. The writer's agent
+	 * checkpoints before every EXIT (sbx_volumes_settle), so that is all its execs wrote. */
+	const char *data = v->read_only && recover ? "noload" : NULL;
+	if (mount(dev, target, "ext4", flags, data) == 0)
 		return 0;
 	int err = errno;
-	/* A writer killed mid-write leaves a journal to replay, which a read-only disk cannot: read
-	 * the file system as its last checkpoint left it instead. */
-	if (v->read_only && mount(dev, target, "ext4", flags, "noload") == 0) {
-		sbx_log("volumes: %s mounted without replaying its journal (read-only)", v->path);
-		return 0;
-	}
 	set_error("volume at %s: mounting %s: %s", v->path, dev, strerror(err));
 	return -err;
 }
