@@ -26,6 +26,7 @@ from ..snapshots.sessions import check_id
 from .arguments import EXIT_USAGE, parse_env, run_command
 
 _READ_SIZE = 4096
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -148,17 +149,37 @@ async def _attach(session: Session) -> int:
             await terminal.write(data)
 
     writer = loop.create_task(forward_keys())
+    copier = loop.create_task(_copy_output(terminal, stdout))
+    # SIGTERM (kill) and SIGHUP (the window closed) would end Python at once, leaving the user's
+    # terminal raw and the session to nobody: they end the attachment instead, and the caller
+    # closes (or pauses) the session as on any other exit.
+    stopped: list[int] = []
+
+    def on_stop(signum: int) -> None:
+        stopped.append(signum)
+        copier.cancel()
+
     with _raw(stdin):
         loop.add_reader(stdin, on_keys)
         loop.add_signal_handler(signal.SIGWINCH, on_resize)
+        for signum in _STOP_SIGNALS:
+            loop.add_signal_handler(signum, on_stop, signum)
         try:
-            await _copy_output(terminal, stdout)
+            await copier
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
         finally:
             loop.remove_reader(stdin)
             loop.remove_signal_handler(signal.SIGWINCH)
+            for signum in _STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+            copier.cancel()
             writer.cancel()
     with contextlib.suppress(asyncio.CancelledError, BrokenPipeError):
         await writer
+    if stopped:
+        return 128 + stopped[0]
     return await terminal.wait(timeout=30)
 
 
