@@ -212,6 +212,7 @@ class ProcessOutput:
         self.offset = offset  # the stream offset of the next byte this reader wants
         self._eof = False
         self._stash: bytes | None = None  # data that came with a gap, handed over after it
+        self._missed = 0  # bytes this reader never got: the sum of its gaps
 
     def __aiter__(self) -> ProcessOutput:
         return self
@@ -224,7 +225,8 @@ class ProcessOutput:
             data, offset, eof = await self._process._read(self._stream, self.offset)
             gap = offset - self.offset
             if gap:
-                self._process._count_dropped(self._stream, offset)
+                self._missed += gap
+                self._process._count_dropped(self._stream, self._missed)
             self.offset = offset + len(data)
             self._eof = eof
             if gap:
@@ -399,9 +401,10 @@ class Process:
             self._exit_code = info.exit_code
         return info
 
-    def _count_dropped(self, stream: Stream, upto: int) -> None:
-        # Every reader starts at 0, so the largest offset a reader jumped to is what was lost.
-        self._dropped[stream] = max(self._dropped[stream], upto)
+    def _count_dropped(self, stream: Stream, missed: int) -> None:
+        # `missed`: all one reader's gaps so far (not the offset it jumped to: it had read the
+        # bytes before its first gap).
+        self._dropped[stream] = max(self._dropped[stream], missed)
 
     async def _request(
         self, send: Callable[[Any, int, int], int], expect: str, *, held: bool, hold_ms: int = 0
