@@ -122,7 +122,9 @@ class Scheduler:
         )
         # Volumes (volumes/): named disks of this host, locked by each VM that has them, and
         # kept for paused sessions while their snapshots exist.
-        self._volumes = VolumeStore.of(self.config)
+        self._volumes = VolumeStore.beside_sessions(
+            self.config.volume_dir, self.config.memory_snapshot_cache_dir / "sessions"
+        )
 
     def _check_open(self) -> None:
         if self._closed:

@@ -37,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
 async def _go(args: argparse.Namespace) -> int:
     # The store alone: no VM is started, so no Scheduler (and no images) is needed.
-    store = VolumeStore.of(SchedulerConfig())
+    config = SchedulerConfig()
+    store = VolumeStore.beside_sessions(
+        config.volume_dir, config.memory_snapshot_cache_dir / "sessions"
+    )
     if args.volume_command == "create":
         volume = await store.create(args.name, args.size_mb)
         print(volume.name)

@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .._cache_dirs import write_json_atomically
 from .._threads import in_thread
@@ -49,9 +48,6 @@ from .volume import (
     validate_volume_name,
     validate_volume_size,
 )
-
-if TYPE_CHECKING:  # config imports vm/, which imports this module
-    from ..config import SchedulerConfig
 
 _RECORD_MAX_BYTES = 4096
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{32}")  # snapshots/sessions.py's ids
@@ -126,11 +122,10 @@ class VolumeStore:
         self._snapshot_exists = snapshot_exists
 
     @classmethod
-    def of(cls, config: SchedulerConfig) -> VolumeStore:
-        """The store of config's volume_dir, its holds checked against config's paused
-        sessions (the Scheduler's and the CLI's: one rule for both)."""
-        sessions = config.memory_snapshot_cache_dir / "sessions"
-        return cls(config.volume_dir, lambda snapshot_id: (sessions / snapshot_id).is_dir())
+    def beside_sessions(cls, root: Path, sessions: Path) -> VolumeStore:
+        """The store of root whose holds count while their snapshot's directory is in
+        sessions (snapshots/sessions.py): the Scheduler's and the CLI's, one rule for both."""
+        return cls(root, lambda snapshot_id: (sessions / snapshot_id).is_dir())
 
     # --- coroutines for the scheduler ---
 
