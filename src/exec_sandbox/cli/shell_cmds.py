@@ -27,6 +27,7 @@ from .arguments import EXIT_USAGE, parse_env, run_command
 
 _READ_SIZE = 4096
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_KEYS_QUEUED_MAX = 64  # reads of stdin not yet written to the guest (256 KiB)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -126,6 +127,10 @@ async def _attach(session: Session) -> int:
     terminal = await session.terminal(cols, rows)
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     keys: asyncio.Queue[bytes] = asyncio.Queue()
+    # Reading stdin pauses while _KEYS_QUEUED_MAX reads wait for the guest: a terminal that takes
+    # no input (a program that never reads, a guest that never answers) would otherwise have an
+    # endless stdin (`yes | sbx shell`, a huge paste) read into this process's memory.
+    paused = [False]
 
     def on_keys() -> None:
         try:
@@ -134,6 +139,9 @@ async def _attach(session: Session) -> int:
             return
         if not data:  # stdin closed (not a terminal): the shell gets end of file
             loop.remove_reader(stdin)
+        elif keys.qsize() + 1 >= _KEYS_QUEUED_MAX:
+            loop.remove_reader(stdin)
+            paused[0] = True
         keys.put_nowait(data)
 
     def on_resize() -> None:
@@ -143,6 +151,9 @@ async def _attach(session: Session) -> int:
     async def forward_keys() -> None:
         while True:
             data = await keys.get()
+            if paused[0] and keys.qsize() < _KEYS_QUEUED_MAX // 2:
+                paused[0] = False
+                loop.add_reader(stdin, on_keys)
             if not data:
                 await terminal.close_stdin()
                 return
