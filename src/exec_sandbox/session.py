@@ -506,9 +506,10 @@ class Session:
                     event: Event = request.result()
                     return event
                 except GuestRequestError as exc:
-                    if (
-                        exc.code == _processes.ERR_LIMIT and held and hold_ms > 0
-                    ):  # the guest's slots: retry
+                    if exc.code == _processes.ERR_LIMIT and held:
+                        # The guest's slots, a read's, a wait's or a write's alike: they free up
+                        # (a held read or wait within its hold, also one the caller cancelled
+                        # here, which the guest still holds): retry.
                         await asyncio.sleep(_processes.POLL_SECONDS)
                         self._check_open()
                         continue

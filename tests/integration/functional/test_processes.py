@@ -275,3 +275,18 @@ async def test_past_the_running_cap_spawn_is_a_clear_error(scheduler: Scheduler)
         # Room again, and the session unharmed.
         assert await (await session.spawn(["true"])).wait(timeout=30) == 0
         assert (await session.exec("echo ok")).stdout == "ok\n"
+
+
+async def test_reads_given_up_by_the_caller_do_not_fail_a_write(scheduler: Scheduler) -> None:
+    """A read the caller cancels (asyncio.wait_for around a quiet stream) stays held in the guest
+    until its 30 s pass: there is no cancel frame. Past PROC_PENDING_MAX of them the guest
+    answers ERROR LIMIT; a write then waits for a slot as a read does, it does not fail."""
+    async with await scheduler.session(language="raw") as session:
+        cat = await session.spawn(["cat"])
+        for _ in range(PROC["PROC_PENDING_MAX"] + 4):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(cat.stdout.__anext__(), 0.05)
+        await asyncio.wait_for(cat.write_stdin(b"still heard\n"), 90)
+        assert await read_until(cat.stdout, b"still heard\n", timeout=90)
+        await cat.close_stdin()
+        assert await cat.wait(timeout=60) == 0
