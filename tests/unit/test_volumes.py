@@ -215,3 +215,62 @@ def test_a_paused_sessions_hold_refuses_writers_until_its_snapshot_is_gone(tmp_p
     store.hold_for_snapshot_sync("b" * 32, ro("data"))
     store.release_snapshot_sync("b" * 32)
     assert store.delete_sync("data") is True
+
+
+# The jail's QEMU user in these tests: any uid that is not ours (nobody, as on a host where
+# `sbx setup` has not run).
+QEMU_IDS = (65534, 65534)
+
+
+def _opens_as_qemu(path: Path, flags: int) -> bool:
+    """Whether a process of QEMU's uid and gid (QEMU_IDS, no other group) that holds the image
+    open can reopen it through /proc/self/fd/N with flags, as the jailed QEMU does."""
+    held = os.open(path, os.O_RDONLY)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: only async-signal-safe work, then _exit
+            code = 1
+            try:
+                os.setgroups([])
+                os.setresgid(QEMU_IDS[1], QEMU_IDS[1], QEMU_IDS[1])
+                os.setresuid(QEMU_IDS[0], QEMU_IDS[0], QEMU_IDS[0])
+                os.close(os.open(f"/proc/self/fd/{held}", flags))
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(held)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing a file to another uid needs root")
+def test_images_are_the_hosts_again_once_no_vm_has_them(tmp_path: Path) -> None:
+    """A root caller's QEMU runs as its own user and must open the image it is given; once no
+    VM has it, the image is the host user's again, 0600: an image left to the QEMU user (shared
+    by every QEMU, `nobody` without `sbx setup`) would stay readable and writable by that user's
+    processes outside any jail wherever volume_dir can be reached."""
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    image = tmp_path / "data.img"
+    writer = store.claim_sync(rw("data"))
+    writer.give_to(*QEMU_IDS)
+    assert _opens_as_qemu(image, os.O_RDWR)  # the jailed QEMU reopens it read-write
+    writer.close()
+    st = image.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.geteuid(), os.getegid(), 0o600)
+    assert not _opens_as_qemu(image, os.O_RDONLY)
+
+    readers = [store.claim_sync(ro("data")), store.claim_sync(ro("data"))]
+    for reader in readers:
+        reader.give_to(*QEMU_IDS)
+    # A reader's QEMU reads the image and cannot write it, even by reopening it: it is not the
+    # owner (who could chmod it back), only in the group.
+    assert _opens_as_qemu(image, os.O_RDONLY)
+    assert not _opens_as_qemu(image, os.O_RDWR)
+    readers[0].close()
+    assert _opens_as_qemu(image, os.O_RDONLY)  # the other reader's QEMU still needs it
+    readers[1].close()
+    st = image.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.geteuid(), os.getegid(), 0o600)
+    assert not _opens_as_qemu(image, os.O_RDONLY)

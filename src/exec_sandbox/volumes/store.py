@@ -50,6 +50,7 @@ from .volume import (
 )
 
 _RECORD_MAX_BYTES = 4096
+_READER_TRIES = 5
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{32}")  # snapshots/sessions.py's ids
 
 
@@ -63,6 +64,7 @@ class VolumeClaims:
     # Given to a VM (GuestVm.spawn): a second VM of the same spec (a fork's copy) takes its
     # own locks (share()), so that each VM releases only its own.
     given: bool = False
+    _given: bool = False  # give_to() ran: close() takes the images back
 
     @property
     def read_write(self) -> bool:
@@ -87,25 +89,34 @@ class VolumeClaims:
             for fd, attach in zip(self.fds, self.attaches, strict=True):
                 own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
                 other.fds.append(own)
-                try:
-                    fcntl.flock(own, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise VolumeInUseError(_in_use_message(own, attach)) from None
+                if not _try_lock(own, read_only=True):
+                    raise VolumeInUseError(_in_use_message(own, attach))
         except BaseException:
             other.close()
             raise
         return other
 
     def give_to(self, uid: int, gid: int) -> None:
-        """Make the images the QEMU user's (a root caller's QEMU runs as its own, vm/jail.py):
-        QEMU reopens each by /proc/self/fd/N, which checks the file's owner and mode. The C
-        core does the same for writable disks; read-only ones need it too."""
-        for fd in self.fds:
-            os.fchown(fd, uid, gid)
+        """Open the images to the QEMU user (a root caller's QEMU runs as its own, vm/jail.py):
+        QEMU reopens each by /proc/self/fd/N, which checks the file's owner and mode. A
+        read-write image becomes that user's (the C core does the same for writable disks). A
+        read-only one stays ours and is opened to QEMU's group for reading only (0640): a
+        QEMU taken over by its guest can neither write it (the other readers' disk) nor, not
+        being its owner, change its mode. close() takes them back."""
+        self._given = True
+        for fd, attach in zip(self.fds, self.attaches, strict=True):
+            if attach.read_only:
+                os.fchown(fd, os.geteuid(), gid)
+                os.fchmod(fd, 0o640)
+            else:
+                os.fchown(fd, uid, gid)
 
     def close(self) -> None:
         fds, self.fds = self.fds, []
-        for fd in fds:
+        given, self._given = self._given, False
+        for fd, attach in zip(fds, self.attaches, strict=False):
+            if given:
+                _take_back(fd, attach.read_only)
             os.close(fd)  # releases its lock
 
     def __del__(self) -> None:
@@ -361,12 +372,8 @@ class VolumeStore:
                         raise VolumeInUseError(_held_message(name, holder))
                 if locked:
                     break
-                try:
-                    fcntl.flock(
-                        fd, (fcntl.LOCK_SH if attach.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB
-                    )
-                except BlockingIOError:
-                    raise VolumeInUseError(_in_use_message(fd, attach)) from None
+                if not _try_lock(fd, attach.read_only):
+                    raise VolumeInUseError(_in_use_message(fd, attach))
             st = os.fstat(fd)
             if st.st_nlink == 0:  # deleted between the lookup and the lock
                 raise VolumeError(f"volume {name!r} was deleted")
@@ -378,6 +385,41 @@ class VolumeStore:
             os.close(fd)
             raise
         return fd
+
+
+def _try_lock(fd: int, read_only: bool) -> bool:
+    """flock without waiting for a holder: LOCK_EX for a writer, LOCK_SH for a reader. A reader
+    tries a few times over 50 ms: the last reader of an image to leave holds it exclusively for
+    a moment (_take_back), which must not refuse a reader that comes then; a writer's hold is
+    still refused at once, in effect (it lasts for its VM's life)."""
+    for attempt in range(_READER_TRIES):
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if not read_only or attempt == _READER_TRIES - 1:
+                return False
+            time.sleep(0.01)
+    return False
+
+
+def _take_back(fd: int, read_only: bool) -> None:
+    """Make an image given to a QEMU user (VolumeClaims.give_to) ours again, 0600, once no VM
+    has it: left to that user (shared by every QEMU; `nobody` on a host without `sbx setup`),
+    its processes outside any jail could read or write it wherever volume_dir can be reached.
+    A read-only image may still be read by other VMs' QEMUs: only the last one (the only
+    holder, which can take the lock exclusively) takes it back. Best effort: the lock is
+    released all the same; an image left given (a host killed meanwhile) is taken back by the
+    next attach that ends."""
+    if read_only:
+        try:
+            # Not atomic (the shared lock goes first): a reader claiming meanwhile retries.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # another VM still reads it: the last one takes it back
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)
+        os.fchown(fd, os.geteuid(), os.getegid())
 
 
 def _held_message(name: str, snapshot_id: str) -> str:

@@ -47,6 +47,7 @@ async def test_a_volume_outlives_its_vm_and_is_read_by_two_readers_at_once(
 ) -> None:
     volume = await vsched.volume("data", size_mb=64)
     assert await vsched.volumes() == [volume]
+    image = tmp_path / "volumes" / "data.img"
     # The first writer formats it; its root belongs to the sandbox user.
     first = await vsched.run(WRITE, volumes={"/mnt/data": volume})
     assert (first.exit_code, first.stdout, first.stderr) == (0, "1000\n", "")
@@ -59,6 +60,9 @@ async def test_a_volume_outlives_its_vm_and_is_read_by_two_readers_at_once(
             assert (await session.exec(READ)).stdout == "kept\n"
         denied = await one.exec("open('/mnt/data/other.txt', 'w')")
         assert denied.exit_code == 1 and "Read-only file system" in denied.stderr
+        if os.geteuid() == 0:  # QEMU runs as its own user: it may read the image, not write it
+            st = image.stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (0, 0o640)
     # A later writer, by name, under another path (and in bash).
     again = await vsched.run(
         "cat /home/user/vol/note.txt; echo more >> /home/user/vol/note.txt",
@@ -68,6 +72,9 @@ async def test_a_volume_outlives_its_vm_and_is_read_by_two_readers_at_once(
     assert (again.exit_code, again.stdout) == (0, "kept"), again.stderr
     last = await vsched.run("print(open('/srv/d/note.txt').read())", volumes={"/srv/d": "data"})
     assert last.stdout == "keptmore\n\n"
+    # No VM has it: the image is ours again, owner-only (not left to the QEMU user).
+    st = image.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.geteuid(), os.getegid(), 0o600)
 
 
 async def test_a_second_read_write_attach_is_refused(vsched: Scheduler) -> None:
