@@ -274,3 +274,26 @@ def test_images_are_the_hosts_again_once_no_vm_has_them(tmp_path: Path) -> None:
     st = image.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.geteuid(), os.getegid(), 0o600)
     assert not _opens_as_qemu(image, os.O_RDONLY)
+
+
+def test_a_hold_counts_for_a_store_of_another_snapshot_cache(tmp_path: Path) -> None:
+    """Schedulers (and `sbx volume`) with other memory_snapshot_cache_dirs may share one
+    volume_dir: a hold is stale only when its own snapshot is gone, not when the snapshot is
+    absent from the cache of whoever looks. Otherwise a writer (or `sbx volume rm`) through
+    another cache dropped the hold and changed the disk a paused session has mounted."""
+    volumes, one, other = tmp_path / "volumes", tmp_path / "cache-a", tmp_path / "cache-b"
+    snapshot_id = "c" * 32
+    (one / snapshot_id).mkdir(parents=True)
+    other.mkdir()
+    holder = VolumeStore.beside_sessions(volumes, one)
+    holder.create_sync("data", 64)
+    holder.hold_for_snapshot_sync(snapshot_id, ro("data"))
+    elsewhere = VolumeStore.beside_sessions(volumes, other)
+    with pytest.raises(VolumeInUseError, match=f"paused session {snapshot_id}"):
+        elsewhere.claim_sync(rw("data"))
+    with pytest.raises(VolumeInUseError, match="paused session"):
+        elsewhere.delete_sync("data")
+    assert elsewhere.snapshot_volumes_sync(snapshot_id) == ro("data")
+    (one / snapshot_id).rmdir()  # the snapshot is gone: its hold is stale for everyone
+    elsewhere.claim_sync(rw("data")).close()
+    assert holder.snapshot_volumes_sync(snapshot_id) == ()

@@ -4,7 +4,8 @@
 <name>.img    the disk: created empty (ftruncate, sparse), 0600; only guests read or write it
 <name>.json   its record: {"name", "size_mb", "created_at"}, written after the image
 .lock         flock: one create or delete at a time, across processes
-claims/<id>.json  the read-only volumes of the paused session <id>, where they were mounted
+claims/<id>.json  the read-only volumes of the paused session <id>, where they were mounted,
+                  and the directory of its snapshot (a store of another cache checks that)
 ```
 
 Attaching (`claim`) opens the image and takes an flock on that open file for as long as the VM
@@ -131,12 +132,18 @@ class VolumeStore:
     def __init__(self, root: Path, snapshot_exists: Callable[[str], bool] | None = None) -> None:
         self.root = root
         self._snapshot_exists = snapshot_exists
+        # Where this store's paused sessions live (beside_sessions): written into each hold, so
+        # that a store of another snapshot cache sharing this volume directory tells a live
+        # hold from a stale one by the snapshot itself, not by its own cache.
+        self._sessions: Path | None = None
 
     @classmethod
     def beside_sessions(cls, root: Path, sessions: Path) -> VolumeStore:
         """The store of root whose holds count while their snapshot's directory is in
         sessions (snapshots/sessions.py): the Scheduler's and the CLI's, one rule for both."""
-        return cls(root, lambda snapshot_id: (sessions / snapshot_id).is_dir())
+        store = cls(root, lambda snapshot_id: (sessions / snapshot_id).is_dir())
+        store._sessions = sessions.absolute()
+        return store
 
     # --- coroutines for the scheduler ---
 
@@ -187,25 +194,36 @@ class VolumeStore:
             raise VolumeError("only read-only volumes are kept for a paused session")
         path = self._claim_file(snapshot_id)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_json_atomically(path, {"volumes": [[a.path, a.name, a.read_only] for a in attaches]})
+        record: dict[str, object] = {"volumes": [[a.path, a.name, a.read_only] for a in attaches]}
+        if self._sessions is not None:
+            record["sessions"] = str(self._sessions)
+        write_json_atomically(path, record)
 
     def snapshot_volumes_sync(self, snapshot_id: str) -> tuple[VolumeAttach, ...]:
         """What the paused session snapshot_id had attached (empty: none, or no claim)."""
+        return self._read_hold(snapshot_id)[0]
+
+    def _read_hold(self, snapshot_id: str) -> tuple[tuple[VolumeAttach, ...], Path | None]:
+        """A hold's volumes and the directory of its snapshot's cache (None: not recorded)."""
         try:
             with open(self._claim_file(snapshot_id), "rb") as f:
                 raw = f.read(_RECORD_MAX_BYTES + 1)
         except FileNotFoundError:
-            return ()
+            return (), None
         try:
-            entries = json.loads(raw)["volumes"]
+            data = json.loads(raw)
+            entries = data["volumes"]
             attaches = tuple(VolumeAttach(str(p), str(n), bool(r)) for p, n, r in entries)
-        except (ValueError, KeyError, TypeError) as exc:
+            sessions = data.get("sessions")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise VolumeError(f"unreadable volume claim of snapshot {snapshot_id}: {exc}") from exc
         if len(raw) > _RECORD_MAX_BYTES or any(not a.read_only for a in attaches):
             raise VolumeError(f"a volume claim of snapshot {snapshot_id} is not read-only")
+        if sessions is not None and not (isinstance(sessions, str) and sessions.startswith("/")):
+            raise VolumeError(f"a volume claim of snapshot {snapshot_id} names no directory")
         for a in attaches:
             validate_volume_name(a.name)
-        return attaches
+        return attaches, None if sessions is None else Path(sessions)
 
     def release_snapshot_sync(self, snapshot_id: str) -> None:
         with contextlib.suppress(FileNotFoundError, ValueError):
@@ -220,12 +238,21 @@ class VolumeStore:
             snapshot_id = path.name[: -len(".json")]
             if not _SNAPSHOT_ID.fullmatch(snapshot_id):
                 continue
-            if self._snapshot_exists is not None and not self._snapshot_exists(snapshot_id):
+            try:
+                attaches, sessions = self._read_hold(snapshot_id)
+            except VolumeError:
+                continue
+            # The snapshot's own cache when the hold names it (another scheduler's may differ
+            # from ours), else ours.
+            if sessions is not None:
+                exists = (sessions / snapshot_id).is_dir()
+            else:
+                exists = self._snapshot_exists is None or self._snapshot_exists(snapshot_id)
+            if not exists:
                 self.release_snapshot_sync(snapshot_id)
                 continue
-            with contextlib.suppress(VolumeError):
-                if any(a.name == name for a in self.snapshot_volumes_sync(snapshot_id)):
-                    return snapshot_id
+            if any(a.name == name for a in attaches):
+                return snapshot_id
         return None
 
     def _image(self, name: str) -> Path:
