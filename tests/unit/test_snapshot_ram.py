@@ -238,3 +238,56 @@ def test_the_copy_a_build_seals_serves_the_published_file(
         assert os.pread(fd, 8 * MB, 0) == content
     finally:
         files.close()
+
+
+def test_a_work_disk_that_shrinks_while_hashed_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    """A pause hashes the VM's work disk while that VM's QEMU still runs (stopped, not yet
+    killed) and holds the file open read-write: a QEMU its guest took over can truncate it
+    in the middle. Hashed through a mapping, the host process died of SIGBUS there, and every
+    sandbox of its scheduler with it; the disk's digest reads the file instead, and a file
+    that shrank is an OSError (the pause fails, the host goes on)."""
+    import subprocess
+    import sys
+
+    disk = tmp_path / "disk"
+    _sparse_ram(disk)
+    script = f"""
+import hashlib, os
+from exec_sandbox.snapshots import ram
+
+fd = os.open({str(disk)!r}, os.O_RDWR)
+
+class Shrinking:  # the file is truncated once the first block is hashed, as a QEMU could
+    def __init__(self, data):
+        self.h, self.calls = hashlib.sha256(data), 0
+    def update(self, data):
+        self.h.update(data)
+        self.calls += 1
+        if self.calls == 3:
+            os.ftruncate(fd, 0)
+    def hexdigest(self):
+        return self.h.hexdigest()
+
+ram.hashlib = type("hashlib", (), {{"sha256": Shrinking}})
+try:
+    ram.fd_digest(fd)
+    print("digest")
+except OSError:
+    print("error")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "error\n"), done.stderr
+
+
+def test_the_disk_digest_is_the_ram_digest(tmp_path: Path) -> None:
+    """fd_digest (work disks) and the RAM files' digest are one function of the bytes: a
+    snapshot paused before the disk's digest read the file still resumes."""
+    from exec_sandbox.snapshots.ram import fd_digest
+
+    path = tmp_path / "disk"
+    _sparse_ram(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fd_digest(fd) == ram_digest(path)
+    finally:
+        os.close(fd)

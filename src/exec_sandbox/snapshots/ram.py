@@ -11,6 +11,10 @@ import os
 import struct
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 
 class SnapshotIntegrityError(Exception):
@@ -113,8 +117,26 @@ def ram_digest(path: Path) -> str:
 
 def fd_digest(fd: int) -> str:
     """The same digest of any file (a paused session's work disk): of its bytes, data ranges
-    only read. Blocking."""
-    return _memfd_digest(fd, os.fstat(fd).st_size)
+    only read. Read with pread, never mapped: a pause hashes the disk while its QEMU, stopped
+    but not yet killed, still holds it open read-write, and a file truncated under a mapping
+    kills the reader with SIGBUS (the whole host process). A file that shrinks while hashed
+    is an OSError. Blocking."""
+    size = os.fstat(fd).st_size
+    h = _digest_start(size)
+    block = -1
+    for start, end in _data_ranges(fd, size):
+        for offset in range(
+            max(start // _DIGEST_BLOCK, block + 1) * _DIGEST_BLOCK, end, _DIGEST_BLOCK
+        ):
+            block = offset // _DIGEST_BLOCK
+            want = min(_DIGEST_BLOCK, size - offset)
+            chunk = os.pread(fd, want, offset)
+            if len(chunk) != want:
+                raise OSError(errno.EIO, "the file shrank while it was hashed")
+            if chunk != _ZERO_BLOCK[:want]:
+                h.update(struct.pack("<Q", offset))
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def _data_ranges(fd: int, size: int) -> list[tuple[int, int]]:
@@ -178,8 +200,7 @@ def _memfd_digest(fd: int, size: int) -> str:
     zeros stored as data are the same memory to a clone, and copies of a file make one of the
     other (`cp -a` turns zero blocks into holes; other tools fill holes), so a byte-identical
     copy has the same digest; any byte that changed, in data or in a hole, changes it."""
-    h = hashlib.sha256(b"sbx-ram-digest-2")
-    h.update(struct.pack("<QQ", size, _DIGEST_BLOCK))
+    h = _digest_start(size)
     ranges = _data_ranges(fd, size)
     if not ranges:
         return h.hexdigest()
@@ -198,3 +219,10 @@ def _memfd_digest(fd: int, size: int) -> str:
                             h.update(struct.pack("<Q", offset))
                             h.update(chunk)
     return h.hexdigest()
+
+
+def _digest_start(size: int) -> _Hash:
+    """The digest's state before any block: its version, the size and the block size."""
+    h = hashlib.sha256(b"sbx-ram-digest-2")
+    h.update(struct.pack("<QQ", size, _DIGEST_BLOCK))
+    return h
