@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, Terminal
+from exec_sandbox.paths import images_dir
 
 pytestmark = pytest.mark.vm
 
@@ -79,6 +80,16 @@ async def test_stty_size_follows_a_resize_and_tty_names_a_pty(scheduler: Schedul
         assert out.startswith(b"10 40\r\n/dev/pts/") and await short.stderr.read() == b""
 
 
+def _private_env(tmp_path: Path) -> dict[str, str]:
+    """The CLI's environment with a cache of its own: `sbx shell` then never waits on a
+    snapshot build another test process holds in the user's cache, and leaves nothing there."""
+    return {
+        **os.environ,
+        "EXEC_SANDBOX_CACHE_DIR": str(tmp_path / "cache"),
+        "EXEC_SANDBOX_IMAGES_DIR": str(images_dir()),
+    }
+
+
 def test_sbx_shell_through_tmux(tmp_path: Path, images_ready: None) -> None:
     tmux = shutil.which("tmux")
     assert tmux, "tmux is a test dependency (scripts/install-system-deps.sh)"
@@ -91,7 +102,7 @@ def test_sbx_shell_through_tmux(tmp_path: Path, images_ready: None) -> None:
         [*base, "new-session", "-d", "-s", name, "-x", "100", "-y", "30",
          f"{sbx} shell; echo $? > {status}; sleep 30"],
         check=True,
-        env={**os.environ, "TMUX": ""},
+        env={**_private_env(tmp_path), "TMUX": ""},
     )  # fmt: skip
 
     def screen() -> str:
@@ -134,7 +145,7 @@ def test_sbx_shell_through_tmux(tmp_path: Path, images_ready: None) -> None:
         subprocess.run([*base, "kill-server"], capture_output=True)
 
 
-def test_sbx_shell_pause_then_resume_keeps_the_session(images_ready: None) -> None:
+def test_sbx_shell_pause_then_resume_keeps_the_session(tmp_path: Path, images_ready: None) -> None:
     """Without a terminal on stdin (a pipe): the keys are typed as they come, end of input is
     Ctrl-D; --pause prints the id that --resume opens."""
     sbx = str(Path(sys.executable).with_name("sbx"))
@@ -142,6 +153,7 @@ def test_sbx_shell_pause_then_resume_keeps_the_session(images_ready: None) -> No
         [sbx, "shell", "--pause"],
         input=b"echo kept > note.txt\nexit 0\n",
         capture_output=True,
+        env=_private_env(tmp_path),
         timeout=240,
     )
     assert first.returncode == 0, first.stderr
@@ -151,9 +163,12 @@ def test_sbx_shell_pause_then_resume_keeps_the_session(images_ready: None) -> No
             [sbx, "shell", "--resume", snapshot],
             input=b"cat note.txt; exit 4\n",
             capture_output=True,
+            env=_private_env(tmp_path),
             timeout=240,
         )
         assert again.returncode == 4, again.stderr
         assert b"kept" in again.stdout
     finally:
-        subprocess.run([sbx, "session", "delete", snapshot], capture_output=True)
+        subprocess.run(
+            [sbx, "session", "delete", snapshot], capture_output=True, env=_private_env(tmp_path)
+        )
