@@ -3,6 +3,7 @@ locks that make a volume read-write in one VM or read-only in many, and deletion
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -297,3 +298,16 @@ def test_a_hold_counts_for_a_store_of_another_snapshot_cache(tmp_path: Path) -> 
     (one / snapshot_id).rmdir()  # the snapshot is gone: its hold is stale for everyone
     elsewhere.claim_sync(rw("data")).close()
     assert holder.snapshot_volumes_sync(snapshot_id) == ()
+
+
+def test_a_hold_read_back_is_checked_like_volumes_given_by_the_caller(tmp_path: Path) -> None:
+    """A hold's entries become the resumed VM's kernel command line words: a path or name
+    that volumes= would refuse (a space starts another word) is an unreadable hold, never a
+    word of the command line."""
+    store = VolumeStore(tmp_path)
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    for entry in (["/mnt/x init=/bin/sh", "data", True], ["/etc/x", "data", True]):
+        (claims / f"{'d' * 32}.json").write_text(json.dumps({"volumes": [entry]}))
+        with pytest.raises(VolumeError, match="unreadable volume claim"):
+            store.snapshot_volumes_sync("d" * 32)

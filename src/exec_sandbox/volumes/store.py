@@ -41,13 +41,15 @@ from pathlib import Path
 
 from .._cache_dirs import write_json_atomically
 from .._threads import in_thread
-from ..errors import VolumeError, VolumeInUseError
+from ..errors import InputValidationError, VolumeError, VolumeInUseError
 from .volume import (
     VOLUME_KINDS,
     Volume,
     VolumeAttach,
+    VolumeMount,
     validate_volume_name,
     validate_volume_size,
+    validate_volumes,
 )
 
 _RECORD_MAX_BYTES = 4096
@@ -221,8 +223,13 @@ class VolumeStore:
             raise VolumeError(f"a volume claim of snapshot {snapshot_id} is not read-only")
         if sessions is not None and not (isinstance(sessions, str) and sessions.startswith("/")):
             raise VolumeError(f"a volume claim of snapshot {snapshot_id} names no directory")
-        for a in attaches:
-            validate_volume_name(a.name)
+        try:  # as volumes= checks them: they become kernel command line words at resume
+            given = {a.path: VolumeMount(a.name, a.read_only) for a in attaches}
+            if len(given) != len(attaches):
+                raise InputValidationError("a mount path named twice")
+            validate_volumes(given)
+        except InputValidationError as exc:
+            raise VolumeError(f"unreadable volume claim of snapshot {snapshot_id}: {exc}") from None
         return attaches, None if sessions is None else Path(sessions)
 
     def release_snapshot_sync(self, snapshot_id: str) -> None:
