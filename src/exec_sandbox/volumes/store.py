@@ -67,7 +67,7 @@ class VolumeClaims:
     # Given to a VM (GuestVm.spawn): a second VM of the same spec (a fork's copy) takes its
     # own locks (share()), so that each VM releases only its own.
     given: bool = False
-    _given: bool = False  # give_to() ran: close() takes the images back
+    _given: bool = field(default=False, init=False)  # give_to() ran: close() takes them back
 
     @property
     def read_write(self) -> bool:
