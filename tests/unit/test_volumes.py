@@ -311,3 +311,22 @@ def test_a_hold_read_back_is_checked_like_volumes_given_by_the_caller(tmp_path: 
         (claims / f"{'d' * 32}.json").write_text(json.dumps({"volumes": [entry]}))
         with pytest.raises(VolumeError, match="unreadable volume claim"):
             store.snapshot_volumes_sync("d" * 32)
+
+
+def test_a_reader_that_comes_as_the_last_reader_leaves_is_not_refused(tmp_path: Path) -> None:
+    """The last reader of an image holds it exclusively for a moment as it leaves (to give it
+    back to the host user): a reader claiming then waits that moment out; a writer's hold is
+    still a refusal."""
+    import fcntl
+    import threading
+
+    store = VolumeStore(tmp_path)
+    store.create_sync("data", 64)
+    leaving = os.open(tmp_path / "data.img", os.O_RDONLY)
+    fcntl.flock(leaving, fcntl.LOCK_EX)
+    threading.Timer(0.02, os.close, (leaving,)).start()
+    store.claim_sync(ro("data")).close()
+    writer = store.claim_sync(rw("data"))
+    with pytest.raises(VolumeInUseError, match="attached read-write"):
+        store.claim_sync(ro("data"))
+    writer.close()
