@@ -43,6 +43,13 @@ def test_a_volume_is_a_sparse_empty_file_and_a_record(tmp_path: Path) -> None:
         store.create_sync("data", 128)
 
 
+def test_volumes_are_listed_by_name(tmp_path: Path) -> None:
+    store = VolumeStore(tmp_path)
+    for name in ("data.img", "data", "data-2"):
+        store.create_sync(name, 16)
+    assert [v.name for v in store.list_sync()] == ["data", "data-2", "data.img"]
+
+
 @pytest.mark.parametrize("name", ["", "Data", "-x", ".x", "a/b", "a" * 64, "é"])
 def test_bad_names_are_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(InputValidationError):

@@ -331,8 +331,8 @@ class VolumeStore:
         if not self.root.is_dir():
             return []
         volumes = []
-        for record in sorted(self.root.glob("*.json")):
-            name = record.name[: -len(".json")]
+        # By name: sorting the file names would put "data.img" (data.img.json) before "data".
+        for name in sorted(record.name[: -len(".json")] for record in self.root.glob("*.json")):
             with contextlib.suppress(VolumeError):
                 volume = self.get_sync(name)
                 if volume is not None:
