@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import InputValidationError, Volume, VolumeError, VolumeInUseError, VolumeMount
+from exec_sandbox.cli.arguments import EXIT_USAGE, run_command
 from exec_sandbox.volumes import (
     VolumeAttach,
     VolumeStore,
@@ -48,6 +49,18 @@ def test_volumes_are_listed_by_name(tmp_path: Path) -> None:
     for name in ("data.img", "data", "data-2"):
         store.create_sync(name, 16)
     assert [v.name for v in store.list_sync()] == ["data", "data-2", "data.img"]
+
+
+def test_sbx_calls_an_unknown_volume_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def command() -> int:
+        await VolumeStore(tmp_path).claim(rw("nope"))
+        return 0
+
+    assert run_command(command) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "no volume 'nope'" in err and "sandbox failure" not in err
 
 
 @pytest.mark.parametrize("name", ["", "Data", "-x", ".x", "a/b", "a" * 64, "é"])

@@ -10,7 +10,13 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from ..errors import InputValidationError, OutputLimitError, SandboxError, VmConfigError
+from ..errors import (
+    InputValidationError,
+    OutputLimitError,
+    SandboxError,
+    VmConfigError,
+    VolumeError,
+)
 from ..models import ExecutionResult, Language
 
 EXIT_TIMEOUT = 124
@@ -98,7 +104,9 @@ def run_command(command: Callable[[], Awaitable[int]]) -> int:
     """asyncio.run(command()), with the library's failures turned into messages and statuses."""
     try:
         return asyncio.run(command())  # type: ignore[arg-type]
-    except (InputValidationError, VmConfigError) as exc:
+    # A --volume naming no volume (or one of another size) is the caller's mistake, like an
+    # unknown --template: a usage error, not the sandbox failing.
+    except (InputValidationError, VmConfigError, VolumeError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except FileNotFoundError as exc:
