@@ -579,6 +579,7 @@ class Scheduler:
         # Read-only volumes are kept for the snapshot (its memory has them mounted): no
         # writer until it is deleted. The VM holds their locks until after this returns.
         _refuse_volumes(session, "paused", read_only_ok=True)
+        _refuse_network(session, "paused")
         snapshot = await self._paused.pause(session)
         claims = session.vm.spec.volumes
         if claims is not None and claims.attaches:
@@ -593,6 +594,7 @@ class Scheduler:
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
         # Read-only volumes are shared: each copy takes its own lock (GuestVm.spawn).
         _refuse_volumes(session, "forked", read_only_ok=True)
+        _refuse_network(session, "forked")
         return await self._paused.fork(session, count)
 
     async def _acquire_lease(
@@ -733,6 +735,17 @@ def _refuse_volumes(session: Session, what: str, *, read_only_ok: bool) -> None:
         f"a session with {kind} ({paths}) cannot be {what}: a volume attached that way "
         f"belongs to one running VM (close the session to release it)"
     )
+
+
+def _refuse_network(session: Session, what: str) -> None:
+    """A session's network (allow_network, expose_ports) is the host's relay and ports, not part
+    of a saved state: a resumed VM would have the network device with nothing behind it (QEMU
+    then fails the load), and a fork's copies would silently run without network."""
+    if session.vm.spec.net_port:
+        raise SnapshotError(
+            f"a session with network (allow_network or expose_ports) cannot be {what}: its "
+            f"connections and exposed ports live on this host, not in the VM's saved state"
+        )
 
 
 _POOL_PING_TIMEOUT_SECONDS = 2.0

@@ -119,7 +119,8 @@ def check_machine(meta: dict[str, Any], spec: VmSpec) -> None:
     """SnapshotError unless the snapshot's machine is the one spec would start."""
     saved = meta.get("machine") or {}
     current = machine_identity(spec)
-    different = sorted(k for k in current if saved.get(k) != current[k])
+    # Both ways: a key only the saved machine has (a network port) is a device this one lacks.
+    different = sorted(k for k in current.keys() | saved.keys() if saved.get(k) != current.get(k))
     if different:
         raise SnapshotError(
             f"session snapshot {meta.get('id')} was taken on another machine configuration "
