@@ -408,8 +408,10 @@ class Session:
                     timeout=60.0,
                 )
             except GuestRequestError as exc:
+                # The guest names the step ("chdir: No such file or directory"), not the path.
+                where = f" in {cwd.decode(errors='replace')}" if cwd else ""
                 raise _processes.ProcessError(
-                    f"cannot start {argv[0].decode(errors='replace')}: {exc.guest_message}"
+                    f"cannot start {argv[0].decode(errors='replace')}{where}: {exc.guest_message}"
                 ) from None
             entries = event.processes  # type: ignore[union-attr]
             if len(entries) != 1:

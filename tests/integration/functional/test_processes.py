@@ -150,6 +150,8 @@ async def test_bad_input_is_refused_before_the_vm(scheduler: Scheduler) -> None:
         # A program that does not exist is the guest's refusal, named.
         with pytest.raises(ProcessError, match="no-such-program"):
             await session.spawn(["no-such-program"])
+        with pytest.raises(ProcessError, match="in /no/such/dir: chdir"):
+            await session.spawn("true", cwd="/no/such/dir")
         # The session is unharmed by all of it.
         assert (await session.exec("echo ok")).stdout == "ok\n"
 
