@@ -264,7 +264,10 @@ static int bind_volume(int root_fd, size_t i)
 		return rc;
 	const char *rel = v->path + 1;
 	int fd = dir_in_root(root_fd, rel);
-	if (fd == -EXDEV)
+	/* Only a path in the home crosses one of the agent's binds on purpose (the home is one):
+	 * anywhere else, a crossing means the template's own links lead into another bind (e.g.
+	 * /run/sbx), which a volume must not cover. */
+	if (fd == -EXDEV && strncmp(v->path, SBX_HOME_DIR "/", strlen(SBX_HOME_DIR "/")) == 0)
 		fd = open_in_root(root_fd, rel, O_PATH | O_DIRECTORY);
 	if (fd < 0)
 		return fd;

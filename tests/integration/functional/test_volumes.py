@@ -16,6 +16,7 @@ import pytest
 
 from exec_sandbox import (
     InputValidationError,
+    Run,
     Scheduler,
     SnapshotError,
     Volume,
@@ -158,6 +159,19 @@ async def test_volumes_are_mounted_in_a_templates_root(
         volumes={"/home/user/v": VolumeMount("data", read_only=True)},
     )
     assert read.stdout == "from-template\nrefused\n", read.stderr
+    # Outside the home, a template's link into one of the agent's binds (its run directory,
+    # where the REPL's files live) is not a way to cover that bind with a volume.
+    await vsched.build_template(
+        "bb-link", base="bb", steps=[Run("mkdir -p /mnt && ln -s /run/sbx /mnt/link")]
+    )
+    with pytest.raises(Exception) as refused:
+        await vsched.run(
+            "ls /mnt/link/repl",
+            language="raw",
+            template="bb-link",
+            volumes={"/mnt/link/repl": "data"},
+        )
+    assert "mounting volume /mnt/link/repl in the template" in str(refused.value)
 
 
 async def test_a_session_with_read_only_volumes_forks_and_each_copy_holds_its_lock(
