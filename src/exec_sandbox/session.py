@@ -55,6 +55,8 @@ log = logging.getLogger("exec_sandbox")
 _T = TypeVar("_T")
 
 _MAX_FORKS = 16
+_NO_OP = {"python": "pass", "javascript": "undefined", "raw": "true"}
+_SETTLE_SECONDS = 10
 _NOOP: dict[Language, bytes] = {"python": b"pass", "javascript": b"undefined", "raw": b":"}
 
 
@@ -169,8 +171,29 @@ class Session:
         """Destroy the VM; returns once QEMU is reaped and its cgroup removed. Idempotent."""
         if self._idle_pause is not None and not self._idle_pause.done():
             self._idle_pause.cancel()  # a pause being saved: the VM ends instead
+        await self._settle_volumes()
         self._close_now("closed by the caller")
         await self._lease.release()
+
+    async def _settle_volumes(self) -> None:
+        """The guest makes read-write volumes durable before each exec's EXIT only, so what a
+        spawned process or a terminal wrote since the last exec would die with the VM (ext4
+        commits every 5 s): an empty exec settles them first. Skipped while an exec runs (close
+        does not wait for it) and bounded: a guest that does not answer is closed anyway."""
+        claims = self._vm.spec.volumes
+        if self._closed or claims is None or not claims.read_write or self._lock.locked():
+            return
+        if not self._vm.alive:
+            return
+        try:
+            await asyncio.wait_for(
+                self.exec(_NO_OP[self.language], timeout_seconds=_SETTLE_SECONDS),
+                _SETTLE_SECONDS + 5,
+            )
+        except Exception as exc:  # the VM is destroyed next either way
+            log.warning(
+                "session %s: settling its volumes before close failed: %s", self.session_id, exc
+            )
 
     async def exec(
         self,

@@ -263,3 +263,16 @@ def test_volume_is_exported(images_ready: None) -> None:
         volume.name = "other"  # type: ignore[misc]
     assert volume.read_only() == VolumeMount("data", read_only=True)
     assert asyncio.iscoroutinefunction(Scheduler.volume)
+
+
+async def test_what_a_background_process_wrote_survives_close(vsched: Scheduler) -> None:
+    # The guest settles volumes before an exec's EXIT; a spawned process (or a terminal)
+    # writes outside any exec, and close() right after would drop it with the VM.
+    volume = await vsched.volume("data", size_mb=64)
+    async with await vsched.session(language="raw", volumes={"/mnt/data": volume}) as session:
+        writer = await session.spawn(["sh", "-c", "echo kept > /mnt/data/bg.txt"])
+        assert await writer.wait(timeout=30) == 0
+    read = await vsched.run(
+        "cat /mnt/data/bg.txt", language="raw", volumes={"/mnt/data": volume.read_only()}
+    )
+    assert read.stdout == "kept\n", read.stderr
