@@ -19,10 +19,12 @@ import tty
 from collections.abc import Iterator
 from typing import Any
 
+from ..errors import InputValidationError
 from ..processes import Terminal
 from ..scheduler import Scheduler
 from ..session import Session
 from ..snapshots.sessions import check_id
+from ..volumes import VolumeMount, parse_volume_option
 from .arguments import EXIT_USAGE, parse_env, run_command
 
 _READ_SIZE = 4096
@@ -56,6 +58,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "-e", "--env", action="append", default=[], metavar="KEY=VALUE", help="for the shell"
     )
     shell.add_argument("--network", action="store_true", help="let the sandbox connect out by name")
+    shell.add_argument(
+        "--disk-mb",
+        type=int,
+        metavar="MB",
+        help="size of the VM's disk for /home/user and /tmp (64..1048576, default 4096)",
+    )
+    shell.add_argument(
+        "--volume",
+        action="append",
+        default=[],
+        dest="volumes",
+        metavar="PATH=NAME[:ro]",
+        help="mount the volume NAME (sbx volume create) at guest PATH, read-only with :ro "
+        "(repeatable; with --pause read-only only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         env = parse_env(args.env)
         if args.resume is not None:
             check_id(args.resume)
-    except ValueError as exc:
+        volumes = _volumes(args)
+    except (ValueError, InputValidationError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -81,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                     vcpus=args.vcpus,
                     template=args.template,
                     env_vars=env or None,
+                    disk_mb=args.disk_mb,
+                    volumes=volumes or None,
                     **options,
                 )
             async with contextlib.AsyncExitStack() as stack:
@@ -93,6 +113,19 @@ def run(args: argparse.Namespace) -> int:
             return status
 
     return run_command(go)
+
+
+def _volumes(args: argparse.Namespace) -> dict[str, VolumeMount]:
+    """--volume for a new sandbox. With --pause, what a paused session cannot keep is refused
+    before the VM starts, not after the shell: a read-write volume, and the network
+    (docs/design.md, "Volumes" and "Paused, resumed and forked sessions")."""
+    volumes = dict(parse_volume_option(option) for option in args.volumes)
+    if args.pause and args.network:
+        raise ValueError("a session with --network cannot be paused: drop --pause or --network")
+    writable = [path for path, mount in volumes.items() if not mount.read_only]
+    if args.pause and writable:
+        raise ValueError(f"--pause keeps volumes read-only only: add :ro ({', '.join(writable)})")
+    return volumes
 
 
 def _size() -> tuple[int, int]:

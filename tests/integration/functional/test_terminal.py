@@ -172,3 +172,39 @@ def test_sbx_shell_pause_then_resume_keeps_the_session(tmp_path: Path, images_re
         subprocess.run(
             [sbx, "session", "delete", snapshot], capture_output=True, env=_private_env(tmp_path)
         )
+
+
+def test_sbx_shell_with_a_disk_size_and_a_volume(tmp_path: Path, images_ready: None) -> None:
+    """--disk-mb and --volume as `sbx run` takes them; with --pause, a read-write volume and
+    --network (which a paused session cannot keep) are refused before any VM starts."""
+    sbx = str(Path(sys.executable).with_name("sbx"))
+    env = {**_private_env(tmp_path), "EXEC_SANDBOX_DATA_DIR": str(tmp_path / "data")}
+
+    def shell(*args: str, keys: bytes = b"exit 0\n") -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sbx, "shell", *args], input=keys, capture_output=True, env=env, timeout=240
+        )
+
+    made = subprocess.run([sbx, "volume", "create", "proj", "--size-mb", "32"], env=env)
+    assert made.returncode == 0
+    for refused in (["--pause", "--volume", "/mnt/p=proj"], ["--pause", "--network"]):
+        result = shell(*refused)
+        assert result.returncode == 2, result.stderr
+        assert b"--pause" in result.stderr or b"paused" in result.stderr
+    used = shell(
+        "--disk-mb",
+        "128",
+        "--volume",
+        "/mnt/p=proj",
+        keys=b"echo kept > /mnt/p/f; df -m /home/user | tail -1; exit 3\n",
+    )
+    assert used.returncode == 3, used.stderr
+    size_mb = int(used.stdout.decode().split("/dev/")[-1].split()[1])
+    assert 100 <= size_mb <= 128  # the file system of a 128 MB disk, not the default 4096
+    read = subprocess.run(
+        [sbx, "run", "-l", "raw", "--volume", "/mnt/p=proj:ro", "-c", "cat /mnt/p/f"],
+        capture_output=True,
+        env=env,
+        timeout=240,
+    )
+    assert read.stdout == b"kept\n", read.stderr
