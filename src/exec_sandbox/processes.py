@@ -261,7 +261,7 @@ class Process:
 
     def __repr__(self) -> str:
         state = "running" if self._exit_code is None else f"exit {self._exit_code}"
-        return f"<Process pid={self.pid} {self.command!r} {state}>"
+        return f"<{type(self).__name__} pid={self.pid} {self.command!r} {state}>"
 
     # --- state ---
 

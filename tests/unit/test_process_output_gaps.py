@@ -1,6 +1,7 @@
 """ProcessOutput's arithmetic over the offsets the guest answers (processes.py): gaps and the
-dropped counts. Without a VM: a stand-in host answers each PROC_READ from a script, as the C
-decoder would type the events; says nothing about a real guest (functional/test_processes.py)."""
+dropped counts; and the handles' repr. Without a VM: a stand-in host answers each PROC_READ
+from a script, as the C decoder would type the events; says nothing about a real guest
+(functional/test_processes.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exec_sandbox import _execsbx
-from exec_sandbox.processes import OutputGap, Process
+from exec_sandbox.processes import OutputGap, Process, Terminal
 
 EOF_FLAG = 1
 
@@ -68,3 +69,10 @@ async def test_dropped_adds_up_one_readers_gaps_and_keeps_the_largest_reader() -
     assert isinstance(second[0], OutputGap) and second[0].dropped == 80
     assert process.stdout_dropped == 90
     assert process.stderr_dropped == 0
+
+
+def test_a_terminal_says_it_is_one_in_its_repr() -> None:
+    # session.processes() lists both kinds; a listing of "<Process ...>" hid the terminals.
+    host = ScriptedHost([])
+    assert repr(Process(host, 7, "sleep 9", False)) == "<Process pid=7 'sleep 9' running>"
+    assert repr(Terminal(host, 8, "bash", 80, 24)) == "<Terminal pid=8 'bash' running>"
