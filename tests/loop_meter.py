@@ -77,7 +77,10 @@ class CallbackMeter:
                 held = wall - (meter.clock.waited_s() - q0)
                 meter.spans.append((w0, w0 + wall, held, describe(handle) if held > 5e-4 else ""))
                 if held > meter.threshold_s:
-                    cpu = time.thread_time() - c0
+                    # One thread cannot run longer than the time that passed: a figure over
+                    # the wall time is the clock's accounting (this host is itself a VM, whose
+                    # CPU time is charged in ticks), and counts as the wall time.
+                    cpu = min(time.thread_time() - c0, wall)
                     meter.slow.append(Stall(held, wall, cpu, describe(handle)))
 
         self._orig = orig
