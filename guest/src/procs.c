@@ -147,14 +147,19 @@ static void no_process(struct sbx_procs *t, uint32_t id, uint32_t pid, const cha
 
 /* --- held replies ---------------------------------------------------------------------------- */
 
-static struct sbx_held *hold(struct sbx_procs *t)
+/* A free place for request id's held reply, its id set; NULL (and the request answered with
+ * ERROR LIMIT) when SBX_PROC_PENDING_MAX are held already. */
+static struct sbx_held *hold(struct sbx_procs *t, uint32_t id)
 {
 	for (size_t i = 0; i < SBX_PROC_PENDING_MAX; i++)
 		if (t->held[i].kind == SBX_HELD_NONE) {
 			memset(&t->held[i], 0, sizeof(t->held[i]));
 			t->held[i].seq = ++t->seq;
+			t->held[i].id = id;
 			return &t->held[i];
 		}
+	sbx_channel_send_error(t->ch, id, SBX_ERR_LIMIT, "%u replies are held already",
+			       SBX_PROC_PENDING_MAX);
 	return NULL;
 }
 
@@ -560,14 +565,10 @@ static void handle_read(struct sbx_procs *t, const struct sbx_proc_request *r, u
 		send_data(t, id, p, r->stream, r->offset, r->max);
 		return;
 	}
-	struct sbx_held *h = hold(t);
-	if (!h) {
-		sbx_channel_send_error(t->ch, id, SBX_ERR_LIMIT, "%u replies are held already",
-				       SBX_PROC_PENDING_MAX);
+	struct sbx_held *h = hold(t, id);
+	if (!h)
 		return;
-	}
 	h->kind = SBX_HELD_READ;
-	h->id = id;
 	h->pid = p->pid;
 	h->stream = r->stream;
 	h->offset = r->offset;
@@ -586,14 +587,10 @@ static void handle_wait(struct sbx_procs *t, const struct sbx_proc_request *r, u
 		send_one_info(t, id, p);
 		return;
 	}
-	struct sbx_held *h = hold(t);
-	if (!h) {
-		sbx_channel_send_error(t->ch, id, SBX_ERR_LIMIT, "%u replies are held already",
-				       SBX_PROC_PENDING_MAX);
+	struct sbx_held *h = hold(t, id);
+	if (!h)
 		return;
-	}
 	h->kind = SBX_HELD_WAIT;
-	h->id = id;
 	h->pid = p->pid;
 	h->deadline_ns = sbx_now_ns() + (uint64_t)r->wait_ms * 1000000u;
 }
@@ -606,14 +603,10 @@ static void handle_write(struct sbx_procs *t, const struct sbx_proc_request *r, 
 			   !p ? "not tracked" : !p->running ? "has ended" : "its stdin is closed");
 		return;
 	}
-	struct sbx_held *h = hold(t);
-	if (!h) {
-		sbx_channel_send_error(t->ch, id, SBX_ERR_LIMIT, "%u replies are held already",
-				       SBX_PROC_PENDING_MAX);
+	struct sbx_held *h = hold(t, id);
+	if (!h)
 		return;
-	}
 	h->kind = SBX_HELD_WRITE;
-	h->id = id;
 	h->pid = p->pid;
 	h->deadline_ns = UINT64_MAX; /* a write waits for the reader, however long */
 	h->close_stdin = r->flags & SBX_PROC_CLOSE_STDIN;
