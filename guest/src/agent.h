@@ -66,9 +66,18 @@ int sbx_ensure_std_fds(void);
 int sbx_mount_all(void); /* also sbx_mount_layers() */
 /* Mount the package layer disks the host attached (by their serial); 0 or the first -errno. */
 int sbx_mount_layers(void);
+/* The host names each disk it attaches by its serial: this prefix and the disk's kind
+ * (src/_execsbx/qemu_argv.c). */
+#define SBX_DISK_SERIAL_PREFIX "sbx-disk-"
 /* The serial of block device `name` (vdb, ...) into buf (NUL-terminated, newline cut); 0 or
- * -errno. The host names each disk it attaches by its serial (template.h). */
+ * -errno. */
 int sbx_read_serial(const char *name, char *buf, size_t size);
+/* The block device (/dev/vdX) of the disk of `kind` into dev; 0, -ENOENT or -errno. */
+int sbx_find_disk(const char *kind, char *dev, size_t size);
+/* An ext4 superblock starts at byte 1024; its magic is the 16-bit field at offset 56. */
+#define SBX_EXT4_SUPER 1024
+#define SBX_EXT4_MAGIC_OFFSET (SBX_EXT4_SUPER + 56)
+#define SBX_EXT4_MAGIC 0xEF53u
 
 /* net.c */
 int sbx_set_hostname(const char *name);

@@ -137,7 +137,6 @@ int sbx_mount_all(void)
  * Read-only, nosuid, nodev; not noexec, which would refuse the PROT_EXEC mappings of native
  * extension modules. */
 static const char *const layer_kinds[] = {"python", "javascript"};
-#define LAYER_SERIAL_PREFIX "sbx-disk-"
 #define LAYER_MOUNT_DIR "/usr/lib/sbx/layers/"
 
 int sbx_read_serial(const char *name, char *buf, size_t size)
@@ -157,6 +156,31 @@ int sbx_read_serial(const char *name, char *buf, size_t size)
 	buf[got] = '\0';
 	buf[strcspn(buf, "\n")] = '\0';
 	return 0;
+}
+
+int sbx_find_disk(const char *kind, char *dev, size_t size)
+{
+	DIR *dir = opendir("/sys/block");
+	if (!dir)
+		return -errno;
+	char want[64];
+	int w = snprintf(want, sizeof(want), SBX_DISK_SERIAL_PREFIX "%s", kind);
+	if (w < 0 || (size_t)w >= sizeof(want)) {
+		closedir(dir);
+		return -ENAMETOOLONG;
+	}
+	int rc = -ENOENT;
+	struct dirent *e;
+	while (rc == -ENOENT && (e = readdir(dir)) != NULL) {
+		char serial[64];
+		if (strncmp(e->d_name, "vd", 2) != 0 ||
+		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 || strcmp(serial, want) != 0)
+			continue;
+		int n = snprintf(dev, size, "/dev/%s", e->d_name);
+		rc = n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
+	}
+	closedir(dir);
+	return rc;
 }
 
 static int mount_layer(const char *name, const char *kind)
@@ -185,9 +209,9 @@ int sbx_mount_layers(void)
 		char serial[64];
 		if (strncmp(e->d_name, "vd", 2) != 0 ||
 		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 ||
-		    strncmp(serial, LAYER_SERIAL_PREFIX, strlen(LAYER_SERIAL_PREFIX)) != 0)
+		    strncmp(serial, SBX_DISK_SERIAL_PREFIX, strlen(SBX_DISK_SERIAL_PREFIX)) != 0)
 			continue;
-		const char *kind = serial + strlen(LAYER_SERIAL_PREFIX);
+		const char *kind = serial + strlen(SBX_DISK_SERIAL_PREFIX);
 		for (size_t i = 0; i < sizeof(layer_kinds) / sizeof(layer_kinds[0]); i++) {
 			if (strcmp(kind, layer_kinds[i]) != 0)
 				continue;

@@ -1,7 +1,6 @@
 /* Template and builder modes: see template.h. */
 #include "template.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -22,28 +21,6 @@
 #define TEMPLATE_IMAGE SBX_TEMPLATE_DIR "/image"
 #define TEMPLATE_RW SBX_TEMPLATE_DIR "/rw"
 #define TEMPLATE_ROOT SBX_TEMPLATE_DIR "/root"
-
-/* The block device (/dev/vdX) whose serial is "sbx-disk-<kind>" into dev; 0 or -ENOENT. */
-static int find_disk(const char *kind, char *dev, size_t size)
-{
-	DIR *dir = opendir("/sys/block");
-	if (!dir)
-		return -errno;
-	char want[64];
-	snprintf(want, sizeof(want), SBX_DISK_SERIAL_PREFIX "%s", kind);
-	int rc = -ENOENT;
-	struct dirent *e;
-	while (rc == -ENOENT && (e = readdir(dir)) != NULL) {
-		char serial[64];
-		if (strncmp(e->d_name, "vd", 2) != 0 ||
-		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 || strcmp(serial, want) != 0)
-			continue;
-		int n = snprintf(dev, size, "/dev/%s", e->d_name);
-		rc = n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
-	}
-	closedir(dir);
-	return rc;
-}
 
 static int mkdir_one(const char *path, mode_t mode)
 {
@@ -80,7 +57,7 @@ void sbx_builder_setup(void)
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		char dev[64], target[64];
 		snprintf(target, sizeof(target), SBX_BUILD_DIR "/%s", kinds[i]);
-		if (find_disk(kinds[i], dev, sizeof(dev)) < 0)
+		if (sbx_find_disk(kinds[i], dev, sizeof(dev)) < 0)
 			continue; /* base is there only for a template built on another */
 		if (mkdir_one(target, 0755) < 0 ||
 		    mount(dev, target, "erofs", MS_RDONLY | NOSUID_NODEV, NULL) < 0)
@@ -363,7 +340,7 @@ void sbx_template_setup(struct sbx_config *cfg)
 {
 	struct sbx_template *t = &cfg->tpl;
 	char dev[64];
-	if (find_disk("template", dev, sizeof(dev)) < 0)
+	if (sbx_find_disk("template", dev, sizeof(dev)) < 0)
 		return;
 	t->active = true;
 	snprintf(t->root, sizeof(t->root), "%s", TEMPLATE_ROOT);

@@ -23,7 +23,6 @@
 
 #include "agent.h"
 
-#define SBX_DISK_SERIAL_PREFIX "sbx-disk-"
 #define SBX_TEMPLATE_DIR "/run/sbx/template"
 #define SBX_BUILD_DIR "/run/sbx/build"
 

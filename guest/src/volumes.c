@@ -5,7 +5,6 @@
  */
 #include "volumes.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,13 +24,8 @@
 #include "agent.h"
 #include "cleanup.h"
 
-#define SERIAL_PREFIX "sbx-disk-"
 #define MKE2FS "/sbin/mke2fs"
 #define NOSUID_NODEV (MS_NOSUID | MS_NODEV)
-/* The ext4 superblock starts at byte 1024; its magic is the 16-bit field at offset 56. */
-#define EXT4_SUPER 1024
-#define EXT4_MAGIC_OFFSET (EXT4_SUPER + 56)
-#define EXT4_MAGIC 0xEF53u
 /* Upper layers of the overlays that make mount points on the read-only image (make_dirs). */
 #define OVERLAYS_DIR SBX_VOLUMES_DIR "/.overlays"
 /* A journal commit count that could not be read (sbx_volumes_settle). */
@@ -81,27 +75,6 @@ static void set_error(const char *fmt, ...)
 		snprintf(error, sizeof(error), "%s", msg);
 }
 
-static int find_disk(const char *kind, char *dev, size_t size)
-{
-	DIR *dir = opendir("/sys/block");
-	if (!dir)
-		return -errno;
-	char want[32];
-	snprintf(want, sizeof(want), SERIAL_PREFIX "%s", kind);
-	int rc = -ENOENT;
-	struct dirent *e;
-	while (rc == -ENOENT && (e = readdir(dir)) != NULL) {
-		char serial[64];
-		if (strncmp(e->d_name, "vd", 2) != 0 ||
-		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 || strcmp(serial, want) != 0)
-			continue;
-		int n = snprintf(dev, size, "/dev/%s", e->d_name);
-		rc = n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
-	}
-	closedir(dir);
-	return rc;
-}
-
 /* 1: an ext4 superblock (*recover: its journal is marked for replay, as every VM that had it
  * read-write and was killed leaves it); 0: a fresh volume (its superblock's block all zeros,
  * as the host created it); -EUCLEAN: something else, left as it is; -errno. */
@@ -111,12 +84,12 @@ static int probe(const char *dev, bool *recover)
 	if (fd < 0)
 		return -errno;
 	uint8_t block[1024];
-	ssize_t n = pread(fd, block, sizeof(block), EXT4_SUPER);
+	ssize_t n = pread(fd, block, sizeof(block), SBX_EXT4_SUPER);
 	if (n < 0)
 		return -errno;
 	if (n != (ssize_t)sizeof(block))
 		return -EUCLEAN;
-	if ((unsigned)(block[56] | block[57] << 8) == EXT4_MAGIC) {
+	if ((unsigned)(block[56] | block[57] << 8) == SBX_EXT4_MAGIC) {
 		/* s_feature_incompat (offset 0x60), EXT4_FEATURE_INCOMPAT_RECOVER (0x4). */
 		*recover = (block[0x60] & 0x4) != 0;
 		return 1;
@@ -266,9 +239,9 @@ static int setup_one(size_t i)
 {
 	const struct sbx_volume_arg *v = &vols[i];
 	char dev[64], source[64];
-	int rc = find_disk(v->kind, dev, sizeof(dev));
+	int rc = sbx_find_disk(v->kind, dev, sizeof(dev));
 	if (rc < 0) {
-		set_error("volume at %s: no disk %s%s: %s", v->path, SERIAL_PREFIX, v->kind,
+		set_error("volume at %s: no disk %s%s: %s", v->path, SBX_DISK_SERIAL_PREFIX, v->kind,
 			  strerror(-rc));
 		return rc;
 	}

@@ -8,7 +8,6 @@
  * already mounted, on its own copy of the snapshot's disk (snapshots/l1.py). So the format is paid
  * by cold boots only.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -23,11 +22,8 @@
 #include "cleanup.h"
 #include "workspace.h"
 
-#define WORK_SERIAL "sbx-disk-work"
+#define WORK_KIND "work"
 #define MKE2FS "/sbin/mke2fs"
-/* The ext4 superblock starts at byte 1024; its magic is the 16-bit field at offset 56. */
-#define EXT4_MAGIC_OFFSET (1024 + 56)
-#define EXT4_MAGIC 0xEF53u
 /* Not noexec: building and running programs in /home/user is what a workspace is for. */
 #define WORK_FLAGS (MS_NOSUID | MS_NODEV)
 /* discard: a deleted file's blocks go back to the host (QEMU punches holes in the sparse file).
@@ -43,26 +39,6 @@ bool sbx_workspace_active(void)
 	return active;
 }
 
-static int find_work_disk(char *dev, size_t size)
-{
-	DIR *dir = opendir("/sys/block");
-	if (!dir)
-		return -errno;
-	int rc = -ENOENT;
-	struct dirent *e;
-	while (rc == -ENOENT && (e = readdir(dir)) != NULL) {
-		char serial[64];
-		if (strncmp(e->d_name, "vd", 2) != 0 ||
-		    sbx_read_serial(e->d_name, serial, sizeof(serial)) < 0 ||
-		    strcmp(serial, WORK_SERIAL) != 0)
-			continue;
-		int n = snprintf(dev, size, "/dev/%s", e->d_name);
-		rc = n > 0 && (size_t)n < size ? 0 : -ENAMETOOLONG;
-	}
-	closedir(dir);
-	return rc;
-}
-
 /* 1 if dev holds an ext4 superblock, 0 if not (a new, all-zero disk), -errno. */
 static int has_ext4(const char *dev)
 {
@@ -70,12 +46,12 @@ static int has_ext4(const char *dev)
 	if (fd < 0)
 		return -errno;
 	uint8_t magic[2];
-	ssize_t n = pread(fd, magic, sizeof(magic), EXT4_MAGIC_OFFSET);
+	ssize_t n = pread(fd, magic, sizeof(magic), SBX_EXT4_MAGIC_OFFSET);
 	if (n < 0)
 		return -errno;
 	if (n != (ssize_t)sizeof(magic))
 		return 0;
-	return (unsigned)(magic[0] | magic[1] << 8) == EXT4_MAGIC;
+	return (unsigned)(magic[0] | magic[1] << 8) == SBX_EXT4_MAGIC;
 }
 
 /* mke2fs from the image (e2fsprogs). -m 0: no blocks reserved for root (user code is not root).
@@ -132,7 +108,7 @@ static int make_dir(const char *path, mode_t mode, uid_t uid, gid_t gid)
 int sbx_workspace_setup(void)
 {
 	char dev[64];
-	int rc = find_work_disk(dev, sizeof(dev));
+	int rc = sbx_find_disk(WORK_KIND, dev, sizeof(dev));
 	if (rc == -ENOENT)
 		return 0;
 	if (rc < 0)
