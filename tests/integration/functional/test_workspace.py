@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -95,7 +96,7 @@ async def test_disk_mb_is_validated_before_any_vm_starts(ws: Scheduler) -> None:
     assert qemu_processes(parent=os.getpid()) == []
 
 
-async def test_the_disk_survives_pause_and_resume_in_a_new_scheduler(
+async def test_the_disk_survives_pause_and_resume_in_a_new_process(
     tmp_path: Path, images_ready: None
 ) -> None:
     write = "head -c 50000000 /dev/urandom > /home/user/blob && md5sum < /home/user/blob"
@@ -105,11 +106,32 @@ async def test_the_disk_survives_pause_and_resume_in_a_new_scheduler(
         paused = await session.pause()
     disk = tmp_path / "memory" / "sessions" / paused.id / "disk"
     assert disk.stat().st_size == 512 << 20 and disk.stat().st_mode & 0o077 == 0
-    async with Scheduler(private_config(tmp_path)) as second:
-        for _ in range(2):  # a snapshot resumes more than once: each time from its own disk
-            async with await second.resume(paused.id) as resumed:
-                again = await resumed.exec("md5sum < /home/user/blob; rm /home/user/blob")
-                assert again.stdout.split("\n")[0] == digest.strip()
+    # Another Python process resumes it twice: a snapshot resumes more than once, each time
+    # from a copy of its disk: the first one's rm does not reach the second.
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from exec_sandbox import Scheduler, SchedulerConfig\n"
+        "async def main():\n"
+        "    config = SchedulerConfig(memory_snapshots=False, memory_snapshot_cache_dir=Path(sys.argv[1]))\n"  # noqa: E501
+        "    async with Scheduler(config) as s:\n"
+        "        for _ in range(2):\n"
+        "            async with await s.resume(sys.argv[2]) as session:\n"
+        "                check = 'md5sum < /home/user/blob; rm /home/user/blob'\n"
+        "                print((await session.exec(check)).stdout, end='')\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        str(tmp_path / "memory"),
+        paused.id,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
+    assert out.decode().splitlines() == [digest.strip()] * 2, err.decode()[-2000:]
 
 
 async def test_two_forks_write_the_same_path_and_each_sees_its_own(ws: Scheduler) -> None:
