@@ -754,6 +754,59 @@ __attribute__((format(printf, 4, 5))) static int refuse(char *msg, size_t cap, i
 	return rc;
 }
 
+/* A VM restored from a state saved with network (REATTACH): the streams' host ends died with the
+ * old host, the bytes queued for it and a frame half read from it mean nothing to the new one.
+ * Every stream is reset (guest programs see a reset), the port's queues emptied, and the new
+ * configuration taken. The name table and its listeners stay (a program's cached DNS answer
+ * still reaches its name), so the outbound flag and the extra ports must be the ones they were
+ * made for; the names and the CA bundle may change. The net port is the same device. */
+static int reattach(struct sbx_net *n, const uint8_t *payload, size_t len,
+		    const struct sbx_net_config *probe, char *msg, size_t cap)
+{
+	bool same = (probe->flags & SBX_NET_CONFIG_OUTBOUND) ==
+			    (n->cfg.flags & SBX_NET_CONFIG_OUTBOUND) &&
+		    probe->port_count == n->cfg.port_count;
+	for (uint32_t k = 0; same && k < probe->port_count; k++)
+		same = probe->ports[k] == n->cfg.ports[k];
+	if (!same)
+		return refuse(msg, cap, -EPROTO,
+			      "NET_CONFIG: reattach with another outbound flag or ports");
+	uint8_t *buf = malloc(len ? len : 1);
+	if (!buf)
+		return refuse(msg, cap, -ENOMEM, "NET_CONFIG: out of memory");
+	memcpy(buf, payload, len);
+	const char *why = "?";
+	int rc;
+	if (probe->ca_bundle && (rc = sbx_net_install_ca(probe->ca_bundle, probe->ca_len)) < 0) {
+		free(buf);
+		return refuse(msg, cap, rc, "NET_CONFIG: CA bundle: %s", strerror(-rc));
+	}
+	for (uint32_t i = 0; i < SBX_NET_STREAMS_MAX; i++)
+		if (n->streams[i].state != SBX_NS_FREE)
+			stream_free(n, &n->streams[i]);
+	n->out.len = 0;
+	n->out_off = 0;
+	if (sbx_buf_append(&n->out, SBX_NET_REATTACH_MARK, SBX_NET_REATTACH_MARK_LEN) < 0) {
+		free(buf);
+		return refuse(msg, cap, -ENOMEM, "NET_CONFIG: out of memory");
+	}
+	sbx_reader_free(&n->reader);
+	sbx_reader_init(&n->reader, SBX_NET_FRAME_MAX);
+	n->broken = false;
+	memset(&n->reports, 0, sizeof(n->reports));
+	free(n->cfg_buf);
+	n->cfg_buf = buf;
+	sbx_net_parse_config(buf, len, &n->cfg, &why); /* the same bytes: cannot fail now */
+	if (n->port_events == 0) { /* a broken port left the set: read the new host */
+		struct epoll_event ev = {.events = EPOLLIN,
+					 .data.u64 = sbx_net_tag(SBX_NET_TAG_PORT, 0)};
+		if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->port_fd, &ev) == 0)
+			n->port_events = EPOLLIN;
+	}
+	port_flush(n);
+	return 0;
+}
+
 int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int port_fd,
 		      bool test_mode, bool own_net_ns, char *msg, size_t cap)
 {
@@ -762,8 +815,10 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 	int rc = sbx_net_parse_config(payload, len, &probe, &why);
 	if (rc < 0)
 		return refuse(msg, cap, rc, "bad NET_CONFIG: %s", why);
-	if (n->configured)
+	if (n->configured && !(probe.flags & SBX_NET_CONFIG_REATTACH))
 		return refuse(msg, cap, -EALREADY, "NET_CONFIG: already configured");
+	if (n->configured)
+		return reattach(n, payload, len, &probe, msg, cap);
 	if (port_fd < 0 && test_mode)
 		return refuse(msg, cap, -ENODEV, "NET_CONFIG: no network port (test mode)");
 	/* A test agent on the host (no --boot namespaces) must not add addresses to the host's lo
@@ -828,6 +883,10 @@ int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int
 	n->port_fd = TAKE_FD(port);
 	n->cfg_buf = TAKE_PTR(buf);
 	n->configured = true;
+	/* A REATTACH the first time: nothing is stale, but the host waits for the mark all the same. */
+	if ((probe.flags & SBX_NET_CONFIG_REATTACH) &&
+	    sbx_buf_append(&n->out, SBX_NET_REATTACH_MARK, SBX_NET_REATTACH_MARK_LEN) == 0)
+		port_flush(n);
 	return 0;
 }
 

@@ -131,7 +131,8 @@ struct sbx_net {
 void sbx_net_init(struct sbx_net *n);
 /* NET_CONFIG: 0, or -errno with msg (size cap) saying why; the host then gets ERROR. In test mode
  * port_fd >= 0 is the net port (a socket; the caller keeps it, this works on a copy); otherwise
- * the port is found by name. A second NET_CONFIG is refused (-EALREADY). own_net_ns: the agent may
+ * the port is found by name. A second NET_CONFIG is refused (-EALREADY) unless it has
+ * SBX_NET_CONFIG_REATTACH (a restored VM: every stream is reset, see net_protocol.h). own_net_ns: the agent may
  * change lo (the VM, or a test agent booted in its own namespaces); outbound needs it. */
 int sbx_net_configure(struct sbx_net *n, const uint8_t *payload, size_t len, int port_fd,
 		      bool test_mode, bool own_net_ns, char *msg, size_t cap);

@@ -41,7 +41,7 @@ int sbx_net_parse_config(const uint8_t *p, size_t n, struct sbx_net_config *out,
 	memset(out, 0, sizeof(*out));
 	if (sbx_get_u32(&c, &out->flags) < 0)
 		return fail(why, "truncated flags", -EPROTO);
-	if (out->flags & ~(uint32_t)SBX_NET_CONFIG_OUTBOUND)
+	if (out->flags & ~(uint32_t)(SBX_NET_CONFIG_OUTBOUND | SBX_NET_CONFIG_REATTACH))
 		return fail(why, "unknown flags", -EPROTO);
 	if (sbx_get_u32(&c, &count) < 0)
 		return fail(why, "truncated name count", -EPROTO);

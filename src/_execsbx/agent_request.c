@@ -298,7 +298,8 @@ int sbx_encode_net_config(struct sbx_buf *b, const struct sbx_net_config_req *r,
 	size_t start, before = b->len;
 	rc = sbx_frame_begin(b, SBX_MSG_NET_CONFIG, r->id, &start);
 	if (rc == 0)
-		rc = sbx_put_u32(b, r->outbound ? (uint32_t)SBX_NET_CONFIG_OUTBOUND : 0u);
+		rc = sbx_put_u32(b, (r->outbound ? (uint32_t)SBX_NET_CONFIG_OUTBOUND : 0u) |
+					    (r->reattach ? (uint32_t)SBX_NET_CONFIG_REATTACH : 0u));
 	if (rc == 0)
 		rc = sbx_put_u32(b, (uint32_t)r->name_count);
 	for (size_t i = 0; rc == 0 && i < r->name_count; i++)

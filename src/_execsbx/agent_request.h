@@ -85,6 +85,7 @@ struct sbx_bytes {
 struct sbx_net_config_req {
 	uint32_t id;                     /* any request id: the answer (PONG or ERROR) echoes it */
 	int outbound;                    /* nonzero: SBX_NET_CONFIG_OUTBOUND */
+	int reattach;                    /* nonzero: SBX_NET_CONFIG_REATTACH (a restored VM) */
 	const struct sbx_bytes *names;   /* patterns: lowercase DNS names, or "*" alone */
 	size_t name_count;
 	const uint32_t *ports;           /* extra outbound ports, 1..65535 */

@@ -311,25 +311,26 @@ PyObject *sbx_py_send_file_list(struct sbx_vm *vm, PyObject *args)
 }
 
 const char sbx_py_send_net_config_doc[] =
-	"send_net_config(id, outbound, names, ports, ca_bundle) -> int\n\n"
+	"send_net_config(id, outbound, names, ports, ca_bundle, reattach=False) -> int\n\n"
 	"Queue NET_CONFIG (net_protocol.h), encoded here from the values the network policy chose\n"
 	"(exec_sandbox/network/config_frame.py): outbound (bool: allow_network), names (sequence\n"
 	"of str: lowercase DNS names, or '*' alone for every name), ports (sequence of int: extra\n"
-	"outbound ports), ca_bundle (bytes, PEM; b'': the image's). Answered by an ACK (PONG) or\n"
+	"outbound ports), ca_bundle (bytes, PEM; b'': the image's), reattach (a VM restored from a\n"
+	"state saved with network: the guest resets its old streams). Answered by an ACK (PONG) or\n"
 	"ERROR. Returns the bytes still pending; ValueError for values the protocol refuses (over\n"
 	"its limits, a malformed name or port, a NUL in the bundle).";
 
 PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = {"id", "outbound", "names", "ports", "ca_bundle", NULL};
+	static char *kwlist[] = {"id", "outbound", "names", "ports", "ca_bundle", "reattach", NULL};
 	PyObject *o_id, *o_names, *o_ports, *names = NULL, *ports = NULL, *result = NULL;
-	int outbound;
+	int outbound, reattach = 0;
 	Py_buffer ca;
 	struct sbx_bytes *nv = NULL;
 	uint32_t *pv = NULL;
 	struct sbx_net_config_req req = {0};
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OpOOy*:send_net_config", kwlist, &o_id,
-					 &outbound, &o_names, &o_ports, &ca))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OpOOy*|p:send_net_config", kwlist,
+					 &o_id, &outbound, &o_names, &o_ports, &ca, &reattach))
 		return NULL;
 	if (sbx_raise_if_closed(vm->closed) < 0 || to_u32(o_id, "id", &req.id) < 0)
 		goto out;
@@ -362,6 +363,7 @@ PyObject *sbx_py_send_net_config(struct sbx_vm *vm, PyObject *args, PyObject *kw
 		if (to_u32(PySequence_Fast_GET_ITEM(ports, (Py_ssize_t)i), "a port", &pv[i]) < 0)
 			goto out;
 	req.outbound = outbound;
+	req.reattach = reattach;
 	req.names = nv;
 	req.ports = pv;
 	req.ca_bundle = ca.buf;

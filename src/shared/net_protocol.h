@@ -134,6 +134,19 @@ enum sbx_net_close {
  * against its own policy (a guest owns its kernel and can send anything). */
 enum sbx_net_config_flag {
 	SBX_NET_CONFIG_OUTBOUND = 1u << 0, /* outbound streams allowed (allow_network) */
+	/* The VM was restored from a state saved while it had network (a resumed or forked
+	 * session): its streams' host ends died with the old host, so the guest resets them all
+	 * and takes this configuration although it was configured before. Without it a second
+	 * NET_CONFIG is refused. Same outbound flag and extra ports as before, or refused. */
+	SBX_NET_CONFIG_REATTACH = 1u << 1,
 };
+
+/* What the guest writes on the net port first when it takes a REATTACH, before any frame: the
+ * bytes before it are what it had queued for the old host (frames of dead streams, a frame cut
+ * by the save), which the host skips (network/attach.py) before it relays the port. Not a frame:
+ * a length of 0xffffffff is none. (A guest can put these bytes in a stream's DATA: it then only
+ * breaks its own network, as with any bad frame.) */
+#define SBX_NET_REATTACH_MARK "\xff\xff\xff\xffsbx-net-reattached\xff\xff\xff\xff"
+#define SBX_NET_REATTACH_MARK_LEN 26u
 
 #endif /* SBX_NET_PROTOCOL_H */

@@ -103,6 +103,7 @@ static void net_config(const uint8_t *data, size_t size)
 		return;
 	}
 	REQUIRE(c.name_count <= SBX_NET_NAMES_MAX && c.port_count <= SBX_NET_EXTRA_PORTS_MAX);
+	REQUIRE(!(c.flags & ~(uint32_t)(SBX_NET_CONFIG_OUTBOUND | SBX_NET_CONFIG_REATTACH)));
 	for (uint32_t i = 0; i < c.name_count; i++) {
 		REQUIRE(inside(c.names[i], c.name_len[i], data, size));
 		REQUIRE((c.name_len[i] == 1 && c.names[i][0] == '*') ||

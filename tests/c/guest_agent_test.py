@@ -400,6 +400,46 @@ def test_net_relay_in_test_mode() -> None:
         rig.close()
 
 
+def test_net_reattach_resets_the_old_streams() -> None:
+    """NET_CONFIG with REATTACH (a VM restored from a state saved with network): the streams of
+    the old host are reset (the guest program sees it), a frame half read from the old host is
+    dropped, the mark goes out on the port, and the new host's frames are served. A reattach
+    that changes the outbound flag or the extra ports is refused; the network goes on as
+    reattached."""
+    rig = NetRig()
+    a, net = rig.agent, rig.net
+    try:
+        conn = rig.connect(0x80000001)
+        net.sock.sendall(HEADER.pack(64, NET_DATA, 0, 0, 0x80000001)[:10])  # the old host's half
+        time.sleep(0.3)  # read by the agent before the reattach
+        reattach = struct.pack("<III", 2, 0, 0) + s(b"")
+        a.send(frame(NET_CONFIG, 7, reattach))
+        assert a.expect() == (PONG, 7, b"")
+        # The mark first (net_protocol.h): nothing was queued for the old host here.
+        mark = b"\xff\xff\xff\xffsbx-net-reattached\xff\xff\xff\xff"
+        while len(net.buf) < len(mark) and select.select([net.sock], [], [], 5)[0]:
+            net.buf += net.sock.recv(len(mark) - len(net.buf))
+        assert net.buf == mark
+        net.buf = b""
+        conn.settimeout(5)
+        try:
+            assert conn.recv(10) == b""
+        except ConnectionResetError:
+            pass  # reset: what SO_LINGER 0 gives
+        conn.close()
+        # The same id again: the table was emptied, the half frame forgotten.
+        again = rig.connect(0x80000001)
+        net.send(NET_DATA, 0x80000001, b"pong")
+        assert again.recv(100) == b"pong"
+        again.close()
+        other = struct.pack("<IIII", 2, 0, 1, 8080) + s(b"")
+        a.send(frame(NET_CONFIG, 8, other))
+        t, fid, payload = a.expect()
+        assert (t, fid) == (ERROR, 8) and "reattach" in decode_error(payload)[1]
+    finally:
+        rig.close()
+
+
 def test_net_streams_share_a_backed_up_port() -> None:
     """Three streams whose servers never stop sending, and a host slower than they are: the
     port, not the sockets, is the bottleneck, and each stream gets its share of it. (A relay
@@ -1896,6 +1936,7 @@ def main() -> int:
         report(fn.__name__, fn)
     for fn in (
         test_net_relay_in_test_mode,
+        test_net_reattach_resets_the_old_streams,
         test_net_streams_share_a_backed_up_port,
         test_net_hung_up_stream_with_a_backed_up_port_does_not_spin,
         test_net_reused_slot_does_not_take_the_old_sockets_event,

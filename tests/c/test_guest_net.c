@@ -84,7 +84,11 @@ static void test_config(void)
 	CHECK(c.ca_bundle == NULL && c.name_count == 0);
 	sbx_buf_free(&b);
 
-	b = config(2, NULL, 0, NULL, 0, "");
+	b = config(SBX_NET_CONFIG_OUTBOUND | SBX_NET_CONFIG_REATTACH, NULL, 0, NULL, 0, "");
+	CHECK_EQ(sbx_net_parse_config(b.data, b.len, &c, &why), 0);
+	CHECK_EQ(c.flags, SBX_NET_CONFIG_OUTBOUND | SBX_NET_CONFIG_REATTACH);
+	sbx_buf_free(&b);
+	b = config(4, NULL, 0, NULL, 0, ""); /* no such flag */
 	CHECK_EQ(sbx_net_parse_config(b.data, b.len, &c, &why), -EPROTO);
 	sbx_buf_free(&b);
 	const char *bad[] = {"Example.org"};

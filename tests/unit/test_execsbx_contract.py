@@ -914,7 +914,8 @@ def test_file_requests_over_the_protocol_limits_are_refused(tmp_path: Path) -> N
 def test_net_config_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> None:
     """Stand-in QEMU (no VM) recording what the host writes to the channel: send_net_config()
     puts one NET_CONFIG frame on the wire, laid out as net_protocol.h says: u32 flags (1:
-    outbound), u32 name count and the names, u32 port count and the ports, str CA bundle."""
+    outbound, 2: reattach), u32 name count and the names, u32 port count and the ports, str CA
+    bundle."""
     wire = tmp_path / "wire"
     vm = make_vm(fake_qemu(tmp_path, b"", then=f"exec cat <&3 > {wire}"))
     want = (
@@ -933,11 +934,14 @@ def test_net_config_goes_on_the_wire_in_the_protocol_layout(tmp_path: Path) -> N
             struct.pack("<II", 1, 1) + sstr(b"*") + struct.pack("<I", 0) + sstr(b""),
         )
         + frame(_execsbx.MSG_NET_CONFIG, 11, struct.pack("<III", 0, 0, 0) + sstr(b""))
+        # reattach (a restored VM): flag 2, with outbound 3
+        + frame(_execsbx.MSG_NET_CONFIG, 12, struct.pack("<III", 3, 0, 0) + sstr(b""))
     )
     try:
         vm.send_net_config(9, True, ["a.example", "b.example"], [8443], b"PEM")
         vm.send_net_config(10, True, ["*"], [], b"")
         assert vm.send_net_config(11, False, [], [], b"") >= 0
+        vm.send_net_config(12, True, [], [], b"", reattach=True)
         assert _flushed_to(vm, wire, len(want)) == want
     finally:
         vm.close()
