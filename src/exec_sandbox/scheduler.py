@@ -18,6 +18,8 @@ from .host_tools import HostTools, ToolFunction
 from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
+from .network.names import NetworkValidationError
+from .network.request import NetworkRequest, with_free_ports
 from .packages.layer import PackageLayer
 from .packages.specs import validate_packages
 from .provisioning.admission import Admission, Budget
@@ -99,6 +101,7 @@ class Scheduler:
             self._adopt_session,
             self._check_open,
             self.start,
+            self._reattach_network,
         )
         # The pool gets its VMs from provisioning, never from the scheduler, and the templates
         # of its template pools from the template store.
@@ -440,6 +443,23 @@ class Scheduler:
             return None
         return await NetworkSetup.prepare(request.network, self.config)
 
+    async def _reattach_network(
+        self, request: NetworkRequest, vm: GuestVm, *, fresh_ports: bool
+    ) -> None:
+        """A resumed session's or a fork's copy's network (snapshots/service.py AttachNetwork):
+        listeners bound again (a fixed host port when it is free, else a new one), the VM's
+        port relayed, the guest told to reattach."""
+        if fresh_ports:
+            request = with_free_ports(request)
+        try:
+            net = await NetworkSetup.prepare(request, self.config)
+        except NetworkValidationError:  # a fixed host port is taken meanwhile: a free one
+            net = await NetworkSetup.prepare(with_free_ports(request), self.config)
+        try:
+            await net.attach(self._hub(), vm, reattach=True)
+        finally:
+            net.discard()
+
     def _hub(self) -> NetworkHub:
         """The scheduler's network relay, started on first use (closed by close())."""
         if self._network_hub is None:
@@ -579,7 +599,6 @@ class Scheduler:
         # Read-only volumes are kept for the snapshot (its memory has them mounted): no
         # writer until it is deleted. The VM holds their locks until after this returns.
         _refuse_volumes(session, "paused", read_only_ok=True)
-        _refuse_network(session, "paused")
         snapshot = await self._paused.pause(session)
         claims = session.vm.spec.volumes
         if claims is not None and claims.attaches:
@@ -594,7 +613,6 @@ class Scheduler:
     async def _fork_session(self, session: Session, count: int) -> list[Session]:
         # Read-only volumes are shared: each copy takes its own lock (GuestVm.spawn).
         _refuse_volumes(session, "forked", read_only_ok=True)
-        _refuse_network(session, "forked")
         return await self._paused.fork(session, count)
 
     async def _acquire_lease(
@@ -735,17 +753,6 @@ def _refuse_volumes(session: Session, what: str, *, read_only_ok: bool) -> None:
         f"a session with {kind} ({paths}) cannot be {what}: a volume attached that way "
         f"belongs to one running VM (close the session to release it)"
     )
-
-
-def _refuse_network(session: Session, what: str) -> None:
-    """A session's network (allow_network, expose_ports) is the host's relay and ports, not part
-    of a saved state: a resumed VM would have the network device with nothing behind it (QEMU
-    then fails the load), and a fork's copies would silently run without network."""
-    if session.vm.spec.net_port:
-        raise SnapshotError(
-            f"a session with network (allow_network or expose_ports) cannot be {what}: its "
-            f"connections and exposed ports live on this host, not in the VM's saved state"
-        )
 
 
 _POOL_PING_TIMEOUT_SECONDS = 2.0

@@ -25,6 +25,7 @@ from ..vm.binding import (
 from . import policy as p
 from .audit import PendingConnection
 from .policy import NetworkPolicy, Refused
+from .request import NetworkRequest
 
 if TYPE_CHECKING:
     from ..vm.binding import NetEvent
@@ -104,6 +105,9 @@ class VmNetwork:
         self.relay = relay
         self.policy = policy
         self.exposed: list[ExposedPort] = []
+        # What the call asked (NetworkSetup.attach): a paused or forked session's network is
+        # set up again from it (snapshots/service.py).
+        self.request: NetworkRequest | None = None
         self._on_violation = on_violation
         self._pending: dict[int, PendingConnection] = {}
         self._log: list[NetworkConnection] = []

@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import limits
-from ..errors import SnapshotError, TemplateError
+from ..errors import InputValidationError, SnapshotError, TemplateError
 from ..models import Language, PackagesReport, SessionSnapshot
+from ..network.request import NetworkRequest, request_from_meta, request_to_meta
 from ..packages.layer import PackageLayer
 from ..provisioning.admission import Admission
 from ..provisioning.lease import Lease
@@ -61,6 +62,17 @@ class Adopt(Protocol):
     def __call__(self, lease: Lease[GuestVm], adoption: Adoption) -> Session: ...
 
 
+class AttachNetwork(Protocol):
+    """The scheduler's: give a VM restored from a state saved with network (a resumed session,
+    a fork's copy) its network again under request, the guest told to reattach. fresh_ports:
+    every exposed port on a new host port (a copy; the parent keeps its own). On failure the
+    caller closes the VM."""
+
+    def __call__(
+        self, request: NetworkRequest, vm: GuestVm, *, fresh_ports: bool
+    ) -> Awaitable[None]: ...
+
+
 class SessionSnapshotService:
     def __init__(
         self,
@@ -72,6 +84,7 @@ class SessionSnapshotService:
         adopt: Adopt,
         check_open: Callable[[], None],
         start: Callable[[], Awaitable[None]],
+        attach_network: AttachNetwork,
     ) -> None:
         self.store = store
         self._admission = admission
@@ -81,6 +94,7 @@ class SessionSnapshotService:
         self._adopt = adopt
         self._check_open = check_open
         self._start = start  # the scheduler's: finds the host, starts its warm pool
+        self._attach_network = attach_network
 
     # --- Scheduler ---
 
@@ -114,6 +128,9 @@ class SessionSnapshotService:
         if volumes is not None and volumes.attaches:
             extra = f"{spec.kernel_cmdline_extra} {kernel_cmdline(volumes.attaches)}".strip()
             spec = replace(spec, volumes=volumes, kernel_cmdline_extra=extra)
+        network = _network_of(meta)
+        if network is not None:  # the device the saved state has; its relay comes after
+            spec = replace(spec, net_port=True)
         check_machine(meta, spec)
         settings = meta["session"]
         at = 0.0
@@ -136,6 +153,12 @@ class SessionSnapshotService:
 
         ticket = await self._admission.acquire(spec.memory_mb, spec.vcpus)
         lease = await Lease.acquire(ticket, load, self._leases)
+        if network is not None:
+            try:
+                await self._attach_network(network, lease.vm, fresh_ports=False)
+            except BaseException:
+                await lease.release()
+                raise
         return self._adopt(
             lease,
             Adoption(
@@ -177,6 +200,10 @@ class SessionSnapshotService:
             async with self.store.build_dir() as work:
                 at = time.monotonic()
                 copies = await fork_vms(vm, count, work, timeout=limits.RESTORE_TIMEOUT_SECONDS)
+            network = None if vm.network is None else vm.network.request
+            if network is not None:  # each copy its own relay and exposed ports
+                for copy in copies:
+                    await self._attach_network(network, copy, fresh_ports=True)
         except BaseException:
             # Cancelled while the work directory was removed: the copies exist but are nobody's.
             for copy in copies:
@@ -205,7 +232,13 @@ class SessionSnapshotService:
     async def _meta(self, session: Session) -> dict[str, object]:
         layer = session.vm.spec.layer
         template = session.vm.spec.template
+        network = session.vm.network
         return {
+            # The network request, set up again on resume (the relay and listeners are host
+            # state); None: a VM without the network port.
+            "network": None
+            if network is None or network.request is None
+            else request_to_meta(network.request),
             "language": session.language,
             "session": session.settings(),
             "layer": None if layer is None else await self._layer_meta(layer),
@@ -264,6 +297,17 @@ class SessionSnapshotService:
         return PackageLayer(
             key=str(saved["key"]), path=path, kind=str(saved["kind"]), report=report
         )
+
+
+def _network_of(meta: dict[str, Any]) -> NetworkRequest | None:
+    """The network request a paused session's VM had (None: none), validated again."""
+    saved = meta.get("network")
+    if saved is None:
+        return None
+    try:
+        return request_from_meta(saved)
+    except InputValidationError as exc:  # NetworkValidationError
+        raise SnapshotError(f"session snapshot {meta.get('id')}: network: {exc}") from None
 
 
 def _ms(seconds: float) -> int:

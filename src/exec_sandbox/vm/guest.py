@@ -283,12 +283,17 @@ class GuestVm:
         return True
 
     async def send_net_config(
-        self, config: tuple[bool, list[str], list[int], bytes], timeout: float = 10.0
+        self,
+        config: tuple[bool, list[str], list[int], bytes],
+        timeout: float = 10.0,
+        *,
+        reattach: bool = False,
     ) -> None:
         """NET_CONFIG (its values: network/config_frame.py): the agent answers PONG once its DNS
-        stub, listeners and CA bundle are set, or ERROR (raised as GuestAgentError)."""
+        stub, listeners and CA bundle are set, or ERROR (raised as GuestAgentError). reattach:
+        a VM restored with network (net_protocol.h, SBX_NET_CONFIG_REATTACH)."""
         await self._round_trip(
-            lambda req_id: int(self._vm.send_net_config(req_id, *config)),
+            lambda req_id: int(self._vm.send_net_config(req_id, *config, reattach=reattach)),
             timeout,
             "the guest did not acknowledge NET_CONFIG in time",
         )
