@@ -117,11 +117,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _volumes(args: argparse.Namespace) -> dict[str, VolumeMount]:
     """--volume for a new sandbox. With --pause, what a paused session cannot keep is refused
-    before the VM starts, not after the shell: a read-write volume, and the network
-    (docs/design.md, "Volumes" and "Paused, resumed and forked sessions")."""
+    before the VM starts, not after the shell: a read-write volume (docs/design.md, "Volumes";
+    the network is set up again on resume)."""
     volumes = dict(parse_volume_option(option) for option in args.volumes)
-    if args.pause and args.network:
-        raise ValueError("a session with --network cannot be paused: drop --pause or --network")
     writable = [path for path, mount in volumes.items() if not mount.read_only]
     if args.pause and writable:
         raise ValueError(f"--pause keeps volumes read-only only: add :ro ({', '.join(writable)})")
