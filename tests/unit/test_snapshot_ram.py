@@ -4,6 +4,7 @@ RAM digest they are checked against once each."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 from pathlib import Path
@@ -322,3 +323,45 @@ def test_the_disk_digest_holds_no_list_of_a_fragmented_disks_ranges(tmp_path: Pa
     finally:
         os.close(fd)
     assert peak < 1 << 20, f"{peak} bytes for {ranges} data ranges"
+
+
+def test_a_seal_the_kernel_refuses_for_a_moment_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """F_SEAL_WRITE fails with EBUSY while a page of the memfd still has a transient reference
+    (another CPU's LRU batch): the seal is tried again instead of failing the snapshot build."""
+    from exec_sandbox.snapshots import ram as ram_module
+
+    real = ram_module.fcntl.fcntl
+    refusals = []
+
+    def flaky(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fcntl.F_ADD_SEALS and len(refusals) < 2:
+            refusals.append(cmd)
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(ram_module.fcntl, "fcntl", flaky)
+    monkeypatch.setattr(ram_module, "_SEAL_RETRY_S", 0.0)
+    memfd = os.memfd_create("t", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        ram_module.seal_against_changes(memfd)
+        assert len(refusals) == 2
+        assert real(memfd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_WRITE
+        with pytest.raises(PermissionError):
+            os.write(memfd, b"x")
+    finally:
+        os.close(memfd)
+
+
+def test_a_seal_refused_for_good_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from exec_sandbox.snapshots import ram as ram_module
+
+    def busy(fd: int, cmd: int, arg: int = 0) -> int:
+        raise OSError(errno.EBUSY, "Device or resource busy")
+
+    monkeypatch.setattr(ram_module.fcntl, "fcntl", busy)
+    monkeypatch.setattr(ram_module, "_SEAL_RETRY_S", 0.0)
+    with pytest.raises(OSError) as raised:
+        ram_module.seal_against_changes(-1)
+    assert raised.value.errno == errno.EBUSY

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._threads import in_thread
 from ..digest import file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
@@ -24,7 +25,7 @@ from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
 from ..vm.workspace import WorkDisk
 from .identity import machine_identity
-from .ram import fd_digest
+from .ram import fd_digest, seal_against_changes
 from .sessions import (
     DISK_FILE,
     LAYER_FILE,
@@ -287,11 +288,7 @@ async def _clones(
     fill.result()
     steps.mark("fallocate (rest)")
     # The maker is reaped: nothing maps the memfd writably, so it can be sealed.
-    fcntl.fcntl(
-        ram,
-        fcntl.F_ADD_SEALS,
-        fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL,
-    )
+    await in_thread(functools.partial(seal_against_changes, ram))
     tasks = [
         asyncio.ensure_future(
             _clone(replace(spec, mem_shared=False), str(work / "devices"), maker, timeout, disk)

@@ -10,6 +10,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -166,6 +167,28 @@ def _iter_data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
         offset = end
 
 
+# F_SEAL_WRITE waits a moment for page references it cannot tell from a pin, then fails with
+# EBUSY: pages just written can still sit in another CPU's LRU batch, which holds a reference
+# until that CPU drains it (a thread that moved between CPUs under load meets it). Tries and the
+# pause between them: enough for any CPU's batch to drain, short beside a snapshot build.
+_SEAL_TRIES = 20
+_SEAL_RETRY_S = 0.05
+
+
+def seal_against_changes(memfd: int) -> None:
+    """Seal memfd against writes, growth, shrinking and further seals; retried while the kernel
+    says EBUSY (see _SEAL_TRIES). Blocking (it may sleep up to a second)."""
+    seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+    for attempt in range(_SEAL_TRIES):
+        try:
+            fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, seals)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == _SEAL_TRIES - 1:
+                raise
+        time.sleep(_SEAL_RETRY_S)
+
+
 def _sealed_copy(src: int, size: int) -> int:
     """A memfd with src's first size bytes, sealed against any change. Its holes are allocated
     (fallocate: zero pages the file still reports as holes, so the digest does not change)
@@ -186,11 +209,7 @@ def _sealed_copy(src: int, size: int) -> int:
                     raise OSError(f"short copy of snapshot RAM at {start}")
                 start += n
         os.posix_fallocate(memfd, 0, size)
-        fcntl.fcntl(
-            memfd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL,
-        )
+        seal_against_changes(memfd)
     except BaseException:
         os.close(memfd)
         raise
