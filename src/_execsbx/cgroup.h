@@ -46,7 +46,7 @@ int sbx_cgroup_plan(struct sbx_cgroup *cg, const char *name, const struct sbx_cg
 		    struct sbx_err *err);
 /* Create the planned directories and write the limits; with enter != 0 also move the calling
  * process into every directory. Async-signal-safe (mkdir, open, write, close on planned strings):
- * the spawned child does it for itself between fork and exec, so that the parent's event loop
+ * the spawned child does it for itself between clone and exec, so that the parent's event loop
  * never waits on cgroupfs (mkdir of a memory cgroup, and moving a task, which waits for an RCU
  * grace period, take milliseconds to tens of them on a busy host). 0, or -errno with *what
  * naming the step; what was made is left for sbx_cgroup_remove. */

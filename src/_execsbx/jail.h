@@ -1,6 +1,6 @@
 /* The host jail around one QEMU process: seccomp, namespaces, a root of its own, a cgroup, rlimits
  * and an unprivileged user without capabilities. Prepared in the parent (sbx_jail_prepare: nothing there waits on the
- * kernel), the child makes and enters its cgroup and the rest itself between fork and exec
+ * kernel), the child makes and enters its cgroup and the rest itself between clone and exec
  * (sbx_jail_enter_*, async-signal-safe), and the cgroup's figures are read and the cgroup removed
  * after QEMU is reaped (sbx_jail_finish, off the caller's event loop). A layer the host cannot provide is switched off with its reason recorded in
  * status[], never silently; the caller logs it. */
@@ -50,7 +50,7 @@ struct sbx_jail_config {
 /* Files bound into QEMU's root: its binary, ~60 libraries, a module, firmware, 3 devices. */
 #define SBX_ROOT_FILES_MAX 256
 
-/* QEMU's root, planned by the parent (every path made before fork), made by the child. */
+/* QEMU's root, planned by the parent (every path made before the clone), made by the child. */
 struct sbx_root_plan {
 	char *mnt;        /* host directory the tmpfs goes on, in the child's mount namespace */
 	char **dirs;      /* to make under mnt, parents first (mnt-prefixed) */
@@ -87,7 +87,7 @@ struct sbx_jail {
 
 extern const char *const sbx_layer_names[SBX_LAYER__COUNT];
 
-/* Parent, before fork; nothing here blocks for long (the seccomp program is built once per
+/* Parent, before the clone; nothing here blocks for long (the seccomp program is built once per
  * process, the cgroup is only planned). name: a unique name for the VM's cgroup. Never fails
  * because a layer is unavailable (that layer is off, with its reason in status[]); 0, or on a
  * real error -ENOMEM or -EINVAL (a name that is empty or has a '/') with err filled. */

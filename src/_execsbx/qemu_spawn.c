@@ -1,6 +1,7 @@
-/* fork+exec of QEMU: see qemu_spawn.h. The child half (child_exec) runs between fork() and execve()
- * in a copy of a possibly multi-threaded process: it may only make async-signal-safe calls and
- * touch memory prepared before fork() (no malloc, no stdio, no locks). */
+/* clone+exec of QEMU: see qemu_spawn.h. The child half (child_exec) runs between clone() and
+ * execve() in the memory of a possibly multi-threaded process, on a stack of its own: it may only
+ * make async-signal-safe calls, read memory prepared before the clone and write nothing but its
+ * own stack (no malloc, no stdio, no locks, no glibc call that keeps state). */
 #define _GNU_SOURCE 1
 #include "qemu_spawn.h"
 
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -26,6 +28,19 @@ struct sbx_forced_fallbacks sbx_forced_fallbacks;
 #define FORCED(which) (sbx_forced_fallbacks.which)
 #else
 #define FORCED(which) 0
+#endif
+
+/* Under ASan (the C tests), the child's stack is memory ASan did not make: its shadow is cleared
+ * before each use (a previous child that ended in _exit left its frames' redzones poisoned there),
+ * and the functions that never return are not instrumented (ASan would try to unpoison a stack
+ * it cannot find, and warn). */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define CHILD_NORETURN __attribute__((noreturn, no_sanitize("address")))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define CHILD_NORETURN __attribute__((noreturn))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
 /* glibc < 2.36 has no P_PIDFD in idtype_t; the kernel's value is 3 (linux/wait.h). */
@@ -56,7 +71,7 @@ static const char *const step_names[STEP__COUNT] = {
 	[STEP_CLOSE] = "close_range",
 	[STEP_NO_NEW_PRIVS] = "prctl(PR_SET_NO_NEW_PRIVS)",
 	[STEP_EXECVE] = "execve",
-	[STEP_GO] = "read(go pipe)",
+	[STEP_GO] = "poll(go pipe)",
 	[STEP_JAIL] = "jail",
 	[STEP_CGROUP] = "cgroup",
 };
@@ -66,16 +81,16 @@ struct child_report {
 	int32_t step;
 	int32_t fatal; /* 0: a layer the child went on without (STEP_CGROUP); more may follow */
 	/* STEP_JAIL: the jail step's name, a pointer to a string literal, valid in the parent too
-	 * (fork copies the mapping). */
+	 * (the child shares the parent's memory). */
 	const char *what;
 };
 
-/* Everything the child uses, computed before fork(). */
+/* Everything the child uses, computed before the clone and only read by the child. */
 struct child_plan {
 	const struct sbx_spawn_req *req;
 	int devnull;
 	int err_w;
-	int go_r, go_w; /* the parent writes one byte right after the fork (EOF: it died) */
+	int go_r, go_w; /* the parent holds go_w until the child's exec (a hang-up: it died) */
 	int new_pid_ns; /* getppid() is 0 in a new PID namespace */
 	pid_t parent;
 	unsigned max_fd; /* upper bound for the close loop when close_range is unavailable */
@@ -97,7 +112,7 @@ static void kill_and_reap(pid_t *pid)
 /* A child that must not outlive an error path: SIGKILL and reap it at scope exit. */
 #define _cleanup_child_ __attribute__((cleanup(kill_and_reap)))
 
-__attribute__((noreturn)) static void child_fail_what(int fd, enum child_step step, int err,
+CHILD_NORETURN static void child_fail_what(int fd, enum child_step step, int err,
 						       const char *what)
 {
 	struct child_report r = {.err = err, .step = (int32_t)step, .fatal = 1, .what = what};
@@ -118,7 +133,7 @@ static void child_warn(int fd, enum child_step step, int err, const char *what)
 	while (w < 0 && errno == EINTR);
 }
 
-__attribute__((noreturn)) static void child_fail(int fd, enum child_step step, int err)
+CHILD_NORETURN static void child_fail(int fd, enum child_step step, int err)
 {
 	child_fail_what(fd, step, err, NULL);
 }
@@ -158,12 +173,19 @@ static void reset_reserved_signal(int sig)
 #endif
 }
 
-__attribute__((noreturn)) static void child_exec(const struct child_plan *p)
+/* The parent's end of the go pipe closed: it died (no one else holds that end). */
+static int parent_gone(int go_r)
+{
+	struct pollfd pfd = {.fd = go_r, .events = POLLIN};
+	return poll(&pfd, 1, 0) < 0 || (pfd.revents & (POLLHUP | POLLERR));
+}
+
+CHILD_NORETURN static void child_exec(const struct child_plan *p)
 {
 	const struct sbx_spawn_req *req = p->req;
 	int err_fd = p->err_w;
 
-	/* The parent blocked every signal around fork(), so no inherited handler can have run
+	/* The parent blocked every signal around the clone, so no inherited handler can have run
 	 * here. Reset every disposition (SIG_IGN survives execve; Python ignores SIGPIPE), then
 	 * unblock. sigaction fails harmlessly for SIGKILL/SIGSTOP. */
 	for (int sig = 1; sig < NSIG; sig++)
@@ -172,21 +194,14 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	if (sigprocmask(SIG_SETMASK, &p->empty, NULL) < 0)
 		child_fail(err_fd, STEP_SIGMASK, errno);
 
-	/* Die with the parent. If it already died, PDEATHSIG will never fire: give up. */
+	/* Die with the parent. If it already died, PDEATHSIG will never fire: give up. From inside a
+	 * new PID namespace getppid() cannot tell (it is 0): the go pipe's hang-up can. */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
 		child_fail(err_fd, STEP_PDEATHSIG, errno);
 	if (!p->new_pid_ns && getppid() != p->parent)
 		_exit(127);
-	/* The parent's go. EOF instead of the byte: the parent died (possibly before PDEATHSIG was
-	 * armed, which getppid() cannot tell from inside a new PID namespace) or gave up on this
-	 * child. */
 	close(p->go_w);
-	char go;
-	ssize_t gr;
-	do
-		gr = read(p->go_r, &go, 1);
-	while (gr < 0 && errno == EINTR);
-	if (gr != 1)
+	if (parent_gone(p->go_r))
 		_exit(127);
 
 	/* Into its own cgroup before anything else, so that QEMU never runs a single instruction
@@ -211,8 +226,7 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 			 * exec'd, so a hang-up here means it is gone. */
 			if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
 				child_fail(err_fd, STEP_PDEATHSIG, errno);
-			struct pollfd pfd = {.fd = p->go_r, .events = POLLIN};
-			if (poll(&pfd, 1, 0) < 0 || (pfd.revents & (POLLHUP | POLLERR)))
+			if (parent_gone(p->go_r))
 				_exit(127);
 		}
 	}
@@ -302,39 +316,64 @@ __attribute__((noreturn)) static void child_exec(const struct child_plan *p)
 	child_fail(err_fd, STEP_EXECVE, errno);
 }
 
-/* fork(), or clone() into a new PID namespace when the jail asks for namespaces: then the child is
- * PID 1 of it, which a later unshare could not give it without a second fork (and the parent
- * would then hold the wrong pid). The child unshares the other namespaces itself
- * (sbx_ns_setup_child): what the kernel takes to make them is not spent here, on the caller's
- * thread. A kernel or host that refuses the PID namespace (no privilege, a seccomp'd container)
- * gets a plain fork and a recorded reason. Returns like fork(); the child never returns. */
-static pid_t spawn_fork(struct sbx_jail *jail, struct child_plan *plan)
+CHILD_NORETURN static int child_main(void *arg)
 {
-	if (jail && jail->enabled && jail->clone_flags) {
-		plan->new_pid_ns = (jail->clone_flags & CLONE_NEWPID) != 0;
-		/* No stack argument: the child continues on a copy of this stack, like fork().
-		 * glibc's atfork handlers do not run, which is fine: the child only makes raw
-		 * async-signal-safe calls before execve. */
-		long pid = -1;
+	child_exec(arg);
+}
+
+/* The child's stack: its own, since it shares the parent's memory. make_root and child_exec
+ * keep a few KiB of locals; the guard page below turns an overflow into a fault, not a write
+ * into the parent's memory. */
+#define CHILD_STACK_BYTES (256u << 10)
+#define CHILD_GUARD_BYTES 4096u
+
+/* clone(CLONE_VM | CLONE_VFORK): the child runs in this process's memory, not a copy of it, and
+ * this thread waits until the child's execve (or its exit) releases that memory. A fork() would
+ * copy the page tables of a process that may hold gigabytes (milliseconds with the memory map
+ * locked, so the event loop's thread waits on its next page fault) and then make each page the
+ * other threads write until the exec a copy-on-write fault, charged to them. Only this thread
+ * waits, for the jail steps; the others run on.
+ *
+ * Into a new PID namespace when the jail asks for namespaces: then the child is PID 1 of it,
+ * which a later unshare could not give it without a second fork (and the parent would then hold
+ * the wrong pid). The child unshares the other namespaces itself (sbx_ns_setup_child), so what
+ * the kernel takes to make them is the child's time. A kernel or host that refuses the PID
+ * namespace (no privilege, a seccomp'd container) gets a plain clone and a recorded reason.
+ * Returns the child's pid, or -1 with errno. */
+static pid_t spawn_clone(struct sbx_jail *jail, struct child_plan *plan)
+{
+	size_t size = CHILD_STACK_BYTES + CHILD_GUARD_BYTES;
+	char *stack = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+			   -1, 0);
+	if (stack == MAP_FAILED)
+		return -1;
+	if (mprotect(stack, CHILD_GUARD_BYTES, PROT_NONE) < 0) {
+		int saved = errno;
+		munmap(stack, size);
+		errno = saved;
+		return -1;
+	}
+	UNPOISON(stack, size);
+	char *top = stack + size; /* stacks grow down on every architecture this builds for */
+	int flags = CLONE_VM | CLONE_VFORK | SIGCHLD;
+	pid_t pid = -1;
+	if (jail && jail->enabled && (jail->clone_flags & CLONE_NEWPID)) {
+		plan->new_pid_ns = 1;
 		if (FORCED(refuse_namespaces))
 			errno = EPERM;
 		else
-			pid = syscall(SYS_clone,
-				      (unsigned long)(jail->clone_flags & CLONE_NEWPID) | SIGCHLD, NULL,
-				      NULL, NULL, 0);
-		if (pid == 0)
-			child_exec(plan);
-		if (pid > 0)
-			return (pid_t)pid;
-		if (errno != EPERM && errno != EINVAL && errno != EUSERS && errno != ENOSPC &&
-		    errno != EACCES)
-			return -1;
-		sbx_jail_namespaces_refused(jail, errno);
-		plan->new_pid_ns = 0;
+			pid = clone(child_main, top, flags | CLONE_NEWPID, plan);
+		if (pid < 0 && (errno == EPERM || errno == EINVAL || errno == EUSERS ||
+				errno == ENOSPC || errno == EACCES)) {
+			sbx_jail_namespaces_refused(jail, errno);
+			plan->new_pid_ns = 0;
+		}
 	}
-	pid_t pid = fork();
-	if (pid == 0)
-		child_exec(plan);
+	if (!plan->new_pid_ns)
+		pid = clone(child_main, top, flags, plan);
+	int saved = errno;
+	munmap(stack, size); /* the child has exec'd or exited: its stack is unused */
+	errno = saved;
 	return pid;
 }
 
@@ -391,29 +430,19 @@ int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 	sigemptyset(&plan.dfl.sa_mask);
 	sigemptyset(&plan.empty);
 
-	/* Block every signal across fork() so that no handler of this process (e.g. Python's,
+	/* Block every signal across the clone so that no handler of this process (e.g. Python's,
 	 * which writes to the asyncio wakeup fd) runs in the child before it resets them. */
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pid_t pid = spawn_fork(req->jail, &plan);
-	int fork_errno = errno;
+	pid_t pid = spawn_clone(req->jail, &plan);
+	int clone_errno = errno;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (pid < 0) {
-		return sbx_err_sys(err, -fork_errno, "fork");
+		return sbx_err_sys(err, -clone_errno, "clone");
 	}
 	_cleanup_child_ pid_t child = pid;
-
-	/* Let it go on (it moves itself into its cgroup). If this fails the child reads EOF and
-	 * exits. */
 	sbx_close_fd(&go_r);
-	ssize_t gw;
-	do
-		gw = write(go_w, "g", 1);
-	while (gw < 0 && errno == EINTR);
-	if (gw != 1) {
-		return sbx_err_sys(err, gw < 0 ? -errno : -EIO, "write(go pipe)");
-	}
 
 	/* A pidfd refers to this child whether it is still starting, running or already a zombie. */
 	int pidfd = sbx_pidfd_open(child);

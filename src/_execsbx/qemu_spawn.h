@@ -1,4 +1,4 @@
-/* fork+exec of a child (QEMU) with a fixed fd layout:
+/* clone+exec of a child (QEMU) with a fixed fd layout:
  *     0  /dev/null
  *     1  console socket        2  console socket
  *     3  channel socket        4  console socket
@@ -11,7 +11,7 @@
  * and nothing else open, a default signal mask and dispositions, its own process group,
  * no_new_privs, and SIGKILL when the parent thread dies.
  *
- * Everything the child needs is prepared before fork(); between fork() and execve() the child
+ * Everything the child needs is prepared before the clone; between clone() and execve() the child
  * makes only async-signal-safe calls, so spawning from a multi-threaded process is safe. */
 #ifndef SBX_SPAWN_H
 #define SBX_SPAWN_H
@@ -71,17 +71,18 @@ struct sbx_child {
 	int pidfd; /* -1 if the kernel has no pidfd_open (< 5.3) */
 };
 
-/* A child between fork and exec: the parent's ends of its error pipe and go pipe. */
+/* A started child: the parent's ends of its error pipe and go pipe. */
 struct sbx_spawn_pending {
 	int err_fd; /* O_NONBLOCK; readable once the child exec'd (EOF) or failed (a report) */
 	int go_fd;  /* held until the exec: its hang-up tells a child that the parent died */
 	struct sbx_jail *jail; /* the request's: told of a layer the child went without */
 };
 
-/* Start the child and return right after the fork, without waiting for its exec: 0 with *out
- * filled (the caller owns pid and pidfd, and must reap) and *pending open; -errno (no child
- * left, err names the step) otherwise. Wait for pending->err_fd to be readable (e.g. on an event loop),
- * then call sbx_spawn_finish. */
+/* Start the child: 0 with *out filled (the caller owns pid and pidfd, and must reap) and *pending
+ * open; -errno (no child left, err names the step) otherwise. The calling thread (only it) waits
+ * while the child takes its jail steps, until its exec or exit (qemu_spawn.c: spawn_clone); the
+ * outcome is then ready on pending->err_fd: wait for it to be readable (e.g. on an event loop) and
+ * call sbx_spawn_finish. */
 int sbx_spawn_start(const struct sbx_spawn_req *req, struct sbx_child *out,
 		    struct sbx_spawn_pending *pending, struct sbx_err *err);
 /* How the start ended: 1 once the child has exec'd, 0 while it has not (blocking=0 only),
@@ -92,7 +93,7 @@ void sbx_spawn_pending_close(struct sbx_spawn_pending *p);
 
 /* Start the child and wait until it has exec'd. On success returns 0 and fills *out (the caller
  * owns pid and pidfd and must reap). On failure returns -errno, the child (if any) is already
- * killed and reaped, and err names the failing call, e.g. "execve", "fork", "dup2". */
+ * killed and reaped, and err names the failing call, e.g. "execve", "clone", "dup2". */
 int sbx_spawn(const struct sbx_spawn_req *req, struct sbx_child *out, struct sbx_err *err);
 
 /* pidfd_open(2) through syscall(2); -errno on failure. */
@@ -114,7 +115,7 @@ struct sbx_forced_fallbacks {
 	int no_pidfd;          /* pidfd_open fails with ENOSYS (< 5.3): kill(2), waitpid(2) */
 	int no_waitid_pidfd;   /* waitid(P_PIDFD) fails with EINVAL (< 5.4): waitpid(2) */
 	int no_close_range;    /* close_range fails with ENOSYS (< 5.9): the close loop */
-	int refuse_namespaces; /* clone(CLONE_NEW*) fails with EPERM: a plain fork, layer off */
+	int refuse_namespaces; /* clone(CLONE_NEW*) fails with EPERM: a plain clone, layer off */
 };
 extern struct sbx_forced_fallbacks sbx_forced_fallbacks;
 #endif

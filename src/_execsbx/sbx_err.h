@@ -1,7 +1,7 @@
 /* The one error convention of src/_execsbx (docs/c-conventions.md): a function that can fail
  * returns 0 (or a count) or a negative errno, and on failure fills the caller's struct sbx_err,
  * passed down explicitly (never NULL where a prototype takes one). The binding turns it into a
- * Python exception in one place (py_errors.c). Code between fork() and execve() does not use it
+ * Python exception in one place (py_errors.c). Code between clone() and execve() does not use it
  * (formatting is not async-signal-safe): the child reports a step and an errno through its pipe
  * and the parent fills the struct. */
 #ifndef SBX_ERR_H

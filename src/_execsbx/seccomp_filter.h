@@ -1,6 +1,6 @@
 /* The host seccomp filter for QEMU: built from seccomp_policy.c with libseccomp in the parent
  * (allocation, name resolution), loaded in the child right before execve with one prctl (the only
- * step that runs between fork and exec, and it is async-signal-safe). */
+ * step that runs between clone and exec, and it is async-signal-safe). */
 #ifndef SBX_SECCOMP_FILTER_H
 #define SBX_SECCOMP_FILTER_H
 

@@ -60,7 +60,7 @@ struct sbx_vm_start_opts {
 };
 
 /* Create the socketpairs and start argv[0] (qemu_spawn.h: sbx_spawn_start) with the fd layout of
- * qemu_spawn.h, returning right after the fork: an event loop waits for sbx_vm_spawn_fd() to be
+ * qemu_spawn.h, returning once the child has exec'd or failed: an event loop waits for sbx_vm_spawn_fd() to be
  * readable and then asks sbx_vm_start_check. opts is never NULL. On failure returns -errno with
  * err filled (a failed call names its step), and vm is still in the closed state. */
 int sbx_vm_start(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_start_opts *opts,

@@ -1,4 +1,4 @@
-"""process.spawn() forks on the spawner thread, one fork at a time with a loop turn between two;
+"""process.spawn() starts QEMU on the spawner thread, one start at a time;
 a spawn whose owner closed while it waited forks nothing; a spawn cancelled during its fork waits
 for the fork (the caller then closes fds the child reads) and releases what it made. The fork is
 a stand-in here (`start_qemu` replaced by a function that blocks the spawner thread until the

@@ -1,7 +1,8 @@
 """Starting and releasing QEMU processes without blocking the loop.
 
-`binding.start_qemu()` (the C core) returns right after the fork; `spawn()` runs it on the
-spawner thread and awaits QEMU's exec on the spawn error pipe (`spawn_fd`). `release()` SIGKILLs
+`binding.start_qemu()` (the C core) returns once QEMU's process has taken its jail steps and exec'd
+(or failed); `spawn()` runs it on the spawner thread and reads the outcome from the spawn error
+pipe (`spawn_fd`). `release()` SIGKILLs
 QEMU at once, awaits its pidfd, and leaves the reap, the fds and the cgroup's removal (which may
 retry for a while when the kernel is slow to empty it) to an executor thread. Every such release
 is tracked until it is done: `wait_released()` (Scheduler.close() awaits it) returns once none is
@@ -24,15 +25,15 @@ from .spec import VmSpec
 
 # Releases in progress (see the module docstring), per loop.
 _releasing: set[asyncio.Task[None]] = set()
-# Every QEMU is forked on this one thread, not the loop's: a fork copies the process's page
-# tables (3-6 ms of CPU for a process with a framework loaded), which the C core does without
-# the GIL, so the loop runs on meanwhile. One thread for the process's life, and forks one at a
-# time: PR_SET_PDEATHSIG ties each QEMU to the thread that forked it, and this one ends only
-# with the interpreter.
+# Every QEMU is started on this one thread, not the loop's: the C core's clone(CLONE_VM |
+# CLONE_VFORK) holds the calling thread until the child's exec (its jail steps, a few ms), while
+# the loop runs on in the same memory (no page tables copied, no copy-on-write faults). One
+# thread for the process's life: PR_SET_PDEATHSIG ties each QEMU to the thread that started it,
+# and this one ends only with the interpreter.
 _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sbx-spawn")
-# One fork in flight per loop, and a turn of the loop between two: while a fork copies the page
-# tables it holds the process's memory map, and a loop thread that faults a page in meanwhile
-# waits for it. Back-to-back forks (8 VMs started at once) would make that wait one long stall.
+# One start in flight per loop: the others wait their turn here, on the loop, where their owner's
+# close() still calls them off (queued on the executor, each would start a QEMU only to release
+# it).
 _fork_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
     weakref.WeakKeyDictionary()
 )
@@ -51,7 +52,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Forking:
-    """A QEMU being forked on the spawner thread, in its owner's registry meanwhile: a close()
+    """A QEMU being started on the spawner thread, in its owner's registry meanwhile: a close()
     of the registry marks it, and the fork's QEMU is then released as soon as it exists."""
 
     killed = False
