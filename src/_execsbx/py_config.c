@@ -27,7 +27,8 @@ static int fs_converter_or_none(PyObject *arg, void *addr)
 	return PyUnicode_FSConverter(arg, addr);
 }
 
-/* disks: None or a sequence of (path, kind, writable) tuples -> pc->disks. The kinds and paths
+/* disks: None or a sequence of (path, kind, writable[, qcow2, backing, max_bytes]) tuples ->
+ * pc->disks (qemu_argv.h: backing is 1 + an index, 0 none; max_bytes 0: the file's size). The kinds and paths
  * are checked by sbx_qemu_argv_build like every other field; only what cannot be held here
  * (too many, not a tuple, a kind that is no str or holds a NUL) is refused here. 0 or -1. */
 static int parse_disks(PyObject *arg, struct sbx_parsed_config *pc)
@@ -46,10 +47,13 @@ static int parse_disks(PyObject *arg, struct sbx_parsed_config *pc)
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
 		PyObject *path = NULL, *kind = NULL;
-		int writable = 0;
+		int writable = 0, qcow2 = 0;
+		unsigned int backing = 0;
+		unsigned long long max_bytes = 0;
 		if (!PyTuple_Check(item) ||
-		    !PyArg_ParseTuple(item, "O&Up;disks items are (path, kind, writable)",
-				      PyUnicode_FSConverter, &path, &kind, &writable)) {
+		    !PyArg_ParseTuple(item, "O&Up|pIK;disks items are (path, kind, writable[, qcow2, backing, max_bytes])",
+				      PyUnicode_FSConverter, &path, &kind, &writable, &qcow2,
+				      &backing, &max_bytes)) {
 			if (!PyErr_Occurred())
 				PyErr_SetString(PyExc_TypeError,
 						"disks items are (path, kind, writable) tuples");
@@ -67,8 +71,12 @@ static int parse_disks(PyObject *arg, struct sbx_parsed_config *pc)
 			return -1;
 		}
 		pc->disk_kinds[i] = Py_NewRef(kind);
-		pc->disks[i] = (struct sbx_vm_disk){
-			.path = PyBytes_AS_STRING(path), .kind = k, .writable = writable};
+		pc->disks[i] = (struct sbx_vm_disk){.path = PyBytes_AS_STRING(path),
+						     .kind = k,
+						     .writable = writable,
+						     .qcow2 = qcow2,
+						     .backing = backing,
+						     .max_bytes = max_bytes};
 	}
 	Py_DECREF(seq);
 	pc->cfg.disks = pc->disks;

@@ -83,6 +83,15 @@ static int check_path(const char *p, struct sbx_err *err, const char *empty, con
 	return 0;
 }
 
+/* Whether disk j backs one of the disks before index `end`. */
+static int disk_is_backing(const struct sbx_vm_config *cfg, unsigned j, unsigned end)
+{
+	for (unsigned i = 0; i < end; i++)
+		if (cfg->disks[i].backing == j + 1)
+			return 1;
+	return 0;
+}
+
 /* Each disk: a path like the root's, a kind that fits the serial and names one disk only (the
  * agent mounts by kind: two disks of one kind would leave it guessing). */
 static int check_disks(const struct sbx_vm_config *cfg, struct sbx_err *err)
@@ -106,6 +115,18 @@ static int check_disks(const struct sbx_vm_config *cfg, struct sbx_err *err)
 			if (strcmp(cfg->disks[j].kind, d->kind) == 0)
 				return sbx_err_set(err, -EINVAL, "two disks of kind \"%s\"",
 						   d->kind);
+		if (!d->backing)
+			continue;
+		if (!d->qcow2)
+			return reject(err, "only a qcow2 disk has a backing disk");
+		/* Earlier in the list: its node exists when this one's is made, and no chain
+		 * can loop. */
+		if (d->backing > i)
+			return reject(err, "a disk's backing disk must come earlier in the list");
+		if (cfg->disks[d->backing - 1].writable)
+			return reject(err, "a backing disk must be read-only");
+		if (disk_is_backing(cfg, d->backing - 1, i))
+			return reject(err, "two disks on one backing disk");
 	}
 	return 0;
 }
@@ -249,7 +270,10 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 	add(&b, "virtio-blk-device,drive=root");
 	/* The other disks, after the root so that it stays /dev/vda, in the caller's order. The
 	 * agent finds each by its serial, not by its device name. Read-only unless the caller
-	 * asked for a writable one (a builder's output). */
+	 * asked for a writable one (a builder's output). A writable disk: an I/O error (the host's
+	 * disk full) goes to the guest, whose file system reports it to the code (werror=enospc,
+	 * the default, would pause the VM with nothing to resume it); the guest's discards punch
+	 * holes in the file (or mark a qcow2 overlay's clusters zero). */
 	for (unsigned i = 0; i < cfg->ndisks; i++) {
 		const struct sbx_vm_disk *d = &cfg->disks[i];
 		char fd_path[32];
@@ -259,15 +283,36 @@ int sbx_qemu_argv_build(const struct sbx_vm_config *cfg, char ***argv_out, struc
 				 SBX_CHILD_DISK_FD_BASE + i);
 			path = fd_path;
 		}
-		/* A writable disk: an I/O error (the host's disk full) goes to the guest, whose
-		 * file system reports it to the code (werror=enospc, the default, would pause the
-		 * VM with nothing to resume it); the guest's discards punch holes in the file. */
-		add(&b, "-drive");
-		addf(&b, "file=%s%s,if=none,id=disk%u,format=raw,readonly=%s%s",
-		     path[0] == '/' ? "" : "./", path, i, d->writable ? "off" : "on",
-		     d->writable ? ",werror=report,rerror=report,discard=unmap" : "");
+		const char *dot = path[0] == '/' ? "" : "./";
+		const char *ro = d->writable ? "off" : "on";
+		const char *errors = d->writable ? ",werror=report,rerror=report" : "";
+		const char *discard = d->writable ? ",discard=unmap" : "";
+		int backs = disk_is_backing(cfg, i, cfg->ndisks);
+		if (!d->qcow2 && !backs) {
+			add(&b, "-drive");
+			addf(&b, "file=%s%s,if=none,id=disk%u,format=raw,readonly=%s%s%s", dot, path,
+			     i, ro, errors, discard);
+		} else {
+			/* A chain of block nodes: the file, then its format on it (and on the disk
+			 * beneath, for an overlay). No locking: these files are this VM's or frozen,
+			 * and the host, which made them, is the only one that hands them out. */
+			add(&b, "-blockdev");
+			addf(&b, "driver=file,node-name=disk%uf,filename=%s%s,read-only=%s,locking=off%s",
+			     i, dot, path, ro, discard);
+			add(&b, "-blockdev");
+			if (d->backing)
+				addf(&b, "driver=qcow2,node-name=disk%u,file=disk%uf,backing=disk%u,read-only=%s%s",
+				     i, i, d->backing - 1, ro, discard);
+			else
+				addf(&b, "driver=%s,node-name=disk%u,file=disk%uf,read-only=%s%s",
+				     d->qcow2 ? "qcow2" : "raw", i, i, ro, discard);
+		}
+		if (backs)
+			continue; /* beneath another disk: no device of its own */
 		add(&b, "-device");
-		addf(&b, "virtio-blk-device,drive=disk%u,serial=sbx-disk-%s", i, d->kind);
+		/* On the device for a -blockdev node, which has no -drive to hold them. */
+		addf(&b, "virtio-blk-device,drive=disk%u,serial=sbx-disk-%s%s", i, d->kind,
+		     d->qcow2 || backs ? errors : "");
 	}
 
 	/* One virtio-serial bus with two ports: the console (hvc0) and the agent channel, and a

@@ -15,12 +15,22 @@
 /* x86 COMMAND_LINE_SIZE is 2048 including the NUL; longer lines are cut by the kernel. */
 #define SBX_KERNEL_CMDLINE_MAX 2047u
 
-/* One disk besides the root: a raw image, read-only unless writable. */
+/* One disk besides the root: a raw image, read-only unless writable; or a qcow2 overlay on
+ * another disk of the list (a forked work disk: the frozen file both VMs share, beneath each
+ * VM's own overlay). */
 struct sbx_vm_disk {
 	const char *path; /* no ',' */
 	const char *kind; /* [a-z], 1..SBX_DISK_KIND_MAX bytes, unique in the VM: "python",
 			   * "javascript", "template", ... */
 	int writable;     /* QEMU may write it (readonly=off; opened O_RDWR by the host) */
+	int qcow2;        /* a qcow2 file (made empty by qemu-img on the host), else raw */
+	/* qcow2: 1 + the index of the disk beneath it, which must come earlier in the list and be
+	 * read-only; that disk is a block node only, with no device (the guest sees one disk).
+	 * 0: none (a zero-initialised disk is a plain one). */
+	unsigned backing;
+	/* writable: how large QEMU may make the file (RLIMIT_FSIZE of a jailed QEMU); 0: its size
+	 * now. A qcow2 overlay starts small and grows to its virtual size and some metadata. */
+	unsigned long long max_bytes;
 };
 
 /* Disks besides the root: one per fd the jail passes at SBX_CHILD_DISK_FD_BASE.. */

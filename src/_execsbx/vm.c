@@ -185,8 +185,9 @@ static int start_in(struct sbx_vm *vm, char *const *argv, const struct sbx_vm_st
 		if (fstat(fd, &st) < 0)
 			return sbx_err_sys(err, -errno, "fstat(disk %s)", d->kind);
 		writable_any = 1;
-		if ((uint64_t)st.st_size > writable_max)
-			writable_max = (uint64_t)st.st_size;
+		uint64_t may_grow_to = d->max_bytes ? d->max_bytes : (uint64_t)st.st_size;
+		if (may_grow_to > writable_max)
+			writable_max = may_grow_to;
 		/* QEMU reopens it by /proc/self/fd/N for writing, like the RAM file below. */
 		if (jail && jail->uid > 0 &&
 		    fchown(fd, (uid_t)jail->uid, (gid_t)(jail->gid >= 0 ? jail->gid : jail->uid)) < 0)

@@ -280,7 +280,7 @@ def build_qemu_argv(
     incoming: bool = ...,
     qemu_sandbox: bool = ...,
     mem_fd: int = ...,
-    disks: Sequence[tuple[_Path, str, bool]] | None = ...,
+    disks: Sequence[tuple[_Path, str, bool] | tuple[_Path, str, bool, bool, int, int]] | None = ...,
     net_port: bool = ...,
 ) -> list[str]: ...
 def seccomp_rules(policy: str = "allow") -> list[tuple[str, str, str]]: ...
@@ -312,7 +312,8 @@ class Vm:
         mem_fd: int = ...,
         jail: dict[str, int | bool] | None = ...,
         qemu_sandbox: bool = ...,
-        disks: Sequence[tuple[_Path, str, bool]] | None = ...,
+        disks: Sequence[tuple[_Path, str, bool] | tuple[_Path, str, bool, bool, int, int]]
+        | None = ...,
         net_port: bool = ...,
     ) -> None: ...
     def check_spawn(self) -> bool: ...

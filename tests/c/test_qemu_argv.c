@@ -232,10 +232,10 @@ static void test_images_by_fd(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv = NULL;
-	const struct sbx_vm_disk disks[] = {{"/cache/packages/python.erofs", "python", 0},
-					    {"/cache/templates/t.erofs", "template", 0},
-					    {"/tmp/build/source.erofs", "source", 0},
-					    {"/tmp/build/output.raw", "output", 1}};
+	const struct sbx_vm_disk disks[] = {{"/cache/packages/python.erofs", "python", 0, 0, 0, 0},
+					    {"/cache/templates/t.erofs", "template", 0, 0, 0, 0},
+					    {"/tmp/build/source.erofs", "source", 0, 0, 0, 0},
+					    {"/tmp/build/output.raw", "output", 1, 0, 0, 0}};
 	c.images_by_fd = 1;
 	c.disks = disks;
 	c.ndisks = 4;
@@ -335,9 +335,9 @@ static void test_disks_in_order_after_the_root(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	const struct sbx_vm_disk disks[] = {{"/cache/layer.erofs", "python", 0},
-					    {"/cache/t.erofs", "template", 0},
-					    {"rel/out.raw", "output", 1}};
+	const struct sbx_vm_disk disks[] = {{"/cache/layer.erofs", "python", 0, 0, 0, 0},
+					    {"/cache/t.erofs", "template", 0, 0, 0, 0},
+					    {"rel/out.raw", "output", 1, 0, 0, 0}};
 	c.disks = disks;
 	c.ndisks = 3;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
@@ -362,7 +362,7 @@ static void test_disk_readonly_unless_writable(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv;
-	struct sbx_vm_disk d = {"/cache/d.raw", "output", 0};
+	struct sbx_vm_disk d = {"/cache/d.raw", "output", 0, 0, 0, 0};
 	c.disks = &d;
 	c.ndisks = 1;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
@@ -375,15 +375,72 @@ static void test_disk_readonly_unless_writable(void)
 	sbx_argv_free(argv);
 }
 
+/* A forked work disk: a qcow2 overlay on a frozen raw file. The frozen one is a block node only
+ * (the guest sees one disk, with the overlay's serial, at the overlay's place among the devices);
+ * the overlay's device carries the error policy -drive would have. */
+static void test_qcow2_overlay_on_a_backing_disk(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv;
+	struct sbx_vm_disk disks[] = {{"/cache/layer.erofs", "python", 0, 0, 0, 0},
+				      {"/d/base", "workbase", 0, 0, 0, 0},
+				      {"/d/top", "work", 1, 1, 2, 1ull << 32},
+				      {"/v/vol", "vol", 1, 0, 0, 0}};
+	c.disks = disks;
+	c.ndisks = 4;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
+	CHECK(find(argv, "driver=file,node-name=disk1f,filename=/d/base,read-only=on,locking=off") > 0);
+	CHECK(find(argv, "driver=raw,node-name=disk1,file=disk1f,read-only=on") > 0);
+	CHECK(find(argv, "driver=file,node-name=disk2f,filename=/d/top,read-only=off,locking=off,"
+			 "discard=unmap") > 0);
+	CHECK(find(argv, "driver=qcow2,node-name=disk2,file=disk2f,backing=disk1,read-only=off,"
+			 "discard=unmap") > find(argv, "driver=raw,node-name=disk1,file=disk1f,read-only=on"));
+	CHECK(find(argv, "virtio-blk-device,drive=disk1,serial=sbx-disk-workbase") < 0);
+	int d0 = find(argv, "virtio-blk-device,drive=disk0,serial=sbx-disk-python");
+	int d2 = find(argv, "virtio-blk-device,drive=disk2,serial=sbx-disk-work,werror=report,"
+			    "rerror=report");
+	int d3 = find(argv, "virtio-blk-device,drive=disk3,serial=sbx-disk-vol");
+	CHECK(d0 > 0 && d2 > d0 && d3 > d2);
+	sbx_argv_free(argv);
+}
+
+/* The chain's rules: an overlay only on an earlier, read-only disk, one overlay per disk, and no
+ * backing for a raw disk. */
+static void test_bad_backing_disks(void)
+{
+	struct sbx_vm_config c = base();
+	char **argv = NULL;
+	struct sbx_err why = {0};
+	struct sbx_vm_disk disks[] = {{"/d/base", "workbase", 0, 0, 0, 0}, {"/d/top", "work", 1, 1, 1, 0},
+				      {"/d/top2", "other", 1, 1, 1, 0}};
+	c.disks = disks;
+	c.ndisks = 3;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "two disks on one backing disk");
+	c.ndisks = 2;
+	disks[1].backing = 2; /* itself */
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "a disk's backing disk must come earlier in the list");
+	disks[1].backing = 1;
+	disks[0].writable = 1;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "a backing disk must be read-only");
+	disks[0].writable = 0;
+	disks[1].qcow2 = 0;
+	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
+	CHECK_STR(why.msg, "only a qcow2 disk has a backing disk");
+	CHECK(argv == NULL);
+}
+
 /* At most SBX_VM_DISKS_MAX: one fd each under the jail, 10..15. */
 static void test_too_many_disks(void)
 {
 	struct sbx_vm_config c = base();
 	char **argv = NULL;
 	struct sbx_err why = {0};
-	const struct sbx_vm_disk disks[] = {{"/a", "a", 0}, {"/b", "b", 0}, {"/c", "c", 0},
-					    {"/d", "d", 0}, {"/e", "e", 0}, {"/f", "f", 0},
-					    {"/g", "g", 0}};
+	const struct sbx_vm_disk disks[] = {{"/a", "a", 0, 0, 0, 0}, {"/b", "b", 0, 0, 0, 0}, {"/c", "c", 0, 0, 0, 0},
+					    {"/d", "d", 0, 0, 0, 0}, {"/e", "e", 0, 0, 0, 0}, {"/f", "f", 0, 0, 0, 0},
+					    {"/g", "g", 0, 0, 0, 0}};
 	c.disks = disks;
 	c.ndisks = SBX_VM_DISKS_MAX;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &E), 0);
@@ -401,7 +458,7 @@ static void test_bad_disk_kinds_and_paths(void)
 	struct sbx_vm_config c = base();
 	char **argv;
 	struct sbx_err why = {0};
-	struct sbx_vm_disk d = {"/cache/layer.erofs", "python", 0};
+	struct sbx_vm_disk d = {"/cache/layer.erofs", "python", 0, 0, 0, 0};
 	c.disks = &d;
 	c.ndisks = 1;
 	static const char *const bad_kinds[] = {"", "Python", "py,serial=x", "a-b", "abcdefghijk",
@@ -436,8 +493,8 @@ static void test_duplicate_disk_kinds(void)
 	struct sbx_vm_config c = base();
 	char **argv;
 	struct sbx_err why = {0};
-	const struct sbx_vm_disk disks[] = {{"/a", "python", 0}, {"/b", "template", 0},
-					    {"/c", "python", 1}};
+	const struct sbx_vm_disk disks[] = {{"/a", "python", 0, 0, 0, 0}, {"/b", "template", 0, 0, 0, 0},
+					    {"/c", "python", 1, 0, 0, 0}};
 	c.disks = disks;
 	c.ndisks = 3;
 	CHECK_EQ(sbx_qemu_argv_build(&c, &argv, &why), -EINVAL);
@@ -487,6 +544,8 @@ int main(void)
 	RUN(test_disks_in_order_after_the_root);
 	RUN(test_disk_readonly_unless_writable);
 	RUN(test_too_many_disks);
+	RUN(test_qcow2_overlay_on_a_backing_disk);
+	RUN(test_bad_backing_disks);
 	RUN(test_bad_disk_kinds_and_paths);
 	RUN(test_duplicate_disk_kinds);
 	RUN(test_network_port);

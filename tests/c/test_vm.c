@@ -254,7 +254,7 @@ static void test_writable_disk_under_the_jail(void)
 	CHECK(ro >= 0 && rw >= 0);
 	CHECK_EQ(fchmod(ro, 0644), 0); /* as the package cache's images are */
 	CHECK_EQ(ftruncate(rw, 4096), 0);
-	const struct sbx_vm_disk disks[] = {{ro_path, "layer", 0}, {rw_path, "output", 1}};
+	const struct sbx_vm_disk disks[] = {{ro_path, "layer", 0, 0, 0, 0}, {rw_path, "output", 1, 0, 0, 0}};
 	struct sbx_jail_config jail = {.enabled = 1, .uid = 65534, .gid = 65534,
 				       .seccomp = SBX_SECCOMP_DENY_LIST};
 	char *const argv[] = {
