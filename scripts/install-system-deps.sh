@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(
 	qemu-system-x86            # the VMM
+	qemu-utils                 # qemu-img: empty copy-on-write overlays for forked work disks
 	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential patch  # guest kernel
 	mmdebstrap uidmap erofs-utils  # guest root file system (uidmap: unprivileged builds)
 	libseccomp-dev liburing-dev pkg-config  # C extension

@@ -17,7 +17,7 @@ from ..images import builder
 from ..images.catalog import load_images
 from ..paths import images_dir
 from ..templates.oci import skopeo_problem
-from ..vm import host_facts
+from ..vm import host_facts, workspace
 from ..vm.binding import probe_jail, seccomp_rules
 from ..vm.jail import (
     QEMU_USER_ENV,
@@ -248,6 +248,20 @@ def _skopeo() -> Check:
     )
 
 
+def _qemu_img() -> Check:
+    """Forks put each VM on a qcow2 overlay of the parent's frozen work disk, made by qemu-img;
+    without it they copy the disk (slower the more it holds, same result)."""
+    ok = workspace.overlays_available()
+    return Check(
+        "forks: qemu-img",
+        ok,
+        "forks are copy-on-write (qcow2 overlays)"
+        if ok
+        else "not found (install qemu-utils): forks copy the work disk",
+        required=False,
+    )
+
+
 def run_checks() -> list[Check]:
     images = _images()
     return [
@@ -257,6 +271,7 @@ def run_checks() -> list[Check]:
         images,
         *_setup_checks(images.ok),
         _skopeo(),
+        _qemu_img(),
         *_jail_layers(),
     ]
 

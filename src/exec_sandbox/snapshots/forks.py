@@ -11,6 +11,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,14 @@ from ..errors import SnapshotError
 from ..models import SessionSnapshot
 from ..vm import migration, workspace
 from ..vm.guest import GuestVm
+from ..vm.qmp import QmpClient
 from ..vm.registry import VmRegistry
 from ..vm.spec import VmSpec
 from ..vm.workspace import WorkDisk
 from .identity import machine_identity
 from .ram import fd_digest, seal_against_changes
 from .sessions import (
+    DISK_BASE_FILE,
     DISK_FILE,
     LAYER_FILE,
     SESSION_SNAPSHOT_FORMAT,
@@ -92,13 +95,18 @@ async def save_session(
 
 def _keep_disk(work: WorkDisk, build: Path) -> dict[str, object]:
     """The session's work disk as the snapshot's own file (a link, no copy), with its size and
-    digest, which resume() checks before it copies it."""
+    digest, which resume() checks before it copies it; a forked session's overlay with the
+    frozen disk beneath it, linked and recorded the same way."""
     work.link(build / DISK_FILE)
-    return {
+    saved: dict[str, object] = {
         "size": os.fstat(work.fd).st_size,
         "size_mb": work.size_mb,
         "sha256": fd_digest(work.fd),
     }
+    if work.base is not None:
+        work.base.link(build / DISK_BASE_FILE)
+        saved["base"] = {"size": os.fstat(work.base.fd).st_size, "sha256": fd_digest(work.base.fd)}
+    return saved
 
 
 def _keep_layer(image: Path, build: Path) -> None:
@@ -173,17 +181,30 @@ async def fork_vms(vm: GuestVm, count: int, work: Path, *, timeout: float) -> li
 
 async def _fork_one(vm: GuestVm, *, timeout: float) -> GuestVm:
     steps = StepTimer()
-    # work=None: the copy starts with an empty disk of its own (GuestVm.spawn), which gets
-    # the parent's content once the parent is stopped.
-    private = replace(vm.spec, mem_fd=None, mem_shared=False, mem_path=None, work=None)
-    copy = await migration.transfer(vm, private, timeout=timeout)  # on failure vm runs on
+    split = await _split_disk(vm, 1)
+    steps.mark("overlays")
+    # The copy's disk: an overlay on the parent's raw disk, which the parent leaves for an
+    # overlay of its own once stopped (split); else a disk the parent's is copied into once
+    # stopped (see _disk_for_copy).
+    copy_disk = split.copies[0] if split is not None else await _disk_for_copy(vm)
+    private = replace(vm.spec, mem_fd=None, mem_shared=False, mem_path=None, work=copy_disk)
+    try:
+        copy = await migration.transfer(  # on failure vm runs on
+            vm, private, timeout=timeout, on_stopped=None if split is None else split.move_parent
+        )
+    except BaseException:
+        if split is not None:
+            split.close()
+        elif copy_disk is not None and not copy_disk.claimed:
+            copy_disk.close()
+        raise
     steps.mark("spawn+stream into copy")
     steps.note("(of which stream)", copy.restore_seconds)
-    if vm.spec.work is not None and copy.spec.work is not None:
+    if split is None and vm.spec.work is not None and copy.spec.work is not None:
         try:
             # The parent is stopped, its writes flushed by the stream's end: its disk is the
             # one the copied RAM (page cache included) goes with.
-            await asyncio.to_thread(workspace.clone, vm.spec.work.fd, copy.spec.work.fd)
+            await asyncio.to_thread(workspace.copy_into, vm.spec.work, copy.spec.work)
         except BaseException:
             await copy.aclose()
             await _settled(asyncio.ensure_future(_run_on(vm)))
@@ -210,29 +231,47 @@ async def _fork_one(vm: GuestVm, *, timeout: float) -> GuestVm:
 
 async def _fork_many(vm: GuestVm, count: int, work: Path, *, timeout: float) -> list[GuestVm]:
     steps = StepTimer()
-    ram = migration.ram_memfd(vm.spec.memory_mb)
+    split = await _split_disk(vm, count)
+    steps.mark("overlays")
     frozen: WorkDisk | None = None
+    try:
+        ram = migration.ram_memfd(vm.spec.memory_mb)
+    except BaseException:
+        if split is not None:
+            split.close()
+        raise
     try:
         # work=None: the maker gets an empty disk it never uses (it only saves devices).
         spec = replace(vm.spec, mem_fd=ram, mem_path=None, work=None)
-        maker = await migration.transfer(vm, replace(spec, mem_shared=True), timeout=timeout)
+        maker = await migration.transfer(
+            vm,
+            replace(spec, mem_shared=True),
+            timeout=timeout,
+            on_stopped=None if split is None else split.move_parent,
+        )
         steps.mark("spawn+stream into maker")
         steps.note("(of which stream)", maker.restore_seconds)
-        if vm.spec.work is not None and vm.spec.disk_dir is not None:
+        if split is None and vm.spec.work is not None and vm.spec.disk_dir is not None:
             # The parent's disk as the stream left it, once, before the parent runs on; each
             # copy gets a copy of this one.
             try:
-                frozen = await workspace.new(
-                    vm.spec.disk_dir, vm.spec.work.size_mb, vm.spec.work.fd
-                )
+                frozen = await workspace.derived(vm.spec.disk_dir, vm.spec.work)
             except BaseException:
                 await maker.aclose()
                 await _settled(asyncio.ensure_future(_run_on(vm)))
                 raise
             steps.mark("disk copy")
         parent = asyncio.ensure_future(_run_on(vm))  # while the template is made
+
+        async def disk_of(index: int) -> WorkDisk | None:
+            if split is not None:
+                return split.copies[index]
+            if frozen is None or vm.spec.disk_dir is None:
+                return None
+            return await workspace.derived(vm.spec.disk_dir, frozen)
+
         try:
-            copies = await _clones(maker, ram, spec, count, work, timeout, steps, frozen)
+            copies = await _clones(maker, ram, spec, count, work, timeout, steps, disk_of)
         except BaseException:
             await asyncio.wait({parent})
             _retrieve(parent)
@@ -241,6 +280,8 @@ async def _fork_many(vm: GuestVm, count: int, work: Path, *, timeout: float) -> 
         os.close(ram)
         if frozen is not None:
             frozen.close()
+        if split is not None:
+            split.close()
     try:
         await _settled(parent)
     except BaseException:
@@ -250,6 +291,93 @@ async def _fork_many(vm: GuestVm, count: int, work: Path, *, timeout: float) -> 
     steps.mark("parent cont+reseed")
     steps.log(f"fork({count})")
     return copies
+
+
+class _Split:
+    """A fork's work disks when the parent's is raw: an overlay for the parent to move onto
+    (move_parent, at its stop) and one per copy, all on the parent's disk, which is frozen from
+    then on. close(): those not handed over yet."""
+
+    def __init__(self, vm: GuestVm, parent: WorkDisk, copies: list[WorkDisk]) -> None:
+        self.vm = vm
+        self.parent = parent
+        self.copies = copies
+        self.moved = False
+
+    async def move_parent(self, qmp: QmpClient) -> None:
+        """The parent's QEMU, stopped, writes its overlay from now on (its old disk, beneath,
+        is read-only to it). On failure it writes its old disk still, which is then not
+        frozen."""
+        old = self.vm.spec.work
+        assert old is not None
+        index = [d.kind for d in self.vm.spec.disks()].index(workspace.WORK_DISK_KIND)
+        node = f"work-{uuid.uuid4().hex[:12]}"
+        try:
+            added = await qmp.execute("add-fd", {}, fds=[self.parent.fd])
+            fdset = int(added["fdset-id"])
+            await qmp.execute(
+                "blockdev-add",
+                {
+                    "driver": "qcow2",
+                    "node-name": node,
+                    "discard": "unmap",
+                    "backing": None,
+                    "file": {
+                        "driver": "file",
+                        "filename": f"/dev/fdset/{fdset}",
+                        "locking": "off",
+                        "discard": "unmap",
+                    },
+                },
+            )
+            await qmp.execute("blockdev-snapshot", {"node": f"disk{index}", "overlay": node})
+        except BaseException:
+            workspace.thaw(old)
+            raise
+        self.vm.spec = replace(self.vm.spec, work=self.parent)
+        self.parent.claimed = True
+        self.moved = True
+        old.close()  # the overlays hold their own fds of it
+
+    def close(self) -> None:
+        if not self.moved:
+            self.parent.close()
+            if self.vm.spec.work is not None:
+                workspace.thaw(self.vm.spec.work)
+        for disk in self.copies:
+            if not disk.claimed:
+                disk.close()
+
+
+async def _split_disk(vm: GuestVm, count: int) -> _Split | None:
+    """Overlays for a fork of vm (see _Split); None when vm has no raw work disk, or forks copy
+    disks (no qemu-img)."""
+    disk = vm.spec.work
+    directory = vm.spec.disk_dir
+    if disk is None or disk.overlay or directory is None or not workspace.overlays_available():
+        return None
+    workspace.freeze(disk)  # from the parent's stop on; thawed if the fork fails before that
+    made: list[WorkDisk] = []
+    try:
+        for _ in range(count + 1):
+            made.append(await workspace.derived(directory, disk))
+    except BaseException:
+        for overlay in made:
+            overlay.close()
+        workspace.thaw(disk)
+        raise
+    return _Split(vm, made[0], made[1:])
+
+
+async def _disk_for_copy(vm: GuestVm) -> WorkDisk | None:
+    """A disk for a fork's copy that the parent's disk is copied into once the parent is
+    stopped (workspace.copy_into): None (GuestVm.spawn makes an empty raw one) for a raw disk;
+    an empty overlay on the same frozen disk for an overlay (QEMU re-reads it when the copy
+    takes it over at the stream's end: a migration's destination reads nothing before)."""
+    disk = vm.spec.work
+    if disk is None or disk.base is None or vm.spec.disk_dir is None:
+        return None
+    return await workspace.derived(vm.spec.disk_dir, disk.base)
 
 
 async def _run_on(vm: GuestVm) -> None:
@@ -266,7 +394,7 @@ async def _clones(
     work: Path,
     timeout: float,
     steps: StepTimer,
-    disk: WorkDisk | None,
+    disk_of: Callable[[int], Awaitable[WorkDisk | None]],
 ) -> list[GuestVm]:
     """count copy-on-write clones of maker (stopped, its RAM the shared memfd ram); maker is
     gone when this returns, and so is every clone if it raises."""
@@ -291,9 +419,11 @@ async def _clones(
     await in_thread(functools.partial(seal_against_changes, ram))
     tasks = [
         asyncio.ensure_future(
-            _clone(replace(spec, mem_shared=False), str(work / "devices"), maker, timeout, disk)
+            _clone(
+                replace(spec, mem_shared=False), str(work / "devices"), maker, timeout, disk_of(i)
+            )
         )
-        for _ in range(count)
+        for i in range(count)
     ]
     try:
         copies = list(await asyncio.gather(*tasks))
@@ -311,12 +441,15 @@ async def _clones(
 
 
 async def _clone(
-    spec: VmSpec, devices: str, maker: GuestVm, timeout: float, disk: WorkDisk | None
+    spec: VmSpec,
+    devices: str,
+    maker: GuestVm,
+    timeout: float,
+    disk: Awaitable[WorkDisk | None],
 ) -> GuestVm:
-    """One copy of a fork template, on its own copy of disk (the parent's, frozen)."""
-    own = None
-    if disk is not None and spec.disk_dir is not None:
-        own = await workspace.new(spec.disk_dir, disk.size_mb, disk.fd)
+    """One copy of a fork template, on its own disk (an overlay on the parent's frozen one, or
+    a copy of it)."""
+    own = await disk
     try:
         return await migration.restore(
             replace(spec, work=own), devices, registry=maker.registry, timeout=timeout

@@ -6,10 +6,13 @@
                                              meta.json (identity, session settings, SHA-256),
                                              layer (its package layer's image, when it had one)
                                              disk (its work disk: /home/user and /tmp)
+                                             disk.base (a forked session's: the frozen disk
+                                             beneath its overlay, `disk`)
                                    .build-*/ a pause in progress (renamed to <id> when complete)
 ```
 
-Owner-only (0700 directories, 0600 files): a snapshot holds the session's memory, so any secret
+Owner-only (0700 directories, 0600 files; a frozen disk is 0444, for the jailed QEMUs that share
+it, behind the 0700 directory): a snapshot holds the session's memory, so any secret
 its code touched. A snapshot is complete or absent (published by rename), checked against its
 SHA-256 before it is loaded, and refused with SnapshotError when the images, QEMU, accelerator or
 its package layer differ from the scheduler's (a migration stream only loads into the same
@@ -52,6 +55,8 @@ STATE_FILE = "state"
 META_FILE = "meta.json"
 LAYER_FILE = "layer"
 DISK_FILE = "disk"
+# A forked session's work disk is an overlay (DISK_FILE) on a frozen disk: this one.
+DISK_BASE_FILE = "disk.base"
 _ID = re.compile(r"[0-9a-f]{32}")
 _STALE_BUILD_SECONDS = 3600.0
 
@@ -114,13 +119,16 @@ class SessionSnapshotStore:
             return None
         if spec.disk_dir is None or not spec.disk_mb:
             raise SnapshotError(f"session snapshot {snapshot_id} has a work disk, the VM none")
-        fd = await in_thread(
-            functools.partial(self._open_disk, snapshot_id, meta, spec.disk_mb), discard=os.close
+        saved = await in_thread(
+            functools.partial(self._open_disk, snapshot_id, meta, spec.disk_mb),
+            discard=WorkDisk.close,
         )
         try:
-            return await workspace.new(spec.disk_dir, spec.disk_mb, fd)
+            # A snapshot resumes more than once: its files stay as they are. The overlay is
+            # copied; the frozen disk beneath is shared, as a fork's copies share it.
+            return await workspace.derived(spec.disk_dir, saved)
         finally:
-            os.close(fd)
+            saved.close()
 
     async def entries(self) -> list[SessionSnapshot]:
         """Every snapshot (none past its TTL), oldest first."""
@@ -202,17 +210,46 @@ class SessionSnapshotStore:
             )
         return fd
 
-    def _open_disk(self, snapshot_id: str, meta: dict[str, Any], disk_mb: int) -> int:
+    def _open_disk(self, snapshot_id: str, meta: dict[str, Any], disk_mb: int) -> WorkDisk:
+        """The snapshot's disk, read-only, checked against what the pause recorded: a raw one
+        of disk_mb MB, or an overlay with its frozen disk (of that size) beneath."""
         saved = meta["disk"]
+        base_saved = saved.get("base")
+        directory = self.root / check_id(snapshot_id)
+        base = None
+        if base_saved is not None:
+            base = WorkDisk(
+                self._open_checked(snapshot_id, directory / DISK_BASE_FILE, base_saved, disk_mb),
+                disk_mb,
+            )
+            base.frozen = True
         try:
-            fd = os.open(self.root / check_id(snapshot_id) / DISK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._open_checked(
+                snapshot_id, directory / DISK_FILE, saved, None if base else disk_mb
+            )
+        except BaseException:
+            if base is not None:
+                base.close()
+            raise
+        return WorkDisk(fd, disk_mb, base=base)
+
+    def _open_checked(
+        self, snapshot_id: str, path: Path, saved: dict[str, Any], disk_mb: int | None
+    ) -> int:
+        """path, opened read-only, if its size (disk_mb MB when given) and digest are saved's."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             raise SnapshotError(
                 f"session snapshot {snapshot_id}'s disk is unreadable: {exc}"
             ) from None
         try:
             size = os.fstat(fd).st_size
-            ok = size == saved.get("size") == disk_mb << 20 and fd_digest(fd) == saved.get("sha256")
+            ok = (
+                size == saved.get("size")
+                and (disk_mb is None or size == disk_mb << 20)
+                and fd_digest(fd) == saved.get("sha256")
+            )
         except OSError as exc:
             os.close(fd)
             raise SnapshotError(
@@ -262,7 +299,9 @@ class SessionSnapshotStore:
                 entries.append(
                     (
                         directory.stat().st_mtime,
-                        (directory / STATE_FILE).stat().st_size + _allocated(directory / DISK_FILE),
+                        (directory / STATE_FILE).stat().st_size
+                        + _allocated(directory / DISK_FILE)
+                        + _allocated(directory / DISK_BASE_FILE),
                         directory.name,
                     )
                 )
@@ -342,6 +381,14 @@ def _well_formed(meta: object) -> bool:
                 isinstance(meta["disk"], dict)
                 and isinstance(meta["disk"].get("size"), int)
                 and isinstance(meta["disk"].get("sha256"), str)
+                and (
+                    meta["disk"].get("base") is None
+                    or (
+                        isinstance(meta["disk"]["base"], dict)
+                        and isinstance(meta["disk"]["base"].get("size"), int)
+                        and isinstance(meta["disk"]["base"].get("sha256"), str)
+                    )
+                )
             )
         )
     )

@@ -139,7 +139,9 @@ def start_qemu(spec: VmSpec, *, incoming: bool) -> Any:
         incoming=incoming,
         qemu_sandbox=spec.qemu_sandbox,
         jail=spec.jail,
-        disks=[(str(d.path), d.kind, d.writable) for d in spec.disks()],
+        disks=[
+            (str(d.path), d.kind, d.writable, d.qcow2, d.backing, d.max_bytes) for d in spec.disks()
+        ],
         net_port=spec.net_port,
     )
 

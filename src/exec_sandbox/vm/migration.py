@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 from ..errors import SnapshotError, VmTimeoutError
 from .execution import OutputCallback
@@ -95,13 +96,21 @@ async def _load(
     guest.connect_seconds = time.monotonic() - running
 
 
-async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
+# What transfer() runs with vm's monitor once vm is stopped, before the stream (a fork moving the
+# parent onto a work disk overlay).
+OnStopped = Callable[[QmpClient], Awaitable[None]]
+
+
+async def transfer(
+    vm: GuestVm, spec: VmSpec, *, timeout: float, on_stopped: OnStopped | None = None
+) -> GuestVm:
     """A new VM (spec) holding vm's whole state, RAM included, streamed QEMU to QEMU through a
     pipe (a fork): no file is written or read, and the new QEMU starts while vm still runs, so
     vm stops only for the stream itself. On success both are stopped: the caller cont()s vm
     and start()s the new VM (RESEED before it runs anything) or saves it again. On any failure
-    or cancellation the new VM is gone and vm runs on (or is ended, if it cannot)."""
-    task = asyncio.ensure_future(_transfer(vm, spec, timeout))
+    or cancellation the new VM is gone and vm runs on (or is ended, if it cannot).
+    on_stopped: run once vm is stopped, before the stream; its failure fails the transfer."""
+    task = asyncio.ensure_future(_transfer(vm, spec, timeout, on_stopped))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -115,7 +124,9 @@ async def transfer(vm: GuestVm, spec: VmSpec, *, timeout: float) -> GuestVm:
         raise
 
 
-async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
+async def _transfer(
+    vm: GuestVm, spec: VmSpec, timeout: float, on_stopped: OnStopped | None
+) -> GuestVm:
     read_end, write_end = os.pipe2(os.O_CLOEXEC)
     with contextlib.suppress(OSError):  # fewer switches between the two QEMUs; 64 KiB else
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
@@ -137,6 +148,8 @@ async def _transfer(vm: GuestVm, spec: VmSpec, timeout: float) -> GuestVm:
         started = time.monotonic()
         source_stopped = True
         await qmp.execute("stop")
+        if on_stopped is not None:
+            await on_stopped(qmp)
         fd, write_end = write_end, -1
         await _hand_fd(qmp, fd)
         await qmp.execute("migrate", {"uri": "fd:state"})

@@ -11,18 +11,23 @@ from ..images.catalog import GuestImages
 from ..packages.layer import PackageLayer
 from ..volumes import VolumeClaims
 from . import workspace
-from .workspace import WORK_DISK_KIND, WorkDisk
+from .workspace import WORK_BASE_KIND, WORK_DISK_KIND, WorkDisk
 
 
 @dataclass(frozen=True)
 class Disk:
     """A disk after the root (/dev/vdb, ...): a raw image the guest agent finds by its serial
     "sbx-disk-<kind>" (kind: 1..10 lower-case letters, one disk per kind; the C core checks it).
-    Read-only unless writable (a builder's output)."""
+    Read-only unless writable (a builder's output). A qcow2 overlay sits on the disk `backing`
+    (1 + its index in the list: a block node with no device of its own); max_bytes bounds how
+    large QEMU may make a writable file (0: its size)."""
 
     path: Path
     kind: str
     writable: bool = False
+    qcow2: bool = False
+    backing: int = 0
+    max_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,14 +80,28 @@ class VmSpec:
 
     def disks(self) -> tuple[Disk, ...]:
         """The disks after the root, in the order QEMU gets them: the package layer, the
-        template, the work disk, the volumes, then extra_disks."""
+        template, the work disk (an overlay: its frozen disk just before it), the volumes,
+        then extra_disks."""
         disks: list[Disk] = []
         if self.layer is not None:
             disks.append(Disk(self.layer.path, self.layer.kind))
         if self.template is not None:
             disks.append(Disk(self.template.path, "template"))
         if self.work is not None:
-            disks.append(Disk(self.work.path, WORK_DISK_KIND, writable=True))
+            backing = 0
+            if self.work.base is not None:
+                disks.append(Disk(self.work.base.path, WORK_BASE_KIND))
+                backing = len(disks)
+            disks.append(
+                Disk(
+                    self.work.path,
+                    WORK_DISK_KIND,
+                    writable=True,
+                    qcow2=self.work.overlay,
+                    backing=backing,
+                    max_bytes=self.work.max_bytes,
+                )
+            )
         if self.volumes is not None:
             disks.extend(
                 Disk(Path(p), kind, writable) for kind, p, writable in self.volumes.disks()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -151,6 +152,45 @@ async def test_two_forks_write_the_same_path_and_each_sees_its_own(ws: Scheduler
             ):
                 seen = await session.exec("cat /home/user/who /tmp/kept")
                 assert seen.stdout == f"{name}\ntmp\n", name
+
+
+def _disk_inodes(directory: Path) -> dict[int, float]:
+    """The work disks this process holds open in directory: inode -> MB allocated."""
+    return {os.stat(p).st_ino: _allocated_mb(p) for p in _disk_fds(directory)}
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="forks copy disks without qemu-img")
+async def test_a_fork_copies_nothing_of_what_the_disk_holds(ws: Scheduler) -> None:
+    """Copy on write: the fork's files are overlays of a few hundred KB on the parent's frozen
+    disk, which holds the 64 MB; every VM still reads it all and writes only its own overlay.
+    Forks of the copy and a pause/resume of it keep the frozen disk beneath."""
+    disks = ws.config.memory_snapshot_cache_dir / "disks"
+    digest = "md5sum < /home/user/big"
+    async with await ws.session(language="raw") as parent:
+        await parent.exec("head -c 64000000 /dev/urandom > /home/user/big && sync")
+        want = (await parent.exec(digest)).stdout
+        before = _disk_inodes(disks)
+        (child,) = await parent.fork(1)
+        async with child:
+            made = {ino: mb for ino, mb in _disk_inodes(disks).items() if ino not in before}
+            assert len(made) == 2, made  # the parent's overlay and the copy's
+            assert all(mb < 4 for mb in made.values()), made
+            assert (await child.exec(digest)).stdout == want
+            await child.exec(
+                "echo child > /home/user/mine && head -c 8000000 /dev/urandom >> /home/user/big"
+            )
+            await parent.exec("echo parent > /home/user/mine")
+            assert (await parent.exec(digest)).stdout == want
+            (grand,) = await child.fork(1)
+            async with grand:
+                assert (await grand.exec("cat /home/user/mine")).stdout == "child\n"
+                assert (await grand.exec(digest)).stdout == (await child.exec(digest)).stdout
+            snapshot = await child.pause()
+        resumed = await ws.resume(snapshot.id)
+        async with resumed:
+            assert (await resumed.exec("cat /home/user/mine")).stdout == "child\n"
+            assert (await resumed.exec("wc -c < /home/user/big")).stdout == "72000000\n"
+        assert (await parent.exec("cat /home/user/mine")).stdout == "parent\n"
 
 
 async def test_the_disk_is_gone_when_the_vm_is(ws: Scheduler) -> None:
