@@ -10,9 +10,9 @@
    a parent forked before copies its overlay (what it wrote since) onto the same frozen disk.
    The first fork of each parent is its own row ("first"), the later ones another. Then the
    first fork of a parent with --written-mb written (256 MiB), copy on write against the copy
-   made without qemu-img (`workspace.overlays_available` off), a new parent each, the two interleaved: same
-   RAM state, so the difference is the disk's alone (the written parent's page cache makes its
-   stream longer than a fresh VM's, which the rows above compare it with).
+   made without qemu-img (`workspace.overlays_available` off), a new parent each, the two
+   interleaved: same RAM state, so the difference is the disk's alone (the written parent's page
+   cache makes its stream longer than a fresh VM's, which the rows above compare it with).
 
 Cells: p50 (p95) ms; the ratio is with / without. VMs are started through the provisioner (the
 scheduler's own path, admission aside) so that "without" exists at all: every call of the
