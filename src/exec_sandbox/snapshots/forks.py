@@ -21,6 +21,7 @@ from ..digest import file_sha256
 from ..errors import SnapshotError
 from ..models import SessionSnapshot
 from ..vm import migration, workspace
+from ..vm.binding import DISKS_MAX
 from ..vm.guest import GuestVm
 from ..vm.qmp import QmpClient
 from ..vm.registry import VmRegistry
@@ -351,10 +352,12 @@ class _Split:
 
 async def _split_disk(vm: GuestVm, count: int) -> _Split | None:
     """Overlays for a fork of vm (see _Split); None when vm has no raw work disk, or forks copy
-    disks (no qemu-img)."""
+    disks (no qemu-img, or no disk slot left for the frozen disk beneath the overlays)."""
     disk = vm.spec.work
     directory = vm.spec.disk_dir
     if disk is None or disk.overlay or directory is None or not workspace.overlays_available():
+        return None
+    if len(vm.spec.disks()) >= DISKS_MAX:
         return None
     workspace.freeze(disk)  # from the parent's stop on; thawed if the fork fails before that
     made: list[WorkDisk] = []
