@@ -1,0 +1,246 @@
+"""Installs into a running session's VM: `pip install` run by code in the VM (the reserved host
+tool `_sbx_install`, sent by the guest's pip, exec_sandbox_guest/_install.py) and
+Session.install() from the host. docs/packages.md, "Installs from inside".
+
+The host resolves and builds exactly as for `packages=[...]` (packages/layers.py: same cache,
+wheels only, no package code on the host, the host's own index configuration, which never
+enters the VM), keeping the versions the VM already has (pip constraints), and writes the new
+packages as one archive into the VM's home; the guest's pip unpacks it into the user site
+directory on the work disk, so the packages travel with pause/resume and fork. What each
+session installed is recorded here (and in a paused session's meta) so the host knows it.
+
+What goes back to the VM is pip-shaped: its ERROR lines, with index URLs replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import InputValidationError, PackageBuildError, SandboxError, VmPermanentError
+from .images.catalog import GuestImages
+from .models import Language, PackagesReport
+from .packages.layers import PackageLayers, normalize_name
+from .packages.pip_layer import PipRefused, redact_urls
+from .packages.specs import MAX_PACKAGES, validate_packages
+from .vm import file_transfer
+from .vm.guest import GuestVm
+
+log = logging.getLogger("exec_sandbox")
+
+# Where, relative to the guest home, the archive lands (the guest's pip removes it).
+ARCHIVE_DIR = ".cache/sbx-installs"
+
+
+@dataclass(frozen=True)
+class RuntimeLayer:
+    """One install into a running VM: the archive's key and what it added."""
+
+    key: str
+    kind: str
+    packages: tuple[str, ...]  # "name==version"
+    size: int
+
+    def to_meta(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "packages": list(self.packages),
+            "size": self.size,
+        }
+
+    @classmethod
+    def from_meta(cls, value: object) -> RuntimeLayer:
+        """From a paused session's meta; ValueError when it is not one."""
+        if not isinstance(value, dict):
+            raise ValueError("an installed layer must be an object")
+        key, kind, packages, size = (value.get(k) for k in ("key", "kind", "packages", "size"))
+        if (
+            not isinstance(key, str)
+            or kind not in ("python", "javascript")
+            or not isinstance(packages, list)
+            or not all(isinstance(p, str) and "==" in p for p in packages)
+            or not isinstance(size, int)
+            or isinstance(size, bool)
+        ):
+            raise ValueError(f"an installed layer is malformed: {str(value)[:200]}")
+        return cls(key, str(kind), tuple(packages), size)
+
+
+@dataclass(frozen=True)
+class InstallLimits:
+    enabled: bool
+    max_installs: int
+    max_bytes: int
+    strict: bool  # enable_package_validation: exact pins or bare names only
+
+
+class InstallRefused(SandboxError):
+    """An install the sandbox or pip refused; `lines` are what the guest's pip prints."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+class InstallService:
+    """The installs of one session's VM (one at a time)."""
+
+    def __init__(
+        self,
+        layers: PackageLayers,
+        images: GuestImages,
+        limits: InstallLimits,
+        *,
+        boot: PackagesReport | None,
+        boot_kind: Language,
+        runtime: Iterable[RuntimeLayer] = (),
+    ) -> None:
+        self._layers = layers
+        self._images = images
+        self._limits = limits
+        self._boot = boot
+        self._boot_kind = boot_kind
+        self.runtime: list[RuntimeLayer] = list(runtime)
+        self._lock = asyncio.Lock()
+        # Whether the last install came from the cache alone (Session.install()'s report).
+        self.last_cache_hit = True
+
+    @property
+    def strict(self) -> bool:
+        return self._limits.strict
+
+    def installed(self, kind: str = "python") -> dict[str, str]:
+        """normalized name -> version: the session's packages= layer and what was installed."""
+        found: dict[str, str] = {}
+        texts: list[str] = []
+        if self._boot is not None and self._boot_kind == kind:
+            texts += self._boot.packages
+        for layer in self.runtime:
+            if layer.kind == kind:
+                texts += layer.packages
+        for text in texts:
+            name, sep, version = text.partition("==")
+            if sep:
+                found[normalize_name(name)] = version
+        return found
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """What installs added, "name==version", in order."""
+        return tuple(p for layer in self.runtime for p in layer.packages)
+
+    async def serve(self, vm: GuestVm, arguments: bytes) -> bytes:
+        """The guest pip's call: JSON {"kwargs": {"kind", "requirements", "upgrade"}}. The
+        answer is always a JSON object (TOOL_OK): {"installed", "satisfied", "archive"} or
+        {"error": {"lines": [...]}}."""
+        try:
+            value = json.loads(arguments)
+            kwargs = value.get("kwargs") if isinstance(value, dict) else None
+            if not isinstance(kwargs, dict):
+                raise ValueError("no keyword arguments")
+            kind, texts = kwargs.get("kind"), kwargs.get("requirements")
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ValueError("requirements must be a list of strings")
+            reply = await self.install(vm, kind, texts)
+        except InstallRefused as exc:
+            reply = {"error": {"lines": exc.lines}}
+        except ValueError as exc:
+            reply = {"error": {"lines": [f"ERROR: the install request is malformed: {exc}"]}}
+        return json.dumps(reply).encode()
+
+    async def install(self, vm: GuestVm, kind: object, texts: list[str]) -> dict[str, Any]:
+        """Install texts into vm; raises InstallRefused with pip-style lines."""
+        if not self._limits.enabled:
+            raise InstallRefused(
+                [
+                    "ERROR: installs into a running sandbox are turned off on this host "
+                    "(allow_guest_installs=False); create the session with packages=[...]"
+                ]
+            )
+        if kind != "python":
+            raise InstallRefused([f"ERROR: installs of {kind!r} packages are not served here"])
+        if len(texts) > MAX_PACKAGES:
+            raise InstallRefused([f"ERROR: at most {MAX_PACKAGES} packages per install"])
+        try:
+            specs = validate_packages(texts, "python", strict=self._limits.strict, bare=True)
+        except InputValidationError as exc:
+            raise InstallRefused([f"ERROR: {exc}"]) from None
+        async with self._lock:
+            if len(self.runtime) >= self._limits.max_installs:
+                raise InstallRefused(
+                    [
+                        f"ERROR: this sandbox has had its {self._limits.max_installs} installs "
+                        "(guest_installs_max); start a session with packages=[...]"
+                    ]
+                )
+            installed = self.installed("python")
+            try:
+                delta = await self._layers.get_delta(specs, installed, self._images)
+            except PipRefused as exc:
+                lines = exc.lines or [f"ERROR: {exc}"]
+                if any("No matching distribution" in line for line in lines):
+                    lines.append(
+                        "ERROR: (the sandbox installs wheels only: a package published as "
+                        "source only, or without a wheel for the sandbox, cannot be installed)"
+                    )
+                raise InstallRefused(lines) from None
+            except (PackageBuildError, VmPermanentError, InputValidationError) as exc:
+                raise InstallRefused([f"ERROR: {_one_line(str(exc))}"]) from None
+            self.last_cache_hit = delta.report is None or delta.report.cache_hit
+            reply: dict[str, Any] = {
+                "installed": [list(p) for p in delta.installed],
+                "satisfied": [list(p) for p in delta.satisfied],
+                "archive": None,
+            }
+            if delta.key is None or delta.path is None:
+                return reply
+            used = sum(layer.size for layer in self.runtime)
+            if used + delta.size > self._limits.max_bytes:
+                raise InstallRefused(
+                    [
+                        f"ERROR: installing {delta.size >> 20} MB more would pass this sandbox's "
+                        f"{self._limits.max_bytes >> 20} MB for installs (guest_installs_max_mb)"
+                    ]
+                )
+            name = f"{ARCHIVE_DIR}/{delta.key}.tar"
+            try:
+                await file_transfer.write_file(vm, name.encode(), Path(delta.path), False)
+            except (OSError, SandboxError) as exc:
+                raise InstallRefused(
+                    [f"ERROR: Could not install packages due to an OSError: {_one_line(str(exc))}"]
+                ) from None
+            self.runtime.append(
+                RuntimeLayer(
+                    key=delta.key,
+                    kind="python",
+                    packages=tuple(f"{n}=={v}" for n, v in delta.installed),
+                    size=delta.size,
+                )
+            )
+            log.info("installed into a running VM: %s", ", ".join(self.packages))
+            reply["archive"] = name
+            return reply
+
+
+def runtime_from_meta(values: object) -> tuple[RuntimeLayer, ...]:
+    """The installs a paused session's meta records (its `session.installed`)."""
+    if values is None:
+        return ()
+    if not isinstance(values, list):
+        raise ValueError("installed must be a list")
+    return tuple(RuntimeLayer.from_meta(v) for v in values)
+
+
+def runtime_to_meta(layers: Iterable[RuntimeLayer]) -> list[dict[str, object]]:
+    return [layer.to_meta() for layer in layers]
+
+
+def _one_line(text: str) -> str:
+    """A message for the VM: one line, no index URL (they may hold the host's credentials)."""
+    return redact_urls(" ".join(text.split()))[:2000]
