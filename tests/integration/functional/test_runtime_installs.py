@@ -1,0 +1,154 @@
+"""`pip install` inside a running session (and Session.install()), served by the host, in real
+VMs without network: the packages come from an index on 127.0.0.1 that the test serves to the
+host's pip (tests/package_index.py), never from inside the VM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import PackageNotAllowedError, Scheduler
+from tests.helpers import private_config
+from tests.package_index import LocalIndex, make_sdist, make_wheel
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalIndex]:
+    build = tmp_path / "dists"
+    build.mkdir()
+    with LocalIndex(tmp_path / "index") as served:
+        served.publish(
+            make_wheel(build, "six", "1.16.0", {"six.py": "__version__ = '1.16.0'\n"}),
+            make_wheel(
+                build,
+                "sbxdep",
+                "2.0.0",
+                {"sbxdep/__init__.py": "import six\nVALUE = 'dep ' + six.__version__\n"},
+                requires=("six==1.16.0",),
+            ),
+            make_wheel(build, "sbxother", "1.0.0", {"sbxother.py": "X = 1\n"}),
+            make_sdist(build, "sbxsource", "1.0.0"),
+        )
+        for name, value in served.pip_env().items():
+            monkeypatch.setenv(name, value)
+        yield served
+
+
+def _port(index: LocalIndex) -> str:
+    return index.url.rsplit(":", 1)[1]
+
+
+PIP_THEN_IMPORT = """
+import subprocess
+r = subprocess.run(["pip", "install", "six==1.16.0"], capture_output=True, text=True)
+print(r.stdout, r.stderr, "exit", r.returncode)
+import six
+print("same cell", six.__version__)
+"""
+
+
+async def test_pip_install_in_a_session_imports_in_the_same_repl_and_the_next_exec(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    async with await sched.session(language="python") as session:
+        first = await session.exec(PIP_THEN_IMPORT, timeout_seconds=120)
+        assert first.exit_code == 0, first.stderr
+        assert "Collecting six==1.16.0" in first.stdout
+        assert "Successfully installed six-1.16.0" in first.stdout
+        assert "exit 0" in first.stdout
+        assert "same cell 1.16.0" in first.stdout
+        second = await session.exec("import six, sys; print(six.__file__)")
+        assert second.exit_code == 0, second.stderr
+        assert "/home/user/.local/lib/python" in second.stdout
+        # A new interpreter finds it too (the user site directory is on every python's path).
+        third = await session.exec(
+            "import subprocess; print(subprocess.run(['python3', '-c', 'import six; "
+            "print(six.__version__)'], capture_output=True, text=True).stdout)"
+        )
+        assert "1.16.0" in third.stdout
+        assert session.installed == ("six==1.16.0",)
+        # Installed again: satisfied, nothing built or sent.
+        again = await session.exec(
+            "import subprocess; r = subprocess.run(['python3', '-m', 'pip', 'install', 'six'], "
+            "capture_output=True, text=True); print(r.stdout, r.returncode)",
+            timeout_seconds=120,
+        )
+        assert "Requirement already satisfied: six" in again.stdout, again.stdout
+        for result in (first, second, third, again):
+            assert _port(index) not in result.stdout + result.stderr
+
+
+REFUSALS = """
+import subprocess
+for req in ["sbxnothere==1.0.0", "six==9.9.9", "sbxsource==1.0.0"]:
+    r = subprocess.run(["pip", "install", req], capture_output=True, text=True)
+    print("REQ", req, "exit", r.returncode)
+    print(r.stderr)
+"""
+
+
+async def test_pip_install_failures_look_like_pips_and_exit_1(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    async with await sched.session(language="python") as session:
+        result = await session.exec(REFUSALS, timeout_seconds=240)
+        assert result.exit_code == 0, result.stderr
+        out = result.stdout
+        for req in ("sbxnothere==1.0.0", "six==9.9.9", "sbxsource==1.0.0"):
+            assert f"REQ {req} exit 1" in out
+            assert f"ERROR: No matching distribution found for {req}" in out
+        assert "ERROR: Could not find a version that satisfies the requirement sbxnothere" in out
+        assert "wheels only" in out
+        assert _port(index) not in out
+        assert session.installed == ()
+
+
+async def test_session_install_from_the_host_travels_with_pause_and_fork(
+    tmp_path: Path, index: LocalIndex
+) -> None:
+    async with Scheduler(private_config(tmp_path, max_concurrent_vms=4)) as sched:
+        session = await sched.session(language="python")
+        report = await session.install(["sbxdep==2.0.0"], timeout_seconds=120)
+        assert set(report.packages) == {"sbxdep==2.0.0", "six==1.16.0"}
+        imported = await session.exec("import sbxdep; print(sbxdep.VALUE)")
+        assert imported.stdout == "dep 1.16.0\n", imported.stderr
+        with pytest.raises(PackageNotAllowedError, match="sbxnothere"):
+            await session.install(["sbxnothere==1.0.0"], timeout_seconds=120)
+        snapshot = await session.pause()
+        resumed = await sched.resume(snapshot)
+        assert set(resumed.installed) == {"sbxdep==2.0.0", "six==1.16.0"}
+        after = await resumed.exec("import sbxdep; print(sbxdep.VALUE)")
+        assert after.stdout == "dep 1.16.0\n", after.stderr
+        forks = await resumed.fork(2)
+        assert isinstance(forks, list)
+        try:
+            # Each copy installs on its own; the parent's install is in both.
+            await forks[0].install(["sbxother==1.0.0"], timeout_seconds=120)
+            one = await forks[0].exec("import sbxdep, sbxother; print(sbxother.X)")
+            assert one.stdout == "1\n", one.stderr
+            two = await forks[1].exec(
+                "import sbxdep\ntry:\n    import sbxother\nexcept ImportError:\n    print('absent')"
+            )
+            assert two.stdout == "absent\n", two.stderr
+            assert "sbxother==1.0.0" in forks[0].installed
+            assert "sbxother==1.0.0" not in forks[1].installed
+        finally:
+            for copy in forks:
+                await copy.close()
+            await resumed.close()
+            await sched.delete_snapshot(snapshot)
+
+
+async def test_installs_can_be_turned_off(tmp_path: Path, index: LocalIndex) -> None:
+    async with Scheduler(private_config(tmp_path, allow_guest_installs=False)) as sched:
+        async with await sched.session(language="python") as session:
+            result = await session.exec(
+                "import subprocess; r = subprocess.run(['pip', 'install', 'six==1.16.0'], "
+                "capture_output=True, text=True); print(r.stderr, r.returncode)"
+            )
+            assert "turned off" in result.stdout and result.stdout.rstrip().endswith("1")
+            assert index.fetches == {}
