@@ -111,6 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def magic(line: str) -> None:
+    """`%pip ...` / `!pip ...` in a session cell (the REPL driver rewrites the line to this):
+    pip's output, and a failure does not stop the cell, as in a notebook."""
+    import shlex
+
+    main(shlex.split(line))
+
+
 def run() -> None:
     """`python3 -m pip` and the `pip` commands."""
     sys.exit(main())
