@@ -152,3 +152,40 @@ async def test_installs_can_be_turned_off(tmp_path: Path, index: LocalIndex) -> 
             )
             assert "turned off" in result.stdout and result.stdout.rstrip().endswith("1")
             assert index.fetches == {}
+
+
+async def test_notebook_pip_lines_install_into_the_running_repl(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    async with await sched.session(language="python") as session:
+        result = await session.exec(
+            "%pip install six==1.16.0\nimport six\nprint('imported', six.__version__)\n"
+            "!pip list 2>/dev/null | grep -c '^six '",
+            timeout_seconds=120,
+        )
+        assert result.exit_code == 0, result.stderr
+        assert "Successfully installed six-1.16.0" in result.stdout
+        assert "imported 1.16.0" in result.stdout
+        assert result.stdout.rstrip().endswith("1")  # `pip list` (a shell line) lists it
+        # A failing %pip does not stop the cell, as in a notebook.
+        failed = await session.exec("!pip install sbxnothere==1.0.0\nprint('after')")
+        assert "ERROR: No matching distribution found for sbxnothere==1.0.0" in failed.stderr
+        assert failed.stdout.rstrip().endswith("after")
+
+
+async def test_install_limits_refuse_with_clear_errors(tmp_path: Path, index: LocalIndex) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    index.publish(make_wheel(big, "sbxbig", "1.0.0", {"sbxbig.py": "#" * 1_500_000 + "\n"}))
+    config = private_config(tmp_path, guest_installs_max=2, guest_installs_max_mb=1)
+    async with Scheduler(config) as sched:
+        async with await sched.session(language="python") as session:
+            with pytest.raises(PackageNotAllowedError, match="guest_installs_max_mb"):
+                await session.install(["sbxbig==1.0.0"], timeout_seconds=120)
+            await session.install(["six==1.16.0"], timeout_seconds=120)
+            await session.install(["sbxother==1.0.0"], timeout_seconds=120)
+            with pytest.raises(PackageNotAllowedError, match="guest_installs_max"):
+                await session.install(["sbxdep==2.0.0"], timeout_seconds=120)
+            assert session.installed == ("six==1.16.0", "sbxother==1.0.0")
+            alive = await session.exec("import six, sbxother; print('ok')")
+            assert alive.stdout == "ok\n"
