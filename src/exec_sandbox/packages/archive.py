@@ -17,18 +17,20 @@ from pathlib import Path
 from .erofs import normalize_tree
 
 # pip --target puts console scripts in bin/ beside the packages; the guest puts them in
-# ~/.local/bin and everything else into the site directory.
+# ~/.local/bin and everything else into the site directory. A javascript tree is one
+# node_modules directory.
 SITE_PREFIX = "site-packages"
 BIN_PREFIX = "bin"
+NODE_PREFIX = "node_modules"
 
 
-async def pack(tree: Path, archive: Path) -> int:
+async def pack(tree: Path, archive: Path, *, javascript: bool = False) -> int:
     """Write archive from tree; returns its size."""
-    await asyncio.get_running_loop().run_in_executor(None, _pack, tree, archive)
+    await asyncio.get_running_loop().run_in_executor(None, _pack, tree, archive, javascript)
     return archive.stat().st_size
 
 
-def _pack(tree: Path, archive: Path) -> None:
+def _pack(tree: Path, archive: Path, javascript: bool) -> None:
     normalize_tree(tree)
     with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as tar:
         for dirpath, dirnames, filenames in os.walk(tree):
@@ -39,8 +41,12 @@ def _pack(tree: Path, archive: Path) -> None:
                 if path.is_symlink() or not path.is_file():
                     continue  # links inside the tree: the guest takes files only
                 parts = (relative / name).parts
-                prefix = BIN_PREFIX if parts[0] == "bin" and len(parts) > 1 else SITE_PREFIX
-                rest = parts[1:] if prefix == BIN_PREFIX else parts
+                if javascript:
+                    prefix, rest = NODE_PREFIX, parts
+                elif parts[0] == "bin" and len(parts) > 1:
+                    prefix, rest = BIN_PREFIX, parts[1:]
+                else:
+                    prefix, rest = SITE_PREFIX, parts
                 info = tar.gettarinfo(str(path), "/".join((prefix, *rest)))
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""

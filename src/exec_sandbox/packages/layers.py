@@ -83,10 +83,13 @@ class PackageLayers:
         specs: tuple[PackageSpec, ...],
         images: GuestImages,
         progress: Progress | None = None,
+        *,
+        packed: bool = False,
     ) -> PackageLayer | None:
         """The layer holding specs for language (None for no packages). Raises
         PackageNotAllowedError for packages that cannot be installed, PackageBuildError when
-        the index or a build step fails, VmPermanentError when a host tool is missing."""
+        the index or a build step fails, VmPermanentError when a host tool is missing.
+        packed: as a tar archive for a running VM (archive.py), not an EROFS image."""
         if not specs:
             return None
         target = GuestTarget.of(images)
@@ -112,11 +115,13 @@ class PackageLayers:
             phases["resolve"] = _ms_since(at)
             await self.store.write_request(request_key, lock)
         layer_key = (
-            f"{language}-"
+            ("install-" if packed else "")
+            + f"{language}-"
             + _digest(
                 {
                     "format": LAYER_FORMAT,
                     "language": language,
+                    **({"archive": True} if packed else {}),
                     "identity": lock["identity"],
                     "tree": target.tree,
                     "python": target.python,
@@ -131,7 +136,7 @@ class PackageLayers:
             task = self._builds.get(layer_key)
             if task is None:
                 task = asyncio.create_task(
-                    self._build(language, layer_key, lock, target, say, phases),
+                    self._build(language, layer_key, lock, target, say, phases, packed=packed),
                     name=f"package-layer-{layer_key}",
                 )
                 self._builds[layer_key] = task
@@ -298,7 +303,11 @@ class PackageLayers:
                 say("packing the layer image")
                 at = time.monotonic()
                 image = work / ("layer.tar" if packed else "layer.erofs")
-                size = await (archive.pack(tree, image) if packed else erofs.pack(tree, image))
+                size = await (
+                    archive.pack(tree, image, javascript=language == "javascript")
+                    if packed
+                    else erofs.pack(tree, image)
+                )
                 digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, image)
                 phases["image"] = _ms_since(at)
                 meta = {

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackageBuildError, PackageNotAllowedError, VmPermanentError
+from ..errors import PackageBuildError, VmPermanentError
 from .specs import PackageSpec
 from .target import GuestTarget
-from .tools import ToolResult, run_tool
+from .tools import ToolRefused, ToolResult, redact_urls, run_tool
 
 log = logging.getLogger("exec_sandbox")
 
@@ -44,7 +44,6 @@ _NETWORK_TROUBLE = re.compile(
 )
 _NO_MATCH = re.compile(r"No matching distribution found for (\S+)")
 _SHEBANG_PYTHON = b"#!/usr/bin/python3\n"
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"()<>]+")
 _LOCKED_TEXT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*")
 
 
@@ -74,20 +73,6 @@ async def check_pip() -> None:
             f"pip {match[1]}.{match[2]} is too old to build package layers (22.2 or newer: "
             f"{sys.executable} -m pip install -U pip)"
         )
-
-
-def redact_urls(text: str) -> str:
-    """text with every URL replaced by `<index>`: what goes back into a VM names no index."""
-    return _URL.sub("<index>", text)
-
-
-class PipRefused(PackageNotAllowedError):
-    """pip would not install the requirements (not on the index, no wheel, a conflict); `lines`
-    are pip's own ERROR lines with every URL replaced by `<index>` (they go back to the VM)."""
-
-    def __init__(self, message: str, lines: list[str]) -> None:
-        super().__init__(message)
-        self.lines = lines
 
 
 async def resolve(
@@ -290,14 +275,14 @@ def _pip_failure(result: ToolResult, target: GuestTarget) -> Exception:
     lines = [redact_urls(line) for line in errors.splitlines()]
     match = _NO_MATCH.search(text)
     if match is not None:
-        return PipRefused(
+        return ToolRefused(
             f"no installable wheel of {match[1]} for the sandbox ({platform}): it does not "
             f"exist on the package index, or it is published as source only (the sandbox never "
             f"builds packages from source). pip said: {said}",
             lines,
         )
     if "ResolutionImpossible" in text or "conflict" in text.lower():
-        return PipRefused(f"the requested packages conflict: {said}", lines)
+        return ToolRefused(f"the requested packages conflict: {said}", lines)
     if "hash" in text.lower() and "do not match" in text.lower():
         return PackageBuildError(
             f"a downloaded wheel does not match its locked hash: {result.tail()}"
