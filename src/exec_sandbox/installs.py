@@ -26,8 +26,8 @@ from .errors import InputValidationError, PackageBuildError, SandboxError, VmPer
 from .images.catalog import GuestImages
 from .models import Language, PackagesReport
 from .packages.layers import PackageLayers, normalize_name
-from .packages.pip_layer import PipRefused, redact_urls
-from .packages.specs import MAX_PACKAGES, validate_packages
+from .packages.specs import MAX_PACKAGES, PackageSpec, validate_packages
+from .packages.tools import ToolRefused, redact_urls
 from .vm import file_transfer
 from .vm.guest import GuestVm
 
@@ -43,8 +43,11 @@ class RuntimeLayer:
 
     key: str
     kind: str
-    packages: tuple[str, ...]  # "name==version"
+    # python: what this install added ("name==version"); javascript: the whole tree it put in
+    # place of the previous one ("name@version").
+    packages: tuple[str, ...]
     size: int
+    requested: tuple[str, ...] = ()  # javascript: the tree's top-level packages, pinned
 
     def to_meta(self) -> dict[str, object]:
         return {
@@ -52,6 +55,7 @@ class RuntimeLayer:
             "kind": self.kind,
             "packages": list(self.packages),
             "size": self.size,
+            "requested": list(self.requested),
         }
 
     @classmethod
@@ -60,16 +64,20 @@ class RuntimeLayer:
         if not isinstance(value, dict):
             raise ValueError("an installed layer must be an object")
         key, kind, packages, size = (value.get(k) for k in ("key", "kind", "packages", "size"))
+        requested = value.get("requested", [])
+        sep = "==" if kind == "python" else "@"
         if (
             not isinstance(key, str)
             or kind not in ("python", "javascript")
             or not isinstance(packages, list)
-            or not all(isinstance(p, str) and "==" in p for p in packages)
+            or not all(isinstance(p, str) and sep in p[1:] for p in packages)
+            or not isinstance(requested, list)
+            or not all(isinstance(p, str) for p in requested)
             or not isinstance(size, int)
             or isinstance(size, bool)
         ):
             raise ValueError(f"an installed layer is malformed: {str(value)[:200]}")
-        return cls(key, str(kind), tuple(packages), size)
+        return cls(key, str(kind), tuple(packages), size, tuple(requested))
 
 
 @dataclass(frozen=True)
@@ -132,8 +140,21 @@ class InstallService:
 
     @property
     def packages(self) -> tuple[str, ...]:
-        """What installs added, "name==version", in order."""
-        return tuple(p for layer in self.runtime for p in layer.packages)
+        """What installs added: python's "name==version" in order, then the javascript tree's
+        "name@version"."""
+        python = [p for layer in self.runtime if layer.kind == "python" for p in layer.packages]
+        tree = self._tree()
+        return (*python, *(tree.packages if tree else ()))
+
+    def _tree(self) -> RuntimeLayer | None:
+        """The javascript tree in place now (each install replaces the previous one)."""
+        trees = [layer for layer in self.runtime if layer.kind == "javascript"]
+        return trees[-1] if trees else None
+
+    def _used_bytes(self, replacing_tree: bool = False) -> int:
+        tree = self._tree()
+        used = sum(layer.size for layer in self.runtime if layer.kind == "python")
+        return used + (tree.size if tree and not replacing_tree else 0)
 
     async def serve(self, vm: GuestVm, arguments: bytes) -> bytes:
         """The guest pip's call: JSON {"kwargs": {"kind", "requirements", "upgrade"}}. The
@@ -155,77 +176,151 @@ class InstallService:
         return json.dumps(reply).encode()
 
     async def install(self, vm: GuestVm, kind: object, texts: list[str]) -> dict[str, Any]:
-        """Install texts into vm; raises InstallRefused with pip-style lines."""
+        """Install texts into vm; raises InstallRefused with pip- or npm-style lines."""
+        tool = "npm" if kind == "javascript" else "ERROR:"
         if not self._limits.enabled:
             raise InstallRefused(
                 [
-                    "ERROR: installs into a running sandbox are turned off on this host "
+                    f"{tool} installs into a running sandbox are turned off on this host "
                     "(allow_guest_installs=False); create the session with packages=[...]"
                 ]
             )
-        if kind != "python":
-            raise InstallRefused([f"ERROR: installs of {kind!r} packages are not served here"])
+        if kind not in ("python", "javascript"):
+            raise InstallRefused([f"ERROR: installs of {str(kind)[:40]!r} packages are not served"])
         if len(texts) > MAX_PACKAGES:
-            raise InstallRefused([f"ERROR: at most {MAX_PACKAGES} packages per install"])
+            raise InstallRefused([f"{tool} at most {MAX_PACKAGES} packages per install"])
+        language: Language = "python" if kind == "python" else "javascript"
         try:
-            specs = validate_packages(texts, "python", strict=self._limits.strict, bare=True)
+            specs = validate_packages(texts, language, strict=self._limits.strict, bare=True)
         except InputValidationError as exc:
-            raise InstallRefused([f"ERROR: {exc}"]) from None
+            raise InstallRefused([f"{_prefix(language)} {exc}"]) from None
         async with self._lock:
             if len(self.runtime) >= self._limits.max_installs:
                 raise InstallRefused(
                     [
-                        f"ERROR: this sandbox has had its {self._limits.max_installs} installs "
-                        "(guest_installs_max); start a session with packages=[...]"
+                        f"{_prefix(language)} this sandbox has had its "
+                        f"{self._limits.max_installs} installs (guest_installs_max); start a "
+                        "session with packages=[...]"
                     ]
                 )
-            installed = self.installed("python")
             try:
-                delta = await self._layers.get_delta(specs, installed, self._images)
-            except PipRefused as exc:
-                lines = exc.lines or [f"ERROR: {exc}"]
-                if any("No matching distribution" in line for line in lines):
+                if language == "python":
+                    change = await self._python(specs)
+                else:
+                    change = await self._javascript(specs)
+            except ToolRefused as exc:
+                lines = exc.lines or [f"{_prefix(language)} {_one_line(str(exc))}"]
+                if language == "python" and any("No matching distribution" in x for x in lines):
                     lines.append(
                         "ERROR: (the sandbox installs wheels only: a package published as "
                         "source only, or without a wheel for the sandbox, cannot be installed)"
                     )
                 raise InstallRefused(lines) from None
             except (PackageBuildError, VmPermanentError, InputValidationError) as exc:
-                raise InstallRefused([f"ERROR: {_one_line(str(exc))}"]) from None
-            self.last_cache_hit = delta.report is None or delta.report.cache_hit
+                raise InstallRefused([f"{_prefix(language)} {_one_line(str(exc))}"]) from None
             reply: dict[str, Any] = {
-                "installed": [list(p) for p in delta.installed],
-                "satisfied": [list(p) for p in delta.satisfied],
+                "installed": [list(p) for p in change.added],
+                "satisfied": [list(p) for p in change.satisfied],
                 "archive": None,
             }
-            if delta.key is None or delta.path is None:
+            self.last_cache_hit = change.cache_hit
+            if change.layer is None or change.path is None:
                 return reply
-            used = sum(layer.size for layer in self.runtime)
-            if used + delta.size > self._limits.max_bytes:
+            used = self._used_bytes(replacing_tree=language == "javascript")
+            if used + change.layer.size > self._limits.max_bytes:
                 raise InstallRefused(
                     [
-                        f"ERROR: installing {delta.size >> 20} MB more would pass this sandbox's "
-                        f"{self._limits.max_bytes >> 20} MB for installs (guest_installs_max_mb)"
+                        f"{_prefix(language)} installing {change.layer.size >> 20} MB more would "
+                        f"pass this sandbox's {self._limits.max_bytes >> 20} MB for installs "
+                        "(guest_installs_max_mb)"
                     ]
                 )
-            name = f"{ARCHIVE_DIR}/{delta.key}.tar"
+            name = f"{ARCHIVE_DIR}/{change.layer.key}.tar"
             try:
-                await file_transfer.write_file(vm, name.encode(), Path(delta.path), False)
+                await file_transfer.write_file(vm, name.encode(), change.path, False)
             except (OSError, SandboxError) as exc:
                 raise InstallRefused(
-                    [f"ERROR: Could not install packages due to an OSError: {_one_line(str(exc))}"]
+                    [
+                        f"{_prefix(language)} Could not install packages due to an OSError: "
+                        f"{_one_line(str(exc))}"
+                    ]
                 ) from None
-            self.runtime.append(
-                RuntimeLayer(
-                    key=delta.key,
-                    kind="python",
-                    packages=tuple(f"{n}=={v}" for n, v in delta.installed),
-                    size=delta.size,
-                )
-            )
+            self.runtime.append(change.layer)
             log.info("installed into a running VM: %s", ", ".join(self.packages))
             reply["archive"] = name
             return reply
+
+    async def _python(self, specs: tuple[PackageSpec, ...]) -> _Change:
+        delta = await self._layers.get_delta(specs, self.installed("python"), self._images)
+        if delta.key is None or delta.path is None:
+            return _Change(None, None, (), delta.satisfied, True)
+        layer = RuntimeLayer(
+            key=delta.key,
+            kind="python",
+            packages=tuple(f"{n}=={v}" for n, v in delta.installed),
+            size=delta.size,
+        )
+        cache_hit = delta.report is None or delta.report.cache_hit
+        return _Change(layer, delta.path, delta.installed, delta.satisfied, cache_hit)
+
+    async def _javascript(self, specs: tuple[PackageSpec, ...]) -> _Change:
+        """npm re-hoists a tree on every install, so a javascript install builds the whole tree
+        again (the earlier top-level packages pinned, the new ones on top) and the guest puts
+        it in place of the previous one (~/node_modules)."""
+        tree = self._tree()
+        top = {_npm_name(text): text for text in (tree.requested if tree else ())}
+        before = set(tree.packages) if tree else set()
+        satisfied = [s for s in specs if s.name in top and s.requirement in (s.name, top[s.name])]
+        merged = {name: PackageSpec(name, text) for name, text in top.items()}
+        merged.update((s.name, s) for s in specs if s not in satisfied)
+        if len(satisfied) == len(specs):
+            pairs = tuple(_npm_pair(top[s.name]) for s in satisfied)
+            return _Change(None, None, (), pairs, True)
+        layer = await self._layers.get(
+            "javascript", tuple(sorted(merged.values())), self._images, packed=True
+        )
+        assert layer is not None  # specs is not empty
+        everything = layer.report.packages
+        pinned = []
+        for name in sorted(merged):
+            versions = [p for p in everything if _npm_name(p) == name]
+            pinned.append(versions[0] if len(versions) == 1 else merged[name].requirement)
+        runtime = RuntimeLayer(
+            key=layer.key,
+            kind="javascript",
+            packages=tuple(everything),
+            size=layer.report.size_bytes,
+            requested=tuple(pinned),
+        )
+        added = tuple(_npm_pair(p) for p in everything if p not in before)
+        pairs = tuple(_npm_pair(top[s.name]) for s in satisfied)
+        return _Change(runtime, layer.path, added, pairs, layer.report.cache_hit)
+
+
+@dataclass(frozen=True)
+class _Change:
+    """What one install puts into the VM (layer None: nothing, all satisfied)."""
+
+    layer: RuntimeLayer | None
+    path: Path | None
+    added: tuple[tuple[str, str], ...]
+    satisfied: tuple[tuple[str, str], ...]
+    cache_hit: bool
+
+
+def _prefix(language: Language) -> str:
+    return "ERROR:" if language == "python" else "npm error"
+
+
+def _npm_name(text: str) -> str:
+    """The name of "name@version" or of a bare name (scoped names start with "@")."""
+    at = text.find("@", 1)
+    return text if at < 0 else text[:at]
+
+
+def _npm_pair(text: str) -> tuple[str, str]:
+    name = _npm_name(text)
+    return name, text[len(name) + 1 :]
 
 
 def runtime_from_meta(values: object) -> tuple[RuntimeLayer, ...]:

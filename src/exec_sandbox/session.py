@@ -596,26 +596,30 @@ class Session:
     async def install(
         self, packages: Sequence[str], *, timeout_seconds: float | None = None
     ) -> PackagesReport:
-        """Install python packages into the running session, as `pip install` in its code
-        would: built on the host (wheels only, the host's index), importable by the next
-        exec() (and by the REPL at once). Exact pins (`six==1.16.0`) or bare names (the newest,
-        recorded exactly); ranges with enable_package_validation=False. Returns what this call
-        added. Raises PackageNotAllowedError when pip or the sandbox refuses, with pip's lines."""
+        """Install packages into the running session, as `pip install` (python and raw
+        sessions) or `npm install` (javascript sessions) in its code would: built on the host
+        (wheels only / no install scripts, the host's index), importable by the next exec() (a
+        python REPL at once). Exact pins (`six==1.16.0`, `left-pad@1.3.0`) or bare names (the
+        newest, recorded exactly); ranges with enable_package_validation=False. Returns what
+        this call added. Raises PackageNotAllowedError when the tool or the sandbox refuses,
+        with the tool's error lines."""
         from .packages.specs import validate_packages
 
         if self._installs is None:
             raise PackageNotAllowedError("this session's host serves no installs")
-        specs = validate_packages(packages, "python", strict=self._installs.strict, bare=True)
+        kind: Language = "javascript" if self.language == "javascript" else "python"
+        specs = validate_packages(packages, kind, strict=self._installs.strict, bare=True)
         if not specs:
             raise InputValidationError("install() needs at least one package")
         before = len(self._installs.runtime)
         # Run by the session's own REPL (a separate execution would end it): the guest's pip
         # unpacks what the host sends, and a python REPL can import it at once.
-        argv = ["install", "-q", *(s.requirement for s in specs)]
+        tool = "npm" if kind == "javascript" else "pip"
+        argv = ["install", *(["-q"] if tool == "pip" else []), *(s.requirement for s in specs)]
         timeout = self._default_timeout if timeout_seconds is None else timeout_seconds
         request = ExecRequest(
             language=self.language,
-            code=_install_code(self.language, argv),
+            code=_install_code(self.language, tool, argv),
             timeout_ms=validate_timeout(timeout),
             env=[],
             stdout_limit=limits.STDOUT_LIMIT_BYTES,
@@ -733,23 +737,25 @@ class SessionHooks:
     pause_when_idle: bool = False
 
 
-def _install_code(language: Language, argv: list[str]) -> bytes:
-    """Code that runs the guest's pip with argv in a REPL of language, leaving no name behind
-    and failing (non-zero exit or an exception) when pip does. argv holds validated package
-    specifiers only (packages/specs.py: no quotes, spaces or shell characters)."""
+def _install_code(language: Language, tool: str, argv: list[str]) -> bytes:
+    """Code that runs the guest's pip or npm with argv in a REPL of language, leaving no name
+    behind and failing (non-zero exit or an exception) when the tool does. argv holds validated
+    package specifiers only (packages/specs.py: no quotes, spaces or shell characters)."""
     if language == "python":
         return (
             '__import__("sys").exit(__import__("exec_sandbox_guest._install", '
             f'fromlist=["main"]).main({argv!r}))'
         ).encode()
     if language == "raw":
-        return ("pip " + " ".join(shlex.quote(a) for a in argv)).encode()
+        return (tool + " " + " ".join(shlex.quote(a) for a in argv)).encode()
     return (
-        "{ const r = require('child_process').spawnSync('pip', "
+        "{ const r = require('child_process').spawnSync("
+        + json.dumps(tool)
+        + ", "
         + json.dumps(argv)
         + ", { encoding: 'utf8' }); process.stdout.write(r.stdout || ''); "
         "process.stderr.write(r.stderr || ''); "
-        "if (r.status !== 0) throw new Error('pip install failed'); }"
+        "if (r.status !== 0) throw new Error(" + json.dumps(tool + " install failed") + "); }"
     ).encode()
 
 
