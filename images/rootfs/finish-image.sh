@@ -31,6 +31,9 @@ finish_image() {
 		printf '#!/bin/sh\nexec /usr/bin/python3 -m pip "$@"\n' >"$r/usr/local/bin/$cmd"
 		chmod 0755 "$r/usr/local/bin/$cmd"
 	done
+	# npm likewise (exec_sandbox_guest._npm): the image has none of its own.
+	printf '#!/bin/sh\nexec /usr/bin/python3 -m exec_sandbox_guest._npm "$@"\n' >"$r/usr/local/bin/npm"
+	chmod 0755 "$r/usr/local/bin/npm"
 	printf '"""exec-sandbox: pip served by the host (exec_sandbox_guest._install)."""\n' \
 		>"$r/usr/lib/python3/dist-packages/pip/__init__.py"
 	printf 'from exec_sandbox_guest._install import run\n\nrun()\n' \
