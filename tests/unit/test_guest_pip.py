@@ -84,3 +84,35 @@ def test_pip_lines_of_a_cell_that_is_not_python_are_rewritten_line_for_line() ->
     assert lines[3] == "  __import__(\"subprocess\").run('ls -l /tmp', shell=True)"
     compile(rewritten, "cell", "exec")
     assert shell_lines(b"x = (\n") is None  # type: ignore[operator]
+
+
+@pytest.fixture
+def npm_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(GUEST / "runtime" / "python"))
+    for name in [n for n in sys.modules if n.startswith("exec_sandbox_guest")]:
+        monkeypatch.delitem(sys.modules, name)
+    return importlib.import_module("exec_sandbox_guest._npm")
+
+
+def test_npm_install_arguments(npm_module: ModuleType) -> None:
+    specs = npm_module.parse_install(["sbxjs@1.0.0", "--save", "@scope/x@^1", "left-pad", "-D"])
+    assert specs == ["sbxjs@1.0.0", "@scope/x@^1", "left-pad"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["git+https://example.invalid/x.git"],
+        ["./local-dir"],
+        ["user/repo"],
+        ["@scope/name/extra"],
+        ["--registry=http://elsewhere", "x"],
+        ["file:../x"],
+        [],
+    ],
+)
+def test_npm_sources_other_than_the_registry_are_refused(
+    npm_module: ModuleType, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert npm_module.main(["install", *args]) == 1
+    assert capsys.readouterr().err.startswith("npm error")

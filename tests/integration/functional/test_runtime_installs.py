@@ -11,7 +11,13 @@ import pytest
 
 from exec_sandbox import PackageNotAllowedError, Scheduler
 from tests.helpers import private_config
-from tests.package_index import LocalIndex, make_sdist, make_wheel
+from tests.package_index import (
+    LocalIndex,
+    LocalNpmRegistry,
+    make_npm_tarball,
+    make_sdist,
+    make_wheel,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -189,3 +195,71 @@ async def test_install_limits_refuse_with_clear_errors(tmp_path: Path, index: Lo
             assert session.installed == ("six==1.16.0", "sbxother==1.0.0")
             alive = await session.exec("import six, sbxother; print('ok')")
             assert alive.stdout == "ok\n"
+
+
+@pytest.fixture
+def npm_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalNpmRegistry]:
+    build = tmp_path / "npm-dists"
+    build.mkdir()
+    with LocalNpmRegistry(tmp_path / "registry") as served:
+        for name, text in (("sbxjs", "hello from sbxjs"), ("sbxjs2", "second package")):
+            tarball = make_npm_tarball(
+                build, name, "1.0.0", {"index.js": f"exports.hello = () => {text!r};\n"}
+            )
+            served.publish(name, {"1.0.0": tarball})
+        for name, value in served.npm_env(tmp_path).items():
+            monkeypatch.setenv(name, value)
+        yield served
+
+
+NPM = """{
+  const r = require('child_process').spawnSync('npm', %s, { encoding: 'utf8' });
+  console.log(r.stdout, r.stderr, 'exit', r.status);
+}"""
+
+
+async def test_npm_install_in_a_javascript_session_then_require_and_import(
+    sched: Scheduler, npm_registry: LocalNpmRegistry
+) -> None:
+    async with await sched.session(language="javascript") as session:
+        first = await session.exec(NPM % '["install", "sbxjs@1.0.0"]', timeout_seconds=180)
+        assert "added 1 package" in first.stdout and "exit 0" in first.stdout, first.stdout
+        used = await session.exec("console.log(require('sbxjs').hello())")
+        assert used.stdout == "hello from sbxjs\n", used.stderr
+        imported = await session.exec(
+            "const m = await import('sbxjs'); console.log('import', m.default.hello())"
+        )
+        assert "import hello from sbxjs" in imported.stdout, imported.stderr
+        # A second install keeps the first package (the host rebuilds the whole tree).
+        second = await session.exec(NPM % '["i", "sbxjs2"]', timeout_seconds=180)
+        assert "exit 0" in second.stdout, second.stdout
+        both = await session.exec(
+            "console.log(require('sbxjs2').hello(), require('sbxjs').hello())"
+        )
+        assert both.stdout == "second package hello from sbxjs\n", both.stderr
+        assert set(session.installed) == {"sbxjs@1.0.0", "sbxjs2@1.0.0"}
+        missing = await session.exec(NPM % '["install", "sbxnothere@1.0.0"]', timeout_seconds=180)
+        assert "exit 1" in missing.stdout
+        assert "npm error" in missing.stdout and "E404" in missing.stdout, missing.stdout
+        assert npm_registry.url.rsplit(":", 1)[1] not in missing.stdout
+
+
+async def test_session_install_in_a_javascript_session_and_npm_from_python(
+    sched: Scheduler, npm_registry: LocalNpmRegistry
+) -> None:
+    async with await sched.session(language="javascript") as session:
+        report = await session.install(["sbxjs@1.0.0"], timeout_seconds=180)
+        assert report.packages == ("sbxjs@1.0.0",)
+        used = await session.exec("console.log(require('sbxjs').hello())")
+        assert used.stdout == "hello from sbxjs\n", used.stderr
+    async with await sched.session(language="python") as session:
+        result = await session.exec(
+            "import subprocess\n"
+            "print(subprocess.run(['npm', 'install', 'sbxjs@1.0.0'], capture_output=True, "
+            "text=True).stdout)\n"
+            "print(subprocess.run(['node', '-e', 'console.log(require(\\'sbxjs\\').hello())'], "
+            "capture_output=True, text=True).stdout)",
+            timeout_seconds=180,
+        )
+        assert "added 1 package" in result.stdout, result.stderr
+        assert "hello from sbxjs" in result.stdout, result.stdout
