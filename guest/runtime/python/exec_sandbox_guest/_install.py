@@ -84,6 +84,8 @@ def user_site() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("EXEC_SANDBOX_PIP") == "real":
+        return _real_pip(args)
     try:
         while args and args[0] in _IGNORED_FLAGS | {"--no-python-version-warning"}:
             args.pop(0)
@@ -181,6 +183,15 @@ def _read_requirements(path: str) -> list[str]:
 
 def _install(args: list[str]) -> int:
     requirements, upgrade = parse_install(args)
+    if any(_name(text) == "pip" for text in requirements):
+        # `pip install -U pip` is common in scripts: not an error, and pip is not replaced.
+        print(
+            "Requirement already satisfied: pip (the sandbox's pip, served by the host; for the "
+            "real pip set EXEC_SANDBOX_PIP=real, which needs network to the package index)"
+        )
+        requirements = [text for text in requirements if _name(text) != "pip"]
+        if not requirements:
+            return 0
     if os.environ.get("EXEC_SANDBOX_GUEST_INSTALLS") == "off":
         raise _Usage("installs are turned off in this sandbox")
     for text in requirements:
@@ -221,12 +232,52 @@ def _install(args: list[str]) -> int:
     return 0
 
 
-def _unpack(archive: str, site_dir: str) -> None:
+def _name(requirement: str) -> str:
+    import re
+
+    match = re.match(r"[A-Za-z0-9._-]+", requirement.strip())
+    return re.sub(r"[-_.]+", "-", match[0]).lower() if match else ""
+
+
+def _real_pip(args: list[str]) -> int:
+    """EXEC_SANDBOX_PIP=real: the real pip, run from a private directory (never on the path of
+    `python3 -m pip` otherwise). The first use gets pip itself from the host, like any package;
+    then pip works as pip does, with the network the session has (none: it fails as pip
+    fails), installing into the user site directory (PEP 668 marks Debian's python as
+    externally managed)."""
+    home = os.path.expanduser("~")
+    private = os.path.join(home, ".local", "share", "exec-sandbox", "real-pip")
+    if not os.path.isfile(os.path.join(private, "pip", "__init__.py")):
+        from . import ToolError, call
+
+        try:
+            reply = call("_sbx_install", kind="python", requirements=["pip"], upgrade=False)
+        except ToolError as exc:
+            print(_NOT_HERE if exc.refused else f"ERROR: {exc}", file=sys.stderr)
+            return 1
+        error = reply.get("error") if isinstance(reply, dict) else "unusable answer"
+        archive = reply.get("archive") if isinstance(reply, dict) else None
+        if error is not None or not isinstance(archive, str):
+            lines = error.get("lines") if isinstance(error, dict) else None
+            for line in lines if isinstance(lines, list) else [f"ERROR: {error or 'no pip'}"]:
+                print(str(line), file=sys.stderr)
+            return 1
+        _unpack(os.path.join(home, archive), private, os.path.join(private, "bin"))
+    env = dict(os.environ, PYTHONPATH=private, PIP_BREAK_SYSTEM_PACKAGES="1")
+    if "VIRTUAL_ENV" not in env:
+        env.setdefault("PIP_USER", "1")
+    env.pop("EXEC_SANDBOX_PIP", None)
+    import subprocess
+
+    return subprocess.call([sys.executable, "-m", "pip", *args], env=env)
+
+
+def _unpack(archive: str, site_dir: str, bin_dir: str | None = None) -> None:
     """The host's archive: `site-packages/...` into the user site directory, `bin/...` into
     ~/.local/bin. The archive comes from the host; the checks keep a damaged one inside."""
     import tarfile
 
-    bin_dir = os.path.join(os.path.expanduser("~"), ".local", "bin")
+    bin_dir = bin_dir or os.path.join(os.path.expanduser("~"), ".local", "bin")
     roots = {"site-packages": site_dir, "bin": bin_dir}
     try:
         with tarfile.open(archive) as tar:
