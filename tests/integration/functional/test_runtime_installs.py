@@ -4,6 +4,9 @@ host's pip (tests/package_index.py), never from inside the VM."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tests.package_index import (
 )
 
 pytestmark = pytest.mark.vm
+PIP_VERSION = "26.3"  # the real pip a test puts on its index (any release for python 3.11)
 
 
 @pytest.fixture
@@ -263,3 +267,57 @@ async def test_session_install_in_a_javascript_session_and_npm_from_python(
         )
         assert "added 1 package" in result.stdout, result.stderr
         assert "hello from sbxjs" in result.stdout, result.stdout
+
+
+REAL_PIP = """
+import os, subprocess
+env = dict(os.environ, EXEC_SANDBOX_PIP="real", PIP_INDEX_URL="http://index.invalid/simple/",
+           PIP_RETRIES="0", PIP_TIMEOUT="2", PIP_DISABLE_PIP_VERSION_CHECK="1")
+v = subprocess.run(["pip", "--version"], env=env, capture_output=True, text=True)
+print(v.stdout, v.stderr)
+r = subprocess.run(["pip", "install", "sbxother==1.0.0"], env=env, capture_output=True, text=True)
+print("exit", r.returncode)
+print(r.stdout, r.stderr)
+d = subprocess.run(["pip", "install", "-U", "pip"], capture_output=True, text=True)
+print("default", d.returncode, d.stdout)
+"""
+
+
+async def test_the_real_pip_on_request_runs_pip_itself(
+    sched: Scheduler, index: LocalIndex, tmp_path: Path
+) -> None:
+    # pip's own wheel, from the index the host's pip is configured with, into the test's index
+    # (the first use of the real pip gets pip itself from the host, like any package).
+    env = {k: v for k, v in os.environ.items() if k not in index.pip_env()}
+    wheels = tmp_path / "pip-wheel"
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(wheels),
+            f"pip=={PIP_VERSION}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if got.returncode != 0:
+        pytest.skip(f"pip's wheel is not available to the host: {got.stderr[-300:]}")
+    index.publish(*wheels.glob("pip-*.whl"))
+    async with await sched.session(language="python") as session:
+        result = await session.exec(REAL_PIP, timeout_seconds=240)
+        out = result.stdout
+        assert result.exit_code == 0, result.stderr
+        assert f"pip {PIP_VERSION} from /home/user/.local/share/exec-sandbox/real-pip/pip" in out
+        # No network in this session: pip itself fails, as pip does, without the host.
+        assert "exit 1" in out
+        assert "sbxother==1.0.0" in out and "ERROR:" in out
+        assert "sbxother==1.0.0" not in session.installed
+        # Without the variable, `pip install -U pip` changes nothing and succeeds.
+        assert "default 0 Requirement already satisfied: pip" in out
