@@ -74,8 +74,9 @@ def _install(args: list[str]) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 1
-    from . import ToolError, call
+    from . import ToolError, _install, call
 
+    _install.unpack_pending()
     try:
         reply = call("_sbx_install", kind="javascript", requirements=specs, upgrade=False)
     except ToolError as exc:
@@ -94,7 +95,7 @@ def _install(args: list[str]) -> int:
     archive = reply.get("archive")
     if isinstance(archive, str):
         try:
-            _replace_tree(os.path.join(os.path.expanduser("~"), archive))
+            replace_tree(os.path.join(os.path.expanduser("~"), archive))
         except (OSError, ValueError) as exc:
             print(f"npm error {exc}", file=sys.stderr)
             return 1
@@ -107,7 +108,7 @@ def _install(args: list[str]) -> int:
     return 0
 
 
-def _replace_tree(archive: str) -> None:
+def replace_tree(archive: str) -> None:
     """Unpack the host's archive (node_modules/...) beside ~/node_modules, then swap it in."""
     import tarfile
 
