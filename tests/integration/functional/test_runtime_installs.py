@@ -4,9 +4,11 @@ host's pip (tests/package_index.py), never from inside the VM."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -321,3 +323,25 @@ async def test_the_real_pip_on_request_runs_pip_itself(
         assert "sbxother==1.0.0" not in session.installed
         # Without the variable, `pip install -U pip` changes nothing and succeeds.
         assert "default 0 Requirement already satisfied: pip" in out
+
+
+async def test_an_archive_left_by_an_exec_that_ended_is_unpacked_by_the_next_install(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    # What the host wrote before the exec that asked ended (its timeout) and so never unpacked:
+    # the host counts it as installed, so the guest's next pip puts it in place first.
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        body = b"LEFT = 'over'\n"
+        info = tarfile.TarInfo("site-packages/sbxleft.py")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    async with await sched.session(language="python") as session:
+        await session.write_file(".cache/sbx-installs/install-python-left.tar", data.getvalue())
+        result = await session.exec(
+            "import subprocess; subprocess.run(['pip', 'install', '-q', 'six==1.16.0'])\n"
+            "import os, sbxleft, six; print(sbxleft.LEFT, six.__version__, "
+            "os.listdir(os.path.expanduser('~/.cache/sbx-installs')))",
+            timeout_seconds=120,
+        )
+        assert result.stdout.strip().endswith("over 1.16.0 []"), result.stderr
