@@ -210,11 +210,8 @@ class InstallService:
                     change = await self._javascript(specs)
             except ToolRefused as exc:
                 lines = exc.lines or [f"{_prefix(language)} {_one_line(str(exc))}"]
-                if language == "python" and any("No matching distribution" in x for x in lines):
-                    lines.append(
-                        "ERROR: (the sandbox installs wheels only: a package published as "
-                        "source only, or without a wheel for the sandbox, cannot be installed)"
-                    )
+                if language == "python":
+                    lines += _python_hints(lines, specs, self.installed("python"))
                 raise InstallRefused(lines) from None
             except (PackageBuildError, VmPermanentError, InputValidationError) as exc:
                 raise InstallRefused([f"{_prefix(language)} {_one_line(str(exc))}"]) from None
@@ -306,6 +303,28 @@ class _Change:
     added: tuple[tuple[str, str], ...]
     satisfied: tuple[tuple[str, str], ...]
     cache_hit: bool
+
+
+def _python_hints(
+    lines: list[str], specs: tuple[PackageSpec, ...], installed: dict[str, str]
+) -> list[str]:
+    """What pip's own lines do not say about the sandbox's rules."""
+    hints = []
+    for spec in specs:
+        version = installed.get(spec.name)
+        versioned = any(c in spec.requirement for c in "=<>!~")
+        if version is not None and versioned and not spec.requirement.endswith(f"=={version}"):
+            hints.append(
+                f"ERROR: {spec.name} {version} is installed in this sandbox, and a running "
+                "sandbox never changes an installed version: start a session with "
+                "packages=[...] for another one"
+            )
+    if any("No matching distribution" in line for line in lines):
+        hints.append(
+            "ERROR: (the sandbox installs wheels only: a package published as source only, or "
+            "without a wheel for the sandbox, cannot be installed)"
+        )
+    return hints
 
 
 def _prefix(language: Language) -> str:
