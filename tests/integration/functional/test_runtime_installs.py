@@ -345,3 +345,45 @@ async def test_an_archive_left_by_an_exec_that_ended_is_unpacked_by_the_next_ins
             timeout_seconds=120,
         )
         assert result.stdout.strip().endswith("over 1.16.0 []"), result.stderr
+
+
+KEEP = """
+import subprocess
+for req in ["sbxdep==2.0.0", "six==1.17.0"]:
+    r = subprocess.run(["pip", "install", req], capture_output=True, text=True)
+    print("REQ", req, "exit", r.returncode)
+    print(r.stdout, r.stderr)
+import sbxdep, six
+print("uses", sbxdep.VALUE, six.__file__)
+"""
+
+
+async def test_installs_keep_the_versions_the_session_has(
+    sched: Scheduler, index: LocalIndex, tmp_path: Path
+) -> None:
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    index.publish(make_wheel(newer, "six", "1.17.0", {"six.py": "__version__ = '1.17.0'\n"}))
+    async with await sched.session(language="python", packages=["six==1.16.0"]) as session:
+        result = await session.exec(KEEP, timeout_seconds=240)
+        out = result.stdout
+        assert result.exit_code == 0, result.stderr
+        # six comes from the session's packages= layer: only sbxdep is added.
+        assert "REQ sbxdep==2.0.0 exit 0" in out
+        assert "Successfully installed sbxdep-2.0.0\n" in out
+        assert "REQ six==1.17.0 exit 1" in out
+        assert "six 1.16.0 is installed in this sandbox" in out
+        assert "uses dep 1.16.0 /usr/local/lib/python" in out
+        assert session.installed == ("six==1.16.0", "sbxdep==2.0.0")
+
+
+async def test_run_refuses_installs_with_a_pointer_to_packages(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    result = await sched.run(
+        "import subprocess; r = subprocess.run(['pip', 'install', 'six==1.16.0'], "
+        "capture_output=True, text=True); print(r.stderr, r.returncode)"
+    )
+    assert "installs are served in sessions only" in result.stdout
+    assert "packages=[...]" in result.stdout and result.stdout.rstrip().endswith("1")
+    assert index.fetches == {}
