@@ -73,6 +73,7 @@ async def test_pip_install_in_a_session_imports_in_the_same_repl_and_the_next_ex
         assert "Successfully installed six-1.16.0" in first.stdout
         assert "exit 0" in first.stdout
         assert "same cell 1.16.0" in first.stdout
+        fetched = index.fetches["six-1.16.0-py3-none-any.whl"]
         second = await session.exec("import six, sys; print(six.__file__)")
         assert second.exit_code == 0, second.stderr
         assert "/home/user/.local/lib/python" in second.stdout
@@ -92,6 +93,10 @@ async def test_pip_install_in_a_session_imports_in_the_same_repl_and_the_next_ex
         assert "Requirement already satisfied: six" in again.stdout, again.stdout
         for result in (first, second, third, again):
             assert _port(index) not in result.stdout + result.stderr
+        # The host's pip, configured for the test's index, is what fetched it.
+        assert fetched >= 1
+        # The install is the sandbox's own call, not one of the caller's tools.
+        assert first.tool_calls == [] and again.tool_calls == []
 
 
 REFUSALS = """
@@ -387,3 +392,29 @@ async def test_run_refuses_installs_with_a_pointer_to_packages(
     assert "installs are served in sessions only" in result.stdout
     assert "packages=[...]" in result.stdout and result.stdout.rstrip().endswith("1")
     assert index.fetches == {}
+
+
+async def test_a_full_work_disk_fails_the_install_like_pip_and_the_session_lives(
+    sched: Scheduler, index: LocalIndex, tmp_path: Path
+) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    index.publish(make_wheel(big, "sbxbig", "1.0.0", {"sbxbig.py": "#" * 1_500_000 + "\n"}))
+    async with await sched.session(language="python", disk_mb=64) as session:
+        filled = await session.exec(
+            "import os\nf = open(os.path.expanduser('~/fill'), 'wb')\n"
+            "try:\n    while True:\n        f.write(b'\\0' * (1 << 20)); f.flush()\n"
+            "except OSError as e:\n    print('full', e.errno)",
+            timeout_seconds=120,
+        )
+        assert "full 28" in filled.stdout, filled.stderr
+        result = await session.exec(
+            "import subprocess; r = subprocess.run(['pip', 'install', 'sbxbig==1.0.0'], "
+            "capture_output=True, text=True); print(r.stderr, r.returncode)",
+            timeout_seconds=120,
+        )
+        assert "ERROR: Could not install packages due to an OSError" in result.stdout
+        assert result.stdout.rstrip().endswith("1")
+        assert "sbxbig==1.0.0" not in session.installed
+        alive = await session.exec("import os; os.remove(os.path.expanduser('~/fill')); print(1)")
+        assert alive.stdout == "1\n"
