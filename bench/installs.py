@@ -8,7 +8,8 @@ of each path first, so both sides measure the cached case:
 - create plain: the same without packages (the baseline both paths pay);
 - pip in a subprocess: `subprocess.run(["pip", "install", "six==1.16.0"])` then `import six`, one
   exec in an open plain session (the archive cached on the host);
-- %pip: the notebook line in the REPL itself (no interpreter start).
+- %pip: the notebook line in the REPL itself (no interpreter start);
+and, once, the first `pip install` with nothing cached (the warm-up's).
 
     .venv/bin/python bench/installs.py --runs 7
 """
@@ -65,7 +66,9 @@ async def run(sched: Scheduler, runs: int) -> None:
         async with await sched.session(language="python", packages=packages) as s:
             await s.exec("import sys")
     async with await sched.session(language="python") as s:
+        at = time.perf_counter()
         warm = await s.exec(SUBPROCESS, timeout_seconds=120)
+        cold = (time.perf_counter() - at) * 1000
         assert warm.exit_code == 0, warm.stderr
     await sched.wait_snapshots(300)
     for packages in ([SIX], None):
@@ -90,6 +93,10 @@ async def run(sched: Scheduler, runs: int) -> None:
                 r = await s.exec(code, timeout_seconds=120)
                 out.append((time.perf_counter() - at) * 1000)
                 assert r.exit_code == 0, r.stderr
+    print(
+        f"first pip install (nothing cached: resolve, download, unpack, compile, pack): "
+        f"{cold:.0f} ms"
+    )
     print(f"session(packages=[six]) + import:  {summary(create)}")
     print(f"session() plain + empty exec:      {summary(plain)}")
     print(f"pip install (subprocess) + import: {summary(sub)}")
