@@ -67,8 +67,9 @@ _OTHER_SOURCES = (
 )
 _ONLY_HOST = "ERROR: the sandbox installs from the host's package index only ({})"
 _NOT_HERE = (
-    "ERROR: installs reach the host only from code that session.exec() or run() runs (not "
-    "from a spawned process or a terminal); use session.install() from the host"
+    "ERROR: installs reach the host only from code that session.exec() runs (not from a "
+    "process of session.spawn() or a terminal such as `sbx shell`); from the host, use "
+    "session.install()"
 )
 
 

@@ -22,8 +22,9 @@ _IGNORED_FLAGS = {"--save", "-S", "--save-prod", "-P", "--save-dev", "-D", "--sa
                   "--ignore-scripts", "--no-package-lock", "--prefer-offline", "--loglevel=error",
                   "-g", "--global", "--legacy-peer-deps", "--no-progress"}
 _NOT_HERE = (
-    "npm error installs reach the host only from code that session.exec() or run() runs (not "
-    "from a spawned process or a terminal); use session.install() from the host"
+    "npm error installs reach the host only from code that session.exec() runs (not from a "
+    "process of session.spawn() or a terminal such as `sbx shell`); from the host, use "
+    "session.install()"
 )
 
 
