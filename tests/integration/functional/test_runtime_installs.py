@@ -418,3 +418,14 @@ async def test_a_full_work_disk_fails_the_install_like_pip_and_the_session_lives
         assert "sbxbig==1.0.0" not in session.installed
         alive = await session.exec("import os; os.remove(os.path.expanduser('~/fill')); print(1)")
         assert alive.stdout == "1\n"
+
+
+async def test_a_spawned_process_is_told_to_use_session_install(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    async with await sched.session(language="python") as session:
+        proc = await session.spawn(["pip", "install", "six==1.16.0"])
+        assert await proc.wait(timeout=60) == 1
+        err = (await proc.stderr.read()).decode()
+        assert "use session.install()" in err and "sbx shell" in err
+        assert index.fetches == {}
