@@ -429,3 +429,11 @@ async def test_a_spawned_process_is_told_to_use_session_install(
         err = (await proc.stderr.read()).decode()
         assert "use session.install()" in err and "sbx shell" in err
         assert index.fetches == {}
+
+
+async def test_session_install_in_a_shell_session(sched: Scheduler, index: LocalIndex) -> None:
+    async with await sched.session(language="raw") as session:
+        report = await session.install(["six==1.16.0"], timeout_seconds=120)
+        assert report.packages == ("six==1.16.0",)
+        result = await session.exec("python3 -c 'import six; print(six.__version__)'")
+        assert result.stdout == "1.16.0\n", result.stderr
