@@ -113,6 +113,7 @@ def _main() -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
     runtime = _runtime()  # before the working directory is on sys.path: nothing there shadows it
+    installed = getattr(runtime, "_InstalledFinder", None)
     # Like the interactive interpreter: the working directory, not this file's, is importable.
     sys.path[0] = ""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -136,6 +137,11 @@ def _main() -> None:
         # The agent sends SIGINT when the output passes its limit: it interrupts the user's code
         # (KeyboardInterrupt), never the driver between requests.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if installed is not None:
+            try:
+                installed.refresh()  # packages a subprocess's pip added: one stat()
+            except Exception:
+                pass
         try:
             try:
                 body, last = _compile_parts(source)

@@ -100,24 +100,33 @@ class _InstalledFinder:
 
     @classmethod
     def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
-        import os
-
-        if path is not None:
+        if path is not None or not cls.refresh():
             return None  # a submodule: its package's __path__ already holds the new files
-        from . import _install
-
-        site_dir = _install.user_site()
-        try:
-            seen = os.stat(site_dir).st_mtime_ns
-        except OSError:
-            return None
-        if seen == cls._seen:
-            return None
-        cls._seen = seen
-        _install.refresh()
         from importlib.machinery import PathFinder
 
         return PathFinder.find_spec(name, None, target)  # type: ignore[arg-type]
+
+    @classmethod
+    def refresh(cls) -> bool:
+        """Whether the user site directory changed since the last look (then it is on sys.path
+        and the import caches are clear). The REPL driver asks before each request, so that
+        importlib.metadata sees a package a subprocess installed too."""
+        import os
+        import site
+
+        if not site.ENABLE_USER_SITE:
+            return False
+        try:
+            seen = os.stat(site.getusersitepackages()).st_mtime_ns
+        except OSError:
+            return False
+        if seen == cls._seen:
+            return False
+        cls._seen = seen
+        from . import _install
+
+        _install.refresh()
+        return True
 
     @classmethod
     def invalidate_caches(cls) -> None:
