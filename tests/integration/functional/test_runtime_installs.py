@@ -74,6 +74,9 @@ async def test_pip_install_in_a_session_imports_in_the_same_repl_and_the_next_ex
         assert "exit 0" in first.stdout
         assert "same cell 1.16.0" in first.stdout
         fetched = index.fetches["six-1.16.0-py3-none-any.whl"]
+        # importlib.metadata sees it too (the REPL looks before each request).
+        meta = await session.exec("import importlib.metadata as m; print(m.version('six'))")
+        assert meta.stdout == "1.16.0\n", meta.stderr
         second = await session.exec("import six, sys; print(six.__file__)")
         assert second.exit_code == 0, second.stderr
         assert "/home/user/.local/lib/python" in second.stdout
@@ -437,3 +440,15 @@ async def test_session_install_in_a_shell_session(sched: Scheduler, index: Local
         assert report.packages == ("six==1.16.0",)
         result = await session.exec("python3 -c 'import six; print(six.__version__)'")
         assert result.stdout == "1.16.0\n", result.stderr
+
+
+async def test_metadata_sees_a_subprocess_install_in_the_next_request(
+    sched: Scheduler, index: LocalIndex
+) -> None:
+    async with await sched.session(language="python") as session:
+        await session.exec(
+            "import subprocess; subprocess.run(['pip', 'install', '-q', 'six==1.16.0'])",
+            timeout_seconds=120,
+        )
+        meta = await session.exec("import importlib.metadata as m; print(m.version('six'))")
+        assert meta.stdout == "1.16.0\n", meta.stderr
