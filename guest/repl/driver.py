@@ -68,6 +68,34 @@ def _compile_parts(source: bytes):
     return compile(source, "<session>", "exec"), None
 
 
+def _shell_lines(source: bytes):
+    """Notebook lines in a cell that is not valid python: `%pip ...`/`!pip ...` become a call
+    of the sandbox's pip in this interpreter (what it installs imports at once), other `!cmd`
+    lines (and pip in a pipeline) a shell command. One line for one line: line numbers hold. None when the cell has
+    no such line (its SyntaxError stands)."""
+    import re
+
+    lines = source.decode("utf-8", "replace").splitlines(keepends=True)
+    changed = False
+    for i, line in enumerate(lines):
+        match = re.match(r"(\s*)([!%])(.*?)(\r?\n)?$", line)
+        if match is None:
+            continue
+        indent, mark, command, end = match[1], match[2], match[3].strip(), match[4] or ""
+        words = command.split(None, 1)
+        # `!pip ... | grep x` is a shell pipeline: only a plain pip line runs in-process.
+        plain = mark == "%" or not re.search(r"[|&;<>`$()]", command)
+        if words and words[0] in ("pip", "pip3") and plain:
+            call = '__import__("exec_sandbox_guest._install", fromlist=["magic"]).magic(%r)'
+            lines[i] = indent + call % (words[1] if len(words) > 1 else "") + end
+        elif mark == "!" and command:
+            lines[i] = indent + '__import__("subprocess").run(%r, shell=True)' % command + end
+        else:
+            continue
+        changed = True
+    return "".join(lines).encode() if changed else None
+
+
 def _main() -> None:
     import io
     import signal
@@ -85,6 +113,7 @@ def _main() -> None:
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
     runtime = _runtime()  # before the working directory is on sys.path: nothing there shadows it
+    installed = getattr(runtime, "_InstalledFinder", None)
     # Like the interactive interpreter: the working directory, not this file's, is importable.
     sys.path[0] = ""
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -108,8 +137,19 @@ def _main() -> None:
         # The agent sends SIGINT when the output passes its limit: it interrupts the user's code
         # (KeyboardInterrupt), never the driver between requests.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if installed is not None:
+            try:
+                installed.refresh()  # packages a subprocess's pip added: one stat()
+            except Exception:
+                pass
         try:
-            body, last = _compile_parts(source)
+            try:
+                body, last = _compile_parts(source)
+            except SyntaxError:
+                rewritten = _shell_lines(source)
+                if rewritten is None:
+                    raise
+                body, last = _compile_parts(rewritten)
             exec(body, namespace)
             if last is not None:
                 value = eval(last, namespace)

@@ -23,6 +23,22 @@ finish_image() {
 	ln -sfn /usr/lib/sbx/layers/python "$site"
 	ln -sfn /usr/lib/sbx/layers/javascript "$r/node_modules"
 
+	# pip inside a session (docs/packages.md, "Installs from inside"): the image has no pip; these
+	# commands and `python3 -m pip` run exec_sandbox_guest._install, which asks the host to install.
+	install -d -m 0755 "$r/usr/local/bin" "$r/usr/lib/python3/dist-packages/pip"
+	local cmd
+	for cmd in pip pip3 "pip$py"; do
+		printf '#!/bin/sh\nexec /usr/bin/python3 -m pip "$@"\n' >"$r/usr/local/bin/$cmd"
+		chmod 0755 "$r/usr/local/bin/$cmd"
+	done
+	# npm likewise (exec_sandbox_guest._npm): the image has none of its own.
+	printf '#!/bin/sh\nexec /usr/bin/python3 -m exec_sandbox_guest._npm "$@"\n' >"$r/usr/local/bin/npm"
+	chmod 0755 "$r/usr/local/bin/npm"
+	printf '"""exec-sandbox: pip served by the host (exec_sandbox_guest._install)."""\n' \
+		>"$r/usr/lib/python3/dist-packages/pip/__init__.py"
+	printf 'from exec_sandbox_guest._install import run\n\nrun()\n' \
+		>"$r/usr/lib/python3/dist-packages/pip/__main__.py"
+
 	# The image is packed with zeroed timestamps (mkfs.erofs -T0), so the timestamp-checked .pyc
 	# files Debian's install wrote are stale in every VM: python recompiles (in memory: the root
 	# is read-only) each module it imports, every time. Hash-based .pyc files that are never

@@ -72,6 +72,12 @@ class SchedulerConfig:
     default_packages: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Size cap of the package layer cache (least recently used layers go first).
     package_cache_max_mb: int = 10 * 1024
+    # `pip install` inside a session (and Session.install()): code in the VM picks packages
+    # that the host fetches with its own index configuration and credentials (docs/security.md);
+    # False refuses them. Per session at most this many installs and this much installed.
+    allow_guest_installs: bool = True
+    guest_installs_max: int = 16
+    guest_installs_max_mb: int = 2048
     # Templates (templates/, docs/templates.md): the cache, its size cap (least recently used
     # first), the largest one template may be (also the builder's output disk, sparse), and the
     # builder VM's RAM (its tmpfs holds the unpacked tree while it is built).
@@ -147,6 +153,7 @@ class SchedulerConfig:
             setattr(self, name, Path(value))
         for name in (
             "enable_package_validation",
+            "allow_guest_installs",
             "memory_snapshots",
             "network_allow_private_ranges",
         ):
@@ -155,6 +162,8 @@ class SchedulerConfig:
         if self.admission_queue_size is not None:
             _check_int("admission_queue_size", self.admission_queue_size, 0, 1_000_000)
         _check_int("package_cache_max_mb", self.package_cache_max_mb, 64, 1 << 30)
+        _check_int("guest_installs_max", self.guest_installs_max, 0, 1024)
+        _check_int("guest_installs_max_mb", self.guest_installs_max_mb, 1, 1 << 20)
         _check_int("template_cache_max_mb", self.template_cache_max_mb, 64, 1 << 30)
         _check_int("template_max_mb", self.template_max_mb, 16, 1 << 20)
         _check_int("default_disk_mb", self.default_disk_mb, MIN_DISK_MB, MAX_DISK_MB)

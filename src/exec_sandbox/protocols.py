@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import IO, Protocol, Self, Unpack, runtime_checkable
 
 from .config import SchedulerConfig
-from .models import ExecutionResult, FileInfo, Language, SessionSnapshot
+from .models import ExecutionResult, FileInfo, Language, PackagesReport, SessionSnapshot
 from .run_request import RunOptions
 from .vm.execution import OutputCallback
 
@@ -52,6 +52,10 @@ class SandboxSession(Protocol):
     ) -> bytes | None: ...
 
     async def list_files(self, path: str = "") -> list[FileInfo]: ...
+
+    async def install(
+        self, packages: Sequence[str], *, timeout_seconds: float | None = None
+    ) -> PackagesReport: ...
 
     async def pause(self) -> SessionSnapshot: ...
 

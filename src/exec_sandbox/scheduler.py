@@ -15,6 +15,7 @@ from . import _logging, limits
 from .config import SchedulerConfig
 from .errors import InputValidationError, SandboxError, SnapshotError
 from .host_tools import HostTools, ToolFunction
+from .installs import InstallLimits, InstallService
 from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
@@ -548,9 +549,30 @@ class Scheduler:
                 pause_when_idle=self.config.session_idle_action == "pause",
             ),
             exec_count=adoption.exec_count,
+            installs=self._install_service(adoption),
         )
         self._sessions.add(session)
         return session
+
+    def _install_service(self, adoption: Adoption) -> InstallService | None:
+        """The installs of one session's VM (installs.py); None without guest facts (images
+        that predate package support)."""
+        images = self._provisioner.images
+        if images is None or images.guest is None:
+            return None
+        return InstallService(
+            self._provisioner.layers,
+            images,
+            InstallLimits(
+                enabled=self.config.allow_guest_installs,
+                max_installs=self.config.guest_installs_max,
+                max_bytes=self.config.guest_installs_max_mb << 20,
+                strict=self.config.enable_package_validation,
+            ),
+            boot=adoption.packages,
+            boot_kind=adoption.language,
+            runtime=adoption.installed,
+        )
 
     # --- paused and forked sessions: snapshots/service.py owns them ---
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import shlex
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,10 +26,12 @@ from . import processes as _processes
 from .errors import (
     CommunicationError,
     InputValidationError,
+    PackageNotAllowedError,
     SessionClosedError,
     VmTransientError,
 )
 from .host_tools import HostTools
+from .installs import InstallService, runtime_to_meta
 from .models import (
     ExecutionResult,
     ExposedPort,
@@ -91,6 +95,7 @@ class Session:
         tools: HostTools | None = None,
         hooks: SessionHooks | None = None,
         exec_count: int = 0,
+        installs: InstallService | None = None,
     ) -> None:
         self.session_id = uuid.uuid4().hex
         # Which speed tier gave this session its VM (like ExecutionResult's fields for run()).
@@ -98,6 +103,8 @@ class Session:
         self.l1_cache_hit = l1_cache_hit
         # The packages installed in its VM (None: none), as ExecutionResult.packages.
         self.packages = packages
+        # What `pip install` in the VM and install() added (None: this host serves none).
+        self._installs = installs
         self.language = language
         # The VM and its admission ticket: the session owns both until it closes.
         self._lease = lease
@@ -221,6 +228,7 @@ class Session:
             on_stderr=on_stderr if on_stderr is not None else self._on_stderr,
             session=True,
             tools=self.tools,
+            installer=self._installer(),
         )
 
         async def run() -> ExecutionResult:
@@ -571,9 +579,77 @@ class Session:
             "timeout": self.default_timeout,
             "env": self.default_env,
             "exec_count": self.exec_count,
+            "installed": runtime_to_meta(self._installs.runtime if self._installs else ()),
         }
 
+    @property
+    def installs(self) -> InstallService | None:
+        return self._installs
+
+    @property
+    def installed(self) -> tuple[str, ...]:
+        """Every package the VM has: its packages= layer, then what installs added
+        ("name==version", dependencies included)."""
+        boot = () if self.packages is None else self.packages.packages
+        return (*boot, *(self._installs.packages if self._installs else ()))
+
+    async def install(
+        self, packages: Sequence[str], *, timeout_seconds: float | None = None
+    ) -> PackagesReport:
+        """Install packages into the running session, as `pip install` (python and raw
+        sessions) or `npm install` (javascript sessions) in its code would: built on the host
+        (wheels only / no install scripts, the host's index), importable by the next exec() (a
+        python REPL at once). Exact pins (`six==1.16.0`, `left-pad@1.3.0`) or bare names (the
+        newest, recorded exactly); ranges with enable_package_validation=False. Returns what
+        this call added. Raises PackageNotAllowedError when the tool or the sandbox refuses,
+        with the tool's error lines."""
+        from .packages.specs import validate_packages
+
+        if self._installs is None:
+            raise PackageNotAllowedError("this session's host serves no installs")
+        kind: Language = "javascript" if self.language == "javascript" else "python"
+        specs = validate_packages(packages, kind, strict=self._installs.strict, bare=True)
+        if not specs:
+            raise InputValidationError("install() needs at least one package")
+        before = len(self._installs.runtime)
+        # Run by the session's own REPL (a separate execution would end it): the guest's pip
+        # unpacks what the host sends, and a python REPL can import it at once.
+        tool = "npm" if kind == "javascript" else "pip"
+        argv = ["install", *(["-q"] if tool == "pip" else []), *(s.requirement for s in specs)]
+        timeout = self._default_timeout if timeout_seconds is None else timeout_seconds
+        request = ExecRequest(
+            language=self.language,
+            code=_install_code(self.language, tool, argv),
+            timeout_ms=validate_timeout(timeout),
+            env=[],
+            stdout_limit=limits.STDOUT_LIMIT_BYTES,
+            stderr_limit=limits.STDERR_LIMIT_BYTES,
+            session=True,
+            installer=self._installer(),
+        )
+
+        async def run() -> PackagesReport:
+            outcome = await self._vm.execute(request)
+            if outcome.exit_code != 0:
+                lines = [ln for ln in outcome.stderr.splitlines() if ln.strip()]
+                raise PackageNotAllowedError("\n".join(lines[-20:]) or "the install failed")
+            assert self._installs is not None
+            added = self._installs.runtime[before:]
+            return PackagesReport(
+                packages=tuple(p for layer in added for p in layer.packages),
+                cache_hit=self._installs.last_cache_hit,
+                resolved=not self._installs.last_cache_hit,
+                size_bytes=sum(layer.size for layer in added),
+            )
+
+        return await self._serialised(run)
+
     # --- internals ---
+
+    def _installer(self) -> Callable[[bytes], Awaitable[bytes]] | None:
+        if self._installs is None:
+            return None
+        return functools.partial(self._installs.serve, self._vm)
 
     def _require_hooks(self) -> SessionHooks:
         if self._hooks is None:
@@ -659,6 +735,28 @@ class SessionHooks:
     pause: Callable[[Session], Awaitable[SessionSnapshot]]
     fork: Callable[[Session, int], Awaitable[list[Session]]]
     pause_when_idle: bool = False
+
+
+def _install_code(language: Language, tool: str, argv: list[str]) -> bytes:
+    """Code that runs the guest's pip or npm with argv in a REPL of language, leaving no name
+    behind and failing (non-zero exit or an exception) when the tool does. argv holds validated
+    package specifiers only (packages/specs.py: no quotes, spaces or shell characters)."""
+    if language == "python":
+        return (
+            '__import__("sys").exit(__import__("exec_sandbox_guest._install", '
+            f'fromlist=["main"]).main({argv!r}))'
+        ).encode()
+    if language == "raw":
+        return (tool + " " + " ".join(shlex.quote(a) for a in argv)).encode()
+    return (
+        "{ const r = require('child_process').spawnSync("
+        + json.dumps(tool)
+        + ", "
+        + json.dumps(argv)
+        + ", { encoding: 'utf8' }); process.stdout.write(r.stdout || ''); "
+        "process.stderr.write(r.stderr || ''); "
+        "if (r.status !== 0) throw new Error(" + json.dumps(tool + " install failed") + "); }"
+    ).encode()
 
 
 def _with_hold(send: Callable[[Any, int, int], int], hold: int, vm: Any, req_id: int) -> int:

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar, Unpack
@@ -535,6 +535,18 @@ class ClusterSession:
         self._check_open()
         listed: list[FileInfo] = await self._call("list_files", self._local_id, path)
         return listed
+
+    async def install(
+        self, packages: Sequence[str], *, timeout_seconds: float | None = None
+    ) -> PackagesReport:
+        """Session.install() on the session's host (its cache, its index configuration)."""
+        self._check_open()
+        if isinstance(packages, (str, bytes)):
+            raise InputValidationError("packages must be a list of strings")
+        report: PackagesReport = await self._call(
+            "install", self._local_id, list(packages), timeout_seconds
+        )
+        return report
 
     async def pause(self) -> SessionSnapshot:
         """Session.pause() on the host; ClusterScheduler.resume() brings it back on any host

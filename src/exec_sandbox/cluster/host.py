@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from ..config import SchedulerConfig
 from ..errors import SandboxError, SessionClosedError, VmCapacityError
-from ..models import ExecutionResult, FileInfo, SessionSnapshot
+from ..models import ExecutionResult, FileInfo, PackagesReport, SessionSnapshot
 from ..run_request import Callbacks, RunRequest
 from ..scheduler import Scheduler
 from ..session import Session
@@ -199,6 +199,16 @@ class SandboxHost:
     async def list_files(self, session_id: str, path: str) -> Outcome:
         async def call() -> list[FileInfo]:
             return await self._session(session_id).list_files(path)
+
+        return await _guard(call)
+
+    async def install(
+        self, session_id: str, packages: list[str], timeout_seconds: float | None
+    ) -> Outcome:
+        async def call() -> PackagesReport:
+            return await self._session(session_id).install(
+                packages, timeout_seconds=timeout_seconds
+            )
 
         return await _guard(call)
 

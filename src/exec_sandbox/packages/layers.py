@@ -16,8 +16,10 @@ import asyncio
 import hashlib
 import json
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..digest import file_sha256
 from ..images.catalog import GuestImages
 from ..models import Language, PackagesReport
-from . import erofs, npm_layer, pip_layer
+from . import archive, erofs, npm_layer, pip_layer
 from .layer import PackageLayer
 from .specs import PackageSpec
 from .store import LayerStore, StoredLayer
@@ -37,6 +39,23 @@ log = logging.getLogger("exec_sandbox")
 LAYER_FORMAT = 1
 
 Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What an install into a running VM adds: the packages new to it (with the archive that
+    holds them, None when there are none) and the requested ones it already has."""
+
+    key: str | None
+    path: Path | None
+    installed: tuple[tuple[str, str], ...]  # (name, version), new to the VM
+    satisfied: tuple[tuple[str, str], ...]  # requested, already there
+    size: int
+    report: PackagesReport | None
+
+
+def normalize_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class PackageLayers:
@@ -64,10 +83,13 @@ class PackageLayers:
         specs: tuple[PackageSpec, ...],
         images: GuestImages,
         progress: Progress | None = None,
+        *,
+        packed: bool = False,
     ) -> PackageLayer | None:
         """The layer holding specs for language (None for no packages). Raises
         PackageNotAllowedError for packages that cannot be installed, PackageBuildError when
-        the index or a build step fails, VmPermanentError when a host tool is missing."""
+        the index or a build step fails, VmPermanentError when a host tool is missing.
+        packed: as a tar archive for a running VM (archive.py), not an EROFS image."""
         if not specs:
             return None
         target = GuestTarget.of(images)
@@ -93,11 +115,13 @@ class PackageLayers:
             phases["resolve"] = _ms_since(at)
             await self.store.write_request(request_key, lock)
         layer_key = (
-            f"{language}-"
+            ("install-" if packed else "")
+            + f"{language}-"
             + _digest(
                 {
                     "format": LAYER_FORMAT,
                     "language": language,
+                    **({"archive": True} if packed else {}),
                     "identity": lock["identity"],
                     "tree": target.tree,
                     "python": target.python,
@@ -112,7 +136,7 @@ class PackageLayers:
             task = self._builds.get(layer_key)
             if task is None:
                 task = asyncio.create_task(
-                    self._build(language, layer_key, lock, target, say, phases),
+                    self._build(language, layer_key, lock, target, say, phases, packed=packed),
                     name=f"package-layer-{layer_key}",
                 )
                 self._builds[layer_key] = task
@@ -130,6 +154,91 @@ class PackageLayers:
             size_bytes=stored.size,
         )
         return PackageLayer(key=layer_key, path=stored.path, kind=language, report=report)
+
+    async def get_delta(
+        self,
+        specs: tuple[PackageSpec, ...],
+        installed: Mapping[str, str],
+        images: GuestImages,
+        progress: Progress | None = None,
+    ) -> Delta:
+        """Python packages for a running VM that has `installed` (normalized name -> version):
+        resolved with those versions kept (pip constraints), minus what is there, packed as an
+        archive (archive.py). The archive's key is the added packages' lock alone, so one cached
+        archive serves every VM that lacks the same packages. Raises as get()."""
+        target = GuestTarget.of(images)
+        say = progress or (lambda _message: None)
+        phases: dict[str, int] = {}
+        pins = sorted(f"{name}=={version}" for name, version in installed.items())
+        request_key = _digest(
+            {
+                "format": LAYER_FORMAT,
+                "delta": pins,
+                "requirements": [s.requirement for s in specs],
+                "python": target.python,
+                "glibc": target.glibc,
+            }
+        )
+        lock = await self.store.read_request(request_key)
+        if lock is not None and not (_usable_lock(lock, "python") and "satisfied" in lock):
+            lock = None
+        resolved = lock is None
+        if lock is None:
+            at = time.monotonic()
+            self.resolves += 1
+            async with self.store.build_dir() as work:
+                wheels = await pip_layer.resolve(specs, target, work, tuple(pins))
+            new = [w for w in wheels if installed.get(normalize_name(w.name)) != w.version]
+            requested = {s.name for s in specs}
+            lock = {
+                "packages": [f"{w.name}=={w.version}" for w in new],
+                "identity": [[w.name, w.version, w.sha256] for w in new],
+                "wheels": [[w.name, w.version, _redact(w.url), w.sha256] for w in new],
+                "satisfied": [
+                    [w.name, w.version]
+                    for w in wheels
+                    if w not in new and normalize_name(w.name) in requested
+                ],
+            }
+            phases["resolve"] = _ms_since(at)
+            await self.store.write_request(request_key, lock)
+        satisfied = tuple((str(n), str(v)) for n, v in lock["satisfied"])
+        added = tuple((str(n), str(v)) for n, v, _ in lock["identity"])
+        if not added:
+            return Delta(None, None, (), satisfied, 0, None)
+        layer_key = (
+            "install-python-"
+            + _digest(
+                {
+                    "format": LAYER_FORMAT,
+                    "archive": True,
+                    "identity": lock["identity"],
+                    "python": target.python,
+                    "glibc": target.glibc,
+                }
+            )[:24]
+        )
+        stored = await self.store.lookup(layer_key)
+        if stored is not None and not await self.store.verify(stored):
+            stored = None
+        if stored is None:
+            task = self._builds.get(layer_key)
+            if task is None:
+                task = asyncio.create_task(
+                    self._build("python", layer_key, lock, target, say, phases, packed=True),
+                    name=f"package-archive-{layer_key}",
+                )
+                self._builds[layer_key] = task
+                task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
+            stored = await asyncio.shield(task)
+        report = PackagesReport(
+            packages=tuple(lock["packages"]),
+            cache_hit=not phases,
+            resolved=resolved,
+            build_ms=dict(phases),
+            size_bytes=stored.size,
+        )
+        return Delta(layer_key, stored.path, added, satisfied, stored.size, report)
 
     async def _resolve(
         self, language: Language, specs: tuple[PackageSpec, ...], target: GuestTarget
@@ -159,7 +268,9 @@ class PackageLayers:
         target: GuestTarget,
         say: Progress,
         phases: dict[str, int],
+        packed: bool = False,
     ) -> StoredLayer:
+        """packed: a tar archive (archive.py) instead of an EROFS image."""
         at = time.monotonic()
         async with self.store.build_lock(key):
             # Another process may have built it while this one waited for the lock.
@@ -191,8 +302,12 @@ class PackageLayers:
                     phases["download"] = _ms_since(at)
                 say("packing the layer image")
                 at = time.monotonic()
-                image = work / "layer.erofs"
-                size = await erofs.pack(tree, image)
+                image = work / ("layer.tar" if packed else "layer.erofs")
+                size = await (
+                    archive.pack(tree, image, javascript=language == "javascript")
+                    if packed
+                    else erofs.pack(tree, image)
+                )
                 digest = await asyncio.get_running_loop().run_in_executor(None, file_sha256, image)
                 phases["image"] = _ms_since(at)
                 meta = {

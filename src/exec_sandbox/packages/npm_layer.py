@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import PackageBuildError, PackageNotAllowedError
 from .specs import PackageSpec
-from .tools import ToolResult, require_tool, run_tool, tool_env
+from .tools import ToolRefused, ToolResult, redact_urls, require_tool, run_tool, tool_env
 
 RESOLVE_TIMEOUT_SECONDS = 300.0
 DOWNLOAD_TIMEOUT_SECONDS = 900.0
@@ -123,10 +123,17 @@ def _npm_failure(result: ToolResult) -> Exception:
     text = result.stderr + result.stdout
     if _NETWORK_TROUBLE.search(text):
         return PackageBuildError(f"the npm registry could not be reached: {result.tail()}")
+    # npm's own error lines ("npm error ..." or the older "npm ERR! ..."), for the VM's npm.
+    lines = [
+        redact_urls(line)
+        for line in text.splitlines()
+        if line.startswith(("npm error", "npm ERR!")) and "A complete log" not in line
+    ][:20]
     if re.search(r"\bE404\b|\bETARGET\b|No matching version|is not in this registry", text):
-        return PackageNotAllowedError(
-            f"a requested package or version does not exist on the npm registry: {result.tail()}"
+        return ToolRefused(
+            f"a requested package or version does not exist on the npm registry: {result.tail()}",
+            lines,
         )
     if "ERESOLVE" in text:
-        return PackageNotAllowedError(f"the requested packages conflict: {result.tail()}")
+        return ToolRefused(f"the requested packages conflict: {result.tail()}", lines)
     return PackageBuildError(f"npm failed: {result.tail()}")

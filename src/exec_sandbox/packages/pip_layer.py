@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PackageBuildError, PackageNotAllowedError, VmPermanentError
+from ..errors import PackageBuildError, VmPermanentError
 from .specs import PackageSpec
 from .target import GuestTarget
-from .tools import ToolResult, run_tool
+from .tools import ToolRefused, ToolResult, redact_urls, run_tool
 
 log = logging.getLogger("exec_sandbox")
 
@@ -76,12 +76,20 @@ async def check_pip() -> None:
 
 
 async def resolve(
-    specs: tuple[PackageSpec, ...], target: GuestTarget, work: Path
+    specs: tuple[PackageSpec, ...],
+    target: GuestTarget,
+    work: Path,
+    constraints: tuple[str, ...] = (),
 ) -> list[LockedWheel]:
-    """The exact wheels (with their hashes) that the requirements resolve to for the guest."""
+    """The exact wheels (with their hashes) that the requirements resolve to for the guest.
+    constraints: `name==version` lines the resolution must keep (what a VM has installed)."""
     await check_pip()
     requirements = work / "requirements.in"
     requirements.write_text("".join(spec.requirement + "\n" for spec in specs))
+    options: list[str] = []
+    if constraints:
+        (work / "constraints.txt").write_text("".join(line + "\n" for line in constraints))
+        options = ["-c", str(work / "constraints.txt")]
     report = work / "resolve-report.json"
     result = await run_tool(
         pip_argv(
@@ -95,6 +103,7 @@ async def resolve(
             "--progress-bar",
             "off",
             *target.pip_target_options(),
+            *options,
             "-r",
             str(requirements),
         ),
@@ -263,15 +272,17 @@ def _pip_failure(result: ToolResult, target: GuestTarget) -> Exception:
     platform = f"CPython {target.python} on manylinux (glibc {target.glibc}) x86_64"
     if _NETWORK_TROUBLE.search(text):
         return PackageBuildError(f"the package index could not be reached: {result.tail()}")
+    lines = [redact_urls(line) for line in errors.splitlines()]
     match = _NO_MATCH.search(text)
     if match is not None:
-        return PackageNotAllowedError(
+        return ToolRefused(
             f"no installable wheel of {match[1]} for the sandbox ({platform}): it does not "
             f"exist on the package index, or it is published as source only (the sandbox never "
-            f"builds packages from source). pip said: {said}"
+            f"builds packages from source). pip said: {said}",
+            lines,
         )
     if "ResolutionImpossible" in text or "conflict" in text.lower():
-        return PackageNotAllowedError(f"the requested packages conflict: {said}")
+        return ToolRefused(f"the requested packages conflict: {said}", lines)
     if "hash" in text.lower() and "do not match" in text.lower():
         return PackageBuildError(
             f"a downloaded wheel does not match its locked hash: {result.tail()}"

@@ -46,6 +46,10 @@ _SEMVER = (
 _NPM_PINNED = re.compile(rf"(?P<name>{_NPM_NAME})@(?P<version>{_SEMVER})")
 _NPM_RANGE = re.compile(rf"(?P<name>{_NPM_NAME})(?:@(?P<range>[0-9A-Za-z.^~<>=| *+-]+))?")
 _NPM_NAME_MAX = 214
+# A bare name (installs from inside a session: `pip install six` takes the newest version, which
+# the host records exactly).
+_PY_BARE = re.compile(rf"(?P<name>{_PY_NAME})\s*(?P<extras>{_PY_EXTRAS})?", re.IGNORECASE)
+_NPM_BARE = re.compile(rf"(?P<name>{_NPM_NAME})")
 
 
 @dataclass(frozen=True, order=True)
@@ -58,10 +62,11 @@ class PackageSpec:
 
 
 def validate_packages(
-    packages: object, language: Language, *, strict: bool
+    packages: object, language: Language, *, strict: bool, bare: bool = False
 ) -> tuple[PackageSpec, ...]:
     """The packages of one call, checked and sorted; () for None or an empty list. Raises
-    PackageNotAllowedError naming the first bad entry."""
+    PackageNotAllowedError naming the first bad entry. bare: names without a version are taken
+    too (what `pip install six` inside a session asks for)."""
     if packages is None:
         return ()
     if isinstance(packages, (str, bytes)) or not isinstance(packages, Sequence):
@@ -80,7 +85,7 @@ def validate_packages(
         )
     specs: dict[str, PackageSpec] = {}
     for entry in packages:
-        spec = _parse(entry, language, strict)
+        spec = _parse(entry, language, strict, bare)
         if spec.name in specs:
             raise PackageNotAllowedError(f"package {spec.name!r} is named twice")
         specs[spec.name] = spec
@@ -97,21 +102,23 @@ def merge_packages(
     return tuple(sorted(merged.values()))
 
 
-def _parse(entry: object, language: Language, strict: bool) -> PackageSpec:
+def _parse(entry: object, language: Language, strict: bool, bare: bool = False) -> PackageSpec:
     if not isinstance(entry, str):
         raise PackageNotAllowedError(f"a package must be a string, got {type(entry).__name__}")
     text = entry.strip()
     if not text or len(text) > SPEC_MAX_CHARS or not text.isascii() or not text.isprintable():
         raise PackageNotAllowedError(f"package specifier {entry[:64]!r} is not acceptable")
     if language == "python":
-        return _parse_python(entry, text, strict)
-    return _parse_npm(entry, text, strict)
+        return _parse_python(entry, text, strict, bare)
+    return _parse_npm(entry, text, strict, bare)
 
 
-def _parse_python(entry: str, text: str, strict: bool) -> PackageSpec:
+def _parse_python(entry: str, text: str, strict: bool, bare: bool) -> PackageSpec:
     match = _PY_PINNED.fullmatch(text)
     if match is None and not strict:
         match = _PY_RANGE.fullmatch(text)
+    if match is None and bare:
+        match = _PY_BARE.fullmatch(text)
     if match is None:
         form = (
             "name==version or name[extra]==version"
@@ -135,8 +142,10 @@ def _parse_python(entry: str, text: str, strict: bool) -> PackageSpec:
     return PackageSpec(name, f"{name}{extras}{constraint}")
 
 
-def _parse_npm(entry: str, text: str, strict: bool) -> PackageSpec:
+def _parse_npm(entry: str, text: str, strict: bool, bare: bool) -> PackageSpec:
     match = _NPM_PINNED.fullmatch(text)
+    if match is None and bare:
+        match = _NPM_BARE.fullmatch(text)
     if match is None and not strict:
         match = _NPM_RANGE.fullmatch(text)
         # "-" alone joins a hyphen range ("1.0.0 - 2.0.0"); a word starting with it is an option.

@@ -3,7 +3,8 @@
 ```
 requests/<request-key>.json   a packages request -> the lock it resolved to (no resolver run,
                               nothing downloaded, when the same request comes again)
-layers/<layer-key>/           layer.erofs + meta.json (the lock, size, SHA-256 of the image)
+layers/<layer-key>/           layer.erofs (or layer.tar: what an install into a running VM
+                              unpacks) + meta.json (the lock, size, SHA-256 of the file)
 locks/<layer-key>.lock        flock: one build of a key at a time, across processes
 .build-*/                     a build in progress; published into layers/ by one rename
 ```
@@ -35,6 +36,7 @@ from ..digest import file_sha256
 log = logging.getLogger("exec_sandbox")
 
 LAYER_FILE = "layer.erofs"
+ARCHIVE_FILE = "layer.tar"
 META_FILE = "meta.json"
 # Leftovers of a killed builder older than this, and not locked, are removed.
 # A layer used this recently is never evicted: a VM may be about to open it by path.
@@ -125,7 +127,7 @@ class LayerStore:
         directory = self._dir("layers") / key
         try:
             meta = json.loads((directory / META_FILE).read_text())
-            size = (directory / LAYER_FILE).stat().st_size
+            size = _layer_file(directory).stat().st_size
         except FileNotFoundError:
             if directory.exists():
                 self._discard(key, "incomplete")
@@ -138,7 +140,7 @@ class LayerStore:
             return None
         with contextlib.suppress(OSError):
             os.utime(directory)
-        return StoredLayer(key, directory / LAYER_FILE, meta)
+        return StoredLayer(key, _layer_file(directory), meta)
 
     async def verify(self, layer: StoredLayer) -> bool:
         """Whether the image's bytes are what was built (SHA-256, once per process and file);
@@ -166,7 +168,8 @@ class LayerStore:
     def _publish(self, key: str, image: Path, meta: dict[str, Any]) -> StoredLayer:
         staging = image.parent / "publish"
         staging.mkdir()
-        image.rename(staging / LAYER_FILE)
+        name = ARCHIVE_FILE if image.suffix == ".tar" else LAYER_FILE
+        image.rename(staging / name)
         write_json_atomically(staging / META_FILE, meta)
         os.chmod(staging, 0o755)
         target = self._dir("layers") / key
@@ -174,15 +177,15 @@ class LayerStore:
             self._remove(target)  # damaged (lookup said so under the build lock)
         staging.rename(target)
         self._evict(keep=key)
-        info = (target / LAYER_FILE).stat()
+        info = (target / name).stat()
         self._verified.add((info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size))
-        return StoredLayer(key, target / LAYER_FILE, meta)
+        return StoredLayer(key, target / name, meta)
 
     def _evict(self, keep: str | None = None) -> None:
         layers = []
         for directory in (self.root / "layers").glob("*"):
             try:
-                size = (directory / LAYER_FILE).stat().st_size
+                size = _layer_file(directory).stat().st_size
                 layers.append((directory.stat().st_mtime, size, directory))
             except OSError:
                 continue
@@ -207,6 +210,11 @@ class LayerStore:
         except FileNotFoundError:
             return
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _layer_file(directory: Path) -> Path:
+    archive = directory / ARCHIVE_FILE
+    return archive if archive.exists() else directory / LAYER_FILE
 
 
 def _mtime(path: Path) -> float:

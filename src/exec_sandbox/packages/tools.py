@@ -6,16 +6,35 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import PackageBuildError, VmPermanentError
+from ..errors import PackageBuildError, PackageNotAllowedError, VmPermanentError
 
 # Keep what a failing tool said, but not without bound.
 _OUTPUT_KEEP_CHARS = 4000
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"()<>]+")
+
+
+def redact_urls(text: str) -> str:
+    """text with every URL replaced by `<index>`: what goes back into a VM names no index."""
+    return _URL.sub("<index>", text)
+
+
+class ToolRefused(PackageNotAllowedError):
+    """pip or npm would not install the requirements (not on the index, no wheel, a conflict);
+    `lines` are the tool's own error lines with every URL replaced by `<index>` (they go back to
+    the VM)."""
+
+    def __init__(self, message: str, lines: list[str]) -> None:
+        super().__init__(message)
+        self.lines = lines
 
 
 @dataclass(frozen=True)

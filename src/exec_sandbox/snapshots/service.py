@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import limits
 from ..errors import InputValidationError, SnapshotError, TemplateError
+from ..installs import RuntimeLayer, runtime_from_meta
 from ..models import Language, PackagesReport, SessionSnapshot
 from ..network.request import NetworkRequest, request_from_meta, request_to_meta
 from ..packages.layer import PackageLayer
@@ -54,6 +55,8 @@ class Adoption:
     warm_pool_hit: bool = False
     l1_cache_hit: bool = True
     tools: HostTools | None = None
+    # What installs added to the VM (installs.py), carried by its work disk.
+    installed: tuple[RuntimeLayer, ...] = ()
 
 
 class Adopt(Protocol):
@@ -133,6 +136,10 @@ class SessionSnapshotService:
             spec = replace(spec, net_port=True)
         check_machine(meta, spec)
         settings = meta["session"]
+        try:
+            installed = runtime_from_meta(settings.get("installed"))
+        except ValueError as exc:
+            raise SnapshotError(f"session snapshot {snapshot_id} is unreadable: {exc}") from None
         at = 0.0
 
         async def load() -> GuestVm:
@@ -171,6 +178,7 @@ class SessionSnapshotService:
                 packages=None if layer is None else layer.report,
                 exec_count=settings["exec_count"],
                 tools=tools,
+                installed=installed,
             ),
         )
 
@@ -221,6 +229,7 @@ class SessionSnapshotService:
             packages=session.packages,
             exec_count=session.exec_count,
             tools=session.tools,  # a copy's code calls what its parent's could
+            installed=tuple(session.installs.runtime) if session.installs else (),
         )
         return [
             self._adopt(Lease(copy, ticket, self._leases), adoption)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ..host_tools import HostTools
 
 OutputCallback = Callable[[str], None]
+# The reserved host-socket tool of the guest's pip (installs.py): the JSON arguments in, the JSON
+# answer out. Never a user tool (their names may not start with "_").
+INSTALL_TOOL = "_sbx_install"
+InstallCall = Callable[[bytes], Awaitable[bytes]]
 
 
 @dataclass
@@ -33,6 +37,7 @@ class ExecRequest:
     on_stderr: OutputCallback | None = None
     session: bool = False  # run in the VM's persistent REPL (SESSION_EXEC)
     tools: HostTools | None = None  # what the code may call on the host (TOOL_CALL)
+    installer: InstallCall | None = None  # serves INSTALL_TOOL (a session's installs)
 
 
 @dataclass
@@ -153,6 +158,7 @@ class Execution:
     done: asyncio.Future[tuple[int, int, int]]
     limits: tuple[int, int] = (0, 0)
     tools: HostTools | None = None
+    installer: InstallCall | None = None
     outputs: RichOutputs = field(default_factory=RichOutputs)
     tool_calls: list[ToolCall] = field(default_factory=list)
     # The calls running now: their task, and (name, arguments, when it started) for the log of

@@ -11,6 +11,7 @@ futures: executions, request/response round trips (PING, PRESTART, RESEED) and f
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -28,7 +29,7 @@ from ..errors import (
     VmTimeoutError,
     VmTransientError,
 )
-from ..host_tools import TOOL_ERROR
+from ..host_tools import TOOL_ERROR, TOOL_OK
 from ..limits import HOST_TIMEOUT_GRACE_SECONDS, NO_TIMEOUT_MS
 from ..models import Language, ToolCall
 from . import process
@@ -44,6 +45,7 @@ from .binding import (
     ProtocolError,
 )
 from .execution import (
+    INSTALL_TOOL,
     TOOL_CALLS_MAX,
     ExecOutcome,
     ExecRequest,
@@ -107,6 +109,12 @@ class FileTransfer:
     done: asyncio.Future[int]
     on_data: Callable[[bytes], None] | None = None
     on_entries: Callable[[list[FileEntry]], None] | None = None
+
+
+_NO_INSTALLS = (
+    "ERROR: installs are served in sessions only (not in run()); "
+    "create the sandbox with packages=[...]"
+)
 
 
 class GuestVm:
@@ -422,6 +430,7 @@ class GuestVm:
             done=self._loop.create_future(),
             limits=(request.stdout_limit, request.stderr_limit),
             tools=request.tools,
+            installer=request.installer,
         )
         self._runs[exec_id] = run
         try:
@@ -665,23 +674,31 @@ class GuestVm:
     async def _serve_call(
         self, exec_id: int, run: Execution, call: int, name: str, arguments: bytes
     ) -> None:
-        """One TOOL_CALL: run the tool, log it on the execution, answer with TOOL_RESULT."""
-        if run.tools is None:
-            message = (
-                "this sandbox has no host tools (pass tools={...} to run() or session(), "
-                "and again to Scheduler.resume() for a resumed session)"
-            )
-            status, body = TOOL_ERROR, message.encode()
-            record = ToolCall(name, arguments.decode(errors="replace"), False, message, 0)
+        """One TOOL_CALL: run the tool, log it on the execution, answer with TOOL_RESULT. The
+        guest pip's installs go to the session's installer and are not in the call log."""
+        if name == INSTALL_TOOL:
+            status = TOOL_OK
+            if run.installer is None:
+                body = json.dumps({"error": {"lines": [_NO_INSTALLS]}}).encode()
+            else:
+                body = await run.installer(arguments)
         else:
-            status, body, record = await run.tools.call(name, arguments)
-        run.log_call(record)
-        if run.tool_calls_dropped == 1:
-            log.warning(
-                "execution %d made more than %d tool calls: the later ones are not logged",
-                exec_id,
-                len(run.tool_calls),
-            )
+            if run.tools is None:
+                message = (
+                    "this sandbox has no host tools (pass tools={...} to run() or session(), "
+                    "and again to Scheduler.resume() for a resumed session)"
+                )
+                status, body = TOOL_ERROR, message.encode()
+                record = ToolCall(name, arguments.decode(errors="replace"), False, message, 0)
+            else:
+                status, body, record = await run.tools.call(name, arguments)
+            run.log_call(record)
+            if run.tool_calls_dropped == 1:
+                log.warning(
+                    "execution %d made more than %d tool calls: the later ones are not logged",
+                    exec_id,
+                    len(run.tool_calls),
+                )
         if self._broken is not None or self._runs.get(exec_id) is not run:
             return  # the execution ended meanwhile: the guest has answered the code already
         # The guest frees the call's place once this result reaches it and may send the next

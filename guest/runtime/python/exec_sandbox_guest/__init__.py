@@ -72,3 +72,62 @@ def _install_builtins() -> None:
 
     builtins.tools = tools  # type: ignore[attr-defined]
     builtins.display = display  # type: ignore[attr-defined]
+    _InstalledFinder.register()
+
+
+class _InstalledFinder:
+    """Packages that `pip install` (served by the host, `_install`) added while this interpreter
+    runs: on an import that nothing else found, and only when the user site directory changed
+    since, put that directory on sys.path and clear the import system's directory caches (a
+    `subprocess.run(["pip", "install", ...])` then `import` in the same cell works). A miss
+    costs one stat()."""
+
+    _seen: "int | None" = None
+
+    @classmethod
+    def register(cls) -> None:
+        import os
+        import site
+        import sys
+
+        if not site.ENABLE_USER_SITE or any(f is cls for f in sys.meta_path):
+            return
+        try:
+            cls._seen = os.stat(site.getusersitepackages()).st_mtime_ns
+        except OSError:
+            cls._seen = None
+        sys.meta_path.append(cls)  # type: ignore[arg-type]
+
+    @classmethod
+    def find_spec(cls, name: str, path: object = None, target: object = None) -> object:
+        if path is not None or not cls.refresh():
+            return None  # a submodule: its package's __path__ already holds the new files
+        from importlib.machinery import PathFinder
+
+        return PathFinder.find_spec(name, None, target)  # type: ignore[arg-type]
+
+    @classmethod
+    def refresh(cls) -> bool:
+        """Whether the user site directory changed since the last look (then it is on sys.path
+        and the import caches are clear). The REPL driver asks before each request, so that
+        importlib.metadata sees a package a subprocess installed too."""
+        import os
+        import site
+
+        if not site.ENABLE_USER_SITE:
+            return False
+        try:
+            seen = os.stat(site.getusersitepackages()).st_mtime_ns
+        except OSError:
+            return False
+        if seen == cls._seen:
+            return False
+        cls._seen = seen
+        from . import _install
+
+        _install.refresh()
+        return True
+
+    @classmethod
+    def invalidate_caches(cls) -> None:
+        pass

@@ -1,0 +1,175 @@
+"""`npm` in the VM: installs served by the host (docs/packages.md, "Installs from inside").
+
+The image has no npm. `npm install|i|add NAME[@VERSION]...` sends the specifiers to the host
+through the reserved host-socket tool `_sbx_install` (as the sandbox's pip does, `_install`).
+npm re-hoists a whole tree on every install, so the host builds the complete tree (the earlier
+installs' packages pinned, the new ones on top, `--ignore-scripts`) and writes it as one archive
+into the home directory; this module puts it in place of ~/node_modules, where require() and
+import() of code under the home directory look first (a session's `packages=` layer stays
+beneath, at /node_modules). Output and exit status follow npm's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+_INSTALL = {"install", "i", "add", "isntall", "in"}
+_IGNORED_FLAGS = {"--save", "-S", "--save-prod", "-P", "--save-dev", "-D", "--save-exact", "-E",
+                  "--no-save", "--silent", "-s", "--quiet", "-q", "--no-audit", "--no-fund",
+                  "--ignore-scripts", "--no-package-lock", "--prefer-offline", "--loglevel=error",
+                  "-g", "--global", "--legacy-peer-deps", "--no-progress"}
+_NOT_HERE = (
+    "npm error installs reach the host only from code that session.exec() runs (not from a "
+    "process of session.spawn() or a terminal such as `sbx shell`); from the host, use "
+    "session.install()"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return 0
+    if args[0] in ("-v", "--version", "version"):
+        print("exec-sandbox npm (installs served by the host)")
+        return 0
+    if args[0] in _INSTALL:
+        return _install(args[1:])
+    if args[0] in ("ls", "list", "ll", "la"):
+        return _list()
+    print(f"npm error the sandbox's npm only installs packages and lists them ({args[0]!r})",
+          file=sys.stderr)
+    return 1
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+def parse_install(args: list[str]) -> list[str]:
+    specs = []
+    for arg in args:
+        if arg in _IGNORED_FLAGS or arg.startswith("--loglevel"):
+            continue
+        if arg.startswith("-"):
+            raise ValueError(f"npm error unknown option {arg!r} (the sandbox installs from the "
+                             "host's registry only)")
+        # Paths, URLs, git and tarball specs: only a scope has a "/".
+        slashes = arg.count("/")
+        if ":" in arg or arg.startswith((".", "/", "~")) or slashes > arg.startswith("@"):
+            raise ValueError(f"npm error the sandbox installs from the host's registry only ({arg})")
+        specs.append(arg)
+    if not specs:
+        raise ValueError("npm error the sandbox's npm installs named packages only "
+                         "(no package.json install): npm install NAME[@VERSION]")
+    return specs
+
+
+def _install(args: list[str]) -> int:
+    started = time.monotonic()
+    try:
+        specs = parse_install(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    from . import ToolError, _install, call
+
+    _install.unpack_pending()
+    try:
+        reply = call("_sbx_install", kind="javascript", requirements=specs, upgrade=False)
+    except ToolError as exc:
+        print(_NOT_HERE if exc.refused else f"npm error {exc}", file=sys.stderr)
+        return 1
+    if not isinstance(reply, dict):
+        print("npm error the host's answer is not understood", file=sys.stderr)
+        return 1
+    error = reply.get("error")
+    if error is not None:
+        lines = error.get("lines") if isinstance(error, dict) else None
+        for line in lines if isinstance(lines, list) else [str(error)]:
+            print(str(line), file=sys.stderr)
+        return 1
+    added = reply.get("installed") or []
+    archive = reply.get("archive")
+    if isinstance(archive, str):
+        try:
+            replace_tree(os.path.join(os.path.expanduser("~"), archive))
+        except (OSError, ValueError) as exc:
+            print(f"npm error {exc}", file=sys.stderr)
+            return 1
+    seconds = time.monotonic() - started
+    count = len(added)
+    if count:
+        print(f"\nadded {count} package{'s' if count != 1 else ''} in {seconds:.1f}s")
+    else:
+        print(f"\nup to date in {seconds:.1f}s")
+    return 0
+
+
+def replace_tree(archive: str) -> None:
+    """Unpack the host's archive (node_modules/...) beside ~/node_modules, then swap it in."""
+    import tarfile
+
+    home = os.path.expanduser("~")
+    staging = os.path.join(home, ".cache", "sbx-installs", "tree")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                parts = member.name.split("/")
+                if parts[0] != "node_modules" or len(parts) < 2 or ".." in parts:
+                    raise ValueError(f"unexpected entry {member.name!r} in the install archive")
+                if not member.isfile():
+                    continue
+                dest = os.path.join(staging, *parts)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                with source, open(dest, "wb") as out:
+                    shutil.copyfileobj(source, out, 1 << 20)
+                os.chmod(dest, 0o755 if member.mode & 0o111 else 0o644)
+    finally:
+        try:
+            os.unlink(archive)
+        except OSError:
+            pass
+    new = os.path.join(staging, "node_modules")
+    os.makedirs(new, exist_ok=True)
+    target = os.path.join(home, "node_modules")
+    old = os.path.join(home, ".cache", "sbx-installs", "previous-tree")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.lexists(target):
+        os.rename(target, old)
+    os.rename(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _list() -> int:
+    import json
+
+    root = os.path.join(os.path.expanduser("~"), "node_modules")
+    print(root)
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        names = []
+    for name in names:
+        dirs = [name]
+        if name.startswith("@"):
+            dirs = [f"{name}/{sub}" for sub in sorted(os.listdir(os.path.join(root, name)))]
+        for d in dirs:
+            try:
+                with open(os.path.join(root, d, "package.json"), encoding="utf-8") as f:
+                    print(f"+-- {d}@{json.load(f).get('version', '?')}")
+            except (OSError, ValueError):
+                continue
+    return 0
+
+
+if __name__ == "__main__":
+    run()
