@@ -73,11 +73,8 @@ class WorkDisk:
 
     @property
     def max_bytes(self) -> int:
-        """How large QEMU may make the file (the jail's RLIMIT_FSIZE): the disk's size, and an
-        overlay's metadata (the same bound for a raw disk, which QEMU never writes past its
-        end, keeps the limit right for a parent that a fork moves onto an overlay)."""
-        size = self.size_mb << 20
-        return size + size // _OVERLAY_SLACK_DIVISOR + _OVERLAY_SLACK_BYTES
+        """How large QEMU may make the file: see max_file_bytes."""
+        return max_file_bytes(self.size_mb)
 
     @property
     def closed(self) -> bool:
@@ -105,6 +102,14 @@ class WorkDisk:
         if self.closed:
             raise VmTransientError("the VM's work disk was closed")
         link(self.fd, path, mode=0o444 if self.frozen else 0o400)
+
+
+def max_file_bytes(size_mb: int) -> int:
+    """How large QEMU may make a work disk's file (the jail's RLIMIT_FSIZE): the disk's size, and
+    an overlay's metadata. The same bound for a raw disk, which QEMU never writes past its end,
+    keeps the limit right for a parent that a fork moves onto an overlay."""
+    size = size_mb << 20
+    return size + size // _OVERLAY_SLACK_DIVISOR + _OVERLAY_SLACK_BYTES
 
 
 def link(fd: int, path: Path, *, mode: int = 0o400) -> None:
