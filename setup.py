@@ -34,6 +34,8 @@ RECIPE = [
     "images/kernel/patches/*.patch",
     "images/rootfs/packages.txt",
     "images/rootfs/make-tree.sh",
+    "images/rootfs/pinned-wheels.txt",
+    "images/rootfs/install-wheels.sh",
     "images/rootfs/finish-image.sh",
     "guest/Makefile",
     "guest/src/*.[ch]",

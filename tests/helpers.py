@@ -63,8 +63,8 @@ def open_fds() -> set[str]:
 
 
 # Live packages (the host's package index, as in test_packages_live.py): wheels for the guest's
-# python 3.11, for the rich-output tests. Importing them under TCG takes seconds, hence the
+# python 3.13, for the rich-output tests. Importing them under TCG takes seconds, hence the
 # timeout.
-MATPLOTLIB = "matplotlib==3.8.4"
-PANDAS = "pandas==2.2.2"
+MATPLOTLIB = "matplotlib==3.9.2"
+PANDAS = "pandas==2.2.3"
 PACKAGE_TIMEOUT_SECONDS = 240

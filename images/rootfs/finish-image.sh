@@ -27,12 +27,14 @@ finish_image() {
 	# files Debian's install wrote are stale in every VM: python recompiles (in memory: the root
 	# is read-only) each module it imports, every time. Hash-based .pyc files that are never
 	# checked against their source fit a read-only image. Compiled by the guest's own
-	# interpreter (its loader and libraries from the tree), so the bytecode is the guest's.
+	# interpreter (its loader and libraries from the tree), so the bytecode is the guest's. In one
+	# process (-j 1): compileall's workers (a forkserver from 3.13 on) re-run the interpreter
+	# without the tree's loader, which the host's older glibc cannot start.
 	step "rootfs: compiling python$py's bytecode (hash-based)"
 	local pyroot="$r/usr/lib/python$py"
 	PYTHONHOME="$r/usr" PYTHONDONTWRITEBYTECODE= \
 		"$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
-		"$r/usr/bin/python$py" -I -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
+		"$r/usr/bin/python$py" -I -m compileall -q -f -j 1 --invalidation-mode unchecked-hash \
 		-s "$r" -p / "$pyroot" "$r/usr/lib/python3/dist-packages" >"$r.compileall.log" 2>&1 || true
 	# compileall fails for the odd file that is not python 3 (test data); what matters is that
 	# the modules every start imports are compiled the new way: flags 0b01 = hash-based, unchecked.
@@ -57,5 +59,12 @@ finish_image() {
 		ln -s /run/sbx/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
 	fi
 
-	printf '{"python": "%s", "glibc": "%s", "tree": "%s"}\n' "$py" "$glibc" "$tree_key" >"$facts"
+	# Node's version and whether it has node's built-in startup snapshot (then the host builds it no
+	# user-land one: snapshots/node_startup.py), asked of the guest's node itself.
+	local node
+	node=$("$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+		"$r/usr/bin/node" -p 'process.versions.node + " " + (process.config.variables.node_use_node_snapshot === true)') ||
+		{ echo "the guest's node does not start" >&2; return 1; }
+	printf '{"python": "%s", "glibc": "%s", "tree": "%s", "node": "%s", "node_snapshot": %s}\n' \
+		"$py" "$glibc" "$tree_key" "${node% *}" "${node#* }" >"$facts"
 }

@@ -38,7 +38,7 @@ class TimingBreakdown:
 class PackagesReport:
     """The packages a VM had, and what getting them cost the call.
 
-    packages: the installed set, resolved ("numpy==1.26.4", "lodash@4.17.21"), dependencies
+    packages: the installed set, resolved ("numpy==2.1.3", "lodash@4.17.21"), dependencies
     included; cache_hit: the layer was in the cache (nothing resolved, downloaded or built in
     this call); resolved: the resolver ran in this call (False when the request had been seen:
     its lock came from the cache); build_ms: the phases this call ran, in milliseconds (resolve,
