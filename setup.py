@@ -47,6 +47,7 @@ RECIPE = [
     "guest/template/build.sh",
     "guest/runtime/node/tools.js",
     "guest/runtime/node/tools_global.js",
+    "guest/runtime/node/ts_hook.js",
     "guest/runtime/python/exec_sandbox_guest.pth",
     "guest/runtime/python/exec_sandbox_guest/*.py",
     "src/shared/*.[ch]",

@@ -30,7 +30,7 @@ if [ "${1:-}" = --pack ]; then
 	# The guest runtime (guest/runtime/): node's `tools` beside the drivers; the python package
 	# where Debian's python3 imports it without PYTHONPATH, with the .pth file that makes `tools`
 	# and `display` built-ins (compiled to bytecode by finish_image with the rest).
-	install -m 0644 "$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/node/tools_global.js "$stage/root/usr/lib/sbx/"
+	install -m 0644 "$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/node/tools_global.js "$images_src_dir"/../guest/runtime/node/ts_hook.js "$stage/root/usr/lib/sbx/"
 	debian_py="$stage/root/usr/lib/python3/dist-packages"
 	install -d -m 0755 "$debian_py/exec_sandbox_guest"
 	install -m 0644 "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py "$debian_py/exec_sandbox_guest/"
@@ -61,7 +61,7 @@ drivers=("$images_src_dir"/../guest/repl/driver.py "$images_src_dir"/../guest/re
 # The template builder's script (guest/template/build.sh), /usr/lib/sbx/template-build.
 drivers+=("$images_src_dir"/../guest/template/build.sh)
 # The guest runtime (guest/runtime/), installed beside them and into python's dist-packages.
-runtime=("$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/node/tools_global.js "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py)
+runtime=("$images_src_dir"/../guest/runtime/node/tools.js "$images_src_dir"/../guest/runtime/node/tools_global.js "$images_src_dir"/../guest/runtime/node/ts_hook.js "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest.pth "$images_src_dir"/../guest/runtime/python/exec_sandbox_guest/*.py)
 finish="$images_src_dir/rootfs/finish-image.sh"
 # The node addon (guest/node/) is built beside the agent, and installed beside the drivers.
 addon="$(dirname "$agent")/sbx-reseed.node"

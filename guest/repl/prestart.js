@@ -56,6 +56,18 @@
     return result;
   };
 
+  // TypeScript in the code file (ts_hook.js: installed beside this file; under guest/runtime/node
+  // in the source tree): its types are stripped as node loads it, when it is not JavaScript.
+  for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
+    try {
+      require(path.join(dir, 'ts_hook.js')).hookMainScript(path.resolve(process.argv[1]));
+      delete Module._cache[path.join(dir, 'ts_hook.js')];
+      break;
+    } catch (e) {
+      if (e.code !== 'MODULE_NOT_FOUND' || !String(e.message).includes('ts_hook.js')) throw e;
+    }
+  }
+
   // First uses, paid before the ready.
   const sink = { write: () => true, once: () => sink, removeListener: () => sink };
   new (require('console').Console)(sink).log('%s %d %o', 'a', 1, { a: [1] });

@@ -7,6 +7,13 @@ from typing import Literal
 
 Language = Literal["python", "javascript", "raw"]
 LANGUAGES: tuple[Language, ...] = ("python", "javascript", "raw")
+# What callers may pass as `language`: the three runtimes and TypeScript's two names. TypeScript
+# runs in the javascript runtime (its types are stripped in the guest when the code is not
+# JavaScript: guest/runtime/node/ts_hook.js), so "typescript" and "ts" become "javascript" when
+# validated, and a session, a result or a snapshot reports "javascript".
+LanguageName = Literal["python", "javascript", "typescript", "ts", "raw"]
+LANGUAGE_ALIASES: dict[str, Language] = {"typescript": "javascript", "ts": "javascript"}
+LANGUAGE_NAMES: tuple[LanguageName, ...] = ("python", "javascript", "typescript", "ts", "raw")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,14 @@ from . import _logging, limits
 from .config import SchedulerConfig
 from .errors import InputValidationError, SandboxError, SnapshotError
 from .host_tools import HostTools, ToolFunction
-from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
+from .models import (
+    ExecutionResult,
+    Language,
+    LanguageName,
+    SessionSnapshot,
+    Template,
+    TimingBreakdown,
+)
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
 from .network.names import NetworkValidationError
@@ -214,7 +221,7 @@ class Scheduler:
 
     async def prepare_snapshot(
         self,
-        language: Language = "python",
+        language: LanguageName = "python",
         memory_mb: int | None = None,
         packages: Sequence[str] | None = None,
     ) -> bool:
