@@ -68,3 +68,16 @@ def open_fds() -> set[str]:
 MATPLOTLIB = "matplotlib==3.9.2"
 PANDAS = "pandas==2.2.3"
 PACKAGE_TIMEOUT_SECONDS = 240
+
+
+def node_blob_wanted() -> bool:
+    """The images' node lacks node's built-in startup snapshot, so that javascript templates
+    and cold boots give it a user-land blob (snapshots/node_startup.wanted)."""
+    from exec_sandbox.images.catalog import load_images
+    from exec_sandbox.paths import images_dir
+
+    try:
+        facts = load_images(images_dir()).guest
+    except Exception:
+        return True  # no images: the VM tests fail on their own (images_ready)
+    return facts is None or not facts.node_snapshot
