@@ -36,6 +36,22 @@ finish_image() {
 		"$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
 		"$r/usr/bin/python$py" -I -m compileall -q -f -j 1 --invalidation-mode unchecked-hash \
 		-s "$r" -p / "$pyroot" "$r/usr/lib/python3/dist-packages" >"$r.compileall.log" 2>&1 || true
+	# Modules that are links to an absolute path (Debian's sitecustomize.py -> /etc/python3.X/)
+	# resolve against the host's root here, so compileall skipped or misread them: compiled from
+	# their target in the tree, under the name python imports them by.
+	local link target
+	while IFS= read -r link; do
+		target=$(readlink "$link")
+		case $target in /*) ;; *) continue ;; esac
+		[ -f "$r$target" ] || continue
+		PYTHONDONTWRITEBYTECODE= "$r/lib64/ld-linux-x86-64.so.2" \
+			--library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" "$r/usr/bin/python$py" -I -c '
+import importlib.util, py_compile, sys
+source, name, shown = sys.argv[1:]
+py_compile.compile(source, cfile=importlib.util.cache_from_source(name), dfile=shown, doraise=True,
+                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)' \
+			"$r$target" "$link" "${link#"$r"}" >>"$r.compileall.log" 2>&1 || true
+	done < <(find "$pyroot" "$r/usr/lib/python3/dist-packages" -type l -name '*.py')
 	# compileall fails for the odd file that is not python 3 (test data); what matters is that
 	# the modules every start imports are compiled the new way: flags 0b01 = hash-based, unchecked.
 	local flags
