@@ -122,3 +122,27 @@ def test_the_manifest_carries_nodes_facts(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     facts = load_images(tmp_path).guest
     assert facts is not None and (facts.node, facts.node_snapshot) == ("", False)
+
+
+def test_layer_bytecode_comes_from_the_images_own_python_when_the_host_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from exec_sandbox.packages.pip_layer import bytecode_python
+    from exec_sandbox.packages.target import GuestTarget
+
+    # A version manager's shim on PATH that does not start is not taken.
+    shim = tmp_path / "bin" / "python3.99"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\nexit 127\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", str(shim.parent))
+    assert bytecode_python(GuestTarget("3.99", "2.41", "ab")) is None
+    tree = tmp_path / "rootfs-tree-ab"
+    for part in ("lib64/ld-linux-x86-64.so.2", "usr/bin/python3.99"):
+        (tree / part).parent.mkdir(parents=True, exist_ok=True)
+        (tree / part).write_bytes(b"")
+    found = bytecode_python(GuestTarget("3.99", "2.41", "ab", tree_root=tree))
+    assert found is not None
+    assert found.argv[0] == str(tree / "lib64/ld-linux-x86-64.so.2")
+    assert found.argv[-1] == str(tree / "usr/bin/python3.99")
+    assert found.workers == "1"  # compileall's workers could not start that interpreter
