@@ -58,7 +58,8 @@ async def test_l1_javascript_runs_start_from_the_snapshot_and_behave_like_cold_r
             in_session = await session.exec(FLAGS)
             adopted = await session.exec(
                 "console.log(require('fs').readFileSync("
-                "'/proc/self/cmdline', 'latin1').split('\\0').some((a) => a.endsWith('/prestart.js')))"
+                "'/proc/self/cmdline', 'latin1').split('\\0')"
+                ".some((a) => a.endsWith('/prestart.js')))"
             )
     assert not any(r.l1_cache_hit for r in cold) and all(r.l1_cache_hit for r in warm)
     assert cold[0].stdout == "\n", cold[0]
