@@ -60,7 +60,11 @@
   // in the source tree): its types are stripped as node loads it, when it is not JavaScript.
   for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
     try {
-      require(path.join(dir, 'ts_hook.js')).hookMainScript(path.resolve(process.argv[1]));
+      const tsHook = require(path.join(dir, 'ts_hook.js'));
+      tsHook.hookMainScript(path.resolve(process.argv[1]));
+      // The stripper's first load (a WebAssembly module), paid here rather than by the first
+      // TypeScript run: under TCG it is most of such a run's time.
+      tsHook.warm();
       delete Module._cache[path.join(dir, 'ts_hook.js')];
       break;
     } catch (e) {
