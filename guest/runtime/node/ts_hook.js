@@ -102,13 +102,29 @@ function toJavaScript(source, filename) {
   });
 }
 
+// Whether converted code must run as an ES module: it has import/export declarations or a
+// top-level await, which parse neither as a script nor as a CommonJS function body. Node would
+// find that out itself for the file as written, but once a hook gives it the source of a file
+// it treats it as the format it asked for.
+function needsModule(code, filename) {
+  for (const text of [code, `(function () {${code}\n})`]) {
+    try {
+      new vm.Script(text, { filename });
+      return false;
+    } catch (e) {
+      if (!(e instanceof SyntaxError)) return false;
+    }
+  }
+  return true;
+}
+
 // hookMainScript(file): the code file `file` (the one-shot run's script) goes through
 // toJavaScript when node loads it, as CommonJS and again as a module (node loads a file with
 // import declarations twice: it tries CommonJS first); other module loads pass straight through.
 function hookMainScript(file) {
   if (!available || typeof Module.registerHooks !== 'function') return;
   const url = require('url').pathToFileURL(file).href;
-  let converted = null; // [source, code]: the conversion is made once
+  let converted = null; // [source, code, format]: the conversion is made once
   Module.registerHooks({
     load(target, context, nextLoad) {
       const result = nextLoad(target, context);
@@ -116,15 +132,18 @@ function hookMainScript(file) {
       const source = String(result.source);
       if (converted === null || converted[0] !== source) {
         try {
-          converted = [source, toJavaScript(source, file)];
+          const code = toJavaScript(source, file);
+          converted = [source, code, code !== source && needsModule(code, file) ? 'module' : null];
         } catch (e) {
           // TypeScript with a syntax error: reported as node reports a script's, and nothing runs.
           process.stderr.write(`${e.stack}\n`);
           process.exitCode = 1;
-          converted = [source, ''];
+          converted = [source, '', null];
         }
       }
-      return converted[1] === source ? result : { ...result, source: converted[1] };
+      if (converted[1] === source) return result;
+      const format = converted[2] || result.format;
+      return { ...result, source: converted[1], ...(format ? { format } : {}) };
     },
   });
 }

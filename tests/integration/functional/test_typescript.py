@@ -90,6 +90,13 @@ async def test_modules_with_and_without_types_run(scheduler: Scheduler) -> None:
         language="javascript",
     )
     assert (plain.stdout, plain.stderr, plain.exit_code) == ("/\n", "", 0), plain
+    # A top-level await alone makes node run the code as a module too (no stripper needed).
+    awaited = await scheduler.run(
+        "const v: number = await Promise.resolve(5);\nconsole.log(v);", language="typescript"
+    )
+    assert (awaited.stdout, awaited.stderr, awaited.exit_code) == ("5\n", "", 0), awaited
+    untyped = await scheduler.run("console.log(await Promise.resolve(6));", language="javascript")
+    assert (untyped.stdout, untyped.stderr, untyped.exit_code) == ("6\n", "", 0), untyped
 
 
 async def test_session_cells_take_typescript(scheduler: Scheduler) -> None:
