@@ -32,7 +32,7 @@ from exec_sandbox.packages.specs import validate_packages
 from exec_sandbox.packages.target import GuestTarget
 from exec_sandbox.paths import images_dir
 
-PANDAS = ["pandas==2.2.0"]
+PANDAS = ["pandas==2.2.3"]
 # The import's own time, measured in the guest, goes to stderr (stdout stays the version).
 CODE = (
     "import sys, time; t = time.perf_counter(); import pandas; "
@@ -55,7 +55,7 @@ def import_ms(stderr: str) -> int:
 
 
 async def first_and_second(root: Path, runs: int) -> dict[str, Any]:
-    print("== 1. first and second run() with pandas==2.2.0 ==")
+    print("== 1. first and second run() with pandas==2.2.3 ==")
     async with Scheduler(config(root)) as sched:
         started = time.perf_counter()
         first = await sched.run(CODE, packages=PANDAS, timeout_seconds=120)

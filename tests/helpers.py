@@ -63,8 +63,21 @@ def open_fds() -> set[str]:
 
 
 # Live packages (the host's package index, as in test_packages_live.py): wheels for the guest's
-# python 3.11, for the rich-output tests. Importing them under TCG takes seconds, hence the
+# python 3.13, for the rich-output tests. Importing them under TCG takes seconds, hence the
 # timeout.
-MATPLOTLIB = "matplotlib==3.8.4"
-PANDAS = "pandas==2.2.2"
+MATPLOTLIB = "matplotlib==3.9.2"
+PANDAS = "pandas==2.2.3"
 PACKAGE_TIMEOUT_SECONDS = 240
+
+
+def node_blob_wanted() -> bool:
+    """The images' node lacks node's built-in startup snapshot, so that javascript templates
+    and cold boots give it a user-land blob (snapshots/node_startup.wanted)."""
+    from exec_sandbox.images.catalog import load_images
+    from exec_sandbox.paths import images_dir
+
+    try:
+        facts = load_images(images_dir()).guest
+    except Exception:
+        return True  # no images: the VM tests fail on their own (images_ready)
+    return facts is None or not facts.node_snapshot

@@ -13,9 +13,10 @@
  *     Math.random and objects get their identity hashes): given a new seed;
  *   - the Math.random state of the current (main) context: cleared, so that its next call seeds
  *     it from the isolate's generator just reseeded, as a fresh context does.
- * V8 has no public API for the last two; this Debian build of node (libnode.so.108) exports the
- * internal functions that do it, found here with dlsym. `ready()` says whether all of them are
- * there: the bootstrap parks a node in a template only then (guest/src/bootstrap.c). What stays
+ * V8 has no public API for the last two; node's builds (Debian's libnode.so.108, the official
+ * node 22 binary) export the internal functions that do it, found here with dlsym. `ready()`
+ * says whether all of them are there: the bootstrap parks a node in a template only then
+ * (guest/src/bootstrap.c). What stays
  * shared is listed in docs/security.md (the string hash seed, address-space layout).
  *
  * Loaded with process.dlopen(); the N-API functions it calls are node's stable C ABI, declared
@@ -77,13 +78,25 @@ static struct {
 		memcpy(&sym.field, &p_, sizeof(p_));                              \
 	} while (0)
 
+/* The first of two names found (a function whose mangled name changed between V8 versions). */
+#define LOOKUP_EITHER(field, name, later_name)                                    \
+	do {                                                                      \
+		if (dlsym(RTLD_DEFAULT, name) != NULL)                            \
+			LOOKUP(field, name);                                      \
+		else                                                              \
+			LOOKUP(field, later_name);                                \
+	} while (0)
+
 static void lookup_all(void)
 {
 	LOOKUP(isolate_get_current, "_ZN2v87Isolate10GetCurrentEv");
 	LOOKUP(get_current_context, "_ZN2v87Isolate17GetCurrentContextEv");
 	LOOKUP(isolate_rng, "_ZN2v88internal7Isolate23random_number_generatorEv");
 	LOOKUP(rng_set_seed, "_ZN2v84base21RandomNumberGenerator7SetSeedEl");
-	LOOKUP(math_random_reset, "_ZN2v88internal10MathRandom12ResetContextENS0_7ContextE");
+	/* V8 10.2 (node 18) takes a Context; V8 12.4 (node 22) a Tagged<Context>: a class holding
+	 * the same one word (the context's address), trivially copyable, so passed the same way. */
+	LOOKUP_EITHER(math_random_reset, "_ZN2v88internal10MathRandom12ResetContextENS0_7ContextE",
+		      "_ZN2v88internal10MathRandom12ResetContextENS0_6TaggedINS0_7ContextEEE");
 	LOOKUP(rand_get0_primary, "RAND_get0_primary");
 	LOOKUP(rand_get0_public, "RAND_get0_public");
 	LOOKUP(rand_get0_private, "RAND_get0_private");

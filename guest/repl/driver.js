@@ -29,6 +29,18 @@ for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
   }
 }
 
+// TypeScript in a cell: its types stripped when it is not JavaScript (ts_hook.js, beside
+// tools_global.js).
+let toJavaScript = (code) => code;
+for (const dir of [__dirname, path.join(__dirname, '..', 'runtime', 'node')]) {
+  try {
+    ({ toJavaScript } = require(path.join(dir, 'ts_hook.js')));
+    break;
+  } catch (e) {
+    if (e.code !== 'MODULE_NOT_FOUND' || !String(e.message).includes('ts_hook.js')) throw e;
+  }
+}
+
 const controlOutKey = Symbol.for('sbx.control-out');
 const controlOut = process[controlOutKey] === 3 ? 3 : 4;
 delete process[controlOutKey];
@@ -132,7 +144,7 @@ async function main() {
     let status;
     try {
       applyEnv(path.join(dir, 'session-env'));
-      const code = fs.readFileSync(path.join(dir, 'session-code'), 'utf8');
+      const code = toJavaScript(fs.readFileSync(path.join(dir, 'session-code'), 'utf8'), 'session');
       status = statusOf(await evaluate(code));
     } catch (err) {
       status = statusOf(err);

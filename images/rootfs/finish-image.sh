@@ -43,13 +43,31 @@ finish_image() {
 	# files Debian's install wrote are stale in every VM: python recompiles (in memory: the root
 	# is read-only) each module it imports, every time. Hash-based .pyc files that are never
 	# checked against their source fit a read-only image. Compiled by the guest's own
-	# interpreter (its loader and libraries from the tree), so the bytecode is the guest's.
+	# interpreter (its loader and libraries from the tree), so the bytecode is the guest's. In one
+	# process (-j 1): compileall's workers (a forkserver from 3.13 on) re-run the interpreter
+	# without the tree's loader, which the host's older glibc cannot start.
 	step "rootfs: compiling python$py's bytecode (hash-based)"
 	local pyroot="$r/usr/lib/python$py"
 	PYTHONHOME="$r/usr" PYTHONDONTWRITEBYTECODE= \
 		"$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
-		"$r/usr/bin/python$py" -I -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
+		"$r/usr/bin/python$py" -I -m compileall -q -f -j 1 --invalidation-mode unchecked-hash \
 		-s "$r" -p / "$pyroot" "$r/usr/lib/python3/dist-packages" >"$r.compileall.log" 2>&1 || true
+	# Modules that are links to an absolute path (Debian's sitecustomize.py -> /etc/python3.X/)
+	# resolve against the host's root here, so compileall skipped or misread them: compiled from
+	# their target in the tree, under the name python imports them by.
+	local link target
+	while IFS= read -r link; do
+		target=$(readlink "$link")
+		case $target in /*) ;; *) continue ;; esac
+		[ -f "$r$target" ] || continue
+		PYTHONDONTWRITEBYTECODE= "$r/lib64/ld-linux-x86-64.so.2" \
+			--library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" "$r/usr/bin/python$py" -I -c '
+import importlib.util, py_compile, sys
+source, name, shown = sys.argv[1:]
+py_compile.compile(source, cfile=importlib.util.cache_from_source(name), dfile=shown, doraise=True,
+                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)' \
+			"$r$target" "$link" "${link#"$r"}" >>"$r.compileall.log" 2>&1 || true
+	done < <(find "$pyroot" "$r/usr/lib/python3/dist-packages" -type l -name '*.py')
 	# compileall fails for the odd file that is not python 3 (test data); what matters is that
 	# the modules every start imports are compiled the new way: flags 0b01 = hash-based, unchecked.
 	local flags
@@ -73,5 +91,12 @@ finish_image() {
 		ln -s /run/sbx/ca-certificates.crt "$r/etc/ssl/certs/ca-certificates.crt"
 	fi
 
-	printf '{"python": "%s", "glibc": "%s", "tree": "%s"}\n' "$py" "$glibc" "$tree_key" >"$facts"
+	# Node's version and whether it has node's built-in startup snapshot (then the host builds it no
+	# user-land one: snapshots/node_startup.py), asked of the guest's node itself.
+	local node
+	node=$("$r/lib64/ld-linux-x86-64.so.2" --library-path "$r/lib/x86_64-linux-gnu:$r/usr/lib/x86_64-linux-gnu" \
+		"$r/usr/bin/node" -p 'process.versions.node + " " + (process.config.variables.node_use_node_snapshot === true)') ||
+		{ echo "the guest's node does not start" >&2; return 1; }
+	printf '{"python": "%s", "glibc": "%s", "tree": "%s", "node": "%s", "node_snapshot": %s}\n' \
+		"$py" "$glibc" "$tree_key" "${node% *}" "${node#* }" >"$facts"
 }

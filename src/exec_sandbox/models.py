@@ -7,6 +7,13 @@ from typing import Literal
 
 Language = Literal["python", "javascript", "raw"]
 LANGUAGES: tuple[Language, ...] = ("python", "javascript", "raw")
+# What callers may pass as `language`: the three runtimes and TypeScript's two names. TypeScript
+# runs in the javascript runtime (its types are stripped in the guest when the code is not
+# JavaScript: guest/runtime/node/ts_hook.js), so "typescript" and "ts" become "javascript" when
+# validated, and a session, a result or a snapshot reports "javascript".
+LanguageName = Literal["python", "javascript", "typescript", "ts", "raw"]
+LANGUAGE_ALIASES: dict[str, Language] = {"typescript": "javascript", "ts": "javascript"}
+LANGUAGE_NAMES: tuple[LanguageName, ...] = ("python", "javascript", "typescript", "ts", "raw")
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,7 @@ class TimingBreakdown:
 class PackagesReport:
     """The packages a VM had, and what getting them cost the call.
 
-    packages: the installed set, resolved ("numpy==1.26.4", "lodash@4.17.21"), dependencies
+    packages: the installed set, resolved ("numpy==2.1.3", "lodash@4.17.21"), dependencies
     included; cache_hit: the layer was in the cache (nothing resolved, downloaded or built in
     this call); resolved: the resolver ran in this call (False when the request had been seen:
     its lock came from the cache); build_ms: the phases this call ran, in milliseconds (resolve,

@@ -19,7 +19,7 @@ from . import limits
 from .config import SchedulerConfig
 from .errors import InputValidationError
 from .host_tools import HostTools, ToolFunction
-from .models import Language, PortMapping
+from .models import Language, LanguageName, PortMapping
 from .network.request import NetworkRequest, parse_network_request
 from .packages.specs import PackageSpec, validate_packages
 from .validation import (
@@ -44,7 +44,7 @@ class RunOptions(TypedDict, total=False):
     may be left out: `RunRequest.make()` gives the defaults (the scheduler config's for time and
     memory)."""
 
-    language: Language
+    language: LanguageName  # "typescript"/"ts" run as "javascript" (models.LANGUAGE_ALIASES)
     packages: Sequence[str] | None
     timeout_seconds: float | None
     memory_mb: int | None

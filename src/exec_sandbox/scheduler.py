@@ -16,7 +16,14 @@ from .config import SchedulerConfig
 from .errors import InputValidationError, SandboxError, SnapshotError
 from .host_tools import HostTools, ToolFunction
 from .installs import InstallLimits, InstallService
-from .models import ExecutionResult, Language, SessionSnapshot, Template, TimingBreakdown
+from .models import (
+    ExecutionResult,
+    Language,
+    LanguageName,
+    SessionSnapshot,
+    Template,
+    TimingBreakdown,
+)
 from .network.attach import NetworkSetup
 from .network.hub import NetworkHub
 from .network.names import NetworkValidationError
@@ -215,7 +222,7 @@ class Scheduler:
 
     async def prepare_snapshot(
         self,
-        language: Language = "python",
+        language: LanguageName = "python",
         memory_mb: int | None = None,
         packages: Sequence[str] | None = None,
     ) -> bool:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from . import limits
 from .errors import CodeValidationError, EnvVarValidationError, InputValidationError
-from .models import LANGUAGES, Language
+from .models import LANGUAGE_ALIASES, LANGUAGE_NAMES, LANGUAGES, Language
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables that make an interpreter or the loader run code other than the code we were given.
@@ -79,9 +79,12 @@ def validate_code(code: object) -> bytes:
 
 
 def validate_language(language: object) -> Language:
+    """The runtime of a language name: "typescript" and "ts" run as "javascript"."""
+    if isinstance(language, str) and language in LANGUAGE_ALIASES:
+        return LANGUAGE_ALIASES[language]
     if language not in LANGUAGES:
         raise CodeValidationError(
-            f"unknown language {language!r}: expected one of {', '.join(LANGUAGES)}"
+            f"unknown language {language!r}: expected one of {', '.join(LANGUAGE_NAMES)}"
         )
     return language
 

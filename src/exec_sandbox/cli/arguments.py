@@ -17,16 +17,21 @@ from ..errors import (
     VmConfigError,
     VolumeError,
 )
-from ..models import ExecutionResult, Language
+from ..models import LANGUAGE_NAMES, ExecutionResult, Language, LanguageName
+from ..validation import validate_language
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILURE = 125
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-_EXTENSIONS: dict[str, Language] = {
+_EXTENSIONS: dict[str, LanguageName] = {
     ".py": "python",
     ".js": "javascript",
     ".cjs": "javascript",
+    ".mjs": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
     ".sh": "raw",
     ".bash": "raw",
 }
@@ -41,7 +46,12 @@ def add_source_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
 def add_vm_options(parser: argparse.ArgumentParser, *, timeout_help: str, env_help: str) -> None:
     """What `sbx run` and `sbx session new` both take for the VM they start: -l, -t, -m,
     --vcpus, --disk-mb, --template, -e, -p."""
-    parser.add_argument("-l", "--language", choices=["python", "javascript", "raw"])
+    parser.add_argument(
+        "-l",
+        "--language",
+        choices=LANGUAGE_NAMES,
+        help="typescript (or ts) runs as javascript, its types stripped",
+    )
     parser.add_argument("-t", "--timeout", type=int, help=timeout_help)
     parser.add_argument("-m", "--memory", type=int, help="guest memory in MB (>= 128)")
     parser.add_argument("--vcpus", type=int, help="virtual CPUs of the VM (1..8, default 1)")
@@ -71,15 +81,16 @@ def add_vm_options(parser: argparse.ArgumentParser, *, timeout_help: str, env_he
 
 
 def resolve_source(args: argparse.Namespace) -> tuple[str, Language]:
-    """The code and its language: -c (python unless -l), or a file (language from -l or its
-    extension). ValueError says what is wrong."""
-    language = getattr(args, "language", None)
+    """The code and its language (the runtime: TypeScript runs as javascript): -c (python unless
+    -l), or a file (language from -l or its extension). ValueError says what is wrong."""
+    name = getattr(args, "language", None)
     if args.code is not None:
-        return args.code, language or "python"
+        return args.code, validate_language(name or "python")
     path = Path(args.file)
-    language = language or _EXTENSIONS.get(path.suffix)
-    if language is None:
+    name = name or _EXTENSIONS.get(path.suffix)
+    if name is None:
         raise ValueError(f"cannot tell the language of {path.name}: pass -l")
+    language = validate_language(name)
     try:
         return path.read_text(encoding="utf-8"), language
     except (OSError, UnicodeDecodeError) as exc:

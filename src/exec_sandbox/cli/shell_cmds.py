@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import InputValidationError
+from ..models import LANGUAGE_NAMES
 from ..processes import Terminal
 from ..scheduler import Scheduler
 from ..session import Session
@@ -47,7 +48,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     shell.add_argument(
         "-l",
         "--language",
-        choices=["python", "javascript", "raw"],
+        choices=LANGUAGE_NAMES,
         default="raw",
         help="the session's REPL language, for later `sbx session resume` (default raw)",
     )

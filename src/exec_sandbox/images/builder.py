@@ -15,6 +15,7 @@ with the exact `apt-get install` line (`--install-deps` runs it).
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import shutil
@@ -63,6 +64,11 @@ def _file(path: str) -> Callable[[], bool]:
     return lambda: os.path.exists(path)
 
 
+def _pip_available() -> bool:
+    """This python (the one `sbx setup` runs under, which fetches the pinned wheels) has pip."""
+    return importlib.util.find_spec("pip") is not None
+
+
 def _apt_knows(package: str) -> Callable[[], bool]:
     """Installed, or apt can download it (build-kernel.sh fetches linux-source as a .deb)."""
 
@@ -102,6 +108,8 @@ REQUIREMENTS = [
     ),
     Requirement("mmdebstrap (root file system)", "mmdebstrap", _tool("mmdebstrap")),
     Requirement("mkfs.erofs (root image)", "erofs-utils", _tool("mkfs.erofs")),
+    Requirement("unzip (the image's pinned node wheel)", "unzip", _tool("unzip")),
+    Requirement("pip (the image's pinned node wheel)", "python3-pip", _pip_available),
 ]
 # Only for a build without root: mmdebstrap's user namespace maps the user's subordinate ids.
 UNPRIVILEGED_REQUIREMENTS = [
@@ -297,6 +305,9 @@ def run_build(*, quiet: bool, stream: TextIO) -> GuestImages:
     script = recipe_root() / "images" / "build.sh"
     live = not quiet and stream.isatty()
     env = {**os.environ, "EXEC_SANDBOX_IMAGES_DIR": str(target), "EXEC_SANDBOX_PROGRESS": "1"}
+    # The pinned wheels of the image (node) come through this python's pip: the host's own index
+    # configuration, the same pip that builds package layers.
+    env["EXEC_SANDBOX_PYTHON"] = sys.executable
     env.pop("EXEC_SANDBOX_QUIET", None)
     display = _Display(stream, live)
     other: list[str] = []  # the scripts' own messages: errors, a failed command's log tail

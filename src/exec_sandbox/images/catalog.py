@@ -21,13 +21,17 @@ SETUP_COMMAND = "sbx setup"
 @dataclass(frozen=True)
 class GuestFacts:
     """What the root image holds that host-built package layers must match (images/rootfs/
-    finish-image.sh writes them at build time): the python version ("3.11"), glibc ("2.36"),
-    and the hash of its Debian package tree (changes when the image's packages do, not when only
-    the agent does)."""
+    finish-image.sh writes them at build time): the python version ("3.13"), glibc ("2.41"),
+    and the hash of its package tree (changes when the image's packages do, not when only the
+    agent does); node's version ("22.20.0", "" for images that did not record it) and whether
+    that node has node's built-in startup snapshot (then no user-land one is built for it:
+    snapshots/node_startup.py)."""
 
     python: str
     glibc: str
     tree: str
+    node: str = ""
+    node_snapshot: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,4 +73,12 @@ def _facts(data: object) -> GuestFacts | None:
     if not all(isinstance(v, str) and re.fullmatch(r"[0-9a-f.]{1,64}", v) for v in values):
         return None
     python, glibc, tree = (str(v) for v in values)
-    return GuestFacts(python=python, glibc=glibc, tree=tree)
+    node = data.get("node")
+    node_snapshot = data.get("node_snapshot")
+    return GuestFacts(
+        python=python,
+        glibc=glibc,
+        tree=tree,
+        node=node if isinstance(node, str) and re.fullmatch(r"[0-9.]{1,32}", node) else "",
+        node_snapshot=node_snapshot is True,
+    )

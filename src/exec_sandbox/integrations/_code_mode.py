@@ -20,7 +20,7 @@ from typing import Any
 from exec_sandbox import ExecutionResult, SandboxScheduler, SandboxSession
 from exec_sandbox.host_tools import ToolFunction
 
-from ._common import SessionPool, alone_note
+from ._common import SessionPool, alone_note, runtime_language
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # What a host tool's name may be (exec_sandbox.host_tools checks the same).
@@ -92,6 +92,7 @@ def binding_code(language: str, names: Iterable[str]) -> str | None:
     `tools.search(...)`), leaving a name the code already defined alone; None when there is
     nothing to bind or the language has no tools. The line ends in a statement that is not an
     expression, so a session shows no value for it."""
+    language = runtime_language(language)
     listed = sorted(set(names))
     if not listed or language not in _TOOL_LANGUAGES:
         return None
@@ -120,6 +121,7 @@ def with_binding(language: str, code: str, tools: Mapping[str, ToolFunction]) ->
 def offered(language: str, tools: Mapping[str, ToolFunction]) -> dict[str, ToolFunction] | None:
     """The tools to give run()/session(): None when there are none or the language cannot call
     them (a bash run), so that a scheduler without host tools (a cluster) is still usable."""
+    language = runtime_language(language)
     if not tools or language not in _TOOL_LANGUAGES:
         return None
     return dict(tools)

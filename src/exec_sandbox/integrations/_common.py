@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, SnapshotError
 from exec_sandbox.host_tools import ToolFunction
+from exec_sandbox.models import LANGUAGE_ALIASES
 from exec_sandbox.network import parse_network_request
 
 from ._bridge import Runner
@@ -25,8 +26,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exec_sandbox")
 # What the models may ask for; the LangChain tool puts it in its args schema as an enum.
-LanguageName = Literal["python", "javascript", "raw"]
+# TypeScript ("typescript", "ts") runs in the javascript runtime: runtime_language().
+LanguageName = Literal["python", "javascript", "typescript", "ts", "raw"]
 LANGUAGES: tuple[str, ...] = get_args(LanguageName)
+
+
+def runtime_language(language: str) -> str:
+    """The runtime a language name runs in ("typescript" and "ts": "javascript"), so that a
+    model's TypeScript and JavaScript calls share one session and one set of tool bindings."""
+    return LANGUAGE_ALIASES.get(language, language)
 
 
 def result_text(result: ExecutionResult, note: str = "") -> str:
@@ -188,7 +196,7 @@ class SessionPool:
         network_options(allow_network, allowed_domains)
         self.runner = runner
         self._saved = SavedSessions(persist) if persist else None
-        self.language = language
+        self.language = runtime_language(language)
         self.timeout_seconds = timeout_seconds
         self.packages = list(packages) if packages else None
         self.network = network_options(allow_network, allowed_domains)

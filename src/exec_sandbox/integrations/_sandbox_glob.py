@@ -25,7 +25,7 @@ WALK_BUDGET_SECONDS = 6.0
 MAX_PATH_CHARS = 4096
 _MAX_PATTERN_CHARS = 1024
 
-# Runs as `python3 -c GUEST_SCRIPT root pattern limit budget` in the guest (Python 3.11).
+# Runs as `python3 -c GUEST_SCRIPT root pattern limit budget` in the guest (Python 3.13).
 GUEST_SCRIPT = r"""
 import datetime, fnmatch, json, os, re, sys, time
 root, pattern, limit, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])

@@ -62,7 +62,7 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
 
     scheduler: SandboxScheduler | None = None
     timeout_seconds: int | None = None
-    # Python packages installed in the VM (name==version), e.g. ["pandas==2.2.0"].
+    # Python packages installed in the VM (name==version), e.g. ["pandas==2.2.3"].
     packages: list[str] | None = None
     # stateful executors: close() pauses each execution id's session to disk, and the same id
     # resumes it later, also in a new process (an agent's thread gets its variables and files

@@ -41,12 +41,13 @@ class ExecSandboxInput(BaseModel):
     # them, and a wrong one is refused by the framework's own validation before the tool runs.
     language: LanguageName = Field(
         default="python",
-        description="python, javascript, or raw (a bash script).",
+        description="python, javascript, typescript (or ts: runs as JavaScript with its types "
+        "stripped; JavaScript code may have type annotations too), or raw (a bash script).",
     )
     packages: list[str] = Field(
         default_factory=list,
         description="Third-party packages to install first: name==version for python "
-        "(e.g. pandas==2.2.0), name@version for javascript (e.g. lodash@4.17.21).",
+        "(e.g. pandas==2.2.3), name@version for javascript (e.g. lodash@4.17.21).",
     )
 
 
@@ -98,8 +99,9 @@ class ExecSandboxTool(_SandboxToolBase):
     name: str = "exec_sandbox"
     description: str = (
         "Run code in an isolated sandbox VM and get its output. Each call starts from a clean "
-        "machine. Arguments: code, language (python, javascript or raw for bash), packages "
-        "(optional, pinned: pandas==2.2.0 for python, lodash@4.17.21 for javascript)."
+        "machine. Arguments: code, language (python, javascript, typescript or raw for bash), "
+        "packages "
+        "(optional, pinned: pandas==2.2.3 for python, lodash@4.17.21 for javascript)."
     )
 
     def _run(
@@ -230,7 +232,13 @@ class ExecSandboxSessionTool(_SandboxToolBase):
         await self._pool.aclose(thread_id)
 
 
-_LANGUAGE_NAMES = {"python": "Python", "javascript": "JavaScript (Node.js)", "raw": "bash"}
+_LANGUAGE_NAMES = {
+    "python": "Python",
+    "javascript": "JavaScript (Node.js; type annotations are accepted)",
+    "typescript": "TypeScript (Node.js, types stripped, not checked)",
+    "ts": "TypeScript (Node.js, types stripped, not checked)",
+    "raw": "bash",
+}
 
 
 def _session_description(language: str, packages: list[str] | None) -> str:

@@ -188,7 +188,8 @@ class ExecSandboxToolSpec(BaseToolSpec):
 
         Args:
             code: the source code to run.
-            language: python, javascript or raw (a bash script).
+            language: python, javascript, typescript (runs as javascript, types stripped) or
+                raw (a bash script).
         """
         if language not in LANGUAGES:
             return f"Error: unknown language {language!r}: use one of {', '.join(LANGUAGES)}"

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,12 +218,48 @@ def _point_scripts_at_guest(bin_dir: Path) -> None:
         script.write_bytes(_SHEBANG_PYTHON + body)
 
 
-def bytecode_python(target: GuestTarget) -> str | None:
+@dataclass(frozen=True)
+class BytecodePython:
+    """How to start an interpreter whose bytecode the guest's python reads."""
+
+    argv: list[str]
+    env: dict[str, str]
+    # compileall's worker processes re-run the interpreter by its path alone (a forkserver from
+    # 3.13 on), which the image tree's python cannot be started as: one process for that one.
+    workers: str = "0"
+
+
+def bytecode_python(target: GuestTarget) -> BytecodePython | None:
     """A host interpreter whose bytecode the guest's reads: this one when its version is the
-    guest's, else python<version> on PATH; None when there is none."""
+    guest's; else the image's own python, from its package tree through the tree's loader (as
+    images/rootfs/finish-image.sh compiles the image); else python<version> on PATH when it
+    starts (a version manager's shim may not); None when there is none."""
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == target.python:
-        return sys.executable
-    return shutil.which(f"python{target.python}")
+        return BytecodePython([sys.executable], {})
+    root = target.tree_root
+    if root is not None:
+        loader = root / "lib64" / "ld-linux-x86-64.so.2"
+        python = root / "usr" / "bin" / f"python{target.python}"
+        if loader.is_file() and python.is_file():
+            libs = f"{root}/lib/x86_64-linux-gnu:{root}/usr/lib/x86_64-linux-gnu"
+            argv = [str(loader), "--library-path", libs, str(python)]
+            return BytecodePython(argv, {"PYTHONHOME": f"{root}/usr"}, workers="1")
+    found = shutil.which(f"python{target.python}")
+    if found is not None and _starts(found):
+        return BytecodePython([found], {})
+    return None
+
+
+def _starts(python: str) -> bool:
+    try:
+        return (
+            subprocess.run(
+                [python, "-c", ""], capture_output=True, timeout=30, check=False
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
@@ -232,7 +269,7 @@ async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
     names in the bytecode are the guest's. Compiling runs no package code. False (with a
     warning) when no host interpreter of the guest's version exists: the layer then works,
     with slower imports."""
-    python = bytecode_python(target)
+    python = await asyncio.to_thread(bytecode_python, target)  # may try a python: off the loop
     if python is None:
         log.warning(
             "no python%s on this host: the package layer is built without bytecode, "
@@ -242,13 +279,13 @@ async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
         return False
     result = await run_tool(
         [
-            python,
+            *python.argv,
             "-I",
             "-m",
             "compileall",
             "-q",
             "-j",
-            "0",
+            python.workers,
             "--invalidation-mode",
             "unchecked-hash",
             "-d",
@@ -257,7 +294,7 @@ async def compile_bytecode(tree: Path, target: GuestTarget) -> bool:
         ],
         timeout=COMPILE_TIMEOUT_SECONDS,
         what="compiling the packages' bytecode",
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""},
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "", **python.env},
     )
     if result.returncode not in (0, 1):  # 1: some file is not valid python (test data), as pip does
         raise PackageBuildError(f"compiling bytecode failed: {result.tail()}")

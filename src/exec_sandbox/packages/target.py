@@ -3,7 +3,8 @@ build recorded them (images.GuestFacts). Everything a host-side build must match
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import VmPermanentError
 from ..images.catalog import GuestImages
@@ -21,6 +22,10 @@ class GuestTarget:
     python: str  # "3.11"
     glibc: str  # "2.36"
     tree: str  # hash of the image's Debian package tree
+    # The image's unpacked package tree beside its image (images/build-rootfs.sh), if still in
+    # the images directory: its python compiles a layer's bytecode when the host has none of the
+    # guest's version. Not part of any key: the tree hash is.
+    tree_root: Path | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, images: GuestImages) -> GuestTarget:
@@ -29,7 +34,13 @@ class GuestTarget:
                 "the guest images predate package support (no python/glibc facts in their "
                 "manifest): rebuild them with `sbx setup`"
             )
-        return cls(images.guest.python, images.guest.glibc, images.guest.tree)
+        root = images.rootfs.parent / f"rootfs-tree-{images.guest.tree}"
+        return cls(
+            images.guest.python,
+            images.guest.glibc,
+            images.guest.tree,
+            tree_root=root if root.is_dir() else None,
+        )
 
     @property
     def python_tag(self) -> str:

@@ -372,8 +372,10 @@ class Provisioner:
 
     async def _give_node_startup(self, vm: GuestVm, spec: VmSpec) -> None:
         """A cold-booted VM's node starts from this machine's startup snapshot when the host
-        has one (about 0.7 s less per node start under TCG); one the VM refuses is dropped."""
-        await self.node_cache.give(vm, blob_key(machine_identity(spec)))
+        has one (about 0.7 s less per node start under TCG); one the VM refuses is dropped.
+        None for an image whose node has its own built-in snapshot (node_startup.wanted)."""
+        if node_startup.wanted(spec):
+            await self.node_cache.give(vm, blob_key(machine_identity(spec)))
 
     async def _restore_or_none(
         self,

@@ -117,8 +117,14 @@ def template_holds_interpreter(language: Language) -> bool:
 
 def _gets_node_blob(spec: VmSpec, language: Language) -> bool:
     """Whether the snapshot VM's node starts from a startup blob: the blob is of the default
-    image's node, and a user template brings its own node."""
-    return language == "javascript" and node_startup.BUILT_IN_TEMPLATES and spec.template is None
+    image's node, a user template brings its own node, and a node with its own built-in
+    startup snapshot gets none (node_startup.wanted)."""
+    return (
+        language == "javascript"
+        and node_startup.BUILT_IN_TEMPLATES
+        and spec.template is None
+        and node_startup.wanted(spec)
+    )
 
 
 def snapshot_key(spec: VmSpec, language: Language) -> str:

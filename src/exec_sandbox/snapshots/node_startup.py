@@ -1,7 +1,10 @@
 """Node's startup snapshot for cold-booted VMs (docs/design.md, "JavaScript start-up").
 
-Debian builds node without its built-in startup snapshot, so every node start compiles and runs
-node's whole bootstrap (~0.7 s of a ~2 s start under TCG). A javascript template builds a
+Only for images whose node lacks node's built-in startup snapshot (Debian's builds): official
+builds, such as the image's node 22 from its pinned wheel, have one with a code cache and start
+faster without a user-land blob, so none is built, kept or given for them (`wanted`, from the
+image's facts). Without it, every node start compiles and runs node's whole bootstrap (~0.7 s of
+a ~2 s start under TCG for Debian's node 18). A javascript template builds a
 snapshot of it with the VM's own node before any user code runs (l1.py), and its clones
 have it. This module keeps a copy of those bytes per machine on the host, so that a cold-booted
 VM that runs JavaScript gets it too: it is written into the guest before the VM's first node
@@ -242,6 +245,15 @@ mv -f "$dir/blob" {NODE_SNAPSHOT_PATH}
 rm -rf "$dir"
 """.encode()
 _NODE_SNAPSHOT_TIMEOUT_MS = 120_000
+
+
+def wanted(spec: VmSpec) -> bool:
+    """Whether VMs of spec's images get a user-land startup blob at all: not when the image's node
+    was built with node's own startup snapshot and code cache (official builds, images/rootfs/
+    pinned-wheels.txt), which start faster without one (measured: 22.20 44.7 -> 51.7 ms with a
+    blob, docs/benchmarks.md); only Debian's node builds lack them."""
+    facts = spec.images.guest
+    return facts is None or not facts.node_snapshot
 
 
 async def give_template_blob(

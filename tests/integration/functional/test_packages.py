@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import PackageNotAllowedError, Scheduler, SnapshotError
+from exec_sandbox.images.catalog import load_images
 from exec_sandbox.paths import images_dir
 from tests.helpers import private_config, qemu_processes
 from tests.package_index import LocalIndex, LocalNpmRegistry, make_npm_tarball, make_wheel
@@ -90,7 +91,9 @@ async def test_python_code_imports_a_package_from_its_layer(
     result = await sched.run(GUEST_CHECKS, packages=[DEMO])
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == "from-the-layer /usr/local/lib/python3.11/dist-packages/sbxdemo/__init__.py"
+    python = load_images(images_dir()).guest.python  # type: ignore[union-attr]
+    site = f"/usr/local/lib/python{python}/dist-packages"
+    assert lines[0] == f"from-the-layer {site}/sbxdemo/__init__.py"
     assert lines[1] == "pyc flags 1"
     assert lines[2] == "#!/usr/bin/python3"  # the console script runs the guest's python
     assert lines[3] == "cli from-the-layer"

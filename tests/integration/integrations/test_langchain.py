@@ -76,7 +76,7 @@ async def test_async_agent_loop_reports_bad_arguments_to_the_model() -> None:
     # The args schema's enum refuses it; langgraph's ToolNode shows the model the allowed values.
     bad_language = _tool_messages(model, 1)[-1]
     assert bad_language.status == "error"
-    assert "'python', 'javascript' or 'raw'" in bad_language.content
+    assert "'python', 'javascript', 'typescript', 'ts' or 'raw'" in bad_language.content
     empty = _tool_messages(model, 2)[-1]
     assert empty.status == "error" and "code is empty" in empty.content
     assert _tool_messages(model, 3)[-1].content == "42"

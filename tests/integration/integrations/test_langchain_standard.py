@@ -81,9 +81,11 @@ def test_language_is_an_enum_in_the_schema_the_model_sees() -> None:
     tool = ExecSandboxTool()
     schema = tool.tool_call_schema.model_json_schema()  # type: ignore[union-attr]
     language = schema["properties"]["language"]
-    assert language["enum"] == ["python", "javascript", "raw"]
+    assert language["enum"] == ["python", "javascript", "typescript", "ts", "raw"]
     assert language["default"] == "python"
     # The framework refuses a value outside the enum before the tool runs (no VM is started);
     # langgraph's ToolNode turns this into an error message listing the allowed values.
-    with pytest.raises(ValidationError, match="'python', 'javascript' or 'raw'"):
+    with pytest.raises(
+        ValidationError, match="'python', 'javascript', 'typescript', 'ts' or 'raw'"
+    ):
         tool.invoke({"code": "print(1)", "language": "cobol"})

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from exec_sandbox import Scheduler, SchedulerConfig
-from tests.helpers import qemu_processes
+from tests.helpers import node_blob_wanted, qemu_processes
 
 pytestmark = pytest.mark.vm
+# The image's node lacks a built-in startup snapshot: clones start it from a user-land blob.
+BLOB = node_blob_wanted()
 
 # What node draws, in a run and in a session alike: whether the code runs in the parked node
 # (the pre-start preload's "-r" in its cmdline) and its pid, then each generator: the main
@@ -24,8 +26,9 @@ pytestmark = pytest.mark.vm
 JS_DRAWS = (
     "const c = require('crypto');\n"
     "const hex = (b) => Buffer.from(b).toString('hex');\n"
+    # Parked: started with the pre-start preload (a cold node has tools_global.js as its -r).
     "const parked = require('fs').readFileSync('/proc/self/cmdline').toString().split('\\0')\n"
-    "  .includes('-r') ? '-r' : 'spawned';\n"
+    "  .some((a) => a.endsWith('/prestart.js')) ? '-r' : 'spawned';\n"
     "const draws = (pooled) => [parked, process.pid, Math.random(),\n"
     "  require('vm').runInNewContext('Math.random()'), hex(c.randomBytes(16)), c.randomUUID(),\n"
     "  hex(c.getRandomValues(new Uint8Array(16))), hex(pooled)].join(' ');\n"
@@ -38,14 +41,14 @@ PROGRAMS = {
     "python": "import os, random, secrets\n"
     "argv1 = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[1].decode()\n"
     "print(argv1, os.urandom(16).hex(), secrets.token_hex(16), '%032x' % random.getrandbits(128))",
-    # The javascript template holds a parked node too, started from node's startup snapshot:
-    # every clone runs the code in that one process (one pid in all clones, the snapshot in
-    # execArgv), so each of node's generators must have been made fresh at its go
-    # (guest/node/node_reseed.c); an ed25519 key on top.
+    # The javascript template holds a parked node too (started from a user-land startup blob when
+    # the image's node lacks a built-in one): every clone runs the code in that one process (one
+    # pid in all clones, the blob in execArgv or no flags at all), so each of node's generators
+    # must have been made fresh at its go (guest/node/node_reseed.c); an ed25519 key on top.
     "javascript": JS_DRAWS + "const key = c.generateKeyPairSync('ed25519').publicKey\n"
     "  .export({format: 'der', type: 'spki'}).subarray(-32);\n"
     "c.randomBytes(16, (err, pooled) => console.log(draws(pooled),\n"
-    "  process.execArgv.join(','), hex(key)));",
+    "  process.execArgv.join(',') || '-', hex(key)));",
     "raw": "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo",
 }
 
@@ -70,7 +73,10 @@ async def test_clones_of_one_snapshot_draw_different_random_bytes(
     elif language == "javascript":
         assert all(d[0] == "-r" for d in draws), draws
         assert len({d[1] for d in draws}) == 1, f"not one parked process: {draws}"
-        assert all(d[8] == "--snapshot-blob,/tmp/.sbx-node-startup.blob" for d in draws), draws
+        # node's flags: the user-land startup blob, for an image whose node lacks its own
+        assert all(
+            d[8] == ("--snapshot-blob,/tmp/.sbx-node-startup.blob" if BLOB else "-") for d in draws
+        ), draws
         draws = [d[2:8] + d[9:] for d in draws]
         assert all(len(d) == 7 for d in draws), draws
     else:
