@@ -452,3 +452,30 @@ async def test_metadata_sees_a_subprocess_install_in_the_next_request(
         )
         meta = await session.exec("import importlib.metadata as m; print(m.version('six'))")
         assert meta.stdout == "1.16.0\n", meta.stderr
+
+
+REAL_NPM = """
+const { spawnSync } = require("child_process");
+const env = { ...process.env, EXEC_SANDBOX_NPM: "real",
+              npm_config_registry: "http://registry.invalid/", npm_config_fetch_retries: "0",
+              npm_config_fetch_timeout: "2000", npm_config_audit: "false",
+              npm_config_fund: "false", npm_config_update_notifier: "false" };
+const v = spawnSync("npm", ["--version"], { env, encoding: "utf8" });
+console.log("version", v.status, v.stdout.trim());
+const r = spawnSync("npm", ["install", "left-pad@1.3.0"], { env, encoding: "utf8", cwd: "/tmp" });
+console.log("exit", r.status);
+console.log(r.stderr);
+"""
+
+
+async def test_the_real_npm_on_request_runs_npm_itself(sched: Scheduler) -> None:
+    async with await sched.session(language="javascript") as session:
+        result = await session.exec(REAL_NPM, timeout_seconds=120)
+        out = result.stdout
+        assert result.exit_code == 0, result.stderr
+        # npm's own version (the sandbox's npm answers another line), then npm's own failure
+        # without network: no host involved, nothing recorded.
+        version = out.split("version 0 ", 1)[1].split("\n", 1)[0]
+        assert version[:1].isdigit() and version.count(".") == 2, out
+        assert "exit 1" in out and "npm error" in out, out
+        assert "left-pad@1.3.0" not in session.installed

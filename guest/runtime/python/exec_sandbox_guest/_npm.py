@@ -1,12 +1,16 @@
 """`npm` in the VM: installs served by the host (docs/packages.md, "Installs from inside").
 
-The image has no npm. `npm install|i|add NAME[@VERSION]...` sends the specifiers to the host
+`npm install|i|add NAME[@VERSION]...` sends the specifiers to the host
 through the reserved host-socket tool `_sbx_install` (as the sandbox's pip does, `_install`).
 npm re-hoists a whole tree on every install, so the host builds the complete tree (the earlier
 installs' packages pinned, the new ones on top, `--ignore-scripts`) and writes it as one archive
 into the home directory; this module puts it in place of ~/node_modules, where require() and
 import() of code under the home directory look first (a session's `packages=` layer stays
 beneath, at /node_modules). Output and exit status follow npm's.
+
+With EXEC_SANDBOX_NPM=real, the real npm runs instead (the one that came with the image's node,
+from the same pinned wheel): it needs network to a registry, which the session's network policy
+and the code's own configuration decide; the host neither serves nor records what it installs.
 """
 
 from __future__ import annotations
@@ -17,10 +21,31 @@ import sys
 import time
 
 _INSTALL = {"install", "i", "add", "isntall", "in"}
-_IGNORED_FLAGS = {"--save", "-S", "--save-prod", "-P", "--save-dev", "-D", "--save-exact", "-E",
-                  "--no-save", "--silent", "-s", "--quiet", "-q", "--no-audit", "--no-fund",
-                  "--ignore-scripts", "--no-package-lock", "--prefer-offline", "--loglevel=error",
-                  "-g", "--global", "--legacy-peer-deps", "--no-progress"}
+_IGNORED_FLAGS = {
+    "--save",
+    "-S",
+    "--save-prod",
+    "-P",
+    "--save-dev",
+    "-D",
+    "--save-exact",
+    "-E",
+    "--no-save",
+    "--silent",
+    "-s",
+    "--quiet",
+    "-q",
+    "--no-audit",
+    "--no-fund",
+    "--ignore-scripts",
+    "--no-package-lock",
+    "--prefer-offline",
+    "--loglevel=error",
+    "-g",
+    "--global",
+    "--legacy-peer-deps",
+    "--no-progress",
+}
 _NOT_HERE = (
     "npm error installs reach the host only from code that session.exec() runs (not from a "
     "process of session.spawn() or a terminal such as `sbx shell`); from the host, use "
@@ -28,8 +53,15 @@ _NOT_HERE = (
 )
 
 
+# The real npm, kept off PATH: the image's node starts it.
+_NODE = "/usr/bin/node"
+_REAL_NPM = "/usr/lib/sbx/npm/bin/npm-cli.js"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("EXEC_SANDBOX_NPM") == "real":
+        return _real_npm(args)
     if not args or args[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
         return 0
@@ -40,13 +72,26 @@ def main(argv: list[str] | None = None) -> int:
         return _install(args[1:])
     if args[0] in ("ls", "list", "ll", "la"):
         return _list()
-    print(f"npm error the sandbox's npm only installs packages and lists them ({args[0]!r})",
-          file=sys.stderr)
+    print(
+        f"npm error the sandbox's npm only installs packages and lists them ({args[0]!r})",
+        file=sys.stderr,
+    )
     return 1
 
 
 def run() -> None:
     sys.exit(main())
+
+
+def _real_npm(args: list[str]) -> int:
+    """EXEC_SANDBOX_NPM=real: this process becomes the real npm (the variable is dropped, so
+    what npm runs does not come back here)."""
+    if not os.path.exists(_REAL_NPM):
+        print("npm error this image has no npm of its own (EXEC_SANDBOX_NPM=real)", file=sys.stderr)
+        return 1
+    env = {k: v for k, v in os.environ.items() if k != "EXEC_SANDBOX_NPM"}
+    os.execve(_NODE, [_NODE, _REAL_NPM, *args], env)
+    return 1  # not reached
 
 
 def parse_install(args: list[str]) -> list[str]:
@@ -55,16 +100,22 @@ def parse_install(args: list[str]) -> list[str]:
         if arg in _IGNORED_FLAGS or arg.startswith("--loglevel"):
             continue
         if arg.startswith("-"):
-            raise ValueError(f"npm error unknown option {arg!r} (the sandbox installs from the "
-                             "host's registry only)")
+            raise ValueError(
+                f"npm error unknown option {arg!r} (the sandbox installs from the "
+                "host's registry only)"
+            )
         # Paths, URLs, git and tarball specs: only a scope has a "/".
         slashes = arg.count("/")
         if ":" in arg or arg.startswith((".", "/", "~")) or slashes > arg.startswith("@"):
-            raise ValueError(f"npm error the sandbox installs from the host's registry only ({arg})")
+            raise ValueError(
+                f"npm error the sandbox installs from the host's registry only ({arg})"
+            )
         specs.append(arg)
     if not specs:
-        raise ValueError("npm error the sandbox's npm installs named packages only "
-                         "(no package.json install): npm install NAME[@VERSION]")
+        raise ValueError(
+            "npm error the sandbox's npm installs named packages only "
+            "(no package.json install): npm install NAME[@VERSION]"
+        )
     return specs
 
 
