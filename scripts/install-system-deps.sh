@@ -6,7 +6,7 @@ packages=(
 	qemu-system-x86            # the VMM
 	qemu-utils                 # qemu-img: empty copy-on-write overlays for forked work disks
 	linux-source-6.1 bc bison flex libelf-dev libssl-dev build-essential patch  # guest kernel
-	mmdebstrap uidmap erofs-utils  # guest root file system (uidmap: unprivileged builds)
+	mmdebstrap uidmap erofs-utils unzip  # guest root file system (uidmap: unprivileged builds; unzip: the pinned node wheel)
 	libseccomp-dev liburing-dev pkg-config  # C extension
 	clang libclang-rt-14-dev   # fuzz targets and sanitizer builds
 	python3-dev python3-venv
