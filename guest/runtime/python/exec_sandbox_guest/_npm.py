@@ -83,6 +83,18 @@ def run() -> None:
     sys.exit(main())
 
 
+def _project_root(start: str) -> str | None:
+    """The nearest directory from start up, "/" excluded, with a package.json or node_modules."""
+    here = os.path.abspath(start)
+    while here != "/":
+        if os.path.exists(os.path.join(here, "package.json")) or os.path.isdir(
+            os.path.join(here, "node_modules")
+        ):
+            return here
+        here = os.path.dirname(here)
+    return None
+
+
 def _real_npm(args: list[str]) -> int:
     """EXEC_SANDBOX_NPM=real: this process becomes the real npm (the variable is dropped, so
     what npm runs does not come back here)."""
@@ -90,6 +102,12 @@ def _real_npm(args: list[str]) -> int:
         print("npm error this image has no npm of its own (EXEC_SANDBOX_NPM=real)", file=sys.stderr)
         return 1
     env = {k: v for k, v in os.environ.items() if k != "EXEC_SANDBOX_NPM"}
+    # npm takes the nearest directory up from here with a package.json or node_modules as the
+    # project; the image's /node_modules (a read-only layer mount point) would make that "/".
+    # Outside any project, the current directory is the project, as in an empty one elsewhere.
+    if "--prefix" not in args and not any(a.startswith("--prefix=") for a in args):
+        if _project_root(os.getcwd()) is None:
+            args = [*args, "--prefix", os.getcwd()]
     os.execve(_NODE, [_NODE, _REAL_NPM, *args], env)
     return 1  # not reached
 
