@@ -1,0 +1,287 @@
+"""Secrets that never enter the VM (docs/network.md, "Secrets"), with real VMs: the loopback
+servers below record what reaches them; the guest's code only ever holds a placeholder."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import ssl
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from exec_sandbox import Scheduler, Secret
+from exec_sandbox.network import intercept
+from tests.helpers import open_fds, private_config, qemu_processes
+
+from .conftest import _make_ca
+
+VALUE = "s3cr3t-value-never-in-the-vm-9f8e7d"
+
+
+@dataclass
+class Seen:
+    """What the recording servers received: (Host header, path, headers, body) per request."""
+
+    requests: list[tuple[str, str, dict[str, str], bytes]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: Seen
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        with self.seen.lock:
+            self.seen.requests.append(
+                (self.headers.get("Host", ""), self.path, dict(self.headers.items()), body)
+            )
+        if self.path.startswith("/chunks"):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                part = f"chunk{i}\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        reply = b"ok\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    do_GET = _answer
+    do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Recorders:
+    seen: Seen
+    http_port: int
+    https_port: int
+    ca_file: Path
+
+
+@pytest.fixture(scope="module")
+def recorders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorders]:
+    seen = Seen()
+    handler = type("Handler", (_Recorder,), {"seen": seen})
+    ca, crt, key = _make_ca(tmp_path_factory.mktemp("secrets-ca"))
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    secure = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(crt, key)
+    secure.socket = context.wrap_socket(secure.socket, server_side=True)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (plain, secure)]
+    for t in threads:
+        t.start()
+    yield Recorders(seen, plain.server_address[1], secure.server_address[1], ca)
+    for s in (plain, secure):
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.fixture
+async def sec_scheduler(
+    images_ready: None, recorders: Recorders, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Scheduler]:
+    """web.test and other.web.test (80, 443) go to the recorders. The host verifies the
+    recorders' test CA through SSL_CERT_FILE (the standard variable its trust store honours);
+    the guest is never given that CA: it trusts the scheduler's interception CA only."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(recorders.ca_file))
+    recorders.seen.requests.clear()
+    fds_before = open_fds()
+    hosts = {}
+    for name in ("web.test", "other.web.test"):
+        hosts[f"{name}:80"] = f"127.0.0.1:{recorders.http_port}"
+        hosts[f"{name}:443"] = f"127.0.0.1:{recorders.https_port}"
+    config = private_config(tmp_path, network_test_hosts=hosts)
+    async with Scheduler(config) as sched:
+        yield sched
+    assert qemu_processes(parent=os.getpid()) == [], "a QEMU process outlived its Scheduler"
+    leaked = {fd for fd in open_fds() - fds_before if not fd.startswith("anon_inode:[event")}
+    assert not leaked, f"fds outlived the Scheduler: {leaked}"
+
+
+# Guest code: requests with the placeholder, then everything of the guest's processes'
+# environments, hex-encoded, for the host to search for the value.
+_CLIENT = r"""
+import base64, os, glob, urllib.request
+ph = os.environ["API_KEY"]
+print("PLACEHOLDER", ph)
+def get(url, headers, data=None):
+    req = urllib.request.Request(url, headers=headers, data=data)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        print("GOT", url, r.status, r.read().decode().strip())
+scheme = SCHEME
+get(scheme + "://web.test/bearer", {"Authorization": "Bearer " + ph})
+basic = base64.b64encode(("user:" + ph).encode()).decode()
+get(scheme + "://web.test/basic", {"Authorization": "Basic " + basic})
+get(scheme + "://web.test/body", {"X-Id": "1"}, data=ph.encode())
+get(scheme + "://other.web.test/elsewhere", {"Authorization": "Bearer " + ph})
+env = b""
+for path in glob.glob("/proc/[0-9]*/environ"):
+    try:
+        env += open(path, "rb").read()
+    except OSError:
+        pass
+print("ENVHEX", env.hex())
+"""
+
+
+def _by_path(seen: Seen, path: str) -> tuple[str, dict[str, str], bytes]:
+    for host, got_path, headers, body in seen.requests:
+        if got_path == path:
+            return host, headers, body
+    raise AssertionError(f"the server saw no request for {path}: {seen.requests}")
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+async def test_placeholder_replaced_only_for_the_secrets_host(
+    sec_scheduler: Scheduler, recorders: Recorders, scheme: str
+) -> None:
+    secret = Secret("API_KEY", VALUE, hosts=["web.test"])
+    result = await sec_scheduler.run(
+        _CLIENT.replace("SCHEME", repr(scheme)),
+        allow_network=True,
+        allowed_domains=["web.test"],
+        secrets=[secret],
+        http_headers={"web.test": {"X-Rule": "from-the-host"}},
+    )
+    assert result.exit_code == 0, result.stderr
+    placeholder = result.stdout.split("PLACEHOLDER ", 1)[1].split()[0]
+    assert placeholder != VALUE and VALUE not in result.stdout + result.stderr
+    env = bytes.fromhex(result.stdout.split("ENVHEX ", 1)[1].split()[0])
+    assert placeholder.encode() in env and VALUE.encode() not in env
+    assert VALUE not in repr(secret)
+
+    _host, headers, _body = _by_path(recorders.seen, "/bearer")
+    assert headers["Authorization"] == f"Bearer {VALUE}"
+    assert headers["X-Rule"] == "from-the-host"
+    _host, headers, _body = _by_path(recorders.seen, "/basic")
+    credentials = base64.b64decode(headers["Authorization"].split()[1]).decode()
+    assert credentials == f"user:{VALUE}"
+    _host, headers, body = _by_path(recorders.seen, "/body")
+    assert body == placeholder.encode(), "a body placeholder is not replaced by default"
+    host, headers, _body = _by_path(recorders.seen, "/elsewhere")
+    assert host.startswith("other.web.test")
+    assert headers["Authorization"] == f"Bearer {placeholder}", "another host got the value"
+    assert "X-Rule" not in headers
+
+    port = 443 if scheme == "https" else 80
+    # urllib closes each connection after its request: three connections, one request each.
+    records = [
+        r
+        for c in result.network_log
+        if c.name == "web.test" and c.port == port
+        for r in c.http_requests
+    ]
+    assert [(r.method, r.path, r.status, r.secrets) for r in records] == [
+        ("GET", "/bearer", 200, ("API_KEY",)),
+        ("GET", "/basic", 200, ("API_KEY",)),
+        ("POST", "/body", 200, ()),
+    ]
+    assert records[2].bytes_sent == len(placeholder)
+    assert records[0].bytes_received == 3
+    other = [c for c in result.network_log if c.name == "other.web.test"]
+    assert other and all(not c.http_requests for c in other), "other hosts keep the byte relay"
+    assert VALUE not in repr(result)
+
+
+async def test_session_header_rule_chunked_and_bad_upstream_certificate(
+    sec_scheduler: Scheduler, recorders: Recorders, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header rule with no env var, a chunked response streamed through with curl over
+    TLS, keep-alive; then a real host whose certificate the host cannot verify: a 502."""
+    async with await sec_scheduler.session(
+        language="raw",
+        allow_network=True,
+        allowed_domains=["web.test"],
+        http_headers={"web.test": {"X-Api-Key": VALUE}},
+    ) as session:
+        result = await session.exec(
+            "curl -sS --fail https://web.test/chunks https://web.test/again; "
+            "env | grep -c s3cr3t || true"
+        )
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.startswith("chunk0\nchunk1\nchunk2\nok\n"), result.stdout
+        assert result.stdout.strip().endswith("0")
+        _host, headers, _body = _by_path(recorders.seen, "/again")
+        assert headers["X-Api-Key"] == VALUE
+        [conn] = [c for c in session.network_log if c.name == "web.test"]
+        assert [r.path for r in conn.http_requests] == ["/chunks", "/again"]  # one connection
+
+        monkeypatch.delenv("SSL_CERT_FILE")  # the host no longer trusts the recorders' CA
+        sec_scheduler._hub()._upstream_tls = None  # type: ignore[attr-defined]  # read again
+        result = await session.exec("curl -sS -w '%{http_code}' https://web.test/x")
+        assert result.stdout.startswith("web.test: the real host's certificate"), result.stdout
+        assert result.stdout.endswith("502")
+        errors = [r.error for c in session.network_log for r in c.http_requests if r.error]
+        assert any("certificate" in e for e in errors)
+
+
+_HOSTILE = r"""
+import socket, time
+def talk(payload, slow=False):
+    s = socket.create_connection(("web.test", 80), timeout=20)
+    try:
+        if slow:
+            for b in payload:
+                s.sendall(bytes([b]))
+                time.sleep(0.5)
+        else:
+            s.sendall(payload)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data.split(b"\r\n", 1)[0].decode()
+    except OSError as exc:
+        return "error " + type(exc).__name__
+    finally:
+        s.close()
+print("MANY", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\n" + b"X: y\r\n" * 10000 + b"\r\n"))
+print("BIG", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\nX: " + b"a" * 200000 + b"\r\n\r\n"))
+print("BAD", talk(b"GARBAGE\x00 / HTTP/9\r\n\r\n"))
+print("SLOW", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\n" + b"X-Slow: 1\r\n" * 20, slow=True))
+s = socket.create_connection(("web.test", 80), timeout=20)
+s.sendall(b"GET /after HTTP/1.1\r\nHost: web.test\r\nConnection: close\r\n\r\n")
+print("AFTER", s.recv(100).split(b"\r\n", 1)[0].decode())
+"""
+
+
+async def test_hostile_requests_are_refused(
+    sec_scheduler: Scheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """10,000 headers, one 200 kB header, a malformed request line, a slowloris head: each
+    answered with a 4xx and closed; a normal request afterwards still works."""
+    monkeypatch.setattr(intercept, "HEAD_TIMEOUT_SECONDS", 3.0)
+    result = await sec_scheduler.run(
+        _HOSTILE,
+        allow_network=True,
+        allowed_domains=["web.test"],
+        secrets=[Secret("API_KEY", VALUE, hosts=["web.test"])],
+        timeout_seconds=120,
+    )
+    assert result.exit_code == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["MANY"].split()[1] == "431", lines
+    assert lines["BIG"].split()[1] == "431", lines
+    assert lines["BAD"].split()[1] == "400", lines
+    assert lines["SLOW"].split()[1] == "408", lines
+    assert lines["AFTER"].startswith("HTTP/1.1 200"), lines
+    assert json.dumps([c.reason for c in result.network_log])  # log readable
