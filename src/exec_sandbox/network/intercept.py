@@ -102,8 +102,9 @@ class _Leg:
             self.writer.close()
 
 
-async def _accepted(sock: socket.socket, context: ssl.SSLContext | None) -> _Leg:
+async def _accepted(sock: socket.socket, context: ssl.SSLContext | None, handed: set[int]) -> _Leg:
     loop = asyncio.get_running_loop()
+    handed.add(id(sock))
     reader = asyncio.StreamReader(limit=READ_SIZE)
     protocol = asyncio.StreamReaderProtocol(reader)
     kwargs = {} if context is None else {"ssl_handshake_timeout": TLS_HANDSHAKE_TIMEOUT_SECONDS}
@@ -112,7 +113,10 @@ async def _accepted(sock: socket.socket, context: ssl.SSLContext | None) -> _Leg
     return _Leg(reader, writer, h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_MAX))
 
 
-async def _connected(sock: socket.socket, name: str, context: ssl.SSLContext | None) -> _Leg:
+async def _connected(
+    sock: socket.socket, name: str, context: ssl.SSLContext | None, handed: set[int]
+) -> _Leg:
+    handed.add(id(sock))
     if context is None:
         reader, writer = await asyncio.open_connection(sock=sock, limit=READ_SIZE)
     else:
@@ -144,6 +148,7 @@ class Interception:
         self._records = 0
         self._guest: _Leg | None = None
         self._upstream: _Leg | None = None
+        self._handed: set[int] = set()  # id()s of the sockets given to a transport
 
     async def serve(
         self,
@@ -155,10 +160,12 @@ class Interception:
         """Relay the connection; both sockets are this call's (closed when it returns)."""
         # The real host's handshake runs while the guest's does: its failure (a certificate
         # the host cannot verify) becomes the guest's 502 once a request has come.
-        upstream = asyncio.ensure_future(_connected(upstream_sock, self.name, upstream_tls))
+        upstream = asyncio.ensure_future(
+            _connected(upstream_sock, self.name, upstream_tls, self._handed)
+        )
         try:
             try:
-                self._guest = await _accepted(guest_sock, guest_tls)
+                self._guest = await _accepted(guest_sock, guest_tls, self._handed)
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 log.info("intercepted %s:%d: guest TLS: %s", self.name, self.port, exc)
                 return
@@ -170,12 +177,17 @@ class Interception:
                 upstream.cancel()
             with contextlib.suppress(BaseException):
                 await upstream
+            if upstream.done() and not upstream.cancelled() and upstream.exception() is None:
+                self._upstream = upstream.result()  # its transport owns the socket now
             for leg in (self._guest, self._upstream):
                 if leg is not None:
                     leg.close()
-            if self._guest is None:
+            # Only a socket no transport took: a transport closes its own, even when it failed
+            # to start, and closing it here too could free its number while the transport is
+            # still registered with the loop.
+            if id(guest_sock) not in self._handed:
                 guest_sock.close()
-            if self._upstream is None:
+            if id(upstream_sock) not in self._handed:
                 upstream_sock.close()
 
     async def _exchanges(self, upstream: asyncio.Future[_Leg]) -> None:

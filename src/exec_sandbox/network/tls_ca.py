@@ -14,18 +14,37 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from .names import ascii_name
 
-_DAYS = "30"
+VALID_DAYS = 30
+# Certificates are dated from a day back: a guest restored from an older snapshot runs a clock
+# behind the host's until it is corrected, and would find a certificate of now not yet valid.
+BACKDATE_SECONDS = 24 * 3600
 LEAF_CACHE_MAX = 256
+_CONFIG = """\
+[ca]
+default_ca = sbx
+[sbx]
+database = {dir}/index.txt
+new_certs_dir = {dir}
+serial = {dir}/serial
+default_md = sha256
+policy = any
+unique_subject = no
+[any]
+commonName = supplied
+[req]
+distinguished_name = dn
+[dn]
+[v3_ca]
+basicConstraints = critical,CA:TRUE,pathlen:0
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+"""
 # The extensions strict verifiers (Python 3.13's VERIFY_X509_STRICT, Go) want.
-_CA_EXT = (
-    "basicConstraints=critical,CA:TRUE,pathlen:0\n"
-    "keyUsage=critical,keyCertSign,cRLSign\n"
-    "subjectKeyIdentifier=hash\n"
-)
 _LEAF_EXT = (
     "basicConstraints=critical,CA:FALSE\n"
     "keyUsage=critical,digitalSignature\n"
@@ -40,6 +59,14 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
 
 
+def _dates() -> list[str]:
+    now = time.time()
+    fmt = "%Y%m%d%H%M%SZ"
+    start = time.strftime(fmt, time.gmtime(now - BACKDATE_SECONDS))
+    end = time.strftime(fmt, time.gmtime(now + VALID_DAYS * 86400))
+    return ["-startdate", start, "-enddate", end]
+
+
 class InterceptCa:
     """The CA and the server contexts made with it, one per host name. Blocking (openssl runs):
     call off the event loop."""
@@ -49,26 +76,25 @@ class InterceptCa:
         self._lock = threading.Lock()
         self._contexts: dict[str, ssl.SSLContext] = {}
         try:
-            ext = self._dir / "ca.ext"
-            ext.write_text(_CA_EXT)
+            self._config = self._dir / "openssl.cnf"
+            self._config.write_text(_CONFIG.format(dir=self._dir))
+            (self._dir / "index.txt").write_text("")
+            (self._dir / "serial").write_text(os.urandom(8).hex() + "\n")
+            csr = self._dir / "ca.csr"
             _openssl(
-                "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-                "-nodes", "-days", _DAYS, "-subj", "/CN=exec-sandbox secrets interception CA",
-                "-keyout", str(self._dir / "ca.key"), "-out", str(self._dir / "ca.crt"),
-                "-extensions", "v3_ca", "-config", str(self._config(ext)),
+                "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-subj", "/CN=exec-sandbox secrets interception CA", "-config", str(self._config),
+                "-keyout", str(self._dir / "ca.key"), "-out", str(csr),
+            )  # fmt: skip
+            _openssl(
+                "ca", "-batch", "-notext", "-selfsign", "-config", str(self._config),
+                "-keyfile", str(self._dir / "ca.key"), "-in", str(csr), "-extensions", "v3_ca",
+                "-out", str(self._dir / "ca.crt"), *_dates(),
             )  # fmt: skip
             self.pem = (self._dir / "ca.crt").read_bytes()
         except BaseException:
             self.close()
             raise
-
-    def _config(self, ext: Path) -> Path:
-        """An openssl config whose v3_ca section is ext's lines (no system config needed)."""
-        config = self._dir / "openssl.cnf"
-        config.write_text(
-            "[req]\ndistinguished_name=dn\n[dn]\n[v3_ca]\n" + ext.read_text(),
-        )
-        return config
 
     def server_context(self, name: str) -> ssl.SSLContext:
         """A TLS server context presenting a certificate for name (made once), ALPN http/1.1."""
@@ -82,13 +108,13 @@ class InterceptCa:
             ext.write_text(_LEAF_EXT.format(name=name))
             _openssl(
                 "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(csr),
+                "-subj", f"/CN={name}", "-config", str(self._config),
+                "-keyout", str(key), "-out", str(csr),
             )  # fmt: skip
             _openssl(
-                "x509", "-req", "-in", str(csr), "-CA", str(self._dir / "ca.crt"),
-                "-CAkey", str(self._dir / "ca.key"), "-set_serial",
-                str(int.from_bytes(os.urandom(8), "big")), "-days", _DAYS,
-                "-extfile", str(ext), "-out", str(crt),
+                "ca", "-batch", "-notext", "-config", str(self._config),
+                "-cert", str(self._dir / "ca.crt"), "-keyfile", str(self._dir / "ca.key"),
+                "-in", str(csr), "-extfile", str(ext), "-out", str(crt), *_dates(),
             )  # fmt: skip
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
