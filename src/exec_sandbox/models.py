@@ -156,7 +156,7 @@ class NetworkConnection:
     Such reports left out by a rate limit are one entry with name "" and the count in its
     reason.
 
-    http_requests: for a connection to a secret's host (docs/network.md, "Secrets"), the
+    http_requests: for a connection to a secret's host (docs/design.md, "Secrets"), the
     requests the host parsed and re-sent (HttpRequestRecord)."""
 
     direction: Literal["outbound", "inbound"]

@@ -294,7 +294,7 @@ class VmNetwork:
         self, stream: int, rec: PendingConnection, sock: socket.socket, secrets: HostSecrets
     ) -> None:
         """A stream to a secret's host: the relay gets one end of a socketpair, intercept.py
-        the other and the socket to the real host (docs/network.md, "Secrets")."""
+        the other and the socket to the real host (docs/design.md, "Secrets")."""
         try:
             tls = await self.hub.intercept_ca() if is_tls_port(rec.port) else None
             guest_tls = (

@@ -1,4 +1,4 @@
-"""Secrets that never enter the VM (docs/network.md, "Secrets"), with real VMs: the loopback
+"""Secrets that never enter the VM (docs/design.md, "Secrets"), with real VMs: the loopback
 servers below record what reaches them; the guest's code only ever holds a placeholder."""
 
 from __future__ import annotations
