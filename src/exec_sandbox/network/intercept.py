@@ -232,6 +232,8 @@ class Interception:
                 if record is not None:
                     record.error = "timed out"
                     return
+                if not guest.conn.trailing_data[0]:
+                    return  # an idle keep-alive connection: closed without a word
                 await self._refuse(guest, _Refuse(408, "the request head did not come in time"))
                 return
             finally:
