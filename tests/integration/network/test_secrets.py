@@ -8,7 +8,9 @@ import http.server
 import json
 import os
 import ssl
+import subprocess
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from tests.helpers import open_fds, private_config, qemu_processes
 from .conftest import _make_ca
 
 VALUE = "s3cr3t-value-never-in-the-vm-9f8e7d"
+SSE_GAP_SECONDS = 2.0
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Seen:
 class _Recorder(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     seen: Seen
+    root: Path  # /repo/... is served from here, to the secret's Basic credentials only
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -43,6 +47,33 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
             self.seen.requests.append(
                 (self.headers.get("Host", ""), self.path, dict(self.headers.items()), body)
             )
+        if self.path.startswith("/repo/"):
+            self._repo_file()
+            return
+        if self.path == "/ws" and self.headers.get("Upgrade") == "websocket":
+            # A protocol switch, then an echo of raw bytes (what follows a 101 is not HTTP).
+            self.send_response(101)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+            while data := self.rfile.read1(65536):  # type: ignore[attr-defined]
+                self.wfile.write(data)
+                self.wfile.flush()
+            return
+        if self.path == "/sse":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(2):
+                event = f"data: {i}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+                time.sleep(SSE_GAP_SECONDS)
+            self.wfile.write(b"0\r\n\r\n")
+            return
         if self.path.startswith("/chunks"):
             self.send_response(200)
             self.send_header("Transfer-Encoding", "chunked")
@@ -59,6 +90,25 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(reply)
 
+    def _repo_file(self) -> None:
+        expected = "Basic " + base64.b64encode(f"x:{VALUE}".encode()).decode()
+        path = self.root / self.path.split("?", 1)[0][len("/repo/") :]
+        if self.headers.get("Authorization") != expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="repo"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif not path.resolve().is_relative_to(self.root) or not path.is_file():
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            data = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
     do_GET = _answer
     do_POST = _answer
 
@@ -72,12 +122,30 @@ class Recorders:
     http_port: int
     https_port: int
     ca_file: Path
+    root: Path
+
+
+def _bare_repo(directory: Path) -> Path:
+    """A bare git repository with one commit, ready for the dumb HTTP protocol."""
+    work, repo = directory / "work", directory / "repo"
+    work.mkdir()
+    git = lambda *a, cwd=work: subprocess.run(  # noqa: E731
+        ["git", *a], cwd=cwd, check=True, capture_output=True
+    )
+    git("init", "-q")
+    (work / "README").write_text("private repository\n")
+    git("add", "README")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    git("clone", "-q", "--bare", str(work), str(repo), cwd=directory)
+    git("update-server-info", cwd=repo)
+    return repo
 
 
 @pytest.fixture(scope="module")
 def recorders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorders]:
     seen = Seen()
-    handler = type("Handler", (_Recorder,), {"seen": seen})
+    root = _bare_repo(tmp_path_factory.mktemp("repo")).resolve()
+    handler = type("Handler", (_Recorder,), {"seen": seen, "root": root})
     ca, crt, key = _make_ca(tmp_path_factory.mktemp("secrets-ca"))
     plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     secure = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -87,7 +155,7 @@ def recorders(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorders]:
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (plain, secure)]
     for t in threads:
         t.start()
-    yield Recorders(seen, plain.server_address[1], secure.server_address[1], ca)
+    yield Recorders(seen, plain.server_address[1], secure.server_address[1], ca, root)
     for s in (plain, secure):
         s.shutdown()
         s.server_close()
@@ -291,3 +359,61 @@ async def test_hostile_requests_are_refused(
     assert int(lines["SLOWSECONDS"]) < 30, "the slow head was not cut off"
     assert lines["AFTER"].startswith("HTTP/1.1 200"), lines
     assert json.dumps([c.reason for c in result.network_log])  # log readable
+
+
+_CLIENTS = r"""
+import os, socket, ssl, subprocess, time, http.client
+token = os.environ["GIT_TOKEN"]
+clone = subprocess.run(["git", "clone", "-q", f"https://x:{token}@web.test/repo/", "/tmp/r"],
+                       capture_output=True, text=True)
+print("CLONE", clone.returncode, open("/tmp/r/README").read().strip() if clone.returncode == 0
+      else clone.stderr.replace(chr(10), " "))
+raw = ssl.create_default_context().wrap_socket(
+    socket.create_connection(("web.test", 443), timeout=30), server_hostname="web.test")
+raw.sendall(b"GET /ws HTTP/1.1\r\nHost: web.test\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head:
+    head += raw.recv(1)
+raw.sendall(b"ping-after-upgrade")
+echo = b""
+while len(echo) < 18:
+    echo += raw.recv(100)
+print("WS", head.split(b"\r\n")[0].decode(), echo.decode())
+raw.close()
+conn = http.client.HTTPSConnection("web.test", timeout=30)
+started = time.monotonic()
+conn.request("GET", "/sse")
+response = conn.getresponse()
+times = []
+while line := response.readline():
+    if line.startswith(b"data:"):
+        times.append(time.monotonic() - started)
+print("SSE", " ".join(f"{t:.3f}" for t in times))
+"""
+
+
+async def test_git_clone_websocket_and_sse_through_the_interception(
+    sec_scheduler: Scheduler, recorders: Recorders
+) -> None:
+    """git clone over HTTPS with the placeholder as its Basic password (the server answers 401
+    to anything but the real value); a 101 upgrade then bytes both ways; an event stream whose
+    first event reaches the guest's code before the server sends the second."""
+    result = await sec_scheduler.run(
+        _CLIENTS,
+        allow_network=True,
+        allowed_domains=["web.test"],
+        secrets=[Secret("GIT_TOKEN", VALUE, hosts=["web.test"])],
+        timeout_seconds=240,
+    )
+    assert result.exit_code == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert lines["CLONE"] == "0 private repository", lines
+    assert lines["WS"] == "HTTP/1.1 101 Switching Protocols ping-after-upgrade", lines
+    first, second = (float(t) for t in lines["SSE"].split())
+    assert second - first > SSE_GAP_SECONDS / 2, "the first event waited for the second"
+    print(f"SSE first event after {first * 1000:.0f} ms (measured in the guest)")
+    records = [r for c in result.network_log for r in c.http_requests]
+    assert any(r.path.startswith("/repo/") and r.status == 200 for r in records)
+    assert any(r.path == "/ws" and r.status == 101 for r in records)
+    assert VALUE not in result.stdout + result.stderr
