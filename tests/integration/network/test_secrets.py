@@ -25,6 +25,7 @@ from .conftest import _make_ca
 
 VALUE = "s3cr3t-value-never-in-the-vm-9f8e7d"
 SSE_GAP_SECONDS = 2.0
+BLOCK = b"x" * 65536
 
 
 @dataclass
@@ -42,6 +43,21 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
+        if self.path == "/upload":  # counted, not kept: the test watches this process's memory
+            left = length
+            while left > 0:
+                left -= len(self.rfile.read(min(left, 1 << 16)))
+            self._reply(str(length).encode())
+            return
+        if self.path.startswith("/big/"):
+            size = int(self.path.split("/")[2])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            while size > 0:
+                self.wfile.write(BLOCK[: min(size, len(BLOCK))])
+                size -= len(BLOCK)
+            return
         body = self.rfile.read(length) if length else b""
         with self.seen.lock:
             self.seen.requests.append(
@@ -84,7 +100,9 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
             return
-        reply = b"ok\n"
+        self._reply(b"ok\n")
+
+    def _reply(self, reply: bytes) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(len(reply)))
         self.end_headers()
@@ -417,3 +435,66 @@ async def test_git_clone_websocket_and_sse_through_the_interception(
     assert any(r.path.startswith("/repo/") and r.status == 200 for r in records)
     assert any(r.path == "/ws" and r.status == 101 for r in records)
     assert VALUE not in result.stdout + result.stderr
+
+
+_BULK = r"""
+import os, http.client
+MB = 100 << 20
+conn = http.client.HTTPConnection("web.test", timeout=600)
+conn.request("GET", "/big/%d" % MB, headers={"Authorization": os.environ["API_KEY"]})
+r = conn.getresponse()
+got = 0
+while chunk := r.read(1 << 16):
+    got += len(chunk)
+print("DOWN", got)
+def body():
+    block = b"y" * (1 << 16)
+    for _ in range(MB >> 16):
+        yield block
+conn.request("POST", "/upload", body=body(),
+             headers={"Content-Length": str(MB), "Authorization": os.environ["API_KEY"]})
+print("UP", conn.getresponse().read().decode())
+"""
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+async def test_100_mb_each_way_with_bounded_host_memory(sec_scheduler: Scheduler) -> None:
+    """100 MB down and 100 MB up through the interception on one keep-alive connection; the
+    host process's resident memory (sampled while they run) grows by far less than that."""
+    before = _rss_mb()
+    peak = before
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.05):
+            peak = max(peak, _rss_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = await sec_scheduler.run(
+            _BULK,
+            allow_network=True,
+            allowed_domains=["web.test"],
+            secrets=[Secret("API_KEY", VALUE, hosts=["web.test"])],
+            timeout_seconds=600,
+        )
+    finally:
+        done.set()
+        sampler.join()
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == ["DOWN", str(100 << 20), "UP", str(100 << 20)]
+    [conn] = [c for c in result.network_log if c.name == "web.test"]
+    assert [(r.bytes_received, r.bytes_sent) for r in conn.http_requests] == [
+        (100 << 20, 0),
+        (len(str(100 << 20)), 100 << 20),
+    ]
+    print(f"host RSS {before:.0f} MB before, {peak:.0f} MB at most during 2 x 100 MB")
+    assert peak - before < 40, f"the host's memory grew by {peak - before:.0f} MB"
