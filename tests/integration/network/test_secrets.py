@@ -498,3 +498,41 @@ async def test_100_mb_each_way_with_bounded_host_memory(sec_scheduler: Scheduler
     ]
     print(f"host RSS {before:.0f} MB before, {peak:.0f} MB at most during 2 x 100 MB")
     assert peak - before < 40, f"the host's memory grew by {peak - before:.0f} MB"
+
+
+async def test_curl_and_node_with_the_placeholder_then_pause_keeps_no_value(
+    sec_scheduler: Scheduler, recorders: Recorders, tmp_path: Path
+) -> None:
+    """curl and Node's fetch send the env var's placeholder over HTTPS and the server gets the
+    value; the session paused to disk: no file of it holds the value, while its memory image
+    does hold the placeholder (so the search would have found a value there)."""
+    async with await sec_scheduler.session(
+        language="raw",
+        allow_network=True,
+        allowed_domains=["web.test"],
+        secrets=[Secret("API_KEY", VALUE, hosts=["web.test"])],
+    ) as session:
+        result = await session.exec(
+            'curl -sS --fail -H "Authorization: Bearer $API_KEY" https://web.test/curl && '
+            "node -e \"fetch('https://web.test/node', {headers: {Authorization: 'Bearer ' + "
+            'process.env.API_KEY}}).then(r => r.text()).then(t => process.stdout.write(t))" && '
+            "echo $API_KEY"
+        )
+        assert result.exit_code == 0, result.stderr
+        placeholder = result.stdout.split()[-1]
+        assert result.stdout.split()[:2] == ["ok", "ok"], result.stdout
+        for path in ("/curl", "/node"):
+            _host, headers, _body = _by_path(recorders.seen, path)
+            assert headers["Authorization"] == f"Bearer {VALUE}", path
+        snapshot = await session.pause()
+    with_value = subprocess.run(
+        ["grep", "-rlaF", VALUE, str(tmp_path)], capture_output=True, text=True
+    )
+    with_placeholder = subprocess.run(
+        ["grep", "-rlaF", placeholder, str(tmp_path)], capture_output=True, text=True
+    )
+    assert with_value.stdout == "", f"the value is in {with_value.stdout}"
+    # The memory image, not only the metadata (which keeps the session's env).
+    found = with_placeholder.stdout.split()
+    assert any(not name.endswith(".json") for name in found), found
+    assert str(snapshot)
