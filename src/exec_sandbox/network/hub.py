@@ -9,6 +9,7 @@ import errno
 import logging
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -302,6 +303,15 @@ class VmNetwork:
                 if tls is None
                 else await self.hub._loop.run_in_executor(None, tls.server_context, rec.name)
             )
+        except (OSError, subprocess.SubprocessError, ssl.SSLError, ValueError) as exc:
+            sock.close()
+            log.error("secrets: no certificate for %s: %s", rec.name, exc)
+            if self._pending.pop(stream, None) is rec:
+                reason = f"the host could not make a certificate for {rec.name}: {exc}"
+                self._log_refused(rec, reason)
+                if not self._closed:
+                    self.hub._ring.open_reply(self.relay, stream, p.CONNECT_FAILED, reason[:256])
+            return
         except BaseException:
             sock.close()
             raise

@@ -204,6 +204,7 @@ class Interception:
                     raise _Refuse(400, f"unexpected {type(event).__name__}")
                 if len(event.headers) > HEADERS_MAX:
                     raise _Refuse(431, f"more than {HEADERS_MAX} headers")
+                self._check_authority(event)
                 headers, used = self.rules.rewrite(list(event.headers.raw_items()))
                 record = _Record(
                     event.method.decode("ascii", "replace"),
@@ -246,6 +247,18 @@ class Interception:
                 return
             guest.conn.start_next_cycle()
             self._upstream.conn.start_next_cycle()
+
+    def _check_authority(self, request: h11.Request) -> None:
+        """The request must be for the host the connection is to. A server behind a shared
+        address (a CDN) routes by the Host header: a request for another site there would
+        carry the secret to that site."""
+        if request.target != b"*" and not request.target.startswith(b"/"):
+            raise _Refuse(400, "only origin-form request targets ('/path') are relayed")
+        hosts = [v for k, v in request.headers if k == b"host"]
+        host = hosts[0].decode("ascii", "replace").lower() if len(hosts) == 1 else ""
+        name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        if name.rstrip(".") != self.name or (port and port != str(self.port)):
+            raise _Refuse(421, f"the Host header must name {self.name} (this connection's host)")
 
     async def _open_upstream(self, upstream: asyncio.Future[_Leg]) -> _Leg:
         try:

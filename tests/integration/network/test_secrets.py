@@ -319,7 +319,8 @@ async def test_session_header_rule_chunked_and_bad_upstream_certificate(
 
 
 _HOSTILE = r"""
-import socket, time
+import os, socket, time
+key = os.environ["API_KEY"].encode()
 def talk(payload, slow=False):
     s = socket.create_connection(("web.test", 80), timeout=20)
     try:
@@ -346,6 +347,8 @@ def talk(payload, slow=False):
 print("MANY", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\n" + b"X: y\r\n" * 10000 + b"\r\n"))
 print("BIG", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\nX: " + b"a" * 200000 + b"\r\n\r\n"))
 print("BAD", talk(b"GARBAGE\x00 / HTTP/9\r\n\r\n"))
+print("VHOST", talk(b"GET / HTTP/1.1\r\nHost: other.web.test\r\nX-K: " + key + b"\r\n\r\n"))
+print("ABSOLUTE", talk(b"GET http://other.web.test/ HTTP/1.1\r\nHost: web.test\r\n\r\n"))
 started = time.monotonic()
 print("SLOW", talk(b"GET / HTTP/1.1\r\nHost: web.test\r\n" + b"X-Slow: 1\r\n" * 20, slow=True))
 print("SLOWSECONDS", round(time.monotonic() - started))
@@ -381,6 +384,9 @@ async def test_hostile_requests_are_refused(
     assert lines["MANY"].split()[1] == "431", lines
     assert lines["BIG"].split()[1] == "431", lines
     assert lines["BAD"].split()[1] == "400", lines
+    # Another site behind the same address would get the value: refused.
+    assert lines["VHOST"].split()[1] == "421", lines
+    assert lines["ABSOLUTE"].split()[1] == "400", lines
     assert lines["SLOW"].split()[1] == "408", lines
     assert int(lines["SLOWSECONDS"]) < 30, "the slow head was not cut off"
     assert lines["PIPELINED"] == "500", "pipelined requests are answered in turn"
