@@ -18,6 +18,8 @@ import socket
 import sys
 import time
 
+import h11
+
 from exec_sandbox.network import intercept
 from exec_sandbox.network.secrets import BoundSecret, HostSecrets, SecretHost
 
@@ -117,10 +119,30 @@ async def one(data: bytes) -> tuple[bytes, bytes]:
     assert reply == b"" or reply.startswith(b"HTTP/1.1 "), (data[:200], reply[:200])
     upstream = b"".join(seen)
     if VALUE.encode() in upstream:
-        # Only ever in a header, and only where the placeholder was.
-        head = upstream.split(b"\r\n\r\n", 1)[0]
-        assert VALUE.encode() in head, (data[:200], upstream[:300])
+        _value_only_in_heads(upstream, data)
     return reply, upstream
+
+
+def _value_only_in_heads(upstream: bytes, data: bytes) -> None:
+    """The value may only be in request heads (where a placeholder stood), never in a body:
+    the upstream bytes (written by the interception's h11 client) are read back as requests."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=1 << 20)
+    conn.receive_data(upstream)
+    conn.receive_data(b"")
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError:
+            return  # the tail of a request cut off by the end of the exchange
+        if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+            if event is h11.PAUSED and conn.their_state is h11.DONE:
+                conn.send(h11.Response(status_code=200, headers=[("content-length", "0")]))
+                conn.send(h11.EndOfMessage())
+                conn.start_next_cycle()
+                continue
+            return
+        if isinstance(event, h11.Data):
+            assert VALUE.encode() not in event.data, (data[:200], upstream[:300])
 
 
 async def run(seconds: float, seed: int) -> int:
