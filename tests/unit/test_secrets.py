@@ -105,3 +105,33 @@ def test_rewrite_headers_basic_and_rules() -> None:
 
 async def test_interception_fuzz_short() -> None:
     assert await fuzz_intercept.run(3.0, seed=7) > 100
+
+
+async def test_a_body_cut_off_ends_the_exchange_at_once() -> None:
+    """Stand-in guest and real host on socketpairs (no VM): the guest sends half a body and
+    closes; the real host, waiting for the rest, never answers. The interception must end
+    then, not when the idle timeout (minutes) expires."""
+    import asyncio
+    import socket
+
+    from exec_sandbox.network import intercept
+    from exec_sandbox.network.secrets import BoundSecret, SecretHost
+
+    loop = asyncio.get_running_loop()
+    guest, ours = socket.socketpair()
+    upstream_theirs, upstream_ours = socket.socketpair()
+    for sock in (guest, ours, upstream_theirs, upstream_ours):
+        sock.setblocking(False)
+    secret = BoundSecret("A", VALUE, (SecretHost("web.test"),), "sbx-secret-x")
+    interception = intercept.Interception("web.test", 80, HostSecrets([secret], []), print)
+    task = asyncio.ensure_future(interception.serve(ours, upstream_ours, None, None))
+    await loop.sock_sendall(
+        guest, b"POST / HTTP/1.1\r\nHost: web.test\r\nContent-Length: 100\r\n\r\nhalf"
+    )
+    guest.close()
+    try:
+        async with asyncio.timeout(5):
+            await task
+    finally:
+        upstream_theirs.close()
+    assert task.exception() is None

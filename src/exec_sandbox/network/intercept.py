@@ -320,16 +320,21 @@ class Interception:
                 else:  # ConnectionClosed before the response ended
                     raise _Refuse(502, f"{self.name} closed the connection mid-response")
 
-        body = asyncio.ensure_future(request_body())
+        # Either side failing ends both at once: a guest that drops its body half-way must not
+        # leave the response side waiting for the real host until the idle timeout.
+        tasks = (asyncio.ensure_future(request_body()), asyncio.ensure_future(response()))
         try:
-            await response()
-            if not switched:
-                await body
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                failure = task.exception()
+                if failure is not None:
+                    raise failure
         finally:
-            if not body.done():
-                body.cancel()
-                with contextlib.suppress(BaseException):
-                    await body
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
         return switched
 
     async def _pipe(self, guest: _Leg, upstream: _Leg) -> None:
