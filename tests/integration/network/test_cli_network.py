@@ -106,6 +106,12 @@ def test_bad_secret_arguments_fail_before_any_vm(tmp_path: Path) -> None:
     ):
         proc = sbx("run", *args, "-c", "print(1)", cache=tmp_path)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+    for args, message in (
+        (["--secret", "API_KEY=SBX_TEST_UNSET_VAR@example.org"], "SBX_TEST_UNSET_VAR is unset"),
+        (["--resume", "abc", "--secret", "API_KEY=HOME@example.org"], "not saved"),
+    ):
+        proc = sbx("shell", *args, cache=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
 
 
 def test_secret_from_the_hosts_environment_is_a_placeholder(
