@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import (
@@ -18,7 +18,6 @@ from ..errors import (
     VolumeError,
 )
 from ..models import ExecutionResult, Language
-from ..network.secrets import Secret
 
 EXIT_TIMEOUT = 124
 EXIT_SANDBOX_FAILURE = 125
@@ -95,20 +94,6 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
             raise ValueError(f"-e expects KEY=VALUE, got {pair!r}")
         env[name] = value
     return env
-
-
-def parse_secret(spec: str, environ: Mapping[str, str]) -> Secret:
-    """--secret NAME=ENVVAR@HOST[,HOST...]: the guest's NAME holds a placeholder, the host puts
-    the value of its own ENVVAR in requests to HOST. The value is never an argument (argv is
-    readable by every user of the host)."""
-    name, sep, rest = spec.partition("=")
-    envvar, at, hosts = rest.partition("@")
-    if not sep or not at or not name or not envvar or not hosts:
-        raise ValueError(f"--secret expects NAME=ENVVAR@HOST[,HOST...], got {spec!r}")
-    value = environ.get(envvar)
-    if not value:
-        raise ValueError(f"--secret {name}: the host's environment variable {envvar} is unset")
-    return Secret(name, value, hosts.split(","))
 
 
 def exit_status(result: ExecutionResult) -> int:

@@ -34,10 +34,10 @@ from .arguments import (
     add_vm_options,
     exit_status,
     parse_env,
-    parse_secret,
     resolve_source,
     run_command,
 )
+from .secret_option import parse_secret
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
     from ..cluster import ClusterScheduler

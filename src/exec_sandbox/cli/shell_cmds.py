@@ -25,7 +25,8 @@ from ..scheduler import Scheduler
 from ..session import Session
 from ..snapshots.sessions import check_id
 from ..volumes import VolumeMount, parse_volume_option
-from .arguments import EXIT_USAGE, parse_env, parse_secret, run_command
+from .arguments import EXIT_USAGE, parse_env, run_command
+from .secret_option import parse_secret
 
 _READ_SIZE = 4096
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
