@@ -49,6 +49,7 @@ test-sanitize: deps
 
 fuzz: deps
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
+	$(PY) -m tests.fuzz.fuzz_intercept $(FUZZ_SECONDS)
 
 # ruff (pycodestyle, pyflakes, imports, bugbear, pyupgrade; the formatter owns the layout) and
 # mypy --strict over the package.

@@ -30,6 +30,7 @@ from .models import (
     ExecutionResult,
     ExposedPort,
     FileInfo,
+    HttpRequestRecord,
     NetworkConnection,
     Output,
     PackagesReport,
@@ -40,6 +41,7 @@ from .models import (
     ToolCall,
 )
 from .network.names import NetworkValidationError
+from .network.secrets import Secret
 from .processes import OutputGap, Process, ProcessError, ProcessInfo, ProcessOutput, Terminal
 from .protocols import SandboxScheduler, SandboxSession
 from .run_request import RunOptions, RunRequest
@@ -59,6 +61,7 @@ __all__ = [
     "ExposedPort",
     "FileInfo",
     "GuestAgentError",
+    "HttpRequestRecord",
     "InputValidationError",
     "NetworkConnection",
     "NetworkValidationError",
@@ -81,6 +84,7 @@ __all__ = [
     "SandboxScheduler",
     "SandboxSession",
     "Scheduler",
+    "Secret",
     "SchedulerConfig",
     "Session",
     "SessionClosedError",

@@ -128,6 +128,22 @@ class ExposedPort:
 
 
 @dataclass(frozen=True)
+class HttpRequestRecord:
+    """One HTTP request the host read from a connection to a secret's host (or one with
+    http_headers), re-sent by the host itself: method, path, the response status (0: none came),
+    body bytes each way, the NAMES of the secrets put in (never values), and what went wrong
+    ("" for nothing)."""
+
+    method: str
+    path: str
+    status: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    secrets: tuple[str, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class NetworkConnection:
     """One connection attempt.
 
@@ -145,7 +161,10 @@ class NetworkConnection:
     reset: the address as name). Nothing reached the host; the entry is the guest's word, which
     a compromised guest may leave out or make up, bounded in number and rate (docs/security.md).
     Such reports left out by a rate limit are one entry with name "" and the count in its
-    reason."""
+    reason.
+
+    http_requests: for a connection to a secret's host (docs/design.md, "Secrets"), the
+    requests the host parsed and re-sent (HttpRequestRecord)."""
 
     direction: Literal["outbound", "inbound"]
     name: str
@@ -159,6 +178,9 @@ class NetworkConnection:
     started_at: float = 0.0
     still_open: bool = False  # the stream was still open when the log was read (bytes: 0 so far)
     reported_by_guest: bool = False
+    # The HTTP requests of a connection the host intercepted (to a secret's host), oldest first;
+    # empty for the plain byte relay.
+    http_requests: tuple[HttpRequestRecord, ...] = ()
 
 
 @dataclass(frozen=True)

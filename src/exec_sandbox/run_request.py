@@ -21,6 +21,7 @@ from .errors import InputValidationError
 from .host_tools import HostTools, ToolFunction
 from .models import Language, LanguageName, PortMapping
 from .network.request import NetworkRequest, parse_network_request
+from .network.secrets import Secret
 from .packages.specs import PackageSpec, validate_packages
 from .validation import (
     validate_code,
@@ -55,6 +56,8 @@ class RunOptions(TypedDict, total=False):
     allowed_domains: Sequence[str] | None
     env_vars: Mapping[str, str] | None
     expose_ports: Sequence[int | PortMapping] | None
+    secrets: Sequence[Secret] | None
+    http_headers: Mapping[str, Mapping[str, str]] | None
     on_stdout: OutputCallback | None
     on_stderr: OutputCallback | None
     on_boot_log: OutputCallback | None
@@ -166,7 +169,13 @@ class RunRequest:
             options.get("allow_network", False),
             options.get("allowed_domains"),
             options.get("expose_ports"),
+            options.get("secrets"),
+            options.get("http_headers"),
         )
+        if network is not None and network.secrets:
+            clash = sorted({s.name for s in network.secrets} & set(env_vars or {}))
+            if clash:
+                raise InputValidationError(f"{clash[0]} is both a secret and in env_vars")
         request = cls(
             language=language,
             code=code_bytes,

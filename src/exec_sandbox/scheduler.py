@@ -384,7 +384,7 @@ class Scheduler:
                     language=request.language,
                     code=request.code,
                     timeout_ms=request.timeout_ms,
-                    env=request.wire_env,
+                    env=request.wire_env + ([] if net is None else _wire(net.placeholder_env)),
                     stdout_limit=limits.STDOUT_LIMIT_BYTES,
                     stderr_limit=limits.STDERR_LIMIT_BYTES,
                     on_stdout=callbacks.on_stdout,
@@ -516,7 +516,7 @@ class Scheduler:
             Adoption(
                 language=request.language,
                 timeout=request.timeout,
-                env=request.env,
+                env={**request.env, **({} if net is None else net.placeholder_env)},
                 on_stdout=callbacks.on_stdout,
                 on_stderr=callbacks.on_stderr,
                 boot_ms=phases.boot_ms + phases.restore_ms,
@@ -790,3 +790,8 @@ _POOL_RECHECK_SECONDS = 5.0
 
 def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
+
+
+def _wire(env: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Variables as the guest protocol carries them (placeholders: ASCII, checked names)."""
+    return [(name.encode(), value.encode()) for name, value in env.items()]

@@ -121,3 +121,58 @@ def test_codeact_refuses_bad_network_settings_before_any_vm(make: str) -> None:
         factory(allow_network=True, allowed_domains=["https://api.github.com"])
     with pytest.raises(NetworkValidationError, match="wildcard"):
         factory(allow_network=True, allowed_domains=["*"])
+
+
+def test_secrets_reach_every_integration_and_are_checked_when_made() -> None:
+    """secrets= / http_headers= go with the network options of each integration; a secret whose
+    host is not allowed fails when the tool is made, without its value in the message."""
+    from exec_sandbox import Secret
+
+    secret = Secret("API_KEY", "value-xyz", ["api.example.org"])
+    rules = {"api.example.org": {"X-Team": "t"}}
+    made: list[dict[str, object]] = []
+    bad = Secret("API_KEY", "value-xyz", ["other.org"])
+    if _has("langchain_core"):
+        from exec_sandbox.integrations.langchain import ExecSandboxTool
+
+        tool = ExecSandboxTool(allow_network=True, secrets=[secret], http_headers=rules)
+        made.append(dict(tool._network))
+        with pytest.raises(ValueError, match="not allowed") as info:
+            ExecSandboxTool(allow_network=True, allowed_domains=["x.org"], secrets=[bad])
+        assert "value-xyz" not in str(info.value)
+    if _has("deepagents"):
+        from exec_sandbox.integrations.deepagents import ExecSandboxBackend
+
+        backend = ExecSandboxBackend(allow_network=True, secrets=[secret], http_headers=rules)
+        made.append(dict(backend._network))
+    if _has("google.adk"):
+        from exec_sandbox.integrations.adk import ExecSandboxCodeExecutor
+
+        executor = ExecSandboxCodeExecutor(allow_network=True, secrets=[secret], http_headers=rules)
+        made.append(dict(executor._pool.network))
+    if _has("llama_index.core"):
+        from exec_sandbox.integrations.llamaindex import (
+            ExecSandboxToolSpec,
+            create_code_execute_fn,
+        )
+
+        spec = ExecSandboxToolSpec(allow_network=True, secrets=[secret], http_headers=rules)
+        made.append(dict(spec._network))
+        fn = create_code_execute_fn(allow_network=True, secrets=[secret], http_headers=rules)
+        made.append(dict(fn.executor._pool.network))  # type: ignore[attr-defined]
+        with pytest.raises(NetworkValidationError, match="not allowed"):
+            ExecSandboxToolSpec(allow_network=True, allowed_domains=["x.org"], secrets=[bad])
+    if not made:
+        pytest.skip("no integration extra is installed")
+    for options in made:
+        assert [s.name for s in options["secrets"]] == ["API_KEY"]  # type: ignore[attr-defined]
+        assert options["http_headers"] == rules
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False

@@ -218,3 +218,37 @@ async def test_busy_host_port_is_a_clear_error() -> None:
     with pytest.raises(NetworkValidationError, match="already in use"):
         bind_listeners([PortMapping(80, taken.getsockname()[1])])
     taken.close()
+
+
+async def test_a_secret_host_without_a_certificate_is_refused_not_left_waiting(
+    hub: NetworkHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the host cannot make the interception CA (openssl failing), the guest's OPEN to a
+    secret's TLS host gets CONNECT_FAILED with the reason, and the log says why."""
+    from exec_sandbox import Secret
+    from exec_sandbox.network.request import parse_network_request
+
+    server, port = await echo_server()
+    request = parse_network_request(True, ["svc.test"], None, [Secret("K", "v", ["api.svc.test"])])
+    assert request is not None
+    policy = NetworkPolicy(
+        outbound=True, rules=request.rules, test_hosts={"api.svc.test": f"127.0.0.1:{port}"}
+    )
+
+    async def broken() -> None:
+        raise OSError("openssl: not found")
+
+    monkeypatch.setattr(hub, "intercept_ca", broken)
+    host_end, guest = pair()
+    net = hub.attach(host_end.fileno(), policy, on_violation=lambda why: None)
+    net.request = request.bound()
+    await guest.send(open_frame(1, "api.svc.test", 443))
+    stream, payload = await guest.recv_kind(OPENED)
+    assert (stream, struct.unpack_from("<I", payload)[0]) == (1, 4)  # CONNECT_FAILED
+    assert b"could not make a certificate" in payload
+    (entry,) = net.log
+    assert not entry.allowed and "openssl: not found" in entry.reason
+    net.close()
+    host_end.close()
+    guest.sock.close()
+    server.close()

@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -36,6 +37,7 @@ from .arguments import (
     resolve_source,
     run_command,
 )
+from .secret_option import parse_secret
 
 if TYPE_CHECKING:  # the cluster needs the [ray] extra: imported only for --cluster
     from ..cluster import ClusterScheduler
@@ -83,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="allow this name and its subdomains (name:port opens "
         "another port besides 80 and 443); implies --network",
+    )
+    run.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        dest="secrets",
+        metavar="NAME=ENVVAR@HOST",
+        help="the guest's NAME holds a placeholder; requests to HOST (comma-separated hosts) "
+        "get the value of this host's ENVVAR in its place (never on the command line); "
+        "implies --network",
     )
     run.add_argument(
         "--volume",
@@ -180,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
         uploads = [_parse_upload(spec) for spec in args.upload]
         downloads = [_parse_download(spec) for spec in args.download]
         args.expose = [_parse_expose(spec) for spec in args.expose]
+        args.secrets = [parse_secret(spec, os.environ) for spec in args.secrets]
+        args.network = args.network or bool(args.secrets)
         # Checked here too, so that bad network arguments are usage errors before anything
         # else (the images, the accelerator) is looked at.
         parse_network_request(
             args.network or bool(args.allowed_domains),
             args.allowed_domains or None,
             args.expose or None,
+            args.secrets or None,
         )
     except (ValueError, InputValidationError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
@@ -356,6 +371,7 @@ async def _execute(
         "allow_network": args.network or bool(args.allowed_domains),
         "allowed_domains": args.allowed_domains or None,
         "expose_ports": args.expose or None,
+        "secrets": args.secrets or None,
         "volumes": dict(parse_volume_option(v) for v in args.volumes) or None,
         "on_stdout": out if stream else None,
         "on_stderr": err if stream else None,

@@ -27,6 +27,7 @@ from ..session import Session
 from ..snapshots.sessions import check_id
 from ..volumes import VolumeMount, parse_volume_option
 from .arguments import EXIT_USAGE, parse_env, run_command
+from .secret_option import parse_secret
 
 _READ_SIZE = 4096
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -60,6 +61,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     shell.add_argument("--network", action="store_true", help="let the sandbox connect out by name")
     shell.add_argument(
+        "--secret",
+        action="append",
+        default=[],
+        dest="secrets",
+        metavar="NAME=ENVVAR@HOST",
+        help="as for sbx run (the value from this host's ENVVAR); implies --network; not with "
+        "--resume (a paused session keeps no secrets)",
+    )
+    shell.add_argument(
         "--disk-mb",
         type=int,
         metavar="MB",
@@ -80,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         env = parse_env(args.env)
         if args.resume is not None:
+            if args.secrets:
+                raise ValueError("--secret cannot be given with --resume (secrets are not saved)")
             check_id(args.resume)
+        args.secrets = [parse_secret(spec, os.environ) for spec in args.secrets]
         volumes = _volumes(args)
     except (ValueError, InputValidationError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
@@ -92,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
                 session = await scheduler.resume(args.resume)
             else:
                 options: dict[str, Any] = {}
-                if args.network:
+                if args.network or args.secrets:
                     options["allow_network"] = True
+                if args.secrets:
+                    options["secrets"] = args.secrets
                 session = await scheduler.session(
                     language=args.language,
                     memory_mb=args.memory,

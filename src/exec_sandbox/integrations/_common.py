@@ -11,12 +11,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, get_args
 
 from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, SnapshotError
 from exec_sandbox.host_tools import ToolFunction
 from exec_sandbox.models import LANGUAGE_ALIASES
 from exec_sandbox.network import parse_network_request
+from exec_sandbox.network.secrets import Secret
 
 from ._bridge import Runner
 from ._outputs import outputs_artifact, outputs_text
@@ -163,16 +164,28 @@ class NetworkOptions(TypedDict):
 
     allow_network: bool
     allowed_domains: Sequence[str] | None
+    secrets: NotRequired[Sequence[Secret] | None]
+    http_headers: NotRequired[Mapping[str, Mapping[str, str]] | None]
 
 
-def network_options(allow_network: bool, allowed_domains: Sequence[str] | None) -> NetworkOptions:
+def network_options(
+    allow_network: bool,
+    allowed_domains: Sequence[str] | None,
+    secrets: Sequence[Secret] | None = None,
+    http_headers: Mapping[str, Mapping[str, str]] | None = None,
+) -> NetworkOptions:
     """The network keyword arguments of run()/session() for an integration's settings, validated
     at once (NetworkValidationError), so that a bad setting fails when the tool is made."""
-    parse_network_request(allow_network, allowed_domains, None)
-    return {
+    parse_network_request(allow_network, allowed_domains, None, secrets, http_headers)
+    options: NetworkOptions = {
         "allow_network": allow_network,
         "allowed_domains": list(allowed_domains) if allowed_domains is not None else None,
     }
+    if secrets:
+        options["secrets"] = list(secrets)
+    if http_headers:
+        options["http_headers"] = {host: dict(rule) for host, rule in http_headers.items()}
+    return options
 
 
 class SessionPool:
@@ -189,17 +202,19 @@ class SessionPool:
         persist: str | None = None,
         allow_network: bool = False,
         allowed_domains: Sequence[str] | None = None,
+        secrets: Sequence[Secret] | None = None,
+        http_headers: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """persist: a namespace under which closing pauses each key's session to disk and a
-        later get() of the key (also in a new process) resumes it (SavedSessions).
-        allow_network / allowed_domains: as Scheduler.session() (checked here, before any VM)."""
-        network_options(allow_network, allowed_domains)
+        later get() of the key (also in a new process) resumes it (SavedSessions; a resumed
+        session has no secrets: they are never saved). allow_network / allowed_domains /
+        secrets / http_headers: as Scheduler.session() (checked here, before any VM)."""
         self.runner = runner
         self._saved = SavedSessions(persist) if persist else None
         self.language = runtime_language(language)
         self.timeout_seconds = timeout_seconds
         self.packages = list(packages) if packages else None
-        self.network = network_options(allow_network, allowed_domains)
+        self.network = network_options(allow_network, allowed_domains, secrets, http_headers)
         self._sessions: dict[str, SandboxSession] = {}
         self._opening: dict[str, asyncio.Lock] = {}
         # Per key, the note for the next result when its session ended behind the model's back.

@@ -29,7 +29,7 @@ from google.adk.code_executors.code_execution_utils import (
 )
 from pydantic import ConfigDict, PrivateAttr
 
-from exec_sandbox import Output, SandboxError, SandboxScheduler
+from exec_sandbox import Output, SandboxError, SandboxScheduler, Secret
 
 from ._bridge import Runner, _running_loop, before_close
 from ._common import SessionPool
@@ -71,6 +71,9 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
     # Network by name (Scheduler.session): off by default; allowed_domains None = any public name.
     allow_network: bool = False
     allowed_domains: list[str] | None = None
+    # Secrets the code uses without seeing them, header rules (Scheduler.session).
+    secrets: list[Secret] | None = None
+    http_headers: dict[str, dict[str, str]] | None = None
     _pool: SessionPool = PrivateAttr()
     # Per session id: the input files written to it (_run), so unchanged ones are not resent.
     _written: dict[str, dict[str, _Written]] = PrivateAttr(default_factory=dict)
@@ -105,6 +108,8 @@ class ExecSandboxCodeExecutor(BaseCodeExecutor):
             persist="adk" if self.persist_sessions else None,
             allow_network=self.allow_network,
             allowed_domains=self.allowed_domains,
+            secrets=self.secrets,
+            http_headers=self.http_headers,
         )
         ending = weakref.finalize(self, _close_quietly, self._pool)
         if self.persist_sessions and self.scheduler is None:

@@ -28,7 +28,7 @@ import inspect
 import shlex
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from deepagents.backends.protocol import (
@@ -40,7 +40,7 @@ from deepagents.backends.protocol import (
 )
 from deepagents.backends.sandbox import BaseSandbox
 
-from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler
+from exec_sandbox import OutputLimitError, SandboxError, SandboxScheduler, Secret
 from exec_sandbox.limits import MAX_TIMEOUT_SECONDS
 
 from ._bridge import Runner, before_close
@@ -111,6 +111,8 @@ class ExecSandboxBackend(BaseSandbox):
         session_key: str | None = None,
         allow_network: bool = False,
         allowed_domains: Sequence[str] | None = None,
+        secrets: Sequence[Secret] | None = None,
+        http_headers: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         if file_contract not in ("standard", "deepagents"):
             raise ValueError(
@@ -127,7 +129,7 @@ class ExecSandboxBackend(BaseSandbox):
         # Python packages (name==version) for the python3 that the agent's commands run.
         self._packages = list(packages) if packages else None
         # Network by name for the agent's commands (checked now, before any VM).
-        self._network = network_options(allow_network, allowed_domains)
+        self._network = network_options(allow_network, allowed_domains, secrets, http_headers)
         # With a key (e.g. the agent's thread id), close() pauses the VM to disk and a backend
         # made later with the same key, also in a new process, resumes it: files, cwd and env.
         self._saved = SavedSessions("deepagents") if session_key else None

@@ -20,7 +20,7 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, Secret
 
 from ._bridge import Runner
 from ._common import (
@@ -62,13 +62,18 @@ class _SandboxToolBase(BaseTool):
     # Network by name (Scheduler.run): off by default; allowed_domains None = any public name.
     allow_network: bool = False
     allowed_domains: list[str] | None = None
+    # Secrets the code uses without seeing them, header rules (Scheduler.run; docs/design.md).
+    secrets: list[Secret] | None = None
+    http_headers: dict[str, dict[str, str]] | None = None
     _runner: Runner = PrivateAttr()
     _network: NetworkOptions = PrivateAttr()
 
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         self._runner = Runner(self.scheduler)
-        self._network = network_options(self.allow_network, self.allowed_domains)
+        self._network = network_options(
+            self.allow_network, self.allowed_domains, self.secrets, self.http_headers
+        )
 
 
 def _checked_language(language: str) -> str:

@@ -11,13 +11,13 @@ VM.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.tools import BaseTool, FunctionTool
 from llama_index.core.tools.tool_spec.base import BaseToolSpec
 
-from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler
+from exec_sandbox import ExecutionResult, SandboxError, SandboxScheduler, Secret
 from exec_sandbox.host_tools import ToolFunction
 
 from ._bridge import Runner
@@ -92,6 +92,8 @@ class ExecSandboxCodeExecutor:
         packages: Sequence[str] | None = None,
         allow_network: bool = False,
         allowed_domains: Sequence[str] | None = None,
+        secrets: Sequence[Secret] | None = None,
+        http_headers: Mapping[str, Mapping[str, str]] | None = None,
         tools: Sequence[BaseTool | Callable[..., Any]] | None = None,
     ) -> None:
         if language not in LANGUAGES:
@@ -104,6 +106,8 @@ class ExecSandboxCodeExecutor:
             packages=packages,
             allow_network=allow_network,
             allowed_domains=allowed_domains,
+            secrets=secrets,
+            http_headers=http_headers,
         )
         self._sessions = ToolSessions(self._pool)
         weakref.finalize(self, _close_quietly, self._pool)
@@ -139,6 +143,8 @@ def create_code_execute_fn(
     packages: Sequence[str] | None = None,
     allow_network: bool = False,
     allowed_domains: Sequence[str] | None = None,
+    secrets: Sequence[Secret] | None = None,
+    http_headers: Mapping[str, Mapping[str, str]] | None = None,
     tools: Sequence[BaseTool | Callable[..., Any]] | None = None,
 ) -> Callable[[str], Awaitable[str]]:
     """The async `code_execute_fn(code: str) -> str` for CodeActAgent, with state kept across
@@ -152,6 +158,8 @@ def create_code_execute_fn(
         packages=packages,
         allow_network=allow_network,
         allowed_domains=allowed_domains,
+        secrets=secrets,
+        http_headers=http_headers,
         tools=tools,
     )
 
@@ -176,9 +184,11 @@ class ExecSandboxToolSpec(BaseToolSpec):
         packages: Sequence[str] | None = None,
         allow_network: bool = False,
         allowed_domains: Sequence[str] | None = None,
+        secrets: Sequence[Secret] | None = None,
+        http_headers: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self._runner = Runner(scheduler)
-        self._network = network_options(allow_network, allowed_domains)
+        self._network = network_options(allow_network, allowed_domains, secrets, http_headers)
         self._timeout = timeout_seconds
         # Installed for python runs (pinned names, name==version).
         self._packages = list(packages) if packages else None

@@ -56,7 +56,12 @@ class NetworkSetup:
             path = await loop.run_in_executor(None, system_ca_bundle_path)
         bundle = await loop.run_in_executor(None, read_ca_bundle, path) if request.outbound else b""
         listeners = bind_listeners(request.ports)
-        return cls(request, policy, bundle, listeners)
+        return cls(request.bound(), policy, bundle, listeners)
+
+    @property
+    def placeholder_env(self) -> dict[str, str]:
+        """The environment variables of the call's secrets: this VM's placeholders."""
+        return self.request.placeholder_env
 
     @property
     def exposed(self) -> list[ExposedPort]:
@@ -67,7 +72,12 @@ class NetworkSetup:
         then belong to the VM's network (closed with the VM); on failure the caller closes the
         VM, which closes them. reattach: vm was restored from a state saved with network (a
         resumed or forked session): the guest resets the streams of its old host first."""
-        config = build_net_config(self.policy, self.ca_bundle)
+        bundle = self.ca_bundle
+        if self.request.intercepts_tls:
+            # The guest trusts the scheduler's interception CA besides the usual bundle.
+            ca = await hub.intercept_ca()
+            bundle = (bundle.rstrip(b"\n") + b"\n" if bundle else b"") + ca.pem
+        config = build_net_config(self.policy, bundle)
         if reattach:
             # Before the relay reads the port: what the guest queued for its old host is skipped.
             await vm.send_net_config(config, reattach=True)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..models import NetworkConnection
+from ..models import HttpRequestRecord, NetworkConnection
 
 
 @dataclass
@@ -27,6 +27,7 @@ class PendingConnection:
     bytes_received: int = 0
     ended_mono: float | None = None
     reported_by_guest: bool = False
+    http_requests: list[HttpRequestRecord] = field(default_factory=list)
 
     def finish(self, still_open: bool = False) -> NetworkConnection:
         end = self.ended_mono if self.ended_mono is not None else time.monotonic()
@@ -43,4 +44,5 @@ class PendingConnection:
             started_at=self.started_at,
             still_open=still_open,
             reported_by_guest=self.reported_by_guest,
+            http_requests=tuple(self.http_requests),
         )

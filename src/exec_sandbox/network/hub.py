@@ -8,11 +8,13 @@ import asyncio
 import errno
 import logging
 import socket
+import ssl
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..models import ExposedPort, NetworkConnection
+from ..models import ExposedPort, HttpRequestRecord, NetworkConnection
 from ..vm.binding import (
     NetClosedEvent,
     NetConnectedEvent,
@@ -24,8 +26,11 @@ from ..vm.binding import (
 )
 from . import policy as p
 from .audit import PendingConnection
+from .intercept import Interception, is_tls_port
 from .policy import NetworkPolicy, Refused
 from .request import NetworkRequest
+from .secrets import HostSecrets
+from .tls_ca import InterceptCa, upstream_context
 
 if TYPE_CHECKING:
     from ..vm.binding import NetEvent
@@ -52,7 +57,23 @@ class NetworkHub:
         self._loop = loop
         self._ring = NetRing()
         self._vms: dict[int, VmNetwork] = {}
+        self._ca: InterceptCa | None = None
+        self._upstream_tls: ssl.SSLContext | None = None
+        self._ca_lock = asyncio.Lock()
         loop.add_reader(self._ring.fileno(), self._on_ready)
+
+    async def intercept_ca(self) -> InterceptCa:
+        """The scheduler's CA for secrets' TLS hosts, made on first use (off the loop)."""
+        async with self._ca_lock:
+            if self._ca is None:
+                self._ca = await self._loop.run_in_executor(None, InterceptCa)
+            return self._ca
+
+    def upstream_tls(self) -> ssl.SSLContext:
+        """The context verifying secrets' real hosts (the host's trust store, read once)."""
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_context()
+        return self._upstream_tls
 
     def attach(
         self, port_fd: int, policy: NetworkPolicy, on_violation: Callable[[str], None]
@@ -74,6 +95,9 @@ class NetworkHub:
             net.close()
         self._loop.remove_reader(self._ring.fileno())
         self._ring.close()
+        if self._ca is not None:
+            self._ca.close()
+            self._ca = None
 
     def _on_ready(self) -> None:
         try:
@@ -251,6 +275,10 @@ class VmNetwork:
                 if not self._closed:
                     ring.open_reply(self.relay, stream, refused.status, refused.reason[:256])
             return
+        secrets = None if self.request is None else self._host_secrets(rec.name, rec.port)
+        if secrets is not None:
+            await self._intercept(stream, rec, sock, secrets)
+            return
         with sock:
             if self._closed or self._pending.get(stream) is not rec:
                 return  # the guest gave up (or the VM went) while the host connected
@@ -258,6 +286,60 @@ class VmNetwork:
             if not ring.open_reply(self.relay, stream, p.OK, "", sock):
                 rec.allowed = False
                 rec.reason = "closed by the guest before the host connected"
+
+    def _host_secrets(self, name: str, port: int) -> HostSecrets | None:
+        assert self.request is not None
+        return HostSecrets.for_host(self.request.secrets, self.request.header_rules, name, port)
+
+    async def _intercept(
+        self, stream: int, rec: PendingConnection, sock: socket.socket, secrets: HostSecrets
+    ) -> None:
+        """A stream to a secret's host: the relay gets one end of a socketpair, intercept.py
+        the other and the socket to the real host (docs/design.md, "Secrets")."""
+        try:
+            tls = await self.hub.intercept_ca() if is_tls_port(rec.port) else None
+            guest_tls = (
+                None
+                if tls is None
+                else await self.hub._loop.run_in_executor(None, tls.server_context, rec.name)
+            )
+        except (OSError, subprocess.SubprocessError, ssl.SSLError, ValueError) as exc:
+            sock.close()
+            log.error("secrets: no certificate for %s: %s", rec.name, exc)
+            if self._pending.pop(stream, None) is rec:
+                reason = f"the host could not make a certificate for {rec.name}: {exc}"
+                self._log_refused(rec, reason)
+                if not self._closed:
+                    self.hub._ring.open_reply(self.relay, stream, p.CONNECT_FAILED, reason[:256])
+            return
+        except BaseException:
+            sock.close()
+            raise
+        relay_end, ours = socket.socketpair()
+        with relay_end:
+            if self._closed or self._pending.get(stream) is not rec:
+                sock.close()
+                ours.close()
+                return
+            rec.allowed = True
+            if not self.hub._ring.open_reply(self.relay, stream, p.OK, "", relay_end):
+                rec.allowed = False
+                rec.reason = "closed by the guest before the host connected"
+                sock.close()
+                ours.close()
+                return
+        ours.setblocking(False)
+
+        def on_record(record: HttpRequestRecord) -> None:
+            rec.http_requests.append(record)
+
+        interception = Interception(rec.name, rec.port, secrets, on_record)
+        upstream_tls = None if tls is None else self.hub.upstream_tls()
+        task = asyncio.get_running_loop().create_task(
+            interception.serve(ours, sock, guest_tls, upstream_tls)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def close(self) -> list[NetworkConnection]:
         """Stop everything of this VM (listeners, streams, pending decisions); returns the log.

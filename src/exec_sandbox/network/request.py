@@ -2,27 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from ..models import PortMapping
 from .names import DomainRule, NetworkValidationError, parse_allowed_domains
 from .ports import parse_expose_ports
+from .secrets import BoundSecret, HeaderRule, Secret, bind_placeholders, parse_secrets
 
 
 @dataclass(frozen=True)
 class NetworkRequest:
-    """allow_network, allowed_domains (None: every public name) and expose_ports of a call."""
+    """allow_network, allowed_domains (None: every public name), expose_ports, secrets and
+    http_headers of a call. The secrets' placeholders are set per VM (`bound`)."""
 
     outbound: bool
     rules: tuple[DomainRule, ...] | None
     ports: tuple[PortMapping, ...]
+    secrets: tuple[BoundSecret, ...] = field(default=(), repr=False)
+    header_rules: tuple[HeaderRule, ...] = field(default=(), repr=False)
+
+    def bound(self) -> NetworkRequest:
+        """This request with fresh placeholders for one VM (kept if it has them: a fork's
+        copies run the code that read its parent's)."""
+        if all(s.placeholder for s in self.secrets):
+            return self
+        return replace(self, secrets=bind_placeholders(self.secrets))
+
+    @property
+    def intercepts_tls(self) -> bool:
+        """Whether some host of a secret or header rule is reached over TLS (port 443)."""
+        hosts = [h for s in self.secrets for h in s.hosts] + [r.host for r in self.header_rules]
+        return any(h.port in (None, 443) for h in hosts)
+
+    @property
+    def placeholder_env(self) -> dict[str, str]:
+        """What the guest's environment holds for the secrets (after bound())."""
+        return {s.name: s.placeholder for s in self.secrets if s.placeholder}
 
 
 def parse_network_request(
     allow_network: bool,
     allowed_domains: Sequence[str] | None,
     expose_ports: Sequence[int | PortMapping] | None,
+    secrets: Sequence[Secret] | None = None,
+    http_headers: Mapping[str, Mapping[str, str]] | None = None,
 ) -> NetworkRequest | None:
     """None when the call wants no network at all (the VM then has no network port)."""
     if not isinstance(allow_network, bool):
@@ -31,14 +55,17 @@ def parse_network_request(
     if rules is not None and not allow_network:
         raise NetworkValidationError("allowed_domains needs allow_network=True")
     ports = parse_expose_ports(expose_ports)
+    bound, header_rules = parse_secrets(secrets, http_headers, outbound=allow_network, rules=rules)
     if not allow_network and not ports:
         return None
-    return NetworkRequest(outbound=allow_network, rules=rules, ports=ports)
+    return NetworkRequest(allow_network, rules, ports, bound, header_rules)
 
 
 def request_to_meta(request: NetworkRequest) -> dict[str, object]:
     """A session's network request as a paused session's metadata keeps it (JSON), in the
-    caller's own terms: request_from_meta validates it again like a call's arguments."""
+    caller's own terms: request_from_meta validates it again like a call's arguments. Secrets
+    and header rules are left out on purpose (their values are never written to disk): a
+    resumed session's requests go out with the placeholders."""
     return {
         "allow_network": request.outbound,
         "allowed_domains": None

@@ -96,3 +96,36 @@ def test_bad_network_arguments_fail_before_any_vm(tmp_path: Path) -> None:
     ):
         proc = sbx("run", *args, "-c", "print(1)", cache=tmp_path)
         assert proc.returncode == 2 and "sbx:" in proc.stderr, (args, proc.stderr)
+
+
+def test_bad_secret_arguments_fail_before_any_vm(tmp_path: Path) -> None:
+    for args, message in (
+        (["--secret", "API_KEY=SBX_TEST_UNSET_VAR@example.org"], "SBX_TEST_UNSET_VAR is unset"),
+        (["--secret", "API_KEY=HOME"], "expects NAME=ENVVAR@HOST"),
+        (["--secret", "API_KEY=HOME@other.org", "--allow-domain", "example.org"], "not allowed"),
+    ):
+        proc = sbx("run", *args, "-c", "print(1)", cache=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+    for args, message in (
+        (["--secret", "API_KEY=SBX_TEST_UNSET_VAR@example.org"], "SBX_TEST_UNSET_VAR is unset"),
+        (["--resume", "abc", "--secret", "API_KEY=HOME@example.org"], "not saved"),
+    ):
+        proc = sbx("shell", *args, cache=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_secret_from_the_hosts_environment_is_a_placeholder(
+    images_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value comes from the host's environment (not argv); the guest sees a placeholder."""
+    value = "cli-secret-value-5b1e"
+    monkeypatch.setenv("SBX_TEST_TOKEN", value)
+    code = "import os; print(os.environ['API_KEY'])"
+    proc = sbx(
+        "run", "--json", "--secret", "API_KEY=SBX_TEST_TOKEN@example.org", "-c", code,
+        cache=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["stdout"].startswith("sbx-secret-"), result["stdout"]
+    assert value not in proc.stdout + proc.stderr
