@@ -58,7 +58,16 @@ def _make_ca(directory: Path) -> tuple[Path, Path, Path]:
     ca_key, ca_crt = directory / "ca.key", directory / "ca.crt"
     key, csr, crt = directory / "srv.key", directory / "srv.csr", directory / "srv.crt"
     ext = directory / "ext.cnf"
-    ext.write_text("subjectAltName=DNS:web.test,DNS:*.web.test\n")
+    # What X.509 strict verification (python >= 3.13's default) asks of a leaf: its key's use and
+    # the key identifier of the CA that signed it.
+    ext.write_text(
+        "subjectAltName=DNS:web.test,DNS:*.web.test\n"
+        "basicConstraints=CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid,issuer\n"
+    )
     run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
     run(
         "openssl",
@@ -71,6 +80,9 @@ def _make_ca(directory: Path) -> tuple[Path, Path, Path]:
         "2",
         "-subj",
         "/CN=exec-sandbox test CA",
+        # And of a CA: what its key may sign.
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout",
         str(ca_key),
         "-out",
