@@ -18,7 +18,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,23 +129,11 @@ class PackageLayers:
                 }
             )[:24]
         )
-        stored = await self.store.lookup(layer_key)
-        if stored is not None and not await self.store.verify(stored):
-            stored = None
-        if stored is None:
-            task = self._builds.get(layer_key)
-            if task is None:
-                task = asyncio.create_task(
-                    self._build(language, layer_key, lock, target, say, phases, packed=packed),
-                    name=f"package-layer-{layer_key}",
-                )
-                self._builds[layer_key] = task
-                task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
-                stored = await asyncio.shield(task)
-            else:  # another call of this process is building it: wait for that build
-                at = time.monotonic()
-                stored = await asyncio.shield(task)
-                phases["wait"] = _ms_since(at)
+        stored = await self._stored_or_built(
+            layer_key,
+            lambda: self._build(language, layer_key, lock, target, say, phases, packed=packed),
+            phases,
+        )
         report = PackagesReport(
             packages=tuple(lock["packages"]),
             cache_hit=not phases,
@@ -218,19 +206,11 @@ class PackageLayers:
                 }
             )[:24]
         )
-        stored = await self.store.lookup(layer_key)
-        if stored is not None and not await self.store.verify(stored):
-            stored = None
-        if stored is None:
-            task = self._builds.get(layer_key)
-            if task is None:
-                task = asyncio.create_task(
-                    self._build("python", layer_key, lock, target, say, phases, packed=True),
-                    name=f"package-archive-{layer_key}",
-                )
-                self._builds[layer_key] = task
-                task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
-            stored = await asyncio.shield(task)
+        stored = await self._stored_or_built(
+            layer_key,
+            lambda: self._build("python", layer_key, lock, target, say, phases, packed=True),
+            phases,
+        )
         report = PackagesReport(
             packages=tuple(lock["packages"]),
             cache_hit=not phases,
@@ -239,6 +219,29 @@ class PackageLayers:
             size_bytes=stored.size,
         )
         return Delta(layer_key, stored.path, added, satisfied, stored.size, report)
+
+    async def _stored_or_built(
+        self,
+        layer_key: str,
+        build: Callable[[], Coroutine[Any, Any, StoredLayer]],
+        phases: dict[str, int],
+    ) -> StoredLayer:
+        """The cache's layer (or archive) of that key, checked; else the one being built by
+        another call of this process (its wait recorded in phases); else build() now, once,
+        shielded (a cancelled caller leaves the build to finish for the next one)."""
+        stored = await self.store.lookup(layer_key)
+        if stored is not None and await self.store.verify(stored):
+            return stored
+        task = self._builds.get(layer_key)
+        if task is not None:  # another call of this process is building it: wait for that
+            at = time.monotonic()
+            stored = await asyncio.shield(task)
+            phases["wait"] = _ms_since(at)
+            return stored
+        task = asyncio.create_task(build(), name=f"package-layer-{layer_key}")
+        self._builds[layer_key] = task
+        task.add_done_callback(lambda _t: self._builds.pop(layer_key, None))
+        return await asyncio.shield(task)
 
     async def _resolve(
         self, language: Language, specs: tuple[PackageSpec, ...], target: GuestTarget
