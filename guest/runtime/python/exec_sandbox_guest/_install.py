@@ -198,24 +198,8 @@ def _install(args: list[str]) -> int:
     for text in requirements:
         print(f"Collecting {text}", flush=True)
     unpack_pending()
-    from . import ToolError, call
-
-    try:
-        reply = call("_sbx_install", kind="python", requirements=requirements, upgrade=upgrade)
-    except ToolError as exc:
-        if exc.refused:
-            print(_NOT_HERE, file=sys.stderr)
-        else:
-            print(f"ERROR: {exc}", file=sys.stderr)
-        return 1
-    if not isinstance(reply, dict):
-        print("ERROR: the host's answer is not understood", file=sys.stderr)
-        return 1
-    error = reply.get("error")
-    if error is not None:
-        lines = error.get("lines") if isinstance(error, dict) else None
-        for line in lines if isinstance(lines, list) else [str(error)]:
-            print(str(line), file=sys.stderr)
+    reply = ask_host("python", requirements, upgrade=upgrade, not_here=_NOT_HERE, error="ERROR:")
+    if reply is None:
         return 1
     site_dir = user_site()
     for name, version in reply.get("satisfied") or []:
@@ -232,6 +216,30 @@ def _install(args: list[str]) -> int:
         print("Successfully installed " + " ".join(f"{n}-{v}" for n, v in installed))
     refresh()
     return 0
+
+
+def ask_host(
+    kind: str, requirements: list[str], *, upgrade: bool, not_here: str, error: str
+) -> dict | None:
+    """The host's answer to an install (`_sbx_install`), or None once the failure is printed
+    the way this kind's tool prints one (error: its prefix, e.g. "ERROR:" or "npm error")."""
+    from . import ToolError, call
+
+    try:
+        reply = call("_sbx_install", kind=kind, requirements=requirements, upgrade=upgrade)
+    except ToolError as exc:
+        print(not_here if exc.refused else f"{error} {exc}", file=sys.stderr)
+        return None
+    if not isinstance(reply, dict):
+        print(f"{error} the host's answer is not understood", file=sys.stderr)
+        return None
+    failure = reply.get("error")
+    if failure is not None:
+        lines = failure.get("lines") if isinstance(failure, dict) else None
+        for line in lines if isinstance(lines, list) else [str(failure)]:
+            print(str(line), file=sys.stderr)
+        return None
+    return reply
 
 
 def unpack_pending() -> None:

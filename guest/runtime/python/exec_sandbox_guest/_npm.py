@@ -144,22 +144,13 @@ def _install(args: list[str]) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 1
-    from . import ToolError, _install, call
+    from . import _install
 
     _install.unpack_pending()
-    try:
-        reply = call("_sbx_install", kind="javascript", requirements=specs, upgrade=False)
-    except ToolError as exc:
-        print(_NOT_HERE if exc.refused else f"npm error {exc}", file=sys.stderr)
-        return 1
-    if not isinstance(reply, dict):
-        print("npm error the host's answer is not understood", file=sys.stderr)
-        return 1
-    error = reply.get("error")
-    if error is not None:
-        lines = error.get("lines") if isinstance(error, dict) else None
-        for line in lines if isinstance(lines, list) else [str(error)]:
-            print(str(line), file=sys.stderr)
+    reply = _install.ask_host(
+        "javascript", specs, upgrade=False, not_here=_NOT_HERE, error="npm error"
+    )
+    if reply is None:
         return 1
     added = reply.get("installed") or []
     archive = reply.get("archive")
