@@ -11,6 +11,7 @@ import pytest
 
 from exec_sandbox import NetworkValidationError, RunRequest, SchedulerConfig, Secret
 from exec_sandbox.errors import InputValidationError
+from exec_sandbox.network import intercept
 from exec_sandbox.network.request import parse_network_request, request_to_meta
 from exec_sandbox.network.secrets import HostSecrets
 from tests.fuzz import fuzz_intercept
@@ -101,6 +102,40 @@ def test_rewrite_headers_basic_and_rules() -> None:
     assert only_rule is not None
     headers, used = only_rule.rewrite([(b"x-rule", b"guest's"), (b"Auth", ph.encode())])
     assert headers == [(b"Auth", ph.encode()), (b"X-Rule", b"r")] and used == set()
+
+
+def test_body_replacement_only_for_secrets_that_allow_it() -> None:
+    network = parse_network_request(
+        True,
+        ["x.org"],
+        None,
+        [Secret("A", VALUE, ["x.org"], replace_in_body=True), Secret("B", "other", ["x.org"])],
+        None,
+    )
+    assert network is not None
+    bound = network.bound()
+    a, b = bound.placeholder_env["A"], bound.placeholder_env["B"]
+    rules = HostSecrets.for_host(bound.secrets, bound.header_rules, "x.org", 443)
+    assert rules is not None and rules.rewrites_bodies
+    used: set[str] = set()
+    body = rules.rewrite_body(f'{{"a": "{a}", "b": "{b}"}}'.encode(), used)
+    assert body == f'{{"a": "{VALUE}", "b": "{b}"}}'.encode() and used == {"A"}
+    assert "replace_in_body=True" in repr(Secret("A", VALUE, ["x.org"], replace_in_body=True))
+    plain = parse_network_request(True, ["x.org"], None, [Secret("B", "v", ["x.org"])], None)
+    assert plain is not None
+    host = HostSecrets.for_host(plain.bound().secrets, (), "x.org", 443)
+    assert host is not None and not host.rewrites_bodies
+
+
+def test_a_rewritten_body_is_framed_by_its_new_length() -> None:
+    headers = [
+        (b"Host", b"x.org"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Expect", b"100-continue"),
+    ]
+    assert intercept._has_body(headers)
+    assert not intercept._has_body([(b"Content-Length", b"0")])
+    assert intercept._framed(headers, 12) == [(b"Host", b"x.org"), (b"content-length", b"12")]
 
 
 async def test_interception_fuzz_short() -> None:

@@ -36,6 +36,8 @@ TLS_HANDSHAKE_TIMEOUT_SECONDS = 15.0
 LINGER_SECONDS = 2.0  # after a refusal: how long the rest of the guest's request is read
 LINGER_BYTES_MAX = 4 << 20
 RECORDS_MAX = 1000  # requests logged per connection (the rest are relayed, not logged)
+# A body read whole to replace placeholders in it (Secret.replace_in_body): its most bytes.
+BODY_REPLACE_MAX = 1 << 20
 TLS_PORT = 443
 
 
@@ -206,17 +208,24 @@ class Interception:
                     raise _Refuse(431, f"more than {HEADERS_MAX} headers")
                 self._check_authority(event)
                 headers, used = self.rules.rewrite(list(event.headers.raw_items()))
+                body = None
+                if self.rules.rewrites_bodies and _has_body(headers):
+                    body = await self._whole_body(guest)
+                    body = self.rules.rewrite_body(body, used)
+                    headers = _framed(headers, len(body))
                 record = _Record(
                     event.method.decode("ascii", "replace"),
                     event.target.decode("ascii", "replace")[:2048],
                     tuple(sorted(used)),
                 )
+                if body is not None:
+                    record.sent = len(body)
                 if self._upstream is None:
                     self._upstream = await self._open_upstream(upstream)
                 await self._upstream.send(
                     h11.Request(method=event.method, target=event.target, headers=headers)
                 )
-                switched = await self._exchange(guest, self._upstream, record)
+                switched = await self._exchange(guest, self._upstream, record, body)
             except _Refuse as refuse:
                 if record is not None:
                     record.error = refuse.reason
@@ -272,12 +281,43 @@ class Interception:
         except (OSError, TimeoutError) as exc:
             raise _Refuse(502, f"{self.name}: cannot reach the real host: {exc}") from None
 
-    async def _exchange(self, guest: _Leg, upstream: _Leg, record: _Record) -> bool:
+    async def _whole_body(self, guest: _Leg) -> bytes:
+        """A request's body, read before the request goes on (its placeholders are replaced,
+        and its length may change): at most BODY_REPLACE_MAX bytes, else 413. A client that
+        waits for "100 Continue" gets it from here."""
+        if guest.conn.they_are_waiting_for_100_continue:
+            await guest.send(h11.InformationalResponse(status_code=100, headers=[]))
+        loop = asyncio.get_running_loop()
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            event = await guest.next_event(loop.time() + HEAD_TIMEOUT_SECONDS)
+            if isinstance(event, h11.EndOfMessage):
+                return b"".join(parts)
+            if not isinstance(event, h11.Data):
+                raise _Refuse(400, f"unexpected {type(event).__name__} in a request body")
+            size += len(event.data)
+            if size > BODY_REPLACE_MAX:
+                raise _Refuse(
+                    413,
+                    f"a body whose secrets are replaced is at most {BODY_REPLACE_MAX} bytes",
+                )
+            parts.append(event.data)
+
+    async def _exchange(
+        self, guest: _Leg, upstream: _Leg, record: _Record, body: bytes | None = None
+    ) -> bool:
         """One request's body up and its response down, at the same time (a server may answer
-        before the body ends). True when the protocol switched (101)."""
+        before the body ends). True when the protocol switched (101). body: the request's whole
+        body, already read (and rewritten)."""
         switched = False
 
         async def request_body() -> None:
+            if body is not None:
+                if body:
+                    await upstream.send(h11.Data(data=body))
+                await upstream.send(h11.EndOfMessage())
+                return
             while True:
                 event = await guest.next_event(None)
                 if isinstance(event, h11.Data):
@@ -412,3 +452,23 @@ def _reusable(conn: h11.Connection) -> bool:
 
 def is_tls_port(port: int) -> bool:
     return port == TLS_PORT
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request with these headers has a body (RFC 9112: Transfer-Encoding or a
+    Content-Length other than 0)."""
+    for name, value in headers:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            return True
+        if lower == b"content-length" and value.strip() != b"0":
+            return True
+    return False
+
+
+def _framed(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    """headers for a body of length bytes sent whole: its Content-Length, no Transfer-Encoding,
+    and no Expect (the 100 Continue was answered here)."""
+    drop = (b"content-length", b"transfer-encoding", b"expect")
+    kept = [(n, v) for n, v in headers if n.lower() not in drop]
+    return [*kept, (b"content-length", str(length).encode())]

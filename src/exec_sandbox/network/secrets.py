@@ -4,8 +4,9 @@ interception (intercept.py) does with them for one VM.
 
 In the guest a secret's environment variable holds a random placeholder, new for every VM. Only
 on the host, and only in requests to the secret's own hosts, is the placeholder replaced by the
-value (in header values, including inside `Authorization: Basic` credentials). A placeholder
-sent anywhere else goes out as it is: leaking it leaks nothing."""
+value (in header values, including inside `Authorization: Basic` credentials; in request bodies
+too for a secret that says so, `replace_in_body=True`). A placeholder sent anywhere else goes out
+as it is: leaking it leaks nothing."""
 
 from __future__ import annotations
 
@@ -33,15 +34,19 @@ _RESERVED = frozenset({"host", "content-length", "transfer-encoding", "connectio
 class Secret:
     """A value the VM's code may use without seeing it: `name` is the environment variable that
     holds a placeholder in the guest, `hosts` the names ("api.example.com", or "name:port" for
-    plain HTTP on that port) whose requests get the real value in place of the placeholder.
+    plain HTTP on that port) whose requests get the real value in place of the placeholder, in
+    their headers; also in their bodies with replace_in_body (for APIs that take a key in a JSON
+    or form body; such a body is read whole first, at most BODY_REPLACE_MAX bytes).
     repr() never shows the value."""
 
     name: str
     value: str = field(repr=False)
     hosts: Sequence[str] = ()
+    replace_in_body: bool = False
 
     def __repr__(self) -> str:  # the dataclass repr would be fine; this says it on purpose
-        return f"Secret(name={self.name!r}, value=<hidden>, hosts={list(self.hosts)!r})"
+        body = ", replace_in_body=True" if self.replace_in_body else ""
+        return f"Secret(name={self.name!r}, value=<hidden>, hosts={list(self.hosts)!r}{body})"
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class BoundSecret:
     value: str = field(repr=False)
     hosts: tuple[SecretHost, ...]
     placeholder: str = ""
+    in_body: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,7 +155,9 @@ def parse_secrets(
                 raise NetworkValidationError(f"{what}: hosts is empty (where may it be sent?)")
             for host in hosts:
                 _check_allowed(host, rules, what)
-            bound.append(BoundSecret(name, value, hosts))
+            if not isinstance(secret.replace_in_body, bool):
+                raise NetworkValidationError(f"{what}: replace_in_body must be a bool")
+            bound.append(BoundSecret(name, value, hosts, in_body=secret.replace_in_body))
         if len(bound) > SECRETS_MAX:
             raise NetworkValidationError(f"more than {SECRETS_MAX} secrets")
     header_rules: list[HeaderRule] = []
@@ -178,7 +186,7 @@ def parse_secrets(
 def bind_placeholders(secrets: tuple[BoundSecret, ...]) -> tuple[BoundSecret, ...]:
     """The secrets with a fresh random placeholder each (one VM's)."""
     return tuple(
-        BoundSecret(s.name, s.value, s.hosts, PLACEHOLDER_PREFIX + _random.token_hex(16))
+        BoundSecret(s.name, s.value, s.hosts, PLACEHOLDER_PREFIX + _random.token_hex(16), s.in_body)
         for s in secrets
     )
 
@@ -190,6 +198,8 @@ class HostSecrets:
     def __init__(self, secrets: Sequence[BoundSecret], headers: Sequence[tuple[str, str]]) -> None:
         self._secrets = list(secrets)
         self.headers = list(headers)
+        # Bodies are read whole and rewritten only when one of this host's secrets says so.
+        self.rewrites_bodies = any(s.in_body for s in self._secrets)
 
     @classmethod
     def for_host(
@@ -220,6 +230,16 @@ class HostSecrets:
             out.append((name, self._substitute(name, value, used)))
         out.extend((h.encode(), v.encode()) for h, v in self.headers)
         return out, used
+
+    def rewrite_body(self, body: bytes, used: set[str]) -> bytes:
+        """body with the placeholders of the secrets that allow it replaced (used: their names
+        added)."""
+        for secret in self._secrets:
+            placeholder = secret.placeholder.encode()
+            if secret.in_body and placeholder in body:
+                body = body.replace(placeholder, secret.value.encode())
+                used.add(secret.name)
+        return body
 
     def _substitute(self, name: bytes, value: bytes, used: set[str]) -> bytes:
         for secret in self._secrets:

@@ -286,6 +286,56 @@ async def test_placeholder_replaced_only_for_the_secrets_host(
     assert VALUE not in repr(result)
 
 
+_BODY_CLIENT = r"""
+import http.client, json, os, ssl
+ph = os.environ["API_KEY"]
+def post(path, body, headers, chunked=False):
+    conn = http.client.HTTPSConnection("web.test", timeout=30, context=ssl.create_default_context())
+    if chunked:
+        conn.request("POST", path, body=iter([body[:5], body[5:]]), headers=headers,
+                     encode_chunked=True)
+    else:
+        conn.request("POST", path, body=body, headers=headers)
+    r = conn.getresponse()
+    print("GOT", path, r.status, r.read()[:200].decode(errors="replace").strip())
+    conn.close()
+post("/json", json.dumps({"key": ph}).encode(), {"Content-Type": "application/json"})
+post("/chunked", ("key=" + ph).encode(), {"Expect": "100-continue"}, chunked=True)
+post("/big", b"x" * (1024 * 1024 + 1) + ph.encode(), {})
+"""
+
+
+async def test_body_placeholders_replaced_when_the_secret_allows_it(
+    sec_scheduler: Scheduler, recorders: Recorders
+) -> None:
+    """Secret(replace_in_body=True): a JSON body and a chunked one (with Expect: 100-continue)
+    reach the server with the value and a Content-Length that fits it; a body over the limit is
+    refused with 413 and never reaches the server."""
+    result = await sec_scheduler.run(
+        _BODY_CLIENT,
+        allow_network=True,
+        allowed_domains=["web.test"],
+        secrets=[Secret("API_KEY", VALUE, hosts=["web.test"], replace_in_body=True)],
+    )
+    assert result.exit_code == 0, result.stderr
+    assert VALUE not in result.stdout + result.stderr
+    _host, headers, body = _by_path(recorders.seen, "/json")
+    assert json.loads(body) == {"key": VALUE}
+    lower = {k.lower(): v for k, v in headers.items()}
+    assert lower["content-length"] == str(len(body))
+    _host, headers, body = _by_path(recorders.seen, "/chunked")
+    assert body == f"key={VALUE}".encode()
+    lower = {k.lower(): v for k, v in headers.items()}
+    assert "transfer-encoding" not in lower and "expect" not in lower
+    assert "GOT /big 413" in result.stdout, result.stdout
+    assert all(path != "/big" for _h, path, _hd, _b in recorders.seen.requests)
+    records = [r for c in result.network_log for r in c.http_requests]
+    assert [(r.path, r.status, r.secrets) for r in records][:2] == [
+        ("/json", 200, ("API_KEY",)),
+        ("/chunked", 200, ("API_KEY",)),
+    ]
+
+
 async def test_session_header_rule_chunked_and_bad_upstream_certificate(
     sec_scheduler: Scheduler, recorders: Recorders, monkeypatch: pytest.MonkeyPatch
 ) -> None:
