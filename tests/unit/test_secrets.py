@@ -5,6 +5,7 @@ The real-VM tests are tests/integration/network/test_secrets.py."""
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 
 import pytest
@@ -91,10 +92,15 @@ def test_rewrite_headers_basic_and_rules() -> None:
     assert rules is not None
     basic = base64.b64encode(f"git:{ph}".encode())
     headers, used = rules.rewrite(
-        [(b"Authorization", b"Basic " + basic), (b"X-Other", f"k={ph}".encode())]
+        [
+            (b"Authorization", b"Basic " + basic),
+            (b"X-Api-Key", ph.encode()),
+            (b"Origin", ph.encode()),  # a header servers echo: left alone
+        ]
     )
     assert base64.b64decode(headers[0][1].split()[1]) == f"git:{VALUE}".encode()
-    assert headers[1] == (b"X-Other", f"k={VALUE}".encode())
+    assert headers[1] == (b"X-Api-Key", VALUE.encode())
+    assert headers[2] == (b"Origin", ph.encode())
     assert used == {"A"}
     # Not the secret's host (a subdomain, another port): nothing applies.
     assert HostSecrets.for_host(bound.secrets, bound.header_rules, "api.x.org", 443) is None
@@ -104,12 +110,15 @@ def test_rewrite_headers_basic_and_rules() -> None:
     assert headers == [(b"Auth", ph.encode()), (b"X-Rule", b"r")] and used == set()
 
 
-def test_body_replacement_only_for_secrets_that_allow_it() -> None:
+def test_body_replacement_only_in_the_named_field() -> None:
     network = parse_network_request(
         True,
         ["x.org"],
         None,
-        [Secret("A", VALUE, ["x.org"], replace_in_body=True), Secret("B", "other", ["x.org"])],
+        [
+            Secret("A", VALUE, ["x.org"], replace_in_body="api_key"),
+            Secret("B", "other", ["x.org"], headers=["X-Custom"]),
+        ],
         None,
     )
     assert network is not None
@@ -118,13 +127,33 @@ def test_body_replacement_only_for_secrets_that_allow_it() -> None:
     rules = HostSecrets.for_host(bound.secrets, bound.header_rules, "x.org", 443)
     assert rules is not None and rules.rewrites_bodies
     used: set[str] = set()
-    body = rules.rewrite_body(f'{{"a": "{a}", "b": "{b}"}}'.encode(), used)
-    assert body == f'{{"a": "{VALUE}", "b": "{b}"}}'.encode() and used == {"A"}
-    assert "replace_in_body=True" in repr(Secret("A", VALUE, ["x.org"], replace_in_body=True))
-    plain = parse_network_request(True, ["x.org"], None, [Secret("B", "v", ["x.org"])], None)
-    assert plain is not None
-    host = HostSecrets.for_host(plain.bound().secrets, (), "x.org", 443)
-    assert host is not None and not host.rewrites_bodies
+    doc = {"api_key": a, "b": b, "prompt": f"echo {a}", "nested": {"api_key": a}}
+    body = rules.rewrite_body(json.dumps(doc).encode(), b"application/json; charset=utf-8", used)
+    assert json.loads(body) == {**doc, "api_key": VALUE} and used == {"A"}
+    form = rules.rewrite_body(
+        f"api_key={a}&text={a}".encode(), b"application/x-www-form-urlencoded", set()
+    )
+    assert form == f"api_key={VALUE}&text={a}".encode()
+    assert (
+        rules.rewrite_body(f"api_key={a}".encode(), b"text/plain", set()) == f"api_key={a}".encode()
+    )
+    headers, used = rules.rewrite([(b"X-Custom", b.encode()), (b"Authorization", b.encode())])
+    assert headers == [(b"X-Custom", b"other"), (b"Authorization", b.encode())] and used == {"B"}
+    assert "replace_in_body='api_key'" in repr(
+        Secret("A", VALUE, ["x.org"], replace_in_body="api_key")
+    )
+
+
+def test_values_with_edge_white_space_and_bad_header_lists_are_refused() -> None:
+    for secret in (
+        Secret("A", " tok3n", ["x.org"]),
+        Secret("A", "v", ["x.org"], headers=["Host"]),
+        Secret("A", "v", ["x.org"], headers=[]),
+        Secret("A", "v", ["x.org"], replace_in_body=""),
+    ):
+        with pytest.raises(NetworkValidationError) as caught:
+            parse_network_request(True, ["x.org"], None, [secret], None)
+        assert "tok3n" not in str(caught.value)
 
 
 def test_a_rewritten_body_is_framed_by_its_new_length() -> None:

@@ -38,6 +38,8 @@ LINGER_BYTES_MAX = 4 << 20
 RECORDS_MAX = 1000  # requests logged per connection (the rest are relayed, not logged)
 # A body read whole to replace placeholders in it (Secret.replace_in_body): its most bytes.
 BODY_REPLACE_MAX = 1 << 20
+# A head with the values in it (each may be up to 16 KiB in place of a 43-byte placeholder).
+REWRITTEN_HEAD_MAX = 4 * HEAD_MAX
 TLS_PORT = 443
 
 
@@ -206,15 +208,23 @@ class Interception:
                     raise _Refuse(400, f"unexpected {type(event).__name__}")
                 if len(event.headers) > HEADERS_MAX:
                     raise _Refuse(431, f"more than {HEADERS_MAX} headers")
+                if event.method == b"TRACE":  # it echoes the request, values included
+                    raise _Refuse(405, "TRACE is not relayed to a secret's host")
                 self._check_authority(event)
+                self._check_framing(event)
                 headers, used = self.rules.rewrite(list(event.headers.raw_items()))
+                if sum(len(n) + len(v) for n, v in headers) > REWRITTEN_HEAD_MAX:
+                    raise _Refuse(431, "the request head is too large with the values in it")
                 body = None
                 if self.rules.rewrites_bodies and _has_body(headers):
                     body = await self._whole_body(guest)
-                    body = self.rules.rewrite_body(body, used)
+                    kind = next((v for n, v in headers if n.lower() == b"content-type"), b"")
+                    body = self.rules.rewrite_body(body, kind, used)
+                    if len(body) > 2 * BODY_REPLACE_MAX:
+                        raise _Refuse(413, "the body is too large with the values in it")
                     headers = _framed(headers, len(body))
                 record = _Record(
-                    event.method.decode("ascii", "replace"),
+                    event.method.decode("ascii", "replace")[:32],
                     event.target.decode("ascii", "replace")[:2048],
                     tuple(sorted(used)),
                 )
@@ -268,6 +278,15 @@ class Interception:
         name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
         if name.rstrip(".") != self.name or (port and port != str(self.port)):
             raise _Refuse(421, f"the Host header must name {self.name} (this connection's host)")
+
+    @staticmethod
+    def _check_framing(request: h11.Request) -> None:
+        """Content-Length beside Transfer-Encoding is refused (RFC 9112 6.3: a request
+        smuggling attempt; h11 would pass both on, and a server reading the length would take
+        the rest as the start of the next request, the one carrying a value)."""
+        names = {n for n, _ in request.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            raise _Refuse(400, "Content-Length and Transfer-Encoding together")
 
     async def _open_upstream(self, upstream: asyncio.Future[_Leg]) -> _Leg:
         try:

@@ -4,16 +4,22 @@ interception (intercept.py) does with them for one VM.
 
 In the guest a secret's environment variable holds a random placeholder, new for every VM. Only
 on the host, and only in requests to the secret's own hosts, is the placeholder replaced by the
-value (in header values, including inside `Authorization: Basic` credentials; in request bodies
-too for a secret that says so, `replace_in_body=True`). A placeholder sent anywhere else goes out
+value, and only where a server takes a credential rather than reflects input: in the headers
+that carry credentials (Authorization and Proxy-Authorization, also inside Basic credentials, and
+the usual API-key headers; a secret may name its own, `headers=`), and in one named body field
+for a secret that says so (`replace_in_body="api_key"`: a top-level JSON member or form field
+whose whole value is the placeholder). A placeholder sent anywhere else, or in any other header
+or body text (an Origin header, a prompt, an issue title: what a server may echo back), goes out
 as it is: leaking it leaks nothing."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 import secrets as _random
+import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,25 +34,41 @@ HEADER_RULES_MAX = 64
 PLACEHOLDER_PREFIX = "sbx-secret-"
 # Headers the interception owns (framing and routing): a rule may not set them.
 _RESERVED = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade"})
+# Where a secret's placeholder is replaced unless the secret names its own headers: the headers
+# servers take credentials from, which they do not echo (unlike Origin, X-Request-Id, ...).
+CREDENTIAL_HEADERS = (
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+    "private-token",
+    "x-goog-api-key",
+)
+_BASIC_HEADERS = (b"authorization", b"proxy-authorization")
 
 
 @dataclass(frozen=True)
 class Secret:
     """A value the VM's code may use without seeing it: `name` is the environment variable that
     holds a placeholder in the guest, `hosts` the names ("api.example.com", or "name:port" for
-    plain HTTP on that port) whose requests get the real value in place of the placeholder, in
-    their headers; also in their bodies with replace_in_body (for APIs that take a key in a JSON
-    or form body; such a body is read whole first, at most BODY_REPLACE_MAX bytes).
+    plain HTTP on that port) whose requests get the real value in place of the placeholder: in
+    the credential headers (CREDENTIAL_HEADERS, or `headers`, this secret's own list), and with
+    replace_in_body="field" in that top-level JSON member or form field of a request body when
+    its whole value is the placeholder (such a body is read whole first, at most 1 MiB).
     repr() never shows the value."""
 
     name: str
     value: str = field(repr=False)
     hosts: Sequence[str] = ()
-    replace_in_body: bool = False
+    headers: Sequence[str] | None = None
+    replace_in_body: str | None = None
 
     def __repr__(self) -> str:  # the dataclass repr would be fine; this says it on purpose
-        body = ", replace_in_body=True" if self.replace_in_body else ""
-        return f"Secret(name={self.name!r}, value=<hidden>, hosts={list(self.hosts)!r}{body})"
+        extra = "" if self.headers is None else f", headers={list(self.headers)!r}"
+        if self.replace_in_body is not None:
+            extra += f", replace_in_body={self.replace_in_body!r}"
+        return f"Secret(name={self.name!r}, value=<hidden>, hosts={list(self.hosts)!r}{extra})"
 
 
 @dataclass(frozen=True)
@@ -73,7 +95,8 @@ class BoundSecret:
     value: str = field(repr=False)
     hosts: tuple[SecretHost, ...]
     placeholder: str = ""
-    in_body: bool = False
+    headers: tuple[str, ...] = CREDENTIAL_HEADERS  # lower-case names
+    body_field: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,9 +137,38 @@ def _check_value(value: object, what: str) -> str:
         raise NetworkValidationError(f"{what}: the value is longer than {VALUE_MAX} characters")
     if any(c in value for c in "\r\n\0"):
         raise NetworkValidationError(f"{what}: the value contains CR, LF or NUL")
+    if value != value.strip():
+        raise NetworkValidationError(f"{what}: the value starts or ends with white space")
     if not value.isascii() or not value.isprintable():
         raise NetworkValidationError(f"{what}: the value must be printable ASCII (a header)")
     return value
+
+
+def _check_headers(headers: object, what: str) -> tuple[str, ...]:
+    if headers is None:
+        return CREDENTIAL_HEADERS
+    if isinstance(headers, str) or not isinstance(headers, Iterable):
+        raise NetworkValidationError(f"{what}: headers must be a list of header names")
+    names = []
+    for header in headers:
+        if not isinstance(header, str) or not _TOKEN.fullmatch(header):
+            raise NetworkValidationError(f"{what}: {header!r} is not a header name")
+        if header.lower() in _RESERVED:
+            raise NetworkValidationError(f"{what}: {header!r} cannot carry a secret")
+        names.append(header.lower())
+    if not names:
+        raise NetworkValidationError(f"{what}: headers is empty")
+    return tuple(dict.fromkeys(names))
+
+
+def _check_body_field(field_name: object, what: str) -> str | None:
+    if field_name is None:
+        return None
+    if not isinstance(field_name, str) or not field_name or len(field_name) > 128:
+        raise NetworkValidationError(
+            f"{what}: replace_in_body names the body field that holds the key (1..128 characters)"
+        )
+    return field_name
 
 
 def parse_secrets(
@@ -155,9 +207,15 @@ def parse_secrets(
                 raise NetworkValidationError(f"{what}: hosts is empty (where may it be sent?)")
             for host in hosts:
                 _check_allowed(host, rules, what)
-            if not isinstance(secret.replace_in_body, bool):
-                raise NetworkValidationError(f"{what}: replace_in_body must be a bool")
-            bound.append(BoundSecret(name, value, hosts, in_body=secret.replace_in_body))
+            bound.append(
+                BoundSecret(
+                    name,
+                    value,
+                    hosts,
+                    headers=_check_headers(secret.headers, what),
+                    body_field=_check_body_field(secret.replace_in_body, what),
+                )
+            )
         if len(bound) > SECRETS_MAX:
             raise NetworkValidationError(f"more than {SECRETS_MAX} secrets")
     header_rules: list[HeaderRule] = []
@@ -186,7 +244,14 @@ def parse_secrets(
 def bind_placeholders(secrets: tuple[BoundSecret, ...]) -> tuple[BoundSecret, ...]:
     """The secrets with a fresh random placeholder each (one VM's)."""
     return tuple(
-        BoundSecret(s.name, s.value, s.hosts, PLACEHOLDER_PREFIX + _random.token_hex(16), s.in_body)
+        BoundSecret(
+            s.name,
+            s.value,
+            s.hosts,
+            PLACEHOLDER_PREFIX + _random.token_hex(16),
+            s.headers,
+            s.body_field,
+        )
         for s in secrets
     )
 
@@ -199,7 +264,7 @@ class HostSecrets:
         self._secrets = list(secrets)
         self.headers = list(headers)
         # Bodies are read whole and rewritten only when one of this host's secrets says so.
-        self.rewrites_bodies = any(s.in_body for s in self._secrets)
+        self.rewrites_bodies = any(s.body_field is not None for s in self._secrets)
 
     @classmethod
     def for_host(
@@ -231,29 +296,57 @@ class HostSecrets:
         out.extend((h.encode(), v.encode()) for h, v in self.headers)
         return out, used
 
-    def rewrite_body(self, body: bytes, used: set[str]) -> bytes:
-        """body with the placeholders of the secrets that allow it replaced (used: their names
-        added)."""
-        for secret in self._secrets:
-            placeholder = secret.placeholder.encode()
-            if secret.in_body and placeholder in body:
-                body = body.replace(placeholder, secret.value.encode())
-                used.add(secret.name)
+    def rewrite_body(self, body: bytes, content_type: bytes, used: set[str]) -> bytes:
+        """body with each body-field secret's field replaced where its whole value is the
+        placeholder: a top-level member of a JSON object, or a form field (used: their names
+        added). Anything else in the body stays as it is."""
+        fields = {s.body_field: s for s in self._secrets if s.body_field is not None}
+        kind = content_type.split(b";", 1)[0].strip().lower()
+        if kind == b"application/json" or kind.endswith(b"+json"):
+            try:
+                document = json.loads(body)
+            except (ValueError, RecursionError):
+                return body
+            if not isinstance(document, dict):
+                return body
+            changed = False
+            for name, secret in fields.items():
+                if document.get(name) == secret.placeholder:
+                    document[name] = secret.value
+                    used.add(secret.name)
+                    changed = True
+            return json.dumps(document, ensure_ascii=False).encode() if changed else body
+        if kind == b"application/x-www-form-urlencoded":
+            try:
+                pairs = urllib.parse.parse_qsl(
+                    body.decode("ascii"), keep_blank_values=True, strict_parsing=True
+                )
+            except (UnicodeDecodeError, ValueError):
+                return body
+            changed = False
+            for i, (name, value) in enumerate(pairs):
+                owner = fields.get(name)
+                if owner is not None and value == owner.placeholder:
+                    pairs[i] = (name, owner.value)
+                    used.add(owner.name)
+                    changed = True
+            return urllib.parse.urlencode(pairs).encode() if changed else body
         return body
 
     def _substitute(self, name: bytes, value: bytes, used: set[str]) -> bytes:
+        header = name.lower().decode("ascii", "replace")
         for secret in self._secrets:
             placeholder = secret.placeholder.encode()
-            if placeholder in value:
+            if header in secret.headers and placeholder in value:
                 value = value.replace(placeholder, secret.value.encode())
                 used.add(secret.name)
-        if name.lower() in (b"authorization", b"proxy-authorization"):
+        if name.lower() in _BASIC_HEADERS:
             scheme, _, credentials = value.partition(b" ")
             if scheme.lower() == b"basic" and credentials:
-                value = scheme + b" " + self._substitute_basic(credentials.strip(), used)
+                value = scheme + b" " + self._substitute_basic(credentials.strip(), header, used)
         return value
 
-    def _substitute_basic(self, credentials: bytes, used: set[str]) -> bytes:
+    def _substitute_basic(self, credentials: bytes, header: str, used: set[str]) -> bytes:
         """user:password in base64 (git and pip send a token this way)."""
         try:
             decoded = base64.b64decode(credentials, validate=True)
@@ -262,7 +355,7 @@ class HostSecrets:
         changed = decoded
         for secret in self._secrets:
             placeholder = secret.placeholder.encode()
-            if placeholder in changed:
+            if header in secret.headers and placeholder in changed:
                 changed = changed.replace(placeholder, secret.value.encode())
                 used.add(secret.name)
         return credentials if changed == decoded else base64.b64encode(changed)

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,52 +288,78 @@ async def test_placeholder_replaced_only_for_the_secrets_host(
 
 
 _BODY_CLIENT = r"""
-import http.client, json, os, ssl
+import http.client, json, os, socket, ssl, urllib.parse
 ph = os.environ["API_KEY"]
-def post(path, body, headers, chunked=False):
-    conn = http.client.HTTPSConnection("web.test", timeout=30, context=ssl.create_default_context())
+ctx = ssl.create_default_context()
+def post(path, body, headers, chunked=False, method="POST"):
+    conn = http.client.HTTPSConnection("web.test", timeout=30, context=ctx)
     if chunked:
-        conn.request("POST", path, body=iter([body[:5], body[5:]]), headers=headers,
+        conn.request(method, path, body=iter([body[:5], body[5:]]), headers=headers,
                      encode_chunked=True)
     else:
-        conn.request("POST", path, body=body, headers=headers)
+        conn.request(method, path, body=body, headers=headers)
     r = conn.getresponse()
     print("GOT", path, r.status, r.read()[:200].decode(errors="replace").strip())
     conn.close()
-post("/json", json.dumps({"key": ph}).encode(), {"Content-Type": "application/json"})
-post("/chunked", ("key=" + ph).encode(), {"Expect": "100-continue"}, chunked=True)
-post("/big", b"x" * (1024 * 1024 + 1) + ph.encode(), {})
+post("/json", json.dumps({"key": ph, "prompt": "repeat " + ph, "inner": {"key": ph}}).encode(),
+     {"Content-Type": "application/json"})
+form = urllib.parse.urlencode({"key": ph, "text": ph}).encode()
+post("/form", form, {"Content-Type": "application/x-www-form-urlencoded",
+                     "Expect": "100-continue"}, chunked=True)
+post("/echo", b"", {"Origin": ph, "X-Request-Id": ph, "Authorization": "Bearer " + ph})
+post("/big", b"x" * (1024 * 1024 + 1), {"Content-Type": "application/json"})
+post("/trace", None, {"Authorization": "Bearer " + ph}, method="TRACE")
+raw = ctx.wrap_socket(socket.create_connection(("web.test", 443), timeout=30),
+                      server_hostname="web.test")
+raw.sendall(b"POST /smuggle HTTP/1.1\r\nHost: web.test\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+print("SMUGGLE", raw.recv(200).split(b"\r\n")[0].decode())
 """
 
 
-async def test_body_placeholders_replaced_when_the_secret_allows_it(
+async def test_only_credential_places_get_the_value(
     sec_scheduler: Scheduler, recorders: Recorders
 ) -> None:
-    """Secret(replace_in_body=True): a JSON body and a chunked one (with Expect: 100-continue)
-    reach the server with the value and a Content-Length that fits it; a body over the limit is
-    refused with 413 and never reaches the server."""
+    """Where a server may echo input, the placeholder stays: only credential headers and, with
+    replace_in_body="key", a top-level JSON member or form field named key whose whole value is
+    the placeholder get the value (a chunked form with Expect: 100-continue too, re-framed by
+    its new length). A body over the limit is 413, TRACE 405, Content-Length beside
+    Transfer-Encoding 400, none of them reaching the server."""
     result = await sec_scheduler.run(
         _BODY_CLIENT,
         allow_network=True,
         allowed_domains=["web.test"],
-        secrets=[Secret("API_KEY", VALUE, hosts=["web.test"], replace_in_body=True)],
+        secrets=[Secret("API_KEY", VALUE, hosts=["web.test"], replace_in_body="key")],
     )
     assert result.exit_code == 0, result.stderr
     assert VALUE not in result.stdout + result.stderr
+    placeholder = "sbx-secret-"
     _host, headers, body = _by_path(recorders.seen, "/json")
-    assert json.loads(body) == {"key": VALUE}
+    document = json.loads(body)
+    assert document["key"] == VALUE
+    assert document["prompt"].startswith("repeat " + placeholder)
+    assert document["inner"]["key"].startswith(placeholder)
     lower = {k.lower(): v for k, v in headers.items()}
     assert lower["content-length"] == str(len(body))
-    _host, headers, body = _by_path(recorders.seen, "/chunked")
-    assert body == f"key={VALUE}".encode()
+    _host, headers, body = _by_path(recorders.seen, "/form")
+    form = dict(urllib.parse.parse_qsl(body.decode()))
+    assert form["key"] == VALUE and form["text"].startswith(placeholder)
     lower = {k.lower(): v for k, v in headers.items()}
     assert "transfer-encoding" not in lower and "expect" not in lower
+    _host, headers, _body = _by_path(recorders.seen, "/echo")
+    lower = {k.lower(): v for k, v in headers.items()}
+    assert lower["authorization"] == f"Bearer {VALUE}"
+    assert lower["origin"].startswith(placeholder) and lower["x-request-id"].startswith(placeholder)
     assert "GOT /big 413" in result.stdout, result.stdout
-    assert all(path != "/big" for _h, path, _hd, _b in recorders.seen.requests)
+    assert "GOT /trace 405" in result.stdout, result.stdout
+    assert "SMUGGLE HTTP/1.1 400" in result.stdout, result.stdout
+    reached = {path for _h, path, _hd, _b in recorders.seen.requests}
+    assert not reached & {"/big", "/trace", "/smuggle"}
     records = [r for c in result.network_log for r in c.http_requests]
-    assert [(r.path, r.status, r.secrets) for r in records][:2] == [
+    assert [(r.path, r.status, r.secrets) for r in records][:3] == [
         ("/json", 200, ("API_KEY",)),
-        ("/chunked", 200, ("API_KEY",)),
+        ("/form", 200, ("API_KEY",)),
+        ("/echo", 200, ("API_KEY",)),
     ]
 
 
