@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,15 @@ log = logging.getLogger("exec_sandbox")
 
 # Where, relative to the guest home, the archive lands (the guest's pip removes it).
 ARCHIVE_DIR = ".cache/sbx-installs"
+# Installs a session may try, failed ones included (each may resolve and download on the host):
+# this many times its guest_installs_max.
+ATTEMPTS_PER_INSTALL = 4
+# Builds for guest installs at once on this host process (per event loop): a VM's code choosing
+# packages must not take every core and the disk's bandwidth from the caller's own work.
+GUEST_BUILDS_AT_ONCE = 2
+_guest_builds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,7 @@ class InstallService:
         self._boot_kind = boot_kind
         self.runtime: list[RuntimeLayer] = list(runtime)
         self._lock = asyncio.Lock()
+        self._attempts = 0  # installs that reached the host's resolver, failed ones too
         # Whether the last install came from the cache alone (Session.install()'s report).
         self.last_cache_hit = True
 
@@ -171,8 +182,13 @@ class InstallService:
             reply = await self.install(vm, kind, texts)
         except InstallRefused as exc:
             reply = {"error": {"lines": exc.lines}}
-        except ValueError as exc:
-            reply = {"error": {"lines": [f"ERROR: the install request is malformed: {exc}"]}}
+        except (ValueError, RecursionError) as exc:
+            reply = {"error": {"lines": [f"ERROR: the install request is malformed: {exc}"[:300]]}}
+        except Exception:
+            # Whatever it was, the guest's pip gets an answer (it would wait for its exec's
+            # timeout otherwise); the detail stays in the host's log.
+            log.exception("an install into a running VM failed")
+            reply = {"error": {"lines": ["ERROR: the install failed on the host (see its log)"]}}
         return json.dumps(reply).encode()
 
     async def install(self, vm: GuestVm, kind: object, texts: list[str]) -> dict[str, Any]:
@@ -203,18 +219,37 @@ class InstallService:
                         "session with packages=[...]"
                     ]
                 )
+            if self._attempts >= self._limits.max_installs * ATTEMPTS_PER_INSTALL:
+                raise InstallRefused(
+                    [
+                        f"{_prefix(language)} this sandbox has tried "
+                        f"{self._attempts} installs (guest_installs_max x "
+                        f"{ATTEMPTS_PER_INSTALL}); start a session with packages=[...]"
+                    ]
+                )
+            self._attempts += 1
+            builds = _guest_builds.setdefault(
+                asyncio.get_running_loop(), asyncio.Semaphore(GUEST_BUILDS_AT_ONCE)
+            )
             try:
-                if language == "python":
-                    change = await self._python(specs)
-                else:
-                    change = await self._javascript(specs)
+                async with builds:
+                    if language == "python":
+                        change = await self._python(specs)
+                    else:
+                        change = await self._javascript(specs)
             except ToolRefused as exc:
                 lines = exc.lines or [f"{_prefix(language)} {_one_line(str(exc))}"]
                 if language == "python":
                     lines += _python_hints(lines, specs, self.installed("python"))
                 raise InstallRefused(lines) from None
-            except (PackageBuildError, VmPermanentError, InputValidationError) as exc:
+            except InputValidationError as exc:
                 raise InstallRefused([f"{_prefix(language)} {_one_line(str(exc))}"]) from None
+            except (PackageBuildError, VmPermanentError) as exc:
+                # Its text may name the host's paths and index: the guest gets a fixed line.
+                log.warning("an install into a running VM failed to build: %s", exc)
+                raise InstallRefused(
+                    [f"{_prefix(language)} building the packages on the host failed (see its log)"]
+                ) from None
             reply: dict[str, Any] = {
                 "installed": [list(p) for p in change.added],
                 "satisfied": [list(p) for p in change.satisfied],
