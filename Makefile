@@ -47,7 +47,8 @@ test-sanitize: deps
 	$(MAKE) -C tests/c test
 	$(MAKE) -C guest test-sanitize
 
-fuzz: deps
+# The C fuzz targets, then the secrets' interception (Python: it needs the installed package).
+fuzz: install
 	$(MAKE) -C tests/c fuzz FUZZ_SECONDS=$(FUZZ_SECONDS)
 	$(PY) -m tests.fuzz.fuzz_intercept $(FUZZ_SECONDS)
 
