@@ -27,12 +27,19 @@ class RunQueueClock:
 
     def __init__(self) -> None:
         self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        self._last = 0.0
 
     def waited_s(self) -> float:
-        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        """The last reading once closed: a callback wrapped while a meter was installed may
+        still end after (the one closing it, for a start)."""
+        if self._fd >= 0:
+            self._last = int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        return self._last
 
     def close(self) -> None:
-        os.close(self._fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 @dataclass(frozen=True)

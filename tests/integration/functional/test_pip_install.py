@@ -112,9 +112,36 @@ def build_and_install(root: Path) -> Installed:
         cwd=root,
     )
     (wheel,) = dist.glob("exec_sandbox-*.whl")
+    # Its dependencies' wheels beside it, from the index this host's pip uses: the installs
+    # below take nothing from anywhere but dist.
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--only-binary=:all:",
+            "-d",
+            str(dist),
+            str(wheel),
+        ],
+        cwd=root,
+    )
     venv = root / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=root)
-    run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", str(wheel)], cwd=root)
+    run(
+        [
+            str(venv / "bin" / "pip"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(dist),
+            str(wheel),
+        ],
+        cwd=root,
+    )
     home = root / "home"
     home.mkdir()
     env = fresh_env(home, venv)
@@ -326,7 +353,15 @@ def test_setup_as_an_unprivileged_user(installed: Installed) -> None:
             )
 
         run_as_user(python, "-m", "venv", str(root / "venv"))
-        run_as_user(str(root / "venv/bin/pip"), "install", "-q", "--no-index", str(wheel))
+        run_as_user(
+            str(root / "venv/bin/pip"),
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(wheel.parent),
+            str(wheel),
+        )
         run_as_user(str(root / "venv/bin/sbx"), "setup", timeout=840)
         manifest = json.loads((images / MANIFEST_NAME).read_text())
         assert manifest["kernel_hash"] == installed.checkout_manifest["kernel_hash"]

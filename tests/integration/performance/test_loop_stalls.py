@@ -7,11 +7,17 @@ collections that ran in it, which no one operation owns): over LIMIT_S it is cer
 library's work on the loop. The rest of a callback's held time (a blocking syscall, the GIL held
 by an executor thread) cannot be attributed that surely: every callback that held the loop over
 REPORT_S is printed with its figures, so a regression there is visible in the test's output.
-Real VMs, a package index served on 127.0.0.1 (tests/package_index.py)."""
+Real VMs, a package index served on 127.0.0.1 (tests/package_index.py).
+
+The scheduler tests count a step as the library's only when it holds the loop in two lives, each
+on a fresh scheduler (`_in_two_lives`): the library's work on the loop repeats on every call (a
+fork() copying page tables did, every time), while this shared machine's host (a VM itself)
+sometimes charges a thread milliseconds it did not spend on its own code, once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import threading
@@ -91,6 +97,20 @@ class Watch:
 
 @pytest.fixture
 def watch() -> Iterator[Watch]:
+    with _watching() as watching:
+        yield watching
+
+
+@contextlib.asynccontextmanager
+async def _stall_scheduler(root: Path) -> AsyncIterator[Scheduler]:
+    config = private_config(root, memory_snapshots=True, max_concurrent_vms=4)
+    async with Scheduler(config) as scheduler:
+        await scheduler.run("print(1)")  # the process's first VM: host probes, not measured
+        yield scheduler
+
+
+@contextlib.contextmanager
+def _watching() -> Iterator[Watch]:
     gc.collect()
     clock = RunQueueClock()  # on the loop's thread: the test's coroutine runs on it
     meter = CallbackMeter(clock, REPORT_S)
@@ -107,27 +127,54 @@ def watch() -> Iterator[Watch]:
 
 @pytest.fixture
 async def stall_sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
-    config = private_config(tmp_path, memory_snapshots=True, max_concurrent_vms=4)
-    async with Scheduler(config) as scheduler:
-        await scheduler.run("print(1)")  # the process's first VM: host probes, not measured
+    async with _stall_scheduler(tmp_path) as scheduler:
         yield scheduler
 
 
-async def test_concurrent_runs_do_not_hold_the_loop(stall_sched: Scheduler, watch: Watch) -> None:
-    async def runs() -> None:
-        results = await asyncio.gather(*(stall_sched.run("print(2)") for _ in range(4)))
-        assert [r.stdout for r in results] == ["2\n"] * 4
-        await asyncio.sleep(0.3)  # the retired VMs' release, inside the measurement
-
-    await watch.step("4 concurrent run()", runs)
-    await stall_sched.wait_snapshots()
-    await watch.step("4 concurrent run() from L1", runs)
-    watch.check()
-
-
-async def test_a_sessions_life_does_not_hold_the_loop(
-    stall_sched: Scheduler, watch: Watch, tmp_path: Path
+async def _in_two_lives(
+    tmp_path: Path, life: Callable[[Scheduler, Watch, Path], Awaitable[None]]
 ) -> None:
+    """life on a fresh scheduler; if a step held the loop, a second life on another fresh one,
+    and the test fails for the steps that held it in both (see the module's docstring)."""
+    held: list[set[str]] = []
+    for attempt in (1, 2):
+        root = tmp_path / f"life{attempt}"
+        root.mkdir()
+        # Watched until the scheduler is closed: callbacks the life scheduled may run after it.
+        with _watching() as watch:
+            async with _stall_scheduler(root) as scheduler:
+                await life(scheduler, watch, root)
+        print(f"life {attempt}:\n" + "\n".join(watch.report))
+        held.append({what for what, _ in watch.ours})
+        if not watch.ours:
+            return
+        print(f"life {attempt}: over the limit: " + "; ".join(f"{w}: {x}" for w, x in watch.ours))
+    both = held[0] & held[1]
+    assert not both, (
+        f"the loop thread's own work held the loop over {LIMIT_S * 1000:g} ms in both lives, "
+        f"in: {', '.join(sorted(both))} (figures above)"
+    )
+
+
+async def test_concurrent_runs_do_not_hold_the_loop(tmp_path: Path, images_ready: None) -> None:
+    async def life(stall_sched: Scheduler, watch: Watch, _root: Path) -> None:
+        async def runs() -> None:
+            results = await asyncio.gather(*(stall_sched.run("print(2)") for _ in range(4)))
+            assert [r.stdout for r in results] == ["2\n"] * 4
+            await asyncio.sleep(0.3)  # the retired VMs' release, inside the measurement
+
+        await watch.step("4 concurrent run()", runs)
+        await stall_sched.wait_snapshots()
+        await watch.step("4 concurrent run() from L1", runs)
+
+    await _in_two_lives(tmp_path, life)
+
+
+async def test_a_sessions_life_does_not_hold_the_loop(tmp_path: Path, images_ready: None) -> None:
+    await _in_two_lives(tmp_path, _a_sessions_life)
+
+
+async def _a_sessions_life(stall_sched: Scheduler, watch: Watch, tmp_path: Path) -> None:
     payload = os.urandom(32 * MB)
     session = await watch.step("session()", stall_sched.session)
     try:
@@ -155,7 +202,6 @@ async def test_a_sessions_life_does_not_hold_the_loop(
         await watch.step("delete_snapshot", lambda: stall_sched.delete_snapshot(second))
     finally:
         await session.close()
-    watch.check()
 
 
 @pytest.fixture
