@@ -315,6 +315,9 @@ def test_setup_as_an_unprivileged_user(installed: Installed) -> None:
         os.chown(root, user.pw_uid, user.pw_gid)
         wheel = root / installed.wheel.name
         shutil.copy(installed.wheel, wheel)
+        for dependency in installed.wheel.parent.glob("*.whl"):  # h11 and the like
+            if dependency != installed.wheel:
+                shutil.copy(dependency, root / dependency.name)
         images = root / "home" / ".cache" / "exec-sandbox" / "images"
         images.mkdir(parents=True)
         kernel = Path(str(installed.checkout_manifest["kernel"]))
