@@ -304,11 +304,18 @@ def _real_pip(args: list[str]) -> int:
 
 def _unpack(archive: str, site_dir: str, bin_dir: str | None = None) -> None:
     """The host's archive: `site-packages/...` into the user site directory, `bin/...` into
-    ~/.local/bin. The archive comes from the host; the checks keep a damaged one inside."""
+    ~/.local/bin."""
+    bin_dir = bin_dir or os.path.join(os.path.expanduser("~"), ".local", "bin")
+    unpack_archive(archive, {"site-packages": site_dir, "bin": bin_dir})
+
+
+def unpack_archive(archive: str, roots: dict[str, str]) -> None:
+    """Unpack an install archive the host wrote, then remove it: each entry `TOP/rest` goes to
+    roots[TOP]/rest, regular files and directories only (links and devices are never part of an
+    installed package). The archive comes from the host; the checks keep a damaged one inside
+    the roots (ValueError)."""
     import tarfile
 
-    bin_dir = bin_dir or os.path.join(os.path.expanduser("~"), ".local", "bin")
-    roots = {"site-packages": site_dir, "bin": bin_dir}
     try:
         with tarfile.open(archive) as tar:
             for member in tar.getmembers():
@@ -317,7 +324,7 @@ def _unpack(archive: str, site_dir: str, bin_dir: str | None = None) -> None:
                 if top not in roots or not rest or ".." in parts or rest.startswith("/"):
                     raise ValueError(f"unexpected entry {member.name!r} in the install archive")
                 if not (member.isfile() or member.isdir()):
-                    continue  # links and devices: never part of an installed package
+                    continue
                 dest = os.path.join(roots[top], rest)
                 if member.isdir():
                     os.makedirs(dest, exist_ok=True)

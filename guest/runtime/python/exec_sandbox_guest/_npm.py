@@ -171,32 +171,12 @@ def _install(args: list[str]) -> int:
 
 def replace_tree(archive: str) -> None:
     """Unpack the host's archive (node_modules/...) beside ~/node_modules, then swap it in."""
-    import tarfile
+    from . import _install
 
     home = os.path.expanduser("~")
     staging = os.path.join(home, ".cache", "sbx-installs", "tree")
     shutil.rmtree(staging, ignore_errors=True)
-    try:
-        with tarfile.open(archive) as tar:
-            for member in tar.getmembers():
-                parts = member.name.split("/")
-                if parts[0] != "node_modules" or len(parts) < 2 or ".." in parts:
-                    raise ValueError(f"unexpected entry {member.name!r} in the install archive")
-                if not member.isfile():
-                    continue
-                dest = os.path.join(staging, *parts)
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                source = tar.extractfile(member)
-                if source is None:
-                    continue
-                with source, open(dest, "wb") as out:
-                    shutil.copyfileobj(source, out, 1 << 20)
-                os.chmod(dest, 0o755 if member.mode & 0o111 else 0o644)
-    finally:
-        try:
-            os.unlink(archive)
-        except OSError:
-            pass
+    _install.unpack_archive(archive, {"node_modules": os.path.join(staging, "node_modules")})
     new = os.path.join(staging, "node_modules")
     os.makedirs(new, exist_ok=True)
     target = os.path.join(home, "node_modules")
