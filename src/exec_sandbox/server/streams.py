@@ -33,9 +33,11 @@ from .tokens import Principal
 
 log = logging.getLogger(__name__)
 
-# Output not yet sent to a client, at most (stdout is capped at 1 MB and stderr at 100 KB per
-# call: only a client that stopped reading reaches this).
-OUTBOX_BYTES = 4 << 20
+# Output not yet sent to a client, at most: a quarter of what one call may print (stdout 1 MiB,
+# stderr 100 KiB), so that a client that stopped reading is found out while the code runs and
+# the server holds little for it (the socket buffers hold a few hundred KiB more). A client
+# that reads keeps the outbox near empty.
+OUTBOX_BYTES = 256 << 10
 CLOSE_TOO_SLOW = 1013  # "try again later": the client did not keep up with the output
 # The first message of a run or exec: its JSON body (code up to 1 MB, escaped, with options).
 MAX_REQUEST_BYTES = 8 << 20

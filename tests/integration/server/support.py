@@ -120,15 +120,18 @@ class Server:
         )
 
     @contextlib.asynccontextmanager
-    async def ws(self, path: str, token: str | None = None) -> AsyncIterator[ClientConnection]:
+    async def ws(
+        self, path: str, token: str | None = None, *, max_queue: int = 16
+    ) -> AsyncIterator[ClientConnection]:
         """A WebSocket to /v1{path}: on TCP with token, else on the Unix socket."""
         if token is None:
-            async with unix_connect(str(self.socket), f"ws://sbx/v1{path}") as conn:
+            url = f"ws://sbx/v1{path}"
+            async with unix_connect(str(self.socket), url, max_queue=max_queue) as conn:
                 yield conn
         else:
             headers = {"Authorization": f"Bearer {token}"}
             url = f"ws://127.0.0.1:{self.port}/v1{path}"
-            async with connect(url, additional_headers=headers) as conn:
+            async with connect(url, additional_headers=headers, max_queue=max_queue) as conn:
                 yield conn
 
 
