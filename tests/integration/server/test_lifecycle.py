@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,21 @@ async def test_sigkill_leaves_no_qemu_and_the_next_server_replaces_the_socket(
         assert refused.returncode != 0 and "already listening" in refused.stderr
         async with second.local() as client:
             assert (await client.get("/health")).status_code == 200
+
+
+async def test_tls_listener_serves_https_with_tokens(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    tls = ("--host", "127.0.0.1", "--tls-cert", str(cert), "--tls-key", str(key))
+    with running(tmp_path, *tls) as server:
+        assert server.scheme == "https"
+        token = server.token("tls-user")
+        async with server.tcp(token, verify=ssl.create_default_context(cafile=cert)) as client:
+            answer = await client.post("/run", json={"code": "print('over tls')"})
+        assert answer.json()["stdout"] == "over tls\n"
