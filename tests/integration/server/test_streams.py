@@ -146,6 +146,27 @@ async def test_process_attach_streams_output_stdin_and_exit(server: Server) -> N
             await client.delete(f"/sessions/{sid}")
 
 
+async def test_process_attach_closes_stdin_and_kills(server: Server) -> None:
+    async with server.local() as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        try:
+            cat = (await client.post(f"/sessions/{sid}/processes", json={"cmd": ["cat"]})).json()
+            async with server.ws(f"/sessions/{sid}/processes/{cat['pid']}") as ws:
+                await ws.send(json.dumps({"type": "close_stdin"}))
+                messages = [m for _, m in await _messages(ws)]
+            assert messages[-1] == {"type": "exit", "exit_code": 0}  # EOF ended cat
+            spec = {"cmd": "echo started; sleep 600"}
+            pid = (await client.post(f"/sessions/{sid}/processes", json=spec)).json()["pid"]
+            async with server.ws(f"/sessions/{sid}/processes/{pid}") as ws:
+                first = json.loads(await ws.recv())
+                assert base64.b64decode(first["data"]["base64"]) == b"started\n"
+                await ws.send(json.dumps({"type": "kill", "signal": 9}))
+                messages = [m for _, m in await _messages(ws)]
+            assert messages[-1] == {"type": "exit", "exit_code": 128 + 9}
+        finally:
+            await client.delete(f"/sessions/{sid}")
+
+
 async def test_terminal_echoes_resizes_and_hangs_up_when_the_client_goes(server: Server) -> None:
     async with server.local() as client:
         sid = (await client.post("/sessions", json={})).json()["id"]
