@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -194,3 +195,19 @@ async def test_terminal_echoes_resizes_and_hangs_up_when_the_client_goes(server:
             assert json.loads(last) == {"type": "exit", "exit_code": 5}
         finally:
             await client.delete(f"/sessions/{sid}")
+
+
+async def test_rest_run_whose_client_gave_up_is_cancelled(server: Server) -> None:
+    before = set(server.qemus())
+    code = "import time\ntime.sleep(60)\n"
+    async with server.local() as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/run", json={"code": code}, timeout=3)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            vms = (await client.get("/info")).json()["limits"]["vms"]
+            if vms == 0 and not set(server.qemus()) - before:
+                break
+            await asyncio.sleep(0.2)
+    assert not set(server.qemus()) - before, "the run's VM outlived its client"
+    assert vms == 0
