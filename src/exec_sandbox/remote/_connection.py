@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +39,8 @@ WS_MAX_BYTES = JSON_MAX_BYTES
 # A file read: the library's own limit per file, plus nothing (the server streams the bytes).
 FILE_MAX_BYTES = FILE_SIZE_MAX
 _CONNECT_SECONDS = 10.0
+# A request body that is not JSON: bytes, or chunks (an upload read from a file as it goes).
+Body = bytes | AsyncIterable[bytes]
 # Writes and the server's first byte of an answer: a run or exec may take up to a day, so the
 # read timeout is off; the server's own timeouts end every call.
 _TIMEOUT = httpx.Timeout(connect=_CONNECT_SECONDS, read=None, write=120.0, pool=None)
@@ -127,7 +129,7 @@ class Connection:
         url: str,
         *,
         body: Any = None,
-        content: bytes | None = None,
+        content: Body | None = None,
         params: Mapping[str, Any] | None = None,
         runs_code: bool = False,
     ) -> Any:
@@ -167,7 +169,7 @@ class Connection:
         method: str,
         url: str,
         body: Any,
-        content: bytes | None,
+        content: Body | None,
         params: Mapping[str, Any] | None,
         runs_code: bool,
     ) -> AsyncIterator[httpx.Response]:

@@ -29,6 +29,7 @@ from ..errors import (
     InputValidationError,
     SandboxError,
     SessionClosedError,
+    SnapshotError,
     TemplateError,
 )
 from ..models import ExecutionResult, Language, SessionSnapshot, Template
@@ -199,7 +200,13 @@ class RemoteScheduler:
         """A paused session back as a live one on the server (Scheduler.resume())."""
         snapshot = check_id(snapshot_id)
         await self._started()
-        data = await self._call_raw("POST", _conn.path("snapshots", snapshot, "resume"))
+        try:
+            data = await self._call_raw("POST", _conn.path("snapshots", snapshot, "resume"))
+        except SessionClosedError as exc:
+            if getattr(exc, "code", "") == wire.NOT_FOUND:
+                # As Scheduler.resume() says it: no such snapshot (or not this token's).
+                raise SnapshotError(str(exc)) from None
+            raise
         return self._adopt(data, on_stdout, on_stderr)
 
     async def snapshots(self) -> list[SessionSnapshot]:
@@ -244,6 +251,11 @@ class RemoteScheduler:
         """Scheduler.build_template() on the server (admin tokens; the Unix socket). `image`
         is a registry reference, or a path on the server's machine; Copy steps (host files)
         are refused. on_progress is not called: the server answers when the build ends."""
+        if image is not None and (isinstance(image, os.PathLike) or _looks_like_path(image)):
+            raise InputValidationError(
+                "image must be a registry reference: a path would name a file of the server's "
+                "machine (build the template there, or push the image to a registry)"
+            )
         request = BuildRequest.make(
             name,
             image=image,
@@ -255,7 +267,7 @@ class RemoteScheduler:
         )
         body: dict[str, Any] = {"name": request.name, "steps": [_step(s) for s in steps]}
         if image is not None:
-            body["image"] = os.fspath(image)
+            body["image"] = image
         if base != "default":
             body["base"] = base
         if allowed_domains is not None:
@@ -324,7 +336,7 @@ class RemoteScheduler:
         url: str,
         *,
         body: Any = None,
-        content: bytes | None = None,
+        content: _conn.Body | None = None,
         params: Mapping[str, Any] | None = None,
         runs_code: bool = False,
     ) -> Any:
@@ -404,6 +416,10 @@ def _refuse_host_only(options: RunOptions) -> None:
             "RemoteScheduler does not support host tools (tools=...): they are callables of "
             "this process, which the server's VMs cannot call; use a local Scheduler"
         )
+
+
+def _looks_like_path(image: str) -> bool:
+    return isinstance(image, str) and image.startswith(("/", ".", "~"))
 
 
 def _session_body(options: RunOptions) -> dict[str, Any]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from .. import wire
 from ..errors import (
     CommunicationError,
     InputValidationError,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 _MAX_FORKS = 16
+_UPLOAD_CHUNK = 1 << 20
 
 
 class RemoteSession:
@@ -186,7 +188,8 @@ class RemoteSession:
         """Write content (bytes, a Path or a binary file object) to path under /home/user in
         the VM. Atomic: the file appears whole or not at all."""
         file_transfer.guest_path(path)
-        data = await _content_bytes(content)
+        self._check_open()
+        data = await _upload(content)
         await self._call(
             "PUT",
             "files",
@@ -401,23 +404,31 @@ class RemoteSession:
         method: str,
         *parts: str,
         body: Any = None,
-        content: bytes | None = None,
+        content: _conn.Body | None = None,
         params: Mapping[str, Any] | None = None,
         runs_code: bool = False,
     ) -> Any:
-        """One REST call on this session; a session_closed or not_found answer closes this
-        handle too."""
+        """One REST call on this session; a session_closed answer, or not_found for the
+        session itself, closes this handle too. A process call's not_found for its pid is
+        ProcessLookupError (the session goes on)."""
         self._check_open()
-        return await self._guard(
-            self._scheduler._call_raw(
-                method,
-                self._url(*parts),
-                body=body,
-                content=content,
-                params=params,
-                runs_code=runs_code,
-            )
+        call = self._scheduler._call_raw(
+            method,
+            self._url(*parts),
+            body=body,
+            content=content,
+            params=params,
+            runs_code=runs_code,
         )
+        if parts[:1] != ("processes",) or len(parts) < 2:
+            return await self._guard(call)
+        try:
+            return await call
+        except SessionClosedError as exc:
+            if getattr(exc, "code", "") == wire.NOT_FOUND and not _about_session(exc):
+                raise ProcessLookupError(str(exc)) from None
+            self._mark_closed(str(exc))
+            raise
 
     async def _guard(self, call: Awaitable[_T]) -> _T:
         """call's outcome; a session_closed or not_found answer closes this handle too (the
@@ -433,18 +444,38 @@ class RemoteSession:
         return self._scheduler._conn_or_raise().stream(url)
 
 
-async def _content_bytes(content: bytes | Path | IO[bytes]) -> bytes:
-    """The bytes to upload (a Path or a file object read off the event loop)."""
+def _about_session(exc: BaseException) -> bool:
+    # The server's not_found for a session says "no session ID"; for a pid, "no process N"
+    # or the guest's "process N: ...".
+    return str(exc).startswith("no session")
+
+
+async def _upload(content: bytes | Path | IO[bytes]) -> _conn.Body:
+    """What to send for write_file(): bytes as they are; a Path or a file object read in
+    chunks off the event loop, so a large file never sits in memory whole."""
     if isinstance(content, bytes | bytearray | memoryview):
         return bytes(content)
-    loop = asyncio.get_running_loop()
     if isinstance(content, Path):
-        return await loop.run_in_executor(None, content.read_bytes)
+        loop = asyncio.get_running_loop()
+        handle: IO[bytes] = await loop.run_in_executor(None, content.open, "rb")
+        return _chunks(handle, close=True)
     if hasattr(content, "read"):
-        data = await loop.run_in_executor(None, content.read)
-        if not isinstance(data, bytes | bytearray):
-            raise InputValidationError("the file object must be opened in binary mode")
-        return bytes(data)
+        return _chunks(content, close=False)
     raise InputValidationError(
         f"content must be bytes, a Path or a binary file object, got {type(content).__name__}"
     )
+
+
+async def _chunks(handle: IO[bytes], *, close: bool) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            chunk = await loop.run_in_executor(None, handle.read, _UPLOAD_CHUNK)
+            if not chunk:
+                return
+            if not isinstance(chunk, bytes | bytearray):
+                raise InputValidationError("the file object must be opened in binary mode")
+            yield bytes(chunk)
+    finally:
+        if close:
+            await loop.run_in_executor(None, handle.close)
