@@ -299,6 +299,4 @@ async def test_terminal_runs_a_shell(sandbox: SandboxScheduler) -> None:
                 assert chunk, f"the terminal ended early: {seen!r}"
                 seen += chunk
             await terminal.write("exit 5\r")
-            while await asyncio.wait_for(terminal.read(), 30):
-                pass
-            assert terminal.exit_code == 5
+            assert await terminal.wait(30) == 5
