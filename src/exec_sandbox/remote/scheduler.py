@@ -116,12 +116,12 @@ class RemoteScheduler:
         """Close the sessions this client opened, then the connection. Idempotent."""
         if self._closed:
             return
-        self._closed = True
-        for session in list(self._owned):
+        for session in list(self._owned):  # while the connection still takes calls
             try:
                 await session.close()
             except SandboxError:
                 pass
+        self._closed = True
         if self._conn is not None:
             await self._conn.aclose()
 
