@@ -35,9 +35,8 @@ Stream = Literal["stdout", "stderr"]
 ProcessOutputCallback = Callable[[bytes], "Awaitable[None] | None"]
 # What one output message may carry (the guest's chunks are 64 KiB; base64 and JSON add a third).
 _CHUNK_MAX_BYTES = 4 << 20
-# wait(timeout): how often the process's state is asked for, from the first to the slowest.
-_POLL_FIRST_SECONDS = 0.05
-_POLL_MAX_SECONDS = 1.0
+# The longest wait one request asks the server to hold: a closed session is noticed by then.
+_WAIT_STEP_SECONDS = 30.0
 
 
 class RemoteProcessOutput:
@@ -117,27 +116,20 @@ class RemoteProcess:
             raise InputValidationError("timeout must be None or a number of seconds >= 0")
         if self._exit_code is not None:
             return self._exit_code
-        if timeout is None:
-            # The server holds the request until the process ends.
-            data = await self._session._call("POST", "processes", str(self.pid), "wait")
-            info = self._update(_conn.decoded(ProcessInfo, data, "process wait"))
-            if info.exit_code is None:
-                raise CommunicationError(f"process {self.pid}: the server's wait ended early")
-            return info.exit_code
-        # With a deadline: asked again at growing intervals (a wait the server holds past its
-        # timeout answers an error rather than the process's state).
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        pause = _POLL_FIRST_SECONDS
+        deadline = None if timeout is None else loop.time() + timeout
         while True:
-            info = await self.info()
+            # The server holds each request up to its timeout and answers the state then.
+            left = _WAIT_STEP_SECONDS if deadline is None else deadline - loop.time()
+            step = round(max(0.0, min(left, _WAIT_STEP_SECONDS)), 3)
+            data = await self._session._call(
+                "POST", "processes", str(self.pid), "wait", params={"timeout": step}
+            )
+            info = self._update(_conn.decoded(ProcessInfo, data, "process wait"))
             if info.exit_code is not None:
                 return info.exit_code
-            left = deadline - loop.time()
-            if left <= 0:
+            if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"process {self.pid} still runs after {timeout} s")
-            await asyncio.sleep(min(pause, left))
-            pause = min(pause * 2, _POLL_MAX_SECONDS)
 
     async def write_stdin(self, data: bytes | str) -> None:
         """Write to the process's stdin (a str as UTF-8); returns once the guest wrote it.
