@@ -30,6 +30,11 @@ def test_a_path_or_unix_url_is_the_socket_and_http_is_tcp(tmp_path: Path) -> Non
     assert Endpoint.parse("https://sbx.example:443/").ws_base == "wss://sbx.example:443"
 
 
+def test_no_address_is_the_servers_default_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
+    assert RemoteScheduler().endpoint.socket_path == "/run/user/4242/exec-sandbox/sbx.sock"
+
+
 @pytest.mark.parametrize(
     "target", ["", "ftp://host", "unix://relative", "http://host:1/v1", "http://"]
 )

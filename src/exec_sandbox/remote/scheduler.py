@@ -21,7 +21,7 @@ from typing import Any, Unpack
 
 from websockets.exceptions import ConnectionClosed
 
-from .. import _logging, wire
+from .. import _logging, paths, wire
 from ..config import SchedulerConfig
 from ..errors import (
     CommunicationError,
@@ -48,8 +48,8 @@ _STREAM_TEXT_MAX = 4 << 20  # one output message of a run/exec (the guest's chun
 
 
 class RemoteScheduler:
-    """`async with RemoteScheduler("/run/user/1000/exec-sandbox.sock") as remote:` (or
-    `"http://127.0.0.1:8642"` with a token) then `await remote.run(...)`,
+    """`async with RemoteScheduler() as remote:` (the default socket of `sbx serve`; or a socket
+    path, or `"http://127.0.0.1:8642"` with a token) then `await remote.run(...)`,
     `await remote.session(...)` as on a Scheduler.
 
     `token`: the bearer token for TCP (default: $EXEC_SANDBOX_TOKEN; the Unix socket needs
@@ -59,12 +59,14 @@ class RemoteScheduler:
 
     def __init__(
         self,
-        socket_path_or_url: str | os.PathLike[str],
+        socket_path_or_url: str | os.PathLike[str] | None = None,
         token: str | None = None,
         *,
         config: SchedulerConfig | None = None,
     ) -> None:
         _logging.configure_from_env()
+        if socket_path_or_url is None:
+            socket_path_or_url = paths.server_socket()  # where `sbx serve` listens by default
         self.endpoint = _conn.Endpoint.parse(socket_path_or_url)
         token = token if token is not None else os.environ.get(_conn.TOKEN_ENV) or None
         if token is not None and (not isinstance(token, str) or not token.isprintable()):
