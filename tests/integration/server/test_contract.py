@@ -30,6 +30,7 @@ from exec_sandbox import (
 )
 from exec_sandbox.protocols import SandboxScheduler
 from exec_sandbox.remote import RemoteScheduler
+from tests.integration.network.test_exposed_ports import SERVE_PY, host_get
 from tests.package_index import LocalIndex, make_wheel
 
 from .support import Server, running
@@ -81,7 +82,9 @@ def token(server: Server) -> str:
 async def sandbox(request: pytest.FixtureRequest) -> AsyncIterator[SandboxScheduler]:
     """One scheduler of each kind; every session a test leaves open is closed by close()."""
     if request.param == "local":
-        async with Scheduler(SchedulerConfig(max_concurrent_vms=3)) as local:
+        # Volumes in the test's own directory, as the server's (support.py): not the user's.
+        volumes = request.getfixturevalue("tmp_path") / "volumes"
+        async with Scheduler(SchedulerConfig(max_concurrent_vms=3, volume_dir=volumes)) as local:
             yield local
         return
     server: Server = request.getfixturevalue("server")
@@ -300,3 +303,40 @@ async def test_terminal_runs_a_shell(sandbox: SandboxScheduler) -> None:
                 seen += chunk
             await terminal.write("exit 5\r")
             assert await terminal.wait(30) == 5
+
+
+# --- ports, volumes, templates ---
+
+
+async def test_an_exposed_port_reaches_a_server_in_the_guest(sandbox: SandboxScheduler) -> None:
+    async with await sandbox.session(expose_ports=[8000]) as session:
+        (exposed,) = session.exposed_ports  # type: ignore[attr-defined]
+        assert (exposed.internal, exposed.host) == (8000, "127.0.0.1")
+        result = await session.exec(SERVE_PY)
+        assert result.exit_code == 0, result.stderr
+        assert await host_get(exposed.url + "/page.txt") == b"served by the guest\n"
+
+
+async def test_a_volume_outlives_the_vm_that_wrote_it(sandbox: SandboxScheduler) -> None:
+    volume = await sandbox.volume("contract-vol", size_mb=16)  # type: ignore[attr-defined]
+    try:
+        assert "contract-vol" in [v.name for v in await sandbox.volumes()]  # type: ignore[attr-defined]
+        wrote = await sandbox.run(
+            "open('/mnt/data/kept.txt', 'w').write('kept')", volumes={"/mnt/data": volume}
+        )
+        assert wrote.exit_code == 0, wrote.stderr
+        read = await sandbox.run(
+            "print(open('/mnt/data/kept.txt').read())",
+            volumes={"/mnt/data": volume.read_only()},
+        )
+        assert read.stdout == "kept\n"
+    finally:
+        assert await sandbox.delete_volume("contract-vol")  # type: ignore[attr-defined]
+    assert not await sandbox.delete_volume("contract-vol")  # type: ignore[attr-defined]
+
+
+async def test_templates_are_listed_and_an_unknown_one_is_not_deleted(
+    sandbox: SandboxScheduler,
+) -> None:
+    assert isinstance(await sandbox.templates(), list)  # type: ignore[attr-defined]
+    assert not await sandbox.delete_template("no-such-template")  # type: ignore[attr-defined]
