@@ -17,9 +17,10 @@ import inspect
 import json
 import signal as _signal
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -28,8 +29,27 @@ from ..errors import CommunicationError, InputValidationError, SessionClosedErro
 from ..processes import ProcessInfo, validate_signal, validate_terminal_size
 from . import _connection as _conn
 
-if TYPE_CHECKING:
-    from .session import RemoteSession
+
+class ProcessHost(Protocol):
+    """What a handle asks its session for (RemoteSession): one REST call on the session, the
+    URL of one of its paths, a WebSocket to it, and whether it is still open."""
+
+    async def _call(
+        self,
+        method: str,
+        *parts: str,
+        body: Any = None,
+        content: _conn.Body | None = None,
+        params: Mapping[str, Any] | None = None,
+        runs_code: bool = False,
+    ) -> Any: ...
+
+    def _url(self, *parts: str) -> str: ...
+
+    def _stream(self, url: str) -> AbstractAsyncContextManager[ClientConnection]: ...
+
+    def _check_open(self) -> None: ...
+
 
 Stream = Literal["stdout", "stderr"]
 ProcessOutputCallback = Callable[[bytes], "Awaitable[None] | None"]
@@ -70,7 +90,7 @@ class RemoteProcess:
     """A process in a remote session's VM (`await session.spawn()`, `session.processes()`).
     Operations raise SessionClosedError once the session is closed or paused."""
 
-    def __init__(self, session: RemoteSession, info: ProcessInfo) -> None:
+    def __init__(self, session: ProcessHost, info: ProcessInfo) -> None:
         self._session = session
         self.pid = info.pid
         self.command = info.command
@@ -247,7 +267,7 @@ class RemoteTerminal:
     write(), output with `async for chunk in terminal` or read(), resize(), close() (hangs it
     up). Its WebSocket is the terminal: it ends when this handle closes."""
 
-    def __init__(self, session: RemoteSession, ws: ClientConnection, cols: int, rows: int) -> None:
+    def __init__(self, session: ProcessHost, ws: ClientConnection, cols: int, rows: int) -> None:
         self._session = session
         self._ws = ws
         self.cols = cols

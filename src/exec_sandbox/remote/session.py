@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, Any, Protocol, TypeVar
+
+from websockets.asyncio.client import ClientConnection
 
 from .. import wire
 from ..errors import (
@@ -42,12 +45,42 @@ from ..vm.execution import OutputCallback
 from . import _connection as _conn
 from .processes import ProcessOutputCallback, RemoteProcess, RemoteTerminal
 
-if TYPE_CHECKING:
-    from .scheduler import RemoteScheduler
-
 _T = TypeVar("_T")
 _MAX_FORKS = 16
 _UPLOAD_CHUNK = 1 << 20
+
+
+class SessionOwner(Protocol):
+    """What a session asks the client that made it for (RemoteScheduler): REST calls, the
+    connection for streams, a streamed run or exec, and its table of the sessions it opened."""
+
+    async def _call_raw(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: Any = None,
+        content: _conn.Body | None = None,
+        params: Mapping[str, Any] | None = None,
+        runs_code: bool = False,
+    ) -> Any: ...
+
+    def _conn_or_raise(self) -> _conn.Connection: ...
+
+    async def _streamed(
+        self,
+        url: str,
+        body: dict[str, Any],
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        what: str,
+    ) -> ExecutionResult: ...
+
+    def _adopt(
+        self, info: Any, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None
+    ) -> RemoteSession: ...
+
+    def _forget(self, session: RemoteSession) -> None: ...
 
 
 class RemoteSession:
@@ -69,7 +102,7 @@ class RemoteSession:
 
     def __init__(
         self,
-        scheduler: RemoteScheduler,
+        scheduler: SessionOwner,
         info: Mapping[str, Any],
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
@@ -439,7 +472,7 @@ class RemoteSession:
             self._mark_closed(str(exc))
             raise
 
-    def _stream(self, url: str) -> Any:
+    def _stream(self, url: str) -> AbstractAsyncContextManager[ClientConnection]:
         self._check_open()
         return self._scheduler._conn_or_raise().stream(url)
 
