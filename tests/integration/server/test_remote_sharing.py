@@ -1,5 +1,6 @@
 """What only a remote client has: a session used by two clients with different tokens once it is
-shared, attached by id, and what each client's close() does; a bad token fails at start()."""
+shared, attached by id, and what each client's close() does; a bad token fails at start(); one
+client and its session handle outliving a restart of the server."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import pytest
 
 pytest.importorskip("httpx", reason="the remote extra is not installed")
 
-from exec_sandbox import PermanentError, SessionClosedError
+import signal
+from pathlib import Path
+
+from exec_sandbox import CommunicationError, PermanentError, SessionClosedError
 from exec_sandbox.remote import RemoteScheduler
 
-from .support import Server
+from .support import Server, running
 
 pytestmark = pytest.mark.vm
 
@@ -47,3 +51,23 @@ async def test_an_unknown_token_fails_at_start(server: Server) -> None:
         await remote.start()
     assert getattr(info.value, "code", "") == "unauthorized"
     await remote.close()
+
+
+async def test_a_client_and_its_session_outlive_a_server_restart(tmp_path: Path) -> None:
+    first = Server(tmp_path).start()
+    try:
+        remote = RemoteScheduler(first.socket)
+        await remote.start()
+        session = await remote.session()
+        await session.exec("kept = 'across the restart'")
+    finally:
+        assert first.stop(signal.SIGTERM) == 0, first.log()
+    # No server: a clear error, not a hang; the handle stays open (the server paused it).
+    with pytest.raises(CommunicationError):
+        await session.exec("print(kept)")
+    assert not session.closed
+    with running(tmp_path, state_dir=first.state_dir):
+        # The same client object and handle: new connections, the same session id.
+        assert (await session.exec("print(kept)")).stdout == "across the restart\n"
+        await remote.close()
+        assert session.closed
