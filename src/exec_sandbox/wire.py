@@ -235,12 +235,22 @@ def exception_of(body: Any, status: int = 0) -> Exception:
     code = str(error.get("code", INTERNAL))
     message = str(error.get("message", ""))
     cls = ERROR_CODES.get(code) or SERVER_CODES.get(code, _errors.SandboxError)
+    details = error.get("details")
+    details = details if isinstance(details, Mapping) else {}
     if cls is _errors.TemplateBuildError:
-        details = error.get("details") or {}
         return _errors.TemplateBuildError(
             message, step=details.get("step"), exit_code=details.get("exit_code")
         )
-    exc = cls(message)
+    if cls is _errors.OutputLimitError:
+        # The output up to the limit, kept on the exception as in-process.
+        stdout, stderr = details.get("stdout", ""), details.get("stderr", "")
+        exc: Exception = _errors.OutputLimitError(
+            message,
+            stdout=stdout if isinstance(stdout, str) else "",
+            stderr=stderr if isinstance(stderr, str) else "",
+        )
+    else:
+        exc = cls(message)
     exc.code = code  # type: ignore[attr-defined]
     return exc
 

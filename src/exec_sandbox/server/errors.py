@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import wire
-from ..errors import SandboxError, TemplateBuildError
+from ..errors import OutputLimitError, SandboxError, TemplateBuildError
 from .hub import HubError
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,8 @@ def error_of(exc: BaseException) -> tuple[int, dict[str, Any]]:
         details: dict[str, Any] = {}
         if isinstance(exc, TemplateBuildError):
             details = {"step": exc.step, "exit_code": exc.exit_code}
+        elif isinstance(exc, OutputLimitError):
+            details = {"stdout": exc.stdout, "stderr": exc.stderr}
         return wire.error_status(code), wire.error_body(code, str(exc), **details)
     if isinstance(exc, RequestValidationError | ValueError | UnicodeDecodeError):
         return wire.error_status(wire.BAD_REQUEST), wire.error_body(

@@ -28,6 +28,7 @@ from exec_sandbox import (
     SessionClosedError,
     SnapshotError,
 )
+from exec_sandbox.limits import STDOUT_LIMIT_BYTES
 from exec_sandbox.protocols import SandboxScheduler
 from exec_sandbox.remote import RemoteScheduler
 from tests.integration.network.test_exposed_ports import SERVE_PY, host_get
@@ -124,8 +125,15 @@ async def test_a_syntax_error_is_a_result_not_an_exception(sandbox: SandboxSched
 
 
 async def test_stdout_over_the_limit_raises_output_limit(sandbox: SandboxScheduler) -> None:
-    with pytest.raises(OutputLimitError):
-        await sandbox.run("import sys\nfor _ in range(40): sys.stdout.write('x' * 32768)")
+    with pytest.raises(OutputLimitError) as info:
+        await sandbox.run(
+            "import sys\nprint('to stderr', file=sys.stderr, flush=True)\n"
+            "for _ in range(40): sys.stdout.write('x' * 32768)"
+        )
+    # The output up to the limit is kept on the exception, through the server too.
+    assert 0 < len(info.value.stdout) <= STDOUT_LIMIT_BYTES
+    assert set(info.value.stdout) == {"x"}
+    assert info.value.stderr == "to stderr\n"
 
 
 async def test_output_streams_to_the_callbacks_as_it_is_written(
