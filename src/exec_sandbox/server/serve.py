@@ -173,6 +173,9 @@ async def serve(
         hub.start()
         stack.push_async_callback(hub.shutdown)  # before the Scheduler closes
         app = create_app(hub)
+        # uvicorn's lifespan is off (two listeners share the app): the app's own lifespan (a
+        # mounted app's, such as MCP's session manager, hooked into it) runs here, once.
+        await stack.enter_async_context(app.router.lifespan_context(app))
         if options.socket_path is not None:
             server = _server(Authenticate(app, None), options, tls=False)
             await server.startup(sockets=[unix])
