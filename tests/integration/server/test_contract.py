@@ -281,6 +281,8 @@ async def test_spawned_process_output_and_kill(sandbox: SandboxScheduler) -> Non
         )
         reader = process.stdout.__aiter__()
         assert await asyncio.wait_for(reader.__anext__(), 30) == b"out\n"
+        errors = process.stderr.__aiter__()  # written before the kill, not raced by it
+        assert await asyncio.wait_for(errors.__anext__(), 30) == b"err\n"
         assert process.exit_code is None
         listed = await session.processes()  # type: ignore[attr-defined]
         assert process.pid in [p.pid for p in listed]
