@@ -12,10 +12,12 @@ a plain REST call. Host tools (`tools=`) are host callables and cannot cross to 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -44,7 +46,9 @@ from ..volumes.volume import validate_volume_size
 from . import _connection as _conn
 from .session import RemoteSession
 
-_STREAM_TEXT_MAX = 4 << 20  # one output message of a run/exec (the guest's chunks are far smaller)
+_STREAM_TEXT_MAX = 4 << 20
+# close() waits this long for sessions opened for cancelled calls to be closed.
+_REAP_SECONDS = 60.0  # one output message of a run/exec (the guest's chunks are far smaller)
 
 
 class RemoteScheduler:
@@ -75,6 +79,8 @@ class RemoteScheduler:
         self.config = config if config is not None else SchedulerConfig()
         self._conn: _conn.Connection | None = None
         self._owned: set[RemoteSession] = set()
+        # Closers of sessions the server opened for a call its caller cancelled (_opening).
+        self._reapers: set[asyncio.Task[None]] = set()
         self._info: dict[str, Any] = {}
         self._closed = False
 
@@ -123,6 +129,10 @@ class RemoteScheduler:
                 await session.close()
             except SandboxError:
                 pass
+        if self._reapers:
+            _, late = await asyncio.wait(self._reapers, timeout=_REAP_SECONDS)
+            for reaper in late:
+                reaper.cancel()
         self._closed = True
         if self._conn is not None:
             await self._conn.aclose()
@@ -166,7 +176,9 @@ class RemoteScheduler:
                 "not available through the server: install them in a template"
             )
         await self._started()
-        data = await self._call_raw("POST", _conn.path("sessions"), body=_session_body(options))
+        data = await self._opening(
+            self._call_raw("POST", _conn.path("sessions"), body=_session_body(options))
+        )
         return self._adopt(data, options.get("on_stdout"), options.get("on_stderr"))
 
     async def attach(
@@ -203,7 +215,9 @@ class RemoteScheduler:
         snapshot = check_id(snapshot_id)
         await self._started()
         try:
-            data = await self._call_raw("POST", _conn.path("snapshots", snapshot, "resume"))
+            data = await self._opening(
+                self._call_raw("POST", _conn.path("snapshots", snapshot, "resume"))
+            )
         except SessionClosedError as exc:
             if getattr(exc, "code", "") == wire.NOT_FOUND:
                 # As Scheduler.resume() says it: no such snapshot (or not this token's).
@@ -395,6 +409,29 @@ class RemoteScheduler:
                     f"{what}: the server closed the stream before the result: the code may "
                     f"have run ({exc})"
                 ) from None
+
+    async def _opening(self, call: Awaitable[Any]) -> Any:
+        """The answer of a call that opens sessions (session, resume, fork). A caller cancelled
+        while it runs leaves the server opening them all the same: they are closed once the
+        answer comes (close() waits for that), not left to the server's idle timeout."""
+        task = asyncio.ensure_future(call)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            reaper = asyncio.ensure_future(self._reap(task))
+            self._reapers.add(reaper)
+            reaper.add_done_callback(self._reapers.discard)
+            raise
+
+    async def _reap(self, opening: asyncio.Future[Any]) -> None:
+        try:
+            data = await opening
+        except Exception:
+            return  # nothing was opened
+        for info in data if isinstance(data, list) else [data]:
+            if isinstance(info, dict) and isinstance(info.get("id"), str):
+                with contextlib.suppress(SandboxError):
+                    await self._call_raw("DELETE", _conn.path("sessions", info["id"]))
 
     def _adopt(
         self,

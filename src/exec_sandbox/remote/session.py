@@ -82,6 +82,8 @@ class SessionOwner(Protocol):
 
     def _forget(self, session: RemoteSession) -> None: ...
 
+    async def _opening(self, call: Awaitable[Any]) -> Any: ...
+
 
 class RemoteSession:
     """A live session on the server. Create with `await remote.session(...)` (or resume, fork).
@@ -286,7 +288,7 @@ class RemoteSession:
             isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= _MAX_FORKS
         ):
             raise InputValidationError(f"count must be an integer from 1 to {_MAX_FORKS}")
-        data = await self._call("POST", "fork", body={"count": count})
+        data = await self._scheduler._opening(self._call("POST", "fork", body={"count": count}))
         if not isinstance(data, list) or len(data) != (count or 1):
             raise CommunicationError("fork(): the server answered another number of sessions")
         copies = [self._scheduler._adopt(info, None, None) for info in data]

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("httpx", reason="the remote extra is not installed")
 
+import asyncio
 import signal
 from pathlib import Path
 
@@ -71,3 +72,18 @@ async def test_a_client_and_its_session_outlive_a_server_restart(tmp_path: Path)
         assert (await session.exec("print(kept)")).stdout == "across the restart\n"
         await remote.close()
         assert session.closed
+
+
+async def test_a_cancelled_session_call_leaves_no_session_on_the_server(server: Server) -> None:
+    async with RemoteScheduler(server.socket) as remote:
+        before = {s["id"] for s in await remote.sessions() if not s["closed"]}
+        opening = asyncio.ensure_future(remote.session())
+        await asyncio.sleep(0.05)  # sent: the server is starting its VM
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+    # close() waited for the server's answer and closed what it had opened; without that, the
+    # session would appear once the server is done starting it (well within 3 s here).
+    await asyncio.sleep(3)
+    async with RemoteScheduler(server.socket) as check:
+        assert {s["id"] for s in await check.sessions() if not s["closed"]} == before
