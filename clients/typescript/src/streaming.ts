@@ -1,0 +1,52 @@
+// Exec output as it comes (docs/server.md, "Streaming"): `WS /run` and
+// `WS /sessions/{id}/exec` take the REST call's body as the first message and answer with
+// stdout/stderr messages and one final result or error.
+
+import { CommunicationError, errorFromBody } from "./errors.ts";
+import type { Transport } from "./transport.ts";
+import type { ExecutionResult, OutputCallback } from "./types.ts";
+import { object, resultFromWire } from "./wire.ts";
+
+interface StreamMessage {
+  type?: unknown;
+  data?: unknown;
+  result?: unknown;
+  error?: unknown;
+}
+
+export async function streamExec(
+  transport: Transport,
+  path: string,
+  body: Record<string, unknown>,
+  onStdout: OutputCallback | undefined,
+  onStderr: OutputCallback | undefined,
+): Promise<ExecutionResult> {
+  const ws = await transport.websocket(path);
+  try {
+    await ws.sendJson(body);
+    for (;;) {
+      const message = await ws.receive();
+      if (message === null) throw new CommunicationError(`${path}: the stream ended without a result`);
+      if (message.type !== "text") throw new CommunicationError(`${path}: a binary message in an exec stream`);
+      const parsed = object<StreamMessage>(JSON.parse(message.data), "stream message");
+      switch (parsed.type) {
+        case "stdout":
+          if (typeof parsed.data === "string") onStdout?.(parsed.data);
+          break;
+        case "stderr":
+          if (typeof parsed.data === "string") onStderr?.(parsed.data);
+          break;
+        case "result":
+          return resultFromWire(parsed.result);
+        case "error":
+          throw errorFromBody(parsed);
+        default:
+          break; // a newer server's message: ignored, as unknown members are
+      }
+    }
+  } finally {
+    // Done or given up: either way the server's side of this stream ends with ours (a run whose
+    // reader went away is cancelled, docs/server.md).
+    await ws.close();
+  }
+}
