@@ -1,0 +1,178 @@
+// The client against a real `sbx serve` that this file starts (on a Unix socket and on
+// 127.0.0.1 with a token made by `sbx token create` in a temporary state directory), running
+// code in real VMs. $SBX names the sbx to run (default: the repository's .venv/bin/sbx).
+import assert from "node:assert/strict";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import {
+  InputValidationError,
+  PackageNotAllowedError,
+  PermanentError,
+  Scheduler,
+  SessionClosedError,
+} from "../src/index.ts";
+
+const SBX = process.env.SBX ?? fileURLToPath(new URL("../../../.venv/bin/sbx", import.meta.url));
+const START_SECONDS = 120;
+
+interface Server {
+  child: ChildProcess;
+  socketPath: string;
+  url: string;
+  token: string;
+  dir: string;
+}
+
+async function startServer(): Promise<Server> {
+  const dir = mkdtempSync(join(tmpdir(), "sbx-ts-"));
+  const env = { ...process.env, EXEC_SANDBOX_STATE_DIR: join(dir, "state") };
+  const token = execFileSync(SBX, ["token", "create", "--name", "ts-client"], { env, encoding: "utf8" }).trim();
+  const socketPath = join(dir, "sbx.sock");
+  const child = spawn(
+    SBX,
+    ["serve", "--socket", socketPath, "--port", "0", "--warm-pool", "0", "--max-vms", "2", "--on-shutdown", "close"],
+    { env, stdio: ["ignore", "pipe", "inherit"] },
+  );
+  const url = await new Promise<string>((resolve, reject) => {
+    let seen = "";
+    let socketUp = false;
+    let tcp = "";
+    const timer = setTimeout(() => reject(new Error(`sbx serve did not listen within ${START_SECONDS} s`)), START_SECONDS * 1000);
+    child.stdout?.setEncoding("utf8");
+    child.stdout?.on("data", (text: string) => {
+      seen += text;
+      socketUp ||= seen.includes(`listening on unix:${socketPath}`);
+      tcp ||= /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(seen)?.[1] ?? "";
+      if (socketUp && tcp !== "") {
+        clearTimeout(timer);
+        resolve(tcp);
+      }
+    });
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`sbx serve exited (${code}) before listening`));
+    });
+  });
+  return { child, socketPath, url, token, dir };
+}
+
+async function stopServer(server: Server): Promise<void> {
+  const exited = new Promise((resolve) => server.child.once("exit", resolve));
+  if (server.child.exitCode === null) server.child.kill("SIGTERM");
+  const timer = setTimeout(() => server.child.kill("SIGKILL"), 30_000);
+  await exited;
+  clearTimeout(timer);
+  rmSync(server.dir, { recursive: true, force: true });
+}
+
+describe("against sbx serve", { timeout: 600_000 }, () => {
+  let server: Server;
+  let local: Scheduler;
+  let remote: Scheduler;
+
+  before(async () => {
+    server = await startServer();
+    local = new Scheduler({ socketPath: server.socketPath });
+    remote = new Scheduler({ url: server.url, token: server.token });
+  });
+  after(async () => {
+    local?.close();
+    remote?.close();
+    if (server !== undefined) await stopServer(server);
+  });
+
+  test("the Unix socket needs no token; TCP knows the token's name", async () => {
+    assert.equal((await local.health()).status, "ok");
+    assert.equal((await local.info()).principal, "local");
+    const info = await remote.info();
+    assert.equal(info.principal, "ts-client");
+    assert.ok(info.scopes.includes("run"));
+  });
+
+  test("an unknown token is unauthorized, on REST and on a WebSocket", async () => {
+    const stranger = new Scheduler({ url: server.url, token: "not-a-token" });
+    try {
+      assert.equal((await stranger.health()).status, "ok"); // health alone needs none
+      await assert.rejects(stranger.info(), (err: PermanentError) => err instanceof PermanentError && err.code === "unauthorized" && err.status === 401);
+      await assert.rejects(stranger.run("print(1)", { onStdout: () => {} }), (err: PermanentError) => err.code === "unauthorized");
+    } finally {
+      stranger.close();
+    }
+  });
+
+  test("bad input is refused with its code before any VM starts", async () => {
+    await assert.rejects(local.run("print(1)", { packages: ["numpy"] }), (err: PackageNotAllowedError) => err instanceof PackageNotAllowedError && err.code === "package_not_allowed" && err.status === 400);
+    await assert.rejects(local.run("print(1)", { noSuchOption: 1 } as never), (err: InputValidationError) => err instanceof InputValidationError && err.code === "input_validation");
+  });
+
+  test("run returns the result over the Unix socket", async () => {
+    const result = await local.run("print(6 * 7)\nimport sys; print('warn', file=sys.stderr); sys.exit(3)");
+    assert.equal(result.stdout, "42\n");
+    assert.equal(result.stderr, "warn\n");
+    assert.equal(result.exit_code, 3);
+    assert.equal(typeof result.timing.total_ms, "number");
+  });
+
+  test("run streams output to the callbacks over TCP as the code writes it", async () => {
+    const out: string[] = [];
+    const err: string[] = [];
+    const result = await remote.run(
+      "console.log('a'); console.error('e'); console.log('b');",
+      { language: "javascript", onStdout: (t) => out.push(t), onStderr: (t) => err.push(t) },
+    );
+    assert.equal(result.exit_code, 0);
+    assert.equal(out.join(""), "a\nb\n");
+    assert.equal(err.join(""), "e\n");
+  });
+
+  test("a session keeps state, moves files, runs a process and a terminal, then closes", async () => {
+    const session = await remote.session({ language: "python" });
+    try {
+      await session.exec("x = 41");
+      const streamed: string[] = [];
+      const r = await session.exec("print(x + 1)", { onStdout: (t) => streamed.push(t) });
+      assert.equal(r.stdout, "42\n");
+      assert.equal(streamed.join(""), "42\n");
+      const failed = await session.exec("raise ValueError('boom')");
+      assert.notEqual(failed.exit_code, 0);
+      assert.match(failed.stderr, /ValueError: boom/);
+      assert.equal((await session.exec("print(x)")).stdout, "41\n"); // an exception keeps state
+
+      const payload = new Uint8Array(256).map((_, i) => i);
+      await session.writeFile("bin/data.bin", payload);
+      await session.writeFile("hello.txt", "hi there\n");
+      assert.deepEqual(await session.readFile("bin/data.bin"), payload);
+      assert.equal(new TextDecoder().decode(await session.readFile("hello.txt")), "hi there\n");
+      const files = await session.listFiles();
+      const hello = files.find((f) => f.name === "hello.txt");
+      assert.deepEqual(hello, { name: "hello.txt", is_dir: false, size: 9 });
+      assert.ok(files.some((f) => f.name === "bin" && f.is_dir));
+
+      const proc = await session.spawn(["python3", "-c", "import sys; print(sys.stdin.read().upper(), end='')"]);
+      await proc.writeStdin("shout\n");
+      await proc.closeStdin();
+      assert.equal(await proc.wait(60), 0);
+      const chunks: Uint8Array[] = [];
+      for await (const chunk of proc.stdout) chunks.push(chunk);
+      assert.equal(Buffer.concat(chunks).toString(), "SHOUT\n");
+      assert.ok((await session.processes()).some((p) => p.pid === proc.pid));
+
+      const terminal = await session.terminal({ cols: 100, rows: 30 });
+      await terminal.write("echo tty-$((40 + 2)); exit 5\r");
+      let screen = "";
+      for await (const chunk of terminal) screen += Buffer.from(chunk).toString();
+      assert.match(screen, /tty-42/);
+      assert.equal(terminal.exitCode, 5);
+    } finally {
+      await session.close();
+    }
+    assert.ok(session.closed);
+    await assert.rejects(session.exec("print(1)"), SessionClosedError);
+    await session.close(); // idempotent
+  });
+});
