@@ -10,6 +10,7 @@ import type { WebSocket } from "./websocket.ts";
 import { bytesFromWire, object } from "./wire.ts";
 
 type Stream = "stdout" | "stderr";
+const STDIN_CHUNK = 4 * 1024 * 1024;
 
 interface ProcessMessage {
   type?: unknown;
@@ -58,24 +59,27 @@ export class Process {
   }
 
   /** Its exit status, waiting for it to end (at most timeoutSeconds when given: then a
-   * TimeoutError if it still runs). */
+   * TimeoutError if it still runs; the process goes on). */
   async wait(timeoutSeconds?: number): Promise<number> {
-    const deadline = timeoutSeconds === undefined ? Infinity : Date.now() + timeoutSeconds * 1000;
-    for (;;) {
-      const left = Math.max(0, Math.min(30, (deadline - Date.now()) / 1000));
-      const info = this.#note(
-        await this.#transport.json<ProcessInfo>("POST", `${this.#path}/wait`, { query: { timeout: left } }),
-      );
-      if (!info.running && info.exit_code !== null) return info.exit_code;
-      if (Date.now() >= deadline) {
-        throw new TimeoutError(`process ${this.pid} still runs after ${timeoutSeconds} s`);
-      }
+    if (timeoutSeconds !== undefined && !(timeoutSeconds >= 0)) {
+      throw new InputValidationError("timeoutSeconds is a number of seconds >= 0", { code: "input_validation" });
     }
+    // Without a timeout the server holds the request until the process ends.
+    const query = timeoutSeconds === undefined ? undefined : { timeout: timeoutSeconds };
+    const info = this.#note(await this.#transport.json<ProcessInfo>("POST", `${this.#path}/wait`, { query }));
+    if (info.running || info.exit_code === null) {
+      throw new TimeoutError(`process ${this.pid} still runs after ${timeoutSeconds} s`);
+    }
+    return info.exit_code;
   }
 
   /** Bytes to its stdin (a string as UTF-8). */
   async writeStdin(data: string | Uint8Array): Promise<void> {
-    await this.#transport.json("POST", `${this.#path}/stdin`, { body: toBytes(data) });
+    const bytes = toBytes(data);
+    // In pieces the server takes in one request (it refuses bodies over 8 MiB).
+    for (let at = 0; at < bytes.length; at += STDIN_CHUNK) {
+      await this.#transport.json("POST", `${this.#path}/stdin`, { body: bytes.subarray(at, at + STDIN_CHUNK) });
+    }
   }
 
   /** End of input: the program reads EOF. */

@@ -64,7 +64,7 @@ export class Scheduler {
     return new Session(this.#transport, await this.#transport.json<SessionInfo>("GET", `/sessions/${encodeURIComponent(id)}`));
   }
 
-  /** A paused session, live again (the snapshot is used up). */
+  /** A paused session, live again; the snapshot stays (resume it again, or deleteSnapshot()). */
   async resume(snapshotId: string): Promise<Session> {
     const info = await this.#transport.json<SessionInfo>("POST", `/snapshots/${encodeURIComponent(snapshotId)}/resume`);
     return new Session(this.#transport, info);

@@ -25,6 +25,9 @@ export interface ClientOptions {
   maxMessageBytes?: number;
 }
 
+const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
+const RETRY = Symbol("retry");
+
 type Query = Record<string, string | number | boolean | null | undefined>;
 
 interface RequestInit {
@@ -101,14 +104,29 @@ export class Transport {
     }
     if (payload !== undefined) headers["Content-Length"] = String(payload.length);
     const maxBytes = init.maxBytes ?? MAX_JSON_BYTES;
-    const response = await new Promise<http.IncomingMessage>((resolve, reject) => {
-      const request = this.#module.request(
-        { ...this.#base, agent: this.#agent, method, path: this.#path(path, init.query), headers },
-        resolve,
-      );
-      request.on("error", (err) => reject(new CommunicationError(`${method} ${path}: ${err.message}`)));
-      request.end(payload);
-    });
+    const send = () =>
+      new Promise<http.IncomingMessage>((resolve, reject) => {
+        const request = this.#module.request(
+          { ...this.#base, agent: this.#agent, method, path: this.#path(path, init.query), headers },
+          resolve,
+        );
+        request.on("error", (err: NodeJS.ErrnoException) => {
+          // A pooled connection the server was closing as we reused it (it most likely never
+          // read the request): said again on a new connection where twice does no harm.
+          const stale = request.reusedSocket && err.code === "ECONNRESET";
+          reject(stale && IDEMPOTENT.has(method) ? RETRY : new CommunicationError(`${method} ${path}: ${err.message}`));
+        });
+        request.end(payload);
+      });
+    let response: http.IncomingMessage;
+    try {
+      response = await send();
+    } catch (err) {
+      if (err !== RETRY) throw err;
+      response = await send().catch((again) => {
+        throw again === RETRY ? new CommunicationError(`${method} ${path}: the connection was reset`) : again;
+      });
+    }
     const body = await readBody(response, maxBytes);
     const status = response.statusCode ?? 0;
     if (status < 200 || status >= 300) throw errorOf(body, status);
