@@ -3,7 +3,7 @@
 // code in real VMs. $SBX names the sbx to run (default: the repository's .venv/bin/sbx).
 import assert from "node:assert/strict";
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -15,6 +15,7 @@ import {
   PermanentError,
   Scheduler,
   SessionClosedError,
+  TimeoutError,
 } from "../src/index.ts";
 
 const SBX = process.env.SBX ?? fileURLToPath(new URL("../../../.venv/bin/sbx", import.meta.url));
@@ -25,13 +26,41 @@ interface Server {
   socketPath: string;
   url: string;
   token: string;
+  otherToken: string;
   dir: string;
+}
+
+/** Every process descended from pid (its QEMUs and their helpers), from /proc. */
+function descendants(pid: number): number[] {
+  const parent = new Map<number, number>();
+  for (const name of readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      const stat = readFileSync(`/proc/${name}/stat`, "utf8");
+      parent.set(Number(name), Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const found: number[] = [];
+  const todo = [pid];
+  while (todo.length > 0) {
+    const p = todo.pop() as number;
+    for (const [child, ppid] of parent) {
+      if (ppid === p) {
+        found.push(child);
+        todo.push(child);
+      }
+    }
+  }
+  return found;
 }
 
 async function startServer(): Promise<Server> {
   const dir = mkdtempSync(join(tmpdir(), "sbx-ts-"));
   const env = { ...process.env, EXEC_SANDBOX_STATE_DIR: join(dir, "state") };
   const token = execFileSync(SBX, ["token", "create", "--name", "ts-client"], { env, encoding: "utf8" }).trim();
+  const otherToken = execFileSync(SBX, ["token", "create", "--name", "ts-other"], { env, encoding: "utf8" }).trim();
   const socketPath = join(dir, "sbx.sock");
   const child = spawn(
     SBX,
@@ -58,16 +87,26 @@ async function startServer(): Promise<Server> {
       reject(new Error(`sbx serve exited (${code}) before listening`));
     });
   });
-  return { child, socketPath, url, token, dir };
+  return { child, socketPath, url, token, otherToken, dir };
 }
 
+/** SIGTERM, and check that the server took everything it started with it. */
 async function stopServer(server: Server): Promise<void> {
+  const children = server.child.pid === undefined ? [] : descendants(server.child.pid);
   const exited = new Promise((resolve) => server.child.once("exit", resolve));
   if (server.child.exitCode === null) server.child.kill("SIGTERM");
   const timer = setTimeout(() => server.child.kill("SIGKILL"), 30_000);
   await exited;
   clearTimeout(timer);
+  const deadline = Date.now() + 10_000;
+  let left = children.filter((pid) => existsSync(`/proc/${pid}`));
+  while (left.length > 0 && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 100));
+    left = left.filter((pid) => existsSync(`/proc/${pid}`));
+  }
   rmSync(server.dir, { recursive: true, force: true });
+  assert.deepEqual(left, [], "processes of the server outlived it");
+  assert.ok(!existsSync(server.socketPath), "the server left its socket behind");
 }
 
 describe("against sbx serve", { timeout: 600_000 }, () => {
@@ -162,10 +201,19 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
       assert.equal(Buffer.concat(chunks).toString(), "SHOUT\n");
       assert.ok((await session.processes()).some((p) => p.pid === proc.pid));
 
+      const sleeper = await session.spawn("sleep 60");
+      await assert.rejects(sleeper.wait(0.2), TimeoutError);
+      await sleeper.kill(9);
+      assert.equal(await sleeper.wait(30), 137);
+
       const terminal = await session.terminal({ cols: 100, rows: 30 });
-      await terminal.write("echo tty-$((40 + 2)); exit 5\r");
+      await terminal.write("stty size\r");
+      await terminal.resize(120, 40);
+      await terminal.write("stty size; echo tty-$((40 + 2)); exit 5\r");
       let screen = "";
       for await (const chunk of terminal) screen += Buffer.from(chunk).toString();
+      assert.match(screen, /30 100/);
+      assert.match(screen, /40 120/);
       assert.match(screen, /tty-42/);
       assert.equal(terminal.exitCode, 5);
     } finally {
@@ -174,5 +222,53 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     assert.ok(session.closed);
     await assert.rejects(session.exec("print(1)"), SessionClosedError);
     await session.close(); // idempotent
+  });
+
+  test("a session is its owner's until shared with another token by name", async () => {
+    const other = new Scheduler({ url: server.url, token: server.otherToken });
+    const session = await remote.session();
+    try {
+      await session.exec("secret = 'mine'");
+      await assert.rejects(other.getSession(session.id), (err: SessionClosedError) => err.code === "not_found");
+      assert.ok(!(await other.sessions()).some((s) => s.id === session.id));
+      assert.ok((await local.sessions()).some((s) => s.id === session.id)); // the socket is admin
+
+      const info = await session.share(["ts-other"]);
+      assert.deepEqual(info.shared_with, ["ts-other"]);
+      const borrowed = await other.getSession(session.id);
+      assert.equal(borrowed.info.owner, "ts-client");
+      assert.equal((await borrowed.exec("print(secret)")).stdout, "mine\n");
+      await assert.rejects(borrowed.share([]), (err: PermanentError) => err.code === "forbidden");
+    } finally {
+      await session.close();
+      other.close();
+    }
+  });
+
+  test("fork copies a live session; pause and resume bring one back with its state", async () => {
+    const session = await local.session({ language: "python" });
+    let fork: Awaited<ReturnType<typeof session.fork>> | undefined;
+    let resumed: Awaited<ReturnType<typeof local.resume>> | undefined;
+    try {
+      await session.exec("import os; x = 7; os.chdir('/tmp')");
+      fork = await session.fork();
+      assert.notEqual(fork.id, session.id);
+      await fork.exec("x += 1");
+      assert.equal((await fork.exec("print(x, os.getcwd())")).stdout, "8 /tmp\n");
+      assert.equal((await session.exec("print(x)")).stdout, "7\n"); // the copy is separate
+
+      const snapshot = await session.pause();
+      assert.ok(session.closed);
+      assert.ok((await local.snapshots()).some((s) => s.id === snapshot.id));
+      resumed = await local.resume(snapshot.id);
+      assert.equal((await resumed.exec("print(x, os.getcwd())")).stdout, "7 /tmp\n");
+      await local.deleteSnapshot(snapshot.id);
+      assert.ok(!(await local.snapshots()).some((s) => s.id === snapshot.id));
+      await assert.rejects(local.resume(snapshot.id), (err: SessionClosedError) => err.code === "not_found");
+    } finally {
+      await fork?.close();
+      await resumed?.close();
+      await session.close();
+    }
   });
 });
