@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps install images run test test-c test-guest test-sanitize test-py fuzz lint doctor clean
+.PHONY: all deps install images run test test-c test-guest test-sanitize test-py test-ts fuzz lint doctor clean
 
 all: install images
 
@@ -63,6 +63,11 @@ lint: install
 
 test-py: install images
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+
+# The TypeScript client (clients/typescript): its node:test suite against a real sbx serve, on
+# node 22 from the sources and on the host's node 20 from the built files (test-py runs it too).
+test-ts: install images
+	$(PY) -m pytest $(PYTEST_ARGS) tests/integration/server/test_typescript_client.py
 
 test: test-sanitize test-guest fuzz lint doctor test-py
 
