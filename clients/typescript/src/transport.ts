@@ -193,7 +193,7 @@ function readBody(response: http.IncomingMessage, maxBytes: number): Promise<Buf
       chunks.push(chunk);
     });
     response.on("end", () => resolve(Buffer.concat(chunks, size)));
-    response.on("error", (err) => reject(new CommunicationError(err.message)));
+    response.on("error", (err: Error) => reject(new CommunicationError(err.message)));
     response.on("aborted", () => reject(new CommunicationError("the answer was cut short")));
   });
 }

@@ -141,7 +141,7 @@ export class WebSocket {
       return Promise.reject(new CommunicationError("WebSocket: the connection is closed"));
     }
     return new Promise((resolve, reject) => {
-      this.#socket.write(frame(op, payload), (err) => (err ? reject(new CommunicationError(err.message)) : resolve()));
+      this.#socket.write(frame(op, payload), (err: Error | null | undefined) => (err ? reject(new CommunicationError(err.message)) : resolve()));
     });
   }
 

@@ -14,6 +14,7 @@ import {
   PackageNotAllowedError,
   PermanentError,
   Scheduler,
+  type Session,
   SessionClosedError,
   TimeoutError,
 } from "../src/index.ts";
@@ -82,7 +83,7 @@ async function startServer(): Promise<Server> {
         resolve(tcp);
       }
     });
-    child.on("exit", (code) => {
+    child.on("exit", (code: number | null) => {
       clearTimeout(timer);
       reject(new Error(`sbx serve exited (${code}) before listening`));
     });
@@ -181,6 +182,9 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
       assert.notEqual(failed.exit_code, 0);
       assert.match(failed.stderr, /ValueError: boom/);
       assert.equal((await session.exec("print(x)")).stdout, "41\n"); // an exception keeps state
+      const refused = (err: InputValidationError) => err instanceof InputValidationError && err.code === "input_validation";
+      await assert.rejects(session.exec("print(x)", { timeoutSeconds: -5 }), refused);
+      await assert.rejects(session.exec("print(x)", { timeoutSeconds: -5, onStdout: () => {} }), refused);
 
       const payload = new Uint8Array(256).map((_, i) => i);
       await session.writeFile("bin/data.bin", payload);
@@ -200,6 +204,17 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
       for await (const chunk of proc.stdout) chunks.push(chunk);
       assert.equal(Buffer.concat(chunks).toString(), "SHOUT\n");
       assert.ok((await session.processes()).some((p) => p.pid === proc.pid));
+
+      const ticker = await session.spawn(["python3", "-u", "-c", "import time\nfor i in range(600): print(i); time.sleep(0.05)"]);
+      let live = "";
+      for await (const chunk of ticker.stdout) {
+        live += Buffer.from(chunk).toString();
+        if (live.includes("3\n")) break; // output as it comes, long before the end
+      }
+      assert.match(live, /^0\n1\n2\n3\n/);
+      assert.equal((await ticker.info()).running, true);
+      await ticker.kill();
+      assert.equal(await ticker.wait(30), 143);
 
       const sleeper = await session.spawn("sleep 60");
       await assert.rejects(sleeper.wait(0.2), TimeoutError);
@@ -247,8 +262,8 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
 
   test("fork copies a live session; pause and resume bring one back with its state", async () => {
     const session = await local.session({ language: "python" });
-    let fork: Awaited<ReturnType<typeof session.fork>> | undefined;
-    let resumed: Awaited<ReturnType<typeof local.resume>> | undefined;
+    let fork: Session | undefined;
+    let resumed: Session | undefined;
     try {
       await session.exec("import os; x = 7; os.chdir('/tmp')");
       fork = await session.fork();

@@ -45,7 +45,7 @@ export async function standIn(
   refuse?: { status: number; body: unknown },
 ): Promise<{ url: string; close: () => Promise<void> }> {
   const sockets = new Set<Duplex>();
-  const server = http.createServer((_req, res) => {
+  const server = http.createServer((_req: http.IncomingMessage, res: http.ServerResponse) => {
     res.writeHead(404).end();
   });
   server.on("upgrade", (req: http.IncomingMessage, socket: Duplex) => {
