@@ -162,8 +162,11 @@ FORBIDDEN = "forbidden"  # the token's scope does not allow the call
 LIMIT_EXCEEDED = "limit_exceeded"  # the token's own limit of sessions or VMs
 BAD_REQUEST = "bad_request"  # a body or query the server cannot read
 INTERNAL = "internal"  # a bug: the server's log has the traceback
+# read_file()/list_files() of a path the guest does not have: FileNotFoundError in-process too.
+FILE_NOT_FOUND = "file_not_found"
 SERVER_CODES: dict[str, type[Exception]] = {
     NOT_FOUND: _errors.SessionClosedError,
+    FILE_NOT_FOUND: FileNotFoundError,
     UNAUTHORIZED: _errors.PermanentError,
     FORBIDDEN: _errors.PermanentError,
     LIMIT_EXCEEDED: _errors.VmCapacityError,
@@ -187,6 +190,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
 )
 SERVER_STATUS = {
     NOT_FOUND: 404,
+    FILE_NOT_FOUND: 404,
     UNAUTHORIZED: 401,
     FORBIDDEN: 403,
     LIMIT_EXCEEDED: 429,
@@ -196,7 +200,10 @@ SERVER_STATUS = {
 
 
 def error_code(exc: BaseException) -> str:
-    """The stable code of a library exception (ERROR_CODES)."""
+    """The stable code of a library exception (ERROR_CODES), file_not_found for a guest path
+    that does not exist."""
+    if isinstance(exc, FileNotFoundError):
+        return FILE_NOT_FOUND
     for cls in _ERROR_CLASSES:
         if isinstance(exc, cls):
             return _code_of(cls)

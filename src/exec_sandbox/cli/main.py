@@ -27,7 +27,7 @@ from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
 from ..volumes import parse_volume_option
-from . import session_cmds, shell_cmds, template_cmds, volume_cmds
+from . import serve_cmds, session_cmds, shell_cmds, template_cmds, token_cmds, volume_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     shell_cmds.add_parser(commands)
     template_cmds.add_parser(commands)
     volume_cmds.add_parser(commands)
+    serve_cmds.add_parser(commands)
+    token_cmds.add_parser(commands)
     return parser
 
 
@@ -173,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         return template_cmds.run(args)
     if args.command == "volume":
         return volume_cmds.run(args)
+    if args.command == "serve":
+        return serve_cmds.run(args)
+    if args.command == "token":
+        return token_cmds.run(args)
     if args.command == "setup":
         from ..images import builder
         from ..vm.jail import ensure_qemu_user

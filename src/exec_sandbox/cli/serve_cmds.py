@@ -1,0 +1,135 @@
+"""`sbx serve`: the Scheduler of this machine served over a Unix socket and/or 127.0.0.1
+(docs/server.md). Needs the `exec-sandbox[server]` extra."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .. import paths
+from ..config import SchedulerConfig
+from ..errors import VmConfigError
+from .arguments import EXIT_USAGE, run_command
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = commands.add_parser(
+        "serve", help="serve sandboxes over HTTP and WebSocket (Unix socket, tokens on TCP)"
+    )
+    serve.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help=f"the Unix socket (mode 0600; default {paths.server_socket()})",
+    )
+    serve.add_argument(
+        "--no-socket", action="store_true", help="no Unix socket (TCP only: needs --port)"
+    )
+    serve.add_argument("--port", type=int, metavar="N", help="also listen on 127.0.0.1:N (0: any)")
+    serve.add_argument(
+        "--host",
+        metavar="ADDR",
+        help="listen on ADDR instead of 127.0.0.1 (with --port; anything not loopback "
+        "should have --tls-cert/--tls-key)",
+    )
+    serve.add_argument("--tls-cert", type=Path, metavar="FILE", help="TLS certificate (PEM)")
+    serve.add_argument("--tls-key", type=Path, metavar="FILE", help="its private key (PEM)")
+    serve.add_argument(
+        "--on-shutdown",
+        choices=("pause", "close"),
+        default="pause",
+        help="what SIGTERM does to open sessions: pause them (the next server gives them "
+        "back under the same ids) or close them (default: pause)",
+    )
+    serve.add_argument(
+        "--max-sessions-per-token", type=int, metavar="N", help="open sessions per token"
+    )
+    serve.add_argument(
+        "--max-vms-per-token", type=int, metavar="N", help="VMs (runs + sessions) per token"
+    )
+    # The Scheduler's own settings (SchedulerConfig).
+    serve.add_argument("--warm-pool", type=int, metavar="N", help="idle VMs kept per language")
+    serve.add_argument("--max-vms", type=int, metavar="N", help="VMs of this host at once")
+    serve.add_argument("--memory", type=int, metavar="MB", help="default guest memory")
+    serve.add_argument(
+        "--session-idle-timeout", type=int, metavar="S", help="idle sessions end after S seconds"
+    )
+    serve.add_argument(
+        "--no-memory-snapshots",
+        action="store_true",
+        help="boot every VM cold (no L1 memory snapshots)",
+    )
+    serve.add_argument(
+        "--print-openapi",
+        action="store_true",
+        help="print the OpenAPI document and exit (docs/openapi.json is this)",
+    )
+    serve.add_argument("--debug", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from ..server import serve as _serve
+    except ImportError as exc:
+        print(
+            f"sbx serve needs the server extra (pip install 'exec-sandbox[server]'): {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.print_openapi:
+        from ..server.app import openapi_document
+
+        print(json.dumps(openapi_document(), indent=2, sort_keys=True))
+        return 0
+    if args.host is not None and args.port is None:
+        print("sbx: --host needs --port", file=sys.stderr)
+        return EXIT_USAGE
+    options = _serve.ServeOptions(
+        socket_path=None if args.no_socket else (args.socket or paths.server_socket()),
+        port=args.port,
+        host=args.host or "127.0.0.1",
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        on_shutdown=args.on_shutdown,
+        max_sessions_per_token=args.max_sessions_per_token,
+        max_vms_per_token=args.max_vms_per_token,
+    )
+    try:
+        _serve.check_address(options, lambda _: None)
+        config = _scheduler_config(args)
+    except (_serve.ServeError, VmConfigError) as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    async def go() -> int:
+        try:
+            await _serve.serve(options, config, paths.state_dir(), announce)
+        except (_serve.ServeError, OSError) as exc:
+            print(f"sbx: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return run_command(go)
+
+
+def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    settings: dict[str, object] = {}
+    if args.warm_pool is not None:
+        settings["warm_pool_size"] = args.warm_pool
+    if args.max_vms is not None:
+        settings["max_concurrent_vms"] = args.max_vms
+    if args.memory is not None:
+        settings["default_memory_mb"] = args.memory
+    if args.session_idle_timeout is not None:
+        settings["session_idle_timeout_seconds"] = args.session_idle_timeout
+    if args.no_memory_snapshots:
+        settings["memory_snapshots"] = False
+    return SchedulerConfig(**settings)  # type: ignore[arg-type]
+
+
+__all__ = ["add_parser", "run"]

@@ -1,0 +1,82 @@
+"""`sbx token create|list|revoke`: the bearer tokens of `sbx serve` on TCP (docs/server.md,
+"Security model"). They live hashed in the state directory; a running server sees a change on
+its next request."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .. import paths
+from ..errors import InputValidationError
+from .arguments import EXIT_USAGE
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    token = commands.add_parser("token", help="the bearer tokens of sbx serve")
+    actions = token.add_subparsers(dest="token_command", required=True)
+    create = actions.add_parser("create", help="make a token (printed once, stored hashed)")
+    create.add_argument("--name", required=True, help="its name (the owner of its sessions)")
+    create.add_argument(
+        "--scope",
+        choices=("run", "admin"),
+        default="run",
+        help="run: code and its own sessions; admin: also templates, volumes, every session",
+    )
+    create.add_argument("--expires-in", type=float, metavar="DAYS", help="expiry (default: none)")
+    create.add_argument("--max-sessions", type=int, metavar="N", help="open sessions at once")
+    create.add_argument("--max-vms", type=int, metavar="N", help="VMs (runs + sessions) at once")
+    listing = actions.add_parser("list", help="the tokens (names, scopes, expiry; no secrets)")
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    revoke = actions.add_parser("revoke", help="forget a token: refused from its next request")
+    revoke.add_argument("name", metavar="NAME")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..server.tokens import TokenStore  # no server extra needed: the store is plain Python
+
+    store = TokenStore(paths.state_dir())
+    try:
+        if args.token_command == "create":
+            token = store.create(
+                args.name,
+                scope=args.scope,
+                expires_in_days=args.expires_in,
+                max_sessions=args.max_sessions,
+                max_vms=args.max_vms,
+            )
+            print(token)
+            if sys.stdout.isatty():
+                print("sbx: shown once; keep it secret", file=sys.stderr)
+            return 0
+        if args.token_command == "list":
+            records = store.records()
+            if args.json:
+                print(json.dumps([r.public() for r in records], indent=2))
+            elif not records:
+                print("no tokens (sbx token create --name NAME makes one)")
+            else:
+                for r in records:
+                    expires = "never" if r.expires_at is None else _when(r.expires_at)
+                    state = " (expired)" if r.expired() else ""
+                    print(
+                        f"{r.name}  {r.scope}  created {_when(r.created_at)}  "
+                        f"expires {expires}{state}"
+                    )
+            return 0
+        if not store.revoke(args.name):
+            print(f"sbx: no token {args.name!r}", file=sys.stderr)
+            return 1
+        return 0
+    except InputValidationError as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, ValueError) as exc:
+        print(f"sbx: {exc}", file=sys.stderr)
+        return 1
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
