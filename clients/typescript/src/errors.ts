@@ -58,6 +58,8 @@ export class CommunicationError extends SandboxError {}
 export class CommunicationOutcomeUnknownError extends CommunicationError {}
 export class GuestAgentError extends CommunicationError {}
 export class ProcessError extends SandboxError {}
+/** A guest path that does not exist (readFile, listFiles): FileNotFoundError in Python. */
+export class FileNotFoundError extends SandboxError {}
 
 type ErrorClass = new (message: string, init?: ErrorInit) => SandboxError;
 
@@ -89,6 +91,7 @@ const CLASSES: Record<string, ErrorClass> = {
   guest_agent: GuestAgentError,
   process: ProcessError,
   not_found: SessionClosedError,
+  file_not_found: FileNotFoundError,
   unauthorized: PermanentError,
   forbidden: PermanentError,
   limit_exceeded: VmCapacityError,

@@ -10,6 +10,7 @@ import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import {
+  FileNotFoundError,
   InputValidationError,
   PackageNotAllowedError,
   PermanentError,
@@ -110,7 +111,10 @@ async function stopServer(server: Server): Promise<void> {
   assert.ok(!existsSync(server.socketPath), "the server left its socket behind");
 }
 
-describe("against sbx serve", { timeout: 600_000 }, () => {
+// Each test bounded: a step that waits for output that never comes fails instead of hanging.
+const TEST = { timeout: 120_000 };
+
+describe("against sbx serve", () => {
   let server: Server;
   let local: Scheduler;
   let remote: Scheduler;
@@ -126,7 +130,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     if (server !== undefined) await stopServer(server);
   });
 
-  test("the Unix socket needs no token; TCP knows the token's name", async () => {
+  test("the Unix socket needs no token; TCP knows the token's name", TEST, async () => {
     assert.equal((await local.health()).status, "ok");
     assert.equal((await local.info()).principal, "local");
     const info = await remote.info();
@@ -134,7 +138,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     assert.ok(info.scopes.includes("run"));
   });
 
-  test("an unknown token is unauthorized, on REST and on a WebSocket", async () => {
+  test("an unknown token is unauthorized, on REST and on a WebSocket", TEST, async () => {
     const stranger = new Scheduler({ url: server.url, token: "not-a-token" });
     try {
       assert.equal((await stranger.health()).status, "ok"); // health alone needs none
@@ -145,12 +149,12 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     }
   });
 
-  test("bad input is refused with its code before any VM starts", async () => {
+  test("bad input is refused with its code before any VM starts", TEST, async () => {
     await assert.rejects(local.run("print(1)", { packages: ["numpy"] }), (err: PackageNotAllowedError) => err instanceof PackageNotAllowedError && err.code === "package_not_allowed" && err.status === 400);
     await assert.rejects(local.run("print(1)", { noSuchOption: 1 } as never), (err: InputValidationError) => err instanceof InputValidationError && err.code === "input_validation");
   });
 
-  test("run returns the result over the Unix socket", async () => {
+  test("run returns the result over the Unix socket", TEST, async () => {
     const result = await local.run("print(6 * 7)\nimport sys; print('warn', file=sys.stderr); sys.exit(3)");
     assert.equal(result.stdout, "42\n");
     assert.equal(result.stderr, "warn\n");
@@ -158,7 +162,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     assert.equal(typeof result.timing.total_ms, "number");
   });
 
-  test("run streams output to the callbacks over TCP as the code writes it", async () => {
+  test("run streams output to the callbacks over TCP as the code writes it", TEST, async () => {
     const out: string[] = [];
     const err: string[] = [];
     const result = await remote.run(
@@ -170,7 +174,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     assert.equal(err.join(""), "e\n");
   });
 
-  test("a session keeps state, moves files, runs a process and a terminal, then closes", async () => {
+  test("a session keeps state, moves files, runs a process and a terminal, then closes", TEST, async () => {
     const session = await remote.session({ language: "python" });
     try {
       await session.exec("x = 41");
@@ -195,6 +199,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
       const hello = files.find((f) => f.name === "hello.txt");
       assert.deepEqual(hello, { name: "hello.txt", is_dir: false, size: 9 });
       assert.ok(files.some((f) => f.name === "bin" && f.is_dir));
+      await assert.rejects(session.readFile("no/such.txt"), (err: FileNotFoundError) => err instanceof FileNotFoundError && err.code === "file_not_found" && err.status === 404);
 
       const proc = await session.spawn(["python3", "-c", "import sys; print(sys.stdin.read().upper(), end='')"]);
       await proc.writeStdin("shout\n");
@@ -223,12 +228,17 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
 
       const terminal = await session.terminal({ cols: 100, rows: 30 });
       await terminal.write("stty size\r");
+      let screen = "";
+      while (!/[\r\n]30 100\r\n/.test(screen)) {
+        const chunk = await terminal.read();
+        assert.ok(chunk !== null, `the shell ended early: ${screen}`);
+        screen += Buffer.from(chunk).toString();
+      }
       await terminal.resize(120, 40);
       await terminal.write("stty size; echo tty-$((40 + 2)); exit 5\r");
-      let screen = "";
+      screen = "";
       for await (const chunk of terminal) screen += Buffer.from(chunk).toString();
-      assert.match(screen, /30 100/);
-      assert.match(screen, /40 120/);
+      assert.match(screen, /[\r\n]40 120\r\n/);
       assert.match(screen, /tty-42/);
       assert.equal(terminal.exitCode, 5);
     } finally {
@@ -239,7 +249,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     await session.close(); // idempotent
   });
 
-  test("a session is its owner's until shared with another token by name", async () => {
+  test("a session is its owner's until shared with another token by name", TEST, async () => {
     const other = new Scheduler({ url: server.url, token: server.otherToken });
     const session = await remote.session();
     try {
@@ -260,7 +270,7 @@ describe("against sbx serve", { timeout: 600_000 }, () => {
     }
   });
 
-  test("fork copies a live session; pause and resume bring one back with its state", async () => {
+  test("fork copies a live session; pause and resume bring one back with its state", TEST, async () => {
     const session = await local.session({ language: "python" });
     let fork: Session | undefined;
     let resumed: Session | undefined;
