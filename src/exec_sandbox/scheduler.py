@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -189,6 +190,12 @@ class Scheduler:
         # cgroup gone before this returns: nothing of the scheduler outlives close().
         await wait_released()
         self._provisioner.close_snapshot_cache()
+
+    def foreground(self) -> contextlib.AbstractContextManager[None]:
+        """Mark a request in progress for longer than run()'s own span (a server's, until its
+        answer is sent): background work (pool refills, snapshot builds) waits for it, as it
+        waits for run() calls, instead of competing with it for CPU."""
+        return self._foreground.busy()
 
     @property
     def accelerator(self) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.background import BackgroundTask
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__, wire
 from ..errors import InputValidationError
@@ -316,8 +317,28 @@ def create_app(hub: Hub | None) -> FastAPI:
 
     app.include_router(api)
     streams.add_routes(app, hub)
+    if hub is not None:
+        app.add_middleware(_Foreground, hub=hub)
     openapi.install(app)
     return app
+
+
+# Calls that start a VM: in-process they are foreground work until the call returns; here until
+# the answer is sent (else the pool refill a run triggers competes with sending its result).
+_FOREGROUND_PATHS = frozenset(f"{wire.API_PREFIX}{p}" for p in ("/run", "/sessions"))
+
+
+class _Foreground:
+    def __init__(self, app: ASGIApp, hub: Hub) -> None:
+        self.app = app
+        self.hub = hub
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in _FOREGROUND_PATHS:
+            with self.hub.scheduler.foreground():
+                await self.app(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def _looks_like_path(image: str) -> bool:
