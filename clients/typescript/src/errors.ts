@@ -10,6 +10,14 @@ export interface ErrorInit {
   details?: Record<string, unknown>;
 }
 
+/** "VmCapacityError" -> "vm_capacity" (wire.py's rule for the library's classes). */
+function codeOf(className: string): string {
+  return className
+    .replace(/Error$/, "")
+    .replace(/(?!^)([A-Z])/g, "_$1")
+    .toLowerCase();
+}
+
 export class SandboxError extends Error {
   /** The stable code (docs/server.md): "vm_capacity", "not_found", "unauthorized", ... */
   readonly code: string;
@@ -20,7 +28,8 @@ export class SandboxError extends Error {
   constructor(message: string, init: ErrorInit = {}) {
     super(message);
     this.name = new.target.name;
-    this.code = init.code ?? "sandbox";
+    // An error made by the client itself carries its class's code, as the server names it.
+    this.code = init.code ?? codeOf(new.target.name);
     this.status = init.status ?? 0;
     this.details = init.details ?? {};
   }

@@ -62,7 +62,7 @@ export class Process {
    * TimeoutError if it still runs; the process goes on). */
   async wait(timeoutSeconds?: number): Promise<number> {
     if (timeoutSeconds !== undefined && !(timeoutSeconds >= 0)) {
-      throw new InputValidationError("timeoutSeconds is a number of seconds >= 0", { code: "input_validation" });
+      throw new InputValidationError("timeoutSeconds is a number of seconds >= 0");
     }
     // Without a timeout the server holds the request until the process ends.
     const query = timeoutSeconds === undefined ? undefined : { timeout: timeoutSeconds };
@@ -90,7 +90,7 @@ export class Process {
   /** Send a signal (SIGTERM by default). */
   async kill(signal = 15): Promise<void> {
     if (!Number.isInteger(signal) || signal < 1 || signal > 64) {
-      throw new InputValidationError(`not a signal number: ${signal}`, { code: "input_validation" });
+      throw new InputValidationError(`not a signal number: ${signal}`);
     }
     await this.#transport.json("POST", `${this.#path}/kill`, { json: { signal } });
   }

@@ -29,7 +29,7 @@ export class Session {
   constructor(transport: Transport, info: SessionInfo) {
     object(info, "session");
     if (typeof info.id !== "string" || !/^[A-Za-z0-9_.-]{1,128}$/.test(info.id)) {
-      throw new InputValidationError(`not a session id: ${String(info.id)}`, { code: "input_validation" });
+      throw new InputValidationError(`not a session id: ${String(info.id)}`);
     }
     this.#transport = transport;
     this.id = info.id;
@@ -48,7 +48,7 @@ export class Session {
   /** Run code in the session's REPL: variables, imports, cwd and env persist. With onStdout or
    * onStderr the output streams to them as it comes (a WebSocket). */
   async exec(code: string, options: ExecOptions = {}): Promise<ExecutionResult> {
-    if (typeof code !== "string") throw new InputValidationError("code is a string", { code: "input_validation" });
+    if (typeof code !== "string") throw new InputValidationError("code is a string");
     const body: Record<string, unknown> = { code };
     if (options.timeoutSeconds !== undefined && options.timeoutSeconds !== null) {
       body.timeout_seconds = options.timeoutSeconds;

@@ -29,7 +29,7 @@ export async function streamExec(
       if (message === null) {
         // 1013: this client read too slowly for the server's bounded queue (docs/server.md).
         const why = ws.closeCode === null ? "" : ` (close ${ws.closeCode}${ws.closeReason ? `: ${ws.closeReason}` : ""})`;
-        throw new CommunicationError(`${path}: the stream ended without a result${why}`, { code: "communication" });
+        throw new CommunicationError(`${path}: the stream ended without a result${why}`);
       }
       if (message.type !== "text") throw new CommunicationError(`${path}: a binary message in an exec stream`);
       const parsed = object<StreamMessage>(JSON.parse(message.data), "stream message");

@@ -54,20 +54,16 @@ export class Transport {
       return;
     }
     if (typeof connect.url !== "string") {
-      throw new InputValidationError("new Scheduler() needs { socketPath } or { url, token }", {
-        code: "input_validation",
-      });
+      throw new InputValidationError("new Scheduler() needs { socketPath } or { url, token }");
     }
     let url: URL;
     try {
       url = new URL(connect.url);
     } catch {
-      throw new InputValidationError(`not a URL: ${connect.url}`, { code: "input_validation" });
+      throw new InputValidationError(`not a URL: ${connect.url}`);
     }
     if (url.protocol !== "http:" && url.protocol !== "https:") {
-      throw new InputValidationError(`a server URL is http:// or https://, not ${url.protocol}`, {
-        code: "input_validation",
-      });
+      throw new InputValidationError(`a server URL is http:// or https://, not ${url.protocol}`);
     }
     const secure = url.protocol === "https:";
     this.#module = secure ? https : http;

@@ -17,15 +17,13 @@ export function snakeCase(name: string): string {
 /** run()/session() options as the members of a request body (docs/server.md, "options"). */
 export function optionsToWire(options: SessionOptions & Record<string, unknown>): Record<string, unknown> {
   if (typeof options !== "object" || options === null || Array.isArray(options)) {
-    throw new InputValidationError("options are an object", { code: "input_validation" });
+    throw new InputValidationError("options are an object");
   }
   const body: Record<string, unknown> = {};
   for (const [name, value] of Object.entries(options)) {
     if (CALLBACKS.has(name) || value === undefined || value === null) continue;
     if (typeof value === "function" || name === "tools") {
-      throw new InputValidationError(`option ${name}: a function cannot cross to the server`, {
-        code: "input_validation",
-      });
+      throw new InputValidationError(`option ${name}: a function cannot cross to the server`);
     }
     body[snakeCase(name)] = optionToWire(name, value);
   }

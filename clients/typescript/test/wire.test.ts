@@ -70,6 +70,9 @@ test("error codes map to the library's classes and keep the server's code", () =
   const prototypeKey = errorFromBody({ error: { code: "constructor", message: "?" } });
   assert.equal(prototypeKey.constructor, SandboxError);
 
+  assert.equal(new SessionClosedError("gone").code, "session_closed"); // made by the client
+  assert.equal(new VmCapacityError("full").code, "vm_capacity");
+
   const garbage = errorFromBody("<html>", 502);
   assert.equal(garbage.code, "internal");
 });
