@@ -60,7 +60,8 @@ function descendants(pid: number): number[] {
 
 async function startServer(): Promise<Server> {
   const dir = mkdtempSync(join(tmpdir(), "sbx-ts-"));
-  const env = { ...process.env, EXEC_SANDBOX_STATE_DIR: join(dir, "state") };
+  // Its state (tokens) and data (volumes) in the test's own directory.
+  const env = { ...process.env, EXEC_SANDBOX_STATE_DIR: join(dir, "state"), EXEC_SANDBOX_DATA_DIR: join(dir, "data") };
   const token = execFileSync(SBX, ["token", "create", "--name", "ts-client"], { env, encoding: "utf8" }).trim();
   const otherToken = execFileSync(SBX, ["token", "create", "--name", "ts-other"], { env, encoding: "utf8" }).trim();
   const socketPath = join(dir, "sbx.sock");
@@ -190,6 +191,8 @@ describe("against sbx serve", () => {
       await assert.rejects(session.exec("print(x)", { timeoutSeconds: -5 }), refused);
       await assert.rejects(session.exec("print(x)", { timeoutSeconds: -5, onStdout: () => {} }), refused);
 
+      assert.deepEqual(await session.networkLog(), []); // no network asked for, none used
+
       const payload = new Uint8Array(256).map((_, i) => i);
       await session.writeFile("bin/data.bin", payload);
       await session.writeFile("hello.txt", "hi there\n");
@@ -295,5 +298,20 @@ describe("against sbx serve", () => {
       await resumed?.close();
       await session.close();
     }
+  });
+
+  test("volumes are made and removed with the admin scope; a run token may only list", TEST, async () => {
+    assert.ok(Array.isArray(await remote.templates()));
+    const volume = await local.volume("ts-client-vol", { sizeMb: 16 });
+    assert.equal(volume.name, "ts-client-vol");
+    assert.equal(volume.size_mb, 16);
+    try {
+      assert.ok((await remote.volumes()).some((v) => v.name === "ts-client-vol"));
+      await assert.rejects(remote.volume("ts-client-other"), (err: PermanentError) => err.code === "forbidden" && err.status === 403);
+      await assert.rejects(remote.deleteVolume("ts-client-vol"), (err: PermanentError) => err.code === "forbidden");
+    } finally {
+      await local.deleteVolume("ts-client-vol");
+    }
+    assert.ok(!(await local.volumes()).some((v) => v.name === "ts-client-vol"));
   });
 });
