@@ -37,12 +37,12 @@ export class Scheduler {
   }
 
   /** Run code in a fresh VM, destroyed afterwards. With onStdout or onStderr the output streams
-   * to them as the code writes it (a WebSocket). */
+   * to them as the code writes it (a WebSocket); with a signal, aborting cancels the run. */
   async run(code: string, options: RunOptions = {}): Promise<ExecutionResult> {
     if (typeof code !== "string") throw new InputValidationError("code is a string");
     const body = { code, ...optionsToWire(options as SessionOptions & Record<string, unknown>) };
-    if (options.onStdout !== undefined || options.onStderr !== undefined) {
-      return streamExec(this.#transport, "/run", body, options.onStdout, options.onStderr);
+    if (options.onStdout !== undefined || options.onStderr !== undefined || options.signal !== undefined) {
+      return streamExec(this.#transport, "/run", body, options.onStdout, options.onStderr, options.signal);
     }
     return resultFromWire(await this.#transport.json("POST", "/run", { json: body }));
   }

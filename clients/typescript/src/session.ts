@@ -54,10 +54,10 @@ export class Session {
       body.timeout_seconds = options.timeoutSeconds;
     }
     if (options.envVars !== undefined && options.envVars !== null) body.env_vars = options.envVars;
-    const result =
-      options.onStdout !== undefined || options.onStderr !== undefined
-        ? await streamExec(this.#transport, `${this.#path}/exec`, body, options.onStdout, options.onStderr)
-        : resultFromWire(await this.#transport.json("POST", `${this.#path}/exec`, { json: body }));
+    const streamed = options.onStdout !== undefined || options.onStderr !== undefined || options.signal !== undefined;
+    const result = streamed
+      ? await streamExec(this.#transport, `${this.#path}/exec`, body, options.onStdout, options.onStderr, options.signal)
+      : resultFromWire(await this.#transport.json("POST", `${this.#path}/exec`, { json: body }));
     this.info = { ...this.info, exec_count: this.info.exec_count + 1 };
     return result;
   }

@@ -20,12 +20,30 @@ export async function streamExec(
   body: Record<string, unknown>,
   onStdout: OutputCallback | undefined,
   onStderr: OutputCallback | undefined,
+  signal?: AbortSignal,
 ): Promise<ExecutionResult> {
+  signal?.throwIfAborted();
   const ws = await transport.websocket(path);
+  // An abort drops the connection at once: the server then cancels a run (its VM destroyed)
+  // and lets a session's exec finish unread (docs/server.md, "Streaming").
+  let onAbort: (() => void) | undefined;
+  const aborted =
+    signal === undefined
+      ? undefined
+      : new Promise<never>((_, reject) => {
+          onAbort = () => {
+            ws.destroy();
+            reject(signal.reason);
+          };
+          signal.addEventListener("abort", onAbort, { once: true });
+        });
+  aborted?.catch(() => {}); // rejected only when raced below; never left unhandled
+  let dropped = false;
   try {
     await ws.sendJson(body);
     for (;;) {
-      const message = await ws.receive();
+      signal?.throwIfAborted();
+      const message = await (aborted === undefined ? ws.receive() : Promise.race([ws.receive(), aborted]));
       if (message === null) {
         // 1013: this client read too slowly for the server's bounded queue (docs/server.md).
         const why = ws.closeCode === null ? "" : ` (close ${ws.closeCode}${ws.closeReason ? `: ${ws.closeReason}` : ""})`;
@@ -48,9 +66,13 @@ export async function streamExec(
           break; // a newer server's message: ignored, as unknown members are
       }
     }
+  } catch (err) {
+    dropped = signal?.aborted ?? false;
+    throw err;
   } finally {
-    // Done or given up: either way the server's side of this stream ends with ours (a run whose
-    // reader went away is cancelled, docs/server.md).
-    await ws.close();
+    if (onAbort !== undefined) signal?.removeEventListener("abort", onAbort);
+    // Done or given up: either way the server's side of this stream ends with ours.
+    if (dropped) ws.destroy();
+    else await ws.close();
   }
 }

@@ -205,6 +205,9 @@ export interface RunOptions extends SessionOptions {
   /** Given: the run streams over a WebSocket and these see the output as it comes. */
   onStdout?: OutputCallback;
   onStderr?: OutputCallback;
+  /** Aborting it cancels the run (its VM destroyed) and rejects with the signal's reason; a
+   * run with a signal streams over a WebSocket, whose end is what cancels it. */
+  signal?: AbortSignal;
 }
 
 export interface ExecOptions {
@@ -212,6 +215,9 @@ export interface ExecOptions {
   envVars?: Record<string, string> | null;
   onStdout?: OutputCallback;
   onStderr?: OutputCallback;
+  /** Aborting it stops waiting (rejects with the signal's reason); the code still runs to
+   * its end in the session, and the session's next call waits for it. */
+  signal?: AbortSignal;
 }
 
 export type TemplateStep =

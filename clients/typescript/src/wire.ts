@@ -6,9 +6,9 @@
 import { CommunicationError, InputValidationError } from "./errors.ts";
 import type { ExecutionResult, PortMapping, Secret, SessionOptions, VolumeMount } from "./types.ts";
 
-// Host callbacks: served by streaming, never sent. (`tools`, host callables too, cannot cross
+// Host callbacks and the abort signal: served by streaming, never sent. (`tools`, host callables too, cannot cross
 // a process boundary at all: refused.)
-const CALLBACKS = new Set(["onStdout", "onStderr"]);
+const CALLBACKS = new Set(["onStdout", "onStderr", "signal"]);
 
 export function snakeCase(name: string): string {
   return name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);

@@ -175,6 +175,25 @@ describe("against sbx serve", () => {
     assert.equal(err.join(""), "e\n");
   });
 
+  test("aborting a streamed run rejects with the signal's reason and cancels it on the server", TEST, async () => {
+    // Two runs that would hold both of the server's VM slots for minutes, aborted once they
+    // started: a third run finds room only if the server cancelled them.
+    for (let i = 0; i < 2; i++) {
+      const controller = new AbortController();
+      await assert.rejects(
+        local.run("import time\nprint('started', flush=True)\ntime.sleep(300)", {
+          signal: controller.signal,
+          onStdout: () => controller.abort(),
+        }),
+        (err: Error) => err.name === "AbortError",
+      );
+    }
+    assert.equal((await local.run("print('room')", { timeoutSeconds: 60 })).stdout, "room\n");
+    const gone = new AbortController();
+    gone.abort();
+    await assert.rejects(local.run("print(1)", { signal: gone.signal }), (err: Error) => err.name === "AbortError");
+  });
+
   test("a session keeps state, moves files, runs a process and a terminal, then closes", TEST, async () => {
     const session = await remote.session({ language: "python" });
     try {
