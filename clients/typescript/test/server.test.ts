@@ -183,6 +183,7 @@ describe("against sbx serve", () => {
       await assert.rejects(
         local.run("import time\nprint('started', flush=True)\ntime.sleep(300)", {
           signal: controller.signal,
+          timeoutSeconds: 300,
           onStdout: () => controller.abort(),
         }),
         (err: Error) => err.name === "AbortError",
