@@ -40,6 +40,7 @@ export class Process {
   readonly #path: string;
 
   constructor(transport: Transport, sessionPath: string, pid: number) {
+    if (!Number.isSafeInteger(pid) || pid <= 0) throw new CommunicationError(`not a pid: ${String(pid)}`);
     this.#transport = transport;
     this.pid = pid;
     this.#path = `${sessionPath}/processes/${pid}`;

@@ -18,8 +18,9 @@ const OP_BINARY = 0x2;
 const OP_CLOSE = 0x8;
 const OP_PING = 0x9;
 const OP_PONG = 0xa;
-/** Messages queued for a slow reader before the socket is paused. */
+/** Messages, and bytes, queued for a slow reader before the socket is paused. */
 const QUEUE_HIGH = 64;
+const QUEUE_HIGH_BYTES = 8 * 1024 * 1024;
 /** How long close() waits for the server's close frame before dropping the connection. */
 const CLOSE_WAIT_MS = 5_000;
 
@@ -59,6 +60,7 @@ export class WebSocket {
   #fragmentsBytes = 0;
   #fragmentOp = 0;
   #queue: WebSocketMessage[] = [];
+  #queuedBytes = 0;
   #waiters: Array<{ resolve: (m: WebSocketMessage | null) => void; reject: (e: Error) => void }> = [];
   #error: Error | null = null;
   #ended = false;
@@ -83,7 +85,9 @@ export class WebSocket {
   receive(): Promise<WebSocketMessage | null> {
     const message = this.#queue.shift();
     if (message !== undefined) {
-      if (this.#queue.length < QUEUE_HIGH / 2 && this.#socket.isPaused()) this.#socket.resume();
+      this.#queuedBytes -= message.data.length;
+      const low = this.#queue.length < QUEUE_HIGH / 2 && this.#queuedBytes < QUEUE_HIGH_BYTES / 2;
+      if (low && this.#socket.isPaused()) this.#socket.resume();
       return Promise.resolve(message);
     }
     if (this.#error !== null) return Promise.reject(this.#error);
@@ -245,7 +249,8 @@ export class WebSocket {
       return;
     }
     this.#queue.push(message);
-    if (this.#queue.length >= QUEUE_HIGH) this.#socket.pause();
+    this.#queuedBytes += message.data.length;
+    if (this.#queue.length >= QUEUE_HIGH || this.#queuedBytes >= QUEUE_HIGH_BYTES) this.#socket.pause();
   }
 
   #onClose(payload: Buffer): void {
@@ -294,9 +299,17 @@ export class WebSocket {
     }
   }
 
+  /** The first n bytes (n <= 14: a frame header), joining only the chunks they span. */
   #peek(n: number): Buffer {
     if (this.#chunks[0].length >= n) return this.#chunks[0].subarray(0, n);
-    return Buffer.concat(this.#chunks, this.#buffered).subarray(0, n);
+    const parts: Buffer[] = [];
+    let size = 0;
+    for (const chunk of this.#chunks) {
+      if (size >= n) break;
+      parts.push(chunk);
+      size += chunk.length;
+    }
+    return Buffer.concat(parts, size).subarray(0, n);
   }
 
   #take(n: number): Buffer {

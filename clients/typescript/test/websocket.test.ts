@@ -14,7 +14,7 @@ const CLOSE = 0x8;
 const PING = 0x9;
 const PONG = 0xa;
 
-describe("WebSocket client (stand-in server)", () => {
+describe("WebSocket client (stand-in server)", { timeout: 20_000 }, () => {
   let server: { url: string; close: () => Promise<void> };
   let script: (peer: Peer) => void = () => {};
 
@@ -74,6 +74,20 @@ describe("WebSocket client (stand-in server)", () => {
     assert.deepEqual(Buffer.from(first?.data as Uint8Array), big);
     const second = await ws.receive();
     assert.deepEqual(Buffer.from(second?.data as Uint8Array), mid);
+    ws.destroy();
+  });
+
+  test("a reader that falls behind gets every message in order once it reads again", async () => {
+    // Past 64 queued messages the client pauses the socket; reading resumes it.
+    script = (peer) => {
+      for (let i = 0; i < 300; i++) peer.send(TEXT, `m${i}:${"x".repeat(1000)}`);
+    };
+    const ws = await open();
+    await new Promise((r) => setTimeout(r, 100));
+    for (let i = 0; i < 300; i++) {
+      const message = await ws.receive();
+      assert.equal(message?.type === "text" && message.data.split(":")[0], `m${i}`);
+    }
     ws.destroy();
   });
 
