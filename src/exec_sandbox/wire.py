@@ -182,6 +182,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (_errors.SessionClosedError, 409),
     (_errors.VmConfigError, 400),
     (_errors.TemplateBuildError, 422),
+    (_errors.OutputLimitError, 422),
     (_errors.TemplateError, 404),
     (_errors.VolumeError, 404),
     (_errors.TransientError, 503),
@@ -226,6 +227,17 @@ def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": encode(details)}}
 
 
+def exception_body(exc: BaseException) -> dict[str, Any]:
+    """error_body() of a library exception, with the attributes its class carries (a failed
+    template step's index, exit status and output; the output kept before an output limit)."""
+    details: dict[str, Any] = {}
+    if isinstance(exc, _errors.TemplateBuildError):
+        details = {"step": exc.step, "exit_code": exc.exit_code, "output": exc.output}
+    elif isinstance(exc, _errors.OutputLimitError):
+        details = {"stdout": exc.stdout, "stderr": exc.stderr}
+    return error_body(error_code(exc), str(exc), **details)
+
+
 def exception_of(body: Any, status: int = 0) -> Exception:
     """The exception a client raises for an error body: the library's class of its code (a
     server code maps to the class in SERVER_CODES), with the server's message."""
@@ -235,14 +247,28 @@ def exception_of(body: Any, status: int = 0) -> Exception:
     code = str(error.get("code", INTERNAL))
     message = str(error.get("message", ""))
     cls = ERROR_CODES.get(code) or SERVER_CODES.get(code, _errors.SandboxError)
+    details = error.get("details")
+    details = details if isinstance(details, Mapping) else {}
+    exc: Exception
     if cls is _errors.TemplateBuildError:
-        details = error.get("details") or {}
-        return _errors.TemplateBuildError(
-            message, step=details.get("step"), exit_code=details.get("exit_code")
+        exc = _errors.TemplateBuildError(
+            message,
+            step=_int_or_none(details.get("step")),
+            exit_code=_int_or_none(details.get("exit_code")),
+            output=str(details.get("output") or ""),
         )
-    exc = cls(message)
+    elif cls is _errors.OutputLimitError:
+        exc = _errors.OutputLimitError(
+            message, stdout=str(details.get("stdout", "")), stderr=str(details.get("stderr", ""))
+        )
+    else:
+        exc = cls(message)
     exc.code = code  # type: ignore[attr-defined]
     return exc
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # --- run()/session() options ------------------------------------------------------------
@@ -319,8 +345,8 @@ def _secret_from_wire(value: Any) -> Secret:
         return Secret(
             name=value["name"],
             value=value["value"],
-            hosts=tuple(value.get("hosts", ())),
-            headers=None if value.get("headers") is None else tuple(value["headers"]),
+            hosts=list(value.get("hosts", ())),
+            headers=None if value.get("headers") is None else list(value["headers"]),
             replace_in_body=value.get("replace_in_body"),
         )
     except (KeyError, TypeError) as exc:

@@ -37,7 +37,8 @@ def test_exception_maps_to_code_and_status(exc: Exception, code: str, status: in
 def test_template_build_error_carries_step_and_exit_code() -> None:
     _, body = error_of(errors.TemplateBuildError("step 2 failed", step=2, exit_code=3))
     assert body["error"]["code"] == "template_build"
-    assert body["error"]["details"] == {"step": 2, "exit_code": 3}
+    assert body["error"]["details"]["step"] == 2
+    assert body["error"]["details"]["exit_code"] == 3
 
 
 def test_unexpected_exception_is_internal_without_its_message() -> None:

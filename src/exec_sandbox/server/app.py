@@ -7,16 +7,16 @@ once per listener (the Unix socket's and TCP's differ)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import tempfile
 import typing
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__, wire
@@ -33,6 +33,9 @@ from .bodies import (
     run_arguments,
 )
 from .hub import Hub, HubError, run_options
+
+# A file's bytes go to the client in pieces of this size (read from the spool in a thread).
+_CHUNK_BYTES = 1 << 20
 
 
 def _json(value: Any, status: int = 200) -> JSONResponse:
@@ -119,18 +122,28 @@ def create_app(hub: Hub | None) -> FastAPI:
     @api.get("/sessions/{session_id}/files/content", **doc(None, "bytes"))
     async def read_file(session_id: str, request: Request, path: str) -> Response:
         entry = await hub.get(principal(request), session_id)
-        # Spooled to a private temp file, not memory: a file may be up to FILE_SIZE_MAX.
-        fd, tmp = tempfile.mkstemp(prefix="sbx-serve-")
-        os.close(fd)
+        # Spooled to an unlinked temp file, not memory (a file may be up to FILE_SIZE_MAX):
+        # it is gone with its fd, however the answer ends (a client may leave mid-body).
+        spool = tempfile.TemporaryFile(prefix="sbx-serve-")
         try:
-            await entry.session.read_file(path, destination=Path(tmp))
+            await entry.session.read_file(path, destination=spool)
+            size = spool.tell()
+            spool.seek(0)
         except BaseException:
-            os.unlink(tmp)
+            spool.close()
             raise
-        return FileResponse(
-            tmp,
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while chunk := await asyncio.to_thread(spool.read, _CHUNK_BYTES):
+                    yield chunk
+            finally:
+                spool.close()
+
+        return StreamingResponse(
+            chunks(),
             media_type="application/octet-stream",
-            background=BackgroundTask(os.unlink, tmp),
+            headers={"content-length": str(size)},
         )
 
     @api.put("/sessions/{session_id}/files/content", status_code=204, **doc("bytes", None))

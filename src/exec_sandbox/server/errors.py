@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import wire
-from ..errors import SandboxError, TemplateBuildError
+from ..errors import SandboxError
 from .hub import HubError
 
 log = logging.getLogger(__name__)
@@ -26,11 +26,8 @@ def error_of(exc: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, ProcessLookupError):
         return wire.error_status(wire.NOT_FOUND), wire.error_body(wire.NOT_FOUND, str(exc))
     if isinstance(exc, SandboxError | FileNotFoundError):
-        code = wire.error_code(exc)
-        details: dict[str, Any] = {}
-        if isinstance(exc, TemplateBuildError):
-            details = {"step": exc.step, "exit_code": exc.exit_code}
-        return wire.error_status(code), wire.error_body(code, str(exc), **details)
+        body = wire.exception_body(exc)
+        return wire.error_status(body["error"]["code"]), body
     if isinstance(exc, RequestValidationError | ValueError | UnicodeDecodeError):
         return wire.error_status(wire.BAD_REQUEST), wire.error_body(
             wire.BAD_REQUEST, f"unreadable request: {exc}"[:1000]

@@ -195,6 +195,13 @@ class Hub:
             return self._add(session, principal.name, ())
 
     async def close_session(self, principal: Principal, session_id: str) -> None:
+        dormant = self._dormant.get(session_id)
+        if dormant is not None and self._may_see(principal, dormant.owner, dormant.shared_with):
+            # Paused at the last shutdown: closing it is forgetting it, no VM to start for that.
+            self._dormant.pop(session_id, None)
+            await self.scheduler.delete_snapshot(dormant.snapshot_id)
+            self._forget(dormant.snapshot_id)
+            return
         entry = await self.get(principal, session_id)
         await entry.session.close()
         self._entries.pop(entry.id, None)
@@ -281,7 +288,13 @@ class Hub:
         async with lock:
             if dormant.id in self._entries:
                 return self._entries[dormant.id]
-            session = await self.scheduler.resume(dormant.snapshot_id)
+            try:
+                session = await self.scheduler.resume(dormant.snapshot_id)
+            except SnapshotError:
+                # Evicted or damaged since: the session is lost, said once, then not_found.
+                self._dormant.pop(dormant.id, None)
+                self._forget(dormant.snapshot_id)
+                raise
             entry = Entry(dormant.id, session, dormant.owner, dormant.shared_with, time.time())
             entry.created_at = dormant.created_at
             self._entries[dormant.id] = entry

@@ -19,10 +19,11 @@ import signal
 import socket
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from ..config import SchedulerConfig
 from ..scheduler import Scheduler
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 GRACEFUL_SECONDS = 5
 # A WebSocket message from a client (a run's request is at most ~8 MB of JSON).
 WS_MAX_BYTES = 8 << 20
+
+
+# An app mounted beside the routes, made on the server's Scheduler (serve(mounts=...)).
+MountFactory = Callable[[Scheduler], contextlib.AbstractAsyncContextManager[ASGIApp]]
 
 
 class ServeError(Exception):
@@ -109,6 +114,10 @@ def bind_unix(path: Path) -> socket.socket:
 
 def bind_tcp(host: str, port: int) -> socket.socket:
     sock = socket.create_server((host, port), backlog=128, reuse_port=False)
+    # Accepted connections inherit it. asyncio sets it only on sockets whose proto is
+    # IPPROTO_TCP, and create_server's is 0: without it, an answer written in two parts (head,
+    # body) waits for the client's delayed ACK, 40 ms per call on a kept-alive connection.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setblocking(False)
     return sock
 
@@ -139,8 +148,14 @@ async def serve(
     scheduler_config: SchedulerConfig,
     state_dir: Path,
     announce: Callable[[str], None] = print,
+    mounts: Mapping[str, MountFactory] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT. announce gets one line per listener once it accepts."""
+    """Serve until SIGTERM or SIGINT. announce gets one line per listener once it accepts.
+
+    mounts: path -> a factory of an ASGI app on the server's Scheduler, live while its context
+    is (entered before the listeners start, left before the sessions are paused): the MCP
+    endpoint at /mcp. A mounted app is behind the same authentication as the routes (the
+    caller in request.state.principal)."""
     check_address(options, lambda text: print(f"sbx serve: {text}", file=sys.stderr))
     if options.socket_path is None and options.port is None:
         raise ServeError("nothing to listen on: give --socket or --port")
@@ -169,6 +184,11 @@ async def serve(
         hub.start()
         stack.push_async_callback(hub.shutdown)  # before the Scheduler closes
         app = create_app(hub)
+        # uvicorn's lifespan is off (two listeners share the app): the app's own lifespan (a
+        # mounted app's, such as MCP's session manager, hooked into it) runs here, once.
+        await stack.enter_async_context(app.router.lifespan_context(app))
+        for path, factory in (mounts or {}).items():
+            app.mount(path, await stack.enter_async_context(factory(scheduler)))
         if options.socket_path is not None:
             server = _server(Authenticate(app, None), options, tls=False)
             await server.startup(sockets=[unix])

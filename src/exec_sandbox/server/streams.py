@@ -41,6 +41,7 @@ OUTBOX_BYTES = 256 << 10
 CLOSE_TOO_SLOW = 1013  # "try again later": the client did not keep up with the output
 # The first message of a run or exec: its JSON body (code up to 1 MB, escaped, with options).
 MAX_REQUEST_BYTES = 8 << 20
+FIRST_MESSAGE_SECONDS = 30.0
 
 
 class _Outbox:
@@ -80,7 +81,17 @@ def _principal(ws: WebSocket) -> Principal:
 
 
 async def _first_message(ws: WebSocket) -> Any:
-    text = await ws.receive_text()
+    """The request: the client's first message, a JSON text frame, within FIRST_MESSAGE_SECONDS
+    (a connection that never asks is not kept open)."""
+    try:
+        message = await asyncio.wait_for(ws.receive(), FIRST_MESSAGE_SECONDS)
+    except TimeoutError:
+        raise HubError(wire.BAD_REQUEST, "no request within the time allowed") from None
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if not isinstance(text, str):
+        raise HubError(wire.BAD_REQUEST, "the request is a JSON text message")
     if len(text) > MAX_REQUEST_BYTES:
         raise HubError(wire.BAD_REQUEST, "the request is too large")
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import signal
 import subprocess
@@ -33,6 +34,7 @@ class Server:
         self.log_path = tmp / "serve.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.scheme = "http"
         self.qemu_seen: set[int] = set()
 
     def start(self) -> Server:
@@ -56,15 +58,17 @@ class Server:
         assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + START_SECONDS
         buffer = b""
-        while b"http://" not in buffer:
+        while not re.search(rb"https?://\S+\n", buffer):
             left = deadline - time.monotonic()
             if left <= 0 or self.proc.poll() is not None:
                 raise AssertionError(f"sbx serve did not start: {self.log()}")
             ready, _, _ = select.select([self.proc.stdout], [], [], left)
             if ready:
                 buffer += os.read(self.proc.stdout.fileno(), 4096)
-        line = buffer.decode().split("http://", 1)[1].split()[0]
-        self.port = int(line.rsplit(":", 1)[1])
+        found = re.search(r"(https?)://(\S+)\n", buffer.decode())
+        assert found is not None
+        self.scheme = found.group(1)
+        self.port = int(found.group(2).rsplit(":", 1)[1])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
@@ -113,10 +117,13 @@ class Server:
             timeout=120,
         )
 
-    def tcp(self, token: str | None) -> httpx.AsyncClient:
+    def tcp(self, token: str | None, **options: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{self.port}/v1", headers=headers, timeout=120
+            base_url=f"{self.scheme}://127.0.0.1:{self.port}/v1",
+            headers=headers,
+            timeout=120,
+            **options,
         )
 
     @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,7 @@ async def test_sigterm_pauses_sessions_and_the_next_server_gives_them_back(
         async with first.tcp(alice) as client:
             sid = (await client.post("/sessions", json={})).json()["id"]
             await client.post(f"/sessions/{sid}/exec", json={"code": "kept = [1, 2, 3]"})
+            unused = (await client.post("/sessions", json={})).json()["id"]
     finally:
         assert first.stop(signal.SIGTERM) == 0, first.log()
     assert not first.socket.exists(), "the socket file outlived its server"
@@ -56,7 +58,11 @@ async def test_sigterm_pauses_sessions_and_the_next_server_gives_them_back(
             assert (await other.get(f"/sessions/{sid}")).status_code == 404
         async with second.tcp(alice) as client:
             listed = (await client.get("/sessions")).json()
-            assert [s["id"] for s in listed] == [sid]
+            assert sorted(s["id"] for s in listed) == sorted([sid, unused])
+            # Closing one that was paused at shutdown forgets it without starting its VM.
+            assert (await client.delete(f"/sessions/{unused}")).status_code == 204
+            assert second.qemus() == []
+            assert (await client.get(f"/sessions/{unused}")).status_code == 404
             out = await client.post(f"/sessions/{sid}/exec", json={"code": "print(sum(kept))"})
             assert out.json()["stdout"] == "6\n", out.text
             info = (await client.get(f"/sessions/{sid}")).json()
@@ -101,3 +107,21 @@ async def test_sigkill_leaves_no_qemu_and_the_next_server_replaces_the_socket(
         assert refused.returncode != 0 and "already listening" in refused.stderr
         async with second.local() as client:
             assert (await client.get("/health")).status_code == 200
+
+
+async def test_tls_listener_serves_https_with_tokens(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    tls = ("--host", "127.0.0.1", "--tls-cert", str(cert), "--tls-key", str(key))
+    with running(tmp_path, *tls) as server:
+        assert server.scheme == "https"
+        token = server.token("tls-user")
+        async with server.tcp(token, verify=ssl.create_default_context(cafile=cert)) as client:
+            answer = await client.post("/run", json={"code": "print('over tls')"})
+        assert answer.json()["stdout"] == "over tls\n"

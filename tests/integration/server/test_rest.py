@@ -70,6 +70,11 @@ async def test_session_keeps_state_and_files(server: Server) -> None:
         missing = await client.get(f"/sessions/{sid}/files/content", params={"path": "nope"})
         assert missing.status_code >= 400 and "error" in missing.json()
         assert (await client.get(f"/sessions/{sid}/network_log")).json() == []
+        bad_install = await client.post(
+            f"/sessions/{sid}/install", json={"packages": ["not a spec!!"]}
+        )
+        assert bad_install.status_code == 400
+        assert bad_install.json()["error"]["code"] == "package_not_allowed"
         got = (await client.get(f"/sessions/{sid}")).json()
         assert got["exec_count"] == 2
         assert (await client.delete(f"/sessions/{sid}")).status_code == 204
