@@ -320,8 +320,14 @@ describe("against sbx serve", () => {
     }
   });
 
-  test("volumes are made and removed with the admin scope; a run token may only list", TEST, async () => {
+  test("templates: a run token may list but not build; a bad build is refused before it starts", TEST, async () => {
     assert.ok(Array.isArray(await remote.templates()));
+    await assert.rejects(remote.buildTemplate("ts-client-tpl", { steps: [{ run: "true" }] }), (err: PermanentError) => err.code === "forbidden");
+    await assert.rejects(local.buildTemplate("Not A Name!", { steps: [{ run: "true" }] }), (err: InputValidationError) => err instanceof InputValidationError && err.status === 400);
+    await assert.rejects(local.deleteTemplate("ts-client-none"), (err: PermanentError) => err.status === 404);
+  });
+
+  test("volumes are made and removed with the admin scope; a run token may only list", TEST, async () => {
     const volume = await local.volume("ts-client-vol", { sizeMb: 16 });
     assert.equal(volume.name, "ts-client-vol");
     assert.equal(volume.size_mb, 16);
