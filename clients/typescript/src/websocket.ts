@@ -65,6 +65,7 @@ export class WebSocket {
   #error: Error | null = null;
   #ended = false;
   #closeSent = false;
+  #closing = false;
   #closed: Promise<void>;
   #markClosed!: () => void;
 
@@ -117,6 +118,12 @@ export class WebSocket {
 
   /** Start the close handshake and wait (bounded) for its end; idempotent. */
   async close(code = 1000, reason = ""): Promise<void> {
+    // What comes after our close is not for anyone: a paused socket (a reader that stopped)
+    // is read again, and its messages dropped, so that the server's close frame gets through.
+    this.#closing = true;
+    this.#queue = [];
+    this.#queuedBytes = 0;
+    if (this.#socket.isPaused()) this.#socket.resume();
     if (!this.#closeSent && !this.#socket.destroyed) {
       const body = Buffer.alloc(2 + Buffer.byteLength(reason));
       body.writeUInt16BE(code, 0);
@@ -231,6 +238,7 @@ export class WebSocket {
   }
 
   #deliver(op: number, payload: Buffer): void {
+    if (this.#closing) return;
     let message: WebSocketMessage;
     if (op === OP_TEXT) {
       let text: string;
@@ -257,13 +265,15 @@ export class WebSocket {
     if (payload.length === 1) throw new ProtocolError(1002, "a close frame of one byte");
     this.closeCode = payload.length >= 2 ? payload.readUInt16BE(0) : 1005;
     this.closeReason = payload.length > 2 ? payload.subarray(2).toString("utf8") : "";
-    if (!this.#closeSent) {
+    if (this.#closeSent) {
+      // The answer to our close: the handshake is over, nothing is left to send or read.
+      this.#socket.destroy();
+    } else {
       this.#closeSent = true;
       const echo = payload.length >= 2 ? payload.subarray(0, 2) : Buffer.alloc(0);
-      this.#socket.write(frame(OP_CLOSE, echo));
+      this.#socket.end(frame(OP_CLOSE, echo));
     }
     this.#ended = true;
-    this.#socket.end();
     this.#flushWaiters();
   }
 

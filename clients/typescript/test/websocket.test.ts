@@ -91,6 +91,21 @@ describe("WebSocket client (stand-in server)", { timeout: 20_000 }, () => {
     ws.destroy();
   });
 
+  test("close() of a reader that stopped reading gets the server's close at once", async () => {
+    script = (peer) => {
+      for (let i = 0; i < 200; i++) peer.send(TEXT, "y".repeat(1000));
+      peer.nextFrame().then((f) => {
+        if (f.op === CLOSE) peer.send(CLOSE, f.payload.subarray(0, 2));
+      });
+    };
+    const ws = await open();
+    await new Promise((r) => setTimeout(r, 100)); // the queue fills, the socket pauses
+    const started = Date.now();
+    await ws.close();
+    assert.ok(Date.now() - started < 2000, `close took ${Date.now() - started} ms`);
+    assert.equal(ws.closeCode, 1000);
+  });
+
   test("a message over the limit is refused, not buffered", async () => {
     script = (peer) => peer.send(BINARY, Buffer.alloc(2048));
     const ws = await open(1024);
