@@ -34,8 +34,28 @@ from .bodies import (
 )
 from .hub import Hub, HubError, run_options
 
+# How often a run answered by REST checks that its client is still there.
+_DISCONNECT_POLL_SECONDS = 0.5
+_T = typing.TypeVar("_T")
 # A file's bytes go to the client in pieces of this size (read from the spool in a thread).
 _CHUNK_BYTES = 1 << 20
+
+
+async def _unless_gone(request: Request, work: asyncio.Future[_T]) -> _T:
+    """work's result; cancelled (a run's VM destroyed) once the client has gone away, as for a
+    run's WebSocket: nobody is left to read the answer."""
+    try:
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=_DISCONNECT_POLL_SECONDS)
+            if done:
+                return work.result()
+            if await request.is_disconnected():
+                raise HubError(wire.BAD_REQUEST, "the client went away")
+    finally:
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
 
 
 def _json(value: Any, status: int = 200) -> JSONResponse:
@@ -85,7 +105,8 @@ def create_app(hub: Hub | None) -> FastAPI:
     @api.post("/run", **doc("RunBody", "ExecutionResult"))
     async def run(request: Request) -> JSONResponse:
         code, options = run_arguments(await read_json(request))
-        return _json(await hub.run(principal(request), code, options))
+        work = asyncio.ensure_future(hub.run(principal(request), code, options))
+        return _json(await _unless_gone(request, work))
 
     @api.post("/sessions", **doc("Options", "SessionInfo"))
     async def open_session(request: Request) -> JSONResponse:

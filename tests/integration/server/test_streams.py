@@ -11,6 +11,7 @@ import json
 import time
 from typing import Any
 
+import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -146,6 +147,27 @@ async def test_process_attach_streams_output_stdin_and_exit(server: Server) -> N
             await client.delete(f"/sessions/{sid}")
 
 
+async def test_process_attach_closes_stdin_and_kills(server: Server) -> None:
+    async with server.local() as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        try:
+            cat = (await client.post(f"/sessions/{sid}/processes", json={"cmd": ["cat"]})).json()
+            async with server.ws(f"/sessions/{sid}/processes/{cat['pid']}") as ws:
+                await ws.send(json.dumps({"type": "close_stdin"}))
+                messages = [m for _, m in await _messages(ws)]
+            assert messages[-1] == {"type": "exit", "exit_code": 0}  # EOF ended cat
+            spec = {"cmd": "echo started; sleep 600"}
+            pid = (await client.post(f"/sessions/{sid}/processes", json=spec)).json()["pid"]
+            async with server.ws(f"/sessions/{sid}/processes/{pid}") as ws:
+                first = json.loads(await ws.recv())
+                assert base64.b64decode(first["data"]["base64"]) == b"started\n"
+                await ws.send(json.dumps({"type": "kill", "signal": 9}))
+                messages = [m for _, m in await _messages(ws)]
+            assert messages[-1] == {"type": "exit", "exit_code": 128 + 9}
+        finally:
+            await client.delete(f"/sessions/{sid}")
+
+
 async def test_terminal_echoes_resizes_and_hangs_up_when_the_client_goes(server: Server) -> None:
     async with server.local() as client:
         sid = (await client.post("/sessions", json={})).json()["id"]
@@ -173,3 +195,19 @@ async def test_terminal_echoes_resizes_and_hangs_up_when_the_client_goes(server:
             assert json.loads(last) == {"type": "exit", "exit_code": 5}
         finally:
             await client.delete(f"/sessions/{sid}")
+
+
+async def test_rest_run_whose_client_gave_up_is_cancelled(server: Server) -> None:
+    before = set(server.qemus())
+    code = "import time\ntime.sleep(60)\n"
+    async with server.local() as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post("/run", json={"code": code}, timeout=3)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            vms = (await client.get("/info")).json()["limits"]["vms"]
+            if vms == 0 and not set(server.qemus()) - before:
+                break
+            await asyncio.sleep(0.2)
+    assert not set(server.qemus()) - before, "the run's VM outlived its client"
+    assert vms == 0
