@@ -212,6 +212,11 @@ describe("against sbx serve", () => {
       await assert.rejects(session.exec("print(x)", { timeoutSeconds: -5, onStdout: () => {} }), refused);
 
       assert.deepEqual(await session.networkLog(), []); // no network asked for, none used
+      await assert.rejects(session.install(["numpy>=1.0"]), (err: PackageNotAllowedError) => err instanceof PackageNotAllowedError && err.code === "package_not_allowed");
+      const refreshed = await session.refresh();
+      assert.equal(refreshed.exec_count, session.execCount);
+      assert.equal(refreshed.owner, "ts-client");
+      assert.equal(refreshed.closed, false);
 
       const payload = new Uint8Array(256).map((_, i) => i);
       await session.writeFile("bin/data.bin", payload);
