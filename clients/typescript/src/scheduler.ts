@@ -1,6 +1,6 @@
 // The client of `sbx serve`: the Python Scheduler's API over HTTP and WebSocket
-// (docs/server.md). `new Scheduler({ socketPath })` on the server's Unix socket, or
-// `new Scheduler({ url, token })` over TCP; close() when done.
+// (docs/server.md). `new Scheduler({ socketPath })` on the server's Unix socket (`new
+// Scheduler()`: its default one), or `new Scheduler({ url, token })` over TCP.
 
 import { InputValidationError } from "./errors.ts";
 import { Session } from "./session.ts";
@@ -22,7 +22,8 @@ import { array, object, optionsToWire, resultFromWire } from "./wire.ts";
 export class Scheduler {
   readonly #transport: Transport;
 
-  constructor(connect: ConnectOptions, options: ClientOptions = {}) {
+  /** Without connect: the Unix socket where `sbx serve` listens by default. */
+  constructor(connect?: ConnectOptions, options: ClientOptions = {}) {
     this.#transport = new Transport(connect, options);
   }
 

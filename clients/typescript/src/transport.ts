@@ -5,6 +5,8 @@
 
 import * as http from "node:http";
 import * as https from "node:https";
+import { homedir } from "node:os";
+import { join } from "node:path";
 
 import { CommunicationError, errorFromBody, InputValidationError, SandboxError } from "./errors.ts";
 import { awaitUpgrade, DEFAULT_MAX_MESSAGE_BYTES, handshakeHeaders, type WebSocket } from "./websocket.ts";
@@ -37,6 +39,17 @@ interface RequestInit {
   maxBytes?: number;
 }
 
+/** Where `sbx serve` listens unless told otherwise (exec_sandbox.paths.server_socket):
+ * $XDG_RUNTIME_DIR/exec-sandbox/sbx.sock, else sbx.sock in its state directory
+ * ($EXEC_SANDBOX_STATE_DIR, $XDG_STATE_HOME/exec-sandbox, ~/.local/state/exec-sandbox). */
+export function defaultSocketPath(env: Record<string, string | undefined> = process.env): string {
+  if (env.XDG_RUNTIME_DIR) return join(env.XDG_RUNTIME_DIR, "exec-sandbox", "sbx.sock");
+  const state =
+    env.EXEC_SANDBOX_STATE_DIR ||
+    join(env.XDG_STATE_HOME || join(homedir(), ".local", "state"), "exec-sandbox");
+  return join(state, "sbx.sock");
+}
+
 export class Transport {
   readonly #base: http.RequestOptions;
   readonly #module: typeof http | typeof https;
@@ -44,7 +57,7 @@ export class Transport {
   readonly #token: string | undefined;
   readonly #maxMessageBytes: number;
 
-  constructor(connect: ConnectOptions, options: ClientOptions = {}) {
+  constructor(connect: ConnectOptions = { socketPath: defaultSocketPath() }, options: ClientOptions = {}) {
     this.#maxMessageBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
     if (typeof connect.socketPath === "string") {
       this.#module = http;

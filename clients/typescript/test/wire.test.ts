@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
+  defaultSocketPath,
   errorFromBody,
   InputValidationError,
   PackageNotAllowedError,
@@ -90,4 +91,11 @@ test("binary outputs arrive as bytes, text ones as text", () => {
   assert.deepEqual(result.outputs[0].data, new Uint8Array([137, 80, 78, 71]));
   assert.equal(result.outputs[1].data, "42");
   assert.throws(() => resultFromWire({ stdout: "" }), /exit_code/);
+});
+
+test("the default socket is where sbx serve listens by default", () => {
+  assert.equal(defaultSocketPath({ XDG_RUNTIME_DIR: "/run/user/7" }), "/run/user/7/exec-sandbox/sbx.sock");
+  assert.equal(defaultSocketPath({ EXEC_SANDBOX_STATE_DIR: "/s", XDG_STATE_HOME: "/x" }), "/s/sbx.sock");
+  assert.equal(defaultSocketPath({ XDG_STATE_HOME: "/x" }), "/x/exec-sandbox/sbx.sock");
+  assert.match(defaultSocketPath({}), /\/\.local\/state\/exec-sandbox\/sbx\.sock$/);
 });
