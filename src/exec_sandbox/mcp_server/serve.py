@@ -1,0 +1,102 @@
+"""Running the MCP server: over stdio (`sbx mcp`: one client, the process's life) or as a
+streamable-HTTP ASGI app (for `sbx serve` to mount at /mcp).
+
+Either way the scheduler and the open sessions are owned here, outside the SDK's task groups, so
+that closing them on the way out is plain awaiting: never inside a cancelled scope, whatever
+stopped the server (stdin's EOF, SIGTERM, the ASGI host's shutdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.types import ASGIApp
+
+from ..protocols import SandboxScheduler
+from ..run_request import RunOptions
+from .sessions import DEFAULT_MAX_SESSIONS, Sandboxes
+from .tools import build_server
+
+log = logging.getLogger("exec_sandbox.mcp")
+
+# What gives the scheduler the MCP server runs on: entered once, left when the server stops.
+# A Scheduler(config) or a RemoteScheduler(...) is one; a scheduler owned elsewhere (sbx serve's)
+# is `lambda: contextlib.nullcontext(scheduler)`.
+SchedulerFactory = Callable[[], AbstractAsyncContextManager[SandboxScheduler]]
+
+
+async def serve_stdio(
+    scheduler_factory: SchedulerFactory,
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    options: RunOptions | None = None,
+) -> None:
+    """Serve one MCP client on stdin/stdout until stdin's EOF or SIGTERM; then close every
+    session the client left open and the scheduler."""
+    async with scheduler_factory() as scheduler:
+        sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
+        server = build_server(
+            lambda: contextlib.nullcontext(sandboxes),
+            network=bool((options or {}).get("allow_network")),
+        )
+        serving = asyncio.ensure_future(server.run_stdio_async())
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, serving.cancel)
+        try:
+            await serving
+        except asyncio.CancelledError:
+            # SIGTERM cancelled the server, not this task: go on to close everything.
+            if not serving.cancelled() or _this_task_cancelling():
+                raise
+            log.info("SIGTERM: closing the open sessions")
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            if not serving.done():
+                serving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await serving
+            await sandboxes.close_all()
+
+
+def _this_task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+@asynccontextmanager
+async def http_app(
+    scheduler_factory: SchedulerFactory,
+    *,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    options: RunOptions | None = None,
+    path: str = "/",
+    transport_security: TransportSecuritySettings | None = None,
+) -> AsyncIterator[ASGIApp]:
+    """The MCP server as a streamable-HTTP ASGI app, served at `path` of the app (mounted at
+    /mcp: path "/"), live while the context is: enter it in the ASGI host's lifespan (a mounted
+    Starlette app's own lifespan is not run). On exit the MCP sessions end and every sandbox
+    session is closed. transport_security: the SDK's Host/Origin checks (default: loopback
+    names only, against DNS rebinding).
+
+    The sessions belong to this app, not to an HTTP client: any client that knows a session id
+    may use it (ids are random), and a session is closed by close_session, by the scheduler's
+    idle timeout, or when the app stops."""
+    async with scheduler_factory() as scheduler:
+        sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
+        server = build_server(
+            lambda: contextlib.nullcontext(sandboxes),
+            network=bool((options or {}).get("allow_network")),
+        )
+        app = server.streamable_http_app(
+            streamable_http_path=path, transport_security=transport_security
+        )
+        try:
+            async with server.session_manager.run():
+                yield app
+        finally:
+            await sandboxes.close_all()
