@@ -27,7 +27,7 @@ from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
 from ..volumes import parse_volume_option
-from . import session_cmds, shell_cmds, template_cmds, volume_cmds
+from . import mcp_cmd, session_cmds, shell_cmds, template_cmds, volume_cmds
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -150,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     shell_cmds.add_parser(commands)
     template_cmds.add_parser(commands)
     volume_cmds.add_parser(commands)
+    mcp_cmd.add_parser(commands)
     return parser
 
 
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return template_cmds.run(args)
     if args.command == "volume":
         return volume_cmds.run(args)
+    if args.command == "mcp":
+        return mcp_cmd.run(args)
     if args.command == "setup":
         from ..images import builder
         from ..vm.jail import ensure_qemu_user
