@@ -97,7 +97,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def go() -> int:
-        await serve_stdio(factory, max_sessions=max_sessions, options=options)
+        if not await serve_stdio(factory, max_sessions=max_sessions, options=options):
+            # SIGTERM: the sessions and the scheduler are closed; the SDK's stdin reader thread
+            # may wait in read() forever, and the interpreter would wait for it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         return 0
 
     return run_command(go)

@@ -24,6 +24,10 @@ from .tools import build_server
 
 log = logging.getLogger("exec_sandbox.mcp")
 
+# How long a stopped stdio server may take to wind down before its sessions are closed anyway.
+_STOP_SECONDS = 2.0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
 # What gives the scheduler the MCP server runs on: entered once, left when the server stops.
 # A Scheduler(config) or a RemoteScheduler(...) is one; a scheduler owned elsewhere (sbx serve's)
 # is `lambda: contextlib.nullcontext(scheduler)`.
@@ -35,9 +39,12 @@ async def serve_stdio(
     *,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     options: RunOptions | None = None,
-) -> None:
-    """Serve one MCP client on stdin/stdout until stdin's EOF or SIGTERM; then close every
-    session the client left open and the scheduler."""
+) -> bool:
+    """Serve one MCP client on stdin/stdout until stdin's EOF or SIGTERM (or SIGINT); then close
+    every session the client left open and the scheduler. True: the client ended (EOF). False:
+    a signal stopped the server while the SDK's stdin reader (a thread blocked in read(), which
+    nothing interrupts) may still wait: the caller ends the process (os._exit) instead of
+    waiting for it."""
     async with scheduler_factory() as scheduler:
         sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
         server = build_server(
@@ -45,27 +52,28 @@ async def serve_stdio(
             network=bool((options or {}).get("allow_network")),
         )
         serving = asyncio.ensure_future(server.run_stdio_async())
+        terminated = asyncio.ensure_future(asyncio.Event().wait())
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, serving.cancel)
+        # SIGTERM (and Ctrl-C) end the wait below at once: the server task itself may not
+        # finish while its reader thread waits in read().
+        for signum in _STOP_SIGNALS:
+            loop.add_signal_handler(signum, terminated.cancel)
         try:
-            await serving
-        except asyncio.CancelledError:
-            # SIGTERM cancelled the server, not this task: go on to close everything.
-            if not serving.cancelled() or _this_task_cancelling():
-                raise
-            log.info("SIGTERM: closing the open sessions")
+            await asyncio.wait([serving, terminated], return_when=asyncio.FIRST_COMPLETED)
+            if terminated.done():
+                log.info("stopped by a signal: closing the open sessions")
+            else:
+                serving.result()  # the server's own failure, raised
         finally:
-            loop.remove_signal_handler(signal.SIGTERM)
-            if not serving.done():
-                serving.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await serving
+            for signum in _STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+            serving.cancel()
+            # Bounded: past it, the reader thread is stuck in read() and the caller exits.
+            await asyncio.wait([serving], timeout=_STOP_SECONDS)
+            stopped = terminated.done()
+            terminated.cancel()
             await sandboxes.close_all()
-
-
-def _this_task_cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    return not stopped
 
 
 @asynccontextmanager
