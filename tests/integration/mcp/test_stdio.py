@@ -132,3 +132,33 @@ async def test_sessions_past_the_cap_are_refused(mcp_client: McpClient) -> None:
     assert first.is_error is False
     assert second.is_error is True
     assert text_of(second).startswith("vm_capacity: 1 sessions are open")
+
+
+async def test_a_paused_session_resumes_with_its_state(mcp_client: McpClient) -> None:
+    async with mcp_client() as session:
+        opened = text_of(await call(session, "open_session", language="python"))
+        sid = opened.splitlines()[0].removeprefix("session_id: ")
+        await call(session, "exec", session_id=sid, code="kept = 'state'")
+        paused = await call(session, "pause_session", session_id=sid)
+        assert paused.is_error is False, text_of(paused)
+        snapshot_id = text_of(paused).splitlines()[0].removeprefix("snapshot_id: ")
+        gone = await call(session, "exec", session_id=sid, code="kept")
+        resumed = await call(session, "resume_session", snapshot_id=snapshot_id)
+        assert resumed.is_error is False, text_of(resumed)
+        new_sid = text_of(resumed).splitlines()[0].removeprefix("session_id: ")
+        back = await call(session, "exec", session_id=new_sid, code="print(kept)")
+    assert gone.is_error is True
+    assert "stdout:\nstate" in text_of(back)
+
+
+async def test_a_file_over_the_read_limit_is_refused_with_what_to_do(
+    mcp_client: McpClient,
+) -> None:
+    async with mcp_client() as session:
+        opened = text_of(await call(session, "open_session", language="raw"))
+        sid = opened.splitlines()[0].removeprefix("session_id: ")
+        await call(session, "exec", session_id=sid, code="head -c 300000 /dev/zero > big")
+        result = await call(session, "read_file", session_id=sid, path="big")
+    assert result.is_error is True
+    assert text_of(result).startswith("input_validation: big is 300000 bytes, over the")
+    assert "exec" in text_of(result)
