@@ -20,8 +20,9 @@ $(PY):
 # The framework extras come along so that the integration tests run in CI. langgraph-codeact
 # pins langgraph<0.4, which current langchain/deepagents cannot share an environment with: it is
 # added without its dependencies on top of the current langgraph (its API is unchanged there).
-# `ray` is the cluster extra (tests/integration/cluster).
-INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test,ray
+# `ray` is the cluster extra (tests/integration/cluster); `server` has the MCP SDK that `sbx mcp`
+# and its tests (tests/integration/mcp) need.
+INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test,ray,server
 
 install: deps $(PY)
 	$(PY) -m pip install -q '.[test,$(INTEGRATION_EXTRAS)]'
