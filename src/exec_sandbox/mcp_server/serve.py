@@ -47,10 +47,7 @@ async def serve_stdio(
     waiting for it."""
     async with scheduler_factory() as scheduler:
         sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
-        server = build_server(
-            lambda: contextlib.nullcontext(sandboxes),
-            network=bool((options or {}).get("allow_network")),
-        )
+        server = build_server(lambda: contextlib.nullcontext(sandboxes), options=options)
         serving = asyncio.ensure_future(server.run_stdio_async())
         terminated = asyncio.ensure_future(asyncio.Event().wait())
         loop = asyncio.get_running_loop()
@@ -96,10 +93,7 @@ async def http_app(
     idle timeout, or when the app stops."""
     async with scheduler_factory() as scheduler:
         sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
-        server = build_server(
-            lambda: contextlib.nullcontext(sandboxes),
-            network=bool((options or {}).get("allow_network")),
-        )
+        server = build_server(lambda: contextlib.nullcontext(sandboxes), options=options)
         app = server.streamable_http_app(
             streamable_http_path=path, transport_security=transport_security
         )

@@ -26,6 +26,7 @@ from .. import wire
 from ..errors import InputValidationError, SandboxError
 from ..limits import MAX_TIMEOUT_SECONDS
 from ..models import LanguageName
+from ..run_request import RunOptions
 from . import render
 from .sessions import Sandboxes, UnknownSession
 
@@ -37,8 +38,10 @@ exec-sandbox runs code in disposable QEMU microVMs (a Linux guest: Debian with P
 Node.js 22, GNU Bash and coreutils). Nothing of the host is visible inside. Use run_code for a \
 one-off program (a fresh VM each call, nothing kept). Use open_session when state should \
 persist: variables, imports, files and the working directory stay between exec calls until \
-close_session. Files live under /home/user (relative paths resolve there). Close sessions you no \
-longer need: the server keeps only a few open."""
+close_session. Files live under /home/user (relative paths resolve there). Packages: pass them \
+pinned to run_code or open_session, or install them inside a session with `pip install \
+name==version` / `npm install name@version` (served by the host: no network needed). Close \
+sessions you no longer need: the server keeps only a few open."""
 
 LanguageArg = Annotated[
     LanguageName,
@@ -290,11 +293,20 @@ TOOL_NAMES = tuple(name for name, _, _, _ in _TOOLS)
 def build_server(
     sandboxes: Callable[[], AbstractAsyncContextManager[Sandboxes]],
     *,
-    network: bool = False,
+    options: RunOptions | None = None,
 ) -> MCPServer[Sandboxes]:
     """The MCP server of the tools. `sandboxes` is entered once per run of the server (the stdio
-    connection, or the HTTP app's life) and left when it stops. network: the VMs may connect
-    out (the run tools are then marked open-world)."""
+    connection, or the HTTP app's life) and left when it stops. options: what every VM gets
+    (Sandboxes'), here for what the model is told about network access."""
+    options = options or {}
+    network = bool(options.get("allow_network"))
+    domains = options.get("allowed_domains")
+    if not network:
+        reach = "The VMs have no network access."
+    elif domains:
+        reach = f"The VMs may connect to these names and their subdomains: {', '.join(domains)}."
+    else:
+        reach = "The VMs may connect to public names on the internet."
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[Sandboxes]) -> AsyncIterator[Sandboxes]:
@@ -308,7 +320,7 @@ def build_server(
     server: MCPServer[Sandboxes] = MCPServer(
         "exec-sandbox",
         title="exec-sandbox",
-        instructions=INSTRUCTIONS,
+        instructions=f"{INSTRUCTIONS} {reach}",
         version=server_version,
         lifespan=lifespan,
         log_level="WARNING",
