@@ -30,3 +30,12 @@ async def test_with_allowed_domains_the_model_is_told_which_and_runs_are_open_wo
     hints = await _open_world(options)
     assert hints["run_code"] is True and hints["exec"] is True
     assert hints["read_file"] is False
+
+
+async def test_the_limits_the_model_reads_are_the_ones_applied() -> None:
+    from exec_sandbox.mcp_server import render, tools
+
+    server = build_server(lambda: contextlib.nullcontext(None))  # type: ignore[arg-type,return-value]
+    described = {t.name: t.description or "" for t in await server.list_tools()}
+    assert f"cut in the middle past {render.STREAM_MAX_CHARS} characters" in described["run_code"]
+    assert f"At most {tools.READ_MAX_BYTES // 1024} KB" in described["read_file"]

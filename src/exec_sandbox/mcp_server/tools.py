@@ -328,5 +328,9 @@ def build_server(
     for name, fn, title, hints in _TOOLS:
         if network and hints is _RUNS:
             hints = ToolAnnotations(open_world_hint=True)
-        server.add_tool(_tool_errors(fn), name=name, title=title, annotations=hints)
+        # The docstring as one paragraph: its line breaks are the source's, not the model's.
+        description = " ".join((fn.__doc__ or "").split())
+        server.add_tool(
+            _tool_errors(fn), name=name, title=title, description=description, annotations=hints
+        )
     return server
