@@ -63,6 +63,19 @@ async def test_a_session_closed_elsewhere_frees_its_place_and_says_why() -> None
     await sandboxes.open("python", None)  # its place is free
 
 
+async def test_a_session_is_its_owners_alone() -> None:
+    sandboxes, _ = _sandboxes()
+    entry = await sandboxes.open("python", None, owner="mcp-a")
+    sid = entry.session.session_id
+    assert [e.session.session_id for e in sandboxes.sessions(owner="mcp-a")] == [sid]
+    assert sandboxes.sessions(owner="mcp-b") == [] and sandboxes.sessions() == []
+    with pytest.raises(UnknownSession):
+        sandboxes.get(sid, owner="mcp-b")
+    with pytest.raises(UnknownSession):
+        await sandboxes.close(sid)
+    assert sandboxes.get(sid, owner="mcp-a") is entry
+
+
 async def test_the_servers_options_go_with_every_session() -> None:
     sandboxes, scheduler = _sandboxes(allow_network=True)
     await sandboxes.open("raw", ["a==1"])

@@ -1,7 +1,11 @@
-"""The sessions one MCP server opened for its client, by id: at most `max_sessions` open at once
+"""The sessions one MCP server opened for its clients, by id: at most `max_sessions` open at once
 (each is a VM holding memory), closed together when the server stops (the client went away:
 stdio's EOF, SIGTERM, the HTTP app's shutdown). A session the scheduler closed on its own (idle
-timeout, a dead VM) is dropped at its next use with the reason."""
+timeout, a dead VM) is dropped at its next use with the reason.
+
+Each session belongs to the client connection that opened it (its `owner`: the MCP session id
+of streamable HTTP; None over stdio, where the process has one client): another connection
+neither sees it in a listing nor reaches it by its id."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ class OpenSession:
     packages: tuple[str, ...]
     opened_at: float  # time.time()
     last_used: float  # time.monotonic() of the last call
+    owner: str | None  # the MCP connection's session id (None: stdio's one client)
 
 
 class Sandboxes:
@@ -69,7 +74,9 @@ class Sandboxes:
                 "close one (close_session) or pause one (pause_session) first"
             )
 
-    async def open(self, language: LanguageName, packages: Sequence[str] | None) -> OpenSession:
+    async def open(
+        self, language: LanguageName, packages: Sequence[str] | None, *, owner: str | None = None
+    ) -> OpenSession:
         self._admit()
         self._starting += 1
         try:
@@ -78,9 +85,9 @@ class Sandboxes:
             )
         finally:
             self._starting -= 1
-        return self._register(session, language, tuple(packages or ()))
+        return self._register(session, language, tuple(packages or ()), owner)
 
-    async def resume(self, snapshot_id: str) -> OpenSession:
+    async def resume(self, snapshot_id: str, *, owner: str | None = None) -> OpenSession:
         self._admit()
         self._starting += 1
         try:
@@ -88,7 +95,7 @@ class Sandboxes:
             session = await self.scheduler.resume(snapshot)
         finally:
             self._starting -= 1
-        return self._register(session, snapshot.language, snapshot.packages)
+        return self._register(session, snapshot.language, snapshot.packages, owner)
 
     async def _snapshot(self, snapshot_id: str) -> SessionSnapshot:
         for snapshot in await self.scheduler.snapshots():
@@ -97,17 +104,22 @@ class Sandboxes:
         raise UnknownSession(f"no paused session has the snapshot id {snapshot_id!r}")
 
     def _register(
-        self, session: SandboxSession, language: str, packages: tuple[str, ...]
+        self,
+        session: SandboxSession,
+        language: str,
+        packages: tuple[str, ...],
+        owner: str | None,
     ) -> OpenSession:
-        entry = OpenSession(session, language, packages, time.time(), time.monotonic())
+        entry = OpenSession(session, language, packages, time.time(), time.monotonic(), owner)
         self._open[session.session_id] = entry
         return entry
 
-    def get(self, session_id: str) -> OpenSession:
-        """The open session session_id, marked used. UnknownSession for an id this server does
-        not hold; SessionClosedError (with the reason) for one that closed since."""
+    def get(self, session_id: str, *, owner: str | None = None) -> OpenSession:
+        """The open session session_id of owner, marked used. UnknownSession for an id this
+        server does not hold (or another connection's); SessionClosedError (with the reason)
+        for one that closed since."""
         entry = self._open.get(session_id)
-        if entry is None:
+        if entry is None or entry.owner != owner:
             raise UnknownSession(
                 f"no open session has the id {session_id!r}: open_session gives one "
                 "(list_sessions shows those open)"
@@ -122,15 +134,16 @@ class Sandboxes:
     def forget(self, session_id: str) -> None:
         self._open.pop(session_id, None)
 
-    async def close(self, session_id: str) -> None:
-        entry = self._open.pop(session_id, None)
-        if entry is None:
+    async def close(self, session_id: str, *, owner: str | None = None) -> None:
+        entry = self._open.get(session_id)
+        if entry is None or entry.owner != owner:
             raise UnknownSession(f"no open session has the id {session_id!r}")
+        del self._open[session_id]
         await entry.session.close()
 
-    def sessions(self) -> list[OpenSession]:
+    def sessions(self, *, owner: str | None = None) -> list[OpenSession]:
         self._prune()
-        return list(self._open.values())
+        return [e for e in self._open.values() if e.owner == owner]
 
     def _prune(self) -> None:
         for session_id, entry in list(self._open.items()):

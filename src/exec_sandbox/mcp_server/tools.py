@@ -80,6 +80,14 @@ def _sandboxes(ctx: Context[Sandboxes, Any]) -> Sandboxes:
     return ctx.request_context.lifespan_context
 
 
+def _owner(ctx: Context[Sandboxes, Any]) -> str | None:
+    """The client connection a session belongs to: streamable HTTP's MCP session id (issued by
+    the server, and refused by the transport when unknown); None over stdio (one client) and
+    stateless HTTP (no connection to tell apart)."""
+    headers = ctx.headers
+    return None if headers is None else headers.get("mcp-session-id")
+
+
 def _tool_errors(fn: _ToolFn) -> _ToolFn:
     """Library failures and unknown ids as tool errors the model can read; anything else is a
     bug, left to the SDK (logged, a generic tool error)."""
@@ -132,7 +140,7 @@ async def open_session(
     session unused for a while (5 minutes by default) is closed by the server. Close it with
     close_session when done: only a few may be open at once."""
     sandboxes = _sandboxes(ctx)
-    entry = await sandboxes.open(language, packages)
+    entry = await sandboxes.open(language, packages, owner=_owner(ctx))
     return render.text(
         f"session_id: {entry.session.session_id}\nlanguage: {entry.language}"
         + (f"\npackages: {', '.join(entry.packages)}" if entry.packages else "")
@@ -149,14 +157,14 @@ async def exec_code(
     still there; returns exit code, stdout, stderr and rich outputs as run_code does (in python
     the last expression's value is returned, as in a notebook cell). An exception or
     sys.exit() leaves the session and its state intact."""
-    entry = _sandboxes(ctx).get(session_id)
+    entry = _sandboxes(ctx).get(session_id, owner=_owner(ctx))
     result = await entry.session.exec(code, timeout_seconds=timeout_seconds)
     return render.execution(result)
 
 
 async def close_session(session_id: SessionIdArg, ctx: Context[Sandboxes, Any]) -> CallToolResult:
     """Close a session and destroy its VM (its state and files are gone)."""
-    await _sandboxes(ctx).close(session_id)
+    await _sandboxes(ctx).close(session_id, owner=_owner(ctx))
     return render.text(f"session {session_id} closed")
 
 
@@ -180,7 +188,7 @@ async def write_file(
             raise InputValidationError(f"content is not valid base64: {exc}") from None
     else:
         data = content.encode("utf-8")
-    entry = _sandboxes(ctx).get(session_id)
+    entry = _sandboxes(ctx).get(session_id, owner=_owner(ctx))
     await entry.session.write_file(path, data, make_executable=executable)
     return render.text(f"wrote {len(data)} bytes to {path}")
 
@@ -190,7 +198,7 @@ async def read_file(
 ) -> CallToolResult:
     """Read a file of an open session's VM: UTF-8 text as it is, an image as an image, other
     binary content as base64. At most 256 KB: look at parts of larger files with exec."""
-    entry = _sandboxes(ctx).get(session_id)
+    entry = _sandboxes(ctx).get(session_id, owner=_owner(ctx))
     await _check_size(entry.session, path)
     data = await entry.session.read_file(path)
     if data is None:  # only with a destination; kept for the type
@@ -232,7 +240,7 @@ async def list_files(
 ) -> CallToolResult:
     """List a directory of an open session's VM: one entry a line, directories ending in "/",
     files with their size."""
-    entry = _sandboxes(ctx).get(session_id)
+    entry = _sandboxes(ctx).get(session_id, owner=_owner(ctx))
     return render.listing(path, await entry.session.list_files(path))
 
 
@@ -241,7 +249,7 @@ async def pause_session(session_id: SessionIdArg, ctx: Context[Sandboxes, Any]) 
     its VM; resume_session with the snapshot id brings it back as it was, later or after a
     restart of the server. The session id is no longer valid afterwards."""
     sandboxes = _sandboxes(ctx)
-    entry = sandboxes.get(session_id)
+    entry = sandboxes.get(session_id, owner=_owner(ctx))
     snapshot = await entry.session.pause()
     sandboxes.forget(session_id)
     return render.text(
@@ -256,14 +264,14 @@ async def resume_session(
 ) -> CallToolResult:
     """Bring a paused session back: a new session (a new session_id) with the state it had when
     paused. The snapshot stays on disk and may be resumed again."""
-    entry = await _sandboxes(ctx).resume(snapshot_id)
+    entry = await _sandboxes(ctx).resume(snapshot_id, owner=_owner(ctx))
     return render.text(f"session_id: {entry.session.session_id}\nlanguage: {entry.language}")
 
 
 async def list_sessions(ctx: Context[Sandboxes, Any]) -> CallToolResult:
     """The sessions open now: id, language, how many exec calls each ran."""
     sandboxes = _sandboxes(ctx)
-    open_now = sandboxes.sessions()
+    open_now = sandboxes.sessions(owner=_owner(ctx))
     lines = [
         f"{e.session.session_id}  {e.language}  exec_count={e.session.exec_count}" for e in open_now
     ]

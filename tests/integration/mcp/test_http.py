@@ -1,7 +1,8 @@
 """The MCP server as a streamable-HTTP ASGI app (`mcp_server.http_app`), mounted at /mcp of a
 Starlette app as `sbx serve` mounts it, served by uvicorn on 127.0.0.1 and driven by the SDK's
-streamable-HTTP client: the tools run code in real VMs, and the sessions left open are closed
-when the app stops, while the scheduler (owned by the host app) lives on."""
+streamable-HTTP client: the tools run code in real VMs, a session belongs to the MCP connection
+that opened it, and the sessions left open are closed when the app stops, while the scheduler
+(owned by the host app) lives on."""
 
 from __future__ import annotations
 
@@ -78,8 +79,19 @@ async def test_streamable_http_runs_code_and_closes_sessions_at_shutdown(
                 assert "stdout:\n42" in text_of(ran), text_of(ran)
                 opened = await call(session, "open_session", language="raw")
                 assert opened.is_error is False, text_of(opened)
-            # The MCP client went away; the sandbox session is the app's until it stops.
+                sid = text_of(opened).splitlines()[0].removeprefix("session_id: ")
+            # The MCP client went away; the sandbox session is the app's until it stops, and
+            # another client neither sees it nor reaches it by its id.
             assert len(qemu_processes(parent=os.getpid())) == 1
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as other,
+            ):
+                await other.initialize()
+                listed = text_of(await call(other, "list_sessions"))
+                foreign = await call(other, "exec", session_id=sid, code="echo no")
+            assert sid not in listed
+            assert foreign.is_error is True and text_of(foreign).startswith("not_found:")
         assert qemu_processes(parent=os.getpid()) == [], "the app's stop closes its sessions"
         # The scheduler was the host app's: still there.
         after = await scheduler.run("echo still", language="raw")
