@@ -26,6 +26,7 @@ from .. import wire
 from ..errors import InputValidationError, SandboxError
 from ..limits import MAX_TIMEOUT_SECONDS
 from ..models import LanguageName
+from ..protocols import SandboxSession
 from ..run_request import RunOptions
 from . import render
 from .sessions import Sandboxes, UnknownSession
@@ -210,7 +211,7 @@ async def read_file(
     return render.file_content(path, data)
 
 
-async def _check_size(session: Any, path: str) -> None:
+async def _check_size(session: SandboxSession, path: str) -> None:
     """Refuse a file over READ_MAX_BYTES before its bytes cross (a file may be 500 MB): its size
     from a listing of its directory. A path that is not listed (a directory, a missing file) is
     left to read_file's own error."""
