@@ -28,6 +28,19 @@ log = logging.getLogger("exec_sandbox.mcp")
 _STOP_SECONDS = 2.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+# The Host and Origin headers the HTTP app admits unless told otherwise: loopback names only,
+# against DNS rebinding (a web page whose name resolves to 127.0.0.1 sends its own name). The
+# SDK's default wants a port in Host; a client of a Unix socket sends none ("localhost").
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+LOOPBACK_ONLY = TransportSecuritySettings(
+    enable_dns_rebinding_protection=True,
+    allowed_hosts=[*_LOOPBACK_NAMES, *(f"{n}:*" for n in _LOOPBACK_NAMES)],
+    allowed_origins=[
+        *(f"http://{n}" for n in _LOOPBACK_NAMES),
+        *(f"http://{n}:*" for n in _LOOPBACK_NAMES),
+    ],
+)
+
 # What gives the scheduler the MCP server runs on: entered once, left when the server stops.
 # A Scheduler(config) or a RemoteScheduler(...) is one; a scheduler owned elsewhere (sbx serve's)
 # is `lambda: contextlib.nullcontext(scheduler)`.
@@ -85,17 +98,17 @@ async def http_app(
     """The MCP server as a streamable-HTTP ASGI app, served at `path` of the app (mounted at
     /mcp: path "/"), live while the context is: enter it in the ASGI host's lifespan (a mounted
     Starlette app's own lifespan is not run). On exit the MCP sessions end and every sandbox
-    session is closed. transport_security: the SDK's Host/Origin checks (default: loopback
-    names only, against DNS rebinding).
+    session is closed. transport_security: the SDK's Host/Origin checks (default LOOPBACK_ONLY;
+    a server reached by another name passes its own).
 
-    The sessions belong to this app, not to an HTTP client: any client that knows a session id
-    may use it (ids are random), and a session is closed by close_session, by the scheduler's
-    idle timeout, or when the app stops."""
+    A sandbox session belongs to the MCP connection that opened it (sessions.py); it is closed
+    by close_session, by the scheduler's idle timeout, or when the app stops: the SDK has no
+    hook for the end of an HTTP MCP session."""
     async with scheduler_factory() as scheduler:
         sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
         server = build_server(lambda: contextlib.nullcontext(sandboxes), options=options)
         app = server.streamable_http_app(
-            streamable_http_path=path, transport_security=transport_security
+            streamable_http_path=path, transport_security=transport_security or LOOPBACK_ONLY
         )
         try:
             async with server.session_manager.run():
