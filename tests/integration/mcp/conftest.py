@@ -35,12 +35,14 @@ def server_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def mcp_client(tmp_path: Path) -> McpClient:
-    """mcp_client(*extra_args): an initialized ClientSession of a fresh `sbx mcp`."""
+    """mcp_client(*extra_args): an initialized ClientSession of a fresh `sbx mcp` (small=False:
+    without the small scheduler's flags, as for --server)."""
 
     @asynccontextmanager
-    async def connect(*extra: str) -> AsyncIterator[ClientSession]:
+    async def connect(*extra: str, small: bool = True) -> AsyncIterator[ClientSession]:
+        flags = SMALL if small else []
         params = StdioServerParameters(
-            command=SBX_MCP[0], args=[*SBX_MCP[1:], *SMALL, *extra], env=server_env(tmp_path)
+            command=SBX_MCP[0], args=[*SBX_MCP[1:], *flags, *extra], env=server_env(tmp_path)
         )
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
