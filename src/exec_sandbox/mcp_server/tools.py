@@ -29,6 +29,7 @@ from ..models import LanguageName
 from ..protocols import SandboxSession
 from ..run_request import RunOptions
 from . import render
+from .progress import OutputProgress
 from .sessions import Sandboxes, UnknownSession
 
 # Bytes read_file returns (larger files: read part of them with exec).
@@ -120,12 +121,20 @@ async def run_code(
     figures are returned too, images as images. A timeout
     gives exit_code -1. No network access unless the server was started with it."""
     sandboxes = _sandboxes(ctx)
-    result = await sandboxes.scheduler.run(
-        code,
-        **sandboxes.run_options(
-            language=language, packages=packages or None, timeout_seconds=timeout_seconds
-        ),
-    )
+    progress = OutputProgress(ctx)
+    try:
+        result = await sandboxes.scheduler.run(
+            code,
+            **sandboxes.run_options(
+                language=language,
+                packages=packages or None,
+                timeout_seconds=timeout_seconds,
+                on_stdout=progress.callback,
+                on_stderr=progress.callback,
+            ),
+        )
+    finally:
+        await progress.finish()
     return render.execution(result)
 
 
@@ -159,7 +168,16 @@ async def exec_code(
     the last expression's value is returned, as in a notebook cell). An exception or
     sys.exit() leaves the session and its state intact."""
     entry = _sandboxes(ctx).get(session_id, owner=_owner(ctx))
-    result = await entry.session.exec(code, timeout_seconds=timeout_seconds)
+    progress = OutputProgress(ctx)
+    try:
+        result = await entry.session.exec(
+            code,
+            timeout_seconds=timeout_seconds,
+            on_stdout=progress.callback,
+            on_stderr=progress.callback,
+        )
+    finally:
+        await progress.finish()
     return render.execution(result)
 
 

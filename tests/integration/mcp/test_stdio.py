@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from mcp_types import ImageContent
+from mcp_types import CallToolResult, ImageContent
 
 from tests.integration.mcp.conftest import McpClient, call, text_of
 
@@ -162,3 +162,21 @@ async def test_a_file_over_the_read_limit_is_refused_with_what_to_do(
     assert result.is_error is True
     assert text_of(result).startswith("input_validation: big is 300000 bytes, over the")
     assert "exec" in text_of(result)
+
+
+async def test_output_streams_as_progress_to_a_client_that_asks(mcp_client: McpClient) -> None:
+    seen: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, message))
+
+    code = (
+        "import time\nfor i in range(4):\n    print(f'line {i}', flush=True)\n    time.sleep(0.4)"
+    )
+    async with mcp_client() as session:
+        result = await session.call_tool("run_code", {"code": code}, progress_callback=on_progress)
+    assert isinstance(result, CallToolResult)
+    assert "line 3" in text_of(result)
+    assert len(seen) >= 2, seen
+    assert [p for p, _ in seen] == sorted({p for p, _ in seen}), "progress only grows"
+    assert seen[0][1] is not None and seen[0][1].startswith("line 0")
