@@ -20,8 +20,9 @@ $(PY):
 # The framework extras come along so that the integration tests run in CI. langgraph-codeact
 # pins langgraph<0.4, which current langchain/deepagents cannot share an environment with: it is
 # added without its dependencies on top of the current langgraph (its API is unchanged there).
-# `ray` is the cluster extra (tests/integration/cluster); `server` is sbx serve's, `remote` its
-# Python client's (tests/integration/server, and mypy over src/exec_sandbox/remote).
+# `ray` is the cluster extra (tests/integration/cluster); `server` is sbx serve's and sbx mcp's
+# (tests/integration/server, tests/integration/mcp), `remote` the Python client's (and mypy's
+# over src/exec_sandbox/remote).
 INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test,ray,server,remote
 
 install: deps $(PY)
