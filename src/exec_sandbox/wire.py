@@ -28,6 +28,9 @@ from .run_request import RunOptions
 from .volumes import Volume, VolumeMount
 
 API_PREFIX = "/v1"
+# The header `sbx serve` sets on each request it passes to an app mounted beside its routes (the
+# MCP endpoint): the authenticated caller's name. Set by the server, never taken from a client.
+PRINCIPAL_HEADER = "x-exec-sandbox-principal"
 _T = TypeVar("_T")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from exec_sandbox import SessionClosedError, VmCapacityError
-from exec_sandbox.mcp_server.sessions import Sandboxes, UnknownSession
+from exec_sandbox.mcp_server.sessions import Sandboxes, UnknownSession, owner_of, principal_of
 
 
 class StandInSession:
@@ -74,6 +74,21 @@ async def test_a_session_is_its_owners_alone() -> None:
     with pytest.raises(UnknownSession):
         await sandboxes.close(sid)
     assert sandboxes.get(sid, owner="mcp-a") is entry
+
+
+async def test_behind_sbx_serve_each_caller_has_its_own_cap() -> None:
+    sandboxes, scheduler = _sandboxes(max_sessions=1)
+    alice, bob = owner_of("conn-1", "alice"), owner_of("conn-2", "bob")
+    assert (principal_of(alice), principal_of("conn-1"), principal_of(None)) == (
+        "alice",
+        None,
+        None,
+    )
+    await sandboxes.open("python", None, owner=alice)
+    with pytest.raises(VmCapacityError):  # alice's other connection shares her cap
+        await sandboxes.open("python", None, owner=owner_of("conn-3", "alice"))
+    await sandboxes.open("python", None, owner=bob)  # bob's is his own
+    assert len(scheduler.opened) == 2
 
 
 async def test_the_servers_options_go_with_every_session() -> None:

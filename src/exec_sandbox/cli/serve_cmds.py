@@ -4,14 +4,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import paths
 from ..config import SchedulerConfig
 from ..errors import VmConfigError
 from .arguments import EXIT_USAGE, run_command
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp
+
+    from ..scheduler import Scheduler
+    from ..server.serve import MountFactory
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,6 +56,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     serve.add_argument(
         "--max-vms-per-token", type=int, metavar="N", help="VMs (runs + sessions) per token"
+    )
+    serve.add_argument(
+        "--no-mcp", action="store_true", help="no MCP endpoint at /mcp (streamable HTTP)"
+    )
+    serve.add_argument(
+        "--mcp-max-sessions",
+        type=int,
+        metavar="N",
+        help="sessions each caller may hold open through /mcp (default 8)",
     )
     # The Scheduler's own settings (SchedulerConfig).
     serve.add_argument("--warm-pool", type=int, metavar="N", help="idle VMs kept per language")
@@ -106,15 +123,50 @@ def run(args: argparse.Namespace) -> int:
     def announce(line: str) -> None:
         print(line, flush=True)
 
+    if args.mcp_max_sessions is not None and args.mcp_max_sessions < 1:
+        print("sbx: --mcp-max-sessions must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    mounts = {} if args.no_mcp else {"/mcp": _mcp_mount(args)}
+
     async def go() -> int:
         try:
-            await _serve.serve(options, config, paths.state_dir(), announce)
+            await _serve.serve(options, config, paths.state_dir(), announce, mounts)
         except (_serve.ServeError, OSError) as exc:
             print(f"sbx: {exc}", file=sys.stderr)
             return 1
         return 0
 
     return run_command(go)
+
+
+def _mcp_mount(args: argparse.Namespace) -> MountFactory:
+    """The MCP endpoint on the server's Scheduler (docs/mcp.md, "Over sbx serve"): the SDK's
+    Host/Origin checks admit loopback names, and the --host name when one was given."""
+    from ..mcp_server import DEFAULT_MAX_SESSIONS, LOOPBACK_ONLY, http_app
+
+    security = LOOPBACK_ONLY
+    if args.host is not None:
+        names = [args.host, f"{args.host}:*"]
+        security = LOOPBACK_ONLY.model_copy(
+            update={
+                "allowed_hosts": [*LOOPBACK_ONLY.allowed_hosts, *names],
+                "allowed_origins": [
+                    *LOOPBACK_ONLY.allowed_origins,
+                    *(f"{scheme}://{n}" for scheme in ("http", "https") for n in names),
+                ],
+            }
+        )
+    max_sessions = args.mcp_max_sessions or DEFAULT_MAX_SESSIONS
+
+    def mount(scheduler: Scheduler) -> contextlib.AbstractAsyncContextManager[ASGIApp]:
+        # The server owns the Scheduler: the MCP app uses it and leaves it open.
+        return http_app(
+            lambda: contextlib.nullcontext(scheduler),
+            max_sessions=max_sessions,
+            transport_security=security,
+        )
+
+    return mount
 
 
 def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:

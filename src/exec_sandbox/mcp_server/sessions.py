@@ -5,15 +5,18 @@ timeout, a dead VM) is dropped at its next use with the reason.
 
 Each session belongs to the client connection that opened it (its `owner`: the MCP session id
 of streamable HTTP; None over stdio, where the process has one client): another connection
-neither sees it in a listing nor reaches it by its id."""
+neither sees it in a listing nor reaches it by its id. Behind `sbx serve` the owner also names
+the caller (`principal_of(owner)`: the token's name, wire.PRINCIPAL_HEADER), and `max_sessions` is
+then each caller's own cap, so that one token cannot take every session from the others."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import SessionClosedError, VmCapacityError
@@ -24,6 +27,20 @@ from ..run_request import RunOptions
 log = logging.getLogger("exec_sandbox.mcp")
 
 DEFAULT_MAX_SESSIONS = 8
+
+
+def owner_of(connection: str | None, principal: str | None) -> str | None:
+    """The owner of the sessions a connection opens: the connection, qualified by its caller."""
+    if principal is None:
+        return connection
+    return f"{principal}\n{connection or ''}"
+
+
+def principal_of(owner: str | None) -> str | None:
+    """The caller part of an owner (None: no server in front, every connection shares a cap)."""
+    if owner is None or "\n" not in owner:
+        return None
+    return owner.split("\n", 1)[0]
 
 
 class UnknownSession(LookupError):
@@ -57,7 +74,8 @@ class Sandboxes:
         self.max_sessions = max_sessions
         self.options: RunOptions = options or {}
         self._open: dict[str, OpenSession] = {}
-        self._starting = 0  # opens admitted but not yet registered (they count against the cap)
+        # Opens admitted but not yet registered, by caller (they count against its cap).
+        self._starting: dict[str | None, int] = {}
 
     def run_options(self, **overrides: typing.Any) -> RunOptions:
         """The server's options with a call's own (language, packages, timeout) on top; None
@@ -66,9 +84,11 @@ class Sandboxes:
         merged.update({k: v for k, v in overrides.items() if v is not None})
         return typing.cast(RunOptions, merged)
 
-    def _admit(self) -> None:
+    def _admit(self, owner: str | None) -> None:
         self._prune()
-        if len(self._open) + self._starting >= self.max_sessions:
+        caller = principal_of(owner)
+        held = sum(1 for e in self._open.values() if principal_of(e.owner) == caller)
+        if held + self._starting.get(caller, 0) >= self.max_sessions:
             raise VmCapacityError(
                 f"{self.max_sessions} sessions are open, the most this server keeps: "
                 "close one (close_session) or pause one (pause_session) first"
@@ -77,25 +97,28 @@ class Sandboxes:
     async def open(
         self, language: LanguageName, packages: Sequence[str] | None, *, owner: str | None = None
     ) -> OpenSession:
-        self._admit()
-        self._starting += 1
-        try:
+        self._admit(owner)
+        with self._opening(owner):
             session = await self.scheduler.session(
                 **self.run_options(language=language, packages=list(packages or []) or None)
             )
-        finally:
-            self._starting -= 1
         return self._register(session, language, tuple(packages or ()), owner)
 
     async def resume(self, snapshot_id: str, *, owner: str | None = None) -> OpenSession:
-        self._admit()
-        self._starting += 1
-        try:
+        self._admit(owner)
+        with self._opening(owner):
             snapshot = await self._snapshot(snapshot_id)
             session = await self.scheduler.resume(snapshot)
-        finally:
-            self._starting -= 1
         return self._register(session, snapshot.language, snapshot.packages, owner)
+
+    @contextlib.contextmanager
+    def _opening(self, owner: str | None) -> Iterator[None]:
+        caller = principal_of(owner)
+        self._starting[caller] = self._starting.get(caller, 0) + 1
+        try:
+            yield
+        finally:
+            self._starting[caller] -= 1
 
     async def _snapshot(self, snapshot_id: str) -> SessionSnapshot:
         for snapshot in await self.scheduler.snapshots():

@@ -30,7 +30,7 @@ from ..protocols import SandboxSession
 from ..run_request import RunOptions
 from . import render
 from .progress import OutputProgress
-from .sessions import Sandboxes, UnknownSession
+from .sessions import Sandboxes, UnknownSession, owner_of
 
 # Bytes read_file returns (larger files: read part of them with exec).
 READ_MAX_BYTES = 256 * 1024
@@ -84,10 +84,13 @@ def _sandboxes(ctx: Context[Sandboxes, Any]) -> Sandboxes:
 
 def _owner(ctx: Context[Sandboxes, Any]) -> str | None:
     """The client connection a session belongs to: streamable HTTP's MCP session id (issued by
-    the server, and refused by the transport when unknown); None over stdio (one client) and
+    the server, and refused by the transport when unknown), qualified by the caller `sbx serve`
+    authenticated (PRINCIPAL_HEADER, which it sets itself); None over stdio (one client) and
     stateless HTTP (no connection to tell apart)."""
     headers = ctx.headers
-    return None if headers is None else headers.get("mcp-session-id")
+    if headers is None:
+        return None
+    return owner_of(headers.get("mcp-session-id"), headers.get(wire.PRINCIPAL_HEADER))
 
 
 def _tool_errors(fn: _ToolFn) -> _ToolFn:

@@ -30,6 +30,7 @@ from ..scheduler import Scheduler
 from .app import create_app
 from .auth import Authenticate
 from .hub import Hub, OnShutdown
+from .mounts import WithPrincipal
 from .tokens import TokenStore
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ async def serve(
     mounts: path -> a factory of an ASGI app on the server's Scheduler, live while its context
     is (entered before the listeners start, left before the sessions are paused): the MCP
     endpoint at /mcp. A mounted app is behind the same authentication as the routes (the
-    caller in request.state.principal)."""
+    caller in request.state.principal, and named by the PRINCIPAL_HEADER header: mounts.py)."""
     check_address(options, lambda text: print(f"sbx serve: {text}", file=sys.stderr))
     if options.socket_path is None and options.port is None:
         raise ServeError("nothing to listen on: give --socket or --port")
@@ -188,7 +189,8 @@ async def serve(
         # mounted app's, such as MCP's session manager, hooked into it) runs here, once.
         await stack.enter_async_context(app.router.lifespan_context(app))
         for path, factory in (mounts or {}).items():
-            app.mount(path, await stack.enter_async_context(factory(scheduler)))
+            mounted = await stack.enter_async_context(factory(scheduler))
+            app.mount(path, WithPrincipal(mounted))
         if options.socket_path is not None:
             server = _server(Authenticate(app, None), options, tls=False)
             await server.startup(sockets=[unix])
