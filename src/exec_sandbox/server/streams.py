@@ -5,8 +5,9 @@ The VM's reader must never wait for a client: output callbacks put messages into
 outbox (_Outbox) and a separate task sends them. A client that falls OUTBOX_BYTES behind is
 disconnected (close code 1013), and the work then goes on as for a client that went away: a run
 is cancelled (its VM destroyed), a session's exec runs to its end with its output dropped. A
-process's and a terminal's output is pulled from the guest's own buffer as fast as the client
-takes it, so they need no outbox (the guest keeps the last 1 MiB of each stream)."""
+process's output is read from the guest once per stream, however many clients are attached
+(fanout.py), each client with a bounded queue of its own; a terminal's is pulled from the
+guest's buffer as fast as its one client takes it (the guest keeps the last 1 MiB)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from ..processes import Process, Terminal
 from ..run_request import RunOptions
 from .bodies import exec_arguments, run_arguments
 from .errors import error_of
+from .fanout import Fanouts
 from .hub import Hub, HubError
 from .tokens import Principal
 
@@ -190,6 +192,7 @@ async def find_process(hub: Hub, who: Principal, session_id: str, pid: int) -> P
 
 def add_routes(app: FastAPI, hub: Hub) -> None:
     prefix = wire.API_PREFIX
+    fanouts = Fanouts()
 
     @app.websocket(f"{prefix}/run")
     async def run_stream(ws: WebSocket) -> None:
@@ -237,7 +240,7 @@ def add_routes(app: FastAPI, hub: Hub) -> None:
         except Exception as exc:
             await _error(ws, exc)
             return
-        await _attach(ws, process)
+        await _attach(ws, fanouts, session_id, process)
 
     @app.websocket(f"{prefix}/sessions/{{session_id}}/terminal")
     async def terminal_stream(ws: WebSocket, session_id: str) -> None:
@@ -256,15 +259,22 @@ def add_routes(app: FastAPI, hub: Hub) -> None:
         await _terminal(ws, terminal)
 
 
-async def _attach(ws: WebSocket, process: Process) -> None:
+async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Process) -> None:
     """A process's output from the oldest byte the guest holds, then its exit; the client's
-    stdin, close_stdin and kill. The process goes on when the client leaves."""
+    stdin, close_stdin and kill. The process goes on when the client leaves; a client that
+    falls behind is closed (CLOSE_TOO_SLOW) and may attach again."""
 
     async def pump(stream: str) -> None:
-        reader = process.stdout if stream == "stdout" else process.stderr
-        async for chunk in reader:
-            data = base64.b64encode(bytes(chunk)).decode("ascii")
-            await ws.send_text(json.dumps({"type": stream, "data": {"base64": data}}))
+        with fanouts.attach(session_id, process, stream) as subscriber:
+            async for chunk in subscriber:
+                data = base64.b64encode(bytes(chunk)).decode("ascii")
+                await ws.send_text(json.dumps({"type": stream, "data": {"base64": data}}))
+            if subscriber.too_slow:
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                    await ws.close(CLOSE_TOO_SLOW)
+                raise WebSocketDisconnect(CLOSE_TOO_SLOW)
+            if subscriber.failure is not None:
+                raise subscriber.failure
 
     async def commands() -> None:
         while True:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from typing import Any
@@ -211,3 +212,66 @@ async def test_rest_run_whose_client_gave_up_is_cancelled(server: Server) -> Non
             await asyncio.sleep(0.2)
     assert not set(server.qemus()) - before, "the run's VM outlived its client"
     assert vms == 0
+
+
+async def _stdout_of(ws: ClientConnection) -> tuple[bytes, dict[str, Any]]:
+    out = b""
+    last: dict[str, Any] = {}
+    async for raw in ws:
+        last = json.loads(raw)
+        if last["type"] == "stdout":
+            out += base64.b64decode(last["data"]["base64"])
+    return out, last
+
+
+async def test_fifty_clients_of_one_process_get_all_of_its_output(server: Server) -> None:
+    # One guest reader serves them all (server/fanout.py): one reader per client would take
+    # more held guest reads than a VM has, and the clients past them would poll.
+    lines = "".join(f"line-{i}\n" for i in range(1, 31)).encode()
+    async with server.local() as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        try:
+            spec = {"cmd": "sleep 2; for i in $(seq 1 30); do echo line-$i; sleep 0.05; done"}
+            pid = (await client.post(f"/sessions/{sid}/processes", json=spec)).json()["pid"]
+
+            async def watch() -> tuple[bytes, dict[str, Any]]:
+                async with server.ws(f"/sessions/{sid}/processes/{pid}") as ws:
+                    return await asyncio.wait_for(_stdout_of(ws), 120)
+
+            seen = await asyncio.gather(*(watch() for _ in range(50)))
+            assert all(out == lines for out, _ in seen), {out for out, _ in seen}
+            assert all(last == {"type": "exit", "exit_code": 0} for _, last in seen)
+            # A client attaching after the end gets what the guest still holds.
+            assert await watch() == (lines, {"type": "exit", "exit_code": 0})
+        finally:
+            await client.delete(f"/sessions/{sid}")
+
+
+async def test_a_client_that_stops_reading_does_not_hold_up_the_others(server: Server) -> None:
+    async with server.local() as client:
+        sid = (await client.post("/sessions", json={})).json()["id"]
+        try:
+            # 6 MB of output (more than the 4 MiB a client may fall behind), written once the
+            # clients are attached, at a pace the host reads without the guest's buffer (its
+            # last 1 MiB) dropping any.
+            burst = "head -c 75000 /dev/zero | base64 -w 1000; sleep 0.05"
+            spec = {"cmd": f"read go; for i in $(seq 60); do {burst}; done"}
+            pid = (await client.post(f"/sessions/{sid}/processes", json=spec)).json()["pid"]
+            path = f"/sessions/{sid}/processes/{pid}"
+            async with contextlib.AsyncExitStack() as stack:
+                stalled = await stack.enter_async_context(server.ws(path, max_queue=1))
+                readers = [await stack.enter_async_context(server.ws(path)) for _ in range(3)]
+                go = base64.b64encode(b"go\n").decode()
+                await readers[0].send(json.dumps({"type": "stdin", "data": {"base64": go}}))
+                seen = await asyncio.gather(
+                    *(asyncio.wait_for(_stdout_of(ws), 180) for ws in readers)
+                )
+                assert all(len(out) == 6_006_000 for out, _ in seen), [len(o) for o, _ in seen]
+                assert all(last["type"] == "exit" for _, last in seen)
+                # The one that read nothing was dropped as too slow.
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(stalled.recv(), 60)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        finally:
+            await client.delete(f"/sessions/{sid}")
