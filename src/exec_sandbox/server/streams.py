@@ -300,7 +300,8 @@ async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Pro
                 await ws.send_text(json.dumps({"type": "error", **body}))
 
     streams = ["stdout"] if process.pty else ["stdout", "stderr"]
-    output: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(pump(s) for s in streams)))
+    pumps = [asyncio.ensure_future(pump(s)) for s in streams]
+    output: asyncio.Future[Any] = asyncio.gather(*pumps)
     listener: asyncio.Future[Any] = asyncio.ensure_future(commands())
     try:
         await asyncio.wait({output, listener}, return_when=asyncio.FIRST_COMPLETED)
@@ -316,7 +317,9 @@ async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Pro
                 return
             await _finish(ws, {"type": "exit", "exit_code": exit_code})
     finally:
-        for task in (output, listener):
+        # Each pump too: a gather that failed leaves its other pump running, which would
+        # keep its subscription (and the shared guest reader) while that stream is quiet.
+        for task in (*pumps, output, listener):
             task.cancel()
 
 
