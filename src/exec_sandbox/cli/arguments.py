@@ -9,7 +9,9 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from ..config import SchedulerConfig
 from ..errors import (
     InputValidationError,
     OutputLimitError,
@@ -78,6 +80,40 @@ def add_vm_options(parser: argparse.ArgumentParser, *, timeout_help: str, env_he
         help="a package to install: name==version for python, "
         "name@version for javascript (repeatable)",
     )
+
+
+def add_scheduler_options(parser: argparse._ActionsContainer) -> None:
+    """The Scheduler's own settings, for the commands that keep one running (sbx serve, sbx
+    mcp): scheduler_config() reads them back."""
+    parser.add_argument("--warm-pool", type=int, metavar="N", help="idle VMs kept per language")
+    parser.add_argument("--max-vms", type=int, metavar="N", help="VMs of this host at once")
+    parser.add_argument("--memory", type=int, metavar="MB", help="default guest memory")
+    parser.add_argument("--timeout", type=int, metavar="S", help="default timeout of a call")
+    parser.add_argument(
+        "--session-idle-timeout", type=int, metavar="S", help="idle sessions end after S seconds"
+    )
+    parser.add_argument(
+        "--no-memory-snapshots",
+        action="store_true",
+        help="boot every VM cold (no L1 memory snapshots)",
+    )
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The SchedulerConfig of add_scheduler_options()' flags; VmConfigError for bad values."""
+    settings: dict[str, Any] = {}
+    for flag, field in (
+        ("warm_pool", "warm_pool_size"),
+        ("max_vms", "max_concurrent_vms"),
+        ("memory", "default_memory_mb"),
+        ("timeout", "default_timeout_seconds"),
+        ("session_idle_timeout", "session_idle_timeout_seconds"),
+    ):
+        if getattr(args, flag) is not None:
+            settings[field] = getattr(args, flag)
+    if args.no_memory_snapshots:
+        settings["memory_snapshots"] = False
+    return SchedulerConfig(**settings)
 
 
 def resolve_source(args: argparse.Namespace) -> tuple[str, Language]:

@@ -18,7 +18,7 @@ from ..errors import InputValidationError, VmConfigError
 from ..network.request import parse_network_request
 from ..protocols import SandboxScheduler
 from ..run_request import RunOptions
-from .arguments import EXIT_USAGE, run_command
+from .arguments import EXIT_USAGE, add_scheduler_options, run_command, scheduler_config
 
 # As exec_sandbox.mcp_server.SchedulerFactory (not imported: it needs the [server] extra).
 SchedulerFactory = Callable[[], AbstractAsyncContextManager[SandboxScheduler]]
@@ -65,15 +65,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="allow this name and its subdomains; implies --network",
     )
     local = mcp.add_argument_group("this host's scheduler (without --server)")
-    local.add_argument("--warm-pool", type=int, metavar="N", help="pre-booted VMs per language")
-    local.add_argument("--max-vms", type=int, metavar="N", help="VMs running at once")
-    local.add_argument("--memory", type=int, metavar="MB", help="guest memory of each VM")
-    local.add_argument("--timeout", type=int, metavar="S", help="default timeout of a call")
-    local.add_argument(
-        "--no-memory-snapshots",
-        action="store_true",
-        help="boot every VM cold instead of restoring memory snapshots",
-    )
+    add_scheduler_options(local)
     mcp.add_argument("--debug", action="store_true", help="debug logging (on stderr)")
 
 
@@ -155,18 +147,7 @@ def _scheduler_factory(args: argparse.Namespace) -> SchedulerFactory:
 
 
 def _config(args: argparse.Namespace) -> SchedulerConfig:
-    fields: dict[str, Any] = {}
-    if args.warm_pool is not None:
-        fields["warm_pool_size"] = args.warm_pool
-    if args.max_vms is not None:
-        fields["max_concurrent_vms"] = args.max_vms
-    if args.memory is not None:
-        fields["default_memory_mb"] = args.memory
-    if args.timeout is not None:
-        fields["default_timeout_seconds"] = args.timeout
-    if args.no_memory_snapshots:
-        fields["memory_snapshots"] = False
     try:
-        return SchedulerConfig(**fields)
+        return scheduler_config(args)
     except VmConfigError as exc:
         raise ValueError(str(exc)) from None

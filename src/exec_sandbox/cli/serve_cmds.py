@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import paths
-from ..config import SchedulerConfig
 from ..errors import VmConfigError
-from .arguments import EXIT_USAGE, run_command
+from .arguments import EXIT_USAGE, add_scheduler_options, run_command, scheduler_config
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp
@@ -66,18 +65,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="N",
         help="sessions each caller may hold open through /mcp (default 8)",
     )
-    # The Scheduler's own settings (SchedulerConfig).
-    serve.add_argument("--warm-pool", type=int, metavar="N", help="idle VMs kept per language")
-    serve.add_argument("--max-vms", type=int, metavar="N", help="VMs of this host at once")
-    serve.add_argument("--memory", type=int, metavar="MB", help="default guest memory")
-    serve.add_argument(
-        "--session-idle-timeout", type=int, metavar="S", help="idle sessions end after S seconds"
-    )
-    serve.add_argument(
-        "--no-memory-snapshots",
-        action="store_true",
-        help="boot every VM cold (no L1 memory snapshots)",
-    )
+    add_scheduler_options(serve)
     serve.add_argument(
         "--print-openapi",
         action="store_true",
@@ -115,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _serve.check_address(options, lambda _: None)
-        config = _scheduler_config(args)
+        config = scheduler_config(args)
     except (_serve.ServeError, VmConfigError) as exc:
         print(f"sbx: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -167,21 +155,6 @@ def _mcp_mount(args: argparse.Namespace) -> MountFactory:
         )
 
     return mount
-
-
-def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    settings: dict[str, object] = {}
-    if args.warm_pool is not None:
-        settings["warm_pool_size"] = args.warm_pool
-    if args.max_vms is not None:
-        settings["max_concurrent_vms"] = args.max_vms
-    if args.memory is not None:
-        settings["default_memory_mb"] = args.memory
-    if args.session_idle_timeout is not None:
-        settings["session_idle_timeout_seconds"] = args.session_idle_timeout
-    if args.no_memory_snapshots:
-        settings["memory_snapshots"] = False
-    return SchedulerConfig(**settings)  # type: ignore[arg-type]
 
 
 __all__ = ["add_parser", "run"]
