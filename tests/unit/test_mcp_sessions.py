@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exec_sandbox import SessionClosedError, VmCapacityError
+from exec_sandbox import SessionClosedError, SessionSnapshot, VmCapacityError
 from exec_sandbox.mcp_server.sessions import Sandboxes, UnknownSession, owner_of, principal_of
 
 
@@ -24,6 +24,10 @@ class StandInSession:
         self.closed = True
         self.close_reason = "closed by the caller"
 
+    async def pause(self) -> SessionSnapshot:
+        self.closed = True
+        return SessionSnapshot(f"snap-{self.session_id}", "python", 256, 0.0, 1, 0)
+
 
 class StandInScheduler:
     def __init__(self) -> None:
@@ -33,6 +37,14 @@ class StandInScheduler:
     async def session(self, **options: Any) -> StandInSession:
         await asyncio.sleep(0)
         self.options.append(options)
+        self.opened.append(StandInSession(len(self.opened)))
+        return self.opened[-1]
+
+    async def snapshots(self) -> list[SessionSnapshot]:
+        ids = ["snap-elsewhere", *(f"snap-{s.session_id}" for s in self.opened)]
+        return [SessionSnapshot(i, "python", 256, 0.0, 1, 0) for i in ids]
+
+    async def resume(self, snapshot: SessionSnapshot) -> StandInSession:
         self.opened.append(StandInSession(len(self.opened)))
         return self.opened[-1]
 
@@ -89,6 +101,21 @@ async def test_behind_sbx_serve_each_caller_has_its_own_cap() -> None:
         await sandboxes.open("python", None, owner=owner_of("conn-3", "alice"))
     await sandboxes.open("python", None, owner=bob)  # bob's is his own
     assert len(scheduler.opened) == 2
+
+
+async def test_only_snapshots_paused_here_for_the_same_caller_resume() -> None:
+    # Another snapshot of the host may be another caller's, and would come back with the
+    # network it was paused with: not the model's to ask for.
+    sandboxes, _ = _sandboxes(max_sessions=4)
+    alice, bob = owner_of("conn-1", "alice"), owner_of("conn-2", "bob")
+    entry = await sandboxes.open("python", None, owner=alice)
+    snapshot = await sandboxes.pause(entry.session.session_id, owner=alice)
+    with pytest.raises(UnknownSession):
+        await sandboxes.resume("snap-elsewhere", owner=alice)
+    with pytest.raises(UnknownSession):
+        await sandboxes.resume(snapshot.id, owner=bob)
+    resumed = await sandboxes.resume(snapshot.id, owner=owner_of("conn-3", "alice"))
+    assert resumed.language == "python"
 
 
 async def test_the_servers_options_go_with_every_session() -> None:

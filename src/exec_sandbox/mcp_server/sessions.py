@@ -74,6 +74,8 @@ class Sandboxes:
         self.max_sessions = max_sessions
         self.options: RunOptions = options or {}
         self._open: dict[str, OpenSession] = {}
+        # The snapshots pause() made, with the caller each belongs to: what resume() takes.
+        self._paused: dict[str, str | None] = {}
         # Opens admitted but not yet registered, by caller (they count against its cap).
         self._starting: dict[str | None, int] = {}
 
@@ -104,7 +106,22 @@ class Sandboxes:
             )
         return self._register(session, language, tuple(packages or ()), owner)
 
+    async def pause(self, session_id: str, *, owner: str | None = None) -> SessionSnapshot:
+        """Pause owner's open session; its snapshot is then resumable by the same caller."""
+        entry = self.get(session_id, owner=owner)
+        snapshot = await entry.session.pause()
+        self.forget(session_id)
+        self._paused[snapshot.id] = principal_of(owner)
+        return snapshot
+
     async def resume(self, snapshot_id: str, *, owner: str | None = None) -> OpenSession:
+        """Resume a snapshot this server paused for the same caller. Any other snapshot of the
+        host is refused: it may be another caller's (behind sbx serve), and a resumed VM gets
+        the network its snapshot was paused with, which must stay the operator's choice."""
+        if snapshot_id not in self._paused or self._paused[snapshot_id] != principal_of(owner):
+            raise UnknownSession(
+                f"no session paused by this server has the snapshot id {snapshot_id!r}"
+            )
         self._admit(owner)
         with self._opening(owner):
             snapshot = await self._snapshot(snapshot_id)

@@ -268,12 +268,9 @@ async def list_files(
 
 async def pause_session(session_id: SessionIdArg, ctx: Context[Sandboxes, Any]) -> CallToolResult:
     """Save an open session's whole live state (memory, interpreter, files) to disk and close
-    its VM; resume_session with the snapshot id brings it back as it was, later or after a
-    restart of the server. The session id is no longer valid afterwards."""
-    sandboxes = _sandboxes(ctx)
-    entry = sandboxes.get(session_id, owner=_owner(ctx))
-    snapshot = await entry.session.pause()
-    sandboxes.forget(session_id)
+    its VM; resume_session with the snapshot id brings it back as it was, later, while this
+    server runs. The session id is no longer valid afterwards."""
+    snapshot = await _sandboxes(ctx).pause(session_id, owner=_owner(ctx))
     return render.text(
         f"snapshot_id: {snapshot.id}\nsize: {snapshot.size_bytes} bytes\n"
         f"exec_count: {snapshot.exec_count}"
@@ -284,8 +281,8 @@ async def resume_session(
     snapshot_id: Annotated[str, Field(description="the id pause_session gave")],
     ctx: Context[Sandboxes, Any],
 ) -> CallToolResult:
-    """Bring a paused session back: a new session (a new session_id) with the state it had when
-    paused. The snapshot stays on disk and may be resumed again."""
+    """Bring a session paused by pause_session back: a new session (a new session_id) with the
+    state it had when paused. The snapshot stays on disk and may be resumed again."""
     entry = await _sandboxes(ctx).resume(snapshot_id, owner=_owner(ctx))
     return render.text(f"session_id: {entry.session.session_id}\nlanguage: {entry.language}")
 

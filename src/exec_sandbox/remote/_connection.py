@@ -10,6 +10,7 @@ docs/server.md is the protocol; this module knows paths only as strings its call
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -44,6 +45,11 @@ Body = bytes | AsyncIterable[bytes]
 # Writes and the server's first byte of an answer: a run or exec may take up to a day, so the
 # read timeout is off; the server's own timeouts end every call.
 _TIMEOUT = httpx.Timeout(connect=_CONNECT_SECONDS, read=None, write=120.0, pool=None)
+
+# The WebSocket library logs every handshake header at DEBUG, the bearer token included: its
+# logger here never goes below INFO, whatever the application's logging asks for.
+_WS_LOG = logging.getLogger("exec_sandbox.remote.websocket")
+_WS_LOG.setLevel(logging.INFO)
 
 
 @dataclass(frozen=True)
@@ -213,6 +219,7 @@ class Connection:
             "ping_interval": 20,
             "ping_timeout": 60,
             "compression": None,
+            "logger": _WS_LOG,
         }
         try:
             if self.endpoint.socket_path:

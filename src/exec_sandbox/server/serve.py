@@ -123,6 +123,11 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _quiet_below_info(logger: logging.Logger) -> None:
+    if logger.getEffectiveLevel() < logging.INFO:
+        logger.setLevel(logging.INFO)
+
+
 def _server(app: object, options: ServeOptions, tls: bool) -> uvicorn.Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -139,6 +144,9 @@ def _server(app: object, options: ServeOptions, tls: bool) -> uvicorn.Server:
         ssl_keyfile=str(options.tls_key) if tls and options.tls_key else None,
     )
     config.load()
+    # The WebSocket protocol logs every handshake header at DEBUG, bearer tokens included: its
+    # logger stays at INFO even under --debug.
+    _quiet_below_info(logging.getLogger("uvicorn.error"))
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)
     return server

@@ -4,13 +4,15 @@ unless shared), per-token limits (429)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from .support import Server
+from .support import Server, running
 
 pytestmark = pytest.mark.vm
 
@@ -109,3 +111,23 @@ async def test_per_token_session_limit_answers_429(server: Server) -> None:
 
 def _env(server: Server) -> dict[str, str]:
     return {**os.environ, "EXEC_SANDBOX_STATE_DIR": str(server.state_dir)}
+
+
+async def test_debug_logs_never_hold_a_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The WebSocket libraries log every handshake header at DEBUG: on the server (uvicorn's
+    # protocol) and in the Python client (websockets). Neither may write the bearer token.
+    from exec_sandbox.remote import RemoteScheduler
+
+    with running(tmp_path, "--debug") as server:
+        token = server.token("debug-logs")
+        caplog.set_level(logging.DEBUG)
+        url = f"http://127.0.0.1:{server.port}"
+        async with RemoteScheduler(url, token) as remote:
+            seen: list[str] = []
+            result = await remote.run("print('streamed')", on_stdout=seen.append)
+        assert result.exit_code == 0 and "streamed" in "".join(seen)
+        assert "Sec-WebSocket" in server.log() or "websocket" in server.log().lower()
+        assert token not in server.log()
+        assert token not in caplog.text
