@@ -41,6 +41,10 @@ LOOPBACK_ONLY = TransportSecuritySettings(
     ],
 )
 
+# MCP connections over HTTP held at once, and how long an unused one is kept.
+_HTTP_CONNECTIONS = 256
+_HTTP_IDLE_SECONDS = 600.0
+
 # What gives the scheduler the MCP server runs on: entered once, left when the server stops.
 # A Scheduler(config) or a RemoteScheduler(...) is one; a scheduler owned elsewhere (sbx serve's)
 # is `lambda: contextlib.nullcontext(scheduler)`.
@@ -108,7 +112,13 @@ async def http_app(
         sandboxes = Sandboxes(scheduler, max_sessions=max_sessions, options=options)
         server = build_server(lambda: contextlib.nullcontext(sandboxes), options=options)
         app = server.streamable_http_app(
-            streamable_http_path=path, transport_security=transport_security or LOOPBACK_ONLY
+            streamable_http_path=path,
+            transport_security=transport_security or LOOPBACK_ONLY,
+            # The SDK's own table of MCP connections (10,000 for 30 minutes by default) is
+            # shared by every caller: kept small and short, so that one caller opening
+            # connections in a loop holds few and not for long.
+            max_sessions=_HTTP_CONNECTIONS,
+            session_idle_timeout=_HTTP_IDLE_SECONDS,
         )
         try:
             async with server.session_manager.run():

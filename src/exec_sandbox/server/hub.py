@@ -178,7 +178,7 @@ class Hub:
         if entry is None and session_id in self._dormant:
             dormant = self._dormant[session_id]
             if self._may_see(principal, dormant.owner, dormant.shared_with):
-                entry = await self._wake(dormant)
+                entry = await self._wake(principal, dormant)
         if entry is None or not self._may_see(principal, entry.owner, entry.shared_with):
             raise not_found(f"session {session_id}")
         return entry
@@ -230,7 +230,10 @@ class Hub:
 
     async def fork(self, principal: Principal, session_id: str, count: int | None) -> list[Entry]:
         entry = await self.get(principal, session_id)
+        self._may_copy(principal, entry.owner, "fork")
         n = count if isinstance(count, int) and not isinstance(count, bool) else 1
+        if n < 1:
+            raise InputValidationError("count must be an integer from 1 to 16")
         # The copies count against the session's owner, whose they are.
         owner = dataclasses.replace(principal, name=entry.owner)
         with self._reserve(owner, sessions=n, vms=n):
@@ -272,6 +275,7 @@ class Hub:
     async def resume(self, principal: Principal, snapshot_id: str) -> Entry:
         rec = await self._visible_snapshot(principal, snapshot_id)
         owner = str(rec.get("owner") or principal.name)
+        self._may_copy(principal, owner, "resume")
         shared = tuple(rec.get("shared_with", ()))
         with self._reserve(dataclasses.replace(principal, name=owner), sessions=1, vms=1):
             try:
@@ -282,14 +286,22 @@ class Hub:
                 raise
             return self._add(session, owner, shared)
 
-    async def _wake(self, dormant: _Dormant) -> Entry:
-        """Resume a session of the last shutdown under its old id (one waker per id)."""
+    async def _wake(self, principal: Principal, dormant: _Dormant) -> Entry:
+        """Resume a session of the last shutdown under its old id (one waker per id). It counts
+        against its owner's limits again (the owner's own numbers when the owner wakes it, the
+        server's defaults otherwise)."""
         lock = self._waking.setdefault(dormant.id, asyncio.Lock())
         async with lock:
             if dormant.id in self._entries:
                 return self._entries[dormant.id]
+            owner = (
+                principal
+                if principal.name == dormant.owner
+                else Principal(dormant.owner, frozenset())
+            )
             try:
-                session = await self.scheduler.resume(dormant.snapshot_id)
+                with self._reserve(owner, sessions=1, vms=1):
+                    session = await self.scheduler.resume(dormant.snapshot_id)
             except SnapshotError:
                 # Evicted or damaged since: the session is lost, said once, then not_found.
                 self._dormant.pop(dormant.id, None)
@@ -345,6 +357,14 @@ class Hub:
             self._record(snapshot, entry.owner, entry.shared_with)
 
     # --- limits ---
+
+    @staticmethod
+    def _may_copy(principal: Principal, owner: str, what: str) -> None:
+        """A new session from another's (a fork, a resume) is its owner's and counts against
+        the owner's limits: only the owner (or an admin) makes one, so that a token a session
+        is shared with can neither spend the owner's quota nor get sessions past its own."""
+        if principal.name != owner and not principal.admin:
+            raise HubError(wire.FORBIDDEN, f"only the session's owner may {what} it")
 
     def _limits(self, principal: Principal) -> tuple[int | None, int | None]:
         sessions = principal.max_sessions

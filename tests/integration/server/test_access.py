@@ -84,6 +84,10 @@ async def test_tokens_do_not_see_each_others_sessions_unless_shared(server: Serv
             assert out.json()["stdout"] == "alice\n"
             reshare = await b.put(f"/sessions/{sid}/shared_with", json={"shared_with": ["x"]})
             assert reshare.status_code == 403
+            # Nor copies it: a fork would be alice's, on her limits, made by bob.
+            forked = await b.post(f"/sessions/{sid}/fork", json={"count": 1})
+            assert forked.status_code == 403, forked.text
+            assert forked.json()["error"]["code"] == "forbidden"
             await a.put(f"/sessions/{sid}/shared_with", json={"shared_with": []})
             assert (await b.get(f"/sessions/{sid}")).status_code == 404
         finally:
