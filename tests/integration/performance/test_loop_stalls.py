@@ -9,10 +9,11 @@ by an executor thread) cannot be attributed that surely: every callback that hel
 REPORT_S is printed with its figures, so a regression there is visible in the test's output.
 Real VMs, a package index served on 127.0.0.1 (tests/package_index.py).
 
-The scheduler tests count a step as the library's only when it holds the loop in two lives, each
-on a fresh scheduler (`_in_two_lives`): the library's work on the loop repeats on every call (a
-fork() copying page tables did, every time), while this shared machine's host (a VM itself)
-sometimes charges a thread milliseconds it did not spend on its own code, once."""
+The scheduler tests count a callback as the library's only when the same callback (the step and
+the code it ran) holds the loop in two lives, each on a fresh scheduler (`_in_two_lives`): the
+library's work on the loop repeats in the same place on every call (a fork() copying page tables
+did, every time), while this shared machine's host (a VM itself) sometimes charges a thread
+milliseconds it did not spend on its own code, once, wherever the loop happened to be."""
 
 from __future__ import annotations
 
@@ -125,18 +126,12 @@ def _watching() -> Iterator[Watch]:
         clock.close()
 
 
-@pytest.fixture
-async def stall_sched(tmp_path: Path, images_ready: None) -> AsyncIterator[Scheduler]:
-    async with _stall_scheduler(tmp_path) as scheduler:
-        yield scheduler
-
-
 async def _in_two_lives(
     tmp_path: Path, life: Callable[[Scheduler, Watch, Path], Awaitable[None]]
 ) -> None:
-    """life on a fresh scheduler; if a step held the loop, a second life on another fresh one,
-    and the test fails for the steps that held it in both (see the module's docstring)."""
-    held: list[set[str]] = []
+    """life on a fresh scheduler; if a callback held the loop, a second life on another fresh
+    one, and the test fails for the callbacks that held it in both (see the module's docstring)."""
+    held: list[set[tuple[str, str]]] = []
     for attempt in (1, 2):
         root = tmp_path / f"life{attempt}"
         root.mkdir()
@@ -145,14 +140,14 @@ async def _in_two_lives(
             async with _stall_scheduler(root) as scheduler:
                 await life(scheduler, watch, root)
         print(f"life {attempt}:\n" + "\n".join(watch.report))
-        held.append({what for what, _ in watch.ours})
+        held.append({(what, stall.what) for what, stall in watch.ours})
         if not watch.ours:
             return
         print(f"life {attempt}: over the limit: " + "; ".join(f"{w}: {x}" for w, x in watch.ours))
     both = held[0] & held[1]
     assert not both, (
         f"the loop thread's own work held the loop over {LIMIT_S * 1000:g} ms in both lives, "
-        f"in: {', '.join(sorted(both))} (figures above)"
+        f"in: {'; '.join(f'{what}: {site}' for what, site in sorted(both))} (figures above)"
     )
 
 
@@ -219,19 +214,24 @@ def stall_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loc
 
 
 async def test_package_builds_and_cached_runs_do_not_hold_the_loop(
-    stall_sched: Scheduler, watch: Watch, stall_index: LocalIndex
+    tmp_path: Path, images_ready: None, stall_index: LocalIndex
 ) -> None:
     code = "import sbxstall.m7 as m; print(m.VALUE)"
-    built = await watch.step(
-        "run() building a package layer",
-        lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]),
-    )
-    assert built.stdout == "7\n"
-    cached = await watch.step(
-        "run() with the cached layer", lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"])
-    )
-    assert cached.stdout == "7\n" and cached.packages is not None and cached.packages.cache_hit
-    watch.check()
+
+    async def life(stall_sched: Scheduler, watch: Watch, _root: Path) -> None:
+        built = await watch.step(
+            "run() building a package layer",
+            lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]),
+        )
+        assert built.stdout == "7\n"
+        cached = await watch.step(
+            "run() with the cached layer",
+            lambda: stall_sched.run(code, packages=["sbxstall==1.0.0"]),
+        )
+        assert cached.stdout == "7\n" and cached.packages is not None
+        assert cached.packages.cache_hit
+
+    await _in_two_lives(tmp_path, life)
 
 
 def _big_entries(root: Path, names: list[str], file_name: str) -> None:
