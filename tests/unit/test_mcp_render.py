@@ -75,3 +75,33 @@ def test_a_listing_marks_directories_and_stops_at_its_limit() -> None:
     assert lines[0] == "dir/"
     assert lines[1] == "f00000  (1 bytes)"
     assert lines[-1] == "[... 6 more entries not shown]"
+
+
+def test_a_result_is_bounded_in_total_however_many_outputs_the_code_made() -> None:
+    figure = b"\x89PNG" + b"x" * (2 * 1024 * 1024 - 4)  # 2 MB: five fill the 10 MB per result
+    texts = [Output("text/plain", "t" * 5000) for _ in range(100)]
+    result = render.execution(
+        ExecutionResult(
+            stdout="",
+            stderr="",
+            exit_code=0,
+            outputs=[Output("image/png", figure) for _ in range(12)] + texts,
+        )
+    )
+    images = [b for b in result.content if isinstance(b, ImageContent)]
+    assert len(images) == 5
+    shown = _text(result)
+    assert shown.count("per result, not attached]") == 7
+    assert len(shown) < render.STREAM_MAX_CHARS + 2000
+    assert "characters cut ...]" in shown
+
+    many_small = render.execution(
+        ExecutionResult(
+            stdout="",
+            stderr="",
+            exit_code=0,
+            outputs=[Output("image/png", b"\x89PNG") for _ in range(render.IMAGES_MAX_COUNT + 3)],
+        )
+    )
+    attached = [b for b in many_small.content if isinstance(b, ImageContent)]
+    assert len(attached) == render.IMAGES_MAX_COUNT

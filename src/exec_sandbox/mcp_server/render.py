@@ -20,6 +20,10 @@ from ..models import ExecutionResult, FileInfo, Output
 STREAM_MAX_CHARS = 20_000
 # Bytes of one image returned as image content (a figure is ~20-200 KB); larger ones are named.
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
+# Images attached to one result, and their bytes together: code that draws in a loop gives a
+# hundred figures, which no context window wants; the rest are named.
+IMAGES_MAX_COUNT = 8
+IMAGES_MAX_TOTAL_BYTES = 10 * 1024 * 1024
 # Image types MCP clients show to a model.
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 # Entries of one directory listing shown.
@@ -59,15 +63,25 @@ def _outputs(outputs: Sequence[Output]) -> tuple[list[str], list[ImageContent]]:
     """Rich outputs: text/plain values (the last expression, display()) as text; images as image
     content; every other type (HTML, SVG, JSON, ...) named with its size. An object shown in
     several types gives one Output per type: when an image of it is shown, its text/plain
-    stand-in ("<Figure size ...>") still reads as what it is."""
+    stand-in ("<Figure size ...>") still reads as what it is. The lines together are bounded
+    by the caller as one stream; images by IMAGES_MAX_COUNT and IMAGES_MAX_TOTAL_BYTES."""
     lines: list[str] = []
     images: list[ImageContent] = []
+    attached_bytes = 0
     for output in outputs:
         data = output.data
         if output.mime_type == "text/plain" and isinstance(data, str):
-            lines.append(bounded(data))
+            lines.append(data)
         elif output.mime_type in IMAGE_TYPES and isinstance(data, bytes):
-            if len(data) <= IMAGE_MAX_BYTES:
+            full = attached_bytes + len(data) > IMAGES_MAX_TOTAL_BYTES
+            if len(images) >= IMAGES_MAX_COUNT or full:
+                lines.append(
+                    f"[image: {output.mime_type}, {_size(len(data))}: over the limit of "
+                    f"{IMAGES_MAX_COUNT} images, {_size(IMAGES_MAX_TOTAL_BYTES)} in all, "
+                    "per result, not attached]"
+                )
+            elif len(data) <= IMAGE_MAX_BYTES:
+                attached_bytes += len(data)
                 images.append(
                     ImageContent(
                         type="image",
@@ -98,7 +112,7 @@ def execution(result: ExecutionResult) -> CallToolResult:
         parts.append("stderr:\n" + bounded(result.stderr.removesuffix("\n")))
     lines, images = _outputs(result.outputs)
     if lines:
-        parts.append("outputs:\n" + "\n".join(lines))
+        parts.append("outputs:\n" + bounded("\n".join(lines)))
     if not result.stdout and not result.stderr and not lines:
         parts.append("(no output)")
     content: list[ContentBlock] = [TextContent(type="text", text="\n".join(parts))]
