@@ -113,6 +113,10 @@ class Connection:
         self.endpoint = endpoint
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._headers = headers
+        # Answers are read as sent and counted against their limits as they arrive: a
+        # compressed one could unpack to any size in one step, before any count (the server
+        # never compresses; one that does is refused in _send).
+        headers = {**headers, "Accept-Encoding": "identity"}
         transport = (
             httpx.AsyncHTTPTransport(uds=endpoint.socket_path)
             if endpoint.socket_path
@@ -158,7 +162,7 @@ class Connection:
         total = 0
         async with self._send("GET", url, None, None, params, False) as response:
             try:
-                async for chunk in response.aiter_bytes():
+                async for chunk in response.aiter_raw():
                     total += len(chunk)
                     if total > FILE_MAX_BYTES:
                         raise CommunicationError(
@@ -195,6 +199,12 @@ class Connection:
         except httpx.HTTPError as exc:
             raise _lost(method, url, exc, runs_code) from exc
         try:
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise CommunicationError(
+                    f"{method} {url}: the server's answer is compressed ({encoding}), "
+                    "which this client does not accept"
+                )
             if response.status_code >= 400:
                 raw = await _read(response, JSON_MAX_BYTES, "error")
                 raise wire.exception_of(_json_or_none(raw), response.status_code)
@@ -286,7 +296,7 @@ def _lost(method: str, url: str, exc: Exception, runs_code: bool) -> SandboxErro
 async def _read(response: httpx.Response, limit: int, what: str) -> bytes:
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.aiter_raw():
         size += len(chunk)
         if size > limit:
             raise CommunicationError(f"the server's {what} is larger than {limit} bytes")
