@@ -9,7 +9,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 
 import { CommunicationError, errorFromBody, InputValidationError, SandboxError } from "./errors.ts";
-import { awaitUpgrade, DEFAULT_MAX_MESSAGE_BYTES, handshakeHeaders, type WebSocket } from "./websocket.ts";
+import { awaitUpgrade, handshakeHeaders, type WebSocket, type WebSocketOptions } from "./websocket.ts";
 
 export const API_PREFIX = "/v1";
 /** A JSON answer larger than this is refused: results are bounded by the library's limits
@@ -22,10 +22,10 @@ export type ConnectOptions =
   | { socketPath: string; url?: undefined; token?: undefined }
   | { url: string; token?: string; socketPath?: undefined };
 
-export interface ClientOptions {
-  /** Largest WebSocket message accepted (default 64 MiB). */
-  maxMessageBytes?: number;
-}
+/** Bounds of the client's WebSockets (streamed runs and execs, processes, terminals):
+ * `maxMessageBytes` (64 MiB), `handshakeTimeoutMs` (10 s), `pingIntervalMs` (20 s of quiet
+ * before a keepalive ping; 0: none) and `pingTimeoutMs` (60 s for its answer). */
+export type ClientOptions = WebSocketOptions;
 
 const IDEMPOTENT = new Set(["GET", "HEAD", "PUT", "DELETE"]);
 const RETRY = Symbol("retry");
@@ -55,10 +55,10 @@ export class Transport {
   readonly #module: typeof http | typeof https;
   readonly #agent: http.Agent;
   readonly #token: string | undefined;
-  readonly #maxMessageBytes: number;
+  readonly #websocketOptions: WebSocketOptions;
 
   constructor(connect: ConnectOptions = { socketPath: defaultSocketPath() }, options: ClientOptions = {}) {
-    this.#maxMessageBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.#websocketOptions = { ...options };
     if (typeof connect.socketPath === "string") {
       this.#module = http;
       this.#agent = new http.Agent({ keepAlive: true });
@@ -153,7 +153,7 @@ export class Transport {
       path: this.#path(path, query),
       headers: { ...headers, ...this.#auth() },
     });
-    const answer = await awaitUpgrade(request, key, this.#maxMessageBytes);
+    const answer = await awaitUpgrade(request, key, this.#websocketOptions);
     if ("ws" in answer) return answer.ws;
     const body = await readBody(answer.refused, MAX_JSON_BYTES);
     throw errorOf(body, answer.refused.statusCode ?? 0);

@@ -3,7 +3,10 @@
 // binary messages, fragmentation, ping/pong, the close handshake, masking of what the client
 // sends; no extensions (none are offered, so a server's RSV bits are a protocol error).
 // Everything read is bounded: a frame or message over `maxMessageBytes` closes with 1009, and
-// a reader that falls behind pauses the socket (TCP backpressure) instead of buffering.
+// a reader that falls behind pauses the socket (TCP backpressure) instead of buffering. Nothing
+// waits on the server forever: the handshake has a deadline, and an open connection pings the
+// server while it is quiet (a long exec may print nothing for minutes), so a server that hangs
+// or vanishes without a FIN fails the connection instead of leaving its reader waiting.
 
 import { createHash, randomBytes } from "node:crypto";
 import type { ClientRequest, IncomingMessage } from "node:http";
@@ -25,6 +28,22 @@ const QUEUE_HIGH_BYTES = 8 * 1024 * 1024;
 const CLOSE_WAIT_MS = 5_000;
 
 export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+/** The same figures as the Python client's: a handshake within 10 s, a ping after 20 s, its
+ * pong within 60 s. */
+export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000;
+export const DEFAULT_PING_INTERVAL_MS = 20_000;
+export const DEFAULT_PING_TIMEOUT_MS = 60_000;
+
+export interface WebSocketOptions {
+  /** Largest message accepted. */
+  maxMessageBytes?: number;
+  /** A ping is sent this long after the last pong (0: never). */
+  pingIntervalMs?: number;
+  /** A ping unanswered this long fails the connection. */
+  pingTimeoutMs?: number;
+  /** The server's answer to the upgrade request must come within this. */
+  handshakeTimeoutMs?: number;
+}
 
 export type WebSocketMessage = { type: "text"; data: string } | { type: "binary"; data: Uint8Array };
 
@@ -68,16 +87,23 @@ export class WebSocket {
   #closing = false;
   #closed: Promise<void>;
   #markClosed!: () => void;
+  readonly #pingIntervalMs: number;
+  readonly #pingTimeoutMs: number;
+  #pingTimer: ReturnType<typeof setTimeout> | undefined;
+  #pongTimer: ReturnType<typeof setTimeout> | undefined;
 
-  constructor(socket: Duplex, head: Buffer, maxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES) {
+  constructor(socket: Duplex, head: Buffer, options: WebSocketOptions = {}) {
     this.#socket = socket;
-    this.#maxMessageBytes = maxMessageBytes;
+    this.#maxMessageBytes = options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.#pingIntervalMs = options.pingIntervalMs ?? DEFAULT_PING_INTERVAL_MS;
+    this.#pingTimeoutMs = options.pingTimeoutMs ?? DEFAULT_PING_TIMEOUT_MS;
     this.#closed = new Promise((resolve) => {
       this.#markClosed = resolve;
     });
     socket.on("data", (chunk: Buffer) => this.#onData(chunk));
     socket.on("error", (err: Error) => this.#fail(new CommunicationError(`WebSocket: ${err.message}`)));
     socket.on("close", () => this.#onSocketClosed());
+    this.#schedulePing();
     if (head.length > 0) this.#onData(head);
   }
 
@@ -147,6 +173,33 @@ export class WebSocket {
     this.#socket.destroy();
   }
 
+  /** The next keepalive ping, pingIntervalMs from now. The timers do not keep the process
+   * alive: the socket does, while it is open. */
+  #schedulePing(): void {
+    if (this.#pingIntervalMs <= 0 || this.#ended) return;
+    this.#pingTimer = setTimeout(() => {
+      this.#pingTimer = undefined;
+      if (this.#ended || this.#closeSent || this.#socket.destroyed) return;
+      this.#socket.write(frame(OP_PING, Buffer.from("keepalive")));
+      this.#pongTimer = setTimeout(() => {
+        this.#pongTimer = undefined;
+        this.closeCode = 1006;
+        this.#fail(
+          new CommunicationError(`WebSocket: the server did not answer a ping within ${this.#pingTimeoutMs} ms`),
+        );
+      }, this.#pingTimeoutMs);
+      this.#pongTimer.unref?.();
+    }, this.#pingIntervalMs);
+    this.#pingTimer.unref?.();
+  }
+
+  #stopPinging(): void {
+    clearTimeout(this.#pingTimer);
+    clearTimeout(this.#pongTimer);
+    this.#pingTimer = undefined;
+    this.#pongTimer = undefined;
+  }
+
   #send(op: number, payload: Buffer): Promise<void> {
     if (this.#closeSent || this.#socket.destroyed) {
       return Promise.reject(new CommunicationError("WebSocket: the connection is closed"));
@@ -204,6 +257,12 @@ export class WebSocket {
         if (!this.#closeSent) this.#socket.write(frame(OP_PONG, payload));
         return;
       case OP_PONG:
+        // An answer to our ping (an unsolicited pong is a heartbeat, and as good).
+        if (this.#pongTimer !== undefined) {
+          clearTimeout(this.#pongTimer);
+          this.#pongTimer = undefined;
+          this.#schedulePing();
+        }
         return;
       case OP_CLOSE:
         this.#onClose(payload);
@@ -274,10 +333,12 @@ export class WebSocket {
       this.#socket.end(frame(OP_CLOSE, echo));
     }
     this.#ended = true;
+    this.#stopPinging();
     this.#flushWaiters();
   }
 
   #onSocketClosed(): void {
+    this.#stopPinging();
     if (!this.#ended && this.#error === null) {
       this.closeCode = 1006;
       this.#fail(new CommunicationError("WebSocket: the connection dropped without a close frame"));
@@ -289,6 +350,7 @@ export class WebSocket {
 
   #fail(error: Error, code?: number): void {
     if (this.#error !== null) return;
+    this.#stopPinging();
     this.#error = error;
     if (code !== undefined && !this.#closeSent && !this.#socket.destroyed) {
       const body = Buffer.alloc(2);
@@ -375,20 +437,30 @@ export function frame(op: number, payload: Buffer): Buffer {
 export function awaitUpgrade(
   request: ClientRequest,
   key: string,
-  maxMessageBytes = DEFAULT_MAX_MESSAGE_BYTES,
+  options: WebSocketOptions = {},
 ): Promise<{ ws: WebSocket } | { refused: IncomingMessage }> {
-  return new Promise((resolve, reject) => {
+  const timeoutMs = options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS;
+  return new Promise<{ ws: WebSocket } | { refused: IncomingMessage }>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      request.destroy();
+      reject(new CommunicationError(`WebSocket: no answer to the handshake within ${timeoutMs} ms`));
+    }, timeoutMs);
+    const settle = <T>(done: (value: T) => void) => (value: T) => {
+      clearTimeout(timer);
+      done(value);
+    };
     request.on("upgrade", (response: IncomingMessage, socket: Duplex, head: Buffer) => {
+      clearTimeout(timer);
       const accept = response.headers["sec-websocket-accept"];
       if (response.headers.upgrade?.toLowerCase() !== "websocket" || accept !== acceptOf(key)) {
         socket.destroy();
         reject(new CommunicationError("WebSocket: the server's handshake answer is wrong"));
         return;
       }
-      resolve({ ws: new WebSocket(socket, head, maxMessageBytes) });
+      resolve({ ws: new WebSocket(socket, head, options) });
     });
-    request.on("response", (response: IncomingMessage) => resolve({ refused: response }));
-    request.on("error", (err: Error) => reject(new CommunicationError(`WebSocket: ${err.message}`)));
+    request.on("response", settle((response: IncomingMessage) => resolve({ refused: response })));
+    request.on("error", settle((err: Error) => reject(new CommunicationError(`WebSocket: ${err.message}`))));
     request.end();
   });
 }

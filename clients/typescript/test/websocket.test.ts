@@ -1,10 +1,11 @@
 // The WebSocket client against a scripted STAND-IN server (test/standin.ts): framing cases a
 // real server rarely produces (fragments around a ping, 64-bit lengths, broken frames).
 import assert from "node:assert/strict";
+import * as net from "node:net";
 import { after, before, describe, test } from "node:test";
 
 import { CommunicationError, PermanentError } from "../src/errors.ts";
-import { Transport } from "../src/transport.ts";
+import { type ClientOptions, Transport } from "../src/transport.ts";
 import { type Peer, standIn } from "./standin.ts";
 
 const TEXT = 0x1;
@@ -25,8 +26,10 @@ describe("WebSocket client (stand-in server)", { timeout: 20_000 }, () => {
     await server.close();
   });
 
-  function open(maxMessageBytes?: number) {
-    return new Transport({ url: server.url, token: "t0k" }, { maxMessageBytes }).websocket("/echo", { a: 1 });
+  function open(maxMessageBytes?: number, options: ClientOptions = {}) {
+    return new Transport({ url: server.url, token: "t0k" }, { maxMessageBytes, ...options }).websocket("/echo", {
+      a: 1,
+    });
   }
 
   test("the handshake carries the token and path, and client frames are masked", async () => {
@@ -192,5 +195,44 @@ describe("WebSocket client (stand-in server)", { timeout: 20_000 }, () => {
     assert.equal(f?.op, CLOSE);
     assert.equal(f?.payload.readUInt16BE(0), 4000);
     assert.equal(f?.payload.subarray(2).toString(), "bye");
+  });
+
+  test("a server that stops answering pings fails the connection; answered pings keep it", async () => {
+    script = (peer) => {
+      // Answers the first two pings, then goes quiet (a hung server keeps its socket open).
+      let answered = 0;
+      const loop = async () => {
+        for (;;) {
+          const f = await peer.nextFrame();
+          if (f.op === PING && answered < 2) {
+            answered += 1;
+            peer.send(PONG, f.payload);
+            if (answered === 2) peer.send(TEXT, "still here");
+          }
+        }
+      };
+      void loop();
+    };
+    const ws = await open(undefined, { pingIntervalMs: 30, pingTimeoutMs: 200 });
+    assert.deepEqual(await ws.receive(), { type: "text", data: "still here" });
+    const started = Date.now();
+    await assert.rejects(ws.receive(), /did not answer a ping within 200 ms/);
+    assert.ok(Date.now() - started >= 150, "failed only once the ping went unanswered");
+    assert.equal(ws.closeCode, 1006);
+  });
+
+  test("a server that never answers the handshake is given up on", async () => {
+    const silent = net.createServer((socket) => socket.resume()); // reads, never answers
+    await new Promise<void>((resolve) => silent.listen(0, "127.0.0.1", resolve));
+    const { port } = silent.address() as net.AddressInfo;
+    const transport = new Transport({ url: `http://127.0.0.1:${port}`, token: "t" }, { handshakeTimeoutMs: 150 });
+    try {
+      await assert.rejects(transport.websocket("/run"), (err: Error) => {
+        return err instanceof CommunicationError && /no answer to the handshake within 150 ms/.test(err.message);
+      });
+    } finally {
+      transport.close();
+      await new Promise((resolve) => silent.close(resolve));
+    }
   });
 });
