@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import tempfile
 import typing
 from collections.abc import AsyncIterator
@@ -310,12 +309,9 @@ def create_app(hub: Hub | None) -> FastAPI:
         if not isinstance(body, dict) or set(body) - {"name", "image", "base", "steps"}:
             raise InputValidationError("a template body is {name, image?, base?, steps}")
         image = body.get("image")
-        if image is not None and (not isinstance(image, str) or _looks_like_path(image)):
-            # A path would read this host's files for a remote caller: references only.
-            raise InputValidationError("image must be a registry reference (no host paths)")
         template = await hub.scheduler.build_template(
             body.get("name"),  # type: ignore[arg-type]  # validated by build_template()
-            image=image,
+            image=None if image is None else registry_image(image),
             base=body.get("base", "default"),
             steps=_steps(body.get("steps", [])),
         )
@@ -375,8 +371,14 @@ class _Foreground:
             await self.app(scope, receive, send)
 
 
-def _looks_like_path(image: str) -> bool:
-    return image.startswith(("/", ".", "~")) or os.path.exists(image)
+def registry_image(image: object) -> str:
+    """A client's template image as a registry source. A path would read this host's files for
+    a remote caller, so references only; and the transport is named, so that a reference is
+    never taken for a path ("name:tag" is also "DIR:tag" of a layout when the server's working
+    directory happens to hold a directory called name)."""
+    if not isinstance(image, str) or image.startswith(("/", ".", "~", "oci:", "oci-archive:")):
+        raise InputValidationError("image must be a registry reference (no host paths)")
+    return image if image.startswith("docker://") else "docker://" + image
 
 
 def _steps(raw: Any) -> list[Step]:
