@@ -61,3 +61,14 @@ def test_a_file_that_is_not_a_socket_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(ServeError, match="not a socket"):
         bind_unix(path)
     assert path.read_text() == "mine"
+
+
+def test_a_socket_in_a_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp
+    with pytest.raises(ServeError, match="writable by other users"):
+        bind_unix(shared / "sbx.sock")
+    assert not (shared / "sbx.sock").exists()
+    shared.chmod(0o755)
+    bind_unix(shared / "sbx.sock").close()

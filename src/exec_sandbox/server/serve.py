@@ -82,8 +82,17 @@ def check_address(options: ServeOptions, warn: Callable[[str], None]) -> None:
 
 def bind_unix(path: Path) -> socket.socket:
     """A listening socket at path, mode 0600, in a 0700 directory. A stale file (nothing
-    answers on it) is replaced; a live server's is refused."""
+    answers on it) is replaced; a live server's is refused. The directory must be this user's
+    (or root's) and writable by no one else: in a shared one (/tmp) another user could put a
+    socket of theirs at the path first, or in its place later, and clients would trust it."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    parent = path.parent.stat()
+    if parent.st_uid not in (0, os.geteuid()) or parent.st_mode & 0o022:
+        raise ServeError(
+            f"{path.parent} is writable by other users (or not yours): another user could "
+            "replace the socket there; put it in a directory only you can write, as the "
+            "default is"
+        )
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
