@@ -30,7 +30,7 @@ from ..run_request import RunOptions
 from ..scheduler import Scheduler
 from ..session import Session
 from .grants import NotGranted, check, check_needs, needs_of
-from .statefile import read_json, write_json
+from .statefile import read_json, set_aside, write_json
 from .tokens import Principal
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,30 @@ class Hub:
 
     # --- start and stop ---
 
-    def start(self) -> None:
-        """Find the sessions the last server paused at its shutdown."""
+    async def start(self) -> None:
+        """Check snapshots.json, then find the sessions the last server paused at its
+        shutdown. A damaged file is set aside (renamed, kept), not overwritten by the next
+        record; records of snapshots that no longer exist (deleted or evicted while no server
+        ran) are dropped."""
+        try:
+            records = read_json(self._records_path)
+            if not isinstance(records, dict | None) or not all(
+                isinstance(r, dict) for r in (records or {}).values()
+            ):
+                raise ValueError("not an object of records")
+        except ValueError as exc:
+            moved = set_aside(self._records_path)
+            log.warning("%s is damaged (%s): set aside as %s", self._records_path, exc, moved)
+            records = None
+        if records:
+            try:
+                present = {s.id for s in await self.scheduler.snapshots()}
+            except Exception as exc:  # the store unreadable: keep the records as they are
+                log.warning("cannot list snapshots to prune %s: %s", self._records_path, exc)
+            else:
+                kept = {k: v for k, v in records.items() if k in present}
+                if len(kept) != len(records):
+                    write_json(self._records_path, kept)
         for snapshot_id, rec in self._records().items():
             if rec.get("at_shutdown") and isinstance(rec.get("session_id"), str):
                 self._dormant[rec["session_id"]] = _Dormant(
