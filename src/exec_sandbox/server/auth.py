@@ -83,7 +83,11 @@ class Authenticate:
                 closed = True
                 with contextlib.suppress(Exception):  # the client may be gone already
                     await send(
-                        {"type": "websocket.close", "code": CLOSE_POLICY, "reason": "token revoked"}
+                        {
+                            "type": "websocket.close",
+                            "code": CLOSE_POLICY,
+                            "reason": "token revoked or expired",
+                        }
                     )
 
         async def guarded_receive() -> Message:
