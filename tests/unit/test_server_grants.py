@@ -106,7 +106,7 @@ def test_read_only_grant_forces_read_only_mounts() -> None:
 
 def test_copies_are_checked_against_what_the_session_asked() -> None:
     needs = needs_of(
-        {  # type: ignore[typeddict-item]
+        {
             "allow_network": True,
             "allowed_domains": ["example.com"],
             "volumes": {"/mnt/d": "data"},

@@ -170,7 +170,7 @@ async def test_revoke_closes_open_terminal_and_process_websockets(server: Server
                 assert _sbx(server, "token", "revoke", "revoked-live").returncode == 0
                 codes = await asyncio.gather(_closed(terminal), _closed(process))
                 took = time.monotonic() - revoked_at
-            assert codes == [1008, 1008]
+            assert list(codes) == [1008, 1008]
             assert took < 3.0, took
             assert (await client.get("/info")).status_code == 401
         finally:
@@ -218,3 +218,32 @@ def _sbx(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
     )
+
+
+async def test_fork_and_resume_are_checked_against_what_the_session_asked(server: Server) -> None:
+    # The session is made with a grant its owner's name later loses (the token revoked and
+    # the name reused with less): copies of it are refused, the session itself goes on.
+    first = server.token("copier", grants=Grants(expose=True))
+    async with server.tcp(first) as client:
+        opened = await client.post("/sessions", json={"expose_ports": [8000]})
+        assert opened.status_code == 200, opened.text
+    sid = opened.json()["id"]
+    assert _sbx(server, "token", "revoke", "copier").returncode == 0
+    reused = _sbx(server, "token", "create", "--name", "copier", "--reuse-name")
+    assert reused.returncode == 0, reused.stderr
+    async with server.tcp(reused.stdout.strip()) as client, server.local() as local:
+        snapshot_id = None
+        try:
+            forked = await client.post(f"/sessions/{sid}/fork", json={"count": 1})
+            assert forked.status_code == 403, forked.text
+            assert "expose_ports" in forked.json()["error"]["message"]
+            paused = await client.post(f"/sessions/{sid}/pause")
+            assert paused.status_code == 200, paused.text
+            snapshot_id = paused.json()["id"]
+            resumed = await client.post(f"/snapshots/{snapshot_id}/resume")
+            assert resumed.status_code == 403, resumed.text
+            assert "expose_ports" in resumed.json()["error"]["message"]
+        finally:
+            await local.delete(f"/sessions/{sid}")
+            if snapshot_id is not None:  # only this test's: the snapshot store is shared
+                await local.delete(f"/snapshots/{snapshot_id}")
