@@ -131,6 +131,7 @@ def _mcp_mount(args: argparse.Namespace) -> MountFactory:
     """The MCP endpoint on the server's Scheduler (docs/mcp.md, "Over sbx serve"): the SDK's
     Host/Origin checks admit loopback names, and the --host name when one was given."""
     from ..mcp_server import DEFAULT_MAX_SESSIONS, LOOPBACK_ONLY, http_app
+    from ..server.grants import SERVED_MCP_OPTIONS
 
     security = LOOPBACK_ONLY
     if args.host is not None:
@@ -151,6 +152,8 @@ def _mcp_mount(args: argparse.Namespace) -> MountFactory:
         return http_app(
             lambda: contextlib.nullcontext(scheduler),
             max_sessions=max_sessions,
+            # Within every token's grants: /mcp cannot ask a token's grants for more.
+            options=SERVED_MCP_OPTIONS,
             transport_security=security,
         )
 

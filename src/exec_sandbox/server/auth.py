@@ -4,20 +4,31 @@ mounted beside them, such as MCP's), which puts the Principal in `scope["state"]
 
 The Unix socket's file mode is its authentication (docs/server.md, "Security model"): every
 request on it is `local`, with every scope. On TCP each request and WebSocket handshake needs
-`Authorization: Bearer TOKEN`, except the public paths (health, the OpenAPI document)."""
+`Authorization: Bearer TOKEN`, except the public paths (health, the OpenAPI document).
+
+A WebSocket lives longer than its handshake: while it is open its token is checked again every
+WATCH_SECONDS (a stat of the token file, a re-read only when it changed), and once the token is
+revoked or expired the socket is closed with 1008 (policy violation). Its handler then sees the
+client leave, and ends as for a client that went away (a terminal hangs up, a run is cancelled,
+a session's exec runs on with its output dropped)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import wire
 from .tokens import LOCAL_PRINCIPAL, Principal, TokenStore, principal_of
 
 PUBLIC_PATHS = frozenset({f"{wire.API_PREFIX}/health", "/openapi.json"})
+# How often an open WebSocket's token is checked again (revocation closes it within this).
+WATCH_SECONDS = 0.5
+CLOSE_POLICY = 1008
 
 
 class Authenticate:
@@ -40,7 +51,73 @@ class Authenticate:
                 await _refuse(scope, send, why)
                 return
             state["principal"] = principal
+            if scope["type"] == "websocket" and principal.sha256 is not None:
+                await self._watched(scope, receive, send, principal.sha256)
+                return
         await self.app(scope, receive, send)
+
+    async def _watched(self, scope: Scope, receive: Receive, send: Send, sha256: str) -> None:
+        """The app on a WebSocket that is closed (1008) once its token is no longer valid: the
+        app's next receive() then answers a disconnect, and what it sends is dropped."""
+        assert self.tokens is not None
+        tokens = self.tokens
+        revoked = asyncio.Event()
+        closed = False
+
+        async def watch() -> None:
+            while True:
+                await asyncio.sleep(WATCH_SECONDS)
+                try:
+                    valid = tokens.still_valid(sha256)
+                except (OSError, ValueError):
+                    valid = False  # as a new request would be refused
+                if not valid:
+                    # Closed here, whether or not the app is reading at this moment.
+                    await close()
+                    revoked.set()
+                    return
+
+        async def close() -> None:
+            nonlocal closed
+            if not closed:
+                closed = True
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await send(
+                        {
+                            "type": "websocket.close",
+                            "code": CLOSE_POLICY,
+                            "reason": "token revoked or expired",
+                        }
+                    )
+
+        async def guarded_receive() -> Message:
+            if not revoked.is_set():
+                message = asyncio.ensure_future(receive())
+                stop = asyncio.ensure_future(revoked.wait())
+                try:
+                    await asyncio.wait({message, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    if not message.done():
+                        message.cancel()
+                if message.done() and not message.cancelled():
+                    return message.result()
+            await close()
+            return {"type": "websocket.disconnect", "code": CLOSE_POLICY}
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal closed
+            if closed:
+                return
+            if message["type"] == "websocket.close":
+                closed = True
+            await send(message)
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        finally:
+            watcher.cancel()
 
     def _check(self, scope: Scope) -> tuple[Principal | None, str]:
         assert self.tokens is not None

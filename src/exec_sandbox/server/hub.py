@@ -29,7 +29,8 @@ from ..models import ExecutionResult, SessionSnapshot
 from ..run_request import RunOptions
 from ..scheduler import Scheduler
 from ..session import Session
-from .statefile import read_json, write_json
+from .grants import NotGranted, check, check_needs, needs_of
+from .statefile import read_json, set_aside, write_json
 from .tokens import Principal
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class Entry:
     owner: str
     shared_with: tuple[str, ...]
     created_at: float
+    # What its options asked of its owner's grants (grants.needs_of): a fork asks it again.
+    needs: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -77,6 +80,7 @@ class _Dormant:
     language: str
     created_at: float
     exec_count: int
+    needs: dict[str, Any] | None = None
 
 
 class Hub:
@@ -108,8 +112,30 @@ class Hub:
 
     # --- start and stop ---
 
-    def start(self) -> None:
-        """Find the sessions the last server paused at its shutdown."""
+    async def start(self) -> None:
+        """Check snapshots.json, then find the sessions the last server paused at its
+        shutdown. A damaged file is set aside (renamed, kept), not overwritten by the next
+        record; records of snapshots that no longer exist (deleted or evicted while no server
+        ran) are dropped."""
+        try:
+            records = read_json(self._records_path)
+            if not isinstance(records, dict | None) or not all(
+                isinstance(r, dict) for r in (records or {}).values()
+            ):
+                raise ValueError("not an object of records")
+        except ValueError as exc:
+            moved = set_aside(self._records_path)
+            log.warning("%s is damaged (%s): set aside as %s", self._records_path, exc, moved)
+            records = None
+        if records:
+            try:
+                present = {s.id for s in await self.scheduler.snapshots()}
+            except Exception as exc:  # the store unreadable: keep the records as they are
+                log.warning("cannot list snapshots to prune %s: %s", self._records_path, exc)
+            else:
+                kept = {k: v for k, v in records.items() if k in present}
+                if len(kept) != len(records):
+                    write_json(self._records_path, kept)
         for snapshot_id, rec in self._records().items():
             if rec.get("at_shutdown") and isinstance(rec.get("session_id"), str):
                 self._dormant[rec["session_id"]] = _Dormant(
@@ -120,6 +146,7 @@ class Hub:
                     language=str(rec.get("language", "")),
                     created_at=float(rec.get("created_at", 0.0)),
                     exec_count=int(rec.get("exec_count", 0)),
+                    needs=rec.get("needs"),
                 )
 
     async def shutdown(self) -> None:
@@ -142,7 +169,12 @@ class Hub:
             await entry.session.close()
             return
         self._record(
-            snapshot, entry.owner, entry.shared_with, session_id=entry.id, since=entry.created_at
+            snapshot,
+            entry.owner,
+            entry.shared_with,
+            entry.needs,
+            session_id=entry.id,
+            since=entry.created_at,
         )
 
     def keep(self, task: asyncio.Task[Any]) -> None:
@@ -186,13 +218,15 @@ class Hub:
     # --- runs and sessions ---
 
     async def run(self, principal: Principal, code: str, options: RunOptions) -> ExecutionResult:
+        options = granted(principal, options)
         with self._reserve(principal, sessions=0, vms=1):
             return await self.scheduler.run(code, **options)
 
     async def open_session(self, principal: Principal, options: RunOptions) -> Entry:
+        options = granted(principal, options)
         with self._reserve(principal, sessions=1, vms=1):
             session = await self.scheduler.session(**options)
-            return self._add(session, principal.name, ())
+            return self._add(session, principal.name, (), needs_of(options))
 
     async def close_session(self, principal: Principal, session_id: str) -> None:
         dormant = self._dormant.get(session_id)
@@ -225,12 +259,13 @@ class Hub:
     async def pause(self, principal: Principal, session_id: str) -> SessionSnapshot:
         entry = await self.get(principal, session_id)
         snapshot = await entry.session.pause()
-        self._record(snapshot, entry.owner, entry.shared_with)
+        self._record(snapshot, entry.owner, entry.shared_with, entry.needs)
         return snapshot
 
     async def fork(self, principal: Principal, session_id: str, count: int | None) -> list[Entry]:
         entry = await self.get(principal, session_id)
         self._may_copy(principal, entry.owner, "fork")
+        granted_needs(principal, entry.needs)
         n = count if isinstance(count, int) and not isinstance(count, bool) else 1
         if n < 1:
             raise InputValidationError("count must be an integer from 1 to 16")
@@ -239,7 +274,7 @@ class Hub:
         with self._reserve(owner, sessions=n, vms=n):
             forks = await entry.session.fork(count)
             sessions = forks if isinstance(forks, list) else [forks]
-            return [self._add(s, entry.owner, entry.shared_with) for s in sessions]
+            return [self._add(s, entry.owner, entry.shared_with, entry.needs) for s in sessions]
 
     # --- snapshots ---
 
@@ -276,6 +311,7 @@ class Hub:
         rec = await self._visible_snapshot(principal, snapshot_id)
         owner = str(rec.get("owner") or principal.name)
         self._may_copy(principal, owner, "resume")
+        granted_needs(principal, rec.get("needs"))
         shared = tuple(rec.get("shared_with", ()))
         with self._reserve(dataclasses.replace(principal, name=owner), sessions=1, vms=1):
             try:
@@ -284,7 +320,7 @@ class Hub:
                 if "no session snapshot" in str(exc) or "not a session snapshot id" in str(exc):
                     raise not_found(f"snapshot {snapshot_id}") from None
                 raise
-            return self._add(session, owner, shared)
+            return self._add(session, owner, shared, rec.get("needs"))
 
     async def _wake(self, principal: Principal, dormant: _Dormant) -> Entry:
         """Resume a session of the last shutdown under its old id (one waker per id). It counts
@@ -307,7 +343,14 @@ class Hub:
                 self._dormant.pop(dormant.id, None)
                 self._forget(dormant.snapshot_id)
                 raise
-            entry = Entry(dormant.id, session, dormant.owner, dormant.shared_with, time.time())
+            entry = Entry(
+                dormant.id,
+                session,
+                dormant.owner,
+                dormant.shared_with,
+                time.time(),
+                dormant.needs,
+            )
             entry.created_at = dormant.created_at
             self._entries[dormant.id] = entry
             self._dormant.pop(dormant.id, None)
@@ -354,7 +397,7 @@ class Hub:
         is its owner's, like one paused on request."""
         snapshot = entry.session.paused_as
         if snapshot is not None and snapshot.id not in self._records():
-            self._record(snapshot, entry.owner, entry.shared_with)
+            self._record(snapshot, entry.owner, entry.shared_with, entry.needs)
 
     # --- limits ---
 
@@ -421,8 +464,14 @@ class Hub:
 
     # --- the table ---
 
-    def _add(self, session: Session, owner: str, shared_with: tuple[str, ...]) -> Entry:
-        entry = Entry(session.session_id, session, owner, shared_with, time.time())
+    def _add(
+        self,
+        session: Session,
+        owner: str,
+        shared_with: tuple[str, ...],
+        needs: dict[str, Any] | None,
+    ) -> Entry:
+        entry = Entry(session.session_id, session, owner, shared_with, time.time(), needs)
         self._entries[entry.id] = entry
         closed = [e for e in self._entries.values() if e.session.closed]
         for old in closed[: max(0, len(closed) - _KEEP_CLOSED)]:
@@ -444,6 +493,7 @@ class Hub:
         snapshot: SessionSnapshot,
         owner: str,
         shared_with: tuple[str, ...],
+        needs: dict[str, Any] | None,
         *,
         session_id: str | None = None,
         since: float | None = None,
@@ -455,6 +505,7 @@ class Hub:
             "language": snapshot.language,
             "created_at": snapshot.created_at if since is None else since,
             "exec_count": snapshot.exec_count,
+            **({"needs": needs} if needs is not None else {}),
             **({"session_id": session_id, "at_shutdown": True} if session_id else {}),
         }
         write_json(self._records_path, records)
@@ -463,6 +514,23 @@ class Hub:
         records = self._records()
         if records.pop(snapshot_id, None) is not None:
             write_json(self._records_path, records)
+
+
+def granted(principal: Principal, options: RunOptions) -> RunOptions:
+    """options if principal's grants allow them (volumes granted read-only made read-only),
+    else forbidden naming the option and the grant; before anything is reserved or started."""
+    try:
+        return check(principal.grants, options, principal.name)
+    except NotGranted as exc:
+        raise HubError(wire.FORBIDDEN, str(exc)) from None
+
+
+def granted_needs(principal: Principal, needs: Any) -> None:
+    """forbidden when a copy of a session (fork, resume) would exceed principal's grants."""
+    try:
+        check_needs(principal.grants, needs, principal.name)
+    except NotGranted as exc:
+        raise HubError(wire.FORBIDDEN, str(exc)) from None
 
 
 def run_options(body: Any, *, exclude: Callable[[str], bool] = lambda _: False) -> RunOptions:

@@ -199,7 +199,7 @@ async def serve(
             max_sessions_per_token=options.max_sessions_per_token,
             max_vms_per_token=options.max_vms_per_token,
         )
-        hub.start()
+        await hub.start()
         stack.push_async_callback(hub.shutdown)  # before the Scheduler closes
         app = create_app(hub)
         # uvicorn's lifespan is off (two listeners share the app): the app's own lifespan (a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,18 @@ def read_json(path: Path) -> Any:
     if len(data) > MAX_BYTES:
         raise ValueError(f"{path} is larger than {MAX_BYTES} bytes")
     return json.loads(data)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file out of the way (PATH.damaged-TIME), kept for whoever looks into
+    it, so that the next write starts afresh without destroying the evidence."""
+    target = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+    n = 1
+    while target.exists():
+        target = target.with_name(f"{target.name.split('~')[0]}~{n}")
+        n += 1
+    os.replace(path, target)
+    return target
 
 
 def write_json(path: Path, value: Any) -> None:
