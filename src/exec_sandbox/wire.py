@@ -31,6 +31,11 @@ API_PREFIX = "/v1"
 # The header `sbx serve` sets on each request it passes to an app mounted beside its routes (the
 # MCP endpoint): the authenticated caller's name. Set by the server, never taken from a client.
 PRINCIPAL_HEADER = "x-exec-sandbox-principal"
+# Why the server closes a WebSocket before its end (docs/server.md, "Streaming"): the client
+# read too slowly for the server's bounded queue ("try again later"), or its token was revoked
+# or expired while the socket was open (policy violation).
+CLOSE_TOO_SLOW = 1013
+CLOSE_TOKEN_INVALID = 1008
 _T = TypeVar("_T")
 
 

@@ -6,7 +6,8 @@
 import { CommunicationError, errorFromBody, InputValidationError } from "./errors.ts";
 import type { Transport } from "./transport.ts";
 import type { ProcessInfo } from "./types.ts";
-import type { WebSocket } from "./websocket.ts";
+import { closedError } from "./streaming.ts";
+import { CLOSE_TOKEN_INVALID, type WebSocket } from "./websocket.ts";
 import { bytesFromWire, object } from "./wire.ts";
 
 type Stream = "stdout" | "stderr";
@@ -107,7 +108,8 @@ export class Process {
     try {
       for (;;) {
         const message = await ws.receive();
-        if (message === null) return;
+        // The server ends a process stream with its exit message; a close before it is not an end.
+        if (message === null) throw closedError(ws, `process ${this.pid}: the stream ended before its exit`);
         if (message.type !== "text") throw new CommunicationError("a binary message from a process stream");
         const parsed = parse(message.data);
         if (parsed.type === stream) {
@@ -162,7 +164,10 @@ export class Terminal {
   async read(): Promise<Uint8Array | null> {
     for (;;) {
       const message = await this.#ws.receive();
-      if (message === null) return null;
+      if (message === null) {
+        if (this.#ws.closeCode === CLOSE_TOKEN_INVALID) throw closedError(this.#ws, "terminal");
+        return null;
+      }
       if (message.type === "binary") return message.data;
       const parsed = parse(message.data);
       if (parsed.type === "exit") {

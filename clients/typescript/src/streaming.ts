@@ -2,9 +2,10 @@
 // `WS /sessions/{id}/exec` take the REST call's body as the first message and answer with
 // stdout/stderr messages and one final result or error.
 
-import { CommunicationError, errorFromBody } from "./errors.ts";
+import { CommunicationError, errorFromBody, type SandboxError } from "./errors.ts";
 import type { Transport } from "./transport.ts";
 import type { ExecutionResult, OutputCallback } from "./types.ts";
+import { CLOSE_TOKEN_INVALID, type WebSocket } from "./websocket.ts";
 import { object, resultFromWire } from "./wire.ts";
 
 interface StreamMessage {
@@ -44,11 +45,7 @@ export async function streamExec(
     for (;;) {
       signal?.throwIfAborted();
       const message = await (aborted === undefined ? ws.receive() : Promise.race([ws.receive(), aborted]));
-      if (message === null) {
-        // 1013: this client read too slowly for the server's bounded queue (docs/server.md).
-        const why = ws.closeCode === null ? "" : ` (close ${ws.closeCode}${ws.closeReason ? `: ${ws.closeReason}` : ""})`;
-        throw new CommunicationError(`${path}: the stream ended without a result${why}`);
-      }
+      if (message === null) throw closedError(ws, `${path}: the stream ended without a result`);
       if (message.type !== "text") throw new CommunicationError(`${path}: a binary message in an exec stream`);
       const parsed = object<StreamMessage>(JSON.parse(message.data), "stream message");
       switch (parsed.type) {
@@ -75,4 +72,17 @@ export async function streamExec(
     if (dropped) ws.destroy();
     else await ws.close();
   }
+}
+
+/** The error for a stream the server closed before its end: `unauthorized` (as the next request
+ * would be answered) when the token was revoked or expired while it was open; else a
+ * CommunicationError naming the close (1013: this client read too slowly for the server's
+ * bounded queue, docs/server.md). */
+export function closedError(ws: WebSocket, what: string): SandboxError {
+  if (ws.closeCode === CLOSE_TOKEN_INVALID) {
+    const reason = ws.closeReason || "the token was revoked or has expired";
+    return errorFromBody({ error: { code: "unauthorized", message: `${what}: ${reason}` } }, 401);
+  }
+  const why = ws.closeCode === null ? "" : ` (close ${ws.closeCode}${ws.closeReason ? `: ${ws.closeReason}` : ""})`;
+  return new CommunicationError(`${what}${why}`);
 }

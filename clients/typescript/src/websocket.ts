@@ -28,6 +28,10 @@ const QUEUE_HIGH_BYTES = 8 * 1024 * 1024;
 const CLOSE_WAIT_MS = 5_000;
 
 export const DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+/** Why the server closes a stream before its end (exec_sandbox.wire): the client read too
+ * slowly for its bounded queue, or its token was revoked or expired while the socket was open. */
+export const CLOSE_TOO_SLOW = 1013;
+export const CLOSE_TOKEN_INVALID = 1008;
 /** The same figures as the Python client's: a handshake within 10 s, a ping after 20 s, its
  * pong within 60 s. */
 export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 10_000;

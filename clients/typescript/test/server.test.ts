@@ -345,4 +345,21 @@ describe("against sbx serve", () => {
     }
     assert.ok(!(await local.volumes()).some((v) => v.name === "ts-client-vol"));
   });
+
+  test("a token revoked while its process stream is open: the reader rejects as unauthorized", TEST, async () => {
+    const env = { ...process.env, EXEC_SANDBOX_STATE_DIR: join(server.dir, "state"), EXEC_SANDBOX_DATA_DIR: join(server.dir, "data") };
+    const doomed = execFileSync(SBX, ["token", "create", "--name", "ts-doomed"], { env, encoding: "utf8" }).trim();
+    const client = new Scheduler({ url: server.url, token: doomed });
+    const session = await client.session({ language: "python" });
+    try {
+      const proc = await session.spawn(["sh", "-c", "echo started; sleep 60"]);
+      const reader = proc.stdout[Symbol.asyncIterator]();
+      assert.equal(Buffer.from((await reader.next()).value as Uint8Array).toString(), "started\n");
+      execFileSync(SBX, ["token", "revoke", "ts-doomed"], { env });
+      await assert.rejects(reader.next(), (err: PermanentError) => err instanceof PermanentError && err.code === "unauthorized");
+    } finally {
+      await (await local.getSession(session.id)).close(); // the admin socket: the token is gone
+      client.close();
+    }
+  });
 });

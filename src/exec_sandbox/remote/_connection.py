@@ -21,6 +21,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
 
 from .. import wire
 from ..errors import (
@@ -279,6 +280,19 @@ def decoded(cls: type[Any], data: Any, what: str) -> Any:
         raise CommunicationError(
             f"{what}: the server's answer is not a {cls.__name__}: {exc}"
         ) from None
+
+
+def closed_by_server(exc: ConnectionClosed, what: str) -> Exception | None:
+    """The library exception for a stream the server closed for its token (revoked or expired
+    while it was open): `unauthorized`, as the next request would be answered. None for any
+    other close, which the caller words for its stream."""
+    received = exc.rcvd
+    if received is None or received.code != wire.CLOSE_TOKEN_INVALID:
+        return None
+    reason = received.reason or "the token was revoked or has expired"
+    return wire.exception_of(
+        {"error": {"code": wire.UNAUTHORIZED, "message": f"{what}: {reason}"}}, 401
+    )
 
 
 def error_of(message: Mapping[str, Any]) -> Exception:

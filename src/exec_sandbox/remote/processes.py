@@ -210,9 +210,9 @@ class RemoteProcess:
             while True:
                 try:
                     message = await _conn.receive_json(ws, f"process {self.pid}")
-                except ConnectionClosed:
+                except ConnectionClosed as exc:
                     self._session._check_open()
-                    raise CommunicationError(
+                    raise _conn.closed_by_server(exc, f"process {self.pid}") or CommunicationError(
                         f"process {self.pid}: the server closed the stream before its exit"
                     ) from None
                 kind = message.get("type")
@@ -366,9 +366,12 @@ class RemoteTerminal:
         while not self._ended:
             try:
                 message = await self._ws.recv()
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
                 self._ended = True
                 self._session._check_open()
+                revoked = _conn.closed_by_server(exc, "terminal")
+                if revoked is not None:
+                    raise revoked from None
                 return b""
             if isinstance(message, bytes):
                 if message:

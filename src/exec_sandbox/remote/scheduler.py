@@ -405,6 +405,9 @@ class RemoteScheduler:
                     elif kind == "error":
                         raise _conn.error_of(message)
             except ConnectionClosed as exc:
+                revoked = _conn.closed_by_server(exc, what)
+                if revoked is not None:
+                    raise revoked from None
                 raise CommunicationOutcomeUnknownError(
                     f"{what}: the server closed the stream before the result: the code may "
                     f"have run ({exc})"

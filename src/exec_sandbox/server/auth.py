@@ -28,7 +28,6 @@ from .tokens import LOCAL_PRINCIPAL, Principal, TokenStore, principal_of
 PUBLIC_PATHS = frozenset({f"{wire.API_PREFIX}/health", "/openapi.json"})
 # How often an open WebSocket's token is checked again (revocation closes it within this).
 WATCH_SECONDS = 0.5
-CLOSE_POLICY = 1008
 
 
 class Authenticate:
@@ -85,7 +84,7 @@ class Authenticate:
                     await send(
                         {
                             "type": "websocket.close",
-                            "code": CLOSE_POLICY,
+                            "code": wire.CLOSE_TOKEN_INVALID,
                             "reason": "token revoked or expired",
                         }
                     )
@@ -103,7 +102,7 @@ class Authenticate:
                 if message.done() and not message.cancelled():
                     return message.result()
             await close()
-            return {"type": "websocket.disconnect", "code": CLOSE_POLICY}
+            return {"type": "websocket.disconnect", "code": wire.CLOSE_TOKEN_INVALID}
 
         async def guarded_send(message: Message) -> None:
             nonlocal closed

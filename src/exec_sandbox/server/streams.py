@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 # the server holds little for it (the socket buffers hold a few hundred KiB more). A client
 # that reads keeps the outbox near empty.
 OUTBOX_BYTES = 256 << 10
-CLOSE_TOO_SLOW = 1013  # "try again later": the client did not keep up with the output
 # The first message of a run or exec: its JSON body (code up to 1 MB, escaped, with options).
 MAX_REQUEST_BYTES = 8 << 20
 FIRST_MESSAGE_SECONDS = 30.0
@@ -162,7 +161,7 @@ async def _stream_execution(
         # The client left, stopped reading, or could not be written to.
         if slow.done():
             with contextlib.suppress(Exception):
-                await ws.close(CLOSE_TOO_SLOW, "the client did not keep up with the output")
+                await ws.close(wire.CLOSE_TOO_SLOW, "the client did not keep up with the output")
         if cancel_when_gone:
             work.cancel()
             with contextlib.suppress(BaseException):
@@ -262,7 +261,7 @@ def add_routes(app: FastAPI, hub: Hub) -> None:
 async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Process) -> None:
     """A process's output from the oldest byte the guest holds, then its exit; the client's
     stdin, close_stdin and kill. The process goes on when the client leaves; a client that
-    falls behind is closed (CLOSE_TOO_SLOW) and may attach again."""
+    falls behind is closed (wire.CLOSE_TOO_SLOW) and may attach again."""
 
     async def pump(stream: str) -> None:
         with fanouts.attach(session_id, process, stream) as subscriber:
@@ -271,8 +270,8 @@ async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Pro
                 await ws.send_text(json.dumps({"type": stream, "data": {"base64": data}}))
             if subscriber.too_slow:
                 with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
-                    await ws.close(CLOSE_TOO_SLOW)
-                raise WebSocketDisconnect(CLOSE_TOO_SLOW)
+                    await ws.close(wire.CLOSE_TOO_SLOW)
+                raise WebSocketDisconnect(wire.CLOSE_TOO_SLOW)
             if subscriber.failure is not None:
                 raise subscriber.failure
 
