@@ -27,9 +27,11 @@ log = logging.getLogger("exec_sandbox")
 # and the cgroup OOM-kills QEMU), device state, the binary's mappings. Measured peak for a
 # 192 MiB guest after boot and a run: ~95 MiB; the rest is room for a full translation cache.
 QEMU_MEMORY_OVERHEAD_MB = 320
-# QEMU's threads: main loop, one per vCPU, RCU, a few I/O workers. Not for the guest's processes,
-# which live inside the guest kernel.
-QEMU_PIDS_MAX = 64
+# QEMU's threads: the main loop, one per vCPU (up to 8), RCU, a migration thread, and the block
+# layer's worker pool, which grows to 64 threads when the host's disk is slow (disks use
+# aio=threads). At 64 in all, a loaded host made QEMU fail a thread creation and crash (EAGAIN
+# from the pids limit). Not for the guest's processes, which live inside the guest kernel.
+QEMU_PIDS_MAX = 128
 # One core per vCPU, plus half a core for the main loop (virtio I/O).
 CPU_PERCENT_PER_VCPU = 100
 CPU_PERCENT_MAIN_LOOP = 50
