@@ -79,9 +79,7 @@ def _decode(tp: Any, data: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
-        fields = {
-            name: _decode(hint, data[name]) for name, hint in _fields(tp) if name in data
-        }
+        fields = {name: _decode(hint, data[name]) for name, hint in _fields(tp) if name in data}
         return tp(**fields)
     if origin in (list, Sequence) or tp is list:
         return [_decode(args[0] if args else Any, v) for v in _array(data)]
