@@ -19,6 +19,9 @@ sides pay the same wake-up; "back to back" series have no gap.
    Then 50 concurrent WebSocket execs over 3 sessions: each output line's delay after the
    exec's first line, beyond the code's own gaps (guest perf_counter), against the same execs
    in-process with on_stdout.
+5. `--idle-rounds N`: GET /v1/info 6 s after the client's previous call (an agent's pace), by a
+   RemoteScheduler as shipped (its socket connection kept) against one given httpx's 5 s
+   keep-alive of before (a new connection per call), interleaved.
 
     .venv/bin/python bench/server.py --runs 30 --clients 1,24,50
 """
@@ -50,6 +53,7 @@ from websockets.asyncio.client import unix_connect
 from exec_sandbox import Scheduler, SchedulerConfig, wire
 from exec_sandbox.models import ExecutionResult
 from exec_sandbox.remote import RemoteScheduler
+from exec_sandbox.remote import _connection as remote_connection
 
 SBX = str(Path(sys.executable).with_name("sbx"))
 BASE = "in-process"
@@ -383,6 +387,26 @@ async def concurrent_execs(local: Scheduler, remote: RemoteScheduler, sock: Path
     print(f"  all 50 answered: {len(remote_delays) == 50 * (EXEC_LINES - 1)}")
 
 
+async def idle_connections(sock: Path, rounds: int) -> None:
+    kept = RemoteScheduler(sock)
+    await kept.start()
+    shipped = remote_connection._SOCKET_KEEP_ALIVE_SECONDS
+    remote_connection._SOCKET_KEEP_ALIVE_SECONDS = 5.0  # read when the connection is made
+    try:
+        dropped = RemoteScheduler(sock)
+        await dropped.start()
+    finally:
+        remote_connection._SOCKET_KEEP_ALIVE_SECONDS = shipped
+    try:
+        calls: dict[str, Call] = {"kept": kept.info, "5 s keep-alive": dropped.info}
+        got = await series(calls, rounds, 6.0)
+        print(f"GET /v1/info 6 s after the previous call, {load()}:")
+        report({name: ms for name, (ms, _) in got.items()}, "5 s keep-alive")
+    finally:
+        await kept.close()
+        await dropped.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     fans = [int(n) for n in args.clients.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="sbx-bench-") as tmp, served(Path(tmp)) as server:
@@ -406,6 +430,8 @@ async def main(args: argparse.Namespace) -> None:
                 await readers_of_one_process(local, sock, fan, args.lines)
             if fans:
                 await concurrent_execs(local, unix, sock)
+            if args.idle_rounds:
+                await idle_connections(sock, args.idle_rounds)
         await raw.close()
 
 
@@ -415,4 +441,5 @@ if __name__ == "__main__":
     parser.add_argument("--gap", type=float, default=1.0, help="seconds of quiet before a call")
     parser.add_argument("--clients", default="1,50", help="fan-outs, comma-separated ('' none)")
     parser.add_argument("--lines", type=int, default=40)
+    parser.add_argument("--idle-rounds", type=int, default=0, help="rounds of part 5 (12 s each)")
     asyncio.run(main(parser.parse_args()))
