@@ -11,7 +11,8 @@ sides pay the same wake-up; "back to back" series have no gap.
 2. session exec("pass"): the same VM work on every path, nothing refilling behind it;
    `wall - total` is the caller's time minus the Session's own timing.total_ms.
 3. warm-pool hit run("print(1)"): each call after the local pool refilled and the gap (the
-   server's pool refills in it: there is no API to wait on it). Only pool hits count.
+   server's pool refills in it: there is no API to wait on it). Only pool hits count. Also
+   through a bare httpx client (httpx/unix): the HTTP library's share apart from the client's.
 4. streaming (`--clients`): one session's process prints `time.time()` every 50 ms; N readers
    follow it, each through its own RemoteScheduler (a WebSocket each), against as many
    in-process readers. Latency: the reader's host time minus the guest's stamp, corrected by
@@ -47,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import httpx
 from common import percentile
 from websockets.asyncio.client import unix_connect
 
@@ -242,8 +244,19 @@ async def pool_hits(
     async def raw_run() -> ExecutionResult:
         return wire.decode(ExecutionResult, await raw.call("POST", "/v1/run", {"code": "print(1)"}))
 
+    # The same request by a bare httpx client on the socket: RemoteScheduler's own code
+    # (validation, options, the checked read) apart from the HTTP library's.
+    bare = httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(uds=str(raw.sock)), base_url="http://localhost"
+    )
+
+    async def httpx_run() -> ExecutionResult:
+        answer = await bare.post("/v1/run", json={"code": "print(1)"})
+        return wire.decode(ExecutionResult, answer.raise_for_status().json())
+
     calls: dict[str, Call] = {BASE: lambda: local.run("print(1)")}
     calls.update({name: (lambda r=r: r.run("print(1)")) for name, r in remotes.items()})
+    calls["httpx/unix"] = httpx_run
     calls["raw/unix"] = raw_run
     for call in calls.values():  # warm every path once (connections, imports)
         await call()
@@ -253,7 +266,10 @@ async def pool_hits(
     async def refilled() -> None:
         await local.wait_pool_ready(60)
 
-    got = await series(calls, runs, gap, before=refilled)
+    try:
+        got = await series(calls, runs, gap, before=refilled)
+    finally:
+        await bare.aclose()
     times = {
         name: [m for m, r in zip(ms, rs, strict=True) if r.warm_pool_hit]
         for name, (ms, rs) in got.items()
