@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -83,12 +84,7 @@ def _decode(tp: Any, data: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
-        hints = typing.get_type_hints(tp)
-        fields = {
-            f.name: _decode(hints[f.name], data[f.name])
-            for f in dataclasses.fields(tp)
-            if f.init and f.name in data
-        }
+        fields = {name: _decode(hint, data[name]) for name, hint in _fields(tp) if name in data}
         return tp(**fields)
     if origin in (list, Sequence) or tp is list:
         return [_decode(args[0] if args else Any, v) for v in _array(data)]
@@ -113,6 +109,15 @@ def _decode(tp: Any, data: Any) -> Any:
             raise ValueError(f"expected {tp.__name__}, got {data!r:.80}")
         return data
     raise TypeError(f"no wire form for {tp!r}")
+
+
+@functools.cache
+def _fields(cls: type[Any]) -> tuple[tuple[str, Any], ...]:
+    """(name, type) of a dataclass's init fields. Resolving the hints evaluates every
+    annotation of the class and its module: once per class, not per decoded answer (it was most
+    of a client's time per call outside the HTTP exchange)."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init)
 
 
 def _array(data: Any) -> list[Any]:

@@ -46,6 +46,10 @@ Body = bytes | AsyncIterable[bytes]
 # Writes and the server's first byte of an answer: a run or exec may take up to a day, so the
 # read timeout is off; the server's own timeouts end every call.
 _TIMEOUT = httpx.Timeout(connect=_CONNECT_SECONDS, read=None, write=120.0, pool=None)
+# An idle connection on the Unix socket is kept this long for the next call (httpx's default is
+# 5 s: an agent whose calls come seconds apart reconnected for each). `sbx serve` keeps its side
+# open longer (server/serve.py), so the client closes first. TCP keeps httpx's default.
+_SOCKET_KEEP_ALIVE_SECONDS = 100.0
 
 # The WebSocket library logs every handshake header at DEBUG, the bearer token included: its
 # logger here never goes below INFO, whatever the application's logging asks for.
@@ -119,7 +123,14 @@ class Connection:
         # never compresses; one that does is refused in _send).
         headers = {**headers, "Accept-Encoding": "identity"}
         transport = (
-            httpx.AsyncHTTPTransport(uds=endpoint.socket_path)
+            httpx.AsyncHTTPTransport(
+                uds=endpoint.socket_path,
+                limits=httpx.Limits(
+                    max_connections=100,  # httpx's defaults
+                    max_keepalive_connections=20,
+                    keepalive_expiry=_SOCKET_KEEP_ALIVE_SECONDS,
+                ),
+            )
             if endpoint.socket_path
             else httpx.AsyncHTTPTransport()
         )

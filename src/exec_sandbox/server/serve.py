@@ -39,6 +39,13 @@ log = logging.getLogger(__name__)
 GRACEFUL_SECONDS = 5
 # A WebSocket message from a client (a run's request is at most ~8 MB of JSON).
 WS_MAX_BYTES = 8 << 20
+# How long an idle connection on the Unix socket stays open. An agent's calls come seconds
+# apart (a model thinks between them); with uvicorn's 5 s each such call paid a new connection.
+# Longer than the client's own keep-alive (remote/_connection.py), so that it is the client
+# that closes an idle connection, never the server just as a request is sent on it. TCP keeps
+# uvicorn's 5 s: idle connections from the network are not held for long.
+UNIX_KEEP_ALIVE_SECONDS = 120
+TCP_KEEP_ALIVE_SECONDS = 5
 
 
 # An app mounted beside the routes, made on the server's Scheduler (serve(mounts=...)).
@@ -137,10 +144,11 @@ def _quiet_below_info(logger: logging.Logger) -> None:
         logger.setLevel(logging.INFO)
 
 
-def _server(app: object, options: ServeOptions, tls: bool) -> uvicorn.Server:
+def _server(app: object, options: ServeOptions, tls: bool, keep_alive: int) -> uvicorn.Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         lifespan="off",  # the Scheduler is started and closed here, once for every listener
+        timeout_keep_alive=keep_alive,
         log_config=None,
         access_log=False,
         server_header=False,
@@ -209,13 +217,17 @@ async def serve(
             mounted = await stack.enter_async_context(factory(scheduler))
             app.mount(path, WithPrincipal(mounted))
         if options.socket_path is not None:
-            server = _server(Authenticate(app, None), options, tls=False)
+            server = _server(
+                Authenticate(app, None), options, tls=False, keep_alive=UNIX_KEEP_ALIVE_SECONDS
+            )
             await server.startup(sockets=[unix])
             listeners.append((server, unix))
             announce(f"sbx serve: listening on unix:{options.socket_path}")
         if tcp is not None:
             tokens = TokenStore(state_dir)
-            server = _server(Authenticate(app, tokens), options, tls=True)
+            server = _server(
+                Authenticate(app, tokens), options, tls=True, keep_alive=TCP_KEEP_ALIVE_SECONDS
+            )
             await server.startup(sockets=[tcp])
             listeners.append((server, tcp))
             host, port = tcp.getsockname()[:2]
