@@ -31,6 +31,7 @@ from ..errors import (
     SandboxError,
 )
 from ..vm.binding import FILE_SIZE_MAX
+from ._unix import UnixSocketTransport
 
 TOKEN_ENV = "EXEC_SANDBOX_TOKEN"
 # A JSON answer bigger than this is refused: an ExecutionResult holds at most 1 MB of stdout,
@@ -122,15 +123,9 @@ class Connection:
         # compressed one could unpack to any size in one step, before any count (the server
         # never compresses; one that does is refused in _send).
         headers = {**headers, "Accept-Encoding": "identity"}
-        transport = (
-            httpx.AsyncHTTPTransport(
-                uds=endpoint.socket_path,
-                limits=httpx.Limits(
-                    max_connections=100,  # httpx's defaults
-                    max_keepalive_connections=20,
-                    keepalive_expiry=_SOCKET_KEEP_ALIVE_SECONDS,
-                ),
-            )
+        # The socket: a lean transport of our own (remote/_unix.py); TCP: httpx's.
+        transport: httpx.AsyncBaseTransport = (
+            UnixSocketTransport(endpoint.socket_path, keep_alive=_SOCKET_KEEP_ALIVE_SECONDS)
             if endpoint.socket_path
             else httpx.AsyncHTTPTransport()
         )
