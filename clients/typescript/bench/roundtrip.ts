@@ -51,7 +51,7 @@ for (let round = 0; round < 2; round++) {
   for (const [name, fn] of [
     ["health_bare", () => bare("GET", "/health")],
     ["health_client", () => sbx.health()],
-    ["exec_bare", () => bare("POST", `/sessions/${session.id}/exec`, code)],
+    ["exec_bare", () => bare("POST", `/sessions/${session.sessionId}/exec`, code)],
     ["exec_client", () => session.exec("print(1)")],
     ["exec_client_streamed", () => session.exec("print(1)", { onStdout: () => {} })],
   ] as const) {

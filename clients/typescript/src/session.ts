@@ -19,7 +19,8 @@ import type {
 import { array, object, resultFromWire } from "./wire.ts";
 
 export class Session {
-  readonly id: string;
+  /** The API's `session_id` (a SessionInfo's `id` on the wire). */
+  readonly sessionId: string;
   /** What the server said of the session at its last answer (refresh with refresh()). */
   info: SessionInfo;
   readonly #transport: Transport;
@@ -32,7 +33,7 @@ export class Session {
       throw new InputValidationError(`not a session id: ${String(info.id)}`);
     }
     this.#transport = transport;
-    this.id = info.id;
+    this.sessionId = info.id;
     this.info = info;
     this.#path = `/sessions/${info.id}`;
   }

@@ -282,13 +282,13 @@ describe("against sbx serve", () => {
     const session = await remote.session();
     try {
       await session.exec("secret = 'mine'");
-      await assert.rejects(other.getSession(session.id), (err: SessionClosedError) => err.code === "not_found");
-      assert.ok(!(await other.sessions()).some((s) => s.id === session.id));
-      assert.ok((await local.sessions()).some((s) => s.id === session.id)); // the socket is admin
+      await assert.rejects(other.getSession(session.sessionId), (err: SessionClosedError) => err.code === "not_found");
+      assert.ok(!(await other.sessions()).some((s) => s.id === session.sessionId));
+      assert.ok((await local.sessions()).some((s) => s.id === session.sessionId)); // the socket is admin
 
       const info = await session.share(["ts-other"]);
       assert.deepEqual(info.shared_with, ["ts-other"]);
-      const borrowed = await other.getSession(session.id);
+      const borrowed = await other.getSession(session.sessionId);
       assert.equal(borrowed.info.owner, "ts-client");
       assert.equal((await borrowed.exec("print(secret)")).stdout, "mine\n");
       await assert.rejects(borrowed.share([]), (err: PermanentError) => err.code === "forbidden");
@@ -305,7 +305,7 @@ describe("against sbx serve", () => {
     try {
       await session.exec("import os; x = 7; os.chdir('/tmp')");
       fork = await session.fork();
-      assert.notEqual(fork.id, session.id);
+      assert.notEqual(fork.sessionId, session.sessionId);
       await fork.exec("x += 1");
       assert.equal((await fork.exec("print(x, os.getcwd())")).stdout, "8 /tmp\n");
       assert.equal((await session.exec("print(x)")).stdout, "7\n"); // the copy is separate
@@ -358,7 +358,7 @@ describe("against sbx serve", () => {
       execFileSync(SBX, ["token", "revoke", "ts-doomed"], { env });
       await assert.rejects(reader.next(), (err: PermanentError) => err instanceof PermanentError && err.code === "unauthorized");
     } finally {
-      await (await local.getSession(session.id)).close(); // the admin socket: the token is gone
+      await (await local.getSession(session.sessionId)).close(); // the admin socket: the token is gone
       client.close();
     }
   });
