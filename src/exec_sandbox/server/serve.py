@@ -144,6 +144,21 @@ def _quiet_below_info(logger: logging.Logger) -> None:
         logger.setLevel(logging.INFO)
 
 
+class _DeniedHandshakes(logging.Filter):
+    """uvicorn's sans-I/O WebSocket protocol logs an ERROR after every handshake the app
+    answered with an HTTP response (the ASGI denial-response extension: auth.py's 401 to a bad
+    token), since it never marks that path's handshake complete. A refusal is not an error;
+    the message is dropped (the server's own handlers always accept or close)."""
+
+    MESSAGE = "ASGI callable returned without completing handshake."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != self.MESSAGE
+
+
+_DENIED_HANDSHAKES = _DeniedHandshakes()
+
+
 def _server(app: object, options: ServeOptions, tls: bool, keep_alive: int) -> uvicorn.Server:
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -163,7 +178,10 @@ def _server(app: object, options: ServeOptions, tls: bool, keep_alive: int) -> u
     config.load()
     # The WebSocket protocol logs every handshake header at DEBUG, bearer tokens included: its
     # logger stays at INFO even under --debug.
-    _quiet_below_info(logging.getLogger("uvicorn.error"))
+    protocol_log = logging.getLogger("uvicorn.error")
+    _quiet_below_info(protocol_log)
+    if _DENIED_HANDSHAKES not in protocol_log.filters:
+        protocol_log.addFilter(_DENIED_HANDSHAKES)
     server = uvicorn.Server(config)
     server.lifespan = config.lifespan_class(config)
     return server

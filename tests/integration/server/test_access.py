@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import websockets
 
 from .support import Server, running
 
@@ -34,6 +35,12 @@ async def test_requests_without_a_valid_token_are_unauthorized(server: Server) -
             assert answer.json()["error"]["code"] == "unauthorized"
     async with server.tcp(None) as client:
         assert (await client.get("/health")).status_code == 200  # no token needed
+    # A WebSocket handshake with a bad token: an HTTP 401, and a refusal is no error in the log.
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with server.ws("/run", "sbx_unknown"):
+            pass
+    assert refused.value.response.status_code == 401
+    assert "without completing handshake" not in server.log()
 
 
 async def test_cli_token_works_at_once(server: Server) -> None:
