@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import limits
 from . import processes as _processes
+from ._futures import retrieve
 from .errors import (
     CommunicationError,
     InputValidationError,
@@ -523,6 +524,9 @@ class Session:
                         functools.partial(_with_hold, send, hold), expect, wait or 1e9
                     )
                 )
+                # Cancelled below when the caller or the session goes: its late error (the VM
+                # closed meanwhile) is nobody's.
+                request.add_done_callback(retrieve)
                 closing: asyncio.Future[Any] = self._closing
                 try:
                     await asyncio.wait({request, closing}, return_when=asyncio.FIRST_COMPLETED)

@@ -23,6 +23,7 @@ from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from .. import wire
+from .._futures import retrieve
 from ..errors import InputValidationError
 from ..models import ExecutionResult
 from ..processes import Process, Terminal
@@ -320,6 +321,8 @@ async def _attach(ws: WebSocket, fanouts: Fanouts, session_id: str, process: Pro
         # keep its subscription (and the shared guest reader) while that stream is quiet.
         for task in (*pumps, output, listener):
             task.cancel()
+            # What they end with (a client gone mid-send) is nobody's once the stream is over.
+            task.add_done_callback(retrieve)
 
 
 async def _terminal(ws: WebSocket, terminal: Terminal) -> None:

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._futures import retrieve
 from .._threads import in_thread
 from ..digest import file_sha256
 from ..errors import SnapshotError
@@ -217,7 +218,7 @@ async def _fork_one(vm: GuestVm, *, timeout: float) -> GuestVm:
     except BaseException:
         copy.close()
         await asyncio.wait({parent})
-        _retrieve(parent)
+        retrieve(parent)
         raise
     steps.mark("copy cont+reseed")
     try:
@@ -275,7 +276,7 @@ async def _fork_many(vm: GuestVm, count: int, work: Path, *, timeout: float) -> 
             copies = await _clones(maker, ram, spec, count, work, timeout, steps, disk_of)
         except BaseException:
             await asyncio.wait({parent})
-            _retrieve(parent)
+            retrieve(parent)
             raise
     finally:
         os.close(ram)
@@ -470,11 +471,5 @@ async def _settled(task: asyncio.Future[None]) -> None:
         await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait({task})
-        _retrieve(task)
+        retrieve(task)
         raise
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Consume a finished future's outcome (the error that matters is being raised)."""
-    if not future.cancelled():
-        future.exception()

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 
+from .._futures import retrieve
 from ..errors import SnapshotError, VmTimeoutError
 from .execution import OutputCallback
 from .guest import GuestVm
@@ -280,7 +281,7 @@ async def _save(vm: GuestVm, state_path: str, *, ram: bool, limit: int) -> None:
         # thread's files are closed before this returns.
         vm.close()
         await asyncio.wait({copier})
-        _retrieve(copier)
+        retrieve(copier)
         raise
     except BaseException as exc:
         # The guest is intact, only stopped (a full disk, a stream over its limit, a failed
@@ -298,7 +299,7 @@ async def _abandon_save(vm: GuestVm, qmp: QmpClient, copier: asyncio.Future[None
     if pending:  # QEMU still holds the pipe: only its end ends the copier
         vm.close()
         await asyncio.wait({copier})
-    _retrieve(copier)
+    retrieve(copier)
     if vm.alive:
         try:
             await asyncio.wait_for(qmp.execute("cont"), _QMP_CONNECT_TIMEOUT_SECONDS)
@@ -335,8 +336,3 @@ def _drain_to_file(read_end: int, path: str, limit: int) -> None:
             os.close(fd)
     finally:
         os.close(read_end)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
