@@ -19,8 +19,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, ToolAnnotations
-from pydantic import Field
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import Field, ValidationError
 
 from .. import wire
 from ..errors import InputValidationError, SandboxError
@@ -317,6 +318,28 @@ _TOOLS: tuple[tuple[str, _ToolFn, str, ToolAnnotations], ...] = (
 TOOL_NAMES = tuple(name for name, _, _, _ in _TOOLS)
 
 
+class _Server(MCPServer[Sandboxes]):
+    """MCPServer whose refusals of a call's arguments read as the library's: the SDK checks
+    them against the tool's schema before the tool runs, and says so in pydantic's words (with
+    a link to pydantic's site, noise to a model); here they are `input_validation:` and each
+    argument's problem, as the tools' own refusals are."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Sandboxes, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            invalid = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(invalid, ValidationError):
+                raise
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in invalid.errors(include_url=False, include_input=False)
+            )
+            return render.exception(InputValidationError(f"{name}: {problems}"))
+
+
 def build_server(
     sandboxes: Callable[[], AbstractAsyncContextManager[Sandboxes]],
     *,
@@ -344,7 +367,7 @@ def build_server(
         server_version = version("exec-sandbox")
     except PackageNotFoundError:  # run from a source tree
         server_version = "0"
-    server: MCPServer[Sandboxes] = MCPServer(
+    server: MCPServer[Sandboxes] = _Server(
         "exec-sandbox",
         title="exec-sandbox",
         instructions=f"{INSTRUCTIONS} {reach}",
