@@ -20,7 +20,7 @@ from .config import SchedulerConfig
 from .errors import InputValidationError
 from .host_tools import HostTools, ToolFunction
 from .models import Language, LanguageName, PortMapping
-from .network.request import NetworkRequest, parse_network_request
+from .network.request import NetworkRequest, network_request_of
 from .network.secrets import Secret
 from .packages.specs import PackageSpec, validate_packages
 from .validation import (
@@ -165,13 +165,7 @@ class RunRequest:
         packages = validate_packages(
             options.get("packages"), packages_language, strict=config.enable_package_validation
         )
-        network = parse_network_request(
-            options.get("allow_network", False),
-            options.get("allowed_domains"),
-            options.get("expose_ports"),
-            options.get("secrets"),
-            options.get("http_headers"),
-        )
+        network = network_request_of(options)
         if network is not None and network.secrets:
             clash = sorted({s.name for s in network.secrets} & set(env_vars or {}))
             if clash:

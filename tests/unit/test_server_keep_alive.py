@@ -32,13 +32,13 @@ async def test_an_idle_socket_connection_is_reused_after_six_seconds(tmp_path: P
     conn = Connection(Endpoint.parse(path), None)
     try:
         assert await conn.call("GET", "/v1/health") == {}
-        pool = conn._client._transport._pool  # type: ignore[attr-defined]
-        (first,) = pool.connections
+        idle = conn._client._transport._idle  # type: ignore[attr-defined]
+        (first,) = idle
         await asyncio.sleep(IDLE_SECONDS)
         assert await conn.call("GET", "/v1/health") == {}
         # The same connection served both: neither side closed it while idle (a closed one
         # is dropped from the pool and the call connects anew).
-        assert pool.connections == [first]
+        assert idle == [first]
         assert len(server.server_state.connections) == 1
     finally:
         await conn.aclose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..models import PortMapping
 from .names import DomainRule, NetworkValidationError, parse_allowed_domains
@@ -73,6 +74,17 @@ def request_to_meta(request: NetworkRequest) -> dict[str, object]:
         else [r.name if r.port is None else f"{r.name}:{r.port}" for r in request.rules],
         "expose_ports": [[m.internal, m.external] for m in request.ports],
     }
+
+
+def network_request_of(options: Mapping[str, Any]) -> NetworkRequest | None:
+    """parse_network_request of run()/session() options (run_request.RunOptions) by name."""
+    return parse_network_request(
+        options.get("allow_network", False),
+        options.get("allowed_domains"),
+        options.get("expose_ports"),
+        options.get("secrets"),
+        options.get("http_headers"),
+    )
 
 
 def request_from_meta(meta: object) -> NetworkRequest | None:

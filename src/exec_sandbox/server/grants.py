@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputValidationError
 from ..network.names import DomainRule, parse_allowed_domains
-from ..network.request import parse_network_request
+from ..network.request import network_request_of, parse_network_request
 from ..run_request import RunOptions
 from ..volumes.volume import VolumeMount, validate_volume_name, validate_volumes
 
@@ -132,13 +132,7 @@ def check(grants: Grants | None, options: RunOptions, who: str) -> RunOptions:
     Options the library would refuse anyway raise its InputValidationError here (bad_request)."""
     if grants is None:
         return options
-    network = parse_network_request(
-        options.get("allow_network", False),
-        options.get("allowed_domains"),
-        options.get("expose_ports"),
-        options.get("secrets"),
-        options.get("http_headers"),
-    )
+    network = network_request_of(options)
     if network is not None and network.outbound and not grants.network:
         if network.rules is None:
             raise NotGranted(
