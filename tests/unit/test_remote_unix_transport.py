@@ -1,7 +1,8 @@
 """RemoteScheduler's transport on the Unix socket (remote/_unix.py) against a scripted STAND-IN
 server (asyncio, h11 on the server side; not `sbx serve`, which the contract tests use): kept-alive
-connections are reused, one the server closed while idle is replaced without an error, a body
-read from an iterator arrives whole, and an answer cut short is an error, never a short result."""
+connections are reused, one the server closed while idle (or that sent bytes past its answer)
+is replaced without an error, a body read from an iterator arrives whole, and an answer cut
+short is an error, never a short result."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class StandIn:
         self.bodies: list[bytes] = []
         self.close_after_answer = False
         self.cut_short = False
+        self.trailing = b""  # written past each answer's end
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -52,6 +54,7 @@ class StandIn:
                         await writer.drain()
                         return
                     writer.write(conn.send(h11.EndOfMessage()) or b"")
+                    writer.write(self.trailing)
                     await writer.drain()
                     if self.close_after_answer:
                         return
@@ -108,3 +111,12 @@ async def test_an_answer_cut_short_is_an_error(served: tuple[StandIn, Connection
     stand_in.cut_short = True
     with pytest.raises(CommunicationError):
         await connection.call("GET", "/v1/x")
+
+
+async def test_bytes_past_an_answer_end_its_connection(served: tuple[StandIn, Connection]) -> None:
+    stand_in, connection = served
+    stand_in.trailing = b'HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{"n": 99}'
+    assert (await connection.call("GET", "/v1/x"))["n"] == 1
+    # Not the bytes that followed the first answer: a new connection's own answer.
+    assert (await connection.call("GET", "/v1/x"))["n"] == 2
+    assert stand_in.connections == 2

@@ -30,9 +30,12 @@ class _Connection:
         self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD_BYTES)
         self.idle_since = 0.0
 
-    def closed(self) -> bool:
-        """Closed by the server (or broken) while it sat in the pool."""
-        return self.writer.is_closing() or self.reader.at_eof()
+    def unusable(self) -> bool:
+        """Closed by the server (or broken) while it sat in the pool, or sent bytes nobody
+        asked for: they would be read as the next request's answer."""
+        # StreamReader has no public count of what it holds; its buffer is the only place.
+        unasked = len(getattr(self.reader, "_buffer", b""))
+        return self.writer.is_closing() or self.reader.at_eof() or unasked > 0
 
     async def send(self, request: httpx.Request) -> None:
         start = h11.Request(
@@ -102,17 +105,26 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
         self._idle: list[_Connection] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
         connection = self._pooled()
         if connection is None:
-            timeouts = request.extensions.get("timeout", {})
-            async with asyncio.timeout(timeouts.get("connect")):
-                connection = await self._connect()
+            try:
+                async with asyncio.timeout(timeouts.get("connect")):
+                    connection = await self._connect()
+            except TimeoutError:
+                raise httpx.ConnectTimeout(f"no connection to {self._path} in time") from None
         try:
-            await connection.send(request)
+            try:
+                async with asyncio.timeout(timeouts.get("write")):
+                    await connection.send(request)
+            except TimeoutError:
+                raise httpx.WriteTimeout("the server stopped reading the request") from None
+            except h11.LocalProtocolError as exc:  # ours: a body that does not fit its length
+                raise httpx.LocalProtocolError(str(exc)) from exc
             event = await connection.next_event()
         except BaseException as exc:
             connection.close()
-            if isinstance(exc, (OSError, h11.ProtocolError)):
+            if isinstance(exc, (OSError, h11.RemoteProtocolError)):
                 raise httpx.RemoteProtocolError(f"the server's answer broke off: {exc}") from exc
             raise
         if not isinstance(event, h11.Response):
@@ -129,7 +141,10 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
         """An answer read (or given up on): the connection is kept for the next request when
         both sides finished their messages and the server did not ask to close it."""
         state = connection.h11
-        if reusable and state.our_state is h11.DONE and state.their_state is h11.DONE:
+        # Bytes past the answer's end (a server writing beyond its Content-Length) would be
+        # the next request's answer: such a connection is closed, not kept.
+        clean = state.trailing_data == (b"", False)
+        if reusable and clean and state.our_state is h11.DONE and state.their_state is h11.DONE:
             state.start_next_cycle()
             if len(self._idle) < self._max_idle:
                 connection.idle_since = time.monotonic()
@@ -149,7 +164,7 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()  # the most recent: the least likely to be closed
-            if now - connection.idle_since < self._keep_alive and not connection.closed():
+            if now - connection.idle_since < self._keep_alive and not connection.unusable():
                 return connection
             connection.close()
         return None

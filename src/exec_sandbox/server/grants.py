@@ -222,10 +222,12 @@ def check_needs(grants: Grants | None, needs: Any, who: str) -> None:
     check(grants, options, who)  # type: ignore[arg-type]  # a RunOptions subset
     if needs.get("expose") and not grants.expose:
         raise NotGranted(
-            f"token {who!r} may not copy a session with expose_ports (no expose grant)"
+            f"token {who!r} may not use or copy a session with expose_ports (no expose grant)"
         )
     if needs.get("secrets") and not grants.secrets:
-        raise NotGranted(f"token {who!r} may not copy a session with secrets (no secrets grant)")
+        raise NotGranted(
+            f"token {who!r} may not use or copy a session with secrets (no secrets grant)"
+        )
     mounts = needs.get("volumes")
     allowed = dict(grants.volumes)
     for mount in (mounts or {}).values() if isinstance(mounts, Mapping) else ():
@@ -234,7 +236,7 @@ def check_needs(grants: Grants | None, needs: Any, who: str) -> None:
         if mode is None or (mode == READ_ONLY and not mount.get("read_only")):
             how = " read-write" if mode else ""
             raise NotGranted(
-                f"token {who!r} may not copy a session mounting volume {name!r}{how} "
+                f"token {who!r} may not use or copy a session mounting volume {name!r}{how} "
                 "(its volume grants: "
                 f"{', '.join(f'{n}:{m}' for n, m in grants.volumes) or 'none'})"
             )

@@ -213,6 +213,11 @@ class Hub:
                 entry = await self._wake(principal, dormant)
         if entry is None or not self._may_see(principal, entry.owner, entry.shared_with):
             raise not_found(f"session {session_id}")
+        if not principal.admin and principal.name != entry.owner:
+            # Sharing lends the session, not its owner's grants: a token it is shared with
+            # uses it only if its own grants cover what the session has (network, ports,
+            # secrets, volumes), checked at each use (grants change, names get tokens later).
+            granted_needs(principal, entry.needs)
         return entry
 
     # --- runs and sessions ---

@@ -152,6 +152,26 @@ async def test_a_token_stored_before_grants_keeps_everything(server: Server) -> 
     assert "legacy: unrestricted" in line
 
 
+async def test_a_shared_session_lends_no_grants(server: Server) -> None:
+    owner = server.token("lender", grants=Grants(network=True))
+    borrower = server.token("borrower")  # no grants
+    async with server.tcp(owner) as lender, server.tcp(borrower) as other:
+        made = await lender.post("/sessions", json={"allow_network": True})
+        sid = made.json()["id"]
+        try:
+            shared = await lender.put(
+                f"/sessions/{sid}/shared_with", json={"shared_with": ["borrower"]}
+            )
+            assert shared.status_code == 200, shared.text
+            refused = await other.post(f"/sessions/{sid}/exec", json={"code": "print(1)"})
+            assert refused.status_code == 403, refused.text
+            assert "borrower" in refused.json()["error"]["message"]
+            mine = await lender.post(f"/sessions/{sid}/exec", json={"code": "print(1)"})
+            assert mine.json()["stdout"] == "1\n"
+        finally:
+            await lender.delete(f"/sessions/{sid}")
+
+
 async def test_revoke_closes_open_terminal_and_process_websockets(server: Server) -> None:
     token = server.token("revoked-live")
     async with server.tcp(token) as client, server.local() as local:
