@@ -37,7 +37,10 @@ class _Connection:
         unasked = len(getattr(self.reader, "_buffer", b""))
         return self.writer.is_closing() or self.reader.at_eof() or unasked > 0
 
-    async def send(self, request: httpx.Request) -> None:
+    async def send(self, request: httpx.Request, write_timeout: float | None) -> None:
+        """The request, its body streamed if it is an iterator. write_timeout bounds each wait
+        for the server to take bytes (httpx's meaning), not the whole upload: a large file
+        sent at a steady pace takes as long as it takes."""
         start = h11.Request(
             method=request.method, target=request.url.raw_path, headers=request.headers.raw
         )
@@ -52,9 +55,16 @@ class _Connection:
             async for chunk in stream:  # type: ignore[union-attr]
                 if chunk:
                     self.writer.write(self.h11.send(h11.Data(data=chunk)) or b"")
-                    await self.writer.drain()
+                    await self._drain(write_timeout)
             self.writer.write(self.h11.send(h11.EndOfMessage()) or b"")
-        await self.writer.drain()
+        await self._drain(write_timeout)
+
+    async def _drain(self, timeout: float | None) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self.writer.drain()
+        except TimeoutError:
+            raise httpx.WriteTimeout("the server stopped reading the request") from None
 
     async def next_event(self) -> h11.Event | type[h11.PAUSED] | type[h11.NEED_DATA]:
         while True:
@@ -115,10 +125,7 @@ class UnixSocketTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectTimeout(f"no connection to {self._path} in time") from None
         try:
             try:
-                async with asyncio.timeout(timeouts.get("write")):
-                    await connection.send(request)
-            except TimeoutError:
-                raise httpx.WriteTimeout("the server stopped reading the request") from None
+                await connection.send(request, timeouts.get("write"))
             except h11.LocalProtocolError as exc:  # ours: a body that does not fit its length
                 raise httpx.LocalProtocolError(str(exc)) from exc
             event = await connection.next_event()
